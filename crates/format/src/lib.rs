@@ -1,0 +1,49 @@
+//! # k3-format: the WASTE on-disk model layout
+//!
+//! A model is a directory holding a header (`header.waste`: manifest, expert index, embedded
+//! config and tokenizer), a trunk file (`trunk.waste`: every non-expert tensor, mapped zero-copy)
+//! and expert shards (`experts-NNNNN.waste`), which may live in other directories (one per drive).
+//! Every routed expert is one record: one aligned, contiguous read. `docs/FORMAT.md` is the spec.
+//!
+//! This crate reads and writes bytes and checks them; it never computes with weights (that is
+//! `k3-quant`) and never does asynchronous or O_DIRECT I/O (that is `k3-io`).
+
+#[cfg(target_endian = "big")]
+compile_error!("WASTE files are little-endian and k3 views them in place: big-endian targets are not supported");
+
+pub mod encoding;
+pub mod error;
+pub mod header;
+pub mod index;
+pub mod manifest;
+pub mod reader;
+pub mod record;
+pub mod view;
+pub mod writer;
+
+pub use encoding::{CodebookSource, Dtype, Encoding, PartLayout};
+pub use error::{FormatError, Place, Result};
+pub use header::{Header, VERSION_MAJOR, VERSION_MINOR};
+pub use index::IndexEntry;
+pub use manifest::{Architecture, BlobInfo, ExpertLayout, Hex64, Manifest, PartEntry, TensorEntry, TrunkTensor};
+pub use reader::{ExpertLocation, Model, OpenOptions, Problem};
+pub use record::parse_record;
+pub use view::{Element, ExpertView, PartView, TensorView};
+pub use writer::{ModelWriter, Opened, WriterSpec};
+
+/// Bytes of the fixed header at the start of every expert record.
+pub const RECORD_HEADER_LEN: u64 = 64;
+/// Alignment of every part inside the trunk and inside a record (enough for any SIMD load).
+pub const PART_ALIGN: u64 = 64;
+/// Default alignment of expert records: the O_DIRECT unit. 2 MiB (huge pages) is also accepted.
+pub const DEFAULT_ALIGNMENT: u64 = 4096;
+
+pub const HEADER_FILE: &str = "header.waste";
+pub const TRUNK_FILE: &str = "trunk.waste";
+/// Present only while a conversion is in progress; lists what is written and verified.
+pub const JOURNAL_FILE: &str = "waste.journal";
+
+/// The file name of expert shard `i`.
+pub fn shard_file_name(i: usize) -> String {
+    format!("experts-{i:05}.waste")
+}

@@ -1,0 +1,326 @@
+//! The JSON manifest inside the header: what the model is, where every tensor and record lives.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::encoding::{CodebookSource, Dtype, Encoding};
+use crate::error::{FormatError, Place, Result};
+use crate::{PART_ALIGN, RECORD_HEADER_LEN};
+
+/// A u64 written as a `"0x…"` hex string, so JSON readers without 64-bit integers keep it exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Hex64(pub u64);
+
+impl Serialize for Hex64 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{:#018x}", self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Hex64 {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        let digits = s.strip_prefix("0x").ok_or_else(|| serde::de::Error::custom("checksum must start with 0x"))?;
+        u64::from_str_radix(digits, 16).map(Hex64).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Model facts a reader needs without parsing the architecture-specific config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Architecture {
+    /// `kimi_k3`, `kimi_linear`, … (the engine maps it to a forward pass).
+    pub name: String,
+    pub layers: u32,
+    pub hidden: u64,
+    pub vocab: u64,
+    /// Routed experts per MoE layer.
+    pub experts: u32,
+    pub experts_per_token: u32,
+    /// Layers (0-based) that have routed experts; each has exactly `experts` records.
+    pub moe_layers: Vec<u32>,
+}
+
+/// One stored part of a tensor. `offset` is absolute in the trunk file for trunk tensors and
+/// relative to the record start for expert matrices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartEntry {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A tensor: its logical shape, its encoding, and the parts that encoding stores.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorEntry {
+    pub name: String,
+    pub encoding: Encoding,
+    pub shape: Vec<u64>,
+    pub parts: Vec<PartEntry>,
+}
+
+/// A trunk tensor: its parts lie in `[offset, offset + len)` of the trunk file, checksummed whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrunkTensor {
+    #[serde(flatten)]
+    pub tensor: TensorEntry,
+    pub offset: u64,
+    pub len: u64,
+    pub xxh3: Hex64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrunkInfo {
+    pub file: String,
+    pub bytes: u64,
+    pub tensors: Vec<TrunkTensor>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    pub file: String,
+    pub bytes: u64,
+}
+
+/// The layout shared by all expert records that name it: the matrices of one expert, with part
+/// offsets relative to the record start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpertLayout {
+    pub matrices: Vec<TensorEntry>,
+    /// Bytes of header + parts, before padding.
+    pub payload_bytes: u64,
+    /// Bytes on disk: `payload_bytes` rounded up to the alignment.
+    pub record_bytes: u64,
+}
+
+/// A file embedded in the header (`config.json`, tokenizer files), stored byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobInfo {
+    pub name: String,
+    /// Relative to the start of the header's blob section.
+    pub offset: u64,
+    pub len: u64,
+    pub xxh3: Hex64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub architecture: Architecture,
+    /// Alignment of expert records (offset and length), a power of two and a multiple of 4096.
+    pub alignment: u64,
+    /// Encoding of each tensor class, for people (`{"experts": "mxfp4", "trunk": "bf16"}`).
+    pub encodings: std::collections::BTreeMap<String, String>,
+    /// Source checkpoint, converter version, options: free-form JSON.
+    pub provenance: serde_json::Value,
+    pub trunk: TrunkInfo,
+    pub shards: Vec<ShardInfo>,
+    pub expert_layouts: Vec<ExpertLayout>,
+    pub blobs: Vec<BlobInfo>,
+}
+
+/// Checks that the spans `(start, end, place)` do not overlap; names the first overlapping pair.
+pub(crate) fn check_disjoint(path: &Path, spans: &mut [(u64, u64, Place)]) -> Result<()> {
+    spans.sort_by_key(|s| (s.0, s.1));
+    for w in spans.windows(2) {
+        let ((a0, a1, a), (b0, b1, b)) = (&w[0], &w[1]);
+        if b0 < a1 {
+            return Err(FormatError::Overlap {
+                path: path.to_path_buf(),
+                a: a.clone(),
+                a_start: *a0,
+                a_end: *a1,
+                b: b.clone(),
+                b_start: *b0,
+                b_end: *b1,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `parts` are exactly what `encoding` stores for `shape`, each aligned and inside
+/// `[lo, hi)`, and disjoint. Returns the end of the last part.
+pub(crate) fn check_tensor_parts(path: &Path, place: &Place, t: &TensorEntry, lo: u64, hi: u64) -> Result<u64> {
+    let invalid = |reason: String| FormatError::Invalid { path: path.to_path_buf(), place: place.clone(), reason };
+    let want = t.encoding.parts(&t.shape).map_err(invalid)?;
+    if want.len() != t.parts.len() {
+        return Err(invalid(format!(
+            "{} stores {} parts, the manifest lists {}",
+            t.encoding.label(),
+            want.len(),
+            t.parts.len()
+        )));
+    }
+    let mut spans = Vec::with_capacity(want.len());
+    let mut end = lo;
+    for (w, p) in want.iter().zip(&t.parts) {
+        if p.name != w.name || p.dtype != w.dtype || p.shape != w.shape || p.len != w.bytes() {
+            return Err(invalid(format!(
+                "part `{}` is {} {:?} ({} bytes) but {} {:?} needs `{}` {} {:?} ({} bytes)",
+                p.name,
+                p.dtype.name(),
+                p.shape,
+                p.len,
+                t.encoding.label(),
+                t.shape,
+                w.name,
+                w.dtype.name(),
+                w.shape,
+                w.bytes()
+            )));
+        }
+        if p.offset % PART_ALIGN != 0 {
+            return Err(invalid(format!("part `{}` offset {} is not {PART_ALIGN}-byte aligned", p.name, p.offset)));
+        }
+        let p_end = p.offset.checked_add(p.len).ok_or_else(|| invalid("part offset overflows".into()))?;
+        if p.offset < lo || p_end > hi {
+            return Err(FormatError::OutOfBounds {
+                path: path.to_path_buf(),
+                place: place.clone(),
+                what: "its span",
+                offset: p.offset,
+                end: p_end,
+                limit: hi,
+            });
+        }
+        end = end.max(p_end);
+        spans.push((p.offset, p_end, place.clone()));
+    }
+    check_disjoint(path, &mut spans)?;
+    Ok(end)
+}
+
+impl Manifest {
+    /// Structural checks that need no data file: shapes against encodings, spans inside their
+    /// files, nothing overlapping. `path` is the header file, for messages.
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        let bad = |reason: String| FormatError::Manifest { path: path.to_path_buf(), reason };
+        let a = &self.architecture;
+        if !self.alignment.is_power_of_two() || self.alignment < 4096 {
+            return Err(bad(format!("alignment {} is not a power of two >= 4096", self.alignment)));
+        }
+        if a.moe_layers.windows(2).any(|w| w[0] >= w[1]) || a.moe_layers.iter().any(|&l| l >= a.layers) {
+            return Err(bad(format!("moe_layers {:?} must be increasing and below {} layers", a.moe_layers, a.layers)));
+        }
+        if a.experts_per_token > a.experts {
+            return Err(bad(format!("{} experts per token of {}", a.experts_per_token, a.experts)));
+        }
+        if self.shards.is_empty() && !a.moe_layers.is_empty() {
+            return Err(bad("MoE layers but no expert shards".into()));
+        }
+        if self.shards.len() > usize::from(u16::MAX) || self.expert_layouts.len() > usize::from(u16::MAX) {
+            return Err(bad("too many shards or layouts".into()));
+        }
+        let mut files = HashSet::new();
+        for f in std::iter::once(&self.trunk.file).chain(self.shards.iter().map(|s| &s.file)) {
+            if !is_plain_file_name(f) || !files.insert(f) {
+                return Err(bad(format!("data file name `{f}` is not a plain, unique file name")));
+            }
+        }
+
+        let trunk_path = Path::new(&self.trunk.file);
+        let mut names = HashSet::new();
+        let mut spans = Vec::with_capacity(self.trunk.tensors.len());
+        for t in &self.trunk.tensors {
+            let place = Place::Tensor(t.tensor.name.clone());
+            if !names.insert(t.tensor.name.as_str()) {
+                return Err(bad(format!("tensor `{}` is listed twice", t.tensor.name)));
+            }
+            let end = t.offset.checked_add(t.len).filter(|&e| e <= self.trunk.bytes).ok_or_else(|| {
+                FormatError::OutOfBounds {
+                    path: trunk_path.to_path_buf(),
+                    place: place.clone(),
+                    what: "the trunk file",
+                    offset: t.offset,
+                    end: t.offset.saturating_add(t.len),
+                    limit: self.trunk.bytes,
+                }
+            })?;
+            check_tensor_parts(trunk_path, &place, &t.tensor, t.offset, end)?;
+            spans.push((t.offset, end, place));
+        }
+        check_disjoint(trunk_path, &mut spans)?;
+
+        for (i, l) in self.expert_layouts.iter().enumerate() {
+            let place = Place::Tensor(format!("expert layout {i}"));
+            if l.record_bytes % self.alignment != 0 || l.payload_bytes > l.record_bytes || l.matrices.is_empty() {
+                return Err(bad(format!(
+                    "expert layout {i}: record of {} bytes (payload {}) is not a non-empty multiple of the alignment {}",
+                    l.record_bytes, l.payload_bytes, self.alignment
+                )));
+            }
+            let mut spans = Vec::new();
+            for m in &l.matrices {
+                let end = check_tensor_parts(path, &place, m, RECORD_HEADER_LEN, l.payload_bytes)?;
+                spans.push((m.parts[0].offset, end, Place::Tensor(m.name.clone())));
+                if let Encoding::Vq { codebook: CodebookSource::Trunk { tensor }, .. } = &m.encoding
+                    && !names.contains(tensor.as_str())
+                {
+                    return Err(bad(format!(
+                        "expert matrix `{}` names codebook tensor `{tensor}`, absent from the trunk",
+                        m.name
+                    )));
+                }
+            }
+            check_disjoint(path, &mut spans)?;
+        }
+        let mut blob_names = HashSet::new();
+        for b in &self.blobs {
+            if !blob_names.insert(b.name.as_str()) {
+                return Err(bad(format!("embedded file `{}` is listed twice", b.name)));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn trunk_tensor(&self, name: &str) -> Option<&TrunkTensor> {
+        self.trunk.tensors.iter().find(|t| t.tensor.name == name)
+    }
+}
+
+/// A file name with no directory part, so a manifest cannot point outside the model's folders.
+pub(crate) fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
+impl TensorEntry {
+    /// Places the parts `encoding` stores for `shape` one after another from `start`, each on a
+    /// [`PART_ALIGN`] boundary. Returns the entry and the end of its last part.
+    pub fn lay_out(
+        name: &str,
+        encoding: Encoding,
+        shape: &[u64],
+        start: u64,
+    ) -> std::result::Result<(Self, u64), String> {
+        let mut at = start;
+        let mut parts = Vec::new();
+        for p in encoding.parts(shape).map_err(|e| format!("{name}: {e}"))? {
+            at = at.next_multiple_of(PART_ALIGN);
+            let len = p.bytes();
+            parts.push(PartEntry { name: p.name.to_string(), dtype: p.dtype, shape: p.shape, offset: at, len });
+            at += len;
+        }
+        Ok((TensorEntry { name: name.to_string(), encoding, shape: shape.to_vec(), parts }, at))
+    }
+}
+
+impl ExpertLayout {
+    /// Lays out one expert's matrices `(name, encoding, shape)` after the record header, padded to
+    /// `alignment`.
+    pub fn build(alignment: u64, matrices: &[(&str, Encoding, Vec<u64>)]) -> std::result::Result<Self, String> {
+        let mut at = RECORD_HEADER_LEN;
+        let mut out = Vec::with_capacity(matrices.len());
+        for (name, enc, shape) in matrices {
+            let (t, end) = TensorEntry::lay_out(name, enc.clone(), shape, at)?;
+            out.push(t);
+            at = end;
+        }
+        if out.is_empty() {
+            return Err("an expert layout needs at least one matrix".into());
+        }
+        Ok(ExpertLayout { matrices: out, payload_bytes: at, record_bytes: at.next_multiple_of(alignment) })
+    }
+}

@@ -1,0 +1,281 @@
+//! Opening a model: header checked, trunk mapped, shards found and sized; views and verification.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::error::{FormatError, Place, Result};
+use crate::header::Header;
+use crate::index::IndexEntry;
+use crate::manifest::{ExpertLayout, Manifest};
+use crate::record::parse_record;
+use crate::view::{ExpertView, TensorView};
+use crate::{HEADER_FILE, JOURNAL_FILE};
+
+/// Where to look for expert shards besides the model directory (one directory per drive).
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    pub shard_dirs: Vec<PathBuf>,
+}
+
+/// An open WASTE model. The files must not be modified while it is open (the trunk is mapped).
+#[derive(Debug)]
+pub struct Model {
+    dir: PathBuf,
+    header_path: PathBuf,
+    header: Header,
+    trunk_path: PathBuf,
+    /// `None` for an empty trunk file (an empty file cannot be mapped).
+    trunk: Option<Mmap>,
+    shard_paths: Vec<PathBuf>,
+    tensors: HashMap<String, usize>,
+    /// For each layer, its position among the MoE layers.
+    moe_pos: Vec<Option<usize>>,
+}
+
+/// Everything needed to read one expert record and check it.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertLocation<'a> {
+    pub entry: IndexEntry,
+    pub path: &'a Path,
+    pub layout: &'a ExpertLayout,
+}
+
+impl<'a> ExpertLocation<'a> {
+    /// Checks a record read into `bytes` (checksum when `verify`) and returns views of its matrices.
+    pub fn parse<'b>(&self, bytes: &'b [u8], verify: bool) -> Result<ExpertView<'b>>
+    where
+        'a: 'b,
+    {
+        parse_record(self.path, bytes, &self.entry, self.layout, verify)
+    }
+}
+
+/// One thing `verify` found wrong.
+#[derive(Debug)]
+pub struct Problem {
+    pub place: Place,
+    pub error: FormatError,
+}
+
+fn file_len(path: &Path) -> Result<u64> {
+    std::fs::metadata(path).map(|m| m.len()).map_err(|e| FormatError::io(path, e))
+}
+
+/// A data file shorter than the manifest says: name the first item that does not fit.
+fn truncated(path: &Path, actual: u64, expected: u64, spans: impl Iterator<Item = (u64, u64, Place)>) -> FormatError {
+    match spans.filter(|s| s.1 > actual).min_by_key(|s| s.0) {
+        Some((offset, end, place)) => FormatError::OutOfBounds {
+            path: path.to_path_buf(),
+            place,
+            what: "the file on disk (truncated)",
+            offset,
+            end,
+            limit: actual,
+        },
+        None => FormatError::FileSize { path: path.to_path_buf(), expected, actual },
+    }
+}
+
+impl Model {
+    pub fn open(dir: impl AsRef<Path>) -> Result<Model> {
+        Self::open_with(dir, &OpenOptions::default())
+    }
+
+    pub fn open_with(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<Model> {
+        let dir = dir.as_ref().to_path_buf();
+        let header_path = dir.join(HEADER_FILE);
+        let bytes = match std::fs::read(&header_path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let reason = if dir.join(JOURNAL_FILE).exists() {
+                    "it holds an unfinished conversion (waste.journal); run the same convert command again to resume it"
+                } else if dir.is_dir() {
+                    "there is no header.waste: this is not a WASTE model directory"
+                } else {
+                    "no such directory"
+                };
+                return Err(FormatError::Invalid { path: dir, place: Place::Header, reason: reason.into() });
+            }
+            Err(e) => return Err(FormatError::io(&header_path, e)),
+        };
+        let header = Header::parse(&header_path, &bytes)?;
+        let m = &header.manifest;
+
+        let trunk_path = dir.join(&m.trunk.file);
+        let actual = file_len(&trunk_path)?;
+        if actual != m.trunk.bytes {
+            let spans =
+                m.trunk.tensors.iter().map(|t| (t.offset, t.offset + t.len, Place::Tensor(t.tensor.name.clone())));
+            return Err(truncated(&trunk_path, actual, m.trunk.bytes, spans));
+        }
+        let trunk = if actual == 0 {
+            None
+        } else {
+            let f = File::open(&trunk_path).map_err(|e| FormatError::io(&trunk_path, e))?;
+            // SAFETY: the map is read-only and private to this process. Its contents stay valid as
+            // long as nobody truncates or rewrites the file while the model is open, which the
+            // type's contract forbids (a truncation would fault on access, not return garbage).
+            Some(unsafe { Mmap::map(&f) }.map_err(|e| FormatError::io(&trunk_path, e))?)
+        };
+
+        let mut shard_paths = Vec::with_capacity(m.shards.len());
+        for (i, s) in m.shards.iter().enumerate() {
+            let candidates: Vec<PathBuf> =
+                std::iter::once(&dir).chain(&opts.shard_dirs).map(|d| d.join(&s.file)).collect();
+            let Some(path) = candidates.iter().find(|p| p.is_file()).cloned() else {
+                let searched = std::iter::once(&dir).chain(&opts.shard_dirs).map(|d| d.display().to_string());
+                return Err(FormatError::MissingShard {
+                    file: s.file.clone(),
+                    searched: searched.collect::<Vec<_>>().join(", "),
+                });
+            };
+            let actual = file_len(&path)?;
+            if actual != s.bytes {
+                let spans = header
+                    .index
+                    .iter()
+                    .filter(|e| usize::from(e.shard) == i)
+                    .map(|e| (e.offset, e.offset + e.length, e.place()));
+                return Err(truncated(&path, actual, s.bytes, spans));
+            }
+            shard_paths.push(path);
+        }
+
+        let tensors = m.trunk.tensors.iter().enumerate().map(|(i, t)| (t.tensor.name.clone(), i)).collect();
+        let mut moe_pos = vec![None; m.architecture.layers as usize];
+        for (pos, &l) in m.architecture.moe_layers.iter().enumerate() {
+            moe_pos[l as usize] = Some(pos);
+        }
+        Ok(Model { dir, header_path, header, trunk_path, trunk, shard_paths, tensors, moe_pos })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn header_path(&self) -> &Path {
+        &self.header_path
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.header.manifest
+    }
+
+    pub fn shard_paths(&self) -> &[PathBuf] {
+        &self.shard_paths
+    }
+
+    /// An embedded file (`config.json`, tokenizer files), byte for byte.
+    pub fn blob(&self, name: &str) -> Option<&[u8]> {
+        self.header.blob(name)
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// A zero-copy view of a trunk tensor.
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
+        let i = *self
+            .tensors
+            .get(name)
+            .ok_or_else(|| FormatError::MissingTensor { path: self.header_path.clone(), name: name.to_string() })?;
+        let t = &self.manifest().trunk.tensors[i];
+        Ok(TensorView::new(&t.tensor, self.trunk_bytes(), 0))
+    }
+
+    fn trunk_bytes(&self) -> &[u8] {
+        self.trunk.as_deref().unwrap_or(&[])
+    }
+
+    /// Where the record of `(layer, expert)` lives.
+    pub fn expert(&self, layer: u32, expert: u32) -> Result<ExpertLocation<'_>> {
+        let m = self.manifest();
+        let pos = self.moe_pos.get(layer as usize).copied().flatten().filter(|_| expert < m.architecture.experts);
+        let Some(pos) = pos else {
+            return Err(FormatError::MissingExpert { path: self.header_path.clone(), layer, expert });
+        };
+        let entry = self.header.index[pos * m.architecture.experts as usize + expert as usize];
+        Ok(ExpertLocation {
+            entry,
+            path: &self.shard_paths[usize::from(entry.shard)],
+            layout: &m.expert_layouts[usize::from(entry.layout)],
+        })
+    }
+
+    /// Reads a record with ordinary buffered I/O into `buf` (for tools and tests; the engine reads
+    /// through `k3-io`).
+    pub fn read_expert(&self, loc: &ExpertLocation<'_>, buf: &mut Vec<u8>) -> Result<()> {
+        buf.resize(loc.entry.length as usize, 0);
+        let f = File::open(loc.path).map_err(|e| FormatError::io(loc.path, e))?;
+        f.read_exact_at(buf, loc.entry.offset).map_err(|e| FormatError::io(loc.path, e))
+    }
+
+    /// Bytes `verify` reads: trunk plus every record.
+    pub fn verify_bytes(&self) -> u64 {
+        self.manifest().trunk.bytes + self.header.index.iter().map(|e| e.length).sum::<u64>()
+    }
+
+    /// Checks every checksum: embedded files, trunk tensors, expert records (and each record's
+    /// header). Returns every problem found; `progress` gets the bytes checked so far.
+    pub fn verify(&self, progress: &mut dyn FnMut(u64)) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        let mut done = 0u64;
+        let m = self.manifest();
+        for b in &m.blobs {
+            let computed = xxh3_64(self.blob(&b.name).unwrap_or_default());
+            if computed != b.xxh3.0 {
+                let place = Place::Blob(b.name.clone());
+                let error = FormatError::Checksum {
+                    path: self.header_path.clone(),
+                    place: place.clone(),
+                    offset: b.offset,
+                    len: b.len,
+                    stored: b.xxh3.0,
+                    computed,
+                };
+                problems.push(Problem { place, error });
+            }
+        }
+        let trunk = self.trunk_bytes();
+        for t in &m.trunk.tensors {
+            let computed = xxh3_64(&trunk[t.offset as usize..(t.offset + t.len) as usize]);
+            if computed != t.xxh3.0 {
+                let place = Place::Tensor(t.tensor.name.clone());
+                let error = FormatError::Checksum {
+                    path: self.trunk_path.clone(),
+                    place: place.clone(),
+                    offset: t.offset,
+                    len: t.len,
+                    stored: t.xxh3.0,
+                    computed,
+                };
+                problems.push(Problem { place, error });
+            }
+            done += t.len;
+            progress(done);
+        }
+        let mut buf = Vec::new();
+        for e in &self.header.index {
+            let checked = self.expert(e.layer, e.expert).and_then(|loc| {
+                self.read_expert(&loc, &mut buf)?;
+                loc.parse(&buf, true).map(|_| ())
+            });
+            if let Err(error) = checked {
+                problems.push(Problem { place: e.place(), error });
+            }
+            done += e.length;
+            progress(done);
+        }
+        problems
+    }
+}

@@ -1,0 +1,540 @@
+//! Writing a model: records stream out as they are produced; a journal makes an interrupted write
+//! resumable; the header is written last, atomically, so a half-written model never opens.
+//!
+//! Durability protocol: data is appended to the trunk and shard files; every `sync_every` bytes
+//! the data files are flushed to disk (`fdatasync`) and only then are the journal lines describing
+//! that data appended and flushed. A journal line therefore always describes data that is on disk.
+//! On resume every journaled item is re-read and checked against its checksum; the first one that
+//! fails, and everything after it, is dropped and the files are cut back to what remains.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::{File, OpenOptions as FsOpen};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use crate::encoding::Encoding;
+use crate::error::{FormatError, Result};
+use crate::header::Header;
+use crate::index::IndexEntry;
+use crate::manifest::{
+    Architecture, BlobInfo, ExpertLayout, Hex64, Manifest, ShardInfo, TensorEntry, TrunkInfo, TrunkTensor,
+};
+use crate::record::encode_record;
+use crate::{HEADER_FILE, JOURNAL_FILE, PART_ALIGN, TRUNK_FILE, shard_file_name};
+
+/// Everything that fixes the bytes of a model. A resumed write must be given the same spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WriterSpec {
+    pub architecture: Architecture,
+    /// Expert record alignment (4096 or 2 MiB, say).
+    pub alignment: u64,
+    /// Number of expert shards; record `n` (in (layer, expert) order) goes to shard `n % shards`,
+    /// so every layer's experts are striped over all shards (and drives).
+    pub shards: u16,
+    /// Shard `i` is written to `shard_dirs[i % len]`; empty means the model directory.
+    pub shard_dirs: Vec<PathBuf>,
+    pub expert_layouts: Vec<ExpertLayout>,
+    /// Encoding of each tensor class, for people.
+    pub encodings: BTreeMap<String, String>,
+    /// Source checkpoint, converter version, options.
+    pub provenance: serde_json::Value,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+enum JournalLine {
+    Spec { journal_version: u32, spec: WriterSpec },
+    Tensor(TrunkTensor),
+    Expert { layer: u32, expert: u32, shard: u16, layout: u16, offset: u64, length: u64, xxh3: Hex64 },
+}
+
+const JOURNAL_VERSION: u32 = 1;
+
+/// An append-only data file.
+#[derive(Debug)]
+struct DataFile {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    dirty: bool,
+}
+
+impl DataFile {
+    fn open(path: PathBuf, create_new: bool) -> Result<Self> {
+        let file = FsOpen::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .create_new(create_new)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| FormatError::io(&path, e))?;
+        let len = file.metadata().map_err(|e| FormatError::io(&path, e))?.len();
+        Ok(DataFile { path, file, len, dirty: false })
+    }
+
+    fn write_at_end(&mut self, bytes: &[u8]) -> Result<()> {
+        self.file.write_all_at(bytes, self.len).map_err(|e| FormatError::io(&self.path, e))?;
+        self.len += bytes.len() as u64;
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn hash_range(&self, offset: u64, len: u64) -> Result<u64> {
+        let mut h = Xxh3::new();
+        let mut buf = vec![0u8; (1 << 22).min(len as usize)];
+        let mut at = offset;
+        while at < offset + len {
+            let n = buf.len().min((offset + len - at) as usize);
+            self.file.read_exact_at(&mut buf[..n], at).map_err(|e| FormatError::io(&self.path, e))?;
+            h.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok(h.digest())
+    }
+
+    fn cut_to(&mut self, len: u64) -> Result<()> {
+        self.file.set_len(len).map_err(|e| FormatError::io(&self.path, e))?;
+        self.len = len;
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        if self.dirty {
+            self.file.sync_data().map_err(|e| FormatError::io(&self.path, e))?;
+            self.dirty = false;
+        }
+        Ok(())
+    }
+}
+
+/// What `ModelWriter::open` found.
+#[derive(Debug)]
+pub enum Opened {
+    /// A new model, or an interrupted one resumed: write what `has_tensor` / `has_expert` say is missing.
+    Writer(Box<ModelWriter>),
+    /// The directory already holds a finished model written with this spec; nothing to do.
+    Complete,
+}
+
+/// Streams a model to disk. Items can be written in any order for the trunk and in increasing
+/// (layer, expert) order for expert records.
+#[derive(Debug)]
+pub struct ModelWriter {
+    dir: PathBuf,
+    spec: WriterSpec,
+    trunk: DataFile,
+    shards: Vec<DataFile>,
+    journal: File,
+    pending: Vec<u8>,
+    unsynced: u64,
+    sync_every: u64,
+    tensors: Vec<TrunkTensor>,
+    tensor_names: HashSet<String>,
+    index: Vec<IndexEntry>,
+    record: Vec<u8>,
+    resumed_items: usize,
+}
+
+fn writer_err(dir: &Path, reason: impl Into<String>) -> FormatError {
+    FormatError::Writer { dir: dir.to_path_buf(), reason: reason.into() }
+}
+
+impl ModelWriter {
+    /// Starts a new model in `dir`, resumes an interrupted one, or reports it complete.
+    /// Refuses a directory that holds anything else, or a conversion started with another spec:
+    /// nothing a user owns is overwritten.
+    pub fn open(dir: impl AsRef<Path>, spec: WriterSpec) -> Result<Opened> {
+        let dir = dir.as_ref().to_path_buf();
+        Self::check_spec(&dir, &spec)?;
+        if dir.join(HEADER_FILE).exists() {
+            let header_path = dir.join(HEADER_FILE);
+            let bytes = std::fs::read(&header_path).map_err(|e| FormatError::io(&header_path, e))?;
+            let h = Header::parse(&header_path, &bytes)?;
+            if h.manifest.provenance == spec.provenance && h.manifest.architecture == spec.architecture {
+                return Ok(Opened::Complete);
+            }
+            return Err(writer_err(
+                &dir,
+                "already holds a finished WASTE model converted with other options; refusing to overwrite it",
+            ));
+        }
+        let journal_path = dir.join(JOURNAL_FILE);
+        if journal_path.exists() {
+            return Self::resume(dir, spec).map(|w| Opened::Writer(Box::new(w)));
+        }
+        if dir.exists() {
+            let mut entries = std::fs::read_dir(&dir).map_err(|e| FormatError::io(&dir, e))?;
+            if let Some(e) = entries.next() {
+                let name = e.map(|e| e.file_name().to_string_lossy().into_owned()).unwrap_or_default();
+                return Err(writer_err(
+                    &dir,
+                    format!(
+                        "is not empty (it holds `{name}`) and is not a WASTE conversion in progress; refusing to write into it"
+                    ),
+                ));
+            }
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| FormatError::io(&dir, e))?;
+        let mut journal = FsOpen::new()
+            .append(true)
+            .create_new(true)
+            .open(&journal_path)
+            .map_err(|e| FormatError::io(&journal_path, e))?;
+        let mut line = serde_json::to_vec(&JournalLine::Spec { journal_version: JOURNAL_VERSION, spec: spec.clone() })
+            .expect("a spec always serializes");
+        line.push(b'\n');
+        journal.write_all(&line).and_then(|_| journal.sync_data()).map_err(|e| FormatError::io(&journal_path, e))?;
+        let trunk = DataFile::open(dir.join(TRUNK_FILE), true)?;
+        let mut shards = Vec::with_capacity(usize::from(spec.shards));
+        for i in 0..usize::from(spec.shards) {
+            shards.push(DataFile::open(Self::shard_path(&dir, &spec, i), true)?);
+        }
+        Ok(Opened::Writer(Box::new(Self::assemble(dir, spec, trunk, shards, journal))))
+    }
+
+    fn check_spec(dir: &Path, spec: &WriterSpec) -> Result<()> {
+        if !spec.alignment.is_power_of_two() || spec.alignment < 4096 {
+            return Err(writer_err(dir, format!("alignment {} is not a power of two >= 4096", spec.alignment)));
+        }
+        if spec.shards == 0 && !spec.architecture.moe_layers.is_empty() {
+            return Err(writer_err(dir, "a model with MoE layers needs at least one expert shard"));
+        }
+        for (i, l) in spec.expert_layouts.iter().enumerate() {
+            if l.record_bytes % spec.alignment != 0 {
+                return Err(writer_err(dir, format!("expert layout {i} was built for another alignment")));
+            }
+        }
+        Ok(())
+    }
+
+    fn shard_path(dir: &Path, spec: &WriterSpec, i: usize) -> PathBuf {
+        let base = if spec.shard_dirs.is_empty() { dir } else { &spec.shard_dirs[i % spec.shard_dirs.len()] };
+        base.join(shard_file_name(i))
+    }
+
+    fn assemble(dir: PathBuf, spec: WriterSpec, trunk: DataFile, shards: Vec<DataFile>, journal: File) -> Self {
+        ModelWriter {
+            dir,
+            spec,
+            trunk,
+            shards,
+            journal,
+            pending: Vec::new(),
+            unsynced: 0,
+            sync_every: 256 << 20,
+            tensors: Vec::new(),
+            tensor_names: HashSet::new(),
+            index: Vec::new(),
+            record: Vec::new(),
+            resumed_items: 0,
+        }
+    }
+
+    fn resume(dir: PathBuf, spec: WriterSpec) -> Result<Self> {
+        let journal_path = dir.join(JOURNAL_FILE);
+        let text = std::fs::read(&journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
+        // A line without its newline was torn by the interruption: it never counted.
+        let complete = &text[..text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)];
+        let mut lines = complete.split(|&b| b == b'\n').filter(|l| !l.is_empty());
+        let bad_journal = |why: String| {
+            writer_err(&dir, format!("{JOURNAL_FILE} is unreadable ({why}); remove the directory to start over"))
+        };
+        let first = lines.next().ok_or_else(|| bad_journal("empty".into()))?;
+        match serde_json::from_slice(first).map_err(|e| bad_journal(e.to_string()))? {
+            JournalLine::Spec { journal_version: JOURNAL_VERSION, spec: started } => {
+                if started != spec {
+                    let a = serde_json::to_value(&started).expect("serializes");
+                    let b = serde_json::to_value(&spec).expect("serializes");
+                    let differ: Vec<_> = a
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .filter(|(k, v)| b.get(k.as_str()) != Some(*v))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    return Err(writer_err(
+                        &dir,
+                        format!(
+                            "holds an interrupted conversion started with other settings (differing: {}); \
+                             rerun with the original options or use a new output directory",
+                            differ.join(", ")
+                        ),
+                    ));
+                }
+            }
+            _ => return Err(bad_journal("first line is not a supported spec".into())),
+        }
+        let trunk = DataFile::open(dir.join(TRUNK_FILE), false)?;
+        let mut shards = Vec::new();
+        for i in 0..usize::from(spec.shards) {
+            shards.push(DataFile::open(Self::shard_path(&dir, &spec, i), false)?);
+        }
+        let journal = FsOpen::new().append(true).open(&journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
+        let mut w = Self::assemble(dir, spec, trunk, shards, journal);
+
+        // Keep the longest prefix of journaled items whose bytes still check out.
+        let mut kept = vec![first.to_vec()];
+        let mut trunk_end = 0u64;
+        let mut shard_ends = vec![0u64; w.shards.len()];
+        for line in lines {
+            let Ok(item) = serde_json::from_slice::<JournalLine>(line) else { break };
+            let ok = match &item {
+                JournalLine::Tensor(t) => {
+                    t.offset + t.len <= w.trunk.len
+                        && !w.tensor_names.contains(&t.tensor.name)
+                        && w.trunk.hash_range(t.offset, t.len)? == t.xxh3.0
+                }
+                &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3 } => {
+                    let s = usize::from(shard);
+                    s < w.shards.len()
+                        && w.expected_next_expert() == Some((layer, expert))
+                        && offset + length <= w.shards[s].len
+                        && w.shards[s].hash_range(offset, length)? == xxh3.0
+                        && {
+                            w.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3: xxh3.0 });
+                            true
+                        }
+                }
+                JournalLine::Spec { .. } => false,
+            };
+            if !ok {
+                break;
+            }
+            match item {
+                JournalLine::Tensor(t) => {
+                    trunk_end = trunk_end.max(t.offset + t.len);
+                    w.tensor_names.insert(t.tensor.name.clone());
+                    w.tensors.push(t);
+                }
+                JournalLine::Expert { shard, offset, length, .. } => {
+                    let end = &mut shard_ends[usize::from(shard)];
+                    *end = (*end).max(offset + length);
+                }
+                JournalLine::Spec { .. } => unreachable!("rejected above"),
+            }
+            kept.push(line.to_vec());
+        }
+        w.resumed_items = kept.len() - 1;
+        w.trunk.cut_to(trunk_end)?;
+        for (s, end) in w.shards.iter_mut().zip(shard_ends) {
+            s.cut_to(end)?;
+        }
+        w.trunk.sync()?;
+        for s in &mut w.shards {
+            s.sync()?;
+        }
+        // Rewrite the journal with exactly the kept lines, atomically.
+        let tmp = w.dir.join(format!("{JOURNAL_FILE}.tmp"));
+        let mut body = kept.join(&b'\n');
+        body.push(b'\n');
+        write_durably(&tmp, &body)?;
+        std::fs::rename(&tmp, &journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
+        w.journal = FsOpen::new().append(true).open(&journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
+        Ok(w)
+    }
+
+    /// Items (tensors and records) kept from an interrupted run.
+    pub fn resumed_items(&self) -> usize {
+        self.resumed_items
+    }
+
+    pub fn spec(&self) -> &WriterSpec {
+        &self.spec
+    }
+
+    /// Flush data and journal every this many bytes (default 256 MiB): the most an interruption loses.
+    pub fn set_sync_every(&mut self, bytes: u64) {
+        self.sync_every = bytes.max(1);
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.tensor_names.contains(name)
+    }
+
+    pub fn has_expert(&self, layer: u32, expert: u32) -> bool {
+        // Records are written in (layer, expert) order, so the written ones are a prefix.
+        let a = &self.spec.architecture;
+        match a.moe_layers.binary_search(&layer) {
+            Ok(pos) if expert < a.experts => pos * a.experts as usize + (expert as usize) < self.index.len(),
+            _ => false,
+        }
+    }
+
+    /// The (layer, expert) the next record must be, or `None` when all are written.
+    pub fn expected_next_expert(&self) -> Option<(u32, u32)> {
+        let a = &self.spec.architecture;
+        let n = self.index.len();
+        let per = a.experts as usize;
+        if per == 0 {
+            return None;
+        }
+        a.moe_layers.get(n / per).map(|&l| (l, (n % per) as u32))
+    }
+
+    /// Appends a trunk tensor; `parts` in the order its encoding stores them.
+    pub fn write_tensor(&mut self, name: &str, encoding: Encoding, shape: &[u64], parts: &[&[u8]]) -> Result<()> {
+        if self.tensor_names.contains(name) {
+            return Err(writer_err(&self.dir, format!("tensor `{name}` is written twice")));
+        }
+        let start = self.trunk.len.next_multiple_of(PART_ALIGN);
+        let (entry, end) = TensorEntry::lay_out(name, encoding, shape, start).map_err(|e| writer_err(&self.dir, e))?;
+        if entry.parts.len() != parts.len() {
+            return Err(writer_err(
+                &self.dir,
+                format!("tensor `{name}`: {} parts given, {} expected", parts.len(), entry.parts.len()),
+            ));
+        }
+        let mut h = Xxh3::new();
+        for (p, bytes) in entry.parts.iter().zip(parts) {
+            if bytes.len() as u64 != p.len {
+                return Err(writer_err(
+                    &self.dir,
+                    format!(
+                        "tensor `{name}` part `{}`: {} bytes given, {} expected for shape {shape:?}",
+                        p.name,
+                        bytes.len(),
+                        p.len
+                    ),
+                ));
+            }
+        }
+        self.trunk.write_at_end(&vec![0; (start - self.trunk.len) as usize])?;
+        for (p, bytes) in entry.parts.iter().zip(parts) {
+            let pad = vec![0u8; (p.offset - self.trunk.len) as usize];
+            h.update(&pad);
+            self.trunk.write_at_end(&pad)?;
+            h.update(bytes);
+            self.trunk.write_at_end(bytes)?;
+        }
+        debug_assert_eq!(self.trunk.len, end);
+        let t = TrunkTensor { tensor: entry, offset: start, len: end - start, xxh3: Hex64(h.digest()) };
+        self.journal_line(&JournalLine::Tensor(t.clone()), end - start)?;
+        self.tensor_names.insert(name.to_string());
+        self.tensors.push(t);
+        Ok(())
+    }
+
+    /// Appends the record of `(layer, expert)`, which must be the next in (layer, expert) order.
+    /// `parts`: each matrix's parts, in layout order.
+    pub fn write_expert(&mut self, layer: u32, expert: u32, layout: u16, parts: &[&[u8]]) -> Result<()> {
+        if self.expected_next_expert() != Some((layer, expert)) {
+            return Err(writer_err(
+                &self.dir,
+                format!(
+                    "expert (layer {layer}, expert {expert}) written out of order; expected {:?}",
+                    self.expected_next_expert()
+                ),
+            ));
+        }
+        let l = self
+            .spec
+            .expert_layouts
+            .get(usize::from(layout))
+            .ok_or_else(|| writer_err(&self.dir, format!("no expert layout {layout}")))?;
+        encode_record(layer, expert, layout, l, parts, &mut self.record)
+            .map_err(|e| writer_err(&self.dir, format!("expert (layer {layer}, expert {expert}): {e}")))?;
+        let shard = (self.index.len() % self.shards.len()) as u16;
+        let s = &mut self.shards[usize::from(shard)];
+        let offset = s.len;
+        let xxh3 = xxh3_64(&self.record);
+        s.write_at_end(&self.record)?;
+        let length = self.record.len() as u64;
+        self.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3 });
+        self.journal_line(
+            &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3: Hex64(xxh3) },
+            length,
+        )
+    }
+
+    fn journal_line(&mut self, line: &JournalLine, bytes: u64) -> Result<()> {
+        serde_json::to_writer(&mut self.pending, line).expect("journal lines always serialize");
+        self.pending.push(b'\n');
+        self.unsynced += bytes;
+        if self.unsynced >= self.sync_every { self.sync() } else { Ok(()) }
+    }
+
+    /// Makes everything written so far durable and journaled.
+    pub fn sync(&mut self) -> Result<()> {
+        self.trunk.sync()?;
+        for s in &mut self.shards {
+            s.sync()?;
+        }
+        let path = self.dir.join(JOURNAL_FILE);
+        self.journal
+            .write_all(&self.pending)
+            .and_then(|_| self.journal.sync_data())
+            .map_err(|e| FormatError::io(&path, e))?;
+        self.pending.clear();
+        self.unsynced = 0;
+        Ok(())
+    }
+
+    /// Writes the header, which makes the model valid, and removes the journal. `blobs` are the
+    /// embedded files (`config.json` verbatim, tokenizer files). Fails, naming the first, if any
+    /// expert record is missing.
+    pub fn finish(mut self, blobs: &[(&str, &[u8])]) -> Result<PathBuf> {
+        if let Some((layer, expert)) = self.expected_next_expert() {
+            return Err(writer_err(
+                &self.dir,
+                format!("cannot finish: expert (layer {layer}, expert {expert}) and later were never written"),
+            ));
+        }
+        self.sync()?;
+        let mut blob_bytes = Vec::new();
+        let mut blob_infos = Vec::new();
+        for (name, bytes) in blobs {
+            let offset = blob_bytes.len() as u64;
+            blob_bytes.extend_from_slice(bytes);
+            blob_infos.push(BlobInfo {
+                name: name.to_string(),
+                offset,
+                len: bytes.len() as u64,
+                xxh3: Hex64(xxh3_64(bytes)),
+            });
+        }
+        let spec = &self.spec;
+        let manifest = Manifest {
+            architecture: spec.architecture.clone(),
+            alignment: spec.alignment,
+            encodings: spec.encodings.clone(),
+            provenance: spec.provenance.clone(),
+            trunk: TrunkInfo {
+                file: TRUNK_FILE.into(),
+                bytes: self.trunk.len,
+                tensors: std::mem::take(&mut self.tensors),
+            },
+            shards: (0..self.shards.len())
+                .map(|i| ShardInfo { file: shard_file_name(i), bytes: self.shards[i].len })
+                .collect(),
+            expert_layouts: spec.expert_layouts.clone(),
+            blobs: blob_infos,
+        };
+        let header_path = self.dir.join(HEADER_FILE);
+        let bytes = Header::encode(&manifest, &self.index, &blob_bytes);
+        // The header this writer made must be one every reader accepts.
+        Header::parse(&header_path, &bytes)?;
+        let tmp = self.dir.join(format!("{HEADER_FILE}.tmp"));
+        write_durably(&tmp, &bytes)?;
+        std::fs::rename(&tmp, &header_path).map_err(|e| FormatError::io(&header_path, e))?;
+        sync_dir(&self.dir)?;
+        let journal = self.dir.join(JOURNAL_FILE);
+        std::fs::remove_file(&journal).map_err(|e| FormatError::io(&journal, e))?;
+        sync_dir(&self.dir)?;
+        Ok(header_path)
+    }
+}
+
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(path).map_err(|e| FormatError::io(path, e))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| FormatError::io(path, e))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| FormatError::io(dir, e))
+}
