@@ -36,6 +36,13 @@ fn header_checksum(bytes: &[u8]) -> u64 {
     h.digest()
 }
 
+/// Recomputes and stores the checksum of a header of at least [`PROLOGUE_LEN`] bytes (for tools
+/// and tests that patch headers on purpose).
+pub fn seal(bytes: &mut [u8]) {
+    let sum = header_checksum(bytes);
+    bytes[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
+}
+
 fn u16_at(b: &[u8], o: usize) -> u16 {
     u16::from_le_bytes([b[o], b[o + 1]])
 }
@@ -71,8 +78,7 @@ impl Header {
         }
         out.resize(blobs_off, 0);
         out.extend_from_slice(blobs);
-        let sum = header_checksum(&out);
-        out[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
+        seal(&mut out);
         out
     }
 

@@ -32,6 +32,7 @@ pub struct Model {
     /// `None` for an empty trunk file (an empty file cannot be mapped).
     trunk: Option<Mmap>,
     shard_paths: Vec<PathBuf>,
+    shard_files: Vec<File>,
     tensors: HashMap<String, usize>,
     /// For each layer, its position among the MoE layers.
     moe_pos: Vec<Option<usize>>,
@@ -124,6 +125,7 @@ impl Model {
         };
 
         let mut shard_paths = Vec::with_capacity(m.shards.len());
+        let mut shard_files = Vec::with_capacity(m.shards.len());
         for (i, s) in m.shards.iter().enumerate() {
             let candidates: Vec<PathBuf> =
                 std::iter::once(&dir).chain(&opts.shard_dirs).map(|d| d.join(&s.file)).collect();
@@ -143,6 +145,7 @@ impl Model {
                     .map(|e| (e.offset, e.offset + e.length, e.place()));
                 return Err(truncated(&path, actual, s.bytes, spans));
             }
+            shard_files.push(File::open(&path).map_err(|e| FormatError::io(&path, e))?);
             shard_paths.push(path);
         }
 
@@ -151,7 +154,7 @@ impl Model {
         for (pos, &l) in m.architecture.moe_layers.iter().enumerate() {
             moe_pos[l as usize] = Some(pos);
         }
-        Ok(Model { dir, header_path, header, trunk_path, trunk, shard_paths, tensors, moe_pos })
+        Ok(Model { dir, header_path, header, trunk_path, trunk, shard_paths, shard_files, tensors, moe_pos })
     }
 
     pub fn dir(&self) -> &Path {
@@ -216,8 +219,9 @@ impl Model {
     /// through `k3-io`).
     pub fn read_expert(&self, loc: &ExpertLocation<'_>, buf: &mut Vec<u8>) -> Result<()> {
         buf.resize(loc.entry.length as usize, 0);
-        let f = File::open(loc.path).map_err(|e| FormatError::io(loc.path, e))?;
-        f.read_exact_at(buf, loc.entry.offset).map_err(|e| FormatError::io(loc.path, e))
+        self.shard_files[usize::from(loc.entry.shard)]
+            .read_exact_at(buf, loc.entry.offset)
+            .map_err(|e| FormatError::io(loc.path, e))
     }
 
     /// Bytes `verify` reads: trunk plus every record.
