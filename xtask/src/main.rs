@@ -1,1 +1,109 @@
-fn main() {}
+//! `cargo xtask <task>`: project tasks that are not part of the engine. Thin: the work is done by
+//! library crates; this parses arguments and shows progress.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use k3_engine::convert::{ConvertOptions, ExpertFormat, Progress, convert};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "k3 project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Experts {
+    Keep,
+    Mxfp4,
+    Bf16,
+    Vq3,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Convert a Hugging Face checkpoint directory to a WASTE model directory (resumable).
+    Convert {
+        /// The checkpoint: config.json, *.safetensors (+ model.safetensors.index.json), tokenizer files.
+        #[arg(long)]
+        hf: PathBuf,
+        /// The WASTE model directory to create (or to resume).
+        #[arg(long)]
+        out: PathBuf,
+        /// Routed expert encoding; `keep` stores what the checkpoint has (MXFP4 for K3, BF16 for Kimi-Linear).
+        #[arg(long, value_enum, default_value = "keep")]
+        experts: Experts,
+        /// Expert record alignment in bytes (4096, or 2097152 for huge pages).
+        #[arg(long, default_value_t = k3_format::DEFAULT_ALIGNMENT)]
+        align: u64,
+        /// Number of expert shard files.
+        #[arg(long, default_value_t = 1)]
+        shards: u16,
+        /// Stripe the shards over these directories (one per drive); repeat the flag.
+        #[arg(long = "shard-dir")]
+        shard_dirs: Vec<PathBuf>,
+    },
+}
+
+fn bar(total: u64) -> ProgressBar {
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>8} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Convert { hf, out, experts, align, shards, shard_dirs } => {
+            if shards == 0 {
+                bail!("--shards must be at least 1");
+            }
+            let experts = match experts {
+                Experts::Keep => ExpertFormat::Keep,
+                Experts::Mxfp4 => ExpertFormat::Mxfp4,
+                Experts::Bf16 => ExpertFormat::Bf16,
+                Experts::Vq3 => ExpertFormat::Vq3,
+            };
+            let opts = ConvertOptions {
+                hf_dir: hf.clone(),
+                out_dir: out.clone(),
+                experts,
+                alignment: align,
+                shards,
+                shard_dirs,
+            };
+            let pb = bar(0);
+            let report = convert(&opts, &mut |p: Progress| {
+                pb.set_length(p.total);
+                pb.set_message(p.phase);
+                pb.set_position(p.done);
+            })
+            .with_context(|| format!("converting {} to {}", hf.display(), out.display()))?;
+            pb.finish_and_clear();
+            if report.already_complete {
+                println!("{} already holds this model, converted with these options; nothing to do.", out.display());
+                return Ok(());
+            }
+            if report.resumed_items > 0 {
+                println!("resumed: kept {} items written by the interrupted run", report.resumed_items);
+            }
+            println!(
+                "wrote {} items ({:.1} MB) to {}; verified {:.1} MB",
+                report.written_items,
+                report.written_bytes as f64 / 1e6,
+                out.display(),
+                report.verified_bytes as f64 / 1e6
+            );
+            if !report.ignored.is_empty() {
+                println!("ignored {} non-text tensors (e.g. {})", report.ignored.len(), report.ignored[0]);
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! # k3-engine
 //!
-//! The Kimi model forward pass, streaming experts through k3-io.
-//!
-//! Not built yet: this crate is implemented by issue #7. See `docs/ARCHITECTURE.md` for
-//! what it will own and what it may depend on.
+//! The model side of k3: reading a checkpoint's config, converting Hugging Face checkpoints to
+//! WASTE, and (issue #7 onwards) the Kimi forward pass that streams experts through `k3-io`.
+
+pub mod config;
+pub mod convert;

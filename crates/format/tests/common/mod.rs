@@ -19,10 +19,13 @@ pub fn bytes(seed: u64, n: usize) -> Vec<u8> {
         .collect()
 }
 
+/// (name, encoding, shape, parts)
+pub type TensorData = (String, Encoding, Vec<u64>, Vec<Vec<u8>>);
+
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub spec: WriterSpec,
-    pub tensors: Vec<(String, Encoding, Vec<u64>, Vec<Vec<u8>>)>,
+    pub tensors: Vec<TensorData>,
     /// (layer, expert, layout, parts)
     pub experts: Vec<(u32, u32, u16, Vec<Vec<u8>>)>,
     pub blobs: Vec<(String, Vec<u8>)>,

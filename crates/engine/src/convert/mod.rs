@@ -1,0 +1,339 @@
+//! Hugging Face checkpoint -> WASTE model. Experts are grouped into one record per (layer, expert);
+//! every other text tensor goes to the trunk. Resumable (the writer's journal), refuses to touch a
+//! directory it did not start, verifies everything at the end.
+
+mod source;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k3_format::{Encoding, ExpertLayout, FormatError, Model, ModelWriter, OpenOptions, Opened, WriterSpec};
+use safetensors::Dtype as StDtype;
+
+use crate::config::{ConfigError, ModelConfig};
+pub use source::{Source, SourceTensor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{path}: {reason}")]
+    Source { path: PathBuf, reason: String },
+    #[error("the checkpoint has no tensor `{name}`")]
+    MissingTensor { name: String },
+    #[error("tensor `{name}` is {found}, expected {expected}")]
+    Shape { name: String, expected: String, found: String },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("verification after conversion found {count} bad item(s); first: {first}")]
+    Verify { count: usize, first: String },
+}
+
+impl ConvertError {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        ConvertError::Io { path: path.to_path_buf(), source }
+    }
+}
+
+/// How routed experts are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertFormat {
+    /// Whatever the checkpoint stores (MXFP4 for K3, BF16 for Kimi-Linear), byte for byte.
+    Keep,
+    Mxfp4,
+    Bf16,
+    Vq3,
+}
+
+impl ExpertFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertFormat::Keep => "keep",
+            ExpertFormat::Mxfp4 => "mxfp4",
+            ExpertFormat::Bf16 => "bf16",
+            ExpertFormat::Vq3 => "vq3",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    pub hf_dir: PathBuf,
+    pub out_dir: PathBuf,
+    pub experts: ExpertFormat,
+    /// Expert record alignment: 4096 (default) or 2 MiB.
+    pub alignment: u64,
+    pub shards: u16,
+    /// Directories (one per drive) the shards are striped over; empty = the output directory.
+    pub shard_dirs: Vec<PathBuf>,
+}
+
+/// Progress of a conversion.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    pub phase: &'static str,
+    pub done: u64,
+    pub total: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ConvertReport {
+    pub already_complete: bool,
+    pub resumed_items: usize,
+    pub written_items: usize,
+    pub written_bytes: u64,
+    /// Checkpoint tensors that are not part of the text model (the vision tower).
+    pub ignored: Vec<String>,
+    pub verified_bytes: u64,
+}
+
+/// What one source tensor name means.
+enum Role {
+    Expert { layer: u32, expert: u32 },
+    Trunk,
+    Ignored,
+}
+
+fn role(name: &str) -> Role {
+    let parse = || -> Option<(u32, u32)> {
+        let rest = name.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let rest = rest.strip_prefix("block_sparse_moe.experts.")?;
+        let (expert, _) = rest.split_once('.')?;
+        Some((layer.parse().ok()?, expert.parse().ok()?))
+    };
+    if let Some((layer, expert)) = parse() {
+        Role::Expert { layer, expert }
+    } else if name.starts_with("model.") || name.starts_with("lm_head.") {
+        Role::Trunk
+    } else {
+        Role::Ignored
+    }
+}
+
+/// The three matrices of an expert: w1 (gate), w2 (down), w3 (up).
+const EXPERT_MATRICES: [&str; 3] = ["w1", "w2", "w3"];
+
+fn expert_name(layer: u32, expert: u32, w: &str) -> String {
+    format!("model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}")
+}
+
+/// How a layer's experts are stored in the checkpoint, and their logical shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SourceExperts {
+    Mxfp4,
+    Bf16,
+}
+
+fn expert_shapes(src: &Source, layer: u32) -> Result<(SourceExperts, Vec<Vec<u64>>), ConvertError> {
+    let first = expert_name(layer, 0, "w1");
+    let kind = if src.get(&format!("{first}.weight_packed")).is_ok() {
+        SourceExperts::Mxfp4
+    } else if src.get(&format!("{first}.weight")).is_ok() {
+        SourceExperts::Bf16
+    } else {
+        return Err(ConvertError::MissingTensor { name: format!("{first}.weight_packed (or .weight)") });
+    };
+    let shapes = EXPERT_MATRICES
+        .iter()
+        .map(|w| {
+            let base = expert_name(layer, 0, w);
+            Ok(match kind {
+                SourceExperts::Mxfp4 => {
+                    let t = src.get(&format!("{base}.weight_packed"))?;
+                    match t.shape[..] {
+                        [r, c] => vec![r, c * 2],
+                        _ => {
+                            return Err(ConvertError::Shape {
+                                name: format!("{base}.weight_packed"),
+                                expected: "U8 [out, in/2]".into(),
+                                found: format!("{:?} {:?}", t.dtype, t.shape),
+                            });
+                        }
+                    }
+                }
+                SourceExperts::Bf16 => src.get(&format!("{base}.weight"))?.shape.clone(),
+            })
+        })
+        .collect::<Result<_, ConvertError>>()?;
+    Ok((kind, shapes))
+}
+
+/// The stored parts of one expert matrix, checked against the layer's shape.
+fn expert_parts<'a>(
+    src: &'a Source,
+    kind: SourceExperts,
+    base: &str,
+    shape: &[u64],
+) -> Result<Vec<&'a [u8]>, ConvertError> {
+    Ok(match kind {
+        SourceExperts::Mxfp4 => vec![
+            src.expect(&format!("{base}.weight_packed"), StDtype::U8, &[shape[0], shape[1] / 2])?,
+            src.expect(&format!("{base}.weight_scale"), StDtype::U8, &[shape[0], shape[1] / 32])?,
+        ],
+        SourceExperts::Bf16 => vec![src.expect(&format!("{base}.weight"), StDtype::BF16, shape)?],
+    })
+}
+
+fn trunk_encoding(name: &str, t: &SourceTensor) -> Result<Encoding, ConvertError> {
+    match t.dtype {
+        StDtype::F32 => Ok(Encoding::F32),
+        StDtype::BF16 => Ok(Encoding::Bf16),
+        StDtype::F16 => Ok(Encoding::F16),
+        StDtype::U8 => Ok(Encoding::U8),
+        other => {
+            Err(ConvertError::Unsupported(format!("tensor `{name}` has dtype {other:?}, which k3 does not store")))
+        }
+    }
+}
+
+/// Files copied into the header verbatim when the checkpoint has them.
+const EMBEDDED_FILES: [&str; 4] = ["config.json", "tiktoken.model", "tokenizer_config.json", "tokenizer.json"];
+
+pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<ConvertReport, ConvertError> {
+    let config_path = opts.hf_dir.join("config.json");
+    let config_bytes = std::fs::read(&config_path).map_err(|e| ConvertError::io(&config_path, e))?;
+    let config = ModelConfig::parse(&config_path, &config_bytes)?;
+    let src = Source::open(&opts.hf_dir)?;
+    let arch = config.architecture();
+
+    let mut report = ConvertReport::default();
+    let mut trunk_names = Vec::new();
+    for name in src.names() {
+        match role(name) {
+            Role::Expert { layer, expert } => {
+                if arch.moe_layers.binary_search(&layer).is_err() || expert >= arch.experts {
+                    return Err(ConvertError::Source {
+                        path: opts.hf_dir.clone(),
+                        reason: format!("tensor `{name}` names an expert the config does not have"),
+                    });
+                }
+            }
+            Role::Trunk => trunk_names.push(name.to_string()),
+            Role::Ignored => report.ignored.push(name.to_string()),
+        }
+    }
+
+    // One layout per distinct (source kind, shapes); K3 and Kimi-Linear need one.
+    let mut layouts: Vec<ExpertLayout> = Vec::new();
+    let mut layer_plan = Vec::new();
+    let mut keys: Vec<(SourceExperts, Vec<Vec<u64>>)> = Vec::new();
+    for &layer in &arch.moe_layers {
+        let (kind, shapes) = expert_shapes(&src, layer)?;
+        let target = match (kind, opts.experts) {
+            (SourceExperts::Mxfp4, ExpertFormat::Keep | ExpertFormat::Mxfp4) => Encoding::Mxfp4,
+            (SourceExperts::Bf16, ExpertFormat::Keep | ExpertFormat::Bf16) => Encoding::Bf16,
+            (k, want) => {
+                return Err(ConvertError::Unsupported(format!(
+                    "re-encoding {k:?} experts as {} needs the k3-quant codecs, which this converter does not use yet",
+                    want.name()
+                )));
+            }
+        };
+        let key = (kind, shapes.clone());
+        let id = match keys.iter().position(|k| *k == key) {
+            Some(i) => i,
+            None => {
+                let mats: Vec<(&str, Encoding, Vec<u64>)> =
+                    EXPERT_MATRICES.iter().zip(&shapes).map(|(w, s)| (*w, target.clone(), s.clone())).collect();
+                layouts.push(ExpertLayout::build(opts.alignment, &mats).map_err(ConvertError::Unsupported)?);
+                keys.push(key);
+                keys.len() - 1
+            }
+        };
+        layer_plan.push((layer, kind, shapes, id as u16));
+    }
+
+    let expert_label = layouts.first().map_or("none".to_string(), |l| l.matrices[0].encoding.label());
+    let spec = WriterSpec {
+        architecture: arch.clone(),
+        alignment: opts.alignment,
+        shards: opts.shards,
+        shard_dirs: opts.shard_dirs.clone(),
+        expert_layouts: layouts,
+        encodings: BTreeMap::from([
+            ("experts".to_string(), expert_label),
+            ("trunk".to_string(), "as stored (bf16/f32)".to_string()),
+        ]),
+        provenance: serde_json::json!({
+            "source": opts.hf_dir.display().to_string(),
+            "source_files": src.file_sizes().into_iter().collect::<BTreeMap<_, _>>(),
+            "converter": concat!("k3 ", env!("CARGO_PKG_VERSION"), " convert"),
+            "options": {
+                "experts": opts.experts.name(),
+                "trunk": "keep",
+                "alignment": opts.alignment,
+                "shards": opts.shards,
+            },
+        }),
+    };
+
+    let mut w = match ModelWriter::open(&opts.out_dir, spec)? {
+        Opened::Complete => {
+            report.already_complete = true;
+            return Ok(report);
+        }
+        Opened::Writer(w) => w,
+    };
+    report.resumed_items = w.resumed_items();
+
+    let record_bytes: Vec<u64> = w.spec().expert_layouts.iter().map(|l| l.record_bytes).collect();
+    let total: u64 = trunk_names.iter().map(|n| src.get(n).map_or(0, |t| src.bytes(t).len() as u64)).sum::<u64>()
+        + layer_plan.iter().map(|p| record_bytes[usize::from(p.3)] * u64::from(arch.experts)).sum::<u64>();
+    let mut done = 0u64;
+    let mut tick = |done: u64| progress(Progress { phase: "convert", done, total });
+
+    for name in &trunk_names {
+        let t = src.get(name)?;
+        let bytes = src.bytes(t);
+        if !w.has_tensor(name) {
+            w.write_tensor(name, trunk_encoding(name, t)?, &t.shape, &[bytes])?;
+            report.written_items += 1;
+            report.written_bytes += bytes.len() as u64;
+        }
+        done += bytes.len() as u64;
+        tick(done);
+    }
+    for (layer, kind, shapes, layout) in &layer_plan {
+        for expert in 0..arch.experts {
+            if !w.has_expert(*layer, expert) {
+                let mut parts = Vec::with_capacity(6);
+                for (m, shape) in EXPERT_MATRICES.iter().zip(shapes) {
+                    parts.extend(expert_parts(&src, *kind, &expert_name(*layer, expert, m), shape)?);
+                }
+                w.write_expert(*layer, expert, *layout, &parts)?;
+                report.written_items += 1;
+                report.written_bytes += record_bytes[usize::from(*layout)];
+            }
+            done += record_bytes[usize::from(*layout)];
+            tick(done);
+        }
+    }
+
+    let mut blobs = Vec::new();
+    for name in EMBEDDED_FILES {
+        let path = opts.hf_dir.join(name);
+        if path.exists() {
+            blobs.push((name, std::fs::read(&path).map_err(|e| ConvertError::io(&path, e))?));
+        }
+    }
+    let blob_refs: Vec<(&str, &[u8])> = blobs.iter().map(|(n, b)| (*n, b.as_slice())).collect();
+    w.finish(&blob_refs)?;
+
+    let model = Model::open_with(&opts.out_dir, &OpenOptions { shard_dirs: opts.shard_dirs.clone() })?;
+    let total = model.verify_bytes();
+    let problems = model.verify(&mut |done| progress(Progress { phase: "verify", done, total }));
+    if let Some(first) = problems.first() {
+        return Err(ConvertError::Verify { count: problems.len(), first: first.error.to_string() });
+    }
+    report.verified_bytes = total;
+    Ok(report)
+}

@@ -1,0 +1,188 @@
+//! Converting the golden checkpoints: byte-exact experts and trunk, resumable, refusing to
+//! overwrite, clear errors on broken checkpoints.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k3_engine::convert::{ConvertOptions, ExpertFormat, Source, convert};
+use k3_format::Model;
+
+fn golden(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden").join(name)
+}
+
+fn opts(hf: &Path, out: &Path) -> ConvertOptions {
+    ConvertOptions {
+        hf_dir: hf.to_path_buf(),
+        out_dir: out.to_path_buf(),
+        experts: ExpertFormat::Keep,
+        alignment: 4096,
+        shards: 2,
+        shard_dirs: Vec::new(),
+    }
+}
+
+fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect()
+}
+
+#[test]
+fn k3_experts_and_trunk_are_copied_byte_exact() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("m");
+    let hf = golden("tiny-k3");
+    let report = convert(&opts(&hf, &dir), &mut |_| {}).unwrap();
+    assert_eq!(report.written_items, 156 + 160);
+    let m = Model::open(&dir).unwrap();
+    let src = Source::open(&hf).unwrap();
+    assert_eq!(m.blob("config.json").unwrap(), std::fs::read(hf.join("config.json")).unwrap());
+    for name in src.names() {
+        if name.contains(".experts.") {
+            continue;
+        }
+        let t = m.tensor(name).unwrap();
+        let s = src.get(name).unwrap();
+        assert_eq!(t.shape, s.shape.as_slice(), "{name}");
+        assert_eq!(t.parts[0].bytes, src.bytes(s), "{name}");
+    }
+    let mut buf = Vec::new();
+    for (layer, expert) in [(1, 0), (3, 17), (5, 31)] {
+        let loc = m.expert(layer, expert).unwrap();
+        m.read_expert(&loc, &mut buf).unwrap();
+        let v = loc.parse(&buf, true).unwrap();
+        for w in ["w1", "w2", "w3"] {
+            let base = format!("model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}");
+            let mat = v.matrix(w).unwrap();
+            assert_eq!(
+                mat.part("packed").unwrap().bytes,
+                src.bytes(src.get(&format!("{base}.weight_packed")).unwrap())
+            );
+            assert_eq!(mat.part("scale").unwrap().bytes, src.bytes(src.get(&format!("{base}.weight_scale")).unwrap()));
+        }
+    }
+}
+
+#[test]
+fn an_interrupted_conversion_resumes_to_identical_bytes() {
+    let hf = golden("tiny-kimi-linear");
+    let root = tempfile::tempdir().unwrap();
+    let (whole, cut) = (root.path().join("whole"), root.path().join("cut"));
+    convert(&opts(&hf, &whole), &mut |_| {}).unwrap();
+    for stop_at in [0.3, 0.8] {
+        let _ = std::fs::remove_dir_all(&cut);
+        // Kill the conversion part way: a panic unwinds out of it, as far as the files know.
+        let r = std::panic::catch_unwind(|| {
+            convert(&opts(&hf, &cut), &mut |p| {
+                if p.phase == "convert" && p.done as f64 > p.total as f64 * stop_at {
+                    panic!("interrupted");
+                }
+            })
+        });
+        assert!(r.is_err());
+        assert!(Model::open(&cut).is_err(), "a half-written model must not open");
+        let report = convert(&opts(&hf, &cut), &mut |_| {}).unwrap();
+        assert!(report.written_items > 0);
+        assert_eq!(files(&cut), files(&whole), "stopped at {stop_at}");
+    }
+    let again = convert(&opts(&hf, &whole), &mut |_| {}).unwrap();
+    assert!(again.already_complete);
+}
+
+#[test]
+fn refuses_to_write_into_a_directory_it_did_not_start() {
+    let out = tempfile::tempdir().unwrap();
+    std::fs::write(out.path().join("thesis.tex"), b"precious").unwrap();
+    let err = convert(&opts(&golden("tiny-k3"), out.path()), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("refusing"), "{err}");
+    assert_eq!(std::fs::read(out.path().join("thesis.tex")).unwrap(), b"precious");
+}
+
+/// Writes a copy of the golden K3 checkpoint with `edit` applied to its tensor list.
+fn broken_checkpoint(
+    edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+) -> tempfile::TempDir {
+    let hf = golden("tiny-k3");
+    let src = Source::open(&hf).unwrap();
+    let mut tensors: Vec<_> = src
+        .names()
+        .map(|n| {
+            let t = src.get(n).unwrap();
+            (n.to_string(), t.dtype, t.shape.iter().map(|&d| d as usize).collect(), src.bytes(t).to_vec())
+        })
+        .collect();
+    edit(&mut tensors);
+    let d = tempfile::tempdir().unwrap();
+    std::fs::copy(hf.join("config.json"), d.path().join("config.json")).unwrap();
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(n, dt, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*dt, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::tensor::serialize_to_file(views, None, &d.path().join("model.safetensors")).unwrap();
+    d
+}
+
+#[test]
+fn a_missing_expert_tensor_is_named() {
+    let hf =
+        broken_checkpoint(|t| t.retain(|(n, ..)| n != "model.layers.4.block_sparse_moe.experts.9.w2.weight_scale"));
+    let out = tempfile::tempdir().unwrap();
+    let err = convert(&opts(hf.path(), &out.path().join("m")), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("model.layers.4.block_sparse_moe.experts.9.w2.weight_scale"), "{err}");
+}
+
+#[test]
+fn a_misshaped_expert_tensor_names_both_shapes() {
+    let hf = broken_checkpoint(|t| {
+        let e = t.iter_mut().find(|(n, ..)| n == "model.layers.2.block_sparse_moe.experts.5.w3.weight_packed").unwrap();
+        e.2 = vec![32, 128];
+    });
+    let out = tempfile::tempdir().unwrap();
+    let err = convert(&opts(hf.path(), &out.path().join("m")), &mut |_| {}).unwrap_err().to_string();
+    assert!(
+        err.contains("experts.5.w3.weight_packed") && err.contains("[64, 64]") && err.contains("[32, 128]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn vision_tensors_are_ignored_and_the_prefix_stripped() {
+    let hf = broken_checkpoint(|t| {
+        for e in t.iter_mut() {
+            e.0 = format!("language_model.{}", e.0);
+        }
+        t.push(("vision_tower.patch_embed.weight".into(), safetensors::Dtype::BF16, vec![4], vec![0; 8]));
+    });
+    let out = tempfile::tempdir().unwrap();
+    let report = convert(&opts(hf.path(), &out.path().join("m")), &mut |_| {}).unwrap();
+    assert_eq!(report.ignored, vec!["vision_tower.patch_embed.weight".to_string()]);
+    assert!(Model::open(out.path().join("m")).unwrap().has_tensor("model.norm.weight"));
+}
+
+/// The committed fixtures are what today's converter makes from the golden checkpoints (all but
+/// the provenance's source path, which depends on where the command ran).
+#[test]
+fn committed_fixtures_are_current() {
+    for name in ["tiny-k3", "tiny-kimi-linear"] {
+        let out = tempfile::tempdir().unwrap();
+        let dir = out.path().join("m");
+        let mut o = opts(&golden(name), &dir);
+        o.shards = 1;
+        convert(&o, &mut |_| {}).unwrap();
+        let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../fixtures/{name}.waste"));
+        let (a, b) = (Model::open(&dir).unwrap(), Model::open(&committed).unwrap());
+        let strip = |m: &Model| {
+            let mut m = m.manifest().clone();
+            m.provenance["source"] = serde_json::Value::Null;
+            m
+        };
+        assert_eq!(strip(&a), strip(&b), "{name}: regenerate with `cargo xtask convert`");
+        assert_eq!(a.header().index, b.header().index, "{name}");
+        for f in ["trunk.waste", "experts-00000.waste"] {
+            assert!(std::fs::read(dir.join(f)).unwrap() == std::fs::read(committed.join(f)).unwrap(), "{name}/{f}");
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! `k3-cli inspect`: what a model is and how it is laid out on disk.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use k3_format::Model;
+use serde_json::{Value, json};
+
+fn human_bytes(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{:.2} GB", bytes as f64 / 1e9)
+    } else if bytes >= 1 << 20 {
+        format!("{:.1} MB", bytes as f64 / 1e6)
+    } else {
+        format!("{:.1} KB", bytes as f64 / 1e3)
+    }
+}
+
+/// The facts `inspect` shows, as one JSON object.
+pub fn summary(model: &Model) -> Value {
+    let m = model.manifest();
+    let a = &m.architecture;
+    let mut by_encoding: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for t in &m.trunk.tensors {
+        let e = by_encoding.entry(t.tensor.encoding.label()).or_default();
+        e.0 += 1;
+        e.1 += t.len;
+    }
+    let index = &model.header().index;
+    let layouts: Vec<Value> = m
+        .expert_layouts
+        .iter()
+        .map(|l| {
+            json!({
+                "record_bytes": l.record_bytes,
+                "payload_bytes": l.payload_bytes,
+                "matrices": l.matrices.iter().map(|t| json!({
+                    "name": t.name, "encoding": t.encoding.label(), "shape": t.shape,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let shards: Vec<Value> = m
+        .shards
+        .iter()
+        .zip(model.shard_paths())
+        .enumerate()
+        .map(|(i, (s, path))| {
+            json!({
+                "file": s.file, "path": path.display().to_string(), "bytes": s.bytes,
+                "records": index.iter().filter(|e| usize::from(e.shard) == i).count(),
+            })
+        })
+        .collect();
+    let record_bytes = m.expert_layouts.first().map_or(0, |l| l.record_bytes);
+    let per_token = u64::from(a.experts_per_token) * a.moe_layers.len() as u64 * record_bytes;
+    let expert_bytes: u64 = m.shards.iter().map(|s| s.bytes).sum();
+    json!({
+        "path": model.dir().display().to_string(),
+        "format_version": format!("{}.{}", model.header().version.0, model.header().version.1),
+        "architecture": a,
+        "encodings": m.encodings,
+        "alignment": m.alignment,
+        "expert_records": index.len(),
+        "expert_layouts": layouts,
+        "routed_bytes_per_token_cold": per_token,
+        "trunk": {
+            "file": m.trunk.file, "bytes": m.trunk.bytes, "tensors": m.trunk.tensors.len(),
+            "by_encoding": by_encoding.iter().map(|(k, (n, b))| (k.clone(), json!({"tensors": n, "bytes": b})))
+                .collect::<serde_json::Map<_, _>>(),
+        },
+        "shards": shards,
+        "total_bytes": m.trunk.bytes + expert_bytes,
+        "embedded_files": m.blobs.iter().map(|b| json!({"name": b.name, "bytes": b.len})).collect::<Vec<_>>(),
+        "provenance": m.provenance,
+    })
+}
+
+/// The same facts for a person.
+pub fn table(model: &Model) -> String {
+    let m = model.manifest();
+    let a = &m.architecture;
+    let s = summary(model);
+    let mut o = String::new();
+    let (major, minor) = model.header().version;
+    let _ = writeln!(o, "model       {}  (WASTE {major}.{minor})", model.dir().display());
+    let _ = writeln!(o, "arch        {}: {} layers, hidden {}, vocab {}", a.name, a.layers, a.hidden, a.vocab);
+    let layers = match (a.moe_layers.first(), a.moe_layers.last()) {
+        (Some(f), Some(l)) => format!("{} MoE layers ({f}..={l})", a.moe_layers.len()),
+        _ => "no MoE layers".into(),
+    };
+    let _ = writeln!(
+        o,
+        "experts     {} per layer, {} active per token, {layers}: {} records",
+        a.experts,
+        a.experts_per_token,
+        model.header().index.len()
+    );
+    for (i, l) in m.expert_layouts.iter().enumerate() {
+        let mats: Vec<String> =
+            l.matrices.iter().map(|t| format!("{} {} {:?}", t.name, t.encoding.label(), t.shape)).collect();
+        let _ = writeln!(
+            o,
+            "record {i:<4} {} per expert ({} payload, aligned to {}): {}",
+            human_bytes(l.record_bytes),
+            human_bytes(l.payload_bytes),
+            m.alignment,
+            mats.join(", ")
+        );
+    }
+    let per_token = s["routed_bytes_per_token_cold"].as_u64().unwrap_or(0);
+    let _ = writeln!(o, "per token   {} of routed experts read when nothing is cached", human_bytes(per_token));
+    let enc: Vec<String> = m.encodings.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let _ = writeln!(o, "encodings   {}", enc.join(", "));
+    let _ =
+        writeln!(o, "trunk       {}  {}, {} tensors", m.trunk.file, human_bytes(m.trunk.bytes), m.trunk.tensors.len());
+    if let Some(by) = s["trunk"]["by_encoding"].as_object() {
+        for (k, v) in by {
+            let _ = writeln!(
+                o,
+                "              {k:<10} {:>5} tensors  {}",
+                v["tensors"],
+                human_bytes(v["bytes"].as_u64().unwrap_or(0))
+            );
+        }
+    }
+    for sh in s["shards"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            o,
+            "shard       {}  {}, {} records  ({})",
+            sh["file"].as_str().unwrap_or_default(),
+            human_bytes(sh["bytes"].as_u64().unwrap_or(0)),
+            sh["records"],
+            sh["path"].as_str().unwrap_or_default()
+        );
+    }
+    let _ = writeln!(o, "total       {}", human_bytes(s["total_bytes"].as_u64().unwrap_or(0)));
+    let blobs: Vec<String> = m.blobs.iter().map(|b| format!("{} ({})", b.name, human_bytes(b.len))).collect();
+    let _ = writeln!(o, "embedded    {}", if blobs.is_empty() { "nothing".into() } else { blobs.join(", ") });
+    let _ = writeln!(o, "provenance  {}", m.provenance);
+    o
+}
