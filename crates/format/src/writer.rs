@@ -286,7 +286,7 @@ impl ModelWriter {
             let Ok(item) = serde_json::from_slice::<JournalLine>(line) else { break };
             let ok = match &item {
                 JournalLine::Tensor(t) => {
-                    t.offset + t.len <= w.trunk.len
+                    t.offset.checked_add(t.len).is_some_and(|e| e <= w.trunk.len)
                         && !w.tensor_names.contains(&t.tensor.name)
                         && w.trunk.hash_range(t.offset, t.len)? == t.xxh3.0
                 }
@@ -294,7 +294,7 @@ impl ModelWriter {
                     let s = usize::from(shard);
                     s < w.shards.len()
                         && w.expected_next_expert() == Some((layer, expert))
-                        && offset + length <= w.shards[s].len
+                        && offset.checked_add(length).is_some_and(|e| e <= w.shards[s].len)
                         && w.shards[s].hash_range(offset, length)? == xxh3.0
                         && {
                             w.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3: xxh3.0 });
