@@ -1,6 +1,17 @@
-//! # k3-quant
+//! # k3-quant: the arithmetic of every decode step
 //!
-//! MXFP4, trunk quantization and the 3-bit VQ expert codec: scalar references and AVX2 kernels.
+//! Matrix-vector kernels over stored weight encodings: dense f32/bf16, int8 per-row and int4
+//! grouped (trunk), MXFP4 (K3's experts) and the 3-bit VQ codecs (WASTE experts), with their
+//! encoders. Every kernel has a scalar reference (`reference` modules, the test oracle) and an
+//! AVX2/FMA version chosen at run time ([`cpu::level`]).
 //!
-//! Not built yet: this crate is implemented by issue #3. See `docs/ARCHITECTURE.md` for
-//! what it will own and what it may depend on.
+//! Conventions: matrices are row-major `[rows, cols]`, `y = W x`, `y` is overwritten. Kernels are
+//! single-threaded; callers split rows across threads. This crate does no I/O.
+
+pub mod cpu;
+pub mod dense;
+pub mod mxfp4;
+mod simd;
+pub mod int4;
+pub mod int8;
+pub mod rtn;

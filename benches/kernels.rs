@@ -1,0 +1,47 @@
+//! Criterion benchmarks of the k3-quant kernels on Kimi K3's expert shapes (one core, weights hot
+//! in cache). `cargo xtask bench kernels` measures the same kernels hot and cold, side by side,
+//! next to the memory bandwidth, and prints the table/JSON the ledger quotes.
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use half::bf16;
+use k3_quant::{dense, int4, int8, mxfp4, vq};
+use std::hint::black_box;
+
+/// K3 expert gate/up projection: [moe_intermediate 3072, latent 3584].
+const ROWS: usize = 3072;
+const COLS: usize = 3584;
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    (0..n).map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) as f32 / u32::MAX as f32 - 0.5).collect()
+}
+
+fn kernels(c: &mut Criterion) {
+    let w = data(ROWS * COLS, 1);
+    let x = data(COLS, 2);
+    let mut y = vec![0f32; ROWS];
+    let mut g = c.benchmark_group("k3_expert_3072x3584");
+    g.throughput(Throughput::Elements((ROWS * COLS) as u64));
+    g.sample_size(20);
+
+    let packed: Vec<u8> = (0..ROWS * COLS / 2).map(|i| (i * 37 % 251) as u8).collect();
+    let scale: Vec<u8> = (0..ROWS * COLS / 32).map(|i| 118 + (i % 8) as u8).collect();
+    g.bench_function("mxfp4_f32", |b| b.iter(|| mxfp4::matvec(black_box(&packed), &scale, &x, &mut y)));
+    let q8 = mxfp4::Q8::quantize(&x);
+    g.bench_function("mxfp4_q8", |b| b.iter(|| mxfp4::matvec_q8(black_box(&packed), &scale, &q8, &mut y)));
+
+    let wb: Vec<bf16> = w.iter().map(|v| bf16::from_f32(*v)).collect();
+    g.bench_function("bf16", |b| b.iter(|| dense::matvec_bf16(black_box(&wb), &x, &mut y)));
+    let (q, s) = int8::quantize(&w, COLS);
+    g.bench_function("int8_row", |b| b.iter(|| int8::matvec(black_box(&q), &s, &x, &mut y)));
+    let (q4, s4) = int4::quantize(&w, COLS, 32);
+    g.bench_function("int4_g32", |b| b.iter(|| int4::matvec(black_box(&q4), &s4, 32, &x, &mut y)));
+    for codec in vq::Codec::ALL {
+        let m = vq::encode(codec, &w, COLS, &vq::EncodeOptions::fast());
+        let mut scratch = vq::Scratch::default();
+        g.bench_function(codec.name(), |b| b.iter(|| m.matvec(black_box(&x), &mut y, &mut scratch)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, kernels);
+criterion_main!(benches);

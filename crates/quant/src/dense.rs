@@ -1,0 +1,117 @@
+//! Dense trunk matrices: f32 and bf16, row-major `[rows, cols]`, `y = W x`.
+
+use half::bf16;
+
+use crate::cpu::{Level, level, supported};
+use crate::simd::check_dims;
+
+/// `y[r] = sum_c w[r*cols + c] * x[c]`.
+pub fn matvec_f32(w: &[f32], x: &[f32], y: &mut [f32]) {
+    matvec_f32_at(level(), w, x, y)
+}
+
+/// [`matvec_f32`] with an explicit kernel level (for tests and benchmarks).
+pub fn matvec_f32_at(level: Level, w: &[f32], x: &[f32], y: &mut [f32]) {
+    let cols = x.len();
+    check_dims(w.len(), cols, x.len(), cols, y.len());
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA.
+        Level::Avx2 => unsafe { avx2::matvec_f32(w, x, y) },
+        _ => reference::matvec_f32(w, x, y),
+    }
+}
+
+/// `y = W x` for bf16 weights (exact widening to f32, f32 accumulation).
+pub fn matvec_bf16(w: &[bf16], x: &[f32], y: &mut [f32]) {
+    matvec_bf16_at(level(), w, x, y)
+}
+
+/// [`matvec_bf16`] with an explicit kernel level (for tests and benchmarks).
+pub fn matvec_bf16_at(level: Level, w: &[bf16], x: &[f32], y: &mut [f32]) {
+    let cols = x.len();
+    check_dims(w.len(), cols, x.len(), cols, y.len());
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA.
+        Level::Avx2 => unsafe { avx2::matvec_bf16(w, x, y) },
+        _ => reference::matvec_bf16(w, x, y),
+    }
+}
+
+/// Scalar references: the oracles the fast kernels are tested against.
+pub mod reference {
+    use half::bf16;
+
+    pub fn matvec_f32(w: &[f32], x: &[f32], y: &mut [f32]) {
+        for (r, out) in y.iter_mut().enumerate() {
+            *out = w[r * x.len()..(r + 1) * x.len()].iter().zip(x).map(|(a, b)| a * b).sum();
+        }
+    }
+
+    pub fn matvec_bf16(w: &[bf16], x: &[f32], y: &mut [f32]) {
+        for (r, out) in y.iter_mut().enumerate() {
+            *out = w[r * x.len()..(r + 1) * x.len()].iter().zip(x).map(|(a, b)| a.to_f32() * b).sum();
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
+
+    use half::bf16;
+
+    use crate::simd::hsum;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn matvec_f32(w: &[f32], x: &[f32], y: &mut [f32]) {
+        let cols = x.len();
+        let main = cols / 32 * 32;
+        for (r, out) in y.iter_mut().enumerate() {
+            let row = &w[r * cols..(r + 1) * cols];
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut c = 0;
+            while c < main {
+                for (k, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: c + 8k + 8 <= main <= cols = row.len() = x.len().
+                    let (wv, xv) = unsafe {
+                        (_mm256_loadu_ps(row.as_ptr().add(c + 8 * k)), _mm256_loadu_ps(x.as_ptr().add(c + 8 * k)))
+                    };
+                    *a = _mm256_fmadd_ps(wv, xv, *a);
+                }
+                c += 32;
+            }
+            let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            *out = hsum(v) + row[main..].iter().zip(&x[main..]).map(|(a, b)| a * b).sum::<f32>();
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn matvec_bf16(w: &[bf16], x: &[f32], y: &mut [f32]) {
+        let cols = x.len();
+        let main = cols / 16 * 16;
+        for (r, out) in y.iter_mut().enumerate() {
+            let row = &w[r * cols..(r + 1) * cols];
+            let mut acc = [_mm256_setzero_ps(); 2];
+            let mut c = 0;
+            while c < main {
+                for (k, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: c + 8k + 8 <= main <= cols; bf16 is 2 bytes, so 8 of them are 16 bytes.
+                    let (raw, xv) = unsafe {
+                        (
+                            _mm_loadu_si128(row.as_ptr().add(c + 8 * k).cast()),
+                            _mm256_loadu_ps(x.as_ptr().add(c + 8 * k)),
+                        )
+                    };
+                    // bf16 -> f32 is exact: the bits move to the top half.
+                    let wv = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)));
+                    *a = _mm256_fmadd_ps(wv, xv, *a);
+                }
+                c += 16;
+            }
+            *out = hsum(_mm256_add_ps(acc[0], acc[1]))
+                + row[main..].iter().zip(&x[main..]).map(|(a, b)| a.to_f32() * b).sum::<f32>();
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! int4 grouped trunk quantization: `q` u8 `[rows, cols/2]` (low nibble = even column, level =
+//! nibble - 8), `scale` f16 `[rows, cols/group]`, `w = (nibble - 8) * scale`.
+
+use half::f16;
+
+use crate::cpu::{Level, level, supported};
+use crate::rtn::quantize_group;
+use crate::simd::with_nibble_order;
+
+/// Round-to-nearest 4-bit quantization in groups of `group` along each row.
+pub fn quantize(w: &[f32], cols: usize, group: usize) -> (Vec<u8>, Vec<f16>) {
+    assert!(group >= 2 && group % 2 == 0 && cols % group == 0, "{cols} columns in groups of {group}");
+    assert!(w.len() % cols == 0, "weights are not whole rows of {cols}");
+    let mut q = vec![0u8; w.len() / 2];
+    let mut scale = Vec::with_capacity(w.len() / group);
+    let mut levels = vec![0i8; group];
+    for (g, src) in w.chunks_exact(group).enumerate() {
+        scale.push(quantize_group(src, 4, &mut levels));
+        for (i, pair) in levels.chunks_exact(2).enumerate() {
+            let lo = (pair[0] + 8) as u8;
+            let hi = (pair[1] + 8) as u8;
+            q[g * group / 2 + i] = lo | hi << 4;
+        }
+    }
+    (q, scale)
+}
+
+#[track_caller]
+fn check(q: &[u8], scale: &[f16], cols: usize, group: usize, rows: usize) {
+    assert!(group >= 2 && group % 2 == 0 && cols % group == 0, "{cols} columns in groups of {group}");
+    assert_eq!(q.len(), rows * cols / 2, "packed bytes for [{rows}, {cols}]");
+    assert_eq!(scale.len(), rows * cols / group, "scales for [{rows}, {cols}] in groups of {group}");
+}
+
+/// `y = W x`.
+pub fn matvec(q: &[u8], scale: &[f16], group: usize, x: &[f32], y: &mut [f32]) {
+    matvec_at(level(), q, scale, group, x, y)
+}
+
+/// [`matvec`] with an explicit kernel level (for tests and benchmarks). The AVX2 kernel handles
+/// groups that are multiples of 32; others use the reference.
+pub fn matvec_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &[f32], y: &mut [f32]) {
+    check(q, scale, x.len(), group, y.len());
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 if group % 32 == 0 => with_nibble_order(x, |xp| {
+            // SAFETY: `supported` returns Avx2 only when the CPU has AVX2, FMA and F16C; shapes checked.
+            unsafe { avx2::matvec(q, scale, group, xp, y) }
+        }),
+        _ => reference::matvec(q, scale, group, x, y),
+    }
+}
+
+pub mod reference {
+    use half::f16;
+
+    pub fn matvec(q: &[u8], scale: &[f16], group: usize, x: &[f32], y: &mut [f32]) {
+        let cols = x.len();
+        for (r, out) in y.iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for (c, xv) in x.iter().enumerate() {
+                let byte = q[(r * cols + c) / 2];
+                let nib = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+                acc += (f32::from(nib) - 8.0) * scale[(r * cols + c) / group].to_f32() * xv;
+            }
+            *out = acc;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use crate::simd::hsum;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn matvec(q: &[u8], scale: &[f16], group: usize, xp: &[f32], y: &mut [f32]) {
+        let cols = xp.len();
+        let blocks = cols / 32;
+        let per_group = group / 32;
+        let m = _mm_set1_epi8(15);
+        let eight = _mm256_set1_epi8(8);
+        for (r, out) in y.iter_mut().enumerate() {
+            let mut acc = _mm256_setzero_ps();
+            for g in 0..cols / group {
+                let mut s = _mm256_setzero_ps();
+                for k in 0..per_group {
+                    let b = g * per_group + k;
+                    // SAFETY: block b of row r is 16 bytes inside `q`; 32 values of `xp` from b * 32.
+                    unsafe {
+                        let raw = _mm_loadu_si128(q.as_ptr().add((r * blocks + b) * 16).cast());
+                        let lo = _mm_and_si128(raw, m);
+                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), m);
+                        let w8 = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
+                        let a = _mm256_castsi256_si128(w8);
+                        let c = _mm256_extracti128_si256::<1>(w8);
+                        let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                        let x = xp.as_ptr().add(b * 32);
+                        s = _mm256_fmadd_ps(f(a), _mm256_loadu_ps(x), s);
+                        s = _mm256_fmadd_ps(f(_mm_srli_si128::<8>(a)), _mm256_loadu_ps(x.add(8)), s);
+                        s = _mm256_fmadd_ps(f(c), _mm256_loadu_ps(x.add(16)), s);
+                        s = _mm256_fmadd_ps(f(_mm_srli_si128::<8>(c)), _mm256_loadu_ps(x.add(24)), s);
+                    }
+                }
+                let sc = scale[r * (cols / group) + g].to_f32();
+                acc = _mm256_fmadd_ps(s, _mm256_set1_ps(sc), acc);
+            }
+            *out = hsum(acc);
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! MXFP4 (OCP microscaling FP4) in the compressed-tensors layout K3 ships: `packed` u8
+//! `[rows, cols/2]`, low nibble = even column, E2M1 values; `scale` u8 `[rows, cols/32]`, E8M0.
+//!
+//! The fast paths use the doubled E2M1 values, which are small integers (one `pshufb` table), and
+//! fold the 1/2 into the block scale, so the f32 kernel is exact up to summation order.
+
+use crate::cpu::{Level, level, supported};
+use crate::simd::with_nibble_order;
+
+/// E2M1 nibble -> value; bit 3 is the sign.
+pub const E2M1: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+/// Twice the E2M1 values: exact small integers.
+pub const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+/// Columns per scale block.
+pub const BLOCK: usize = 32;
+
+/// `2^(e - 127)`, the E8M0 scale (255 is NaN).
+pub const fn e8m0(e: u8) -> f32 {
+    match e {
+        255 => f32::NAN,
+        0 => f32::from_bits(0x0040_0000), // 2^-127, subnormal
+        _ => f32::from_bits((e as u32) << 23),
+    }
+}
+
+/// `2^(e - 128)`: the E8M0 scale with the 1/2 of the doubled values folded in (exact).
+const fn e8m0_half(e: u8) -> f32 {
+    match e {
+        255 => f32::NAN,
+        0 => f32::from_bits(0x0020_0000),
+        1 => f32::from_bits(0x0040_0000),
+        _ => f32::from_bits(((e - 1) as u32) << 23),
+    }
+}
+
+static SCALE_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = e8m0_half(e as u8);
+        e += 1;
+    }
+    t
+};
+
+/// Checks the layout of an MXFP4 matrix with `rows` rows against `cols` columns.
+#[track_caller]
+fn check(packed: &[u8], scale: &[u8], cols: usize, rows: usize) {
+    assert!(cols % BLOCK == 0, "MXFP4 needs columns in multiples of 32, got {cols}");
+    assert_eq!(packed.len(), rows * cols / 2, "packed bytes for [{rows}, {cols}]");
+    assert_eq!(scale.len(), rows * cols / BLOCK, "scale bytes for [{rows}, {cols}]");
+}
+
+/// Decodes one row exactly.
+pub fn decode_row(packed: &[u8], scale: &[u8], out: &mut [f32]) {
+    check(packed, scale, out.len(), 1);
+    for (c, o) in out.iter_mut().enumerate() {
+        let byte = packed[c / 2];
+        let nib = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+        *o = E2M1[usize::from(nib)] * e8m0(scale[c / BLOCK]);
+    }
+}
+
+/// Activations quantized for the int8 kernel: per 32-block an f32 step `d` and 32 int8 values,
+/// stored even columns first, then odd columns (the order the packed nibbles decode in).
+#[derive(Debug, Clone, Default)]
+pub struct Q8 {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+}
+
+impl Q8 {
+    /// Symmetric per-block quantization: `d = max|x| / 127`, `q = round(x / d)`.
+    pub fn quantize(x: &[f32]) -> Q8 {
+        let mut out = Q8::default();
+        out.quantize_into(x);
+        out
+    }
+
+    pub fn quantize_into(&mut self, x: &[f32]) {
+        assert!(x.len() % BLOCK == 0, "int8 activations need a multiple of 32 values, got {}", x.len());
+        self.q.resize(x.len(), 0);
+        self.d.resize(x.len() / BLOCK, 0.0);
+        for (b, (xb, qb)) in x.chunks_exact(BLOCK).zip(self.q.chunks_exact_mut(BLOCK)).enumerate() {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            for i in 0..16 {
+                qb[i] = (xb[2 * i] * inv).round() as i8;
+                qb[16 + i] = (xb[2 * i + 1] * inv).round() as i8;
+            }
+            self.d[b] = d;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.q.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.q.is_empty()
+    }
+}
+
+/// `y = W x` with f32 activations; exact weights, f32 accumulation.
+pub fn matvec(packed: &[u8], scale: &[u8], x: &[f32], y: &mut [f32]) {
+    matvec_at(level(), packed, scale, x, y)
+}
+
+/// [`matvec`] with an explicit kernel level (for tests and benchmarks).
+pub fn matvec_at(level: Level, packed: &[u8], scale: &[u8], x: &[f32], y: &mut [f32]) {
+    check(packed, scale, x.len(), y.len());
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => with_nibble_order(x, |xp| {
+            // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked above.
+            unsafe { avx2::matvec(packed, scale, xp, y) }
+        }),
+        _ => reference::matvec(packed, scale, x, y),
+    }
+}
+
+/// `Y = W X` for a batch of `n = xs.len() / cols` vectors (`xs` `[n, cols]`, `ys` `[n, rows]`),
+/// decoding each weight block once for the whole batch.
+pub fn matmul(packed: &[u8], scale: &[u8], cols: usize, xs: &[f32], ys: &mut [f32]) {
+    matmul_at(level(), packed, scale, cols, xs, ys)
+}
+
+/// [`matmul`] with an explicit kernel level (for tests and benchmarks).
+pub fn matmul_at(level: Level, packed: &[u8], scale: &[u8], cols: usize, xs: &[f32], ys: &mut [f32]) {
+    assert!(cols > 0 && xs.len() % cols == 0, "xs is not a whole number of {cols}-vectors");
+    let n = xs.len() / cols;
+    assert!(n > 0 && ys.len() % n == 0, "ys is not {n} vectors");
+    let rows = ys.len() / n;
+    check(packed, scale, cols, rows);
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // Blocks never straddle vectors (cols is a multiple of 32), so one pass reorders them all.
+        Level::Avx2 => with_nibble_order(xs, |xp| {
+            for (xb, yb) in xp.chunks(cols * avx2::MAX_BATCH).zip(ys.chunks_mut(rows * avx2::MAX_BATCH)) {
+                // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked above.
+                unsafe { avx2::matmul(packed, scale, cols, xb, yb) }
+            }
+        }),
+        _ => reference::matmul(packed, scale, cols, xs, ys),
+    }
+}
+
+/// `y = W x` with int8 activations (see [`Q8`]): integer block dots, ~0.4% activation noise.
+pub fn matvec_q8(packed: &[u8], scale: &[u8], x: &Q8, y: &mut [f32]) {
+    matvec_q8_at(level(), packed, scale, x, y)
+}
+
+/// [`matvec_q8`] with an explicit kernel level (for tests and benchmarks).
+pub fn matvec_q8_at(level: Level, packed: &[u8], scale: &[u8], x: &Q8, y: &mut [f32]) {
+    check(packed, scale, x.len(), y.len());
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked above.
+        Level::Avx2 => unsafe { avx2::matvec_q8(packed, scale, x, y) },
+        _ => reference::matvec_q8(packed, scale, x, y),
+    }
+}
+
+/// Scalar references: the oracles the fast kernels are tested against.
+pub mod reference {
+    use super::{BLOCK, E2M1, E2M1_DOUBLED, Q8, SCALE_HALF, e8m0};
+
+    pub fn matvec(packed: &[u8], scale: &[u8], x: &[f32], y: &mut [f32]) {
+        let cols = x.len();
+        for (r, out) in y.iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for (c, xv) in x.iter().enumerate() {
+                let byte = packed[(r * cols + c) / 2];
+                let nib = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+                acc += E2M1[usize::from(nib)] * e8m0(scale[(r * cols + c) / BLOCK]) * xv;
+            }
+            *out = acc;
+        }
+    }
+
+    pub fn matmul(packed: &[u8], scale: &[u8], cols: usize, xs: &[f32], ys: &mut [f32]) {
+        let rows = ys.len() / (xs.len() / cols);
+        for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {
+            matvec(packed, scale, x, y);
+        }
+    }
+
+    pub fn matvec_q8(packed: &[u8], scale: &[u8], x: &Q8, y: &mut [f32]) {
+        let cols = x.len();
+        let blocks = cols / BLOCK;
+        for (r, out) in y.iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for b in 0..blocks {
+                let bytes = &packed[(r * cols + b * BLOCK) / 2..][..16];
+                let q = &x.q[b * BLOCK..][..BLOCK];
+                let dot: i32 = (0..16)
+                    .map(|i| {
+                        i32::from(E2M1_DOUBLED[usize::from(bytes[i] & 15)]) * i32::from(q[i])
+                            + i32::from(E2M1_DOUBLED[usize::from(bytes[i] >> 4)]) * i32::from(q[16 + i])
+                    })
+                    .sum();
+                acc += dot as f32 * (x.d[b] * SCALE_HALF[usize::from(scale[r * blocks + b])]);
+            }
+            *out = acc;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{BLOCK, E2M1_DOUBLED, Q8, SCALE_HALF};
+    use crate::simd::hsum;
+
+    /// Vectors per pass of the batched kernel (accumulators live on the stack).
+    pub(super) const MAX_BATCH: usize = 32;
+
+    /// The 32 doubled weights of one block as int8: even columns, then odd columns.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn decode_i8(bytes: *const u8) -> __m256i {
+        // SAFETY: the callers pass a pointer to 16 readable bytes (one block of a checked row).
+        let raw = unsafe { _mm_loadu_si128(bytes.cast()) };
+        let m = _mm_set1_epi8(15);
+        let lo = _mm_and_si128(raw, m);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), m);
+        // SAFETY: E2M1_DOUBLED is 16 bytes.
+        let t = unsafe { _mm_loadu_si128(E2M1_DOUBLED.as_ptr().cast()) };
+        _mm256_shuffle_epi8(_mm256_set_m128i(t, t), _mm256_set_m128i(hi, lo))
+    }
+
+    /// The doubled weights of one block as four f32 vectors (columns in decode order).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn decode_f32(bytes: *const u8) -> [__m256; 4] {
+        let w = decode_i8(bytes);
+        let a = _mm256_castsi256_si128(w);
+        let b = _mm256_extracti128_si256::<1>(w);
+        let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        [f(a), f(_mm_srli_si128::<8>(a)), f(b), f(_mm_srli_si128::<8>(b))]
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn matvec(packed: &[u8], scale: &[u8], xp: &[f32], y: &mut [f32]) {
+        let cols = xp.len();
+        let blocks = cols / BLOCK;
+        for (r, out) in y.iter_mut().enumerate() {
+            let mut acc = [_mm256_setzero_ps(); 2];
+            for b in 0..blocks {
+                // SAFETY: block b of row r lies inside `packed` (checked shape), and 32 values of
+                // `xp` from b * 32 lie inside it.
+                unsafe {
+                    let w = decode_f32(packed.as_ptr().add((r * blocks + b) * 16));
+                    let x = xp.as_ptr().add(b * BLOCK);
+                    let mut s = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+                    s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x.add(8)), s);
+                    s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x.add(16)), s);
+                    s = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x.add(24)), s);
+                    let sc = _mm256_set1_ps(SCALE_HALF[usize::from(*scale.get_unchecked(r * blocks + b))]);
+                    acc[b & 1] = _mm256_fmadd_ps(s, sc, acc[b & 1]);
+                }
+            }
+            *out = hsum(_mm256_add_ps(acc[0], acc[1]));
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn matmul(packed: &[u8], scale: &[u8], cols: usize, xp: &[f32], ys: &mut [f32]) {
+        let n = xp.len() / cols;
+        let rows = ys.len() / n;
+        let blocks = cols / BLOCK;
+        let mut acc = [_mm256_setzero_ps(); MAX_BATCH];
+        for r in 0..rows {
+            acc[..n].fill(_mm256_setzero_ps());
+            for b in 0..blocks {
+                // SAFETY: as in `matvec`, for each of the n vectors of `xp`.
+                unsafe {
+                    let w = decode_f32(packed.as_ptr().add((r * blocks + b) * 16));
+                    let sc = _mm256_set1_ps(SCALE_HALF[usize::from(*scale.get_unchecked(r * blocks + b))]);
+                    for (v, a) in acc[..n].iter_mut().enumerate() {
+                        let x = xp.as_ptr().add(v * cols + b * BLOCK);
+                        let mut s = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+                        s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x.add(8)), s);
+                        s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x.add(16)), s);
+                        s = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x.add(24)), s);
+                        *a = _mm256_fmadd_ps(s, sc, *a);
+                    }
+                }
+            }
+            for (v, a) in acc[..n].iter().enumerate() {
+                ys[v * rows + r] = hsum(*a);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn matvec_q8(packed: &[u8], scale: &[u8], x: &Q8, y: &mut [f32]) {
+        let blocks = x.len() / BLOCK;
+        let ones = _mm256_set1_epi16(1);
+        for (r, out) in y.iter_mut().enumerate() {
+            let mut acc = [_mm256_setzero_ps(); 2];
+            for b in 0..blocks {
+                // SAFETY: block b of row r lies inside `packed`, 32 values of `x.q` from b * 32
+                // lie inside it, and `x.d` and `scale` have one entry per block.
+                unsafe {
+                    let w = decode_i8(packed.as_ptr().add((r * blocks + b) * 16));
+                    let q = _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK).cast());
+                    // maddubs wants unsigned x signed: move the weights' signs onto the activations.
+                    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w));
+                    let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                    let f = *x.d.get_unchecked(b) * SCALE_HALF[usize::from(*scale.get_unchecked(r * blocks + b))];
+                    acc[b & 1] = _mm256_fmadd_ps(dot, _mm256_set1_ps(f), acc[b & 1]);
+                }
+            }
+            *out = hsum(_mm256_add_ps(acc[0], acc[1]));
+        }
+    }
+}

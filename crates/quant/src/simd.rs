@@ -1,0 +1,50 @@
+//! Small AVX2 helpers shared by the kernels.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Sum of the 8 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) fn hsum(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps::<1>(v);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<0x55>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// Checks the shapes every matrix-vector kernel shares: `w` holds `rows` rows of `row_bytes`
+/// elements, `x` has `cols` entries, `y` has `rows`.
+#[track_caller]
+pub(crate) fn check_dims(w_len: usize, row_len: usize, x_len: usize, cols: usize, y_len: usize) {
+    assert_eq!(x_len, cols, "x has {x_len} entries for {cols} columns");
+    assert_eq!(w_len, y_len * row_len, "weights hold {w_len} elements, not {y_len} rows of {row_len}");
+}
+
+use std::cell::RefCell;
+
+thread_local! {
+    /// Activations reordered to nibble-decode order, reused across calls (no allocation per matvec).
+    static PERMUTED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Reorders each 32-block of every `cols`-vector in `xs` to even columns first, then odd columns:
+/// the order in which a row of packed nibbles (low nibble = even column) decodes.
+pub(crate) fn permute_nibble_order(xs: &[f32], out: &mut Vec<f32>) {
+    out.clear();
+    for b in xs.chunks_exact(32) {
+        out.extend((0..16).map(|i| b[2 * i]));
+        out.extend((0..16).map(|i| b[2 * i + 1]));
+    }
+}
+
+/// Runs `f` on `xs` in nibble-decode order, in a per-thread scratch buffer.
+pub(crate) fn with_nibble_order<R>(xs: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
+    PERMUTED.with_borrow_mut(|buf| {
+        permute_nibble_order(xs, buf);
+        f(buf)
+    })
+}

@@ -1,0 +1,125 @@
+//! Fast kernels against their scalar references, over random shapes and values.
+
+mod common;
+
+use common::{assert_close, fast, sum_tolerance};
+use half::bf16;
+use k3_quant::cpu::Level;
+use k3_quant::{dense, mxfp4};
+use proptest::prelude::*;
+
+fn floats(n: usize) -> impl Strategy<Value = Vec<f32>> {
+    proptest::collection::vec(-4.0f32..4.0, n)
+}
+
+fn mxfp4_matrix(rows: usize, cols: usize) -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
+    (proptest::collection::vec(any::<u8>(), rows * cols / 2), proptest::collection::vec(100u8..150, rows * cols / 32))
+}
+
+/// Row r of an MXFP4 matrix decoded by the reference decoder.
+fn decoded(packed: &[u8], scale: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let mut w = vec![0f32; rows * cols];
+    for r in 0..rows {
+        mxfp4::decode_row(&packed[r * cols / 2..][..cols / 2], &scale[r * cols / 32..][..cols / 32], &mut w[r * cols..][..cols]);
+    }
+    w
+}
+
+fn abs_dot_sums(w: &[f32], x: &[f32]) -> Vec<f64> {
+    w.chunks(x.len()).map(|row| row.iter().zip(x).map(|(a, b)| f64::from((a * b).abs())).sum()).collect()
+}
+
+#[test]
+fn mxfp4_decodes_as_the_spec_says() {
+    // Byte 0x72: low nibble 2 (1.0) is column 0, high nibble 7 (6.0) column 1. Byte 0xF9: -0.5, -6.
+    let mut packed = vec![0u8; 16];
+    packed[0] = 0x72;
+    packed[1] = 0xF9;
+    let mut out = [0f32; 32];
+    mxfp4::decode_row(&packed, &[128], &mut out); // scale 2^(128-127) = 2
+    assert_eq!(&out[..4], &[2.0, 12.0, -1.0, -12.0]);
+    assert!(out[4..].iter().all(|v| *v == 0.0));
+    assert_eq!(mxfp4::e8m0(127), 1.0);
+    assert_eq!(mxfp4::e8m0(0), 2f32.powi(-127));
+    assert!(mxfp4::e8m0(255).is_nan());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    #[test]
+    fn f32_matvec((rows, cols) in (1usize..9, 1usize..300), seed in any::<u64>()) {
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i as u64 ^ seed) % 1000) as f32 / 250.0 - 2.0).collect();
+        let x: Vec<f32> = (0..cols).map(|i| ((i as u64 * 7 + seed) % 100) as f32 / 25.0 - 2.0).collect();
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        dense::matvec_f32_at(fast(), &w, &x, &mut a);
+        dense::matvec_f32_at(Level::Scalar, &w, &x, &mut b);
+        let tol: Vec<f64> = abs_dot_sums(&w, &x).iter().map(|s| sum_tolerance(cols, *s)).collect();
+        assert_close(&a, &b, &tol);
+    }
+
+    #[test]
+    fn bf16_matvec(rows in 1usize..9, (cols, x) in (1usize..300).prop_flat_map(|c| (Just(c), floats(c))), bits in any::<u64>()) {
+        let w: Vec<bf16> = (0..rows * cols).map(|i| bf16::from_f32(((i as u64).wrapping_mul(bits | 1) % 997) as f32 / 100.0 - 5.0)).collect();
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        dense::matvec_bf16_at(fast(), &w, &x, &mut a);
+        dense::matvec_bf16_at(Level::Scalar, &w, &x, &mut b);
+        let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        let tol: Vec<f64> = abs_dot_sums(&wf, &x).iter().map(|s| sum_tolerance(cols, *s)).collect();
+        assert_close(&a, &b, &tol);
+    }
+
+    #[test]
+    fn mxfp4_matvec(((rows, cols), (packed, scale), x) in (1usize..7, 1usize..9)
+        .prop_flat_map(|(r, b)| (Just((r, b * 32)), mxfp4_matrix(r, b * 32), floats(b * 32)))) {
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        mxfp4::matvec_at(fast(), &packed, &scale, &x, &mut a);
+        mxfp4::matvec_at(Level::Scalar, &packed, &scale, &x, &mut b);
+        let w = decoded(&packed, &scale, rows, cols);
+        let sums = abs_dot_sums(&w, &x);
+        let tol: Vec<f64> = sums.iter().map(|s| sum_tolerance(cols, *s)).collect();
+        assert_close(&a, &b, &tol);
+        // And the reference is the decoded matrix times x.
+        let mut c = vec![0f32; rows];
+        dense::matvec_f32_at(Level::Scalar, &w, &x, &mut c);
+        assert_close(&b, &c, &tol);
+    }
+
+    #[test]
+    fn mxfp4_batched_equals_one_at_a_time(((rows, cols), (packed, scale), n) in (1usize..6, 1usize..5)
+        .prop_flat_map(|(r, b)| (Just((r, b * 32)), mxfp4_matrix(r, b * 32), 1usize..40)), seed in any::<u32>()) {
+        let xs: Vec<f32> = (0..n * cols).map(|i| ((i as u32 ^ seed) % 200) as f32 / 50.0 - 2.0).collect();
+        let mut ys = vec![0f32; n * rows];
+        mxfp4::matmul_at(fast(), &packed, &scale, cols, &xs, &mut ys);
+        let mut want = vec![0f32; n * rows];
+        mxfp4::matmul_at(Level::Scalar, &packed, &scale, cols, &xs, &mut want);
+        let w = decoded(&packed, &scale, rows, cols);
+        let tol: Vec<f64> = xs.chunks(cols).flat_map(|x| abs_dot_sums(&w, x)).map(|s| sum_tolerance(cols, s)).collect();
+        assert_close(&ys, &want, &tol);
+    }
+
+    #[test]
+    fn mxfp4_int8_activations(((rows, cols), (packed, scale), x) in (1usize..7, 1usize..9)
+        .prop_flat_map(|(r, b)| (Just((r, b * 32)), mxfp4_matrix(r, b * 32), floats(b * 32)))) {
+        let q = mxfp4::Q8::quantize(&x);
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        mxfp4::matvec_q8_at(fast(), &packed, &scale, &q, &mut a);
+        mxfp4::matvec_q8_at(Level::Scalar, &packed, &scale, &q, &mut b);
+        let w = decoded(&packed, &scale, rows, cols);
+        let sums = abs_dot_sums(&w, &x);
+        let tol: Vec<f64> = sums.iter().map(|s| sum_tolerance(cols, *s)).collect();
+        assert_close(&a, &b, &tol);
+        // Against exact activations: each activation moves by at most half a step, amax/254.
+        let mut exact = vec![0f32; rows];
+        dense::matvec_f32_at(Level::Scalar, &w, &x, &mut exact);
+        let bound: Vec<f64> = (0..rows).map(|r| {
+            let row = &w[r * cols..][..cols];
+            let q_err: f64 = x.chunks(32).zip(row.chunks(32)).map(|(xb, wb)| {
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                wb.iter().map(|v| f64::from(v.abs())).sum::<f64>() * f64::from(amax) / 254.0 * 1.0001
+            }).sum();
+            q_err + sum_tolerance(cols, sums[r])
+        }).collect();
+        assert_close(&b, &exact, &bound);
+    }
+}

@@ -1,0 +1,86 @@
+//! int8 per-row and int4 grouped trunk quantization: encoders bounded, kernels equal to references.
+
+mod common;
+
+use common::{assert_close, fast, sum_tolerance};
+use k3_quant::cpu::Level;
+use k3_quant::{int4, int8, rtn};
+use proptest::prelude::*;
+
+fn matrix(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..rows * cols)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0) as f32
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn int8_rows(rows in 1usize..8, cols in 1usize..200, seed in any::<u64>()) {
+        let w = matrix(rows, cols, seed);
+        let x = matrix(1, cols, seed ^ 99);
+        let (q, s) = int8::quantize(&w, cols);
+        for (r, row) in w.chunks(cols).enumerate() {
+            for (c, v) in row.iter().enumerate() {
+                let back = f32::from(q[r * cols + c]) * s[r];
+                prop_assert!((back - v).abs() <= s[r] * 0.5001, "row {r} col {c}: {v} -> {back}");
+            }
+        }
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        int8::matvec_at(fast(), &q, &s, &x, &mut a);
+        int8::matvec_at(Level::Scalar, &q, &s, &x, &mut b);
+        let tol: Vec<f64> = (0..rows).map(|r| {
+            let sum: f64 = (0..cols).map(|c| f64::from((f32::from(q[r * cols + c]) * s[r] * x[c]).abs())).sum();
+            sum_tolerance(cols, sum)
+        }).collect();
+        assert_close(&a, &b, &tol);
+    }
+
+    #[test]
+    fn int4_groups(rows in 1usize..6, groups in 1usize..6, group in prop::sample::select(vec![16usize, 32, 64, 128]), seed in any::<u64>()) {
+        let cols = groups * group;
+        let w = matrix(rows, cols, seed);
+        let x = matrix(1, cols, seed ^ 7);
+        let (q, s) = int4::quantize(&w, cols, group);
+        let back = rtn::roundtrip(&w, cols, 4, group);
+        // The packed nibbles decode to exactly what the round-to-nearest reference produces.
+        for (i, want) in back.iter().enumerate() {
+            let byte = q[i / 2];
+            let nib = if i % 2 == 0 { byte & 15 } else { byte >> 4 };
+            prop_assert_eq!((f32::from(nib) - 8.0) * s[i / group].to_f32(), *want);
+        }
+        // Every value is within half a step of its original, or clipped to an end level (the
+        // error-minimizing scale may clip the largest magnitude).
+        for (i, (v, b)) in w.iter().zip(&back).enumerate() {
+            let st = s[i / group].to_f32();
+            let clipped = (*b == -8.0 * st && *v < *b) || (*b == 7.0 * st && *v > *b);
+            prop_assert!((v - b).abs() <= st * 0.5001 || clipped, "value {i}: {v} -> {b} (step {st})");
+        }
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        int4::matvec_at(fast(), &q, &s, group, &x, &mut a);
+        int4::matvec_at(Level::Scalar, &q, &s, group, &x, &mut b);
+        let tol: Vec<f64> = (0..rows).map(|r| {
+            sum_tolerance(cols, (0..cols).map(|c| f64::from((back[r * cols + c] * x[c]).abs())).sum())
+        }).collect();
+        assert_close(&a, &b, &tol);
+    }
+}
+
+#[test]
+fn rtn3_levels_and_error() {
+    // 3-bit: levels -4..=3; a ramp is reproduced within half a step.
+    let w: Vec<f32> = (0..32).map(|i| i as f32 / 8.0 - 2.0).collect();
+    let back = rtn::roundtrip(&w, 32, 3, 32);
+    let distinct: std::collections::BTreeSet<i64> = back.iter().map(|v| (v * 1e4) as i64).collect();
+    assert!(distinct.len() <= 8, "{distinct:?}");
+    let err: f32 = w.iter().zip(&back).map(|(a, b)| (a - b).powi(2)).sum::<f32>().sqrt()
+        / w.iter().map(|a| a * a).sum::<f32>().sqrt();
+    assert!(err < 0.2, "relative error {err}");
+}
