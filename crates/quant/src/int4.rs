@@ -9,8 +9,8 @@ use crate::simd::with_nibble_order;
 
 /// Round-to-nearest 4-bit quantization in groups of `group` along each row.
 pub fn quantize(w: &[f32], cols: usize, group: usize) -> (Vec<u8>, Vec<f16>) {
-    assert!(group >= 2 && group % 2 == 0 && cols % group == 0, "{cols} columns in groups of {group}");
-    assert!(w.len() % cols == 0, "weights are not whole rows of {cols}");
+    assert!(group >= 2 && group.is_multiple_of(2) && cols.is_multiple_of(group), "{cols} columns in groups of {group}");
+    assert!(w.len().is_multiple_of(cols), "weights are not whole rows of {cols}");
     let mut q = vec![0u8; w.len() / 2];
     let mut scale = Vec::with_capacity(w.len() / group);
     let mut levels = vec![0i8; group];
@@ -27,7 +27,7 @@ pub fn quantize(w: &[f32], cols: usize, group: usize) -> (Vec<u8>, Vec<f16>) {
 
 #[track_caller]
 fn check(q: &[u8], scale: &[f16], cols: usize, group: usize, rows: usize) {
-    assert!(group >= 2 && group % 2 == 0 && cols % group == 0, "{cols} columns in groups of {group}");
+    assert!(group >= 2 && group.is_multiple_of(2) && cols.is_multiple_of(group), "{cols} columns in groups of {group}");
     assert_eq!(q.len(), rows * cols / 2, "packed bytes for [{rows}, {cols}]");
     assert_eq!(scale.len(), rows * cols / group, "scales for [{rows}, {cols}] in groups of {group}");
 }
@@ -43,7 +43,7 @@ pub fn matvec_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &[f32],
     check(q, scale, x.len(), group, y.len());
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 if group % 32 == 0 => with_nibble_order(x, |xp| {
+        Level::Avx2 if group.is_multiple_of(32) => with_nibble_order(x, |xp| {
             // SAFETY: `supported` returns Avx2 only when the CPU has AVX2, FMA and F16C; shapes checked.
             unsafe { avx2::matvec(q, scale, group, xp, y) }
         }),

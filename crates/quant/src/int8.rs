@@ -5,7 +5,7 @@ use crate::simd::check_dims;
 
 /// Symmetric per-row quantization: `scale = max|w| / 127`.
 pub fn quantize(w: &[f32], cols: usize) -> (Vec<i8>, Vec<f32>) {
-    assert!(cols > 0 && w.len() % cols == 0, "weights are not whole rows of {cols}");
+    assert!(cols > 0 && w.len().is_multiple_of(cols), "weights are not whole rows of {cols}");
     let mut q = vec![0i8; w.len()];
     let mut scale = Vec::with_capacity(w.len() / cols);
     for (row, qr) in w.chunks_exact(cols).zip(q.chunks_exact_mut(cols)) {

@@ -10,8 +10,9 @@
 
 pub mod cpu;
 pub mod dense;
-pub mod mxfp4;
-mod simd;
 pub mod int4;
 pub mod int8;
+pub mod mxfp4;
 pub mod rtn;
+mod simd;
+pub mod vq;

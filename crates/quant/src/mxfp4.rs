@@ -46,7 +46,7 @@ static SCALE_HALF: [f32; 256] = {
 /// Checks the layout of an MXFP4 matrix with `rows` rows against `cols` columns.
 #[track_caller]
 fn check(packed: &[u8], scale: &[u8], cols: usize, rows: usize) {
-    assert!(cols % BLOCK == 0, "MXFP4 needs columns in multiples of 32, got {cols}");
+    assert!(cols.is_multiple_of(BLOCK), "MXFP4 needs columns in multiples of 32, got {cols}");
     assert_eq!(packed.len(), rows * cols / 2, "packed bytes for [{rows}, {cols}]");
     assert_eq!(scale.len(), rows * cols / BLOCK, "scale bytes for [{rows}, {cols}]");
 }
@@ -78,7 +78,7 @@ impl Q8 {
     }
 
     pub fn quantize_into(&mut self, x: &[f32]) {
-        assert!(x.len() % BLOCK == 0, "int8 activations need a multiple of 32 values, got {}", x.len());
+        assert!(x.len().is_multiple_of(BLOCK), "int8 activations need a multiple of 32 values, got {}", x.len());
         self.q.resize(x.len(), 0);
         self.d.resize(x.len() / BLOCK, 0.0);
         for (b, (xb, qb)) in x.chunks_exact(BLOCK).zip(self.q.chunks_exact_mut(BLOCK)).enumerate() {
@@ -128,9 +128,9 @@ pub fn matmul(packed: &[u8], scale: &[u8], cols: usize, xs: &[f32], ys: &mut [f3
 
 /// [`matmul`] with an explicit kernel level (for tests and benchmarks).
 pub fn matmul_at(level: Level, packed: &[u8], scale: &[u8], cols: usize, xs: &[f32], ys: &mut [f32]) {
-    assert!(cols > 0 && xs.len() % cols == 0, "xs is not a whole number of {cols}-vectors");
+    assert!(cols > 0 && xs.len().is_multiple_of(cols), "xs is not a whole number of {cols}-vectors");
     let n = xs.len() / cols;
-    assert!(n > 0 && ys.len() % n == 0, "ys is not {n} vectors");
+    assert!(n > 0 && ys.len().is_multiple_of(n), "ys is not {n} vectors");
     let rows = ys.len() / n;
     check(packed, scale, cols, rows);
     match supported(level) {

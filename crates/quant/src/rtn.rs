@@ -45,7 +45,7 @@ pub fn quantize_group(w: &[f32], bits: u32, levels: &mut [i8]) -> f16 {
 /// Quantizes and dequantizes a row-major matrix (for measuring error): groups of `group` along
 /// each row, `bits` per value, f16 scales.
 pub fn roundtrip(w: &[f32], cols: usize, bits: u32, group: usize) -> Vec<f32> {
-    assert!(cols % group == 0, "{cols} columns are not a multiple of the group {group}");
+    assert!(cols.is_multiple_of(group), "{cols} columns are not a multiple of the group {group}");
     let mut out = vec![0f32; w.len()];
     let mut levels = vec![0i8; group];
     for (src, dst) in w.chunks_exact(group).zip(out.chunks_exact_mut(group)) {

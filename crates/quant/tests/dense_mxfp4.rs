@@ -20,7 +20,11 @@ fn mxfp4_matrix(rows: usize, cols: usize) -> impl Strategy<Value = (Vec<u8>, Vec
 fn decoded(packed: &[u8], scale: &[u8], rows: usize, cols: usize) -> Vec<f32> {
     let mut w = vec![0f32; rows * cols];
     for r in 0..rows {
-        mxfp4::decode_row(&packed[r * cols / 2..][..cols / 2], &scale[r * cols / 32..][..cols / 32], &mut w[r * cols..][..cols]);
+        mxfp4::decode_row(
+            &packed[r * cols / 2..][..cols / 2],
+            &scale[r * cols / 32..][..cols / 32],
+            &mut w[r * cols..][..cols],
+        );
     }
     w
 }

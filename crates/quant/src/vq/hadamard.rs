@@ -1,0 +1,101 @@
+//! Randomized block-Hadamard rotation `R = H D / sqrt(B)` of the input dimension (`D` random
+//! signs from a seed, `H` the Sylvester Hadamard matrix of size `B`). Orthogonal, so
+//! `(R w) . (R x) = w . x`: rotate the weight rows once at encoding, the activations at run time.
+//! It spreads outliers across a block, which makes one small codebook fit every chunk.
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rotation {
+    pub block: usize,
+    pub seed: u64,
+    signs: Vec<f32>,
+}
+
+impl Rotation {
+    /// A rotation of `cols` inputs in blocks of `block` (a power of two dividing `cols`).
+    pub fn new(cols: usize, block: usize, seed: u64) -> Rotation {
+        assert!(
+            block.is_power_of_two() && cols.is_multiple_of(block),
+            "rotation block {block} must be a power of two dividing {cols}"
+        );
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let signs = (0..cols)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                if s & 1 == 0 { 1.0 } else { -1.0 }
+            })
+            .collect();
+        Rotation { block, seed, signs }
+    }
+
+    /// The largest power-of-two block up to `max` that divides `cols`.
+    pub fn block_for(cols: usize, max: usize) -> usize {
+        let mut b = max.next_power_of_two();
+        while b > 1 && !cols.is_multiple_of(b) {
+            b /= 2;
+        }
+        b
+    }
+
+    /// `v <- R v` for one vector of `cols` values.
+    pub fn apply(&self, v: &mut [f32]) {
+        assert_eq!(v.len(), self.signs.len());
+        for (x, s) in v.iter_mut().zip(&self.signs) {
+            *x *= s;
+        }
+        let norm = 1.0 / (self.block as f32).sqrt();
+        for b in v.chunks_exact_mut(self.block) {
+            fwht(b);
+            b.iter_mut().for_each(|x| *x *= norm);
+        }
+    }
+
+    /// `v <- R^T v` (the inverse).
+    pub fn apply_inverse(&self, v: &mut [f32]) {
+        let norm = 1.0 / (self.block as f32).sqrt();
+        for b in v.chunks_exact_mut(self.block) {
+            fwht(b);
+            b.iter_mut().for_each(|x| *x *= norm);
+        }
+        for (x, s) in v.iter_mut().zip(&self.signs) {
+            *x *= s;
+        }
+    }
+}
+
+/// In-place fast Walsh-Hadamard transform (unnormalized).
+fn fwht(v: &mut [f32]) {
+    let mut h = 1;
+    while h < v.len() {
+        for i in (0..v.len()).step_by(2 * h) {
+            for j in i..i + h {
+                let (a, b) = (v[j], v[j + h]);
+                v[j] = a + b;
+                v[j + h] = a - b;
+            }
+        }
+        h *= 2;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orthogonal_and_invertible() {
+        let r = Rotation::new(384, 128, 5);
+        let x: Vec<f32> = (0..384).map(|i| (i as f32 * 0.37).sin()).collect();
+        let w: Vec<f32> = (0..384).map(|i| (i as f32 * 0.11).cos()).collect();
+        let (mut rx, mut rw) = (x.clone(), w.clone());
+        r.apply(&mut rx);
+        r.apply(&mut rw);
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f32>();
+        assert!((dot(&x, &w) - dot(&rx, &rw)).abs() < 1e-3);
+        r.apply_inverse(&mut rx);
+        assert!(x.iter().zip(&rx).all(|(a, b)| (a - b).abs() < 1e-5));
+        assert_eq!(Rotation::block_for(3584, 128), 128);
+        assert_eq!(Rotation::block_for(96, 128), 32);
+    }
+}

@@ -1,0 +1,327 @@
+//! ~3-bit vector quantization of expert matrices (the WASTE codec), two candidates:
+//!
+//! - **A, fast-scan additive** ([`Codec::FastScan`]): 3 codebooks x 16 entries x 4 dims, 3.0
+//!   bits/weight. A matvec builds, per input vector, a table of `codeword . x_chunk` quantized to
+//!   u8 and sums table entries with `pshufb`, 32 rows at once (FAISS fast-scan). Codes are stored
+//!   interleaved in blocks of 32 rows.
+//! - **B, residual** ([`Codec::Residual`]): 3 codebooks x 256 entries x 8 dims, 3.0 bits/weight.
+//!   A matvec decodes each 8-chunk as the sum of three codewords (codebooks stay in L1) and FMAs.
+//!
+//! Both reconstruct a row as `scale[r] * sum_s C_s[code]` per chunk, in the basis of an optional
+//! randomized block-Hadamard rotation of the input dimension. Encoders: residual k-means, joint
+//! refinement (beam re-encode + least-squares codebook refit), optional activation-weighted
+//! distance, optional rotation; see [`train`].
+
+pub mod fastscan;
+pub mod hadamard;
+pub mod residual;
+pub mod train;
+
+use half::f16;
+
+use crate::cpu::{Level, level};
+pub use hadamard::Rotation;
+use train::Data;
+
+/// The VQ codec candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// A: 3 x 16 x 4 additive, fast-scan kernel.
+    FastScan,
+    /// B: 3 x 256 x 8 residual, codeword-gather kernel.
+    Residual,
+}
+
+impl Codec {
+    pub const ALL: [Codec; 2] = [Codec::FastScan, Codec::Residual];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::FastScan => "vq_a_3x16x4",
+            Codec::Residual => "vq_b_3x256x8",
+        }
+    }
+
+    pub const fn stages(self) -> usize {
+        3
+    }
+
+    pub const fn entries(self) -> usize {
+        match self {
+            Codec::FastScan => 16,
+            Codec::Residual => 256,
+        }
+    }
+
+    pub const fn dim(self) -> usize {
+        match self {
+            Codec::FastScan => 4,
+            Codec::Residual => 8,
+        }
+    }
+
+    /// Rows per interleaved code block (1 = row-major).
+    pub const fn interleave(self) -> usize {
+        match self {
+            Codec::FastScan => 32,
+            Codec::Residual => 1,
+        }
+    }
+
+    /// Why a `[rows, cols]` matrix cannot use this codec, if it cannot.
+    pub fn check_shape(self, rows: usize, cols: usize) -> Result<(), String> {
+        let col_multiple = match self {
+            Codec::FastScan => 8, // an even number of (chunk, stage) items per row
+            Codec::Residual => 8,
+        };
+        if rows == 0 || !rows.is_multiple_of(self.interleave()) || cols == 0 || !cols.is_multiple_of(col_multiple) {
+            return Err(format!(
+                "{} needs rows in multiples of {} and columns in multiples of {col_multiple}, got [{rows}, {cols}]",
+                self.name(),
+                self.interleave()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Encoder settings.
+#[derive(Debug, Clone)]
+pub struct EncodeOptions {
+    /// Block size of the randomized Hadamard rotation (0 = none); the largest power of two up to
+    /// this that divides the columns is used.
+    pub rotation_block: usize,
+    pub seed: u64,
+    /// k-means iterations per stage.
+    pub kmeans_iters: usize,
+    /// Vectors sampled to train k-means.
+    pub sample: usize,
+    /// Rounds of joint refinement (re-encode, refit codebooks).
+    pub refine_rounds: usize,
+    /// Beam width of the re-encoding search.
+    pub beam: usize,
+    /// Calibration activations `[n, cols]` (original basis): when present, distances weigh each
+    /// input column by `E[x^2]`, so the error that reaches the outputs is what gets minimized.
+    pub calibration: Option<Vec<f32>>,
+}
+
+impl Default for EncodeOptions {
+    fn default() -> Self {
+        EncodeOptions {
+            rotation_block: 128,
+            seed: 0x5EED,
+            kmeans_iters: 12,
+            sample: 1 << 16,
+            refine_rounds: 2,
+            beam: 4,
+            calibration: None,
+        }
+    }
+}
+
+impl EncodeOptions {
+    /// Cheap settings for tests and benchmarks of the kernels (quality is not the point there).
+    pub fn fast() -> Self {
+        EncodeOptions { kmeans_iters: 4, sample: 1 << 12, refine_rounds: 0, beam: 1, ..Self::default() }
+    }
+}
+
+/// An encoded matrix, owning its parts.
+#[derive(Debug, Clone)]
+pub struct VqMatrix {
+    pub codec: Codec,
+    pub rows: usize,
+    pub cols: usize,
+    /// Codes in the codec's storage layout (see the codec modules).
+    pub codes: Vec<u8>,
+    pub scale: Vec<f16>,
+    /// `stages x entries x dim` f32.
+    pub codebooks: Vec<f32>,
+    pub rotation: Option<Rotation>,
+}
+
+/// A borrowed encoded matrix: what the kernels run on (parts may live in an expert record).
+#[derive(Debug, Clone, Copy)]
+pub struct VqRef<'a> {
+    pub codec: Codec,
+    pub rows: usize,
+    pub cols: usize,
+    pub codes: &'a [u8],
+    pub scale: &'a [f16],
+    pub codebooks: &'a [f32],
+    pub rotation: Option<&'a Rotation>,
+}
+
+/// Per-thread working memory of the VQ kernels, reused across calls.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    x: Vec<f32>,
+    table: Vec<f32>,
+    lut: Vec<u8>,
+    sums: Vec<u32>,
+}
+
+/// Encodes `w` (`[rows, cols]`, row-major) with `codec`.
+pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Result<VqMatrix, String> {
+    let rows = w.len() / cols.max(1);
+    if rows * cols != w.len() {
+        return Err(format!("{} values are not whole rows of {cols}", w.len()));
+    }
+    codec.check_shape(rows, cols)?;
+    let (d, s_n) = (codec.dim(), codec.stages());
+    let rotation = (opts.rotation_block > 1)
+        .then(|| Rotation::new(cols, Rotation::block_for(cols, opts.rotation_block), opts.seed));
+    let mut work = w.to_vec();
+    if let Some(r) = &rotation {
+        work.chunks_exact_mut(cols).for_each(|row| r.apply(row));
+    }
+    // Importance per (rotated) input column, mean 1.
+    let importance: Option<Vec<f32>> = opts.calibration.as_ref().map(|xs| {
+        let mut imp = vec![0f64; cols];
+        let mut buf = vec![0f32; cols];
+        for x in xs.chunks_exact(cols) {
+            buf.copy_from_slice(x);
+            if let Some(r) = &rotation {
+                r.apply(&mut buf);
+            }
+            for (m, v) in imp.iter_mut().zip(&buf) {
+                *m += f64::from(*v) * f64::from(*v);
+            }
+        }
+        let mean = imp.iter().sum::<f64>() / cols as f64;
+        imp.iter().map(|v| ((v / mean.max(1e-30)) as f32).max(1e-4)).collect()
+    });
+    // Rows normalized to unit RMS: one codebook then fits every row.
+    let mut scale: Vec<f32> = work
+        .chunks_exact(cols)
+        .map(|r| {
+            let rms = (r.iter().map(|v| v * v).sum::<f32>() / cols as f32).sqrt();
+            if rms > 0.0 { rms } else { 1.0 }
+        })
+        .collect();
+    for (row, s) in work.chunks_exact_mut(cols).zip(&scale) {
+        row.iter_mut().for_each(|v| *v /= s);
+    }
+    let weights: Option<Vec<f32>> = importance.as_ref().map(|imp| imp.repeat(rows));
+    let data = Data { dim: d, vecs: &work, weights: weights.as_deref() };
+    let mut cb = train::init_residual(data, s_n, codec.entries(), opts.kmeans_iters, opts.sample, opts.seed);
+    let mut codes = Vec::new();
+    train::encode(data, &cb, opts.beam.max(1), &mut codes);
+    for _ in 0..opts.refine_rounds {
+        train::refit(data, &codes, &mut cb);
+        train::encode(data, &cb, opts.beam.max(1), &mut codes);
+    }
+    // Refit each row's scale by (weighted) least squares against its reconstruction.
+    let chunks = cols / d;
+    let mut rec = vec![0f32; d];
+    for (r, s) in scale.iter_mut().enumerate() {
+        let (mut num, mut den) = (0f64, 0f64);
+        for k in 0..chunks {
+            let i = r * chunks + k;
+            train::reconstruct(&cb, &codes[i * s_n..][..s_n], &mut rec);
+            for j in 0..d {
+                let imp = importance.as_ref().map_or(1.0, |m| f64::from(m[k * d + j]));
+                num += imp * f64::from(work[i * d + j]) * f64::from(rec[j]);
+                den += imp * f64::from(rec[j]) * f64::from(rec[j]);
+            }
+        }
+        if den > 0.0 && num > 0.0 {
+            *s *= (num / den) as f32;
+        }
+    }
+    let packed = match codec {
+        Codec::FastScan => fastscan::pack(&codes, rows, chunks * s_n),
+        Codec::Residual => codes.iter().map(|&c| c as u8).collect(),
+    };
+    Ok(VqMatrix {
+        codec,
+        rows,
+        cols,
+        codes: packed,
+        scale: scale.iter().map(|&s| f16::from_f32(s)).collect(),
+        codebooks: cb.values,
+        rotation,
+    })
+}
+
+impl VqMatrix {
+    pub fn as_ref(&self) -> VqRef<'_> {
+        VqRef {
+            codec: self.codec,
+            rows: self.rows,
+            cols: self.cols,
+            codes: &self.codes,
+            scale: &self.scale,
+            codebooks: &self.codebooks,
+            rotation: self.rotation.as_ref(),
+        }
+    }
+
+    pub fn decode(&self) -> Vec<f32> {
+        self.as_ref().decode()
+    }
+
+    pub fn matvec(&self, x: &[f32], y: &mut [f32], scratch: &mut Scratch) {
+        self.as_ref().matvec(x, y, scratch)
+    }
+
+    /// Bits per weight, codes and row scales (codebooks are per matrix or shared).
+    pub fn bits_per_weight(&self) -> f64 {
+        (self.codes.len() * 8 + self.scale.len() * 16) as f64 / (self.rows * self.cols) as f64
+    }
+}
+
+impl VqRef<'_> {
+    fn items(&self) -> usize {
+        self.cols / self.codec.dim() * self.codec.stages()
+    }
+
+    /// The code of item `j` (chunk `j / stages`, stage `j % stages`) of row `r`.
+    pub fn code(&self, r: usize, j: usize) -> usize {
+        match self.codec {
+            Codec::FastScan => fastscan::code(self.codes, self.items(), r, j),
+            Codec::Residual => usize::from(self.codes[r * self.items() + j]),
+        }
+    }
+
+    /// The matrix in the original basis (rotation undone), `[rows, cols]`.
+    pub fn decode(&self) -> Vec<f32> {
+        let (d, s_n, e_n) = (self.codec.dim(), self.codec.stages(), self.codec.entries());
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+            let s = self.scale[r].to_f32();
+            for (k, chunk) in row.chunks_exact_mut(d).enumerate() {
+                for st in 0..s_n {
+                    let e = self.code(r, k * s_n + st);
+                    let cw = &self.codebooks[(st * e_n + e) * d..][..d];
+                    chunk.iter_mut().zip(cw).for_each(|(o, c)| *o += c);
+                }
+                chunk.iter_mut().for_each(|v| *v *= s);
+            }
+            if let Some(rot) = self.rotation {
+                rot.apply_inverse(row);
+            }
+        }
+        out
+    }
+
+    /// `y = W x` with the kernel the CPU supports.
+    pub fn matvec(&self, x: &[f32], y: &mut [f32], scratch: &mut Scratch) {
+        self.matvec_at(level(), x, y, scratch)
+    }
+
+    /// [`matvec`](Self::matvec) with an explicit kernel level.
+    pub fn matvec_at(&self, level: Level, x: &[f32], y: &mut [f32], scratch: &mut Scratch) {
+        assert_eq!(x.len(), self.cols, "x has {} entries for {} columns", x.len(), self.cols);
+        assert_eq!(y.len(), self.rows, "y has {} entries for {} rows", y.len(), self.rows);
+        scratch.x.clear();
+        scratch.x.extend_from_slice(x);
+        if let Some(r) = self.rotation {
+            r.apply(&mut scratch.x);
+        }
+        match self.codec {
+            Codec::FastScan => fastscan::matvec(level, self, scratch, y),
+            Codec::Residual => residual::matvec(level, self, &scratch.x, y),
+        }
+    }
+}

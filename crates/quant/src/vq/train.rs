@@ -1,0 +1,272 @@
+//! Training additive codebooks: residual k-means to start, then rounds of joint refinement
+//! (re-encode every vector with a beam search, refit all codebooks at once by least squares).
+//! Distances may be weighted per dimension (activation importance).
+//!
+//! A code of `S` stages reconstructs a `D`-vector as `sum_s C_s[code_s]`; both VQ codecs are
+//! of this form (the fast-scan 3x16x4 and the residual 3x256x8), with different sizes.
+
+use rayon::prelude::*;
+
+/// Vectors to encode: `n x dim` values, with optional per-value weights (same shape).
+#[derive(Debug, Clone, Copy)]
+pub struct Data<'a> {
+    pub dim: usize,
+    pub vecs: &'a [f32],
+    pub weights: Option<&'a [f32]>,
+}
+
+impl Data<'_> {
+    pub fn len(&self) -> usize {
+        self.vecs.len() / self.dim
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.vecs.is_empty()
+    }
+
+    fn vec(&self, i: usize) -> &[f32] {
+        &self.vecs[i * self.dim..][..self.dim]
+    }
+
+    fn weight(&self, i: usize) -> Option<&[f32]> {
+        self.weights.map(|w| &w[i * self.dim..][..self.dim])
+    }
+}
+
+/// `stages x entries x dim` codebook values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Codebooks {
+    pub stages: usize,
+    pub entries: usize,
+    pub dim: usize,
+    pub values: Vec<f32>,
+}
+
+impl Codebooks {
+    pub fn entry(&self, stage: usize, e: usize) -> &[f32] {
+        &self.values[(stage * self.entries + e) * self.dim..][..self.dim]
+    }
+}
+
+#[inline]
+fn dist(a: &[f32], b: &[f32], w: Option<&[f32]>) -> f32 {
+    match w {
+        None => a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum(),
+        Some(w) => a.iter().zip(b).zip(w).map(|((x, y), w)| w * (x - y) * (x - y)).sum(),
+    }
+}
+
+fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+/// Weighted Lloyd k-means on `data`, initialized from distinct random vectors.
+fn kmeans(data: Data<'_>, k: usize, iters: usize, seed: u64) -> Vec<f32> {
+    let (n, d) = (data.len(), data.dim);
+    let mut next = rng(seed);
+    let mut cent: Vec<f32> = (0..k).flat_map(|_| data.vec((next() % n as u64) as usize).to_vec()).collect();
+    let mut assign = vec![0u32; n];
+    for _ in 0..iters {
+        assign.par_iter_mut().enumerate().for_each(|(i, a)| {
+            let v = data.vec(i);
+            let w = data.weight(i);
+            let mut best = (f32::INFINITY, 0);
+            for (c, cv) in cent.chunks_exact(d).enumerate() {
+                let e = dist(v, cv, w);
+                if e < best.0 {
+                    best = (e, c);
+                }
+            }
+            *a = best.1 as u32;
+        });
+        let mut sum = vec![0f64; k * d];
+        let mut wsum = vec![0f64; k * d];
+        for (i, &a) in assign.iter().enumerate() {
+            let v = data.vec(i);
+            for j in 0..d {
+                let w = data.weight(i).map_or(1.0, |w| f64::from(w[j]));
+                sum[a as usize * d + j] += w * f64::from(v[j]);
+                wsum[a as usize * d + j] += w;
+            }
+        }
+        for c in 0..k {
+            if wsum[c * d..(c + 1) * d].iter().all(|w| *w == 0.0) {
+                // An empty cluster restarts at a random vector.
+                cent[c * d..(c + 1) * d].copy_from_slice(data.vec((next() % n as u64) as usize));
+                continue;
+            }
+            for j in 0..d {
+                if wsum[c * d + j] > 0.0 {
+                    cent[c * d + j] = (sum[c * d + j] / wsum[c * d + j]) as f32;
+                }
+            }
+        }
+    }
+    cent
+}
+
+/// A strided subsample of at most `max` vectors (with their weights).
+fn subsample(data: Data<'_>, max: usize) -> (Vec<f32>, Option<Vec<f32>>) {
+    let n = data.len();
+    let step = n.div_ceil(max).max(1);
+    let pick = |src: &[f32]| -> Vec<f32> {
+        (0..n).step_by(step).flat_map(|i| src[i * data.dim..][..data.dim].to_vec()).collect()
+    };
+    (pick(data.vecs), data.weights.map(pick))
+}
+
+/// Residual k-means: stage s is k-means on what stages before it left.
+pub fn init_residual(
+    data: Data<'_>,
+    stages: usize,
+    entries: usize,
+    iters: usize,
+    sample: usize,
+    seed: u64,
+) -> Codebooks {
+    let (mut res, w) = subsample(data, sample);
+    let d = data.dim;
+    let mut values = Vec::with_capacity(stages * entries * d);
+    for s in 0..stages {
+        let sub = Data { dim: d, vecs: &res, weights: w.as_deref() };
+        let cent = kmeans(sub, entries, iters, seed.wrapping_add(s as u64));
+        res.par_chunks_exact_mut(d).enumerate().for_each(|(i, r)| {
+            let wi = w.as_deref().map(|w| &w[i * d..][..d]);
+            let best = cent
+                .chunks_exact(d)
+                .map(|c| dist(r, c, wi))
+                .enumerate()
+                .fold((f32::INFINITY, 0), |b, (c, e)| if e < b.0 { (e, c) } else { b })
+                .1;
+            for (x, c) in r.iter_mut().zip(&cent[best * d..][..d]) {
+                *x -= c;
+            }
+        });
+        values.extend_from_slice(&cent);
+    }
+    Codebooks { stages, entries, dim: d, values }
+}
+
+/// Encodes every vector: a beam search over the stages in order, keeping the `beam` best
+/// partial reconstructions. `codes` gets `stages` entries per vector.
+pub fn encode(data: Data<'_>, cb: &Codebooks, beam: usize, codes: &mut Vec<u16>) {
+    let s_n = cb.stages;
+    codes.resize(data.len() * s_n, 0);
+    codes.par_chunks_exact_mut(s_n).enumerate().for_each(|(i, out)| {
+        let v = data.vec(i);
+        let w = data.weight(i);
+        // (error, residual, codes) per beam entry.
+        let mut beams: Vec<(f32, Vec<f32>, Vec<u16>)> = vec![(0.0, v.to_vec(), Vec::with_capacity(s_n))];
+        let mut cand: Vec<(f32, usize, usize)> = Vec::with_capacity(beam * cb.entries);
+        for s in 0..s_n {
+            cand.clear();
+            for (b, (_, res, _)) in beams.iter().enumerate() {
+                for e in 0..cb.entries {
+                    cand.push((dist(res, cb.entry(s, e), w), b, e));
+                }
+            }
+            let keep = beam.min(cand.len());
+            cand.select_nth_unstable_by(keep - 1, |a, b| a.0.total_cmp(&b.0));
+            cand.truncate(keep);
+            beams = cand
+                .iter()
+                .map(|&(err, b, e)| {
+                    let (_, res, cs) = &beams[b];
+                    let r: Vec<f32> = res.iter().zip(cb.entry(s, e)).map(|(x, c)| x - c).collect();
+                    let mut cs = cs.clone();
+                    cs.push(e as u16);
+                    (err, r, cs)
+                })
+                .collect();
+        }
+        let best = beams.iter().min_by(|a, b| a.0.total_cmp(&b.0)).expect("beam is never empty");
+        out.copy_from_slice(&best.2);
+    });
+}
+
+/// Refits all codebooks jointly for fixed codes: per dimension, weighted least squares over the
+/// `stages x entries` unknowns, with a small ridge that keeps unused entries where they were.
+pub fn refit(data: Data<'_>, codes: &[u16], cb: &mut Codebooks) {
+    let (s_n, e_n, d) = (cb.stages, cb.entries, cb.dim);
+    let m = s_n * e_n;
+    for j in 0..d {
+        let mut g = vec![0f64; m * m];
+        let mut rhs = vec![0f64; m];
+        for i in 0..data.len() {
+            let w = data.weight(i).map_or(1.0, |w| f64::from(w[j]));
+            let cs = &codes[i * s_n..][..s_n];
+            let v = f64::from(data.vec(i)[j]);
+            for s in 0..s_n {
+                let p = s * e_n + usize::from(cs[s]);
+                rhs[p] += w * v;
+                for t in 0..s_n {
+                    g[p * m + t * e_n + usize::from(cs[t])] += w;
+                }
+            }
+        }
+        let diag_mean = (0..m).map(|p| g[p * m + p]).sum::<f64>() / m as f64;
+        let ridge = 1e-6 * diag_mean.max(1e-12);
+        for p in 0..m {
+            g[p * m + p] += ridge;
+            rhs[p] += ridge * f64::from(cb.values[p * d + j]);
+        }
+        if let Some(x) = cholesky_solve(&mut g, &mut rhs, m) {
+            for (p, v) in x.iter().enumerate() {
+                cb.values[p * d + j] = *v as f32;
+            }
+        }
+    }
+}
+
+/// Solves `G x = b` for symmetric positive definite `G` (overwritten); `None` if not SPD.
+fn cholesky_solve(g: &mut [f64], b: &mut [f64], m: usize) -> Option<Vec<f64>> {
+    for c in 0..m {
+        let mut diag = g[c * m + c];
+        for k in 0..c {
+            diag -= g[c * m + k] * g[c * m + k];
+        }
+        if diag <= 0.0 {
+            return None;
+        }
+        let l = diag.sqrt();
+        g[c * m + c] = l;
+        for r in c + 1..m {
+            let mut v = g[r * m + c];
+            for k in 0..c {
+                v -= g[r * m + k] * g[c * m + k];
+            }
+            g[r * m + c] = v / l;
+        }
+    }
+    for r in 0..m {
+        let mut v = b[r];
+        for k in 0..r {
+            v -= g[r * m + k] * b[k];
+        }
+        b[r] = v / g[r * m + r];
+    }
+    for r in (0..m).rev() {
+        let mut v = b[r];
+        for k in r + 1..m {
+            v -= g[k * m + r] * b[k];
+        }
+        b[r] = v / g[r * m + r];
+    }
+    Some(b.to_vec())
+}
+
+/// Reconstructs vector `i` from its codes into `out`.
+pub fn reconstruct(cb: &Codebooks, codes: &[u16], out: &mut [f32]) {
+    out.fill(0.0);
+    for (s, &c) in codes.iter().enumerate() {
+        for (o, v) in out.iter_mut().zip(cb.entry(s, usize::from(c))) {
+            *o += v;
+        }
+    }
+}

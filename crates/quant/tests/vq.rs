@@ -1,0 +1,188 @@
+//! The VQ codecs: kernels against references, table quantization bounded, encoders sane.
+
+mod common;
+
+use common::{assert_close, fast, sum_tolerance};
+use half::f16;
+use k3_quant::cpu::Level;
+use k3_quant::vq::{self, Codec, EncodeOptions, Rotation, Scratch, fastscan};
+use proptest::prelude::*;
+
+fn gaussian(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut u = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    (0..n).map(|_| ((-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos()) as f32).collect()
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+    let den: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// A random encoded matrix (random codes, codebooks and scales), no encoder involved.
+fn random_matrix(codec: Codec, rows: usize, cols: usize, seed: u64, rotate: bool) -> vq::VqMatrix {
+    let items = cols / codec.dim() * codec.stages();
+    let raw: Vec<u16> =
+        gaussian(rows * items, seed).iter().map(|g| ((g.abs() * 1e4) as usize % codec.entries()) as u16).collect();
+    let codes = match codec {
+        Codec::FastScan => fastscan::pack(&raw, rows, items),
+        Codec::Residual => raw.iter().map(|&c| c as u8).collect(),
+    };
+    vq::VqMatrix {
+        codec,
+        rows,
+        cols,
+        codes,
+        scale: gaussian(rows, seed ^ 1).iter().map(|v| f16::from_f32(0.5 + v.abs())).collect(),
+        codebooks: gaussian(codec.stages() * codec.entries() * codec.dim(), seed ^ 2),
+        rotation: rotate.then(|| Rotation::new(cols, Rotation::block_for(cols, 64), seed)),
+    }
+}
+
+fn dense_matvec(w: &[f32], x: &[f32]) -> (Vec<f32>, Vec<f64>) {
+    let y = w.chunks(x.len()).map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum()).collect();
+    let abs = w.chunks(x.len()).map(|r| r.iter().zip(x).map(|(a, b)| f64::from((a * b).abs())).sum()).collect();
+    (y, abs)
+}
+
+#[test]
+fn fastscan_pack_round_trips() {
+    let m = random_matrix(Codec::FastScan, 64, 24, 3, false);
+    let items = 24 / 4 * 3;
+    let raw: Vec<usize> = (0..64 * items).map(|i| m.as_ref().code(i / items, i % items)).collect();
+    assert_eq!(fastscan::pack(&raw.iter().map(|&c| c as u16).collect::<Vec<_>>(), 64, items), m.codes);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    /// The AVX2 fast-scan kernel sums the same table entries as the reference: bit-identical.
+    #[test]
+    fn fastscan_kernel_is_bit_identical(blocks in 1usize..4, cols8 in 1usize..140, seed in any::<u64>(), rotate in any::<bool>()) {
+        let (rows, cols) = (32 * blocks, 8 * cols8);
+        let m = random_matrix(Codec::FastScan, rows, cols, seed, rotate && cols % 64 == 0);
+        let x = gaussian(cols, seed ^ 9);
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        m.as_ref().matvec_at(fast(), &x, &mut a, &mut Scratch::default());
+        m.as_ref().matvec_at(Level::Scalar, &x, &mut b, &mut Scratch::default());
+        prop_assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    }
+
+    /// The u8 table moves each item's term by at most half a step: the result stays within
+    /// `scale * items * delta / 2` of the exact product with the decoded matrix.
+    #[test]
+    fn fastscan_table_error_is_bounded(blocks in 1usize..3, cols8 in 1usize..100, seed in any::<u64>()) {
+        let (rows, cols) = (32 * blocks, 8 * cols8);
+        let m = random_matrix(Codec::FastScan, rows, cols, seed, false);
+        let x = gaussian(cols, seed ^ 5);
+        let mut y = vec![0f32; rows];
+        m.matvec(&x, &mut y, &mut Scratch::default());
+        let (exact, abs) = dense_matvec(&m.decode(), &x);
+        let (mut table, mut lut) = (Vec::new(), Vec::new());
+        let (delta, _) = fastscan::build_lut(&m.codebooks, &x, &mut table, &mut lut);
+        let items = cols / 4 * 3;
+        let tol: Vec<f64> = (0..rows).map(|r| {
+            let s = f64::from(m.scale[r].to_f32());
+            s * items as f64 * f64::from(delta) * 0.5001 + 4.0 * sum_tolerance(cols + items, abs[r] + s * table.iter().map(|v| f64::from(v.abs())).sum::<f64>())
+        }).collect();
+        assert_close(&y, &exact, &tol);
+    }
+
+    #[test]
+    fn residual_kernel_matches_reference(rows in 1usize..20, cols8 in 1usize..80, seed in any::<u64>(), rotate in any::<bool>()) {
+        let cols = 8 * cols8;
+        let m = random_matrix(Codec::Residual, rows, cols, seed, rotate && cols % 64 == 0);
+        let x = gaussian(cols, seed ^ 3);
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        m.as_ref().matvec_at(fast(), &x, &mut a, &mut Scratch::default());
+        m.as_ref().matvec_at(Level::Scalar, &x, &mut b, &mut Scratch::default());
+        let (exact, abs) = dense_matvec(&m.decode(), &x);
+        // Decoding three codewords adds 2 roundings per weight on top of the summation order.
+        let tol: Vec<f64> = abs.iter().map(|s| 2.0 * sum_tolerance(cols + 3, *s * 3.0)).collect();
+        assert_close(&a, &b, &tol);
+        assert_close(&b, &exact, &tol);
+    }
+}
+
+fn encode_err(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> (f64, vq::VqMatrix) {
+    let m = vq::encode(codec, w, cols, opts).unwrap();
+    (rel_err(w, &m.decode()), m)
+}
+
+#[test]
+fn encoders_reach_three_bit_quality_on_gaussian_weights() {
+    // A Gaussian source at R bits/weight cannot beat relative error 2^-R (rate-distortion); R
+    // counts the codes, the row scales and the f32 codebooks, which are large for a small matrix.
+    let (rows, cols) = (128, 512);
+    let w = gaussian(rows * cols, 11);
+    for codec in Codec::ALL {
+        let (coarse, _) =
+            encode_err(codec, &w, cols, &EncodeOptions { refine_rounds: 0, beam: 1, ..EncodeOptions::default() });
+        let (fine, m) = encode_err(codec, &w, cols, &EncodeOptions::default());
+        assert!(
+            (m.bits_per_weight() - (3.0 + 16.0 / cols as f64)).abs() < 1e-9,
+            "{}: {} bits",
+            codec.name(),
+            m.bits_per_weight()
+        );
+        let rate = m.bits_per_weight() + (m.codebooks.len() * 32) as f64 / (rows * cols) as f64;
+        assert!(fine > 2f64.powf(-rate), "{}: {fine} beats the rate-distortion bound at {rate} bits", codec.name());
+        assert!(fine < 0.30, "{}: relative error {fine}", codec.name());
+        assert!(fine <= coarse * 1.001, "{}: refinement made it worse ({coarse} -> {fine})", codec.name());
+        // The encoded matrix computes what it decodes to.
+        let x = gaussian(cols, 5);
+        let mut y = vec![0f32; rows];
+        m.matvec(&x, &mut y, &mut Scratch::default());
+        let (want, _) = dense_matvec(&m.decode(), &x);
+        assert!(rel_err(&want, &y) < 0.02, "{}: kernel vs decode {}", codec.name(), rel_err(&want, &y));
+    }
+}
+
+#[test]
+fn activation_weighting_lowers_the_output_error() {
+    // Activations with a few dominant channels: weighting by E[x^2] should protect them.
+    let (rows, cols, n) = (64, 256, 64);
+    let w = gaussian(rows * cols, 21);
+    let mut xs = gaussian(n * cols, 22);
+    for x in xs.chunks_mut(cols) {
+        for c in (0..cols).step_by(16) {
+            x[c] *= 8.0;
+        }
+    }
+    let out_err = |m: &vq::VqMatrix| {
+        let d = m.decode();
+        let (mut num, mut den) = (0f64, 0f64);
+        for x in xs.chunks(cols) {
+            let (a, _) = dense_matvec(&w, x);
+            let (b, _) = dense_matvec(&d, x);
+            num += a.iter().zip(&b).map(|(p, q)| f64::from(p - q).powi(2)).sum::<f64>();
+            den += a.iter().map(|p| f64::from(*p).powi(2)).sum::<f64>();
+        }
+        (num / den).sqrt()
+    };
+    for codec in Codec::ALL {
+        let plain =
+            vq::encode(codec, &w, cols, &EncodeOptions { rotation_block: 0, ..EncodeOptions::default() }).unwrap();
+        let weighted = vq::encode(
+            codec,
+            &w,
+            cols,
+            &EncodeOptions { rotation_block: 0, calibration: Some(xs.clone()), ..EncodeOptions::default() },
+        )
+        .unwrap();
+        let (p, q) = (out_err(&plain), out_err(&weighted));
+        assert!(q < p * 0.95, "{}: weighted {q} vs plain {p}", codec.name());
+    }
+}
+
+#[test]
+fn bad_shapes_are_refused() {
+    assert!(vq::encode(Codec::FastScan, &[0.0; 16 * 64], 64, &EncodeOptions::fast()).is_err(), "16 rows");
+    assert!(vq::encode(Codec::Residual, &[0.0; 4 * 12], 12, &EncodeOptions::fast()).is_err(), "12 columns");
+}
