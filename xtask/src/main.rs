@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use k3_engine::convert::{ConvertOptions, ExpertFormat, Progress, convert};
 
+mod bench;
+
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "k3 project tasks")]
 struct Cli {
@@ -24,7 +26,25 @@ enum Experts {
 }
 
 #[derive(Subcommand)]
+enum BenchWhat {
+    /// Every k3-quant kernel on K3's expert shapes, hot and cold, next to memory bandwidth.
+    Kernels {
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 7)]
+        reps: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum Task {
+    /// Measurements, side by side in one run (see docs/EFFICIENCY.md).
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
     /// Convert a Hugging Face checkpoint directory to a WASTE model directory (resumable).
     Convert {
         /// The checkpoint: config.json, *.safetensors (+ model.safetensors.index.json), tokenizer files.
@@ -60,6 +80,13 @@ fn bar(total: u64) -> ProgressBar {
 
 fn main() -> Result<()> {
     match Cli::parse().task {
+        Task::Bench { what: BenchWhat::Kernels { reps, json } } => {
+            let report = bench::kernels::run(reps.max(1), json);
+            if json {
+                println!("{report}");
+            }
+            Ok(())
+        }
         Task::Convert { hf, out, experts, align, shards, shard_dirs } => {
             if shards == 0 {
                 bail!("--shards must be at least 1");

@@ -5,7 +5,7 @@
 //! fold the 1/2 into the block scale, so the f32 kernel is exact up to summation order.
 
 use crate::cpu::{Level, level, supported};
-use crate::simd::with_nibble_order;
+use crate::simd::{with_nibble_order, with_nibble_order_padded};
 
 /// E2M1 nibble -> value; bit 3 is the sign.
 pub const E2M1: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
@@ -135,11 +135,10 @@ pub fn matmul_at(level: Level, packed: &[u8], scale: &[u8], cols: usize, xs: &[f
     check(packed, scale, cols, rows);
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        // Blocks never straddle vectors (cols is a multiple of 32), so one pass reorders them all.
-        Level::Avx2 => with_nibble_order(xs, |xp| {
-            for (xb, yb) in xp.chunks(cols * avx2::MAX_BATCH).zip(ys.chunks_mut(rows * avx2::MAX_BATCH)) {
+        Level::Avx2 => with_nibble_order_padded(xs, cols, |xp, stride| {
+            for (xb, yb) in xp.chunks(stride * avx2::MAX_BATCH).zip(ys.chunks_mut(rows * avx2::MAX_BATCH)) {
                 // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked above.
-                unsafe { avx2::matmul(packed, scale, cols, xb, yb) }
+                unsafe { avx2::matmul(packed, scale, cols, stride, xb, yb) }
             }
         }),
         _ => reference::matmul(packed, scale, cols, xs, ys),
@@ -267,8 +266,8 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn matmul(packed: &[u8], scale: &[u8], cols: usize, xp: &[f32], ys: &mut [f32]) {
-        let n = xp.len() / cols;
+    pub(super) fn matmul(packed: &[u8], scale: &[u8], cols: usize, stride: usize, xp: &[f32], ys: &mut [f32]) {
+        let n = xp.len() / stride;
         let rows = ys.len() / n;
         let blocks = cols / BLOCK;
         let mut acc = [_mm256_setzero_ps(); MAX_BATCH];
@@ -280,7 +279,7 @@ mod avx2 {
                     let w = decode_f32(packed.as_ptr().add((r * blocks + b) * 16));
                     let sc = _mm256_set1_ps(SCALE_HALF[usize::from(*scale.get_unchecked(r * blocks + b))]);
                     for (v, a) in acc[..n].iter_mut().enumerate() {
-                        let x = xp.as_ptr().add(v * cols + b * BLOCK);
+                        let x = xp.as_ptr().add(v * stride + b * BLOCK);
                         let mut s = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
                         s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x.add(8)), s);
                         s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x.add(16)), s);

@@ -48,3 +48,29 @@ pub(crate) fn with_nibble_order<R>(xs: &[f32], f: impl FnOnce(&[f32]) -> R) -> R
         f(buf)
     })
 }
+
+/// Like [`with_nibble_order`] for a batch of `cols`-vectors, laid out `stride()` floats apart:
+/// a stride of a multiple of 4 KiB would map every vector's block to the same cache sets.
+pub(crate) fn with_nibble_order_padded<R>(xs: &[f32], cols: usize, f: impl FnOnce(&[f32], usize) -> R) -> R {
+    let stride = padded_stride(cols);
+    PERMUTED.with_borrow_mut(|buf| {
+        buf.clear();
+        buf.resize(xs.len() / cols * stride, 0.0);
+        for (x, dst) in xs.chunks_exact(cols).zip(buf.chunks_exact_mut(stride)) {
+            for (b, d) in x.chunks_exact(32).zip(dst.chunks_exact_mut(32)) {
+                for i in 0..16 {
+                    d[i] = b[2 * i];
+                    d[16 + i] = b[2 * i + 1];
+                }
+            }
+        }
+        f(buf, stride)
+    })
+}
+
+/// `cols` rounded up so that vectors are an odd number of 64-byte cache lines apart: then the
+/// same block of consecutive vectors falls in different cache sets.
+fn padded_stride(cols: usize) -> usize {
+    let s = cols.next_multiple_of(32);
+    if (s / 16) % 2 == 0 { s + 16 } else { s }
+}

@@ -10,7 +10,7 @@
 //! both the scalar reference and the AVX2 kernel, so their results are bit-identical.
 
 use super::{Scratch, VqRef};
-use crate::cpu::{Level, supported};
+use crate::cpu::{Level, level, supported};
 
 /// Packs row-major codes (`rows x items`, each < 16) into the interleaved layout.
 pub fn pack(codes: &[u16], rows: usize, items: usize) -> Vec<u8> {
@@ -33,56 +33,89 @@ pub fn code(codes: &[u8], items: usize, r: usize, j: usize) -> usize {
     usize::from(if r % 32 < 16 { byte & 15 } else { byte >> 4 })
 }
 
-/// Builds the u8 table for `x` (already rotated); returns `(delta, sum of offsets)`.
-pub fn build_lut(codebooks: &[f32], x: &[f32], table: &mut Vec<f32>, lut: &mut Vec<u8>) -> (f32, f32) {
-    let chunks = x.len() / 4;
-    let items = chunks * 3;
+/// Builds the u8 table for `x` (already rotated) and returns its step `delta`:
+/// `T[j][e] ~ delta * (L[j][e] - 128)` with `delta = max|T| / 127`, so a row's dot product is
+/// `delta * (sum_j L[j][code] - 128 * items)`. One step for all items keeps the build a single
+/// vectorizable pass (no per-item minimum); codebooks are centred, so little range is lost.
+pub fn build_lut(codebooks: &[f32], x: &[f32], table: &mut Vec<f32>, lut: &mut Vec<u8>) -> f32 {
+    build_lut_at(level(), codebooks, x, table, lut)
+}
+
+/// [`build_lut`] with an explicit kernel level.
+pub fn build_lut_at(level: Level, codebooks: &[f32], x: &[f32], table: &mut Vec<f32>, lut: &mut Vec<u8>) -> f32 {
+    assert!(
+        x.len() % 8 == 0 && codebooks.len() == 3 * 16 * 4,
+        "fast-scan tables need 3 x 16 x 4 codebooks and 8k inputs"
+    );
+    let items = x.len() / 4 * 3;
     table.resize(items * 16, 0.0);
-    for (k, xc) in x.chunks_exact(4).enumerate() {
-        for s in 0..3 {
-            let t = &mut table[(k * 3 + s) * 16..][..16];
-            for (e, v) in t.iter_mut().enumerate() {
-                let c = &codebooks[(s * 16 + e) * 4..][..4];
-                *v = c[0] * xc[0] + c[1] * xc[1] + c[2] * xc[2] + c[3] * xc[3];
+    lut.resize(items * 16, 0);
+    // Codebooks transposed to [stage][dim][entry]: 16 entries of one dimension are contiguous.
+    let mut ct = [0f32; 192];
+    for s in 0..3 {
+        for e in 0..16 {
+            for d in 0..4 {
+                ct[(s * 4 + d) * 16 + e] = codebooks[(s * 16 + e) * 4 + d];
             }
         }
     }
-    let mut range = 0f32;
-    let mut bias = 0f64;
-    for t in table.chunks_exact(16) {
-        let (lo, hi) = t.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));
-        range = range.max(hi - lo);
-        bias += f64::from(lo);
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; sizes set above.
+        Level::Avx2 => unsafe { avx2::build_lut(&ct, x, table, lut) },
+        _ => reference::build_lut(&ct, x, table, lut),
     }
-    let delta = if range > 0.0 { range / 255.0 } else { 1.0 };
-    let inv = 1.0 / delta;
-    lut.resize(items * 16, 0);
-    for (t, l) in table.chunks_exact(16).zip(lut.chunks_exact_mut(16)) {
-        let lo = t.iter().fold(f32::INFINITY, |a, v| a.min(*v));
-        for (v, q) in t.iter().zip(l.iter_mut()) {
-            *q = ((v - lo) * inv).round().clamp(0.0, 255.0) as u8;
-        }
-    }
-    (delta, bias as f32)
+}
+
+/// The step for a table whose largest magnitude is `amax`.
+fn step(amax: f32) -> f32 {
+    if amax > 0.0 { amax / 127.0 } else { 1.0 }
 }
 
 pub(super) fn matvec(level: Level, m: &VqRef<'_>, scratch: &mut Scratch, y: &mut [f32]) {
     let items = m.cols / 4 * 3;
-    let (delta, bias) = build_lut(m.codebooks, &scratch.x, &mut scratch.table, &mut scratch.lut);
+    let delta = build_lut_at(level, m.codebooks, &scratch.x, &mut scratch.table, &mut scratch.lut);
     scratch.sums.resize(m.rows, 0);
+    sums_at(level, m.codes, items, &scratch.lut, &mut scratch.sums);
+    let offset = 128.0 * items as f32;
+    for ((out, s), sc) in y.iter_mut().zip(&scratch.sums).zip(m.scale) {
+        // Both terms are integers below 2^24, so the difference is exact.
+        *out = sc.to_f32() * (delta * (*s as f32 - offset));
+    }
+}
+
+/// `sums[r] = sum_j lut[j][code(r, j)]` for every row, with an explicit kernel level.
+pub fn sums_at(level: Level, codes: &[u8], items: usize, lut: &[u8], sums: &mut [u32]) {
+    assert!(items % 2 == 0 && sums.len() % 32 == 0, "fast-scan works on item pairs and 32-row blocks");
+    assert_eq!(codes.len(), sums.len() * items / 2, "codes for {} rows of {items} items", sums.len());
+    assert_eq!(lut.len(), items * 16, "a table of {items} items");
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx2 only when the CPU has AVX2; the codes hold rows/32
         // blocks of items x 16 bytes and the table items x 16 bytes (items even: cols % 8 == 0).
-        Level::Avx2 => unsafe { avx2::sums(m.codes, items, &scratch.lut, &mut scratch.sums) },
-        _ => reference::sums(m.codes, items, &scratch.lut, &mut scratch.sums),
-    }
-    for ((out, s), sc) in y.iter_mut().zip(&scratch.sums).zip(m.scale) {
-        *out = sc.to_f32() * (delta * *s as f32 + bias);
+        Level::Avx2 => unsafe { avx2::sums(codes, items, lut, sums) },
+        _ => reference::sums(codes, items, lut, sums),
     }
 }
 
 pub mod reference {
+    /// Table values from the transposed codebooks `ct[stage][dim][entry]`; returns delta.
+    pub fn build_lut(ct: &[f32; 192], x: &[f32], table: &mut [f32], lut: &mut [u8]) -> f32 {
+        for (k, xc) in x.chunks_exact(4).enumerate() {
+            for s in 0..3 {
+                for e in 0..16 {
+                    table[(k * 3 + s) * 16 + e] = (0..4).map(|d| ct[(s * 4 + d) * 16 + e] * xc[d]).sum();
+                }
+            }
+        }
+        let delta = super::step(table.iter().fold(0f32, |m, v| m.max(v.abs())));
+        let inv = 1.0 / delta;
+        for (t, l) in table.iter().zip(lut.iter_mut()) {
+            *l = ((t * inv).round_ties_even() as i32 + 128).clamp(0, 255) as u8;
+        }
+        delta
+    }
+
     /// `sums[r] = sum_j lut[j][code(r, j)]`.
     pub fn sums(codes: &[u8], items: usize, lut: &[u8], sums: &mut [u32]) {
         for (r, s) in sums.iter_mut().enumerate() {
@@ -94,6 +127,52 @@ pub mod reference {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn build_lut(ct: &[f32; 192], x: &[f32], table: &mut [f32], lut: &mut [u8]) -> f32 {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut amax = _mm256_setzero_ps();
+        let c = |i: usize| {
+            // SAFETY: i + 8 <= 192.
+            unsafe { _mm256_loadu_ps(ct.as_ptr().add(i)) }
+        };
+        for (k, xc) in x.chunks_exact(4).enumerate() {
+            let xb = [_mm256_set1_ps(xc[0]), _mm256_set1_ps(xc[1]), _mm256_set1_ps(xc[2]), _mm256_set1_ps(xc[3])];
+            for s in 0..3 {
+                let mut lo = _mm256_mul_ps(c(s * 64), xb[0]);
+                let mut hi = _mm256_mul_ps(c(s * 64 + 8), xb[0]);
+                for d in 1..4 {
+                    lo = _mm256_fmadd_ps(c(s * 64 + d * 16), xb[d], lo);
+                    hi = _mm256_fmadd_ps(c(s * 64 + d * 16 + 8), xb[d], hi);
+                }
+                let at = (k * 3 + s) * 16;
+                // SAFETY: item k * 3 + s has 16 table slots.
+                unsafe {
+                    _mm256_storeu_ps(table.as_mut_ptr().add(at), lo);
+                    _mm256_storeu_ps(table.as_mut_ptr().add(at + 8), hi);
+                }
+                amax = _mm256_max_ps(amax, _mm256_max_ps(_mm256_andnot_ps(sign, lo), _mm256_andnot_ps(sign, hi)));
+            }
+        }
+        let mut lanes = [0f32; 8];
+        // SAFETY: 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), amax) };
+        let delta = super::step(lanes.iter().fold(0f32, |m, v| m.max(*v)));
+        let inv = _mm256_set1_ps(1.0 / delta);
+        let flip = _mm256_set1_epi8(-128);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (t, l) in table.chunks_exact(32).zip(lut.chunks_exact_mut(32)) {
+            // SAFETY: 32 floats in, 32 bytes out.
+            unsafe {
+                let q = |i: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(t.as_ptr().add(i)), inv));
+                let ab = _mm256_packs_epi32(q(0), q(8));
+                let cd = _mm256_packs_epi32(q(16), q(24));
+                let v = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);
+                _mm256_storeu_si256(l.as_mut_ptr().cast(), _mm256_xor_si256(v, flip));
+            }
+        }
+        delta
+    }
 
     /// Steps between widenings: 256 u8 values summed per u16 lane stay below 65536.
     const FLUSH: usize = 256;

@@ -325,3 +325,7 @@ impl VqRef<'_> {
         }
     }
 }
+
+/// The codec WASTE uses for experts unless told otherwise; chosen by measured quality and speed
+/// (docs/LEARNED.md, docs/EFFICIENCY.md).
+pub const DEFAULT_CODEC: Codec = Codec::FastScan;

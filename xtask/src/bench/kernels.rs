@@ -1,0 +1,265 @@
+//! `cargo xtask bench kernels`: every k3-quant kernel on Kimi K3's expert shapes, one core,
+//! weights hot in cache and cold (cycling through more matrices than the caches hold), run
+//! interleaved with medians, next to the memory read bandwidth measured in the same run.
+
+use half::{bf16, f16};
+use k3_quant::vq::{self, Codec, Scratch, VqMatrix};
+use k3_quant::{dense, int4, int8, mxfp4};
+use serde_json::{Value, json};
+
+use super::{cpu_mhz, median, mem_read_gbps, time};
+
+/// Expert shapes of K3: gate/up [3072, 3584], down [3584, 3072].
+const SHAPES: [(usize, usize); 2] = [(3072, 3584), (3584, 3072)];
+/// Cold runs cycle through at least this many bytes of weights (3x the 32 MiB L3 here).
+const COLD_BYTES: usize = 96 << 20;
+
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+fn bytes_of(seed: u64, n: usize) -> Vec<u8> {
+    noise(n, seed).iter().map(|v| ((v + 0.5) * 255.0) as u8).collect()
+}
+
+/// One kernel over one shape: a set of distinct matrices and a call that multiplies matrix `i`.
+struct Case {
+    name: String,
+    rows: usize,
+    cols: usize,
+    /// Vectors per call (1, or the batch size).
+    vectors: usize,
+    weight_bytes: usize,
+    instances: usize,
+    run: Box<dyn FnMut(usize)>,
+}
+
+fn random_vq(codec: Codec, rows: usize, cols: usize, seed: u64) -> VqMatrix {
+    let items = cols / codec.dim() * codec.stages();
+    let raw: Vec<u16> = bytes_of(seed, rows * items).iter().map(|b| u16::from(*b) % codec.entries() as u16).collect();
+    VqMatrix {
+        codec,
+        rows,
+        cols,
+        codes: match codec {
+            Codec::FastScan => vq::fastscan::pack(&raw, rows, items),
+            Codec::Residual => raw.iter().map(|&c| c as u8).collect(),
+        },
+        scale: vec![f16::ONE; rows],
+        codebooks: noise(codec.stages() * codec.entries() * codec.dim(), seed ^ 1),
+        rotation: Some(vq::Rotation::new(cols, vq::Rotation::block_for(cols, 128), seed)),
+    }
+}
+
+fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
+    let n = rows * cols;
+    let count = |bytes: usize| if cold { COLD_BYTES.div_ceil(bytes) } else { 1 };
+    let x = noise(cols, 7);
+    let mut out = Vec::new();
+    let tag = format!("{rows}x{cols}");
+
+    let mx_bytes = n / 2 + n / 32;
+    let k = count(mx_bytes);
+    let mats: Vec<(Vec<u8>, Vec<u8>)> = (0..k)
+        .map(|i| (bytes_of(i as u64, n / 2), bytes_of(i as u64 + 99, n / 32).iter().map(|b| 112 + b % 16).collect()))
+        .collect();
+    let mats = std::rc::Rc::new(mats);
+    {
+        let (m, x) = (mats.clone(), x.clone());
+        let mut y = vec![0f32; rows];
+        out.push(Case {
+            name: format!("mxfp4_f32 {tag}"),
+            rows,
+            cols,
+            vectors: 1,
+            weight_bytes: mx_bytes,
+            instances: k,
+            run: Box::new(move |i| mxfp4::matvec(&m[i].0, &m[i].1, &x, &mut y)),
+        });
+    }
+    {
+        let (m, x) = (mats.clone(), x.clone());
+        let mut y = vec![0f32; rows];
+        let mut q = mxfp4::Q8::default();
+        out.push(Case {
+            name: format!("mxfp4_q8 {tag}"),
+            rows,
+            cols,
+            vectors: 1,
+            weight_bytes: mx_bytes,
+            instances: k,
+            run: Box::new(move |i| {
+                q.quantize_into(&x);
+                mxfp4::matvec_q8(&m[i].0, &m[i].1, &q, &mut y)
+            }),
+        });
+    }
+    {
+        let m = mats.clone();
+        let xs = noise(cols * 32, 8);
+        let mut ys = vec![0f32; rows * 32];
+        out.push(Case {
+            name: format!("mxfp4_f32_batch32 {tag}"),
+            rows,
+            cols,
+            vectors: 32,
+            weight_bytes: mx_bytes,
+            instances: k,
+            run: Box::new(move |i| mxfp4::matmul(&m[i].0, &m[i].1, cols, &xs, &mut ys)),
+        });
+    }
+    let bf_bytes = n * 2;
+    let k = count(bf_bytes);
+    let w: Vec<Vec<bf16>> = (0..k).map(|i| noise(n, i as u64).iter().map(|v| bf16::from_f32(*v)).collect()).collect();
+    {
+        let x = x.clone();
+        let mut y = vec![0f32; rows];
+        out.push(Case {
+            name: format!("bf16 {tag}"),
+            rows,
+            cols,
+            vectors: 1,
+            weight_bytes: bf_bytes,
+            instances: k,
+            run: Box::new(move |i| dense::matvec_bf16(&w[i], &x, &mut y)),
+        });
+    }
+    let k = count(n + rows * 4);
+    let q8: Vec<(Vec<i8>, Vec<f32>)> = (0..k).map(|i| int8::quantize(&noise(n, i as u64 + 5), cols)).collect();
+    {
+        let x = x.clone();
+        let mut y = vec![0f32; rows];
+        out.push(Case {
+            name: format!("int8_row {tag}"),
+            rows,
+            cols,
+            vectors: 1,
+            weight_bytes: n + rows * 4,
+            instances: k,
+            run: Box::new(move |i| int8::matvec(&q8[i].0, &q8[i].1, &x, &mut y)),
+        });
+    }
+    let i4_bytes = n / 2 + n / 32 * 2;
+    let k = count(i4_bytes);
+    let q4: Vec<(Vec<u8>, Vec<f16>)> =
+        (0..k).map(|i| (bytes_of(i as u64 + 3, n / 2), vec![f16::from_f32(0.01); n / 32])).collect();
+    {
+        let x = x.clone();
+        let mut y = vec![0f32; rows];
+        out.push(Case {
+            name: format!("int4_g32 {tag}"),
+            rows,
+            cols,
+            vectors: 1,
+            weight_bytes: i4_bytes,
+            instances: k,
+            run: Box::new(move |i| int4::matvec(&q4[i].0, &q4[i].1, 32, &x, &mut y)),
+        });
+    }
+    for codec in Codec::ALL {
+        let vq_bytes = n * 3 / 8 + rows * 2;
+        let k = count(vq_bytes);
+        let mats: Vec<VqMatrix> = (0..k).map(|i| random_vq(codec, rows, cols, i as u64 + 11)).collect();
+        let x = x.clone();
+        let mut y = vec![0f32; rows];
+        let mut scratch = Scratch::default();
+        out.push(Case {
+            name: format!("{} {tag}", codec.name()),
+            rows,
+            cols,
+            vectors: 1,
+            weight_bytes: vq_bytes,
+            instances: k,
+            run: Box::new(move |i| mats[i].matvec(&x, &mut y, &mut scratch)),
+        });
+    }
+    out
+}
+
+/// Runs the benchmark; returns the JSON report and prints a table unless `json`.
+pub fn run(reps: usize, json_out: bool) -> Value {
+    let mem = mem_read_gbps(512 << 20, 5);
+    let mhz = cpu_mhz();
+    let level = k3_quant::cpu::level();
+    let mut results = serde_json::Map::new();
+    for (rows, cols) in SHAPES {
+        for cold in [false, true] {
+            let mut cs = cases(rows, cols, cold);
+            // Calls per sample: enough weight bytes to take ~20 ms on a fast kernel.
+            let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cs.len()];
+            for c in cs.iter_mut() {
+                (c.run)(0); // warm up
+            }
+            for _ in 0..reps {
+                for (c, s) in cs.iter_mut().zip(samples.iter_mut()) {
+                    let calls = c.instances.max(8);
+                    let t = time(|| (0..calls).for_each(|i| (c.run)(i % c.instances)));
+                    s.push(t / calls as f64);
+                }
+            }
+            for (c, s) in cs.iter().zip(samples) {
+                let secs = median(s);
+                let gw = (c.rows * c.cols * c.vectors) as f64 / secs / 1e9;
+                let entry = results.entry(c.name.clone()).or_insert_with(|| {
+                    json!({
+                        "rows": c.rows, "cols": c.cols, "vectors_per_call": c.vectors,
+                        "bytes_per_weight": c.weight_bytes as f64 / (c.rows * c.cols) as f64,
+                    })
+                });
+                let key = if cold { "cold" } else { "hot" };
+                entry[format!("{key}_gweights_per_s")] = json!(gw);
+                entry[format!("{key}_weight_gbps")] = json!(c.weight_bytes as f64 / secs / 1e9);
+                if let Some(mhz) = mhz {
+                    entry[format!("{key}_weights_per_cycle")] = json!(gw * 1e3 / mhz);
+                }
+            }
+        }
+    }
+    let hot = |name: &str| results.get(name).and_then(|v| v["hot_gweights_per_s"].as_f64()).unwrap_or(0.0);
+    let mx = hot("mxfp4_q8 3072x3584").max(hot("mxfp4_f32 3072x3584"));
+    let default = vq::DEFAULT_CODEC.name();
+    let report = json!({
+        "simd": format!("{level:?}"),
+        "cpu_mhz": mhz,
+        "mem_read_gbps": mem,
+        "mxfp4_gweights_per_s": mx,
+        "vq3_codec": default,
+        "vq3_gweights_per_s": hot(&format!("{default} 3072x3584")),
+        "kernels": results,
+    });
+    if !json_out {
+        println!(
+            "SIMD {level:?}, one core, {} MHz nominal; memory read {mem:.1} GB/s (one core, 512 MiB)",
+            mhz.unwrap_or(0.0)
+        );
+        println!(
+            "{:<34} {:>9} {:>9} {:>9} {:>10} {:>8}",
+            "kernel", "hot Gw/s", "cold Gw/s", "cold GB/s", "bytes/w", "w/cycle"
+        );
+        for (name, v) in report["kernels"].as_object().into_iter().flatten() {
+            println!(
+                "{name:<34} {:>9.2} {:>9.2} {:>9.2} {:>10.3} {:>8.2}",
+                v["hot_gweights_per_s"].as_f64().unwrap_or(0.0),
+                v["cold_gweights_per_s"].as_f64().unwrap_or(0.0),
+                v["cold_weight_gbps"].as_f64().unwrap_or(0.0),
+                v["bytes_per_weight"].as_f64().unwrap_or(0.0),
+                v["hot_weights_per_cycle"].as_f64().unwrap_or(0.0),
+            );
+        }
+        println!(
+            "default VQ codec {default}: {:.2} Gw/s hot vs best MXFP4 {:.2} Gw/s: {:.2}x",
+            report["vq3_gweights_per_s"].as_f64().unwrap_or(0.0),
+            mx,
+            report["vq3_gweights_per_s"].as_f64().unwrap_or(0.0) / mx.max(1e-12)
+        );
+    }
+    report
+}
