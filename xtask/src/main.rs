@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use k3_engine::convert::{ConvertOptions, ExpertFormat, Progress, convert};
 
 mod bench;
+mod quality;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "k3 project tasks")]
@@ -40,6 +41,17 @@ enum BenchWhat {
 
 #[derive(Subcommand)]
 enum Task {
+    /// Encoding error of MXFP4, RTN 3-bit and the VQ codecs on real and K3-shaped weights.
+    Quality {
+        /// Directory written by tools/quality/minilm_capture.py.
+        #[arg(long, default_value = "bench-out/minilm")]
+        data: PathBuf,
+        /// Also re-encode an MXFP4-grid matrix of K3's expert shape (slow: minutes).
+        #[arg(long)]
+        k3: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Measurements, side by side in one run (see docs/EFFICIENCY.md).
     Bench {
         #[command(subcommand)]
@@ -80,6 +92,7 @@ fn bar(total: u64) -> ProgressBar {
 
 fn main() -> Result<()> {
     match Cli::parse().task {
+        Task::Quality { data, k3, json } => quality::run(&data, k3, json),
         Task::Bench { what: BenchWhat::Kernels { reps, json } } => {
             let report = bench::kernels::run(reps.max(1), json);
             if json {

@@ -317,3 +317,32 @@ mod avx2 {
         }
     }
 }
+
+/// Quantizes `w` (`[rows, cols]`) to MXFP4 the OCP way: each 32-block gets the shared exponent
+/// `floor(log2(max|w|)) - 2` (E2M1's largest value is 6 = 1.5 x 2^2), each value the nearest E2M1
+/// value of `w / 2^exp` (ties to the even code, saturating at 6). Returns `(packed, scale)`.
+pub fn quantize(w: &[f32], cols: usize) -> (Vec<u8>, Vec<u8>) {
+    assert!(cols.is_multiple_of(BLOCK) && w.len().is_multiple_of(cols), "MXFP4 needs whole rows of 32k columns");
+    let mut packed = vec![0u8; w.len() / 2];
+    let mut scale = vec![0u8; w.len() / BLOCK];
+    for (b, block) in w.chunks_exact(BLOCK).enumerate() {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let e = if amax > 0.0 { (amax.log2().floor() as i32 - 2 + 127).clamp(0, 254) } else { 0 };
+        scale[b] = e as u8;
+        let inv = 1.0 / e8m0(e as u8);
+        for (i, v) in block.iter().enumerate() {
+            let t = (v * inv).abs();
+            // Nearest of the 8 magnitudes; on a tie the even code (smaller mantissa) wins.
+            let mut best = 0usize;
+            for (c, m) in E2M1[..8].iter().enumerate() {
+                let (d, db) = ((t - m).abs(), (t - E2M1[best]).abs());
+                if d < db || (d == db && c % 2 == 0 && best % 2 == 1) {
+                    best = c;
+                }
+            }
+            let nib = best as u8 | if v.is_sign_negative() && best != 0 { 8 } else { 0 };
+            packed[b * 16 + i / 2] |= if i % 2 == 0 { nib } else { nib << 4 };
+        }
+    }
+    (packed, scale)
+}

@@ -72,5 +72,5 @@ pub(crate) fn with_nibble_order_padded<R>(xs: &[f32], cols: usize, f: impl FnOnc
 /// same block of consecutive vectors falls in different cache sets.
 fn padded_stride(cols: usize) -> usize {
     let s = cols.next_multiple_of(32);
-    if (s / 16) % 2 == 0 { s + 16 } else { s }
+    if (s / 16).is_multiple_of(2) { s + 16 } else { s }
 }

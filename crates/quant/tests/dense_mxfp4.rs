@@ -127,3 +127,25 @@ proptest! {
         assert_close(&b, &exact, &bound);
     }
 }
+
+#[test]
+fn mxfp4_quantize_reproduces_grid_values_and_rounds_to_nearest() {
+    // Values already on the grid come back exactly.
+    let grid: Vec<f32> = (0..64).map(|i| mxfp4::E2M1[i % 16] * 0.25).collect();
+    let (p, s) = mxfp4::quantize(&grid, 64);
+    let mut back = vec![0f32; 64];
+    mxfp4::decode_row(&p, &s, &mut back);
+    assert_eq!(back.iter().map(|v| v.abs()).collect::<Vec<_>>(), grid.iter().map(|v| v.abs()).collect::<Vec<_>>());
+    // Arbitrary values land on the nearest representable value of their block.
+    let w: Vec<f32> = (0..32).map(|i| (i as f32 * 0.77).sin() * 3.0).collect();
+    let (p, s) = mxfp4::quantize(&w, 32);
+    mxfp4::decode_row(&p, &s, &mut back[..32]);
+    let step = mxfp4::e8m0(s[0]);
+    for (v, b) in w.iter().zip(&back) {
+        let nearest = mxfp4::E2M1
+            .iter()
+            .map(|m| m * step)
+            .fold(f32::INFINITY, |best, c| if (c - v).abs() < (best - v).abs() { c } else { best });
+        assert_eq!((b - v).abs(), (nearest - v).abs(), "{v} -> {b}");
+    }
+}

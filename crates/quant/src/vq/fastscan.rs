@@ -44,7 +44,7 @@ pub fn build_lut(codebooks: &[f32], x: &[f32], table: &mut Vec<f32>, lut: &mut V
 /// [`build_lut`] with an explicit kernel level.
 pub fn build_lut_at(level: Level, codebooks: &[f32], x: &[f32], table: &mut Vec<f32>, lut: &mut Vec<u8>) -> f32 {
     assert!(
-        x.len() % 8 == 0 && codebooks.len() == 3 * 16 * 4,
+        x.len().is_multiple_of(8) && codebooks.len() == 3 * 16 * 4,
         "fast-scan tables need 3 x 16 x 4 codebooks and 8k inputs"
     );
     let items = x.len() / 4 * 3;
@@ -86,7 +86,10 @@ pub(super) fn matvec(level: Level, m: &VqRef<'_>, scratch: &mut Scratch, y: &mut
 
 /// `sums[r] = sum_j lut[j][code(r, j)]` for every row, with an explicit kernel level.
 pub fn sums_at(level: Level, codes: &[u8], items: usize, lut: &[u8], sums: &mut [u32]) {
-    assert!(items % 2 == 0 && sums.len() % 32 == 0, "fast-scan works on item pairs and 32-row blocks");
+    assert!(
+        items.is_multiple_of(2) && sums.len().is_multiple_of(32),
+        "fast-scan works on item pairs and 32-row blocks"
+    );
     assert_eq!(codes.len(), sums.len() * items / 2, "codes for {} rows of {items} items", sums.len());
     assert_eq!(lut.len(), items * 16, "a table of {items} items");
     match supported(level) {
