@@ -46,6 +46,9 @@ enum Task {
         /// Directory written by tools/quality/minilm_capture.py.
         #[arg(long, default_value = "bench-out/minilm")]
         data: PathBuf,
+        /// Measure at most this many layers, spread over the depth.
+        #[arg(long, default_value_t = usize::MAX)]
+        max_layers: usize,
         /// Also re-encode an MXFP4-grid matrix of K3's expert shape (slow: minutes).
         #[arg(long)]
         k3: bool,
@@ -92,7 +95,7 @@ fn bar(total: u64) -> ProgressBar {
 
 fn main() -> Result<()> {
     match Cli::parse().task {
-        Task::Quality { data, k3, json } => quality::run(&data, k3, json),
+        Task::Quality { data, max_layers, k3, json } => quality::run(&data, max_layers, k3, json),
         Task::Bench { what: BenchWhat::Kernels { reps, json } } => {
             let report = bench::kernels::run(reps.max(1), json);
             if json {

@@ -80,14 +80,17 @@ fn gaussian(n: usize, seed: u64) -> Vec<f32> {
 }
 
 /// (a): every captured layer; calibration on the first half of the tokens, errors on the second.
-fn real_model(dir: &Path) -> Result<Value> {
+fn real_model(dir: &Path, max_layers: usize) -> Result<Value> {
     let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).with_context(|| {
         format!("{}: run `python3 tools/quality/minilm_capture.py {}` first", dir.display(), dir.display())
     })?)?;
-    let layers = manifest["layers"].as_array().context("manifest has no layers")?;
+    let all = manifest["layers"].as_array().context("manifest has no layers")?;
+    // Spread a subset over the depth rather than taking the first layers.
+    let step = all.len().div_ceil(max_layers.max(1)).max(1);
+    let layers: Vec<&Value> = all.iter().step_by(step).collect();
     let mut sums = vec![(0f64, 0f64); METHODS.len()];
     let mut per_layer = Vec::new();
-    for l in layers {
+    for l in &layers {
         let cols = l["cols"].as_u64().context("cols")? as usize;
         let tokens = l["tokens"].as_u64().context("tokens")? as usize;
         let w = read_f32(&dir.join(l["w"].as_str().context("w")?))?;
@@ -133,11 +136,11 @@ fn k3_shaped(rows: usize, cols: usize) -> Value {
     json!({"shape": [rows, cols], "threads": rayon::current_num_threads(), "errors": out})
 }
 
-pub fn run(data: &Path, k3: bool, json_out: bool) -> Result<()> {
+pub fn run(data: &Path, max_layers: usize, k3: bool, json_out: bool) -> Result<()> {
     let mut report = serde_json::Map::new();
     if data.join("manifest.json").exists() || !k3 {
         eprintln!("real model ({}):", data.display());
-        report.insert("real_model".into(), real_model(data)?);
+        report.insert("real_model".into(), real_model(data, max_layers)?);
     }
     if k3 {
         eprintln!("K3-shaped MXFP4 matrices:");

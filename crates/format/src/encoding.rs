@@ -75,8 +75,22 @@ pub enum Encoding {
     /// (u8 holding two 4-bit codes when `entries <= 16`, low nibble first; u8 when `entries <= 256`;
     /// u16 otherwise), `scale` f16 `[rows]`, and `codebooks` f32 `[stages, entries, dim]` when
     /// `codebook` is `Inline`. `rotation`: the block size of the randomized Hadamard rotation applied
-    /// to the input dimension before encoding (0 = none) and its seed.
-    Vq { stages: u32, entries: u32, dim: u32, rotation_block: u32, rotation_seed: u64, codebook: CodebookSource },
+    /// to the input dimension before encoding (0 = none) and its seed. `interleave`: rows per code
+    /// block (1 = row-major; 32 = the fast-scan layout, see docs/FORMAT.md).
+    Vq {
+        stages: u32,
+        entries: u32,
+        dim: u32,
+        rotation_block: u32,
+        rotation_seed: u64,
+        codebook: CodebookSource,
+        #[serde(default = "row_major")]
+        interleave: u32,
+    },
+}
+
+fn row_major() -> u32 {
+    1
 }
 
 /// One part an encoding stores.
@@ -157,8 +171,14 @@ impl Encoding {
                     PartLayout { name: "scale", dtype: Dtype::U8, shape: vec![r, blocks] },
                 ])
             }
-            Encoding::Vq { stages, entries, dim, rotation_block, codebook, .. } => {
+            Encoding::Vq { stages, entries, dim, rotation_block, codebook, interleave, .. } => {
                 let (r, c) = matrix()?;
+                if *interleave == 0 || r % u64::from(*interleave) != 0 || (*interleave > 1 && *entries > 16) {
+                    return Err(format!(
+                        "{}: {r} rows cannot be interleaved in blocks of {interleave} (4-bit codes only)",
+                        self.label()
+                    ));
+                }
                 let (stages, entries, dim) = (u64::from(*stages), u64::from(*entries), u64::from(*dim));
                 if stages == 0 || !(2..=65536).contains(&entries) {
                     return Err(format!("{}: needs 1+ stages and 2..=65536 entries", self.label()));
@@ -218,6 +238,7 @@ mod tests {
             rotation_block: 0,
             rotation_seed: 0,
             codebook: CodebookSource::Inline,
+            interleave: 1,
         };
         // 3 stages x 4-bit codes over 4-dim chunks = 3 bits/weight.
         let p = vq(16).parts(&[8, 64]).unwrap();

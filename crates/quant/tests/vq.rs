@@ -190,15 +190,13 @@ fn activation_weighting_lowers_the_output_error() {
     for codec in Codec::ALL {
         let plain =
             vq::encode(codec, &w, cols, &EncodeOptions { rotation_block: 0, ..EncodeOptions::default() }).unwrap();
-        let weighted = vq::encode(
-            codec,
-            &w,
-            cols,
-            &EncodeOptions { rotation_block: 0, calibration: Some(xs.clone()), ..EncodeOptions::default() },
-        )
-        .unwrap();
-        let (p, q) = (out_err(&plain), out_err(&weighted));
+        let calibrated =
+            |gptq| EncodeOptions { rotation_block: 0, calibration: Some(xs.clone()), gptq, ..EncodeOptions::default() };
+        let weighted = vq::encode(codec, &w, cols, &calibrated(false)).unwrap();
+        let gptq = vq::encode(codec, &w, cols, &calibrated(true)).unwrap();
+        let (p, q, g) = (out_err(&plain), out_err(&weighted), out_err(&gptq));
         assert!(q < p * 0.95, "{}: weighted {q} vs plain {p}", codec.name());
+        assert!(g < q * 0.95, "{}: GPTQ {g} vs weighted {q}", codec.name());
     }
 }
 

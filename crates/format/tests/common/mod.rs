@@ -68,6 +68,7 @@ pub fn plan(experts: u32, shards: u16, alignment: u64, seed: u64) -> Plan {
         rotation_block: 32,
         rotation_seed: 7,
         codebook: k3_format::CodebookSource::Inline,
+        interleave: 32,
     };
     let mixed = ExpertLayout::build(
         alignment,

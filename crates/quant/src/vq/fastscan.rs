@@ -144,9 +144,9 @@ mod avx2 {
             for s in 0..3 {
                 let mut lo = _mm256_mul_ps(c(s * 64), xb[0]);
                 let mut hi = _mm256_mul_ps(c(s * 64 + 8), xb[0]);
-                for d in 1..4 {
-                    lo = _mm256_fmadd_ps(c(s * 64 + d * 16), xb[d], lo);
-                    hi = _mm256_fmadd_ps(c(s * 64 + d * 16 + 8), xb[d], hi);
+                for (d, xd) in xb.iter().enumerate().skip(1) {
+                    lo = _mm256_fmadd_ps(c(s * 64 + d * 16), *xd, lo);
+                    hi = _mm256_fmadd_ps(c(s * 64 + d * 16 + 8), *xd, hi);
                 }
                 let at = (k * 3 + s) * 16;
                 // SAFETY: item k * 3 + s has 16 table slots.

@@ -103,6 +103,9 @@ pub struct EncodeOptions {
     /// Calibration activations `[n, cols]` (original basis): when present, distances weigh each
     /// input column by `E[x^2]`, so the error that reaches the outputs is what gets minimized.
     pub calibration: Option<Vec<f32>>,
+    /// With calibration: encode rows GPTQ-style, pushing each chunk's error onto the columns not
+    /// yet encoded through the inverse second-moment matrix of the activations (output-aware).
+    pub gptq: bool,
 }
 
 impl Default for EncodeOptions {
@@ -115,6 +118,7 @@ impl Default for EncodeOptions {
             refine_rounds: 2,
             beam: 4,
             calibration: None,
+            gptq: true,
         }
     }
 }
@@ -211,8 +215,23 @@ pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Res
         train::refit(data, &codes, &mut cb);
         train::encode(data, &cb, opts.beam.max(1), &mut codes);
     }
-    // Refit each row's scale by (weighted) least squares against its reconstruction.
     let chunks = cols / d;
+    if let (true, Some(xs)) = (opts.gptq, &opts.calibration) {
+        let mut h = second_moment(xs, cols, rotation.as_ref());
+        if let Some(u) = train::gptq_factor(&mut h, cols, 0.01) {
+            let original = work.clone();
+            train::gptq_encode(&mut work, cols, &u, importance.as_deref(), &cb, opts.beam.max(1), &mut codes);
+            for _ in 0..opts.refine_rounds {
+                // The compensated targets GPTQ actually quantized: refit the codebooks to them,
+                // then encode again from the original rows.
+                train::refit(Data { dim: d, vecs: &work, weights: weights.as_deref() }, &codes, &mut cb);
+                work.copy_from_slice(&original);
+                train::gptq_encode(&mut work, cols, &u, importance.as_deref(), &cb, opts.beam.max(1), &mut codes);
+            }
+            return Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation));
+        }
+    }
+    // Refit each row's scale by (weighted) least squares against its reconstruction.
     let mut rec = vec![0f32; d];
     for (r, s) in scale.iter_mut().enumerate() {
         let (mut num, mut den) = (0f64, 0f64);
@@ -229,19 +248,59 @@ pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Res
             *s *= (num / den) as f32;
         }
     }
+    Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation))
+}
+
+/// `E[x x^T]` of the calibration vectors in the rotated basis, `cols x cols` f64.
+fn second_moment(xs: &[f32], cols: usize, rotation: Option<&Rotation>) -> Vec<f64> {
+    use rayon::prelude::*;
+    let n = xs.len() / cols;
+    let rotated: Vec<f32> = xs
+        .chunks_exact(cols)
+        .flat_map(|x| {
+            let mut v = x.to_vec();
+            if let Some(r) = rotation {
+                r.apply(&mut v);
+            }
+            v
+        })
+        .collect();
+    let mut h = vec![0f64; cols * cols];
+    h.par_chunks_exact_mut(cols).enumerate().for_each(|(i, row)| {
+        for x in rotated.chunks_exact(cols) {
+            let xi = f64::from(x[i]);
+            for (hv, xj) in row.iter_mut().zip(x) {
+                *hv += xi * f64::from(*xj);
+            }
+        }
+        row.iter_mut().for_each(|v| *v /= n as f64);
+    });
+    h
+}
+
+fn finish(
+    codec: Codec,
+    rows: usize,
+    cols: usize,
+    codes: &[u16],
+    scale: Vec<f32>,
+    codebooks: Vec<f32>,
+    rotation: Option<Rotation>,
+) -> VqMatrix {
+    let items = cols / codec.dim() * codec.stages();
     let packed = match codec {
-        Codec::FastScan => fastscan::pack(&codes, rows, chunks * s_n),
+        Codec::FastScan => fastscan::pack(codes, rows, items),
         Codec::Residual => codes.iter().map(|&c| c as u8).collect(),
     };
-    Ok(VqMatrix {
+    VqMatrix {
         codec,
         rows,
         cols,
         codes: packed,
         scale: scale.iter().map(|&s| f16::from_f32(s)).collect(),
-        codebooks: cb.values,
+        codebooks,
         rotation,
-    })
+    }
 }
 
 impl VqMatrix {
