@@ -28,6 +28,13 @@ enum Experts {
 
 #[derive(Subcommand)]
 enum BenchWhat {
+    /// KDA and MLA decode at K3's dimensions next to their memory-traffic bounds.
+    Attn {
+        #[arg(long, default_value_t = 7)]
+        reps: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Every k3-quant kernel on K3's expert shapes, hot and cold, next to memory bandwidth.
     Kernels {
         /// Repetitions (medians are reported).
@@ -96,6 +103,13 @@ fn bar(total: u64) -> ProgressBar {
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Quality { data, max_layers, k3, json } => quality::run(&data, max_layers, k3, json),
+        Task::Bench { what: BenchWhat::Attn { reps, json } } => {
+            let report = bench::attn::run(reps.max(1), json);
+            if json {
+                println!("{report}");
+            }
+            Ok(())
+        }
         Task::Bench { what: BenchWhat::Kernels { reps, json } } => {
             let report = bench::kernels::run(reps.max(1), json);
             if json {

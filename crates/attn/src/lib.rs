@@ -1,6 +1,32 @@
-//! # k3-attn
+//! # k3-attn: the attention layers of the Kimi family
 //!
-//! Kimi Delta Attention and gated MLA: decode and chunked prefill.
+//! - [`kda`]: Kimi Delta Attention, a gated delta-rule linear attention with short causal
+//!   convolutions; its state is a fixed-size matrix per head.
+//! - [`mla`]: gated multi-head latent attention without positions (NoPE), decoded in the absorbed
+//!   form over a compressed per-token cache.
 //!
-//! Not built yet: this crate is implemented by issue #4. See `docs/ARCHITECTURE.md` for
-//! what it will own and what it may depend on.
+//! Both take the already-normalized layer input and return the layer output (before the
+//! residual). Projections are [`k3_quant::Matrix`] views in any stored encoding. Prefill over a
+//! chunk gives bit-identical results to stepping token by token. States serialize to bytes so a
+//! session can be resumed.
+
+pub mod kda;
+pub mod mla;
+mod ops;
+mod state_io;
+
+pub use kda::{Kda, KdaConfig, KdaGate, KdaState, KdaWeights, OutputGate};
+pub use mla::{Mla, MlaCache, MlaConfig, MlaWeights, PositionEmbedding, QPath};
+
+/// Bad weights, shapes or saved state, named precisely.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttnError {
+    #[error("{layer}: `{tensor}` is [{rows}, {cols}], expected [{want_rows}, {want_cols}]")]
+    Shape { layer: String, tensor: &'static str, rows: usize, cols: usize, want_rows: usize, want_cols: usize },
+    #[error("{layer}: `{tensor}` has {len} values, expected {want}")]
+    Length { layer: String, tensor: &'static str, len: usize, want: usize },
+    #[error("{layer}: {reason}")]
+    Unsupported { layer: String, reason: String },
+    #[error("saved {what} state: {reason}")]
+    State { what: &'static str, reason: String },
+}

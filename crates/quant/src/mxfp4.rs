@@ -242,11 +242,13 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
+    /// One accumulator per row, in block order: the same order as [`matmul`], so a vector gives
+    /// bit-identical results alone or in a batch (prefill equals token-by-token decode).
     pub(super) fn matvec(packed: &[u8], scale: &[u8], xp: &[f32], y: &mut [f32]) {
         let cols = xp.len();
         let blocks = cols / BLOCK;
         for (r, out) in y.iter_mut().enumerate() {
-            let mut acc = [_mm256_setzero_ps(); 2];
+            let mut acc = _mm256_setzero_ps();
             for b in 0..blocks {
                 // SAFETY: block b of row r lies inside `packed` (checked shape), and 32 values of
                 // `xp` from b * 32 lie inside it.
@@ -258,10 +260,10 @@ mod avx2 {
                     s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x.add(16)), s);
                     s = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x.add(24)), s);
                     let sc = _mm256_set1_ps(SCALE_HALF[usize::from(*scale.get_unchecked(r * blocks + b))]);
-                    acc[b & 1] = _mm256_fmadd_ps(s, sc, acc[b & 1]);
+                    acc = _mm256_fmadd_ps(s, sc, acc);
                 }
             }
-            *out = hsum(_mm256_add_ps(acc[0], acc[1]));
+            *out = hsum(acc);
         }
     }
 

@@ -100,6 +100,12 @@ proptest! {
         let w = decoded(&packed, &scale, rows, cols);
         let tol: Vec<f64> = xs.chunks(cols).flat_map(|x| abs_dot_sums(&w, x)).map(|s| sum_tolerance(cols, s)).collect();
         assert_close(&ys, &want, &tol);
+        // Alone or in a batch, a vector gets bit-identical results (prefill equals decode).
+        for (x, yb) in xs.chunks(cols).zip(ys.chunks(rows)) {
+            let mut y1 = vec![0f32; rows];
+            mxfp4::matvec(&packed, &scale, x, &mut y1);
+            prop_assert_eq!(y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), yb.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        }
     }
 
     #[test]
@@ -147,5 +153,22 @@ fn mxfp4_quantize_reproduces_grid_values_and_rounds_to_nearest() {
             .map(|m| m * step)
             .fold(f32::INFINITY, |best, c| if (c - v).abs() < (best - v).abs() { c } else { best });
         assert_eq!((b - v).abs(), (nearest - v).abs(), "{v} -> {b}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    #[test]
+    fn vector_ops((a, b) in (0usize..300).prop_flat_map(|n| (floats(n), floats(n))), alpha in -2.0f32..2.0, beta in -2.0f32..2.0) {
+        use k3_quant::vecops;
+        let abs: f64 = a.iter().zip(&b).map(|(x, y)| f64::from((x * y).abs())).sum();
+        assert_close(&[vecops::dot_at(fast(), &a, &b)], &[vecops::dot_at(Level::Scalar, &a, &b)], &[sum_tolerance(a.len(), abs)]);
+        let (mut y1, mut y2) = (a.clone(), a.clone());
+        vecops::axpby_at(fast(), alpha, &mut y1, beta, &b);
+        vecops::axpby_at(Level::Scalar, alpha, &mut y2, beta, &b);
+        // FMA rounds once where the reference rounds twice: one ulp of each term.
+        let tol: Vec<f64> = a.iter().zip(&b).map(|(x, y)| 2.0 * f64::from(f32::EPSILON) * f64::from((alpha * x).abs() + (beta * y).abs())).collect();
+        assert_close(&y1, &y2, &tol);
     }
 }

@@ -1,5 +1,6 @@
 //! `cargo xtask bench ...`: measurements run side by side in one process, medians reported.
 
+pub mod attn;
 pub mod kernels;
 
 use std::time::Instant;

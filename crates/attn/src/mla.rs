@@ -1,0 +1,296 @@
+//! Gated multi-head latent attention without positions (NoPE), decoded in the absorbed form.
+//!
+//! Per token t (x = the normed layer input):
+//! `q = q_b(RMSNorm(q_a x; q_a_layernorm))` (K3) or `q_proj x` (Kimi-Linear), per head
+//! `[nope | rope]`; `ckv = kv_a_proj_with_mqa x`; the cache keeps `c_t = RMSNorm(ckv[..kv_lora];
+//! kv_a_layernorm)` and the raw shared `k_ext_t = ckv[kv_lora..]`. Per head, with
+//! `W_UK` / `W_UV` the head's first `nope` / next `v` rows of `kv_b_proj`:
+//! `qabs = W_UK^T q_nope`, `s_t = (qabs . c_t + q_ext . k_ext_t) / sqrt(nope + rope)`, causal
+//! softmax, `ctx = W_UV sum_t p_t c_t`, times `sigmoid(g_proj x)` when gated, then `o_proj`.
+//! The low-rank norms use their own eps (1e-6 in Moonshot's code).
+//!
+//! The softmax runs online over fixed blocks of cached positions (one pass over the cache for all
+//! heads); block boundaries do not depend on how tokens were batched, so prefill and decode agree
+//! bit for bit.
+
+use k3_quant::Matrix;
+use k3_quant::vecops::{axpby, dot};
+
+use crate::AttnError;
+use crate::ops::{check_len, check_matrix, rms_norm, sigmoid};
+use crate::state_io;
+
+/// Positions within a block of the online softmax.
+const BLOCK: usize = 32;
+
+/// How positions enter attention. Kimi K3 and Kimi-Linear use none. Kimi K2 (DeepSeek-V3) will
+/// add `Rope { theta, yarn }` here: rotate each token's `k_ext` by its position when it is
+/// appended to the cache and `q_ext` by the query's position before scoring; nothing else in the
+/// absorbed decode changes (the `nope` part never rotates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PositionEmbedding {
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlaConfig {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_lora: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v_dim: usize,
+    /// eps of `q_a_layernorm` and `kv_a_layernorm`.
+    pub lowrank_eps: f32,
+    pub positions: PositionEmbedding,
+}
+
+/// How the query is projected.
+#[derive(Debug, Clone)]
+pub enum QPath<'a> {
+    /// K3: `q_b(RMSNorm(q_a x))`.
+    LowRank { a: Matrix<'a>, norm: Vec<f32>, b: Matrix<'a> },
+    /// Kimi-Linear: `q_proj x`.
+    Direct(Matrix<'a>),
+}
+
+#[derive(Debug, Clone)]
+pub struct MlaWeights<'a> {
+    pub q: QPath<'a>,
+    /// `[kv_lora + rope, D]`.
+    pub kv_a: Matrix<'a>,
+    pub kv_a_norm: Vec<f32>,
+    /// `[H * (nope + v), kv_lora]`; must be f32 or bf16 (its key half is used transposed).
+    pub kv_b: Matrix<'a>,
+    /// `[H * v, D]` when the output is gated (K3).
+    pub g_proj: Option<Matrix<'a>>,
+    /// `[D, H * v]`.
+    pub o_proj: Matrix<'a>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Mla<'a> {
+    name: String,
+    cfg: MlaConfig,
+    w: MlaWeights<'a>,
+}
+
+/// The per-layer cache: for every position so far, the normalized latent and the shared key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlaCache {
+    c: Vec<f32>,
+    kext: Vec<f32>,
+    len: usize,
+    dims: [u64; 2],
+}
+
+impl MlaCache {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn reset(&mut self) {
+        self.c.clear();
+        self.kext.clear();
+        self.len = 0;
+    }
+
+    /// Bytes held per cached position.
+    pub fn bytes_per_position(&self) -> usize {
+        (self.dims[0] + self.dims[1]) as usize * 4
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        state_io::write(b"MLA1", &self.dims, &[&self.c, &self.kext])
+    }
+
+    /// Restores a cache saved by [`to_bytes`](Self::to_bytes) for a layer of the same shape.
+    pub fn restore(&mut self, bytes: &[u8]) -> Result<(), AttnError> {
+        let mut a = state_io::read("MLA", bytes, b"MLA1", &self.dims)?;
+        let (l, r) = (self.dims[0] as usize, self.dims[1] as usize);
+        if a.len() != 2 || a[0].len() % l != 0 || a[0].len() / l != a[1].len() / r.max(1) || a[1].len() % r.max(1) != 0
+        {
+            return Err(AttnError::State {
+                what: "MLA",
+                reason: "latent and key arrays disagree on the length".into(),
+            });
+        }
+        self.kext = a.pop().expect("2 arrays");
+        self.c = a.pop().expect("2 arrays");
+        self.len = self.c.len() / l;
+        Ok(())
+    }
+
+    /// Synthetic content, for benchmarks of long contexts.
+    pub fn fill_for_bench(&mut self, positions: usize, value: impl Fn(usize) -> f32) {
+        let (l, r) = (self.dims[0] as usize, self.dims[1] as usize);
+        self.c = (0..positions * l).map(&value).collect();
+        self.kext = (0..positions * r).map(|i| value(i + 7)).collect();
+        self.len = positions;
+    }
+}
+
+impl<'a> Mla<'a> {
+    pub fn new(name: impl Into<String>, cfg: MlaConfig, w: MlaWeights<'a>) -> Result<Self, AttnError> {
+        let name = name.into();
+        let (d, h) = (cfg.hidden, cfg.heads);
+        let qdim = h * (cfg.nope + cfg.rope);
+        match &w.q {
+            QPath::LowRank { a, norm, b } => {
+                check_matrix(&name, "q_a_proj", a, a.rows(), d)?;
+                check_len(&name, "q_a_layernorm", norm, a.rows())?;
+                check_matrix(&name, "q_b_proj", b, qdim, a.rows())?;
+            }
+            QPath::Direct(q) => check_matrix(&name, "q_proj", q, qdim, d)?,
+        }
+        check_matrix(&name, "kv_a_proj_with_mqa", &w.kv_a, cfg.kv_lora + cfg.rope, d)?;
+        check_len(&name, "kv_a_layernorm", &w.kv_a_norm, cfg.kv_lora)?;
+        check_matrix(&name, "kv_b_proj", &w.kv_b, h * (cfg.nope + cfg.v_dim), cfg.kv_lora)?;
+        if !matches!(w.kv_b, Matrix::F32 { .. } | Matrix::Bf16 { .. }) {
+            return Err(AttnError::Unsupported { layer: name, reason: "kv_b_proj must be stored f32 or bf16".into() });
+        }
+        if let Some(g) = &w.g_proj {
+            check_matrix(&name, "g_proj", g, h * cfg.v_dim, d)?;
+        }
+        check_matrix(&name, "o_proj", &w.o_proj, d, h * cfg.v_dim)?;
+        Ok(Mla { name, cfg, w })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn config(&self) -> &MlaConfig {
+        &self.cfg
+    }
+
+    pub fn cache(&self) -> MlaCache {
+        MlaCache { c: Vec::new(), kext: Vec::new(), len: 0, dims: [self.cfg.kv_lora as u64, self.cfg.rope as u64] }
+    }
+
+    pub fn step(&self, cache: &mut MlaCache, x: &[f32], out: &mut [f32]) {
+        self.prefill(cache, x, out)
+    }
+
+    /// A chunk of tokens (`xs` `[n, D]`): appends their cache entries, each attends causally.
+    pub fn prefill(&self, cache: &mut MlaCache, xs: &[f32], outs: &mut [f32]) {
+        let cfg = &self.cfg;
+        let d = cfg.hidden;
+        assert!(
+            xs.len().is_multiple_of(d) && outs.len() == xs.len(),
+            "{}: inputs and outputs must be [n, {d}]",
+            self.name
+        );
+        let n = xs.len() / d;
+        let (h, l, r, qh) = (cfg.heads, cfg.kv_lora, cfg.rope, cfg.nope + cfg.rope);
+        let mut q = vec![0f32; n * h * qh];
+        match &self.w.q {
+            QPath::LowRank { a, norm, b } => {
+                let mut qa = vec![0f32; n * a.rows()];
+                a.matmul(xs, &mut qa);
+                let mut normed = vec![0f32; a.rows()];
+                for row in qa.chunks_exact_mut(a.rows()) {
+                    rms_norm(row, norm, cfg.lowrank_eps, &mut normed);
+                    row.copy_from_slice(&normed);
+                }
+                b.matmul(&qa, &mut q);
+            }
+            QPath::Direct(m) => m.matmul(xs, &mut q),
+        }
+        let mut ckv = vec![0f32; n * (l + r)];
+        self.w.kv_a.matmul(xs, &mut ckv);
+        let mut normed = vec![0f32; l];
+        for row in ckv.chunks_exact(l + r) {
+            rms_norm(&row[..l], &self.w.kv_a_norm, cfg.lowrank_eps, &mut normed);
+            cache.c.extend_from_slice(&normed);
+            cache.kext.extend_from_slice(&row[l..]);
+        }
+        let first = cache.len;
+        cache.len += n;
+        let mut gate = Vec::new();
+        if let Some(g) = &self.w.g_proj {
+            gate.resize(n * h * cfg.v_dim, 0.0);
+            g.matmul(xs, &mut gate);
+        }
+        let mut ctx = vec![0f32; n * h * cfg.v_dim];
+        let (mut qabs, mut qext, mut lat) = (vec![0f32; h * l], vec![0f32; h * r], vec![0f32; h * l]);
+        let scale = 1.0 / (qh as f32).sqrt();
+        for t in 0..n {
+            let qt = &q[t * h * qh..(t + 1) * h * qh];
+            for hd in 0..h {
+                let qhd = &qt[hd * qh..(hd + 1) * qh];
+                let wuk = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim), cfg.nope).expect("dense kv_b");
+                wuk.matvec_transposed(&qhd[..cfg.nope], &mut qabs[hd * l..(hd + 1) * l]).expect("dense kv_b");
+                qext[hd * r..(hd + 1) * r].copy_from_slice(&qhd[cfg.nope..]);
+            }
+            attend(&qabs, &qext, &cache.c, &cache.kext, first + t + 1, l, r, scale, &mut lat);
+            for hd in 0..h {
+                let wuv = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim) + cfg.nope, cfg.v_dim).expect("dense kv_b");
+                let out = &mut ctx[(t * h + hd) * cfg.v_dim..(t * h + hd + 1) * cfg.v_dim];
+                wuv.matvec(&lat[hd * l..(hd + 1) * l], out);
+            }
+        }
+        if !gate.is_empty() {
+            for (c, g) in ctx.iter_mut().zip(&gate) {
+                *c *= sigmoid(*g);
+            }
+        }
+        self.w.o_proj.matmul(&ctx, outs);
+    }
+}
+
+/// Attention of every head over the first `len` cached positions, online softmax over fixed
+/// blocks of positions. `qabs` `[H, L]`, `qext` `[H, R]`; writes `lat` `[H, L]` = `sum_t p_t c_t`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    qabs: &[f32],
+    qext: &[f32],
+    c: &[f32],
+    kext: &[f32],
+    len: usize,
+    l: usize,
+    r: usize,
+    scale: f32,
+    lat: &mut [f32],
+) {
+    let h = qabs.len() / l;
+    let mut m = vec![f32::NEG_INFINITY; h];
+    let mut sum = vec![0f32; h];
+    let mut s = vec![0f32; h * BLOCK];
+    lat.fill(0.0);
+    for start in (0..len).step_by(BLOCK) {
+        let nb = BLOCK.min(len - start);
+        for hd in 0..h {
+            let (qa, qe) = (&qabs[hd * l..(hd + 1) * l], &qext[hd * r..(hd + 1) * r]);
+            for j in 0..nb {
+                let t = start + j;
+                s[hd * BLOCK + j] = (dot(qa, &c[t * l..(t + 1) * l]) + dot(qe, &kext[t * r..(t + 1) * r])) * scale;
+            }
+        }
+        for hd in 0..h {
+            let sb = &mut s[hd * BLOCK..hd * BLOCK + nb];
+            let bm = sb.iter().fold(f32::NEG_INFINITY, |a, v| a.max(*v));
+            let acc = &mut lat[hd * l..(hd + 1) * l];
+            if bm > m[hd] {
+                let f = (m[hd] - bm).exp();
+                acc.iter_mut().for_each(|v| *v *= f);
+                sum[hd] *= f;
+                m[hd] = bm;
+            }
+            for (j, sv) in sb.iter_mut().enumerate() {
+                let p = (*sv - m[hd]).exp();
+                sum[hd] += p;
+                let t = start + j;
+                axpby(1.0, acc, p, &c[t * l..(t + 1) * l]);
+            }
+        }
+    }
+    for hd in 0..h {
+        let inv = 1.0 / sum[hd];
+        lat[hd * l..(hd + 1) * l].iter_mut().for_each(|v| *v *= inv);
+    }
+}

@@ -1,0 +1,412 @@
+//! Both attention kinds against plain f64 oracles written from the equations (models.md), and
+//! prefill against stepping, and saved state against continuing.
+
+use k3_attn::{
+    AttnError, Kda, KdaConfig, KdaGate, KdaState, KdaWeights, Mla, MlaConfig, MlaWeights, OutputGate,
+    PositionEmbedding, QPath,
+};
+use k3_quant::Matrix;
+
+fn rand(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn m(w: &[f32], rows: usize, cols: usize) -> Matrix<'_> {
+    Matrix::f32(w, rows, cols).unwrap()
+}
+
+fn mv(w: &[f32], x: &[f64]) -> Vec<f64> {
+    w.chunks(x.len()).map(|r| r.iter().zip(x).map(|(a, b)| f64::from(*a) * b).sum()).collect()
+}
+
+fn rms(x: &[f64], w: &[f32], eps: f64) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    x.iter().zip(w).map(|(v, g)| v / (ms + eps).sqrt() * f64::from(*g)).collect()
+}
+
+fn sig(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn rel(a: &[f32], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt()
+}
+
+const D: usize = 64;
+const H: usize = 4;
+const HD: usize = 16;
+const K: usize = 4;
+const T: usize = 9;
+
+struct KdaData {
+    w: Vec<Vec<f32>>,
+}
+
+impl KdaData {
+    fn new(seed: u64) -> Self {
+        let c = H * HD;
+        let sizes =
+            [c * D, c * D, c * D, c * K, c * K, c * K, H, c, HD * D, c * HD, H * D, HD, c * D, HD * D, c * HD, D * c];
+        let scales = [0.3, 0.3, 0.3, 0.5, 0.5, 0.5, 1.0, 1.0, 0.3, 0.5, 0.5, 1.0, 0.3, 0.3, 0.5, 0.3];
+        KdaData { w: sizes.iter().zip(scales).enumerate().map(|(i, (n, s))| rand(*n, seed + i as u64, s)).collect() }
+    }
+
+    fn layer(&self, gate: KdaGate, full_rank: bool) -> Kda<'_> {
+        let w = &self.w;
+        let c = H * HD;
+        let o_norm: Vec<f32> = w[11].iter().map(|v| 1.0 + 0.5 * v).collect();
+        let weights = KdaWeights {
+            q_proj: m(&w[0], c, D),
+            k_proj: m(&w[1], c, D),
+            v_proj: m(&w[2], c, D),
+            q_conv: w[3].clone(),
+            k_conv: w[4].clone(),
+            v_conv: w[5].clone(),
+            a_log: w[6].clone(),
+            dt_bias: w[7].clone(),
+            f_a: m(&w[8], HD, D),
+            f_b: m(&w[9], c, HD),
+            b_proj: m(&w[10], H, D),
+            o_norm,
+            gate: if full_rank {
+                OutputGate::FullRank(m(&w[12], c, D))
+            } else {
+                OutputGate::LowRank { a: m(&w[13], HD, D), b: m(&w[14], c, HD) }
+            },
+            o_proj: m(&w[15], D, c),
+        };
+        let cfg = KdaConfig { hidden: D, heads: H, head_dim: HD, conv_kernel: K, gate, norm_eps: 1e-5 };
+        Kda::new("layer 0 (KDA)", cfg, weights).unwrap()
+    }
+
+    /// The equations, in f64, token by token, from an empty state.
+    fn oracle(&self, gate: KdaGate, full_rank: bool, xs: &[f32]) -> Vec<f64> {
+        let w = &self.w;
+        let c = H * HD;
+        let mut hist = vec![vec![vec![0f64; K - 1]; c]; 3];
+        let mut s = vec![vec![vec![0f64; HD]; HD]; H];
+        let mut out = Vec::new();
+        for x in xs.chunks(D) {
+            let x: Vec<f64> = x.iter().map(|v| f64::from(*v)).collect();
+            let mut qkv = Vec::new();
+            for p in 0..3 {
+                let raw = mv(&w[p], &x);
+                let taps = &w[3 + p];
+                let y: Vec<f64> = (0..c)
+                    .map(|ch| {
+                        let mut acc = f64::from(taps[ch * K + K - 1]) * raw[ch];
+                        for j in 0..K - 1 {
+                            acc += f64::from(taps[ch * K + j]) * hist[p][ch][j];
+                        }
+                        hist[p][ch].remove(0);
+                        hist[p][ch].push(raw[ch]);
+                        acc * sig(acc)
+                    })
+                    .collect();
+                qkv.push(y);
+            }
+            let z: Vec<f64> = mv(&w[9], &mv(&w[8], &x)).iter().zip(&w[7]).map(|(a, b)| a + f64::from(*b)).collect();
+            let b = mv(&w[10], &x);
+            let g_out = if full_rank { mv(&w[12], &x) } else { mv(&w[14], &mv(&w[13], &x)) };
+            let o_norm: Vec<f32> = w[11].iter().map(|v| 1.0 + 0.5 * v).collect();
+            let mut y = vec![0f64; c];
+            for h in 0..H {
+                let r = h * HD..(h + 1) * HD;
+                let mut q = qkv[0][r.clone()].to_vec();
+                let mut k = qkv[1][r.clone()].to_vec();
+                let v = qkv[2][r.clone()].to_vec();
+                let qn = (q.iter().map(|a| a * a).sum::<f64>() + 1e-6).sqrt();
+                q.iter_mut().for_each(|a| *a = *a / qn / (HD as f64).sqrt());
+                let kn = (k.iter().map(|a| a * a).sum::<f64>() + 1e-6).sqrt();
+                k.iter_mut().for_each(|a| *a /= kn);
+                let a_exp = f64::from(w[6][h]).exp();
+                let g: Vec<f64> = z[r.clone()]
+                    .iter()
+                    .map(|zc| match gate {
+                        KdaGate::LowerBound(lb) => f64::from(lb) * sig(a_exp * zc),
+                        KdaGate::Softplus => -a_exp * if *zc > 20.0 { *zc } else { zc.exp().ln_1p() },
+                    })
+                    .collect();
+                let beta = sig(b[h]);
+                let st = &mut s[h];
+                for (kk, row) in st.iter_mut().enumerate() {
+                    row.iter_mut().for_each(|e| *e *= g[kk].exp());
+                }
+                let u: Vec<f64> = (0..HD).map(|vv| (0..HD).map(|kk| st[kk][vv] * k[kk]).sum()).collect();
+                for kk in 0..HD {
+                    for vv in 0..HD {
+                        st[kk][vv] += k[kk] * beta * (v[vv] - u[vv]);
+                    }
+                }
+                let o: Vec<f64> = (0..HD).map(|vv| (0..HD).map(|kk| st[kk][vv] * q[kk]).sum()).collect();
+                let yn = rms(&o, &o_norm, 1e-5);
+                for (i, val) in yn.iter().enumerate() {
+                    y[h * HD + i] = val * sig(g_out[h * HD + i]);
+                }
+            }
+            out.extend(mv(&w[15], &y));
+        }
+        out
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn kda_matches_the_f64_oracle_in_all_forms() {
+    let data = KdaData::new(1);
+    let xs = rand(T * D, 99, 1.0);
+    for gate in [KdaGate::LowerBound(-5.0), KdaGate::Softplus] {
+        for full_rank in [true, false] {
+            let layer = data.layer(gate, full_rank);
+            let mut st = layer.state();
+            let mut out = vec![0f32; T * D];
+            layer.prefill(&mut st, &xs, &mut out);
+            let want = data.oracle(gate, full_rank, &xs);
+            // f32 against f64 over sums of at most 64 terms and 9 recurrent steps: float noise is
+            // ~1e-6 relative; 1e-4 leaves room without hiding a wrong equation (those give >1e-2).
+            let e = rel(&out, &want);
+            assert!(e < 1e-4, "{gate:?} full_rank={full_rank}: relative error {e}");
+        }
+    }
+}
+
+#[test]
+fn kda_prefill_equals_stepping_bit_for_bit() {
+    let data = KdaData::new(2);
+    let layer = data.layer(KdaGate::LowerBound(-5.0), true);
+    let xs = rand(T * D, 5, 1.0);
+    let (mut a, mut b) = (layer.state(), layer.state());
+    let mut chunked = vec![0f32; T * D];
+    layer.prefill(&mut a, &xs[..4 * D], &mut chunked[..4 * D]);
+    layer.prefill(&mut a, &xs[4 * D..], &mut chunked[4 * D..]);
+    let mut stepped = vec![0f32; T * D];
+    for t in 0..T {
+        layer.step(&mut b, &xs[t * D..(t + 1) * D], &mut stepped[t * D..(t + 1) * D]);
+    }
+    assert_eq!(bits(&chunked), bits(&stepped));
+    assert_eq!(a, b);
+}
+
+#[test]
+fn kda_state_saves_and_restores() {
+    let data = KdaData::new(3);
+    let layer = data.layer(KdaGate::Softplus, false);
+    let xs = rand(T * D, 6, 1.0);
+    let mut st = layer.state();
+    let mut out = vec![0f32; T * D];
+    layer.prefill(&mut st, &xs[..3 * D], &mut out[..3 * D]);
+    let saved = st.to_bytes();
+    layer.prefill(&mut st, &xs[3 * D..], &mut out[3 * D..]);
+    let mut resumed: KdaState = layer.state();
+    resumed.restore(&saved).unwrap();
+    let mut again = vec![0f32; 6 * D];
+    layer.prefill(&mut resumed, &xs[3 * D..], &mut again);
+    assert_eq!(bits(&again), bits(&out[3 * D..]));
+    assert_eq!(resumed, st);
+    // Damaged or foreign states are refused with a reason.
+    let e = resumed.restore(&saved[..saved.len() - 3]).unwrap_err().to_string();
+    assert!(e.contains("truncated"), "{e}");
+    let other = KdaData::new(3);
+    let mut wrong = saved.clone();
+    wrong[16] = 5; // heads
+    assert!(resumed.restore(&wrong).unwrap_err().to_string().contains("dimension 0 is 5"));
+    let mla = MlaData::new(1);
+    let cache = mla.layer(true, true).cache().to_bytes();
+    assert!(resumed.restore(&cache).unwrap_err().to_string().contains("`MLA1` state"));
+    drop(other);
+    st.reset();
+    assert_eq!(st, layer.state());
+}
+
+#[test]
+fn kda_shape_errors_name_the_tensor() {
+    let data = KdaData::new(4);
+    let c = H * HD;
+    let mut w = data.layer(KdaGate::Softplus, true);
+    let _ = &mut w;
+    let bad = KdaWeights {
+        q_proj: m(&data.w[0][..(c - 1) * D], c - 1, D),
+        k_proj: m(&data.w[1], c, D),
+        v_proj: m(&data.w[2], c, D),
+        q_conv: data.w[3].clone(),
+        k_conv: data.w[4].clone(),
+        v_conv: data.w[5].clone(),
+        a_log: vec![0.0; HD],
+        dt_bias: data.w[7].clone(),
+        f_a: m(&data.w[8], HD, D),
+        f_b: m(&data.w[9], c, HD),
+        b_proj: m(&data.w[10], H, D),
+        o_norm: vec![1.0; HD],
+        gate: OutputGate::FullRank(m(&data.w[12], c, D)),
+        o_proj: m(&data.w[15], D, c),
+    };
+    let cfg = KdaConfig { hidden: D, heads: H, head_dim: HD, conv_kernel: K, gate: KdaGate::Softplus, norm_eps: 1e-5 };
+    let e = Kda::new("layer 7", cfg.clone(), bad.clone()).unwrap_err();
+    assert_eq!(e.to_string(), "layer 7: `q_proj` is [63, 64], expected [64, 64]");
+    let bad2 = KdaWeights { q_proj: m(&data.w[0], c, D), ..bad };
+    let e = Kda::new("layer 7", cfg, bad2).unwrap_err();
+    assert!(matches!(e, AttnError::Length { tensor: "A_log", len: 16, want: 4, .. }), "{e}");
+}
+
+const L: usize = 32;
+const NOPE: usize = 16;
+const ROPE: usize = 8;
+const V: usize = 16;
+const QL: usize = 24;
+
+struct MlaData {
+    w: Vec<Vec<f32>>,
+}
+
+impl MlaData {
+    fn new(seed: u64) -> Self {
+        let qd = H * (NOPE + ROPE);
+        let sizes = [QL * D, QL, qd * QL, qd * D, (L + ROPE) * D, L, H * (NOPE + V) * L, H * V * D, D * H * V];
+        MlaData { w: sizes.iter().enumerate().map(|(i, n)| rand(*n, seed * 100 + i as u64, 0.4)).collect() }
+    }
+
+    fn layer(&self, lowrank: bool, gated: bool) -> Mla<'_> {
+        let w = &self.w;
+        let qd = H * (NOPE + ROPE);
+        let norm = |v: &[f32]| v.iter().map(|x| 1.0 + x).collect::<Vec<f32>>();
+        let weights = MlaWeights {
+            q: if lowrank {
+                QPath::LowRank { a: m(&w[0], QL, D), norm: norm(&w[1]), b: m(&w[2], qd, QL) }
+            } else {
+                QPath::Direct(m(&w[3], qd, D))
+            },
+            kv_a: m(&w[4], L + ROPE, D),
+            kv_a_norm: norm(&w[5]),
+            kv_b: m(&w[6], H * (NOPE + V), L),
+            g_proj: gated.then(|| m(&w[7], H * V, D)),
+            o_proj: m(&w[8], D, H * V),
+        };
+        let cfg = MlaConfig {
+            hidden: D,
+            heads: H,
+            kv_lora: L,
+            nope: NOPE,
+            rope: ROPE,
+            v_dim: V,
+            lowrank_eps: 1e-6,
+            positions: PositionEmbedding::None,
+        };
+        Mla::new("layer 3 (MLA)", cfg, weights).unwrap()
+    }
+
+    /// Non-absorbed attention in f64: per-head keys and values materialized from the cache.
+    fn oracle(&self, lowrank: bool, gated: bool, xs: &[f32]) -> Vec<f64> {
+        let w = &self.w;
+        let norm = |v: &[f32]| v.iter().map(|x| 1.0 + x).collect::<Vec<f32>>();
+        let mut keys: Vec<Vec<Vec<f64>>> = Vec::new(); // [t][h] = [nope + rope]
+        let mut vals: Vec<Vec<Vec<f64>>> = Vec::new(); // [t][h] = [v]
+        let mut out = Vec::new();
+        for x in xs.chunks(D) {
+            let x: Vec<f64> = x.iter().map(|v| f64::from(*v)).collect();
+            let q = if lowrank { mv(&w[2], &rms(&mv(&w[0], &x), &norm(&w[1]), 1e-6)) } else { mv(&w[3], &x) };
+            let ckv = mv(&w[4], &x);
+            let c = rms(&ckv[..L], &norm(&w[5]), 1e-6);
+            let kb = mv(&w[6], &c); // [H * (nope + v)]
+            keys.push((0..H).map(|h| [&kb[h * (NOPE + V)..h * (NOPE + V) + NOPE], &ckv[L..]].concat()).collect());
+            vals.push((0..H).map(|h| kb[h * (NOPE + V) + NOPE..(h + 1) * (NOPE + V)].to_vec()).collect());
+            let gate = mv(&w[7], &x);
+            let mut ctx = vec![0f64; H * V];
+            for h in 0..H {
+                let qh = &q[h * (NOPE + ROPE)..(h + 1) * (NOPE + ROPE)];
+                let scores: Vec<f64> = keys
+                    .iter()
+                    .map(|k| k[h].iter().zip(qh).map(|(a, b)| a * b).sum::<f64>() / ((NOPE + ROPE) as f64).sqrt())
+                    .collect();
+                let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (t, p) in e.iter().enumerate() {
+                    for i in 0..V {
+                        ctx[h * V + i] += p / z * vals[t][h][i];
+                    }
+                }
+            }
+            if gated {
+                ctx.iter_mut().zip(&gate).for_each(|(c, g)| *c *= sig(*g));
+            }
+            out.extend(mv(&w[8], &ctx));
+        }
+        out
+    }
+}
+
+#[test]
+fn mla_absorbed_decode_matches_the_materialized_f64_oracle() {
+    let data = MlaData::new(7);
+    // More tokens than one softmax block, so the online rescaling is exercised.
+    let n = 70;
+    let xs = rand(n * D, 8, 1.0);
+    for (lowrank, gated) in [(true, true), (false, false), (true, false)] {
+        let layer = data.layer(lowrank, gated);
+        let mut cache = layer.cache();
+        let mut out = vec![0f32; n * D];
+        layer.prefill(&mut cache, &xs, &mut out);
+        assert_eq!(cache.len(), n);
+        let e = rel(&out, &data.oracle(lowrank, gated, &xs));
+        assert!(e < 1e-4, "lowrank={lowrank} gated={gated}: relative error {e}");
+    }
+}
+
+#[test]
+fn mla_prefill_equals_stepping_and_the_cache_resumes() {
+    let data = MlaData::new(9);
+    let layer = data.layer(true, true);
+    let n = 40;
+    let xs = rand(n * D, 10, 1.0);
+    let (mut a, mut b) = (layer.cache(), layer.cache());
+    let mut chunked = vec![0f32; n * D];
+    layer.prefill(&mut a, &xs[..33 * D], &mut chunked[..33 * D]);
+    let saved = a.to_bytes();
+    layer.prefill(&mut a, &xs[33 * D..], &mut chunked[33 * D..]);
+    let mut stepped = vec![0f32; n * D];
+    for t in 0..n {
+        layer.step(&mut b, &xs[t * D..(t + 1) * D], &mut stepped[t * D..(t + 1) * D]);
+    }
+    assert_eq!(bits(&chunked), bits(&stepped));
+    assert_eq!(a, b);
+    let mut resumed = layer.cache();
+    resumed.restore(&saved).unwrap();
+    assert_eq!(resumed.len(), 33);
+    let mut again = vec![0f32; 7 * D];
+    layer.prefill(&mut resumed, &xs[33 * D..], &mut again);
+    assert_eq!(bits(&again), bits(&chunked[33 * D..]));
+}
+
+#[test]
+fn mla_refuses_a_quantized_kv_b() {
+    let data = MlaData::new(11);
+    let q = vec![0i8; H * (NOPE + V) * L];
+    let s = vec![1f32; H * (NOPE + V)];
+    let layer = data.layer(false, false);
+    let mut w = MlaWeights {
+        q: QPath::Direct(m(&data.w[3], H * (NOPE + ROPE), D)),
+        kv_a: m(&data.w[4], L + ROPE, D),
+        kv_a_norm: vec![1.0; L],
+        kv_b: Matrix::Int8Row { q: &q, scale: &s, rows: H * (NOPE + V), cols: L },
+        g_proj: None,
+        o_proj: m(&data.w[8], D, H * V),
+    };
+    let e = Mla::new("layer 5", layer.config().clone(), w.clone()).unwrap_err().to_string();
+    assert!(e.contains("kv_b_proj must be stored f32 or bf16"), "{e}");
+    w.kv_a_norm = vec![1.0; L + 1];
+    let e = Mla::new("layer 5", layer.config().clone(), w).unwrap_err().to_string();
+    assert!(e.contains("`kv_a_layernorm` has 33 values, expected 32"), "{e}");
+}

@@ -1,0 +1,169 @@
+//! One type for "a weight matrix in any stored encoding", so layers (attention, MLPs) can hold
+//! projections without caring how they are stored. Borrowed: parts usually live in the mapped
+//! trunk or an expert record.
+
+use std::cell::RefCell;
+
+use half::{bf16, f16};
+
+use crate::vq::{Scratch, VqRef};
+use crate::{dense, int4, int8, mxfp4};
+
+/// A `[rows, cols]` matrix, `y = W x`.
+#[derive(Debug, Clone, Copy)]
+pub enum Matrix<'a> {
+    F32 { w: &'a [f32], rows: usize, cols: usize },
+    Bf16 { w: &'a [bf16], rows: usize, cols: usize },
+    Int8Row { q: &'a [i8], scale: &'a [f32], rows: usize, cols: usize },
+    Int4Group { q: &'a [u8], scale: &'a [f16], group: usize, rows: usize, cols: usize },
+    Mxfp4 { packed: &'a [u8], scale: &'a [u8], rows: usize, cols: usize },
+    Vq(VqRef<'a>),
+}
+
+thread_local! {
+    static VQ_SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Why parts cannot form a matrix of the claimed shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: {len} values cannot be a [{rows}, {cols}] matrix")]
+pub struct ShapeError {
+    pub what: &'static str,
+    pub len: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl<'a> Matrix<'a> {
+    /// An f32 matrix, checked.
+    pub fn f32(w: &'a [f32], rows: usize, cols: usize) -> Result<Self, ShapeError> {
+        if w.len() != rows * cols {
+            return Err(ShapeError { what: "f32", len: w.len(), rows, cols });
+        }
+        Ok(Matrix::F32 { w, rows, cols })
+    }
+
+    /// A bf16 matrix, checked.
+    pub fn bf16(w: &'a [bf16], rows: usize, cols: usize) -> Result<Self, ShapeError> {
+        if w.len() != rows * cols {
+            return Err(ShapeError { what: "bf16", len: w.len(), rows, cols });
+        }
+        Ok(Matrix::Bf16 { w, rows, cols })
+    }
+
+    pub fn rows(&self) -> usize {
+        match self {
+            Matrix::F32 { rows, .. }
+            | Matrix::Bf16 { rows, .. }
+            | Matrix::Int8Row { rows, .. }
+            | Matrix::Int4Group { rows, .. }
+            | Matrix::Mxfp4 { rows, .. } => *rows,
+            Matrix::Vq(v) => v.rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Matrix::F32 { cols, .. }
+            | Matrix::Bf16 { cols, .. }
+            | Matrix::Int8Row { cols, .. }
+            | Matrix::Int4Group { cols, .. }
+            | Matrix::Mxfp4 { cols, .. } => *cols,
+            Matrix::Vq(v) => v.cols,
+        }
+    }
+
+    /// `y = W x` with the fastest kernel the CPU supports.
+    pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        assert_eq!(x.len(), self.cols(), "x has {} entries for {} columns", x.len(), self.cols());
+        assert_eq!(y.len(), self.rows(), "y has {} entries for {} rows", y.len(), self.rows());
+        match *self {
+            Matrix::F32 { w, .. } => dense::matvec_f32(w, x, y),
+            Matrix::Bf16 { w, .. } => dense::matvec_bf16(w, x, y),
+            Matrix::Int8Row { q, scale, .. } => int8::matvec(q, scale, x, y),
+            Matrix::Int4Group { q, scale, group, .. } => int4::matvec(q, scale, group, x, y),
+            Matrix::Mxfp4 { packed, scale, .. } => mxfp4::matvec(packed, scale, x, y),
+            Matrix::Vq(v) => VQ_SCRATCH.with_borrow_mut(|s| v.matvec(x, y, s)),
+        }
+    }
+
+    /// Rows `start..start + n` as a matrix of their own (for per-head slices). `None` when the
+    /// encoding cannot be cut there (VQ fast-scan codes come in blocks of 32 rows).
+    pub fn rows_view(&self, start: usize, n: usize) -> Option<Matrix<'a>> {
+        if start + n > self.rows() {
+            return None;
+        }
+        let cols = self.cols();
+        Some(match *self {
+            Matrix::F32 { w, .. } => Matrix::F32 { w: &w[start * cols..(start + n) * cols], rows: n, cols },
+            Matrix::Bf16 { w, .. } => Matrix::Bf16 { w: &w[start * cols..(start + n) * cols], rows: n, cols },
+            Matrix::Int8Row { q, scale, .. } => Matrix::Int8Row {
+                q: &q[start * cols..(start + n) * cols],
+                scale: &scale[start..start + n],
+                rows: n,
+                cols,
+            },
+            Matrix::Int4Group { q, scale, group, .. } => Matrix::Int4Group {
+                q: &q[start * cols / 2..(start + n) * cols / 2],
+                scale: &scale[start * cols / group..(start + n) * cols / group],
+                group,
+                rows: n,
+                cols,
+            },
+            Matrix::Mxfp4 { packed, scale, .. } => Matrix::Mxfp4 {
+                packed: &packed[start * cols / 2..(start + n) * cols / 2],
+                scale: &scale[start * cols / 32..(start + n) * cols / 32],
+                rows: n,
+                cols,
+            },
+            Matrix::Vq(_) => return None,
+        })
+    }
+
+    /// `y = W^T x` (`x` has `rows` entries, `y` gets `cols`), for dense matrices only: the
+    /// absorbed MLA query needs the key projection transposed. `None` for quantized encodings.
+    pub fn matvec_transposed(&self, x: &[f32], y: &mut [f32]) -> Option<()> {
+        assert_eq!(x.len(), self.rows(), "x has {} entries for {} rows", x.len(), self.rows());
+        assert_eq!(y.len(), self.cols(), "y has {} entries for {} columns", y.len(), self.cols());
+        y.fill(0.0);
+        let cols = self.cols();
+        match *self {
+            Matrix::F32 { w, .. } => {
+                for (row, xv) in w.chunks_exact(cols).zip(x) {
+                    crate::vecops::axpby(1.0, y, *xv, row);
+                }
+            }
+            Matrix::Bf16 { w, .. } => {
+                let mut row = vec![0f32; cols];
+                for (r, xv) in w.chunks_exact(cols).zip(x) {
+                    for (d, s) in row.iter_mut().zip(r) {
+                        *d = s.to_f32();
+                    }
+                    crate::vecops::axpby(1.0, y, *xv, &row);
+                }
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
+    /// `Y = W X` for `n` vectors (`xs` `[n, cols]`, `ys` `[n, rows]`); MXFP4 decodes each weight
+    /// block once for the whole batch, the others run one vector at a time.
+    pub fn matmul(&self, xs: &[f32], ys: &mut [f32]) {
+        let (rows, cols) = (self.rows(), self.cols());
+        let n = xs.len() / cols.max(1);
+        assert_eq!(xs.len(), n * cols, "xs is not whole {cols}-vectors");
+        assert_eq!(ys.len(), n * rows, "ys is not {n} vectors of {rows}");
+        if n == 0 {
+            return;
+        }
+        match *self {
+            Matrix::Mxfp4 { packed, scale, .. } => mxfp4::matmul(packed, scale, cols, xs, ys),
+            _ => {
+                for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {
+                    self.matvec(x, y);
+                }
+            }
+        }
+    }
+}
