@@ -19,7 +19,16 @@ struct Method {
 }
 
 fn vq_with(codec: Codec, w: &[f32], cols: usize, calib: Option<&[f32]>) -> Vec<f32> {
-    let opts = EncodeOptions { calibration: calib.map(<[f32]>::to_vec), ..EncodeOptions::default() };
+    let mut opts = EncodeOptions { calibration: calib.map(<[f32]>::to_vec), ..EncodeOptions::default() };
+    if let Some(b) = std::env::var("K3_VQ_BEAM").ok().and_then(|v| v.parse().ok()) {
+        opts.beam = b;
+    }
+    if let Some(r) = std::env::var("K3_VQ_ROTATION").ok().and_then(|v| v.parse().ok()) {
+        opts.rotation_block = r;
+    }
+    if let Some(r) = std::env::var("K3_VQ_ROUNDS").ok().and_then(|v| v.parse().ok()) {
+        opts.refine_rounds = r;
+    }
     vq::encode(codec, w, cols, &opts).expect("shapes were checked").decode()
 }
 

@@ -153,40 +153,70 @@ pub fn init_residual(
     Codebooks { stages, entries, dim: d, values }
 }
 
-/// Encodes every vector: a beam search over the stages in order, keeping the `beam` best
-/// partial reconstructions. `codes` gets `stages` entries per vector.
-pub fn encode(data: Data<'_>, cb: &Codebooks, beam: usize, codes: &mut Vec<u16>) {
-    let s_n = cb.stages;
-    codes.resize(data.len() * s_n, 0);
-    codes.par_chunks_exact_mut(s_n).enumerate().for_each(|(i, out)| {
-        let v = data.vec(i);
-        let w = data.weight(i);
-        // (error, residual, codes) per beam entry.
-        let mut beams: Vec<(f32, Vec<f32>, Vec<u16>)> = vec![(0.0, v.to_vec(), Vec::with_capacity(s_n))];
-        let mut cand: Vec<(f32, usize, usize)> = Vec::with_capacity(beam * cb.entries);
-        for s in 0..s_n {
-            cand.clear();
-            for (b, (_, res, _)) in beams.iter().enumerate() {
-                for e in 0..cb.entries {
-                    cand.push((dist(res, cb.entry(s, e), w), b, e));
-                }
+/// Largest vector dimension and stage count the encoder handles (codecs use 4 or 8 and 3).
+const MAX_DIM: usize = 8;
+const MAX_STAGES: usize = 8;
+
+/// A partial encoding in the beam search.
+#[derive(Debug, Clone, Copy)]
+struct Beam {
+    err: f32,
+    res: [f32; MAX_DIM],
+    codes: [u16; MAX_STAGES],
+}
+
+/// Reusable memory of the beam search.
+#[derive(Debug, Default)]
+pub struct Search {
+    cand: Vec<(f32, u32, u32)>,
+    beams: Vec<Beam>,
+    next: Vec<Beam>,
+}
+
+/// Beam search over the stages in order for one vector `v` (weights `w`), keeping the `beam` best
+/// partial reconstructions; writes the best codes to `out` (`stages` entries).
+pub fn encode_vec(v: &[f32], w: Option<&[f32]>, cb: &Codebooks, beam: usize, search: &mut Search, out: &mut [u16]) {
+    let (s_n, d) = (cb.stages, cb.dim);
+    assert!(d <= MAX_DIM && s_n <= MAX_STAGES, "encoder handles up to {MAX_DIM} dims and {MAX_STAGES} stages");
+    let beam = beam.max(1);
+    let Search { cand, beams, next } = search;
+    let mut start = Beam { err: 0.0, res: [0.0; MAX_DIM], codes: [0; MAX_STAGES] };
+    start.res[..d].copy_from_slice(v);
+    beams.clear();
+    beams.push(start);
+    for s in 0..s_n {
+        cand.clear();
+        for (b, bm) in beams.iter().enumerate() {
+            for e in 0..cb.entries {
+                cand.push((dist(&bm.res[..d], cb.entry(s, e), w), b as u32, e as u32));
             }
-            let keep = beam.min(cand.len());
-            cand.select_nth_unstable_by(keep - 1, |a, b| a.0.total_cmp(&b.0));
-            cand.truncate(keep);
-            beams = cand
-                .iter()
-                .map(|&(err, b, e)| {
-                    let (_, res, cs) = &beams[b];
-                    let r: Vec<f32> = res.iter().zip(cb.entry(s, e)).map(|(x, c)| x - c).collect();
-                    let mut cs = cs.clone();
-                    cs.push(e as u16);
-                    (err, r, cs)
-                })
-                .collect();
         }
-        let best = beams.iter().min_by(|a, b| a.0.total_cmp(&b.0)).expect("beam is never empty");
-        out.copy_from_slice(&best.2);
+        let keep = beam.min(cand.len());
+        if keep < cand.len() {
+            cand.select_nth_unstable_by(keep - 1, |a, b| a.0.total_cmp(&b.0));
+        }
+        next.clear();
+        for &(err, b, e) in &cand[..keep] {
+            let mut nb = beams[b as usize];
+            for (r, c) in nb.res[..d].iter_mut().zip(cb.entry(s, e as usize)) {
+                *r -= c;
+            }
+            nb.codes[s] = e as u16;
+            nb.err = err;
+            next.push(nb);
+        }
+        std::mem::swap(beams, next);
+    }
+    let best = beams.iter().min_by(|a, b| a.err.total_cmp(&b.err)).expect("beam is never empty");
+    out.copy_from_slice(&best.codes[..s_n]);
+}
+
+/// Encodes every vector of `data` with [`encode_vec`], in parallel. `codes` gets `stages` entries
+/// per vector.
+pub fn encode(data: Data<'_>, cb: &Codebooks, beam: usize, codes: &mut Vec<u16>) {
+    codes.resize(data.len() * cb.stages, 0);
+    codes.par_chunks_exact_mut(cb.stages).enumerate().for_each_init(Search::default, |search, (i, out)| {
+        encode_vec(data.vec(i), data.weight(i), cb, beam, search, out)
     });
 }
 
@@ -355,12 +385,13 @@ pub fn gptq_encode(
     codes.resize(w.len() / d * s_n, 0);
     w.par_chunks_exact_mut(cols).zip(codes.par_chunks_exact_mut(chunks * s_n)).for_each(|(row, out)| {
         let mut q = vec![0f32; d];
-        let mut one = Vec::new();
+        let mut one = vec![0u16; s_n];
+        let mut search = Search::default();
         let mut e = vec![0f64; d];
         for k in 0..chunks {
             let c0 = k * d;
             let weights = importance.map(|m| &m[c0..c0 + d]);
-            encode(Data { dim: d, vecs: &row[c0..c0 + d], weights }, cb, beam, &mut one);
+            encode_vec(&row[c0..c0 + d], weights, cb, beam, &mut search, &mut one);
             reconstruct(cb, &one, &mut q);
             out[k * s_n..(k + 1) * s_n].copy_from_slice(&one);
             // Solve e U_bb = (w_b - q_b) for the row vector e (U_bb upper triangular).
