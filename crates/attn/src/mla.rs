@@ -14,7 +14,7 @@
 //! bit for bit.
 
 use k3_quant::Matrix;
-use k3_quant::vecops::{axpby, dot};
+use k3_quant::gemm;
 
 use crate::AttnError;
 use crate::ops::{check_len, check_matrix, rms_norm, sigmoid};
@@ -245,6 +245,7 @@ impl<'a> Mla<'a> {
 
 /// Attention of every head over the first `len` cached positions, online softmax over fixed
 /// blocks of positions. `qabs` `[H, L]`, `qext` `[H, R]`; writes `lat` `[H, L]` = `sum_t p_t c_t`.
+/// Per block: all heads' scores in one register-blocked product, then one weighted sum.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     qabs: &[f32],
@@ -264,30 +265,28 @@ pub fn attend(
     lat.fill(0.0);
     for start in (0..len).step_by(BLOCK) {
         let nb = BLOCK.min(len - start);
-        for hd in 0..h {
-            let (qa, qe) = (&qabs[hd * l..(hd + 1) * l], &qext[hd * r..(hd + 1) * r]);
-            for j in 0..nb {
-                let t = start + j;
-                s[hd * BLOCK + j] = (dot(qa, &c[t * l..(t + 1) * l]) + dot(qe, &kext[t * r..(t + 1) * r])) * scale;
-            }
+        let sb = &mut s[..h * nb];
+        let cb = &c[start * l..(start + nb) * l];
+        gemm::abt(qabs, cb, l, sb, false);
+        if r > 0 {
+            gemm::abt(qext, &kext[start * r..(start + nb) * r], r, sb, true);
         }
         for hd in 0..h {
-            let sb = &mut s[hd * BLOCK..hd * BLOCK + nb];
-            let bm = sb.iter().fold(f32::NEG_INFINITY, |a, v| a.max(*v));
-            let acc = &mut lat[hd * l..(hd + 1) * l];
+            let row = &mut sb[hd * nb..(hd + 1) * nb];
+            row.iter_mut().for_each(|v| *v *= scale);
+            let bm = row.iter().fold(f32::NEG_INFINITY, |a, v| a.max(*v));
             if bm > m[hd] {
                 let f = (m[hd] - bm).exp();
-                acc.iter_mut().for_each(|v| *v *= f);
+                lat[hd * l..(hd + 1) * l].iter_mut().for_each(|v| *v *= f);
                 sum[hd] *= f;
                 m[hd] = bm;
             }
-            for (j, sv) in sb.iter_mut().enumerate() {
-                let p = (*sv - m[hd]).exp();
-                sum[hd] += p;
-                let t = start + j;
-                axpby(1.0, acc, p, &c[t * l..(t + 1) * l]);
+            for v in row.iter_mut() {
+                *v = (*v - m[hd]).exp();
+                sum[hd] += *v;
             }
         }
+        gemm::pb_acc(sb, cb, l, lat);
     }
     for hd in 0..h {
         let inv = 1.0 / sum[hd];

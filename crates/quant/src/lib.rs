@@ -10,6 +10,7 @@
 
 pub mod cpu;
 pub mod dense;
+pub mod gemm;
 pub mod int4;
 pub mod int8;
 pub mod matrix;

@@ -172,3 +172,33 @@ proptest! {
         assert_close(&y1, &y2, &tol);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn attention_products((m, n, k) in (1usize..11, 1usize..7, 1usize..70), seed in any::<u32>(), accumulate in any::<bool>()) {
+        use k3_quant::gemm;
+        let make = |len: usize, s: u32| -> Vec<f32> { (0..len).map(|i| ((i as u32).wrapping_mul(2654435761) ^ s) as f32 / u32::MAX as f32 - 0.5).collect() };
+        let (a, b) = (make(m * k, seed), make(n * k, seed ^ 1));
+        let init = make(m * n, seed ^ 2);
+        let (mut o1, mut o2) = (init.clone(), init.clone());
+        gemm::abt_at(fast(), &a, &b, k, &mut o1, accumulate);
+        gemm::abt_at(Level::Scalar, &a, &b, k, &mut o2, accumulate);
+        let tol: Vec<f64> = (0..m * n).map(|x| {
+            let (i, j) = (x / n, x % n);
+            sum_tolerance(k + 1, (0..k).map(|t| f64::from((a[i * k + t] * b[j * k + t]).abs())).sum::<f64>() + f64::from(init[x].abs()))
+        }).collect();
+        assert_close(&o1, &o2, &tol);
+        let p = make(m * n, seed ^ 3);
+        let acc0 = make(m * k, seed ^ 4);
+        let (mut c1, mut c2) = (acc0.clone(), acc0.clone());
+        gemm::pb_acc_at(fast(), &p, &b, k, &mut c1);
+        gemm::pb_acc_at(Level::Scalar, &p, &b, k, &mut c2);
+        let tol: Vec<f64> = (0..m * k).map(|x| {
+            let (i, t) = (x / k, x % k);
+            sum_tolerance(n + 1, (0..n).map(|j| f64::from((p[i * n + j] * b[j * k + t]).abs())).sum::<f64>() + f64::from(acc0[x].abs()))
+        }).collect();
+        assert_close(&c1, &c2, &tol);
+    }
+}

@@ -1,0 +1,183 @@
+//! Small dense products for attention over a block of cached positions: all heads' scores
+//! against a block of keys (`A B^T`), and the probability-weighted sum of the block (`P B`).
+//! Register-blocked so every loaded value feeds several FMAs.
+
+use crate::cpu::{Level, level, supported};
+
+/// `out[i][j] (+)= sum_k a[i][k] * b[j][k]`: `a` `[m, k]`, `b` `[n, k]`, `out` `[m, n]`.
+pub fn abt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
+    abt_at(level(), a, b, k, out, accumulate)
+}
+
+pub fn abt_at(level: Level, a: &[f32], b: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
+    let (m, n) = (a.len() / k.max(1), b.len() / k.max(1));
+    assert!(k > 0 && a.len() == m * k && b.len() == n * k && out.len() == m * n, "abt: shapes do not match");
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked.
+        Level::Avx2 => unsafe { avx2::abt(a, b, k, out, accumulate) },
+        _ => reference::abt(a, b, k, out, accumulate),
+    }
+}
+
+/// `acc[i][..] += sum_j p[i][j] * b[j][..]`: `p` `[m, n]`, `b` `[n, k]`, `acc` `[m, k]`.
+pub fn pb_acc(p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
+    pb_acc_at(level(), p, b, k, acc)
+}
+
+pub fn pb_acc_at(level: Level, p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
+    let n = b.len() / k.max(1);
+    let m = if n == 0 { 0 } else { p.len() / n };
+    assert!(k > 0 && b.len() == n * k && p.len() == m * n && acc.len() == m * k, "pb_acc: shapes do not match");
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `abt_at`.
+        Level::Avx2 => unsafe { avx2::pb_acc(p, b, k, acc) },
+        _ => reference::pb_acc(p, b, k, acc),
+    }
+}
+
+pub mod reference {
+    pub fn abt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
+        let n = b.len() / k;
+        for (i, ar) in a.chunks_exact(k).enumerate() {
+            for (j, br) in b.chunks_exact(k).enumerate() {
+                let s: f32 = ar.iter().zip(br).map(|(x, y)| x * y).sum();
+                let o = &mut out[i * n + j];
+                *o = if accumulate { *o + s } else { s };
+            }
+        }
+    }
+
+    pub fn pb_acc(p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
+        let n = b.len() / k;
+        for (pr, ar) in p.chunks_exact(n).zip(acc.chunks_exact_mut(k)) {
+            for (pv, br) in pr.iter().zip(b.chunks_exact(k)) {
+                for (a, bv) in ar.iter_mut().zip(br) {
+                    *a += pv * bv;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use crate::simd::hsum;
+
+    /// Rows of `a` per register block, and of `b`.
+    const MI: usize = 4;
+    const NJ: usize = 2;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn abt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
+        let (m, n) = (a.len() / k, b.len() / k);
+        let kv = k / 8 * 8;
+        let dot_tail = |i: usize, j: usize| -> f32 { (kv..k).map(|t| a[i * k + t] * b[j * k + t]).sum() };
+        let mut i = 0;
+        while i < m {
+            let mi = MI.min(m - i);
+            let mut j = 0;
+            while j < n {
+                let nj = NJ.min(n - j);
+                let mut acc = [[_mm256_setzero_ps(); NJ]; MI];
+                if mi == MI && nj == NJ {
+                    let mut t = 0;
+                    while t < kv {
+                        // SAFETY: rows i..i+4 of a and j..j+2 of b exist; t + 8 <= kv <= k.
+                        unsafe {
+                            let av = [0, 1, 2, 3].map(|r| _mm256_loadu_ps(a.as_ptr().add((i + r) * k + t)));
+                            for (c, col) in (0..NJ).map(|c| (c, _mm256_loadu_ps(b.as_ptr().add((j + c) * k + t)))) {
+                                for r in 0..MI {
+                                    acc[r][c] = _mm256_fmadd_ps(av[r], col, acc[r][c]);
+                                }
+                            }
+                        }
+                        t += 8;
+                    }
+                } else {
+                    for r in 0..mi {
+                        for c in 0..nj {
+                            let mut t = 0;
+                            while t < kv {
+                                // SAFETY: row i + r of a, row j + c of b, t + 8 <= kv <= k.
+                                unsafe {
+                                    acc[r][c] = _mm256_fmadd_ps(
+                                        _mm256_loadu_ps(a.as_ptr().add((i + r) * k + t)),
+                                        _mm256_loadu_ps(b.as_ptr().add((j + c) * k + t)),
+                                        acc[r][c],
+                                    );
+                                }
+                                t += 8;
+                            }
+                        }
+                    }
+                }
+                for r in 0..mi {
+                    for c in 0..nj {
+                        let s = hsum(acc[r][c]) + dot_tail(i + r, j + c);
+                        let o = &mut out[(i + r) * n + j + c];
+                        *o = if accumulate { *o + s } else { s };
+                    }
+                }
+                j += nj;
+            }
+            i += mi;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn pb_acc(p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
+        let n = b.len() / k;
+        let m = p.len() / n;
+        let kv = k / 16 * 16;
+        let mut i = 0;
+        while i < m {
+            let mi = MI.min(m - i);
+            let mut t = 0;
+            while t < kv {
+                let mut r8 = [[_mm256_setzero_ps(); 2]; MI];
+                for r in 0..mi {
+                    // SAFETY: row i + r of acc exists; t + 16 <= kv <= k.
+                    unsafe {
+                        r8[r] = [
+                            _mm256_loadu_ps(acc.as_ptr().add((i + r) * k + t)),
+                            _mm256_loadu_ps(acc.as_ptr().add((i + r) * k + t + 8)),
+                        ];
+                    }
+                }
+                for j in 0..n {
+                    // SAFETY: row j of b exists; t + 16 <= k; p has m x n entries.
+                    unsafe {
+                        let b0 = _mm256_loadu_ps(b.as_ptr().add(j * k + t));
+                        let b1 = _mm256_loadu_ps(b.as_ptr().add(j * k + t + 8));
+                        for r in 0..mi {
+                            let pv = _mm256_set1_ps(*p.get_unchecked((i + r) * n + j));
+                            r8[r][0] = _mm256_fmadd_ps(pv, b0, r8[r][0]);
+                            r8[r][1] = _mm256_fmadd_ps(pv, b1, r8[r][1]);
+                        }
+                    }
+                }
+                for r in 0..mi {
+                    // SAFETY: as above.
+                    unsafe {
+                        _mm256_storeu_ps(acc.as_mut_ptr().add((i + r) * k + t), r8[r][0]);
+                        _mm256_storeu_ps(acc.as_mut_ptr().add((i + r) * k + t + 8), r8[r][1]);
+                    }
+                }
+                t += 16;
+            }
+            for r in 0..mi {
+                for j in 0..n {
+                    let pv = p[(i + r) * n + j];
+                    for tt in kv..k {
+                        acc[(i + r) * k + tt] += pv * b[j * k + tt];
+                    }
+                }
+            }
+            i += mi;
+        }
+    }
+}
