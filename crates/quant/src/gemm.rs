@@ -27,7 +27,7 @@ pub fn pb_acc(p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
 
 pub fn pb_acc_at(level: Level, p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
     let n = b.len() / k.max(1);
-    let m = if n == 0 { 0 } else { p.len() / n };
+    let m = p.len().checked_div(n).unwrap_or(0);
     assert!(k > 0 && b.len() == n * k && p.len() == m * n && acc.len() == m * k, "pb_acc: shapes do not match");
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
@@ -62,6 +62,8 @@ pub mod reference {
 }
 
 #[cfg(target_arch = "x86_64")]
+// Register blocks are indexed by (row, column) of the block; indices read clearer than iterators.
+#[allow(clippy::needless_range_loop)]
 mod avx2 {
     use std::arch::x86_64::*;
 
