@@ -232,6 +232,7 @@ impl<'a> Kda<'a> {
         }
         let c = self.cfg.channels();
         p.y.resize(n * c, 0.0);
+        let mut scratch = vec![0f32; 3 * self.cfg.head_dim];
         for t in 0..n {
             let r = t * c..(t + 1) * c;
             self.token(
@@ -241,13 +242,24 @@ impl<'a> Kda<'a> {
                 &p.b[t * self.cfg.heads..(t + 1) * self.cfg.heads],
                 &p.gate[r.clone()],
                 &mut p.y[r],
+                &mut scratch,
             );
         }
         w.o_proj.matmul(&p.y, outs);
     }
 
     /// The recurrence for one token, from its projections; writes the gated head outputs `y`.
-    fn token(&self, st: &mut KdaState, qkv: [&mut [f32]; 3], z: &[f32], b: &[f32], gate: &[f32], y: &mut [f32]) {
+    #[allow(clippy::too_many_arguments)]
+    fn token(
+        &self,
+        st: &mut KdaState,
+        qkv: [&mut [f32]; 3],
+        z: &[f32],
+        b: &[f32],
+        gate: &[f32],
+        y: &mut [f32],
+        scratch: &mut [f32],
+    ) {
         let (hd, kern) = (self.cfg.head_dim, self.cfg.conv_kernel);
         let [q, k, v] = qkv;
         for ((proj, win), taps) in [&mut *q, &mut *k, &mut *v].into_iter().zip(st.conv.iter_mut()).zip([
@@ -258,9 +270,8 @@ impl<'a> Kda<'a> {
             conv_silu(proj, win, taps, kern);
         }
         let q_scale = 1.0 / (hd as f32).sqrt();
-        let mut u = vec![0f32; hd];
-        let mut a = vec![0f32; hd];
-        let mut decay = vec![0f32; hd];
+        let (u, rest) = scratch.split_at_mut(hd);
+        let (a, decay) = rest.split_at_mut(hd);
         for h in 0..self.cfg.heads {
             let r = h * hd..(h + 1) * hd;
             let (qh, kh, vh) = (&mut q[r.clone()], &mut k[r.clone()], &v[r.clone()]);
@@ -279,9 +290,9 @@ impl<'a> Kda<'a> {
             }
             let beta = sigmoid(b[h]);
             let s = &mut st.s[h * hd * hd..(h + 1) * hd * hd];
-            delta_rule(s, qh, kh, vh, &decay, beta, &mut u, &mut a);
+            delta_rule(s, qh, kh, vh, decay, beta, u, a);
             let yh = &mut y[r.clone()];
-            rms_norm(&a, &self.w.o_norm, self.cfg.norm_eps, yh);
+            rms_norm(a, &self.w.o_norm, self.cfg.norm_eps, yh);
             for (yv, gv) in yh.iter_mut().zip(&gate[r]) {
                 *yv *= sigmoid(*gv);
             }
