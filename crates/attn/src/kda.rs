@@ -57,6 +57,21 @@ pub enum OutputGate<'a> {
     LowRank { a: Matrix<'a>, b: Matrix<'a> },
 }
 
+/// `A_log` as the layer needs it (`[H]`) from however a checkpoint stored it: `[H]`,
+/// `[1, 1, H, 1]` (Kimi-Linear) or a 1-D vector padded beyond the heads (K3 stores `[head_dim]`
+/// with the per-head values first and zeros after).
+pub fn a_log_per_head(layer: &str, values: &[f32], shape: &[u64], heads: usize) -> Result<Vec<f32>, AttnError> {
+    let count: u64 = shape.iter().product();
+    let padded_1d = shape.len() == 1 && count as usize > heads;
+    if count as usize != values.len() || (count as usize != heads && !padded_1d) {
+        return Err(AttnError::Unsupported {
+            layer: layer.to_string(),
+            reason: format!("`A_log` of shape {shape:?} does not hold one value per head ({heads} heads)"),
+        });
+    }
+    Ok(values[..heads].to_vec())
+}
+
 /// A KDA layer's weights. Small vectors are f32 copies (the engine converts whatever dtype and
 /// shape the checkpoint stored, e.g. `A_log` as `[H]`, padded `[hd]` or `[1,1,H,1]`).
 #[derive(Debug, Clone)]

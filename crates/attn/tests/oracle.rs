@@ -410,3 +410,16 @@ fn mla_refuses_a_quantized_kv_b() {
     let e = Mla::new("layer 5", layer.config().clone(), w).unwrap_err().to_string();
     assert!(e.contains("`kv_a_layernorm` has 33 values, expected 32"), "{e}");
 }
+
+#[test]
+fn a_log_is_read_from_every_stored_shape() {
+    use k3_attn::kda::a_log_per_head;
+    let h = [0.1f32, 0.2, 0.3, 0.4];
+    assert_eq!(a_log_per_head("l", &h, &[4], 4).unwrap(), h);
+    assert_eq!(a_log_per_head("l", &h, &[1, 1, 4, 1], 4).unwrap(), h);
+    let padded = [0.1f32, 0.2, 0.3, 0.4, 0.0, 0.0, 0.0, 0.0];
+    assert_eq!(a_log_per_head("l", &padded, &[8], 4).unwrap(), h);
+    let e = a_log_per_head("layer 2", &padded, &[2, 4], 4).unwrap_err().to_string();
+    assert_eq!(e, "layer 2: `A_log` of shape [2, 4] does not hold one value per head (4 heads)");
+    assert!(a_log_per_head("l", &h[..3], &[3], 4).is_err());
+}
