@@ -13,9 +13,11 @@
 
 mod arena;
 mod backend;
+pub mod cache;
 pub mod reader;
 
 pub use arena::Arena;
+pub use cache::{CacheStats, ExpertCache, Key, Location, Policy, Status};
 pub use reader::{BackendChoice, Completion, FileId, Priority, ReadRequest, Reader, ReaderOptions};
 
 use std::path::PathBuf;
