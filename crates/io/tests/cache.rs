@@ -26,7 +26,7 @@ fn record(k: Key) -> Vec<u8> {
 
 fn setup(dir: &Path, slots: usize, policy: Policy) -> (ExpertCache, k3_io::FileId) {
     let path = dir.join("experts.bin");
-    let data: Vec<u8> = (0..(LAYERS * EXPERTS) as u64 * REC as u64).map(byte_at).collect();
+    let data: Vec<u8> = (0..u64::from(LAYERS * EXPERTS) * REC as u64).map(byte_at).collect();
     std::fs::write(&path, data).unwrap();
     let mut r =
         Reader::new(ReaderOptions { backend: BackendChoice::Auto, queue_depth: 4, ..ReaderOptions::new(REC, slots) })
