@@ -28,6 +28,30 @@ enum Experts {
 
 #[derive(Subcommand)]
 enum BenchWhat {
+    /// The expert reader against a raw O_DIRECT io_uring ceiling, same read size and queue depth.
+    Io {
+        /// File to read (default: bench-out/io-test.bin, created if missing).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Size of the created test file, GB.
+        #[arg(long, default_value_t = 4.0)]
+        size_gb: f64,
+        /// Bytes per read (default: a K3 MXFP4 expert record).
+        #[arg(long, default_value_t = bench::io::K3_RECORD)]
+        record: usize,
+        #[arg(long, default_value_t = 32)]
+        queue_depth: usize,
+        /// Reads per repetition.
+        #[arg(long, default_value_t = 96)]
+        reads: usize,
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Use the pread thread pool instead of io_uring.
+        #[arg(long)]
+        pread: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// KDA and MLA decode at K3's dimensions next to their memory-traffic bounds.
     Attn {
         #[arg(long, default_value_t = 7)]
@@ -103,6 +127,22 @@ fn bar(total: u64) -> ProgressBar {
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Quality { data, max_layers, k3, json } => quality::run(&data, max_layers, k3, json),
+        Task::Bench { what: BenchWhat::Io { file, size_gb, record, queue_depth, reads, reps, pread, json } } => {
+            let o = bench::io::Options {
+                file,
+                file_bytes: (size_gb * 1e9) as u64 / 4096 * 4096,
+                record: record.next_multiple_of(4096),
+                queue_depth: queue_depth.max(1),
+                reads: reads.max(1),
+                reps: reps.max(1),
+                backend: if pread { k3_io::BackendChoice::Pread } else { k3_io::BackendChoice::IoUring },
+            };
+            let report = bench::io::run(&o, json)?;
+            if json {
+                println!("{report}");
+            }
+            Ok(())
+        }
         Task::Bench { what: BenchWhat::Attn { reps, json } } => {
             let report = bench::attn::run(reps.max(1), json);
             if json {

@@ -1,6 +1,7 @@
 //! `cargo xtask bench ...`: measurements run side by side in one process, medians reported.
 
 pub mod attn;
+pub mod io;
 pub mod kernels;
 
 use std::time::Instant;
