@@ -49,6 +49,9 @@ pub struct ReaderOptions {
     pub pread_threads: usize,
     #[doc(hidden)]
     pub fault: Option<FaultHook>,
+    /// Behave as if io_uring could not be set up (tests of the fallback).
+    #[doc(hidden)]
+    pub simulate_no_io_uring: bool,
 }
 
 impl std::fmt::Debug for ReaderOptions {
@@ -74,6 +77,7 @@ impl ReaderOptions {
             slots,
             pread_threads: 8,
             fault: None,
+            simulate_no_io_uring: false,
         }
     }
 }
@@ -151,13 +155,19 @@ impl Reader {
     pub fn new(opts: ReaderOptions) -> Result<Reader, IoError> {
         let arena = Arc::new(Arena::new(opts.slot_bytes, opts.slots)?);
         let depth = opts.queue_depth.max(1);
+        let uring = || {
+            if opts.simulate_no_io_uring {
+                Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
+            } else {
+                Uring::new(depth, &arena)
+            }
+        };
         let backend: Box<dyn Backend> = match opts.backend {
             BackendChoice::Pread => Box::new(Pread::new(opts.pread_threads)),
-            BackendChoice::IoUring => Box::new(
-                Uring::new(depth, &arena)
-                    .map_err(|e| IoError::Setup(format!("io_uring is not available here: {e}")))?,
-            ),
-            BackendChoice::Auto => match Uring::new(depth, &arena) {
+            BackendChoice::IoUring => {
+                Box::new(uring().map_err(|e| IoError::Setup(format!("io_uring is not available here: {e}")))?)
+            }
+            BackendChoice::Auto => match uring() {
                 Ok(u) => Box::new(u),
                 Err(_) => Box::new(Pread::new(opts.pread_threads)),
             },

@@ -275,3 +275,20 @@ proptest! {
         prop_assert!(good > 500, "{} good, {} stale", good, stale);
     }
 }
+
+#[test]
+fn without_io_uring_auto_falls_back_to_pread_and_still_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = content_file(dir.path(), 16);
+    let opts = ReaderOptions { simulate_no_io_uring: true, queue_depth: 4, ..ReaderOptions::new(8 * PAGE, 4) };
+    let mut r = Reader::new(opts.clone()).unwrap();
+    assert!(r.backend().starts_with("pread"), "{}", r.backend());
+    let f = r.open(&path).unwrap();
+    r.submit(demand(f, 2, 3, 1, 9)).unwrap();
+    let c = r.next_completion().unwrap();
+    c.result.unwrap();
+    assert_eq!(r.data(1, 3 * PAGE).unwrap(), expected(2 * PAGE as u64, 3 * PAGE).as_slice());
+    // Asking for io_uring explicitly where there is none is a clear error, not a silent fallback.
+    let e = Reader::new(ReaderOptions { backend: BackendChoice::IoUring, ..opts }).unwrap_err().to_string();
+    assert!(e.contains("io_uring is not available"), "{e}");
+}
