@@ -15,12 +15,10 @@ mod arena;
 mod backend;
 pub mod cache;
 pub mod reader;
-pub mod usage;
 
 pub use arena::Arena;
 pub use cache::{CacheStats, ExpertCache, Key, Location, Policy, Status};
 pub use reader::{BackendChoice, Completion, FileId, Priority, ReadRequest, Reader, ReaderOptions};
-pub use usage::UsageHistory;
 
 use std::path::PathBuf;
 

@@ -1,6 +1,16 @@
-//! # k3-router
+//! # k3-router: which experts a token goes to, and a guess of which the next layer will want
 //!
-//! MoE routing and the lookahead predictor.
-//!
-//! Not built yet: this crate is implemented by issue #6. See `docs/ARCHITECTURE.md` for
-//! what it will own and what it may depend on.
+//! - [`route`]: the Kimi/DeepSeek `noaux_tc` router from the gate logits (the engine computes
+//!   `gate.weight x`): sigmoid scores in f32; selection on `score + e_score_correction_bias`,
+//!   optionally within the best groups; weights from the *unbiased* scores (a flag selects the
+//!   biased-weights variant of Moonshot's Kimi-Linear remote code), renormalized, scaled; optional
+//!   expert top-p. Ties go to the lower expert index.
+//! - [`lookahead`]: predicting layer l+1's experts during layer l, and measuring the predictions.
+//! - [`usage`]: per-(layer, expert) counts kept in a small file, for pinning the hottest experts.
+
+pub mod lookahead;
+mod route;
+pub mod usage;
+
+pub use route::{RouterConfig, Routing, route, select};
+pub use usage::{Key, UsageError, UsageHistory};

@@ -7,8 +7,20 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::IoError;
-use crate::cache::Key;
+/// A routed expert: (layer, expert).
+pub type Key = (u32, u32);
+
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error("{path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: line {line}: {reason} (expected `layer expert count`)")]
+    Parse { path: std::path::PathBuf, line: usize, reason: &'static str },
+}
 
 const HEADER: &str = "# k3 expert usage v1";
 
@@ -40,11 +52,9 @@ impl UsageHistory {
         }
     }
 
-    pub fn load(path: &Path) -> Result<UsageHistory, IoError> {
-        let text = std::fs::read_to_string(path).map_err(|e| IoError::Open { path: path.to_path_buf(), source: e })?;
-        let bad = |line: usize, why: &str| {
-            IoError::Setup(format!("{}: line {line}: {why} (expected `layer expert count`)", path.display()))
-        };
+    pub fn load(path: &Path) -> Result<UsageHistory, UsageError> {
+        let text = std::fs::read_to_string(path).map_err(|e| UsageError::Io { path: path.to_path_buf(), source: e })?;
+        let bad = |line: usize, reason: &'static str| UsageError::Parse { path: path.to_path_buf(), line, reason };
         if text.lines().next() != Some(HEADER) {
             return Err(bad(1, "not a k3 expert usage file"));
         }
@@ -64,7 +74,7 @@ impl UsageHistory {
     }
 
     /// Writes the history next to `path` and renames it into place (never a half-written file).
-    pub fn save(&self, path: &Path) -> Result<(), IoError> {
+    pub fn save(&self, path: &Path) -> Result<(), UsageError> {
         let mut v: Vec<(Key, u64)> = self.counts.iter().filter(|(_, c)| **c > 0).map(|(k, c)| (*k, *c)).collect();
         v.sort();
         let mut text = format!("{HEADER}\n");
@@ -72,7 +82,7 @@ impl UsageHistory {
             text.push_str(&format!("{l} {e} {c}\n"));
         }
         let tmp = path.with_extension("tmp");
-        let err = |e| IoError::Open { path: path.to_path_buf(), source: e };
+        let err = |e| UsageError::Io { path: path.to_path_buf(), source: e };
         std::fs::write(&tmp, text).map_err(err)?;
         std::fs::rename(&tmp, path).map_err(err)
     }
