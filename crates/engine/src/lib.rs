@@ -1,7 +1,28 @@
 //! # k3-engine
 //!
-//! The model side of k3: reading a checkpoint's config, converting Hugging Face checkpoints to
-//! WASTE, and (issue #7 onwards) the Kimi forward pass that streams experts through `k3-io`.
+//! The model side of k3: the model's config, converting Hugging Face checkpoints to WASTE, and the
+//! Kimi forward pass ([`model::Engine`]) over a WASTE model.
 
 pub mod config;
 pub mod convert;
+pub mod model;
+pub mod weights;
+
+pub use model::{Engine, Session};
+
+/// Why a model cannot be run, or an input cannot be processed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Format(#[from] k3_format::FormatError),
+    #[error(transparent)]
+    Attn(#[from] k3_attn::AttnError),
+    #[error(transparent)]
+    ConfigFile(#[from] config::ConfigError),
+    #[error("model config: {0}")]
+    Config(String),
+    #[error("{0}")]
+    Shape(String),
+    #[error("{0}")]
+    Input(String),
+}

@@ -1,0 +1,517 @@
+//! The Kimi forward pass over a WASTE model: K3 (AttnRes, KDA and gated MLA, LatentMoE with SiTU)
+//! and Kimi-Linear (pre-norm residual, SiLU MoE with a shared expert). Activations are f32; RMS
+//! means and AttnRes scores are accumulated in f64, as in the reference implementations.
+
+use half::bf16;
+use k3_attn::kda::a_log_per_head;
+use k3_attn::{
+    Kda, KdaConfig, KdaGate, KdaState, KdaWeights, Mla, MlaCache, MlaConfig, MlaWeights, OutputGate, PositionEmbedding,
+    QPath,
+};
+use k3_format::Model;
+use k3_quant::Matrix;
+use k3_router::{RouterConfig, Routing, route};
+use serde_json::Value;
+
+use crate::EngineError;
+use crate::config::{Family, ModelConfig};
+use crate::weights::{matrix, vector, vector_of, view_matrix};
+
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ms = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / x.len() as f64;
+    let inv = (1.0 / (ms + f64::from(eps)).sqrt()) as f32;
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * inv * g;
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// The gated activation of an MLP: K3's SiTU or Kimi-Linear's SiLU.
+#[derive(Debug, Clone, Copy)]
+enum Act {
+    /// `beta tanh(g / beta) sigmoid(g) * lin_beta tanh(u / lin_beta)`.
+    Situ { beta: f32, lin_beta: f32 },
+    /// `silu(g) * u`.
+    Silu,
+}
+
+impl Act {
+    fn apply(self, g: f32, u: f32) -> f32 {
+        match self {
+            Act::Situ { beta, lin_beta } => beta * (g / beta).tanh() * sigmoid(g) * lin_beta * (u / lin_beta).tanh(),
+            Act::Silu => g * sigmoid(g) * u,
+        }
+    }
+}
+
+/// `down(act(gate x, up x))`.
+#[derive(Debug)]
+struct Mlp<'m> {
+    gate: Matrix<'m>,
+    up: Matrix<'m>,
+    down: Matrix<'m>,
+}
+
+impl Mlp<'_> {
+    fn forward(&self, act: Act, x: &[f32], out: &mut [f32]) {
+        let mut g = vec![0f32; self.gate.rows()];
+        let mut u = vec![0f32; self.up.rows()];
+        self.gate.matvec(x, &mut g);
+        self.up.matvec(x, &mut u);
+        for (gv, uv) in g.iter_mut().zip(&u) {
+            *gv = act.apply(*gv, *uv);
+        }
+        self.down.matvec(&g, out);
+    }
+}
+
+#[derive(Debug)]
+struct Moe<'m> {
+    router: RouterConfig,
+    gate: Matrix<'m>,
+    bias: Vec<f32>,
+    /// K3's latent projection: `down` to the expert width, `norm`, `up` back.
+    latent: Option<(Matrix<'m>, Vec<f32>, Matrix<'m>)>,
+    shared: Option<Mlp<'m>>,
+}
+
+// One per layer, built once: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Ffn<'m> {
+    Dense(Mlp<'m>),
+    Moe(Moe<'m>),
+}
+
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Attn<'m> {
+    Kda(Kda<'m>),
+    Mla(Mla<'m>),
+}
+
+#[derive(Debug)]
+struct Layer<'m> {
+    index: u32,
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    attn: Attn<'m>,
+    ffn: Ffn<'m>,
+    /// K3 AttnRes score vectors (norm weight times projection row) before attention and MLP.
+    att_res: Option<Vec<f32>>,
+    mlp_res: Option<Vec<f32>>,
+}
+
+/// Per-layer recurrent state of one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LayerState {
+    Kda(KdaState),
+    Mla(MlaCache),
+}
+
+/// The state of one sequence: everything earlier tokens left behind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Session {
+    pub layers: Vec<LayerState>,
+    pub tokens: usize,
+}
+
+/// A model ready to run.
+#[derive(Debug)]
+pub struct Engine<'m> {
+    model: &'m Model,
+    cfg: ModelConfig,
+    hidden: usize,
+    vocab: usize,
+    eps: f32,
+    act: Act,
+    embed: &'m [bf16],
+    lm_head: Matrix<'m>,
+    norm: Vec<f32>,
+    out_res: Option<Vec<f32>>,
+    res_block: usize,
+    layers: Vec<Layer<'m>>,
+}
+
+fn num(v: &Value, key: &str) -> Option<f64> {
+    v.get(key).and_then(Value::as_f64)
+}
+
+fn req(v: &Value, key: &str) -> Result<usize, EngineError> {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .ok_or_else(|| EngineError::Config(format!("config has no integer `{key}`")))
+}
+
+impl<'m> Engine<'m> {
+    pub fn load(model: &'m Model) -> Result<Engine<'m>, EngineError> {
+        let raw =
+            model.blob("config.json").ok_or_else(|| EngineError::Config("the model embeds no config.json".into()))?;
+        let cfg = ModelConfig::parse(std::path::Path::new("config.json"), raw)?;
+        let t = &cfg.text;
+        let (d, vocab) = (cfg.hidden as usize, cfg.vocab as usize);
+        let eps = num(t, "rms_norm_eps").unwrap_or(1e-5) as f32;
+        let k3 = cfg.family == Family::KimiK3;
+        let act = match t.get("hidden_act").and_then(Value::as_str) {
+            Some("situ") => Act::Situ {
+                beta: num(t, "activation_situ_beta").unwrap_or(4.0) as f32,
+                lin_beta: num(t, "activation_situ_linear_beta").unwrap_or(25.0) as f32,
+            },
+            Some("silu") | None => Act::Silu,
+            Some(other) => return Err(EngineError::Config(format!("hidden_act `{other}` is not supported"))),
+        };
+        let lac = t.get("linear_attn_config").cloned().unwrap_or(Value::Null);
+        let kda_layers: Vec<u32> = lac
+            .get("kda_layers")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_u64).map(|l| l as u32 - 1).collect())
+            .unwrap_or_default();
+        let embed_t = model.tensor("model.embed_tokens.weight")?;
+        embed_t.expect_shape(&[vocab as u64, d as u64])?;
+        let embed = embed_t.typed::<bf16>("data")?;
+        let lm_head = matrix(model, "lm_head.weight")?;
+        let norm = vector_of(model, "model.norm.weight", d)?;
+        let res_vec = |norm: &str, proj: &str| -> Result<Vec<f32>, EngineError> {
+            let n = vector_of(model, norm, d)?;
+            let p = vector_of(model, proj, d)?;
+            Ok(n.iter().zip(&p).map(|(a, b)| a * b).collect())
+        };
+        let out_res = if k3 {
+            Some(res_vec("model.output_attn_res_norm.weight", "model.output_attn_res_proj.weight")?)
+        } else {
+            None
+        };
+        let mut layers = Vec::new();
+        for i in 0..cfg.layers {
+            let p = format!("model.layers.{i}.");
+            let name = |s: &str| format!("{p}{s}");
+            let input_norm = vector_of(model, &name("input_layernorm.weight"), d)?;
+            let post_norm = vector_of(model, &name("post_attention_layernorm.weight"), d)?;
+            let attn = if kda_layers.contains(&i) {
+                let heads = req(&lac, "num_heads")?;
+                let hd = req(&lac, "head_dim")?;
+                let kern = lac.get("short_conv_kernel_size").and_then(Value::as_u64).unwrap_or(4) as usize;
+                let gate = match num(&lac, "gate_lower_bound") {
+                    Some(lb) => KdaGate::LowerBound(lb as f32),
+                    None => KdaGate::Softplus,
+                };
+                let a = |s: &str| name(&format!("self_attn.{s}"));
+                let (a_log, a_shape) = vector(model, &a("A_log"))?;
+                let full_rank = model.has_tensor(&a("g_proj.weight"));
+                let w = KdaWeights {
+                    q_proj: matrix(model, &a("q_proj.weight"))?,
+                    k_proj: matrix(model, &a("k_proj.weight"))?,
+                    v_proj: matrix(model, &a("v_proj.weight"))?,
+                    q_conv: vector_of(model, &a("q_conv1d.weight"), heads * hd * kern)?,
+                    k_conv: vector_of(model, &a("k_conv1d.weight"), heads * hd * kern)?,
+                    v_conv: vector_of(model, &a("v_conv1d.weight"), heads * hd * kern)?,
+                    a_log: a_log_per_head(&p, &a_log, &a_shape, heads)?,
+                    dt_bias: vector_of(model, &a("dt_bias"), heads * hd)?,
+                    f_a: matrix(model, &a("f_a_proj.weight"))?,
+                    f_b: matrix(model, &a("f_b_proj.weight"))?,
+                    b_proj: matrix(model, &a("b_proj.weight"))?,
+                    o_norm: vector_of(model, &a("o_norm.weight"), hd)?,
+                    gate: if full_rank {
+                        OutputGate::FullRank(matrix(model, &a("g_proj.weight"))?)
+                    } else {
+                        OutputGate::LowRank {
+                            a: matrix(model, &a("g_a_proj.weight"))?,
+                            b: matrix(model, &a("g_b_proj.weight"))?,
+                        }
+                    },
+                    o_proj: matrix(model, &a("o_proj.weight"))?,
+                };
+                let kc = KdaConfig { hidden: d, heads, head_dim: hd, conv_kernel: kern, gate, norm_eps: eps };
+                Attn::Kda(Kda::new(format!("layer {i} (KDA)"), kc, w)?)
+            } else {
+                let a = |s: &str| name(&format!("self_attn.{s}"));
+                let kv_lora = req(t, "kv_lora_rank")?;
+                let q = if model.has_tensor(&a("q_a_proj.weight")) {
+                    let qa = matrix(model, &a("q_a_proj.weight"))?;
+                    let qn = vector_of(model, &a("q_a_layernorm.weight"), qa.rows())?;
+                    QPath::LowRank { a: qa, norm: qn, b: matrix(model, &a("q_b_proj.weight"))? }
+                } else {
+                    QPath::Direct(matrix(model, &a("q_proj.weight"))?)
+                };
+                let w = MlaWeights {
+                    q,
+                    kv_a: matrix(model, &a("kv_a_proj_with_mqa.weight"))?,
+                    kv_a_norm: vector_of(model, &a("kv_a_layernorm.weight"), kv_lora)?,
+                    kv_b: matrix(model, &a("kv_b_proj.weight"))?,
+                    g_proj: if model.has_tensor(&a("g_proj.weight")) {
+                        Some(matrix(model, &a("g_proj.weight"))?)
+                    } else {
+                        None
+                    },
+                    o_proj: matrix(model, &a("o_proj.weight"))?,
+                };
+                let mc = MlaConfig {
+                    hidden: d,
+                    heads: req(t, "num_attention_heads")?,
+                    kv_lora,
+                    nope: req(t, "qk_nope_head_dim")?,
+                    rope: req(t, "qk_rope_head_dim")?,
+                    v_dim: req(t, "v_head_dim")?,
+                    // Moonshot's modeling code builds the low-rank norms with the default 1e-6.
+                    lowrank_eps: 1e-6,
+                    positions: PositionEmbedding::None,
+                };
+                Attn::Mla(Mla::new(format!("layer {i} (MLA)"), mc, w)?)
+            };
+            let ffn = if cfg.moe_layers().contains(&i) {
+                let m = |s: &str| name(&format!("block_sparse_moe.{s}"));
+                let experts = cfg.experts as usize;
+                let router = RouterConfig {
+                    experts,
+                    top_k: cfg.experts_per_token as usize,
+                    groups: t.get("num_expert_group").and_then(Value::as_u64).unwrap_or(1) as usize,
+                    top_groups: t.get("topk_group").and_then(Value::as_u64).unwrap_or(1) as usize,
+                    renormalize: t.get("moe_renormalize").and_then(Value::as_bool).unwrap_or(true),
+                    scaling: num(t, "routed_scaling_factor").unwrap_or(1.0) as f32,
+                    biased_weights: false,
+                    top_p: None,
+                };
+                let latent = if model.has_tensor(&m("routed_expert_down_proj.weight")) {
+                    let down = matrix(model, &m("routed_expert_down_proj.weight"))?;
+                    let n = vector_of(model, &m("routed_expert_norm.weight"), down.rows())?;
+                    Some((down, n, matrix(model, &m("routed_expert_up_proj.weight"))?))
+                } else {
+                    None
+                };
+                let shared = if model.has_tensor(&m("shared_experts.gate_proj.weight")) {
+                    Some(Mlp {
+                        gate: matrix(model, &m("shared_experts.gate_proj.weight"))?,
+                        up: matrix(model, &m("shared_experts.up_proj.weight"))?,
+                        down: matrix(model, &m("shared_experts.down_proj.weight"))?,
+                    })
+                } else {
+                    None
+                };
+                Ffn::Moe(Moe {
+                    router,
+                    gate: matrix(model, &m("gate.weight"))?,
+                    bias: vector_of(model, &m("gate.e_score_correction_bias"), experts)?,
+                    latent,
+                    shared,
+                })
+            } else {
+                Ffn::Dense(Mlp {
+                    gate: matrix(model, &name("mlp.gate_proj.weight"))?,
+                    up: matrix(model, &name("mlp.up_proj.weight"))?,
+                    down: matrix(model, &name("mlp.down_proj.weight"))?,
+                })
+            };
+            let (att_res, mlp_res) = if k3 {
+                (
+                    Some(res_vec(&name("self_attention_res_norm.weight"), &name("self_attention_res_proj.weight"))?),
+                    Some(res_vec(&name("mlp_res_norm.weight"), &name("mlp_res_proj.weight"))?),
+                )
+            } else {
+                (None, None)
+            };
+            layers.push(Layer { index: i, input_norm, post_norm, attn, ffn, att_res, mlp_res });
+        }
+        let res_block = t.get("attn_res_block_size").and_then(Value::as_u64).unwrap_or(1).max(1) as usize;
+        Ok(Engine { model, cfg, hidden: d, vocab, eps, act, embed, lm_head, norm, out_res, res_block, layers })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    pub fn layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// A fresh sequence.
+    pub fn session(&self) -> Session {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match &l.attn {
+                Attn::Kda(k) => LayerState::Kda(k.state()),
+                Attn::Mla(m) => LayerState::Mla(m.cache()),
+            })
+            .collect();
+        Session { layers, tokens: 0 }
+    }
+
+    /// Runs `ids` (a chunk, after whatever `session` holds) through the model. Returns the logits
+    /// `[n, vocab]`; fills `trace` (when given) with the hidden state after every layer,
+    /// `[n, layers, hidden]` token-major.
+    pub fn forward(
+        &self,
+        session: &mut Session,
+        ids: &[u32],
+        mut trace: Option<&mut Vec<f32>>,
+    ) -> Result<Vec<f32>, EngineError> {
+        let (d, n, nl) = (self.hidden, ids.len(), self.layers.len());
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(EngineError::Input(format!("token id {bad} is outside the vocabulary of {}", self.vocab)));
+        }
+        let mut h: Vec<f32> = ids
+            .iter()
+            .flat_map(|&t| self.embed[t as usize * d..(t as usize + 1) * d].iter().map(|v| v.to_f32()))
+            .collect();
+        if let Some(tr) = trace.as_deref_mut() {
+            tr.clear();
+            tr.resize(n * nl * d, 0.0);
+        }
+        // AttnRes block snapshots per token (K3).
+        let mut blocks: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
+        let mut normed = vec![0f32; n * d];
+        let mut att = vec![0f32; n * d];
+        let mut routing = Routing::default();
+        let mut record = Vec::new();
+        for (li, layer) in self.layers.iter().enumerate() {
+            let fresh = li % self.res_block == 0;
+            // The attention input per token.
+            let mut p = h.clone();
+            for t in 0..n {
+                let pt = &p[t * d..(t + 1) * d];
+                let a_in = match &layer.att_res {
+                    Some(w) if !blocks[t].is_empty() => mix(&blocks[t], pt, w, self.eps),
+                    _ => pt.to_vec(),
+                };
+                if layer.att_res.is_some() && fresh {
+                    blocks[t].push(pt.to_vec());
+                }
+                rms_norm(&a_in, &layer.input_norm, self.eps, &mut normed[t * d..(t + 1) * d]);
+            }
+            match (&layer.attn, &mut session.layers[li]) {
+                (Attn::Kda(k), LayerState::Kda(s)) => k.prefill(s, &normed, &mut att),
+                (Attn::Mla(m), LayerState::Mla(c)) => m.prefill(c, &normed, &mut att),
+                _ => return Err(EngineError::Input(format!("the session does not belong to this model (layer {li})"))),
+            }
+            if layer.att_res.is_some() && fresh {
+                p.copy_from_slice(&att);
+            } else {
+                p.iter_mut().zip(&att).for_each(|(a, b)| *a += b);
+            }
+            for t in 0..n {
+                let pt = &p[t * d..(t + 1) * d];
+                let m_in = match &layer.mlp_res {
+                    Some(w) => mix(&blocks[t], pt, w, self.eps),
+                    None => pt.to_vec(),
+                };
+                let x2 = &mut normed[t * d..(t + 1) * d];
+                rms_norm(&m_in, &layer.post_norm, self.eps, x2);
+                let out = &mut att[t * d..(t + 1) * d];
+                self.ffn(layer, x2, out, &mut routing, &mut record)?;
+                for ((hv, pv), fv) in h[t * d..(t + 1) * d].iter_mut().zip(pt).zip(out.iter()) {
+                    *hv = pv + fv;
+                }
+            }
+            if let Some(tr) = trace.as_deref_mut() {
+                for t in 0..n {
+                    tr[(t * nl + li) * d..(t * nl + li + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
+                }
+            }
+        }
+        let mut logits = vec![0f32; n * self.vocab];
+        let mut o = vec![0f32; d];
+        for t in 0..n {
+            let ht = &h[t * d..(t + 1) * d];
+            let fin = match &self.out_res {
+                Some(w) => mix(&blocks[t], ht, w, self.eps),
+                None => ht.to_vec(),
+            };
+            rms_norm(&fin, &self.norm, self.eps, &mut o);
+            self.lm_head.matvec(&o, &mut logits[t * self.vocab..(t + 1) * self.vocab]);
+        }
+        session.tokens += n;
+        Ok(logits)
+    }
+
+    fn ffn(
+        &self,
+        layer: &Layer<'m>,
+        x: &[f32],
+        out: &mut [f32],
+        routing: &mut Routing,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), EngineError> {
+        match &layer.ffn {
+            Ffn::Dense(mlp) => mlp.forward(self.act, x, out),
+            Ffn::Moe(moe) => {
+                let mut logits = vec![0f32; moe.router.experts];
+                moe.gate.matvec(x, &mut logits);
+                route(&moe.router, &logits, &moe.bias, routing);
+                let z: Vec<f32> = match &moe.latent {
+                    Some((down, _, _)) => {
+                        let mut z = vec![0f32; down.rows()];
+                        down.matvec(x, &mut z);
+                        z
+                    }
+                    None => x.to_vec(),
+                };
+                let mut u = vec![0f32; z.len()];
+                let mut y = vec![0f32; z.len()];
+                // Fixed summation order: experts in routing order, whatever order they were read in.
+                for (&e, &w) in routing.experts.iter().zip(&routing.weights) {
+                    let loc = self.model.expert(layer.index, e)?;
+                    self.model.read_expert(&loc, buf)?;
+                    let rec = loc.parse(buf, true)?;
+                    let mlp = Mlp {
+                        gate: view_matrix("w1", rec.matrix("w1")?)?,
+                        up: view_matrix("w3", rec.matrix("w3")?)?,
+                        down: view_matrix("w2", rec.matrix("w2")?)?,
+                    };
+                    mlp.forward(self.act, &z, &mut y);
+                    u.iter_mut().zip(&y).for_each(|(a, b)| *a += w * b);
+                }
+                match &moe.latent {
+                    Some((_, norm, up)) => {
+                        let mut un = vec![0f32; u.len()];
+                        rms_norm(&u, norm, self.eps, &mut un);
+                        up.matvec(&un, out);
+                    }
+                    None => out.copy_from_slice(&u),
+                }
+                if let Some(sh) = &moe.shared {
+                    let mut s = vec![0f32; out.len()];
+                    sh.forward(self.act, x, &mut s);
+                    out.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// AttnRes: softmax over the candidates `[blocks.., p]` of `(v . w) / sqrt(mean(v^2) + eps)`
+/// (in f64), and the weighted sum of the raw candidates.
+fn mix(blocks: &[Vec<f32>], p: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let cands: Vec<&[f32]> = blocks.iter().map(Vec::as_slice).chain(std::iter::once(p)).collect();
+    let scores: Vec<f64> = cands
+        .iter()
+        .map(|v| {
+            let dot: f64 = v.iter().zip(w).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+            let ms = v.iter().map(|a| f64::from(*a) * f64::from(*a)).sum::<f64>() / v.len() as f64;
+            dot / (ms + f64::from(eps)).sqrt()
+        })
+        .collect();
+    let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+    let z: f64 = e.iter().sum();
+    let mut out = vec![0f64; p.len()];
+    for (c, wgt) in cands.iter().zip(&e) {
+        let f = wgt / z;
+        for (o, v) in out.iter_mut().zip(c.iter()) {
+            *o += f * f64::from(*v);
+        }
+    }
+    out.into_iter().map(|v| v as f32).collect()
+}

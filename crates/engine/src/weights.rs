@@ -1,0 +1,74 @@
+//! WASTE tensors as the kernels want them: `Matrix` views and small f32 vectors.
+
+use half::bf16;
+use k3_format::{Encoding, Model, TensorView};
+use k3_quant::Matrix;
+
+use crate::EngineError;
+
+fn dims2(name: &str, t: &TensorView<'_>) -> Result<(usize, usize), EngineError> {
+    match t.shape {
+        [r, c] => Ok((*r as usize, *c as usize)),
+        // A [1, D] row or [D] vector used as a matrix of one row.
+        [c] => Ok((1, *c as usize)),
+        s => Err(EngineError::Shape(format!("tensor `{name}` has shape {s:?}, expected a matrix"))),
+    }
+}
+
+/// A trunk tensor as a matrix, in whatever encoding it is stored.
+pub fn matrix<'m>(m: &'m Model, name: &str) -> Result<Matrix<'m>, EngineError> {
+    let t = m.tensor(name)?;
+    view_matrix(name, &t)
+}
+
+/// A tensor view (trunk or expert record) as a matrix.
+pub fn view_matrix<'m>(name: &str, t: &TensorView<'m>) -> Result<Matrix<'m>, EngineError> {
+    let (rows, cols) = dims2(name, t)?;
+    Ok(match t.encoding {
+        Encoding::F32 => Matrix::F32 { w: t.typed::<f32>("data")?, rows, cols },
+        Encoding::Bf16 => Matrix::Bf16 { w: t.typed::<bf16>("data")?, rows, cols },
+        Encoding::Int8Row => Matrix::Int8Row { q: t.typed::<i8>("q")?, scale: t.typed::<f32>("scale")?, rows, cols },
+        Encoding::Int4Group { group } => Matrix::Int4Group {
+            q: t.typed::<u8>("q")?,
+            scale: t.typed::<half::f16>("scale")?,
+            group: *group as usize,
+            rows,
+            cols,
+        },
+        Encoding::Mxfp4 => {
+            Matrix::Mxfp4 { packed: t.typed::<u8>("packed")?, scale: t.typed::<u8>("scale")?, rows, cols }
+        }
+        other => {
+            return Err(EngineError::Shape(format!(
+                "tensor `{name}` is stored as {}, which k3 cannot multiply yet",
+                other.label()
+            )));
+        }
+    })
+}
+
+/// A small tensor (norm weights, biases, conv taps) as f32 values, from f32 or bf16 storage.
+pub fn vector(m: &Model, name: &str) -> Result<(Vec<f32>, Vec<u64>), EngineError> {
+    let t = m.tensor(name)?;
+    let v = match t.encoding {
+        Encoding::F32 => t.typed::<f32>("data")?.to_vec(),
+        Encoding::Bf16 => t.typed::<bf16>("data")?.iter().map(|x| x.to_f32()).collect(),
+        Encoding::F16 => t.typed::<half::f16>("data")?.iter().map(|x| x.to_f32()).collect(),
+        other => {
+            return Err(EngineError::Shape(format!(
+                "tensor `{name}` is stored as {}, expected f32 or bf16",
+                other.label()
+            )));
+        }
+    };
+    Ok((v, t.shape.to_vec()))
+}
+
+/// A vector that must have `len` values.
+pub fn vector_of(m: &Model, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
+    let (v, shape) = vector(m, name)?;
+    if v.len() != len {
+        return Err(EngineError::Shape(format!("tensor `{name}` has shape {shape:?}, expected {len} values")));
+    }
+    Ok(v)
+}
