@@ -37,6 +37,63 @@ enum Command {
         #[arg(long = "shard-dir")]
         shard_dirs: Vec<PathBuf>,
     },
+    /// Logits at every position of a prompt: writes f32 [tokens, vocab], row-major, little-endian.
+    Logits(RunArgs),
+    /// The hidden state after every layer: writes f32 [tokens, layers, hidden], token-major.
+    Trace(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The model directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// Token ids, separated by spaces (or commas).
+    #[arg(long)]
+    ids: String,
+    /// Where to write the f32 array.
+    #[arg(long)]
+    out: PathBuf,
+    /// Prompt tokens per prefill chunk.
+    #[arg(long, default_value_t = 32)]
+    chunk: usize,
+    #[arg(long = "shard-dir")]
+    shard_dirs: Vec<PathBuf>,
+}
+
+fn run(args: RunArgs, trace: bool) -> Result<ExitCode> {
+    let ids: Vec<u32> = args
+        .ids
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse::<u32>().with_context(|| format!("`{t}` is not a token id")))
+        .collect::<Result<_>>()?;
+    anyhow::ensure!(!ids.is_empty(), "--ids holds no token ids");
+    let model = open(&args.model, args.shard_dirs)?;
+    let engine = k3_engine::Engine::load(&model).with_context(|| format!("loading {}", args.model.display()))?;
+    let mut session = engine.session();
+    let (mut logits, mut layers) = (Vec::new(), Vec::new());
+    let mut chunk_trace = Vec::new();
+    for chunk in ids.chunks(args.chunk.max(1)) {
+        logits.extend(engine.forward(&mut session, chunk, trace.then_some(&mut chunk_trace))?);
+        layers.extend_from_slice(&chunk_trace);
+    }
+    let data = if trace { &layers } else { &logits };
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    // Write next to the target and rename: a reader never sees half an array.
+    let tmp = args.out.with_extension("partial");
+    std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
+    let v = engine.vocab();
+    let shape = if trace {
+        format!("[{}, {}, {}]", ids.len(), engine.layers(), engine.hidden())
+    } else {
+        format!("[{}, {v}]", ids.len())
+    };
+    let argmax: Vec<usize> =
+        logits.chunks(v).map(|r| r.iter().enumerate().fold(0, |b, (i, x)| if *x > r[b] { i } else { b })).collect();
+    println!("wrote f32 {shape} to {}; next-token argmax per position: {argmax:?}", args.out.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn open(model: &PathBuf, shard_dirs: Vec<PathBuf>) -> Result<Model> {
@@ -84,5 +141,7 @@ fn main() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify { model, shard_dirs } => Ok(verify(&open(&model, shard_dirs)?)),
+        Command::Logits(args) => run(args, false),
+        Command::Trace(args) => run(args, true),
     }
 }

@@ -81,3 +81,51 @@ fn a_directory_that_is_not_a_model_is_a_clear_error() {
     assert!(err.contains("not a WASTE model directory"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+fn f32s(path: &Path) -> Vec<f32> {
+    std::fs::read(path).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+#[test]
+fn logits_and_trace_match_the_golden_references() {
+    let d = tempfile::tempdir().unwrap();
+    let g = fixture("golden/tiny-k3/golden");
+    let ids = std::fs::read_to_string(g.join("ids.txt")).unwrap();
+    let model = fixture("tiny-k3.waste");
+    for (cmd, golden) in [("logits", "logits.f32"), ("trace", "trace.f32")] {
+        let out = d.path().join(format!("{cmd}.f32"));
+        let (ok, stdout, err) = k3(&[
+            "--",
+            cmd,
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            ids.trim(),
+            "--out",
+            out.to_str().unwrap(),
+            "--chunk",
+            "3",
+        ][1..]);
+        assert!(ok, "{err}");
+        assert!(stdout.contains("argmax per position: [5, 73, 237, 390, 292, 41, 381, 251]"), "{stdout}");
+        let (got, want) = (f32s(&out), f32s(&g.join(golden)));
+        assert_eq!(got.len(), want.len());
+        let num: f64 = got.iter().zip(&want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+        let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
+        assert!((num / den).sqrt() < 1e-4, "{cmd}");
+    }
+}
+
+#[test]
+fn bad_token_ids_are_clear_errors() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("x.f32");
+    let model = fixture("tiny-k3.waste");
+    let (ok, _, err) =
+        k3(&["logits", "--model", model.to_str().unwrap(), "--ids", "1 2 x", "--out", out.to_str().unwrap()]);
+    assert!(!ok && err.contains("`x` is not a token id"), "{err}");
+    let (ok, _, err) =
+        k3(&["logits", "--model", model.to_str().unwrap(), "--ids", "1 999", "--out", out.to_str().unwrap()]);
+    assert!(!ok && err.contains("token id 999 is outside the vocabulary of 512"), "{err}");
+    assert!(!out.exists(), "nothing written on error");
+}
