@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use k3_engine::convert::{ConvertOptions, ExpertFormat, Progress, convert};
+use k3_engine::convert::{ConvertOptions, ExpertFormat, Progress, TrunkFormat, convert};
 
 mod bench;
 mod quality;
@@ -24,6 +24,15 @@ enum Experts {
     Mxfp4,
     Bf16,
     Vq3,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Trunk {
+    Keep,
+    F32,
+    Bf16,
+    Int8,
+    Int4,
 }
 
 #[derive(Subcommand)]
@@ -102,6 +111,10 @@ enum Task {
         /// Routed expert encoding; `keep` stores what the checkpoint has (MXFP4 for K3, BF16 for Kimi-Linear).
         #[arg(long, value_enum, default_value = "keep")]
         experts: Experts,
+        /// Trunk encoding; int8 / int4 quantize the projection matrices (not the embedding table,
+        /// the router gates or MLA's kv_b_proj) and keep the rest as stored.
+        #[arg(long, value_enum, default_value = "keep")]
+        trunk: Trunk,
         /// Expert record alignment in bytes (4096, or 2097152 for huge pages).
         #[arg(long, default_value_t = k3_format::DEFAULT_ALIGNMENT)]
         align: u64,
@@ -157,7 +170,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Task::Convert { hf, out, experts, align, shards, shard_dirs } => {
+        Task::Convert { hf, out, experts, trunk, align, shards, shard_dirs } => {
             if shards == 0 {
                 bail!("--shards must be at least 1");
             }
@@ -167,10 +180,18 @@ fn main() -> Result<()> {
                 Experts::Bf16 => ExpertFormat::Bf16,
                 Experts::Vq3 => ExpertFormat::Vq3,
             };
+            let trunk = match trunk {
+                Trunk::Keep => TrunkFormat::Keep,
+                Trunk::F32 => TrunkFormat::F32,
+                Trunk::Bf16 => TrunkFormat::Bf16,
+                Trunk::Int8 => TrunkFormat::Int8,
+                Trunk::Int4 => TrunkFormat::Int4,
+            };
             let opts = ConvertOptions {
                 hf_dir: hf.clone(),
                 out_dir: out.clone(),
                 experts,
+                trunk,
                 alignment: align,
                 shards,
                 shard_dirs,

@@ -2,7 +2,6 @@
 //! and Kimi-Linear (pre-norm residual, SiLU MoE with a shared expert). Activations are f32; RMS
 //! means and AttnRes scores are accumulated in f64, as in the reference implementations.
 
-use half::bf16;
 use k3_attn::kda::a_log_per_head;
 use k3_attn::{
     Kda, KdaConfig, KdaGate, KdaState, KdaWeights, Mla, MlaCache, MlaConfig, MlaWeights, OutputGate, PositionEmbedding,
@@ -15,7 +14,7 @@ use serde_json::Value;
 
 use crate::EngineError;
 use crate::config::{Family, ModelConfig};
-use crate::weights::{matrix, vector, vector_of, view_matrix};
+use crate::weights::{Rotations, expert_matrix, matrix, vector, vector_of};
 
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let ms = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / x.len() as f64;
@@ -128,12 +127,14 @@ pub struct Engine<'m> {
     vocab: usize,
     eps: f32,
     act: Act,
-    embed: &'m [bf16],
+    /// The embedding table `[vocab, hidden]`, f32 or bf16 (rows are looked up, never multiplied).
+    embed: Matrix<'m>,
     lm_head: Matrix<'m>,
     norm: Vec<f32>,
     out_res: Option<Vec<f32>>,
     res_block: usize,
     layers: Vec<Layer<'m>>,
+    rotations: Rotations,
 }
 
 fn num(v: &Value, key: &str) -> Option<f64> {
@@ -170,9 +171,14 @@ impl<'m> Engine<'m> {
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(Value::as_u64).map(|l| l as u32 - 1).collect())
             .unwrap_or_default();
-        let embed_t = model.tensor("model.embed_tokens.weight")?;
-        embed_t.expect_shape(&[vocab as u64, d as u64])?;
-        let embed = embed_t.typed::<bf16>("data")?;
+        let embed = matrix(model, "model.embed_tokens.weight")?;
+        if !matches!(embed, Matrix::F32 { .. } | Matrix::Bf16 { .. }) || embed.rows() != vocab || embed.cols() != d {
+            return Err(EngineError::Shape(format!(
+                "model.embed_tokens.weight must be an f32 or bf16 [{vocab}, {d}] table, got [{}, {}]",
+                embed.rows(),
+                embed.cols()
+            )));
+        }
         let lm_head = matrix(model, "lm_head.weight")?;
         let norm = vector_of(model, "model.norm.weight", d)?;
         let res_vec = |norm: &str, proj: &str| -> Result<Vec<f32>, EngineError> {
@@ -316,7 +322,21 @@ impl<'m> Engine<'m> {
             layers.push(Layer { index: i, input_norm, post_norm, attn, ffn, att_res, mlp_res });
         }
         let res_block = t.get("attn_res_block_size").and_then(Value::as_u64).unwrap_or(1).max(1) as usize;
-        Ok(Engine { model, cfg, hidden: d, vocab, eps, act, embed, lm_head, norm, out_res, res_block, layers })
+        Ok(Engine {
+            model,
+            cfg,
+            hidden: d,
+            vocab,
+            eps,
+            act,
+            embed,
+            lm_head,
+            norm,
+            out_res,
+            res_block,
+            layers,
+            rotations: Rotations::for_model(model),
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -361,10 +381,15 @@ impl<'m> Engine<'m> {
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
             return Err(EngineError::Input(format!("token id {bad} is outside the vocabulary of {}", self.vocab)));
         }
-        let mut h: Vec<f32> = ids
-            .iter()
-            .flat_map(|&t| self.embed[t as usize * d..(t as usize + 1) * d].iter().map(|v| v.to_f32()))
-            .collect();
+        let mut h = vec![0f32; n * d];
+        for (&t, row) in ids.iter().zip(h.chunks_exact_mut(d)) {
+            let t = t as usize;
+            match self.embed {
+                Matrix::F32 { w, .. } => row.copy_from_slice(&w[t * d..(t + 1) * d]),
+                Matrix::Bf16 { w, .. } => row.iter_mut().zip(&w[t * d..(t + 1) * d]).for_each(|(o, v)| *o = v.to_f32()),
+                _ => unreachable!("checked at load"),
+            }
+        }
         if let Some(tr) = trace.as_deref_mut() {
             tr.clear();
             tr.resize(n * nl * d, 0.0);
@@ -464,10 +489,11 @@ impl<'m> Engine<'m> {
                     let loc = self.model.expert(layer.index, e)?;
                     self.model.read_expert(&loc, buf)?;
                     let rec = loc.parse(buf, true)?;
+                    let r = &self.rotations;
                     let mlp = Mlp {
-                        gate: view_matrix("w1", rec.matrix("w1")?)?,
-                        up: view_matrix("w3", rec.matrix("w3")?)?,
-                        down: view_matrix("w2", rec.matrix("w2")?)?,
+                        gate: expert_matrix("w1", rec.matrix("w1")?, r)?,
+                        up: expert_matrix("w3", rec.matrix("w3")?, r)?,
+                        down: expert_matrix("w2", rec.matrix("w2")?, r)?,
                     };
                     mlp.forward(self.act, &z, &mut y);
                     u.iter_mut().zip(&y).for_each(|(a, b)| *a += w * b);

@@ -47,6 +47,60 @@ pub fn view_matrix<'m>(name: &str, t: &TensorView<'m>) -> Result<Matrix<'m>, Eng
     })
 }
 
+/// The input rotations of the VQ-encoded matrices of a model, built once: `(cols, block, seed)`.
+#[derive(Debug, Default)]
+pub struct Rotations(std::collections::HashMap<(usize, usize, u64), k3_quant::vq::Rotation>);
+
+impl Rotations {
+    /// Every rotation the model's expert layouts use.
+    pub fn for_model(m: &Model) -> Self {
+        let mut r = Rotations::default();
+        for l in &m.manifest().expert_layouts {
+            for t in &l.matrices {
+                if let (Encoding::Vq { rotation_block, rotation_seed, .. }, [_, cols]) =
+                    (&t.encoding, t.shape.as_slice())
+                {
+                    let key = (*cols as usize, *rotation_block as usize, *rotation_seed);
+                    if key.1 > 1 && key.0.is_multiple_of(key.1) && key.1.is_power_of_two() {
+                        r.0.entry(key).or_insert_with(|| k3_quant::vq::Rotation::new(key.0, key.1, key.2));
+                    }
+                }
+            }
+        }
+        r
+    }
+}
+
+/// An expert-record matrix as a `Matrix`, VQ encodings included (their rotation from `rot`).
+pub fn expert_matrix<'a>(name: &str, t: &TensorView<'a>, rot: &'a Rotations) -> Result<Matrix<'a>, EngineError> {
+    let Encoding::Vq { rotation_block, rotation_seed, codebook, .. } = t.encoding else {
+        return view_matrix(name, t);
+    };
+    let (rows, cols) = dims2(name, t)?;
+    let codec = crate::convert::codec_of(t.encoding).ok_or_else(|| {
+        EngineError::Shape(format!("matrix `{name}` uses a VQ layout k3 has no kernel for ({})", t.encoding.label()))
+    })?;
+    if *codebook != k3_format::CodebookSource::Inline {
+        return Err(EngineError::Shape(format!("matrix `{name}`: shared codebooks are not supported yet")));
+    }
+    let rotation = if *rotation_block > 1 {
+        Some(rot.0.get(&(cols, *rotation_block as usize, *rotation_seed)).ok_or_else(|| {
+            EngineError::Shape(format!("matrix `{name}`: rotation block {rotation_block} does not fit {cols} columns"))
+        })?)
+    } else {
+        None
+    };
+    Ok(Matrix::Vq(k3_quant::vq::VqRef {
+        codec,
+        rows,
+        cols,
+        codes: t.typed::<u8>("codes")?,
+        scale: t.typed::<half::f16>("scale")?,
+        codebooks: t.typed::<f32>("codebooks")?,
+        rotation,
+    }))
+}
+
 /// A small tensor (norm weights, biases, conv taps) as f32 values, from f32 or bf16 storage.
 pub fn vector(m: &Model, name: &str) -> Result<(Vec<f32>, Vec<u64>), EngineError> {
     let t = m.tensor(name)?;

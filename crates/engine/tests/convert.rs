@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use k3_engine::convert::{ConvertOptions, ExpertFormat, Source, convert};
+use k3_engine::convert::{ConvertOptions, ExpertFormat, Source, TrunkFormat, convert};
 use k3_format::Model;
 
 fn golden(name: &str) -> PathBuf {
@@ -16,6 +16,7 @@ fn opts(hf: &Path, out: &Path) -> ConvertOptions {
         hf_dir: hf.to_path_buf(),
         out_dir: out.to_path_buf(),
         experts: ExpertFormat::Keep,
+        trunk: TrunkFormat::Keep,
         alignment: 4096,
         shards: 2,
         shard_dirs: Vec::new(),

@@ -2,15 +2,18 @@
 //! every other text tensor goes to the trunk. Resumable (the writer's journal), refuses to touch a
 //! directory it did not start, verifies everything at the end.
 
+mod encode;
 mod source;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k3_format::{Encoding, ExpertLayout, FormatError, Model, ModelWriter, OpenOptions, Opened, WriterSpec};
+use rayon::prelude::*;
 use safetensors::Dtype as StDtype;
 
 use crate::config::{ConfigError, ModelConfig};
+pub use encode::{ExpertTarget, TrunkFormat, codec_of};
 pub use source::{Source, SourceTensor};
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +72,7 @@ pub struct ConvertOptions {
     pub hf_dir: PathBuf,
     pub out_dir: PathBuf,
     pub experts: ExpertFormat,
+    pub trunk: TrunkFormat,
     /// Expert record alignment: 4096 (default) or 2 MiB.
     pub alignment: u64,
     pub shards: u16,
@@ -183,18 +187,6 @@ fn expert_parts<'a>(
     })
 }
 
-fn trunk_encoding(name: &str, t: &SourceTensor) -> Result<Encoding, ConvertError> {
-    match t.dtype {
-        StDtype::F32 => Ok(Encoding::F32),
-        StDtype::BF16 => Ok(Encoding::Bf16),
-        StDtype::F16 => Ok(Encoding::F16),
-        StDtype::U8 => Ok(Encoding::U8),
-        other => {
-            Err(ConvertError::Unsupported(format!("tensor `{name}` has dtype {other:?}, which k3 does not store")))
-        }
-    }
-}
-
 /// Files copied into the header verbatim when the checkpoint has them.
 const EMBEDDED_FILES: [&str; 4] = ["config.json", "tiktoken.model", "tokenizer_config.json", "tokenizer.json"];
 
@@ -229,27 +221,29 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
     for &layer in &arch.moe_layers {
         let (kind, shapes) = expert_shapes(&src, layer)?;
         let target = match (kind, opts.experts) {
-            (SourceExperts::Mxfp4, ExpertFormat::Keep | ExpertFormat::Mxfp4) => Encoding::Mxfp4,
-            (SourceExperts::Bf16, ExpertFormat::Keep | ExpertFormat::Bf16) => Encoding::Bf16,
-            (k, want) => {
-                return Err(ConvertError::Unsupported(format!(
-                    "re-encoding {k:?} experts as {} needs the k3-quant codecs, which this converter does not use yet",
-                    want.name()
-                )));
-            }
+            (SourceExperts::Mxfp4, ExpertFormat::Keep | ExpertFormat::Mxfp4) => None,
+            (SourceExperts::Bf16, ExpertFormat::Keep | ExpertFormat::Bf16) => None,
+            (_, ExpertFormat::Mxfp4) => Some(ExpertTarget::Mxfp4),
+            (_, ExpertFormat::Bf16) => Some(ExpertTarget::Bf16),
+            (_, ExpertFormat::Vq3) => Some(ExpertTarget::Vq(k3_quant::vq::DEFAULT_CODEC)),
         };
         let key = (kind, shapes.clone());
         let id = match keys.iter().position(|k| *k == key) {
             Some(i) => i,
             None => {
+                let stored = |s: &[u64]| match (target, kind) {
+                    (None, SourceExperts::Mxfp4) => Encoding::Mxfp4,
+                    (None, SourceExperts::Bf16) => Encoding::Bf16,
+                    (Some(t), _) => encode::planned(t, s[1] as usize),
+                };
                 let mats: Vec<(&str, Encoding, Vec<u64>)> =
-                    EXPERT_MATRICES.iter().zip(&shapes).map(|(w, s)| (*w, target.clone(), s.clone())).collect();
+                    EXPERT_MATRICES.iter().zip(&shapes).map(|(w, s)| (*w, stored(s), s.clone())).collect();
                 layouts.push(ExpertLayout::build(opts.alignment, &mats).map_err(ConvertError::Unsupported)?);
                 keys.push(key);
                 keys.len() - 1
             }
         };
-        layer_plan.push((layer, kind, shapes, id as u16));
+        layer_plan.push((layer, kind, shapes, id as u16, target));
     }
 
     let expert_label = layouts.first().map_or("none".to_string(), |l| l.matrices[0].encoding.label());
@@ -261,7 +255,13 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
         expert_layouts: layouts,
         encodings: BTreeMap::from([
             ("experts".to_string(), expert_label),
-            ("trunk".to_string(), "as stored (bf16/f32)".to_string()),
+            (
+                "trunk".to_string(),
+                match opts.trunk {
+                    TrunkFormat::Keep => "as stored (bf16/f32)".to_string(),
+                    t => t.name().to_string(),
+                },
+            ),
         ]),
         provenance: serde_json::json!({
             "source": opts.hf_dir.display().to_string(),
@@ -269,7 +269,7 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
             "converter": concat!("k3 ", env!("CARGO_PKG_VERSION"), " convert"),
             "options": {
                 "experts": opts.experts.name(),
-                "trunk": "keep",
+                "trunk": opts.trunk.name(),
                 "alignment": opts.alignment,
                 "shards": opts.shards,
             },
@@ -295,26 +295,61 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
         let t = src.get(name)?;
         let bytes = src.bytes(t);
         if !w.has_tensor(name) {
-            w.write_tensor(name, trunk_encoding(name, t)?, &t.shape, &[bytes])?;
+            let (enc, parts) = encode::trunk(name, t.dtype, &t.shape, bytes, opts.trunk)?;
+            let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            w.write_tensor(name, enc, &t.shape, &refs)?;
             report.written_items += 1;
             report.written_bytes += bytes.len() as u64;
         }
         done += bytes.len() as u64;
         tick(done);
     }
-    for (layer, kind, shapes, layout) in &layer_plan {
-        for expert in 0..arch.experts {
-            if !w.has_expert(*layer, expert) {
-                let mut parts = Vec::with_capacity(6);
-                for (m, shape) in EXPERT_MATRICES.iter().zip(shapes) {
-                    parts.extend(expert_parts(&src, *kind, &expert_name(*layer, expert, m), shape)?);
-                }
-                w.write_expert(*layer, expert, *layout, &parts)?;
+    for (layer, kind, shapes, layout, target) in &layer_plan {
+        let rb = record_bytes[usize::from(*layout)];
+        let todo: Vec<u32> = (0..arch.experts).filter(|e| !w.has_expert(*layer, *e)).collect();
+        done += rb * u64::from(arch.experts - todo.len() as u32);
+        // Re-encoding runs on every core, a few experts at a time (bounded memory); records are
+        // still written in (layer, expert) order.
+        let batch = if target.is_some() { rayon::current_num_threads().max(1) * 2 } else { 1 };
+        for chunk in todo.chunks(batch) {
+            let encoded: Vec<Result<Vec<Vec<u8>>, ConvertError>> = chunk
+                .par_iter()
+                .map(|&expert| {
+                    let mut parts = Vec::with_capacity(9);
+                    for (m, shape) in EXPERT_MATRICES.iter().zip(shapes) {
+                        let base = expert_name(*layer, expert, m);
+                        let raw = expert_parts(&src, *kind, &base, shape)?;
+                        match target {
+                            None => parts.extend(raw.iter().map(|b| b.to_vec())),
+                            Some(t) => {
+                                let (rows, cols) = (shape[0] as usize, shape[1] as usize);
+                                let f = match kind {
+                                    SourceExperts::Mxfp4 => encode::mxfp4_to_f32(raw[0], raw[1], rows, cols),
+                                    SourceExperts::Bf16 => encode::to_f32(&base, StDtype::BF16, raw[0])?,
+                                };
+                                let (enc, p) = encode::expert(&base, &f, rows, cols, *t)?;
+                                if enc != encode::planned(*t, cols) {
+                                    return Err(ConvertError::Unsupported(format!(
+                                        "{base}: encoder produced {} not the planned layout",
+                                        enc.label()
+                                    )));
+                                }
+                                parts.extend(p);
+                            }
+                        }
+                    }
+                    Ok(parts)
+                })
+                .collect();
+            for (&expert, parts) in chunk.iter().zip(encoded) {
+                let parts = parts?;
+                let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                w.write_expert(*layer, expert, *layout, &refs)?;
                 report.written_items += 1;
-                report.written_bytes += record_bytes[usize::from(*layout)];
+                report.written_bytes += rb;
+                done += rb;
+                tick(done);
             }
-            done += record_bytes[usize::from(*layout)];
-            tick(done);
         }
     }
 

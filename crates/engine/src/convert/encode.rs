@@ -1,0 +1,211 @@
+//! Re-encoding tensors at conversion: source bytes (BF16, F32, MXFP4) to f32 values, and f32
+//! values to the chosen stored encoding (f32, bf16, int8-row, int4-group, MXFP4, VQ).
+
+use half::{bf16, f16};
+use k3_format::{CodebookSource, Encoding};
+use k3_quant::vq::{self, Codec, EncodeOptions};
+use k3_quant::{int4, int8, mxfp4};
+use safetensors::Dtype as StDtype;
+
+use super::ConvertError;
+
+/// Group size of the int4 trunk encoding.
+pub const INT4_GROUP: usize = 32;
+
+/// How trunk tensors are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrunkFormat {
+    /// As the checkpoint stores them.
+    Keep,
+    F32,
+    Bf16,
+    /// Matrices int8 per row, the rest as stored.
+    Int8,
+    /// Matrices int4 in groups of 32, the rest as stored.
+    Int4,
+}
+
+impl TrunkFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            TrunkFormat::Keep => "keep",
+            TrunkFormat::F32 => "f32",
+            TrunkFormat::Bf16 => "bf16",
+            TrunkFormat::Int8 => "int8",
+            TrunkFormat::Int4 => "int4",
+        }
+    }
+}
+
+/// Little-endian f32 values of a BF16, F16 or F32 tensor.
+pub fn to_f32(name: &str, dtype: StDtype, bytes: &[u8]) -> Result<Vec<f32>, ConvertError> {
+    Ok(match dtype {
+        StDtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect(),
+        StDtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        StDtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        other => {
+            return Err(ConvertError::Unsupported(format!(
+                "tensor `{name}` is {other:?}; only f32/bf16/f16 can be re-encoded"
+            )));
+        }
+    })
+}
+
+/// The f32 weights of an MXFP4 matrix.
+pub fn mxfp4_to_f32(packed: &[u8], scale: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * cols];
+    for (r, o) in out.chunks_exact_mut(cols).enumerate() {
+        mxfp4::decode_row(&packed[r * cols / 2..][..cols / 2], &scale[r * cols / 32..][..cols / 32], o);
+    }
+    out
+}
+
+fn le<T: Copy>(v: &[T], f: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
+    v.iter().flat_map(|x| f(*x)).collect()
+}
+
+/// Trunk tensors that stay unquantized under int8/int4: the embedding table (rows are looked up,
+/// not multiplied), router gates (routing decisions are discrete), MLA's `kv_b_proj` (used
+/// transposed), and anything that is not a matrix.
+fn keep_dense(name: &str, shape: &[u64]) -> bool {
+    shape.len() != 2
+        || shape[0] <= 1
+        || name.contains("embed_tokens")
+        || name.ends_with(".gate.weight")
+        || name.contains("kv_b_proj")
+}
+
+/// The stored encoding and parts of a trunk tensor under `fmt`.
+pub fn trunk(
+    name: &str,
+    dtype: StDtype,
+    shape: &[u64],
+    bytes: &[u8],
+    fmt: TrunkFormat,
+) -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
+    let keep = || -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
+        let enc = match dtype {
+            StDtype::F32 => Encoding::F32,
+            StDtype::BF16 => Encoding::Bf16,
+            StDtype::F16 => Encoding::F16,
+            StDtype::U8 => Encoding::U8,
+            other => {
+                return Err(ConvertError::Unsupported(format!(
+                    "tensor `{name}` has dtype {other:?}, which k3 does not store"
+                )));
+            }
+        };
+        Ok((enc, vec![bytes.to_vec()]))
+    };
+    let matrix = !keep_dense(name, shape);
+    match fmt {
+        TrunkFormat::Keep => keep(),
+        TrunkFormat::F32 if dtype == StDtype::F32 => keep(),
+        TrunkFormat::F32 => {
+            Ok((Encoding::F32, vec![le(&to_f32(name, dtype, bytes)?, |v: f32| v.to_le_bytes().to_vec())]))
+        }
+        TrunkFormat::Bf16 if dtype == StDtype::BF16 => keep(),
+        TrunkFormat::Bf16 => {
+            let v = to_f32(name, dtype, bytes)?;
+            Ok((Encoding::Bf16, vec![le(&v, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())]))
+        }
+        TrunkFormat::Int8 if matrix => {
+            let v = to_f32(name, dtype, bytes)?;
+            let (q, s) = int8::quantize(&v, shape[1] as usize);
+            Ok((
+                Encoding::Int8Row,
+                vec![le(&q, |x: i8| x.to_le_bytes().to_vec()), le(&s, |x: f32| x.to_le_bytes().to_vec())],
+            ))
+        }
+        TrunkFormat::Int4 if matrix && (shape[1] as usize).is_multiple_of(INT4_GROUP) => {
+            let v = to_f32(name, dtype, bytes)?;
+            let (q, s) = int4::quantize(&v, shape[1] as usize, INT4_GROUP);
+            Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
+        }
+        _ => keep(),
+    }
+}
+
+/// How routed experts are re-encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertTarget {
+    Mxfp4,
+    Bf16,
+    Vq(Codec),
+}
+
+/// Encodes one expert matrix `[rows, cols]` of f32 weights. Returns the encoding and its parts.
+pub fn expert(
+    name: &str,
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    target: ExpertTarget,
+) -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
+    match target {
+        ExpertTarget::Bf16 => Ok((Encoding::Bf16, vec![le(w, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())])),
+        ExpertTarget::Mxfp4 => {
+            if !cols.is_multiple_of(32) {
+                return Err(ConvertError::Unsupported(format!(
+                    "{name}: {cols} columns cannot be MXFP4 (multiple of 32 needed)"
+                )));
+            }
+            let (p, s) = mxfp4::quantize(w, cols);
+            Ok((Encoding::Mxfp4, vec![p, s]))
+        }
+        ExpertTarget::Vq(codec) => {
+            let m = vq::encode(codec, w, cols, &EncodeOptions::default())
+                .map_err(|e| ConvertError::Unsupported(format!("{name}: {e}")))?;
+            let (block, seed) = m.rotation.as_ref().map_or((0, 0), |r| (r.block as u32, r.seed));
+            let enc = Encoding::Vq {
+                stages: codec.stages() as u32,
+                entries: codec.entries() as u32,
+                dim: codec.dim() as u32,
+                rotation_block: block,
+                rotation_seed: seed,
+                codebook: CodebookSource::Inline,
+                interleave: codec.interleave() as u32,
+            };
+            debug_assert_eq!(m.rows, rows);
+            Ok((
+                enc,
+                vec![
+                    m.codes,
+                    le(&m.scale, |x: f16| x.to_le_bytes().to_vec()),
+                    le(&m.codebooks, |x: f32| x.to_le_bytes().to_vec()),
+                ],
+            ))
+        }
+    }
+}
+
+/// The codec a stored VQ encoding describes.
+pub fn codec_of(enc: &Encoding) -> Option<Codec> {
+    match enc {
+        Encoding::Vq { stages: 3, entries: 16, dim: 4, interleave: 32, .. } => Some(Codec::FastScan),
+        Encoding::Vq { stages: 3, entries: 256, dim: 8, interleave: 1, .. } => Some(Codec::Residual),
+        _ => None,
+    }
+}
+
+/// The encoding an expert matrix of `cols` columns will get under `target` (known before any
+/// expert is encoded, for the record layout).
+pub fn planned(target: ExpertTarget, cols: usize) -> Encoding {
+    match target {
+        ExpertTarget::Bf16 => Encoding::Bf16,
+        ExpertTarget::Mxfp4 => Encoding::Mxfp4,
+        ExpertTarget::Vq(codec) => {
+            let o = EncodeOptions::default();
+            let block = if o.rotation_block > 1 { vq::Rotation::block_for(cols, o.rotation_block) } else { 0 };
+            Encoding::Vq {
+                stages: codec.stages() as u32,
+                entries: codec.entries() as u32,
+                dim: codec.dim() as u32,
+                rotation_block: block as u32,
+                rotation_seed: if block > 0 { o.seed } else { 0 },
+                codebook: CodebookSource::Inline,
+                interleave: codec.interleave() as u32,
+            }
+        }
+    }
+}
