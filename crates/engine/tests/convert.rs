@@ -187,3 +187,56 @@ fn committed_fixtures_are_current() {
         }
     }
 }
+
+/// The golden K3 checkpoint rewritten the way the release ships: three shards, every name with
+/// the `language_model.` prefix, experts scattered over the shards in no particular order, an
+/// index naming the shard of each tensor. It must convert to the same model.
+#[test]
+fn sharded_prefixed_shuffled_checkpoint_converts_to_the_same_model() {
+    let hf = golden("tiny-k3");
+    let src = Source::open(&hf).unwrap();
+    let mut names: Vec<String> = src.names().map(str::to_string).collect();
+    // A fixed shuffle (xorshift), so a failure reproduces.
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    for i in (1..names.len()).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        names.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    let d = tempfile::tempdir().unwrap();
+    std::fs::copy(hf.join("config.json"), d.path().join("config.json")).unwrap();
+    let mut weight_map = serde_json::Map::new();
+    for (k, part) in names.chunks(names.len().div_ceil(3)).enumerate() {
+        let file = format!("model-{:05}-of-00003.safetensors", k + 1);
+        let views: Vec<_> = part
+            .iter()
+            .map(|n| {
+                let t = src.get(n).unwrap();
+                let shape: Vec<usize> = t.shape.iter().map(|&x| x as usize).collect();
+                let full = format!("language_model.{n}");
+                weight_map.insert(full.clone(), serde_json::Value::String(file.clone()));
+                (full, safetensors::tensor::TensorView::new(t.dtype, shape, src.bytes(t)).unwrap())
+            })
+            .collect();
+        safetensors::tensor::serialize_to_file(views, None, &d.path().join(&file)).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(d.path().join("model.safetensors.index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+
+    let out = tempfile::tempdir().unwrap();
+    let (a, b) = (out.path().join("a"), out.path().join("b"));
+    convert(&opts(&hf, &a), &mut |_| {}).unwrap();
+    convert(&opts(d.path(), &b), &mut |_| {}).unwrap();
+    let (ma, mb) = (Model::open(&a).unwrap(), Model::open(&b).unwrap());
+    let strip = |m: &Model| {
+        let mut m = m.manifest().clone();
+        m.provenance = serde_json::Value::Null;
+        m
+    };
+    assert_eq!(strip(&ma), strip(&mb));
+    assert_eq!(ma.header().index, mb.header().index);
+    for f in ["trunk.waste", "experts-00000.waste", "experts-00001.waste"] {
+        assert!(std::fs::read(a.join(f)).unwrap() == std::fs::read(b.join(f)).unwrap(), "{f}");
+    }
+}
