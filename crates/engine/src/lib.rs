@@ -25,4 +25,6 @@ pub enum EngineError {
     Shape(String),
     #[error("{0}")]
     Input(String),
+    #[error("reading an expert: {0}")]
+    Io(#[from] k3_io::IoError),
 }

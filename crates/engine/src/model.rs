@@ -8,6 +8,7 @@ use k3_attn::{
     QPath,
 };
 use k3_format::Model;
+use k3_io::{FileId, Priority, ReadRequest, Reader, ReaderOptions};
 use k3_quant::Matrix;
 use k3_router::{RouterConfig, Routing, route};
 use serde_json::Value;
@@ -135,6 +136,15 @@ pub struct Engine<'m> {
     res_block: usize,
     layers: Vec<Layer<'m>>,
     rotations: Rotations,
+    /// Expert reads: O_DIRECT through k3-io, one slot per routed expert of a token.
+    io: Option<std::sync::Mutex<ExpertIo>>,
+}
+
+/// The reader and the shard files it has open.
+#[derive(Debug)]
+struct ExpertIo {
+    reader: Reader,
+    files: Vec<FileId>,
 }
 
 fn num(v: &Value, key: &str) -> Option<f64> {
@@ -321,6 +331,17 @@ impl<'m> Engine<'m> {
             };
             layers.push(Layer { index: i, input_norm, post_norm, attn, ffn, att_res, mlp_res });
         }
+        let io = if cfg.moe_layers().is_empty() {
+            None
+        } else {
+            let slot_bytes =
+                model.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(4096) as usize;
+            let top_k = (cfg.experts_per_token as usize).max(1);
+            let mut reader =
+                Reader::new(ReaderOptions { queue_depth: top_k, ..ReaderOptions::new(slot_bytes, top_k) })?;
+            let files = model.shard_paths().iter().map(|p| reader.open(p)).collect::<Result<Vec<_>, _>>()?;
+            Some(std::sync::Mutex::new(ExpertIo { reader, files }))
+        };
         let res_block = t.get("attn_res_block_size").and_then(Value::as_u64).unwrap_or(1).max(1) as usize;
         Ok(Engine {
             model,
@@ -336,6 +357,7 @@ impl<'m> Engine<'m> {
             res_block,
             layers,
             rotations: Rotations::for_model(model),
+            io,
         })
     }
 
@@ -399,7 +421,6 @@ impl<'m> Engine<'m> {
         let mut normed = vec![0f32; n * d];
         let mut att = vec![0f32; n * d];
         let mut routing = Routing::default();
-        let mut record = Vec::new();
         for (li, layer) in self.layers.iter().enumerate() {
             let fresh = li % self.res_block == 0;
             // The attention input per token.
@@ -434,7 +455,7 @@ impl<'m> Engine<'m> {
                 let x2 = &mut normed[t * d..(t + 1) * d];
                 rms_norm(&m_in, &layer.post_norm, self.eps, x2);
                 let out = &mut att[t * d..(t + 1) * d];
-                self.ffn(layer, x2, out, &mut routing, &mut record)?;
+                self.ffn(layer, x2, out, &mut routing)?;
                 for ((hv, pv), fv) in h[t * d..(t + 1) * d].iter_mut().zip(pt).zip(out.iter()) {
                     *hv = pv + fv;
                 }
@@ -460,14 +481,7 @@ impl<'m> Engine<'m> {
         Ok(logits)
     }
 
-    fn ffn(
-        &self,
-        layer: &Layer<'m>,
-        x: &[f32],
-        out: &mut [f32],
-        routing: &mut Routing,
-        buf: &mut Vec<u8>,
-    ) -> Result<(), EngineError> {
+    fn ffn(&self, layer: &Layer<'m>, x: &[f32], out: &mut [f32], routing: &mut Routing) -> Result<(), EngineError> {
         match &layer.ffn {
             Ffn::Dense(mlp) => mlp.forward(self.act, x, out),
             Ffn::Moe(moe) => {
@@ -484,11 +498,38 @@ impl<'m> Engine<'m> {
                 };
                 let mut u = vec![0f32; z.len()];
                 let mut y = vec![0f32; z.len()];
-                // Fixed summation order: experts in routing order, whatever order they were read in.
-                for (&e, &w) in routing.experts.iter().zip(&routing.weights) {
+                // All of the token's experts are read at once (one slot each, checksummed on
+                // arrival); they are then summed in routing order, whatever order they arrived in.
+                let io = self.io.as_ref().ok_or_else(|| EngineError::Input("the model has no expert shards".into()))?;
+                let mut io = io.lock().map_err(|_| EngineError::Input("a previous expert read panicked".into()))?;
+                let mut locs = Vec::with_capacity(routing.experts.len());
+                for (slot, &e) in routing.experts.iter().enumerate() {
                     let loc = self.model.expert(layer.index, e)?;
-                    self.model.read_expert(&loc, buf)?;
-                    let rec = loc.parse(buf, true)?;
+                    let file = io.files[usize::from(loc.entry.shard)];
+                    io.reader.submit(ReadRequest {
+                        file,
+                        offset: loc.entry.offset,
+                        len: loc.entry.length as usize,
+                        slot,
+                        xxh3: Some(loc.entry.xxh3),
+                        priority: Priority::Demand,
+                        tag: slot as u64,
+                    })?;
+                    locs.push(loc);
+                }
+                let mut failed = None;
+                for _ in 0..locs.len() {
+                    let c = io.reader.next_completion().ok_or(k3_io::IoError::Closed)?;
+                    if let Err(e) = c.result {
+                        failed.get_or_insert(e);
+                    }
+                }
+                if let Some(e) = failed {
+                    return Err(e.into());
+                }
+                for (slot, (loc, &w)) in locs.iter().zip(&routing.weights).enumerate() {
+                    let bytes = io.reader.data(slot, loc.entry.length as usize).ok_or(k3_io::IoError::Closed)?;
+                    let rec = loc.parse(bytes, false)?;
                     let r = &self.rotations;
                     let mlp = Mlp {
                         gate: expert_matrix("w1", rec.matrix("w1")?, r)?,

@@ -86,3 +86,26 @@ fn chunked_prefill_equals_one_token_at_a_time() {
         assert_eq!(s, s1);
     }
 }
+
+#[test]
+fn a_corrupted_expert_record_is_an_error_naming_file_and_offset() {
+    let d = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixtures().join("tiny-k3.waste")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
+    }
+    let shard = d.path().join("experts-00000.waste");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    // Flip a byte in every record of layer 1, so whichever experts are routed to, one is bad.
+    let model = Model::open(d.path()).unwrap();
+    let entries: Vec<_> = model.header().index.iter().filter(|e| e.layer == 1).copied().collect();
+    drop(model);
+    for e in &entries {
+        bytes[(e.offset + 100) as usize] ^= 0x40;
+    }
+    std::fs::write(&shard, bytes).unwrap();
+    let model = Model::open(d.path()).unwrap();
+    let engine = Engine::load(&model).unwrap();
+    let err = engine.forward(&mut engine.session(), &[1, 2, 3], None).unwrap_err().to_string();
+    assert!(err.contains("experts-00000.waste") && err.contains("checksum"), "{err}");
+}
