@@ -10,6 +10,7 @@ use k3_attn::{
 use k3_format::Model;
 use k3_io::{FileId, Priority, ReadRequest, Reader, ReaderOptions};
 use k3_quant::Matrix;
+use k3_router::lookahead::{LookaheadStats, Predictor, predict};
 use k3_router::{RouterConfig, Routing, route};
 use serde_json::Value;
 
@@ -105,6 +106,13 @@ struct Layer<'m> {
     mlp_res: Option<Vec<f32>>,
 }
 
+impl PartialEq for Session {
+    /// Same recurrent state (statistics aside).
+    fn eq(&self, other: &Self) -> bool {
+        self.layers == other.layers && self.tokens == other.tokens
+    }
+}
+
 /// Per-layer recurrent state of one sequence.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LayerState {
@@ -113,10 +121,14 @@ pub enum LayerState {
 }
 
 /// The state of one sequence: everything earlier tokens left behind.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Session {
     pub layers: Vec<LayerState>,
     pub tokens: usize,
+    /// How well each lookahead predictor would have guessed every MoE layer's experts.
+    pub lookahead: LookaheadStats,
+    /// The experts each layer chose for the previous token (the previous-token predictor).
+    prev_routing: Vec<Vec<u32>>,
 }
 
 /// A model ready to run.
@@ -138,6 +150,8 @@ pub struct Engine<'m> {
     rotations: Rotations,
     /// Expert reads: O_DIRECT through k3-io, one slot per routed expert of a token.
     io: Option<std::sync::Mutex<ExpertIo>>,
+    /// Experts predicted beyond `top_k` by the lookahead.
+    lookahead_margin: usize,
 }
 
 /// The reader and the shard files it has open.
@@ -343,6 +357,7 @@ impl<'m> Engine<'m> {
             Some(std::sync::Mutex::new(ExpertIo { reader, files }))
         };
         let res_block = t.get("attn_res_block_size").and_then(Value::as_u64).unwrap_or(1).max(1) as usize;
+        let margin = (cfg.experts_per_token as usize).div_ceil(2);
         Ok(Engine {
             model,
             cfg,
@@ -358,7 +373,25 @@ impl<'m> Engine<'m> {
             layers,
             rotations: Rotations::for_model(model),
             io,
+            lookahead_margin: margin,
         })
+    }
+
+    /// Predict `top_k + margin` experts per layer ahead (default: half of top_k more).
+    pub fn set_lookahead_margin(&mut self, margin: usize) {
+        self.lookahead_margin = margin;
+    }
+
+    /// Layer `li + 1`'s router applied to `v` (normed with that layer's post-attention norm):
+    /// the experts it would pick, `top_k + margin` of them. `None` when the next layer is dense.
+    fn predict_next(&self, li: usize, v: &[f32]) -> Option<Vec<u32>> {
+        let next = self.layers.get(li + 1)?;
+        let Ffn::Moe(moe) = &next.ffn else { return None };
+        let mut x = vec![0f32; v.len()];
+        rms_norm(v, &next.post_norm, self.eps, &mut x);
+        let mut logits = vec![0f32; moe.router.experts];
+        moe.gate.matvec(&x, &mut logits);
+        Some(predict(&moe.router, &logits, &moe.bias, self.lookahead_margin))
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -387,7 +420,8 @@ impl<'m> Engine<'m> {
                 Attn::Mla(m) => LayerState::Mla(m.cache()),
             })
             .collect();
-        Session { layers, tokens: 0 }
+        let n = self.layers.len();
+        Session { layers, tokens: 0, lookahead: LookaheadStats::new(n), prev_routing: vec![Vec::new(); n] }
     }
 
     /// Runs `ids` (a chunk, after whatever `session` holds) through the model. Returns the logits
@@ -421,6 +455,8 @@ impl<'m> Engine<'m> {
         let mut normed = vec![0f32; n * d];
         let mut att = vec![0f32; n * d];
         let mut routing = Routing::default();
+        // Per token: what the after-attention and after-MoE predictors said about this layer.
+        let mut pending: Vec<[Option<Vec<u32>>; 2]> = vec![[None, None]; n];
         for (li, layer) in self.layers.iter().enumerate() {
             let fresh = li % self.res_block == 0;
             // The attention input per token.
@@ -455,10 +491,25 @@ impl<'m> Engine<'m> {
                 let x2 = &mut normed[t * d..(t + 1) * d];
                 rms_norm(&m_in, &layer.post_norm, self.eps, x2);
                 let out = &mut att[t * d..(t + 1) * d];
-                self.ffn(layer, x2, out, &mut routing)?;
+                let pred_att = self.predict_next(li, pt);
+                if self.ffn(layer, x2, out, &mut routing)? {
+                    let chosen = &routing.experts;
+                    let [a, m] = std::mem::take(&mut pending[t]);
+                    if let Some(a) = a {
+                        session.lookahead.record(Predictor::AfterAttention, li, &a, chosen);
+                    }
+                    if let Some(m) = m {
+                        session.lookahead.record(Predictor::AfterMoe, li, &m, chosen);
+                    }
+                    if !session.prev_routing[li].is_empty() {
+                        session.lookahead.record(Predictor::PreviousToken, li, &session.prev_routing[li], chosen);
+                    }
+                    session.prev_routing[li].clone_from(chosen);
+                }
                 for ((hv, pv), fv) in h[t * d..(t + 1) * d].iter_mut().zip(pt).zip(out.iter()) {
                     *hv = pv + fv;
                 }
+                pending[t] = [pred_att, self.predict_next(li, &h[t * d..(t + 1) * d])];
             }
             if let Some(tr) = trace.as_deref_mut() {
                 for t in 0..n {
@@ -481,9 +532,13 @@ impl<'m> Engine<'m> {
         Ok(logits)
     }
 
-    fn ffn(&self, layer: &Layer<'m>, x: &[f32], out: &mut [f32], routing: &mut Routing) -> Result<(), EngineError> {
+    /// The layer's MLP or MoE on one token; `true` when it routed (then `routing` holds the choice).
+    fn ffn(&self, layer: &Layer<'m>, x: &[f32], out: &mut [f32], routing: &mut Routing) -> Result<bool, EngineError> {
         match &layer.ffn {
-            Ffn::Dense(mlp) => mlp.forward(self.act, x, out),
+            Ffn::Dense(mlp) => {
+                mlp.forward(self.act, x, out);
+                return Ok(false);
+            }
             Ffn::Moe(moe) => {
                 let mut logits = vec![0f32; moe.router.experts];
                 moe.gate.matvec(x, &mut logits);
@@ -554,7 +609,7 @@ impl<'m> Engine<'m> {
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -109,3 +109,30 @@ fn a_corrupted_expert_record_is_an_error_naming_file_and_offset() {
     let err = engine.forward(&mut engine.session(), &[1, 2, 3], None).unwrap_err().to_string();
     assert!(err.contains("experts-00000.waste") && err.contains("checksum"), "{err}");
 }
+
+#[test]
+fn lookahead_statistics_are_kept_per_layer() {
+    use k3_router::lookahead::Predictor;
+    let model = Model::open(fixtures().join("tiny-k3.waste")).unwrap();
+    let mut engine = Engine::load(&model).unwrap();
+    let ids = ids(&fixtures().join("golden/tiny-k3/golden/ids.txt"));
+    // Predicting every expert must find every chosen one.
+    engine.set_lookahead_margin(32);
+    let mut s = engine.session();
+    engine.forward(&mut s, &ids, None).unwrap();
+    for layer in 1..6 {
+        for p in [Predictor::AfterAttention, Predictor::AfterMoe] {
+            let c = s.lookahead.counts(p, layer);
+            assert_eq!((c.tokens, c.chosen, c.hits), (8, 32, 32), "{p:?} layer {layer}");
+            assert_eq!(c.wasted, 8 * 28);
+        }
+        assert_eq!(s.lookahead.counts(Predictor::PreviousToken, layer).tokens, 7);
+    }
+    assert_eq!(s.lookahead.counts(Predictor::AfterMoe, 0).tokens, 0, "layer 0 is dense");
+    // Exactly top-k: recall is a fraction, and the after-MoE guess beats the previous token's.
+    engine.set_lookahead_margin(0);
+    let mut s = engine.session();
+    engine.forward(&mut s, &ids, None).unwrap();
+    let (a, p) = (s.lookahead.total(Predictor::AfterMoe), s.lookahead.total(Predictor::PreviousToken));
+    assert!(a.recall() > 0.0 && a.recall() <= 1.0 && a.recall() > p.recall(), "{a:?} {p:?}");
+}

@@ -41,6 +41,20 @@ enum Command {
     Logits(RunArgs),
     /// The hidden state after every layer: writes f32 [tokens, layers, hidden], token-major.
     Trace(RunArgs),
+    /// How well the router lookahead would predict each MoE layer's experts on a prompt.
+    Lookahead {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        ids: String,
+        /// Experts predicted beyond top-k (default: half of top-k).
+        #[arg(long)]
+        margin: Option<usize>,
+        #[arg(long, default_value_t = 32)]
+        chunk: usize,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -61,14 +75,89 @@ struct RunArgs {
     shard_dirs: Vec<PathBuf>,
 }
 
-fn run(args: RunArgs, trace: bool) -> Result<ExitCode> {
-    let ids: Vec<u32> = args
-        .ids
+fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    let ids: Vec<u32> = s
         .split(|c: char| c.is_whitespace() || c == ',')
         .filter(|t| !t.is_empty())
         .map(|t| t.parse::<u32>().with_context(|| format!("`{t}` is not a token id")))
         .collect::<Result<_>>()?;
     anyhow::ensure!(!ids.is_empty(), "--ids holds no token ids");
+    Ok(ids)
+}
+
+fn lookahead(model: PathBuf, ids: &str, margin: Option<usize>, chunk: usize, json: bool) -> Result<ExitCode> {
+    use k3_router::lookahead::Predictor;
+    let ids = parse_ids(ids)?;
+    let m = open(&model, Vec::new())?;
+    let mut engine = k3_engine::Engine::load(&m).with_context(|| format!("loading {}", model.display()))?;
+    if let Some(g) = margin {
+        engine.set_lookahead_margin(g);
+    }
+    let mut session = engine.session();
+    for c in ids.chunks(chunk.max(1)) {
+        engine.forward(&mut session, c, None)?;
+    }
+    let st = &session.lookahead;
+    let layers: Vec<serde_json::Value> = (0..st.layers())
+        .filter(|&l| st.counts(Predictor::AfterMoe, l).tokens + st.counts(Predictor::PreviousToken, l).tokens > 0)
+        .map(|l| {
+            let mut o = serde_json::Map::new();
+            o.insert("layer".into(), l.into());
+            for p in Predictor::ALL {
+                let c = st.counts(p, l);
+                o.insert(p.name().into(), serde_json::json!({"recall": c.recall(), "wasted_per_token": c.wasted_per_token(), "tokens": c.tokens}));
+            }
+            serde_json::Value::Object(o)
+        })
+        .collect();
+    let total: serde_json::Map<String, serde_json::Value> = Predictor::ALL
+        .iter()
+        .map(|p| {
+            let c = st.total(*p);
+            (p.name().to_string(), serde_json::json!({"recall": c.recall(), "wasted_per_token": c.wasted_per_token()}))
+        })
+        .collect();
+    if json {
+        println!("{}", serde_json::json!({"tokens": ids.len(), "layers": layers, "total": total}));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("lookahead recall of each MoE layer's experts over {} tokens (wasted predictions per token):", ids.len());
+    println!("{:>5}  {:>22}  {:>22}  {:>22}", "layer", "after-attention", "after-moe", "previous-token");
+    for l in &layers {
+        let cell = |p: Predictor| {
+            format!(
+                "{:.3} ({:.1})",
+                l[p.name()]["recall"].as_f64().unwrap_or(0.0),
+                l[p.name()]["wasted_per_token"].as_f64().unwrap_or(0.0)
+            )
+        };
+        println!(
+            "{:>5}  {:>22}  {:>22}  {:>22}",
+            l["layer"],
+            cell(Predictor::AfterAttention),
+            cell(Predictor::AfterMoe),
+            cell(Predictor::PreviousToken)
+        );
+    }
+    let cell = |p: Predictor| {
+        format!(
+            "{:.3} ({:.1})",
+            total[p.name()]["recall"].as_f64().unwrap_or(0.0),
+            total[p.name()]["wasted_per_token"].as_f64().unwrap_or(0.0)
+        )
+    };
+    println!(
+        "{:>5}  {:>22}  {:>22}  {:>22}",
+        "all",
+        cell(Predictor::AfterAttention),
+        cell(Predictor::AfterMoe),
+        cell(Predictor::PreviousToken)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run(args: RunArgs, trace: bool) -> Result<ExitCode> {
+    let ids = parse_ids(&args.ids)?;
     let model = open(&args.model, args.shard_dirs)?;
     let engine = k3_engine::Engine::load(&model).with_context(|| format!("loading {}", args.model.display()))?;
     let mut session = engine.session();
@@ -143,5 +232,6 @@ fn main() -> Result<ExitCode> {
         Command::Verify { model, shard_dirs } => Ok(verify(&open(&model, shard_dirs)?)),
         Command::Logits(args) => run(args, false),
         Command::Trace(args) => run(args, true),
+        Command::Lookahead { model, ids, margin, chunk, json } => lookahead(model, &ids, margin, chunk, json),
     }
 }
