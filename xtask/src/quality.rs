@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use k3_quant::rng::gaussian;
 use k3_quant::vq::{self, Codec, EncodeOptions};
 use k3_quant::{dense, mxfp4, rtn};
 use rayon::prelude::*;
@@ -75,17 +76,6 @@ fn errors(w: &[f32], v: &[f32], cols: usize, xs: &[f32]) -> (f64, f64) {
         })
         .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
     (frob, (num / den).sqrt())
-}
-
-fn gaussian(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut u = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n).map(|_| ((-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos()) as f32).collect()
 }
 
 /// (a): every captured layer; calibration on the first half of the tokens, errors on the second.

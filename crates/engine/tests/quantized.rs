@@ -20,8 +20,9 @@ fn argmax(row: &[f32]) -> usize {
     row.iter().enumerate().fold(0, |b, (i, v)| if *v > row[b] { i } else { b })
 }
 
-/// (relative L2 error of the logits, fraction of positions whose top-1 token matches).
-fn measure(name: &str, experts: ExpertFormat, trunk: TrunkFormat) -> (f64, f64) {
+/// Converts a golden checkpoint with these options and runs its prompt: (logits, trace, ids,
+/// vocabulary size).
+fn run(name: &str, experts: ExpertFormat, trunk: TrunkFormat) -> (Vec<f32>, Vec<f32>, Vec<u32>, usize) {
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("m");
     let hf = fixtures().join("golden").join(name);
@@ -42,11 +43,17 @@ fn measure(name: &str, experts: ExpertFormat, trunk: TrunkFormat) -> (f64, f64) 
         .split_whitespace()
         .map(|t| t.parse().unwrap())
         .collect();
-    let got = engine.forward(&mut engine.session(), &ids, None).unwrap();
-    let want = f32s(&hf.join("golden/logits.f32"));
+    let mut trace = Vec::new();
+    let logits = engine.forward(&mut engine.session(), &ids, Some(&mut trace)).unwrap();
+    (logits, trace, ids, engine.vocab())
+}
+
+/// (relative L2 error of the logits, fraction of positions whose top-1 token matches).
+fn measure(name: &str, experts: ExpertFormat, trunk: TrunkFormat) -> (f64, f64) {
+    let (got, _, ids, v) = run(name, experts, trunk);
+    let want = f32s(&fixtures().join("golden").join(name).join("golden/logits.f32"));
     let num: f64 = got.iter().zip(&want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
     let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
-    let v = engine.vocab();
     let top1 =
         got.chunks(v).zip(want.chunks(v)).filter(|(a, b)| argmax(a) == argmax(b)).count() as f64 / ids.len() as f64;
     ((num / den).sqrt(), top1)
@@ -87,30 +94,10 @@ fn quantized_variants_stay_close_to_the_references() {
 /// perturbation amplified by the layer's gates).
 #[test]
 fn int8_trunk_is_close_after_the_first_layer() {
-    let out = tempfile::tempdir().unwrap();
-    let dir = out.path().join("m");
+    let (_, trace, ids, _) = run("tiny-k3", ExpertFormat::Keep, TrunkFormat::Int8);
     let hf = fixtures().join("golden/tiny-k3");
-    let opts = ConvertOptions {
-        hf_dir: hf.clone(),
-        out_dir: dir.clone(),
-        experts: ExpertFormat::Keep,
-        trunk: TrunkFormat::Int8,
-        alignment: 4096,
-        shards: 1,
-        shard_dirs: vec![],
-    };
-    convert(&opts, &mut |_| {}).unwrap();
-    let model = Model::open(&dir).unwrap();
-    let engine = Engine::load(&model).unwrap();
-    let ids: Vec<u32> = std::fs::read_to_string(hf.join("golden/ids.txt"))
-        .unwrap()
-        .split_whitespace()
-        .map(|t| t.parse().unwrap())
-        .collect();
-    let mut trace = Vec::new();
-    engine.forward(&mut engine.session(), &ids, Some(&mut trace)).unwrap();
+    let (layers, d) = (6, 256);
     let want = f32s(&hf.join("golden/trace.f32"));
-    let (layers, d) = (engine.layers(), engine.hidden());
     let (mut num, mut den) = (0f64, 0f64);
     for t in 0..ids.len() {
         for i in 0..d {

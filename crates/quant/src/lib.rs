@@ -15,6 +15,7 @@ pub mod int4;
 pub mod int8;
 pub mod matrix;
 pub mod mxfp4;
+pub mod rng;
 pub mod rtn;
 mod simd;
 pub mod vecops;

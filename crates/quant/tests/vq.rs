@@ -5,19 +5,9 @@ mod common;
 use common::{assert_close, fast, sum_tolerance};
 use half::f16;
 use k3_quant::cpu::Level;
+use k3_quant::rng::gaussian;
 use k3_quant::vq::{self, Codec, EncodeOptions, Rotation, Scratch, fastscan};
 use proptest::prelude::*;
-
-fn gaussian(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut u = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n).map(|_| ((-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos()) as f32).collect()
-}
 
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();

@@ -9,6 +9,7 @@
 use k3_attn::MlaConfig;
 use k3_attn::kda::delta_rule;
 use k3_attn::mla::attend;
+use k3_quant::rng::noise;
 use serde_json::{Value, json};
 
 use super::{cpu_mhz, median, mem_read_gbps, time};
@@ -18,18 +19,6 @@ const HD: usize = 128;
 const KDA_LAYERS: usize = 16;
 const KV_LORA: usize = 512;
 const ROPE: usize = 64;
-
-fn noise(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
-}
 
 fn kda(reps: usize, mem: f64) -> Value {
     let mut states: Vec<Vec<f32>> = (0..KDA_LAYERS).map(|l| noise(H * HD * HD, l as u64, 0.1)).collect();

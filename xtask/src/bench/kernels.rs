@@ -3,6 +3,7 @@
 //! interleaved with medians, next to the memory read bandwidth measured in the same run.
 
 use half::{bf16, f16};
+use k3_quant::rng::noise;
 use k3_quant::vq::{self, Codec, Scratch, VqMatrix};
 use k3_quant::{dense, int4, int8, mxfp4};
 use serde_json::{Value, json};
@@ -14,20 +15,8 @@ const SHAPES: [(usize, usize); 2] = [(3072, 3584), (3584, 3072)];
 /// Cold runs cycle through at least this many bytes of weights (3x the 32 MiB L3 here).
 const COLD_BYTES: usize = 96 << 20;
 
-fn noise(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
-}
-
 fn bytes_of(seed: u64, n: usize) -> Vec<u8> {
-    noise(n, seed).iter().map(|v| ((v + 0.5) * 255.0) as u8).collect()
+    noise(n, seed, 1.0).iter().map(|v| ((v + 0.5) * 255.0) as u8).collect()
 }
 
 /// One kernel over one shape: a set of distinct matrices and a call that multiplies matrix `i`.
@@ -54,7 +43,7 @@ fn random_vq(codec: Codec, rows: usize, cols: usize, seed: u64) -> VqMatrix {
             Codec::Residual => raw.iter().map(|&c| c as u8).collect(),
         },
         scale: vec![f16::ONE; rows],
-        codebooks: noise(codec.stages() * codec.entries() * codec.dim(), seed ^ 1),
+        codebooks: noise(codec.stages() * codec.entries() * codec.dim(), seed ^ 1, 1.0),
         rotation: Some(vq::Rotation::new(cols, vq::Rotation::block_for(cols, 128), seed)),
     }
 }
@@ -62,7 +51,7 @@ fn random_vq(codec: Codec, rows: usize, cols: usize, seed: u64) -> VqMatrix {
 fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
     let n = rows * cols;
     let count = |bytes: usize| if cold { COLD_BYTES.div_ceil(bytes) } else { 1 };
-    let x = noise(cols, 7);
+    let x = noise(cols, 7, 1.0);
     let mut out = Vec::new();
     let tag = format!("{rows}x{cols}");
 
@@ -104,7 +93,7 @@ fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
     }
     {
         let m = mats.clone();
-        let xs = noise(cols * 32, 8);
+        let xs = noise(cols * 32, 8, 1.0);
         let mut ys = vec![0f32; rows * 32];
         out.push(Case {
             name: format!("mxfp4_f32_batch32 {tag}"),
@@ -118,7 +107,8 @@ fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
     }
     let bf_bytes = n * 2;
     let k = count(bf_bytes);
-    let w: Vec<Vec<bf16>> = (0..k).map(|i| noise(n, i as u64).iter().map(|v| bf16::from_f32(*v)).collect()).collect();
+    let w: Vec<Vec<bf16>> =
+        (0..k).map(|i| noise(n, i as u64, 1.0).iter().map(|v| bf16::from_f32(*v)).collect()).collect();
     {
         let x = x.clone();
         let mut y = vec![0f32; rows];
@@ -133,7 +123,7 @@ fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
         });
     }
     let k = count(n + rows * 4);
-    let q8: Vec<(Vec<i8>, Vec<f32>)> = (0..k).map(|i| int8::quantize(&noise(n, i as u64 + 5), cols)).collect();
+    let q8: Vec<(Vec<i8>, Vec<f32>)> = (0..k).map(|i| int8::quantize(&noise(n, i as u64 + 5, 1.0), cols)).collect();
     {
         let x = x.clone();
         let mut y = vec![0f32; rows];
