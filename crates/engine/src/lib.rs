@@ -8,7 +8,7 @@ pub mod convert;
 pub mod model;
 pub mod weights;
 
-pub use model::{Engine, Session};
+pub use model::{Engine, EngineOptions, MemoryPlan, RunStats, Session};
 
 /// Why a model cannot be run, or an input cannot be processed.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,7 @@ use k3_attn::{
     QPath,
 };
 use k3_format::Model;
-use k3_io::{FileId, Priority, ReadRequest, Reader, ReaderOptions};
+use k3_io::{CacheStats, ExpertCache, FileId, Key, Location, Policy, Priority, Reader, ReaderOptions, Status};
 use k3_quant::Matrix;
 use k3_router::lookahead::{LookaheadStats, Predictor, predict};
 use k3_router::{RouterConfig, Routing, route};
@@ -129,6 +129,7 @@ pub struct Session {
     pub lookahead: LookaheadStats,
     /// The experts each layer chose for the previous token (the previous-token predictor).
     prev_routing: Vec<Vec<u32>>,
+    pub stats: RunStats,
 }
 
 /// A model ready to run.
@@ -152,13 +153,92 @@ pub struct Engine<'m> {
     io: Option<std::sync::Mutex<ExpertIo>>,
     /// Experts predicted beyond `top_k` by the lookahead.
     lookahead_margin: usize,
+    opts: EngineOptions,
+    plan: MemoryPlan,
 }
 
 /// The reader and the shard files it has open.
 #[derive(Debug)]
 struct ExpertIo {
-    reader: Reader,
+    cache: ExpertCache,
     files: Vec<FileId>,
+}
+
+/// How the engine runs: the measurement switches of `k3-cli`.
+#[derive(Clone)]
+pub struct EngineOptions {
+    /// Total memory to live within (trunk, attention state, expert cache, I/O buffers).
+    pub mem_budget: Option<u64>,
+    /// Compute while expert reads are in flight (off: read, then compute).
+    pub overlap: bool,
+    /// Prefetch the next layer's predicted experts.
+    pub lookahead: bool,
+    pub policy: Policy,
+    /// Reads in flight at once.
+    pub queue_depth: usize,
+    /// Tokens of prompt per prefill chunk (the CLI chunks; recorded for the plan).
+    #[doc(hidden)]
+    pub fault: Option<k3_io::reader::FaultHook>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            mem_budget: None,
+            overlap: true,
+            lookahead: true,
+            policy: Policy::Lfru,
+            queue_depth: 32,
+            fault: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for EngineOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineOptions")
+            .field("mem_budget", &self.mem_budget)
+            .field("overlap", &self.overlap)
+            .field("lookahead", &self.lookahead)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How the memory budget is spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryPlan {
+    pub budget: Option<u64>,
+    /// The mapped trunk (resident once touched).
+    pub trunk_bytes: u64,
+    /// KDA states (fixed) and MLA caches (growing with the context: planned for `context` tokens).
+    pub state_bytes: u64,
+    pub context: u64,
+    pub slot_bytes: u64,
+    pub cache_slots: u64,
+    /// Process overhead allowed for (code, stacks, small buffers).
+    pub overhead_bytes: u64,
+}
+
+impl MemoryPlan {
+    pub fn total(&self) -> u64 {
+        self.trunk_bytes + self.state_bytes + self.slot_bytes * self.cache_slots + self.overhead_bytes
+    }
+}
+
+/// Counters of a run (a session).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RunStats {
+    pub tokens: u64,
+    pub seconds: f64,
+    /// Time blocked waiting for expert reads.
+    pub io_wait_seconds: f64,
+    /// Time from a layer's first expert request to its last expert computed, summed.
+    pub io_span_seconds: f64,
+    pub expert_compute_seconds: f64,
+    /// The engine's expert-cache counters after this session's last step (the cache is shared by
+    /// every session of an engine, so these count from the engine's start).
+    pub cache: CacheStats,
 }
 
 fn num(v: &Value, key: &str) -> Option<f64> {
@@ -174,6 +254,19 @@ fn req(v: &Value, key: &str) -> Result<usize, EngineError> {
 
 impl<'m> Engine<'m> {
     pub fn load(model: &'m Model) -> Result<Engine<'m>, EngineError> {
+        Self::load_with(model, EngineOptions::default())
+    }
+
+    pub fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.opts
+    }
+
+    /// Loads with explicit options; fails with the minimum when the memory budget is too small.
+    pub fn load_with(model: &'m Model, opts: EngineOptions) -> Result<Engine<'m>, EngineError> {
         let raw =
             model.blob("config.json").ok_or_else(|| EngineError::Config("the model embeds no config.json".into()))?;
         let cfg = ModelConfig::parse(std::path::Path::new("config.json"), raw)?;
@@ -345,16 +438,69 @@ impl<'m> Engine<'m> {
             };
             layers.push(Layer { index: i, input_norm, post_norm, attn, ffn, att_res, mlp_res });
         }
-        let io = if cfg.moe_layers().is_empty() {
+        // Memory plan: trunk + attention state + expert cache slots + overhead within the budget.
+        let slot_bytes = model.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(0);
+        let top_k = u64::from(cfg.experts_per_token).max(1);
+        let context = 4096u64;
+        let state_bytes: u64 = layers
+            .iter()
+            .map(|l| match &l.attn {
+                Attn::Kda(k) => {
+                    let c = k.config();
+                    (c.heads * c.head_dim * c.head_dim + 3 * c.heads * c.head_dim * c.conv_kernel) as u64 * 4
+                }
+                Attn::Mla(m) => (m.config().kv_lora + m.config().rope) as u64 * 4 * context,
+            })
+            .sum();
+        let overhead_bytes = 64 << 20;
+        let fixed = model.manifest().trunk.bytes + state_bytes + overhead_bytes;
+        // At least two slots (one being read while one is used); by default twice top-k.
+        let min_slots = if cfg.moe_layers().is_empty() { 0 } else { 2 };
+        let cache_slots = match opts.mem_budget {
+            Some(b) => {
+                let slots = b.saturating_sub(fixed) / slot_bytes.max(1);
+                if slots < min_slots {
+                    return Err(EngineError::Input(format!(
+                        "a memory budget of {} is too small for this model: it needs at least {} \
+                         (trunk {}, attention state for {context} tokens {}, {min_slots} expert slots of {}, overhead {})",
+                        human(b),
+                        human(fixed + min_slots * slot_bytes),
+                        human(model.manifest().trunk.bytes),
+                        human(state_bytes),
+                        human(slot_bytes),
+                        human(overhead_bytes)
+                    )));
+                }
+                if slot_bytes == 0 { 0 } else { slots.min(u64::from(cfg.experts) * cfg.moe_layers().len() as u64) }
+            }
+            None => {
+                if slot_bytes == 0 {
+                    0
+                } else {
+                    (2 * top_k).max(8)
+                }
+            }
+        };
+        let plan = MemoryPlan {
+            budget: opts.mem_budget,
+            trunk_bytes: model.manifest().trunk.bytes,
+            state_bytes,
+            context,
+            slot_bytes,
+            cache_slots,
+            overhead_bytes,
+        };
+        let io = if cache_slots == 0 {
             None
         } else {
-            let slot_bytes =
-                model.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(4096) as usize;
-            let top_k = (cfg.experts_per_token as usize).max(1);
-            let mut reader =
-                Reader::new(ReaderOptions { queue_depth: top_k, ..ReaderOptions::new(slot_bytes, top_k) })?;
+            let ropts = ReaderOptions {
+                queue_depth: opts.queue_depth.max(1),
+                fault: opts.fault.clone(),
+                ..ReaderOptions::new(slot_bytes as usize, cache_slots as usize)
+            };
+            let mut reader = Reader::new(ropts)?;
             let files = model.shard_paths().iter().map(|p| reader.open(p)).collect::<Result<Vec<_>, _>>()?;
-            Some(std::sync::Mutex::new(ExpertIo { reader, files }))
+            Some(std::sync::Mutex::new(ExpertIo { cache: ExpertCache::new(reader, opts.policy), files }))
         };
         let res_block = t.get("attn_res_block_size").and_then(Value::as_u64).unwrap_or(1).max(1) as usize;
         let margin = (cfg.experts_per_token as usize).div_ceil(2);
@@ -374,6 +520,8 @@ impl<'m> Engine<'m> {
             rotations: Rotations::for_model(model),
             io,
             lookahead_margin: margin,
+            opts,
+            plan,
         })
     }
 
@@ -421,7 +569,13 @@ impl<'m> Engine<'m> {
             })
             .collect();
         let n = self.layers.len();
-        Session { layers, tokens: 0, lookahead: LookaheadStats::new(n), prev_routing: vec![Vec::new(); n] }
+        Session {
+            layers,
+            tokens: 0,
+            lookahead: LookaheadStats::new(n),
+            prev_routing: vec![Vec::new(); n],
+            stats: RunStats::default(),
+        }
     }
 
     /// Runs `ids` (a chunk, after whatever `session` holds) through the model. Returns the logits
@@ -433,6 +587,7 @@ impl<'m> Engine<'m> {
         ids: &[u32],
         mut trace: Option<&mut Vec<f32>>,
     ) -> Result<Vec<f32>, EngineError> {
+        let started = std::time::Instant::now();
         let (d, n, nl) = (self.hidden, ids.len(), self.layers.len());
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
             return Err(EngineError::Input(format!("token id {bad} is outside the vocabulary of {}", self.vocab)));
@@ -454,7 +609,7 @@ impl<'m> Engine<'m> {
         let mut blocks: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
         let mut normed = vec![0f32; n * d];
         let mut att = vec![0f32; n * d];
-        let mut routing = Routing::default();
+        let mut routings = vec![Routing::default(); n];
         // Per token: what the after-attention and after-MoE predictors said about this layer.
         let mut pending: Vec<[Option<Vec<u32>>; 2]> = vec![[None, None]; n];
         for (li, layer) in self.layers.iter().enumerate() {
@@ -482,34 +637,52 @@ impl<'m> Engine<'m> {
             } else {
                 p.iter_mut().zip(&att).for_each(|(a, b)| *a += b);
             }
+            let mut preds_att = Vec::with_capacity(n);
             for t in 0..n {
                 let pt = &p[t * d..(t + 1) * d];
                 let m_in = match &layer.mlp_res {
                     Some(w) => mix(&blocks[t], pt, w, self.eps),
                     None => pt.to_vec(),
                 };
-                let x2 = &mut normed[t * d..(t + 1) * d];
-                rms_norm(&m_in, &layer.post_norm, self.eps, x2);
-                let out = &mut att[t * d..(t + 1) * d];
-                let pred_att = self.predict_next(li, pt);
-                if self.ffn(layer, x2, out, &mut routing)? {
-                    let chosen = &routing.experts;
-                    let [a, m] = std::mem::take(&mut pending[t]);
-                    if let Some(a) = a {
-                        session.lookahead.record(Predictor::AfterAttention, li, &a, chosen);
+                rms_norm(&m_in, &layer.post_norm, self.eps, &mut normed[t * d..(t + 1) * d]);
+                preds_att.push(self.predict_next(li, pt));
+            }
+            match &layer.ffn {
+                Ffn::Dense(mlp) => {
+                    for (x, o) in normed.chunks_exact(d).zip(att.chunks_exact_mut(d)) {
+                        mlp.forward(self.act, x, o);
                     }
-                    if let Some(m) = m {
-                        session.lookahead.record(Predictor::AfterMoe, li, &m, chosen);
-                    }
-                    if !session.prev_routing[li].is_empty() {
-                        session.lookahead.record(Predictor::PreviousToken, li, &session.prev_routing[li], chosen);
-                    }
-                    session.prev_routing[li].clone_from(chosen);
                 }
-                for ((hv, pv), fv) in h[t * d..(t + 1) * d].iter_mut().zip(pt).zip(out.iter()) {
+                Ffn::Moe(moe) => {
+                    let predicted: Vec<Vec<u32>> = preds_att.iter().flatten().cloned().collect();
+                    self.moe_chunk(layer, moe, &normed, &mut att, &mut routings, &predicted, &mut session.stats)?;
+                    for (t, r) in routings.iter().enumerate() {
+                        let [a, m] = std::mem::take(&mut pending[t]);
+                        if let Some(a) = a {
+                            session.lookahead.record(Predictor::AfterAttention, li, &a, &r.experts);
+                        }
+                        if let Some(m) = m {
+                            session.lookahead.record(Predictor::AfterMoe, li, &m, &r.experts);
+                        }
+                        if !session.prev_routing[li].is_empty() {
+                            session.lookahead.record(
+                                Predictor::PreviousToken,
+                                li,
+                                &session.prev_routing[li],
+                                &r.experts,
+                            );
+                        }
+                        session.prev_routing[li].clone_from(&r.experts);
+                    }
+                }
+            }
+            for t in 0..n {
+                for ((hv, pv), fv) in
+                    h[t * d..(t + 1) * d].iter_mut().zip(&p[t * d..(t + 1) * d]).zip(&att[t * d..(t + 1) * d])
+                {
                     *hv = pv + fv;
                 }
-                pending[t] = [pred_att, self.predict_next(li, &h[t * d..(t + 1) * d])];
+                pending[t] = [preds_att[t].take(), self.predict_next(li, &h[t * d..(t + 1) * d])];
             }
             if let Some(tr) = trace.as_deref_mut() {
                 for t in 0..n {
@@ -529,88 +702,199 @@ impl<'m> Engine<'m> {
             self.lm_head.matvec(&o, &mut logits[t * self.vocab..(t + 1) * self.vocab]);
         }
         session.tokens += n;
+        session.stats.tokens += n as u64;
+        session.stats.seconds += started.elapsed().as_secs_f64();
+        if let Some(Ok(io)) = self.io.as_ref().map(|m| m.lock()) {
+            session.stats.cache = io.cache.stats();
+        }
         Ok(logits)
     }
 
-    /// The layer's MLP or MoE on one token; `true` when it routed (then `routing` holds the choice).
-    fn ffn(&self, layer: &Layer<'m>, x: &[f32], out: &mut [f32], routing: &mut Routing) -> Result<bool, EngineError> {
-        match &layer.ffn {
-            Ffn::Dense(mlp) => {
-                mlp.forward(self.act, x, out);
-                return Ok(false);
-            }
-            Ffn::Moe(moe) => {
-                let mut logits = vec![0f32; moe.router.experts];
-                moe.gate.matvec(x, &mut logits);
-                route(&moe.router, &logits, &moe.bias, routing);
-                let z: Vec<f32> = match &moe.latent {
-                    Some((down, _, _)) => {
-                        let mut z = vec![0f32; down.rows()];
-                        down.matvec(x, &mut z);
-                        z
-                    }
-                    None => x.to_vec(),
-                };
-                let mut u = vec![0f32; z.len()];
-                let mut y = vec![0f32; z.len()];
-                // All of the token's experts are read at once (one slot each, checksummed on
-                // arrival); they are then summed in routing order, whatever order they arrived in.
-                let io = self.io.as_ref().ok_or_else(|| EngineError::Input("the model has no expert shards".into()))?;
-                let mut io = io.lock().map_err(|_| EngineError::Input("a previous expert read panicked".into()))?;
-                let mut locs = Vec::with_capacity(routing.experts.len());
-                for (slot, &e) in routing.experts.iter().enumerate() {
-                    let loc = self.model.expert(layer.index, e)?;
-                    let file = io.files[usize::from(loc.entry.shard)];
-                    io.reader.submit(ReadRequest {
-                        file,
-                        offset: loc.entry.offset,
-                        len: loc.entry.length as usize,
-                        slot,
-                        xxh3: Some(loc.entry.xxh3),
-                        priority: Priority::Demand,
-                        tag: slot as u64,
-                    })?;
-                    locs.push(loc);
-                }
-                let mut failed = None;
-                for _ in 0..locs.len() {
-                    let c = io.reader.next_completion().ok_or(k3_io::IoError::Closed)?;
-                    if let Err(e) = c.result {
-                        failed.get_or_insert(e);
-                    }
-                }
-                if let Some(e) = failed {
-                    return Err(e.into());
-                }
-                for (slot, (loc, &w)) in locs.iter().zip(&routing.weights).enumerate() {
-                    let bytes = io.reader.data(slot, loc.entry.length as usize).ok_or(k3_io::IoError::Closed)?;
-                    let rec = loc.parse(bytes, false)?;
-                    let r = &self.rotations;
-                    let mlp = Mlp {
-                        gate: expert_matrix("w1", rec.matrix("w1")?, r)?,
-                        up: expert_matrix("w3", rec.matrix("w3")?, r)?,
-                        down: expert_matrix("w2", rec.matrix("w2")?, r)?,
-                    };
-                    mlp.forward(self.act, &z, &mut y);
-                    u.iter_mut().zip(&y).for_each(|(a, b)| *a += w * b);
-                }
-                match &moe.latent {
-                    Some((_, norm, up)) => {
-                        let mut un = vec![0f32; u.len()];
-                        rms_norm(&u, norm, self.eps, &mut un);
-                        up.matvec(&un, out);
-                    }
-                    None => out.copy_from_slice(&u),
-                }
-                if let Some(sh) = &moe.shared {
-                    let mut s = vec![0f32; out.len()];
-                    sh.forward(self.act, x, &mut s);
-                    out.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
+    /// A MoE layer over a chunk of tokens, streaming its experts:
+    /// 1. route every token; the chunk's unique experts are requested at once (demand), each read once;
+    /// 2. the lookahead's experts for the next layer are requested too (prefetch, low priority, only
+    ///    into free slots);
+    /// 3. while reads are in flight, the latent projections and the shared expert are computed;
+    /// 4. experts are used in arrival order (with `overlap` off: each wave is read, then computed);
+    /// 5. each token's expert outputs are summed in routing order, so the result never depends on
+    ///    which read finished first.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_chunk(
+        &self,
+        layer: &Layer<'m>,
+        moe: &Moe<'m>,
+        xs: &[f32],
+        outs: &mut [f32],
+        routings: &mut [Routing],
+        predicted: &[Vec<u32>],
+        stats: &mut RunStats,
+    ) -> Result<(), EngineError> {
+        let d = self.hidden;
+        let n = xs.len() / d;
+        let mut logits = vec![0f32; moe.router.experts];
+        for (x, r) in xs.chunks_exact(d).zip(routings.iter_mut()) {
+            moe.gate.matvec(x, &mut logits);
+            route(&moe.router, &logits, &moe.bias, r);
+        }
+        let mut uniq: Vec<u32> = Vec::new();
+        for r in routings.iter() {
+            for e in &r.experts {
+                if !uniq.contains(e) {
+                    uniq.push(*e);
                 }
             }
         }
-        Ok(true)
+        let io = self.io.as_ref().ok_or_else(|| EngineError::Input("the model has no expert shards".into()))?;
+        let mut io = io.lock().map_err(|_| EngineError::Input("a previous expert read panicked".into()))?;
+        let io = &mut *io;
+        let li = layer.index;
+        io.cache.set_layer(li);
+        let keys: Vec<Key> = uniq.iter().map(|&e| (li, e)).collect();
+        io.cache.protect(&keys);
+        let location = |io: &ExpertIo, layer: u32, e: u32| -> Result<Location, EngineError> {
+            let loc = self.model.expert(layer, e)?;
+            Ok(Location {
+                file: io.files[usize::from(loc.entry.shard)],
+                offset: loc.entry.offset,
+                len: loc.entry.length as usize,
+                xxh3: Some(loc.entry.xxh3),
+            })
+        };
+        let mut queue: std::collections::VecDeque<Key> = keys.iter().copied().collect();
+        let (mut inflight, mut ready): (Vec<Key>, Vec<Key>) = (Vec::new(), Vec::new());
+        let fill = |io: &mut ExpertIo,
+                    queue: &mut std::collections::VecDeque<Key>,
+                    inflight: &mut Vec<Key>,
+                    ready: &mut Vec<Key>|
+         -> Result<(), EngineError> {
+            while let Some(&k) = queue.front() {
+                match io.cache.request(k, location(io, k.0, k.1)?, Priority::Demand)? {
+                    Status::Hit => ready.push(k),
+                    Status::Issued | Status::Pending => inflight.push(k),
+                    Status::NoRoom => break,
+                }
+                queue.pop_front();
+            }
+            Ok(())
+        };
+        let t_io = std::time::Instant::now();
+        fill(io, &mut queue, &mut inflight, &mut ready)?;
+        if self.opts.lookahead {
+            let next = li + 1;
+            if self.layers.get(next as usize).is_some_and(|l| matches!(l.ffn, Ffn::Moe(_))) {
+                let mut want: Vec<u32> = Vec::new();
+                for p in predicted {
+                    for e in p {
+                        if !want.contains(e) {
+                            want.push(*e);
+                        }
+                    }
+                }
+                for e in want {
+                    if io.cache.available() == 0 {
+                        break;
+                    }
+                    if !io.cache.contains((next, e)) {
+                        io.cache.request((next, e), location(io, next, e)?, Priority::Prefetch { layer: next })?;
+                    }
+                }
+            }
+        }
+        // Work that needs no expert, done while the reads are in flight.
+        let zs: Vec<f32> = match &moe.latent {
+            Some((down, _, _)) => {
+                let mut z = vec![0f32; n * down.rows()];
+                down.matmul(xs, &mut z);
+                z
+            }
+            None => xs.to_vec(),
+        };
+        let zd = zs.len() / n;
+        let mut shared = vec![0f32; n * d];
+        if let Some(sh) = &moe.shared {
+            for (x, o) in xs.chunks_exact(d).zip(shared.chunks_exact_mut(d)) {
+                sh.forward(self.act, x, o);
+            }
+        }
+        // Expert outputs per (token, routing rank), summed in rank order at the end.
+        let k = moe.router.top_k;
+        let mut ys = vec![0f32; n * k * zd];
+        let mut done_experts = 0usize;
+        loop {
+            for key in ready.drain(..) {
+                let t0 = std::time::Instant::now();
+                let bytes = io.cache.get(key).ok_or(k3_io::IoError::Closed)?;
+                let loc = self.model.expert(key.0, key.1)?;
+                let rec = loc.parse(bytes, false)?;
+                let r = &self.rotations;
+                let mlp = Mlp {
+                    gate: expert_matrix("w1", rec.matrix("w1")?, r)?,
+                    up: expert_matrix("w3", rec.matrix("w3")?, r)?,
+                    down: expert_matrix("w2", rec.matrix("w2")?, r)?,
+                };
+                for (t, rt) in routings.iter().enumerate() {
+                    if let Some(rank) = rt.experts.iter().position(|&e| e == key.1) {
+                        mlp.forward(
+                            self.act,
+                            &zs[t * zd..(t + 1) * zd],
+                            &mut ys[(t * k + rank) * zd..(t * k + rank + 1) * zd],
+                        );
+                    }
+                }
+                io.cache.release(key);
+                done_experts += 1;
+                stats.expert_compute_seconds += t0.elapsed().as_secs_f64();
+            }
+            if done_experts == keys.len() {
+                break;
+            }
+            fill(io, &mut queue, &mut inflight, &mut ready)?;
+            if !ready.is_empty() {
+                continue;
+            }
+            let t_wait = std::time::Instant::now();
+            if inflight.is_empty() {
+                // Every slot holds an in-flight prefetch: let one land, then ask again.
+                // A failed prefetch only costs its slot; the demand read that needs it reports errors.
+                let _ = io.cache.wait_next().ok_or(k3_io::IoError::Closed)?;
+            } else if self.opts.overlap {
+                let (key, res) = io.cache.wait_any(&inflight).ok_or(k3_io::IoError::Closed)?;
+                res?;
+                inflight.retain(|x| *x != key);
+                ready.push(key);
+            } else {
+                // Read, then compute: the whole wave first.
+                while let Some((key, res)) = io.cache.wait_any(&inflight) {
+                    res?;
+                    inflight.retain(|x| *x != key);
+                    ready.push(key);
+                }
+            }
+            stats.io_wait_seconds += t_wait.elapsed().as_secs_f64();
+        }
+        stats.io_span_seconds += t_io.elapsed().as_secs_f64();
+        for t in 0..n {
+            let mut u = vec![0f32; zd];
+            for (rank, w) in routings[t].weights.iter().enumerate() {
+                u.iter_mut().zip(&ys[(t * k + rank) * zd..(t * k + rank + 1) * zd]).for_each(|(a, b)| *a += w * b);
+            }
+            let out = &mut outs[t * d..(t + 1) * d];
+            match &moe.latent {
+                Some((_, norm, up)) => {
+                    let mut un = vec![0f32; zd];
+                    rms_norm(&u, norm, self.eps, &mut un);
+                    up.matvec(&un, out);
+                }
+                None => out.copy_from_slice(&u),
+            }
+            out.iter_mut().zip(&shared[t * d..(t + 1) * d]).for_each(|(a, b)| *a += b);
+        }
+        Ok(())
     }
+}
+
+fn human(b: u64) -> String {
+    if b >= 1 << 30 { format!("{:.2} GB", b as f64 / 1e9) } else { format!("{:.1} MB", b as f64 / 1e6) }
 }
 
 /// AttnRes: softmax over the candidates `[blocks.., p]` of `(v . w) / sqrt(mean(v^2) + eps)`

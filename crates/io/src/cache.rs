@@ -94,6 +94,8 @@ pub struct ExpertCache {
     slots: Vec<Slot>,
     map: HashMap<Key, usize>,
     pinned: std::collections::HashSet<Key>,
+    /// Needed by the step in progress: not evicted until released.
+    protected: std::collections::HashSet<Key>,
     policy: Policy,
     clock: u64,
     stats: CacheStats,
@@ -108,6 +110,7 @@ impl ExpertCache {
             slots: vec![Slot::Free; n],
             map: HashMap::new(),
             pinned: Default::default(),
+            protected: Default::default(),
             policy,
             clock: 0,
             stats: CacheStats::default(),
@@ -143,6 +146,34 @@ impl ExpertCache {
             self.pinned.insert(*k);
         }
         self.pinned.len()
+    }
+
+    /// Keeps `keys` resident (once loaded) until [`release`](Self::release)d: the experts the step
+    /// in progress still has to use.
+    pub fn protect(&mut self, keys: &[Key]) {
+        self.protected.extend(keys.iter().copied());
+    }
+
+    pub fn release(&mut self, k: Key) {
+        self.protected.remove(&k);
+    }
+
+    /// Waits for the next read of any kind to finish and files it; `None` when nothing is in flight.
+    pub fn wait_next(&mut self) -> Option<(Key, Result<(), IoError>)> {
+        let c = self.reader.next_completion()?;
+        Some(self.complete(c))
+    }
+
+    /// Slots neither in flight nor holding a protected or pinned record.
+    pub fn available(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| match s {
+                Slot::Free => true,
+                Slot::InFlight { .. } => false,
+                Slot::Ready { key, .. } => !self.pinned.contains(key) && !self.protected.contains(key),
+            })
+            .count()
     }
 
     pub fn set_layer(&self, layer: u32) {
@@ -218,7 +249,9 @@ impl ExpertCache {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| match *s {
-                Slot::Ready { key, last_use, uses, .. } if !self.pinned.contains(&key) => {
+                Slot::Ready { key, last_use, uses, .. }
+                    if !self.pinned.contains(&key) && !self.protected.contains(&key) =>
+                {
                     let age = self.clock - last_use;
                     let score = match self.policy {
                         Policy::Lru => last_use as f64,
