@@ -137,7 +137,18 @@ fn bar(total: u64) -> ProgressBar {
     pb
 }
 
-fn main() -> Result<()> {
+/// Errors are printed as one tidy chain of causes (no backtrace), then exit status 1.
+fn main() -> std::process::ExitCode {
+    match real_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main() -> Result<()> {
     match Cli::parse().task {
         Task::Quality { data, max_layers, k3, json } => quality::run(&data, max_layers, k3, json),
         Task::Bench { what: BenchWhat::Io { file, size_gb, record, queue_depth, reads, reps, pread, json } } => {

@@ -2,6 +2,7 @@
 //! the library crates.
 
 mod inspect;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,6 +55,8 @@ enum Command {
         chunk: usize,
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        engine: run::EngineArgs,
     },
 }
 
@@ -71,8 +74,8 @@ struct RunArgs {
     /// Prompt tokens per prefill chunk.
     #[arg(long, default_value_t = 32)]
     chunk: usize,
-    #[arg(long = "shard-dir")]
-    shard_dirs: Vec<PathBuf>,
+    #[command(flatten)]
+    engine: run::EngineArgs,
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -85,11 +88,20 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
-fn lookahead(model: PathBuf, ids: &str, margin: Option<usize>, chunk: usize, json: bool) -> Result<ExitCode> {
+fn lookahead(
+    model: PathBuf,
+    ids: &str,
+    margin: Option<usize>,
+    chunk: usize,
+    json: bool,
+    ea: run::EngineArgs,
+) -> Result<ExitCode> {
     use k3_router::lookahead::Predictor;
     let ids = parse_ids(ids)?;
-    let m = open(&model, Vec::new())?;
-    let mut engine = k3_engine::Engine::load(&m).with_context(|| format!("loading {}", model.display()))?;
+    let m = open(&model, ea.shard_dirs.clone())?;
+    let mut engine =
+        k3_engine::Engine::load_with(&m, ea.options()?).with_context(|| format!("loading {}", model.display()))?;
+    ea.print_plan(&engine);
     if let Some(g) = margin {
         engine.set_lookahead_margin(g);
     }
@@ -97,6 +109,7 @@ fn lookahead(model: PathBuf, ids: &str, margin: Option<usize>, chunk: usize, jso
     for c in ids.chunks(chunk.max(1)) {
         engine.forward(&mut session, c, None)?;
     }
+    ea.report(&session.stats)?;
     let st = &session.lookahead;
     let layers: Vec<serde_json::Value> = (0..st.layers())
         .filter(|&l| st.counts(Predictor::AfterMoe, l).tokens + st.counts(Predictor::PreviousToken, l).tokens > 0)
@@ -158,8 +171,10 @@ fn lookahead(model: PathBuf, ids: &str, margin: Option<usize>, chunk: usize, jso
 
 fn run(args: RunArgs, trace: bool) -> Result<ExitCode> {
     let ids = parse_ids(&args.ids)?;
-    let model = open(&args.model, args.shard_dirs)?;
-    let engine = k3_engine::Engine::load(&model).with_context(|| format!("loading {}", args.model.display()))?;
+    let model = open(&args.model, args.engine.shard_dirs.clone())?;
+    let engine = k3_engine::Engine::load_with(&model, args.engine.options()?)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    args.engine.print_plan(&engine);
     let mut session = engine.session();
     let (mut logits, mut layers) = (Vec::new(), Vec::new());
     let mut chunk_trace = Vec::new();
@@ -167,6 +182,7 @@ fn run(args: RunArgs, trace: bool) -> Result<ExitCode> {
         logits.extend(engine.forward(&mut session, chunk, trace.then_some(&mut chunk_trace))?);
         layers.extend_from_slice(&chunk_trace);
     }
+    args.engine.report(&session.stats)?;
     let data = if trace { &layers } else { &logits };
     let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
     // Write next to the target and rename: a reader never sees half an array.
@@ -218,7 +234,18 @@ fn verify(model: &Model) -> ExitCode {
     }
 }
 
-fn main() -> Result<ExitCode> {
+/// Errors are printed as one tidy chain of causes (no backtrace), then exit status 1.
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main() -> Result<ExitCode> {
     match Cli::parse().command {
         Command::Inspect { model, shard_dirs, json } => {
             let m = open(&model, shard_dirs)?;
@@ -232,6 +259,8 @@ fn main() -> Result<ExitCode> {
         Command::Verify { model, shard_dirs } => Ok(verify(&open(&model, shard_dirs)?)),
         Command::Logits(args) => run(args, false),
         Command::Trace(args) => run(args, true),
-        Command::Lookahead { model, ids, margin, chunk, json } => lookahead(model, &ids, margin, chunk, json),
+        Command::Lookahead { model, ids, margin, chunk, json, engine } => {
+            lookahead(model, &ids, margin, chunk, json, engine)
+        }
     }
 }

@@ -129,3 +129,55 @@ fn bad_token_ids_are_clear_errors() {
     assert!(!ok && err.contains("token id 999 is outside the vocabulary of 512"), "{err}");
     assert!(!out.exists(), "nothing written on error");
 }
+
+#[test]
+fn measurement_switches_change_timing_not_results() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixture("tiny-k3.waste");
+    let ids = std::fs::read_to_string(fixture("golden/tiny-k3/golden/ids.txt")).unwrap();
+    let base = d.path().join("base.f32");
+    let (ok, _, err) =
+        k3(&["logits", "--model", model.to_str().unwrap(), "--ids", ids.trim(), "--out", base.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let other = d.path().join("other.f32");
+    let stats = d.path().join("stats.json");
+    let (ok, _, err) = k3(&[
+        "logits",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        ids.trim(),
+        "--out",
+        other.to_str().unwrap(),
+        "--no-overlap",
+        "--no-lookahead",
+        "--cache-policy",
+        "lru",
+        "--mem",
+        "80M",
+        "--stats",
+        "--verbose",
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("memory plan") && err.contains("overlap efficiency"), "{err}");
+    assert_eq!(std::fs::read(&base).unwrap(), std::fs::read(&other).unwrap());
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!(s["tokens"], 8);
+    assert_eq!(s["prefetches"]["issued"], 0, "--no-lookahead");
+    assert!(s["bytes_read"].as_u64().unwrap() > 0 && s["peak_rss_bytes"].as_u64().unwrap() > 0);
+    let (ok, _, err) = k3(&[
+        "logits",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        "1",
+        "--out",
+        other.to_str().unwrap(),
+        "--mem",
+        "1M",
+    ]);
+    assert!(!ok && err.contains("too small") && err.contains("needs at least"), "{err}");
+    assert!(!err.contains("stack backtrace"), "{err}");
+}

@@ -1,0 +1,166 @@
+//! The switches every command that runs the model shares, and the statistics it reports.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use k3_engine::{Engine, EngineOptions, RunStats};
+use k3_io::Policy;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Memory to live within: trunk, attention state, expert cache, I/O buffers (e.g. 48G, 512M).
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// Read, then compute (no overlap of expert reads with arithmetic), for measurement.
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Do not prefetch the next layer's predicted experts.
+    #[arg(long)]
+    pub no_lookahead: bool,
+    #[arg(long, default_value = "lfru")]
+    pub cache_policy: String,
+    /// Print a summary of the run's statistics.
+    #[arg(long)]
+    pub stats: bool,
+    /// Write the run's statistics as JSON to this file.
+    #[arg(long)]
+    pub stats_json: Option<PathBuf>,
+    /// Print the memory plan.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Other directories holding expert shards (one per drive); repeat the flag.
+    #[arg(long = "shard-dir")]
+    pub shard_dirs: Vec<PathBuf>,
+}
+
+/// `48G`, `512M`, `1.5G`, `4096` (bytes).
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = s[i..].to_ascii_uppercase();
+            let mul = match unit.trim_end_matches(['B', 'I']) {
+                "" => 1u64,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => bail!("`{s}`: unknown size unit (use K, M, G or T)"),
+            };
+            (&s[..i], mul)
+        }
+        None => (s, 1),
+    };
+    let v: f64 = num.trim().parse().with_context(|| format!("`{s}` is not a size like 48G"))?;
+    anyhow::ensure!(v >= 0.0, "`{s}`: a size cannot be negative");
+    Ok((v * mul as f64) as u64)
+}
+
+impl EngineArgs {
+    pub fn options(&self) -> Result<EngineOptions> {
+        let policy: Policy = self.cache_policy.parse().map_err(anyhow::Error::msg)?;
+        Ok(EngineOptions {
+            mem_budget: self.mem.as_deref().map(parse_bytes).transpose()?,
+            overlap: !self.no_overlap,
+            lookahead: !self.no_lookahead,
+            policy,
+            ..EngineOptions::default()
+        })
+    }
+
+    pub fn print_plan(&self, engine: &Engine<'_>) {
+        if !self.verbose {
+            return;
+        }
+        let p = engine.plan();
+        let mb = |b: u64| b as f64 / 1e6;
+        eprintln!("memory plan{}:", p.budget.map(|b| format!(" (budget {:.1} MB)", mb(b))).unwrap_or_default());
+        eprintln!("  trunk (mapped)        {:>12.1} MB", mb(p.trunk_bytes));
+        eprintln!(
+            "  attention state       {:>12.1} MB  (MLA caches sized for {} tokens)",
+            mb(p.state_bytes),
+            p.context
+        );
+        eprintln!(
+            "  expert cache          {:>12.1} MB  ({} slots of {:.2} MB)",
+            mb(p.slot_bytes * p.cache_slots),
+            p.cache_slots,
+            mb(p.slot_bytes)
+        );
+        eprintln!("  overhead              {:>12.1} MB", mb(p.overhead_bytes));
+        eprintln!("  total                 {:>12.1} MB", mb(p.total()));
+    }
+
+    /// Prints and/or writes the statistics, as asked.
+    pub fn report(&self, s: &RunStats) -> Result<()> {
+        let rss = peak_rss_bytes();
+        let step = s.seconds.max(1e-12);
+        // Compute: the step minus the time blocked on reads; I/O: the time reads were in flight.
+        let compute = (s.seconds - s.io_wait_seconds).max(0.0);
+        let overlap = compute.max(s.io_span_seconds) / step;
+        let c = &s.cache;
+        let lookups = (c.hits + c.misses).max(1);
+        let json = serde_json::json!({
+            "tokens": s.tokens,
+            "seconds": s.seconds,
+            "tokens_per_s": s.tokens as f64 / step,
+            "bytes_read": c.bytes_read,
+            "bytes_read_per_token": c.bytes_read as f64 / s.tokens.max(1) as f64,
+            "cache_hit_rate": c.hits as f64 / lookups as f64,
+            "cache": {"hits": c.hits, "misses": c.misses, "evictions": c.evictions, "failed_reads": c.failed_reads},
+            "prefetches": {"issued": c.prefetches_issued, "used": c.prefetches_used, "wasted": c.prefetches_wasted},
+            "io_wait_seconds": s.io_wait_seconds,
+            "io_span_seconds": s.io_span_seconds,
+            "compute_seconds": compute,
+            "overlap_efficiency": overlap,
+            "peak_rss_bytes": rss,
+        });
+        if let Some(path) = &self.stats_json {
+            std::fs::write(path, serde_json::to_vec_pretty(&json)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        if self.stats {
+            eprintln!(
+                "{} tokens in {:.3} s ({:.2} tok/s); read {:.2} MB ({:.2} MB/token), cache hit rate {:.1}%, \
+                 prefetches {} used / {} wasted of {}; I/O wait {:.3} s, compute {:.3} s, overlap efficiency {:.2}; peak RSS {:.1} MB",
+                s.tokens,
+                s.seconds,
+                s.tokens as f64 / step,
+                c.bytes_read as f64 / 1e6,
+                c.bytes_read as f64 / 1e6 / s.tokens.max(1) as f64,
+                100.0 * c.hits as f64 / lookups as f64,
+                c.prefetches_used,
+                c.prefetches_wasted,
+                c.prefetches_issued,
+                s.io_wait_seconds,
+                compute,
+                overlap,
+                rss.unwrap_or(0) as f64 / 1e6
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The process's peak resident set, measured by the kernel (VmHWM).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("48G").unwrap(), 48 << 30);
+        assert_eq!(parse_bytes("512m").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert!(parse_bytes("12X").is_err());
+        assert!(parse_bytes("lots").is_err());
+    }
+}
