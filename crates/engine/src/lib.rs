@@ -6,6 +6,7 @@
 pub mod config;
 pub mod convert;
 pub mod model;
+pub mod tokenizer;
 pub mod weights;
 
 pub use model::{Engine, EngineOptions, MemoryPlan, RunStats, Session};

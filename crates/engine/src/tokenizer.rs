@@ -1,0 +1,160 @@
+//! Kimi's tokenizer: tiktoken rank-BPE (repeatedly merge the adjacent pair whose concatenation has
+//! the lowest rank) over the pieces of Kimi's split regex, with special tokens from
+//! `tokenizer_config.json`. The BPE itself is `tiktoken-rs`'s `CoreBPE` (the same algorithm as
+//! Python tiktoken); this module loads the rank file, the regex and the specials.
+
+use std::collections::HashMap;
+
+use base64::Engine as _;
+use tiktoken_rs::CoreBPE;
+
+/// Kimi's split regex (models.md): eight alternatives, in order. `&&` is character-class
+/// intersection.
+pub const KIMI_PATTERN: &str = concat!(
+    r"[\p{Han}]+",
+    "|",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    "|",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    "|",
+    r"\p{N}{1,3}",
+    "|",
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*",
+    "|",
+    r"\s*[\r\n]+",
+    "|",
+    r"\s+(?!\S)",
+    "|",
+    r"\s+",
+);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("{file}: line {line}: {reason}")]
+    Ranks { file: String, line: usize, reason: String },
+    #[error("{file}: {reason}")]
+    Config { file: String, reason: String },
+    #[error("token id {0} is not in the vocabulary")]
+    UnknownId(u32),
+    #[error("cannot build the tokenizer: {0}")]
+    Build(String),
+}
+
+pub struct Tokenizer {
+    bpe: CoreBPE,
+    specials: HashMap<String, u32>,
+    special_names: HashMap<u32, String>,
+    vocab: usize,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer").field("vocab", &self.vocab).field("specials", &self.specials.len()).finish()
+    }
+}
+
+impl Tokenizer {
+    /// From a `tiktoken.model` rank file (`base64(token) rank` per line) and, optionally, a
+    /// `tokenizer_config.json` whose `added_tokens_decoder` names the special tokens.
+    pub fn from_tiktoken(ranks: &[u8], config: Option<&[u8]>, pattern: &str) -> Result<Tokenizer, TokenizerError> {
+        let file = "tiktoken.model".to_string();
+        let mut encoder = rustc_hash::FxHashMap::default();
+        let text = std::str::from_utf8(ranks).map_err(|e| TokenizerError::Ranks {
+            file: file.clone(),
+            line: 0,
+            reason: e.to_string(),
+        })?;
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let bad =
+                |reason: &str| TokenizerError::Ranks { file: file.clone(), line: i + 1, reason: reason.to_string() };
+            let (tok, rank) = line.split_once(' ').ok_or_else(|| bad("expected `base64 rank`"))?;
+            let bytes =
+                base64::engine::general_purpose::STANDARD.decode(tok).map_err(|_| bad("token is not base64"))?;
+            let rank: u32 = rank.trim().parse().map_err(|_| bad("rank is not a number"))?;
+            encoder.insert(bytes, rank);
+        }
+        let vocab = encoder.values().map(|r| *r as usize + 1).max().unwrap_or(0);
+        let mut specials = HashMap::new();
+        if let Some(cfg) = config {
+            let v: serde_json::Value = serde_json::from_slice(cfg)
+                .map_err(|e| TokenizerError::Config { file: "tokenizer_config.json".into(), reason: e.to_string() })?;
+            if let Some(added) = v.get("added_tokens_decoder").and_then(|a| a.as_object()) {
+                for (id, t) in added {
+                    let id: u32 = id.parse().map_err(|_| TokenizerError::Config {
+                        file: "tokenizer_config.json".into(),
+                        reason: format!("added token id `{id}` is not a number"),
+                    })?;
+                    if let Some(content) = t.get("content").and_then(|c| c.as_str()) {
+                        specials.insert(content.to_string(), id);
+                    }
+                }
+            }
+        }
+        let special_names = specials.iter().map(|(k, v)| (*v, k.clone())).collect();
+        let special_fx: rustc_hash::FxHashMap<String, u32> = specials.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let vocab = vocab.max(specials.values().map(|v| *v as usize + 1).max().unwrap_or(0));
+        let bpe = CoreBPE::new(encoder, special_fx, pattern).map_err(|e| TokenizerError::Build(e.to_string()))?;
+        Ok(Tokenizer { bpe, specials, special_names, vocab })
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Ids of `text`, special-token strings treated as plain text.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        self.bpe.encode_ordinary(text)
+    }
+
+    /// Ids of `text`, special-token strings (e.g. `<|open|>`) becoming their ids.
+    pub fn encode_with_specials(&self, text: &str) -> Vec<u32> {
+        self.bpe.encode_with_special_tokens(text)
+    }
+
+    pub fn special(&self, name: &str) -> Option<u32> {
+        self.specials.get(name).copied()
+    }
+
+    pub fn special_name(&self, id: u32) -> Option<&str> {
+        self.special_names.get(&id).map(String::as_str)
+    }
+
+    /// The bytes of `ids` (may end inside a UTF-8 character).
+    pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
+        self.bpe.decode_bytes(ids).map_err(|e| TokenizerError::UnknownId(e.token))
+    }
+}
+
+/// Turns a stream of token ids into text, holding back bytes of a UTF-8 character split over
+/// tokens until it is complete.
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    pending: Vec<u8>,
+}
+
+impl StreamDecoder {
+    /// The text that `id` completes (possibly empty).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
+        self.pending.extend(tok.decode_bytes(&[id])?);
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            // A cut inside a character at the end: keep it for the next token. Invalid bytes in
+            // the middle are replaced (they cannot become valid later).
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.pending.len(),
+        };
+        let out = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+        self.pending.drain(..valid);
+        Ok(out)
+    }
+
+    /// Whatever is left at the end (an incomplete character becomes U+FFFD).
+    pub fn finish(&mut self) -> String {
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        out
+    }
+}
