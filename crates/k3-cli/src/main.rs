@@ -42,6 +42,21 @@ enum Command {
     Logits(RunArgs),
     /// The hidden state after every layer: writes f32 [tokens, layers, hidden], token-major.
     Trace(RunArgs),
+    /// Text on standard input to token ids, printed as a JSON array.
+    Tokenize {
+        /// A `tiktoken.model` file (its `tokenizer_config.json` alongside, if any) or a WASTE model
+        /// directory (the tokenizer it embeds).
+        #[arg(long)]
+        tokenizer: PathBuf,
+        /// Turn special-token strings such as `<|open|>` into their ids.
+        #[arg(long)]
+        specials: bool,
+    },
+    /// Token ids on standard input (a JSON array, or numbers separated by spaces) to text.
+    Detokenize {
+        #[arg(long)]
+        tokenizer: PathBuf,
+    },
     /// How well the router lookahead would predict each MoE layer's experts on a prompt.
     Lookahead {
         #[arg(long)]
@@ -76,6 +91,26 @@ struct RunArgs {
     chunk: usize,
     #[command(flatten)]
     engine: run::EngineArgs,
+}
+
+fn load_tokenizer(path: &std::path::Path) -> Result<k3_engine::tokenizer::Tokenizer> {
+    use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
+    if path.is_dir() {
+        let m = open(&path.to_path_buf(), Vec::new())?;
+        let ranks = m.blob("tiktoken.model").with_context(|| format!("{} embeds no tiktoken.model", path.display()))?;
+        return Ok(Tokenizer::from_tiktoken(ranks, m.blob("tokenizer_config.json"), KIMI_PATTERN)?);
+    }
+    if path.extension().is_some_and(|e| e == "json") {
+        anyhow::bail!(
+            "{}: Hugging Face tokenizer.json files are not supported yet; use the model's tiktoken.model",
+            path.display()
+        );
+    }
+    let ranks = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg_path = path.with_file_name("tokenizer_config.json");
+    let cfg = if cfg_path.exists() { Some(std::fs::read(&cfg_path)?) } else { None };
+    Tokenizer::from_tiktoken(&ranks, cfg.as_deref(), KIMI_PATTERN)
+        .with_context(|| format!("loading {}", path.display()))
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -257,6 +292,23 @@ fn real_main() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify { model, shard_dirs } => Ok(verify(&open(&model, shard_dirs)?)),
+        Command::Tokenize { tokenizer, specials } => {
+            let tok = load_tokenizer(&tokenizer)?;
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).context("reading standard input")?;
+            let ids = if specials { tok.encode_with_specials(&text) } else { tok.encode(&text) };
+            println!("{}", serde_json::to_string(&ids)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Detokenize { tokenizer } => {
+            let tok = load_tokenizer(&tokenizer)?;
+            let mut input = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut input).context("reading standard input")?;
+            let ids = parse_ids(input.trim().trim_start_matches('[').trim_end_matches(']'))?;
+            let bytes = tok.decode_bytes(&ids)?;
+            print!("{}", String::from_utf8_lossy(&bytes));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Logits(args) => run(args, false),
         Command::Trace(args) => run(args, true),
         Command::Lookahead { model, ids, margin, chunk, json, engine } => {

@@ -181,3 +181,32 @@ fn measurement_switches_change_timing_not_results() {
     assert!(!ok && err.contains("too small") && err.contains("needs at least"), "{err}");
     assert!(!err.contains("stack backtrace"), "{err}");
 }
+
+fn k3_stdin(args: &[&str], input: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_k3-cli"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn tokenize_and_detokenize_round_trip() {
+    let ranks = fixture("tokenizer/o200k_base.tiktoken");
+    let text = "Hello 世界 😀\r\nit's 42 — done";
+    let (ok, ids, err) = k3_stdin(&["tokenize", "--tokenizer", ranks.to_str().unwrap()], text);
+    assert!(ok, "{err}");
+    let parsed: Vec<u32> = serde_json::from_str(ids.trim()).unwrap();
+    assert!(!parsed.is_empty());
+    let (ok, back, err) = k3_stdin(&["detokenize", "--tokenizer", ranks.to_str().unwrap()], &ids);
+    assert!(ok, "{err}");
+    assert_eq!(back, text);
+    let (ok, _, err) = k3_stdin(&["tokenize", "--tokenizer", fixture("tiny-k3.waste").to_str().unwrap()], "x");
+    assert!(!ok && err.contains("embeds no tiktoken.model"), "{err}");
+}
