@@ -6,6 +6,7 @@
 pub mod config;
 pub mod convert;
 pub mod model;
+pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 

@@ -42,6 +42,31 @@ enum Command {
     Logits(RunArgs),
     /// The hidden state after every layer: writes f32 [tokens, layers, hidden], token-major.
     Trace(RunArgs),
+    /// Continue a prompt, streaming the new text (or ids, for a model without a tokenizer).
+    Generate {
+        #[arg(long)]
+        model: PathBuf,
+        /// The prompt text (needs a model with an embedded tokenizer).
+        prompt: Option<String>,
+        /// The prompt as token ids instead.
+        #[arg(long)]
+        ids: Option<String>,
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        /// 0 = greedy (reproducible).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 32)]
+        chunk: usize,
+        #[command(flatten)]
+        engine: run::EngineArgs,
+    },
     /// Text on standard input to token ids, printed as a JSON array.
     Tokenize {
         /// A `tiktoken.model` file (its `tokenizer_config.json` alongside, if any) or a WASTE model
@@ -111,6 +136,80 @@ fn load_tokenizer(path: &std::path::Path) -> Result<k3_engine::tokenizer::Tokeni
     let cfg = if cfg_path.exists() { Some(std::fs::read(&cfg_path)?) } else { None };
     Tokenizer::from_tiktoken(&ranks, cfg.as_deref(), KIMI_PATTERN)
         .with_context(|| format!("loading {}", path.display()))
+}
+
+fn generate(
+    path: &std::path::Path,
+    prompt: Option<&str>,
+    ids: Option<&str>,
+    max_tokens: usize,
+    cfg: k3_engine::sample::SamplerConfig,
+    chunk: usize,
+    ea: &run::EngineArgs,
+) -> Result<ExitCode> {
+    use std::io::Write;
+    let model = open(&path.to_path_buf(), ea.shard_dirs.clone())?;
+    let tok = model
+        .blob("tiktoken.model")
+        .map(|r| {
+            k3_engine::tokenizer::Tokenizer::from_tiktoken(
+                r,
+                model.blob("tokenizer_config.json"),
+                k3_engine::tokenizer::KIMI_PATTERN,
+            )
+        })
+        .transpose()?;
+    let prompt_ids = match (ids, prompt, &tok) {
+        (Some(ids), _, _) => parse_ids(ids)?,
+        (None, Some(text), Some(t)) => t.encode_with_specials(text),
+        (None, Some(_), None) => anyhow::bail!("{} embeds no tokenizer: give the prompt as --ids", path.display()),
+        (None, None, _) => anyhow::bail!("give a prompt (text) or --ids"),
+    };
+    anyhow::ensure!(!prompt_ids.is_empty(), "the prompt encodes to no tokens");
+    let engine =
+        k3_engine::Engine::load_with(&model, ea.options()?).with_context(|| format!("loading {}", path.display()))?;
+    ea.print_plan(&engine);
+    // End of message: `eos_token_id` of the config (K3 keeps it at the root, beside text_config).
+    let root: serde_json::Value =
+        serde_json::from_slice(model.blob("config.json").unwrap_or(b"{}")).unwrap_or_default();
+    let eos: Vec<u32> = [root.get("eos_token_id"), engine.config().text.get("eos_token_id")]
+        .into_iter()
+        .flatten()
+        .filter_map(serde_json::Value::as_u64)
+        .map(|v| v as u32)
+        .collect();
+    let mut session = engine.session();
+    let t0 = std::time::Instant::now();
+    let mut logits = Vec::new();
+    for c in prompt_ids.chunks(chunk.max(1)) {
+        logits = engine.forward(&mut session, c, None)?;
+    }
+    let prefill = (prompt_ids.len(), t0.elapsed().as_secs_f64());
+    let mut sampler = k3_engine::sample::Sampler::new(cfg);
+    let mut stream = k3_engine::tokenizer::StreamDecoder::default();
+    let mut out = std::io::stdout().lock();
+    let t1 = std::time::Instant::now();
+    let v = engine.vocab();
+    let mut produced = 0;
+    while produced < max_tokens {
+        let next = sampler.sample(&logits[logits.len() - v..]);
+        produced += 1;
+        match &tok {
+            Some(t) => write!(out, "{}", stream.push(t, next)?)?,
+            None => write!(out, "{next} ")?,
+        }
+        out.flush()?;
+        if eos.contains(&next) {
+            break;
+        }
+        logits = engine.forward(&mut session, &[next], None)?;
+    }
+    if tok.is_some() {
+        write!(out, "{}", stream.finish())?;
+    }
+    writeln!(out)?;
+    ea.report_split(&session.stats, prefill, (produced, t1.elapsed().as_secs_f64()))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -308,6 +407,10 @@ fn real_main() -> Result<ExitCode> {
             let bytes = tok.decode_bytes(&ids)?;
             print!("{}", String::from_utf8_lossy(&bytes));
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Generate { model, prompt, ids, max_tokens, temperature, top_p, top_k, seed, chunk, engine } => {
+            let cfg = k3_engine::sample::SamplerConfig { temperature, top_k, top_p, seed };
+            generate(&model, prompt.as_deref(), ids.as_deref(), max_tokens, cfg, chunk, &engine)
         }
         Command::Logits(args) => run(args, false),
         Command::Trace(args) => run(args, true),

@@ -91,8 +91,17 @@ impl EngineArgs {
         eprintln!("  total                 {:>12.1} MB", mb(p.total()));
     }
 
+    /// As [`report`](Self::report), with prefill and decode timed separately.
+    pub fn report_split(&self, s: &RunStats, prefill: (usize, f64), decode: (usize, f64)) -> Result<()> {
+        self.report_with(s, Some((prefill, decode)))
+    }
+
     /// Prints and/or writes the statistics, as asked.
     pub fn report(&self, s: &RunStats) -> Result<()> {
+        self.report_with(s, None)
+    }
+
+    fn report_with(&self, s: &RunStats, split: Option<((usize, f64), (usize, f64))>) -> Result<()> {
         let rss = peak_rss_bytes();
         let step = s.seconds.max(1e-12);
         // Compute: the step minus the time blocked on reads; I/O: the time reads were in flight.
@@ -100,7 +109,8 @@ impl EngineArgs {
         let overlap = compute.max(s.io_span_seconds) / step;
         let c = &s.cache;
         let lookups = (c.hits + c.misses).max(1);
-        let json = serde_json::json!({
+        let rate = |(n, t): (usize, f64)| n as f64 / t.max(1e-12);
+        let mut json = serde_json::json!({
             "tokens": s.tokens,
             "seconds": s.seconds,
             "tokens_per_s": s.tokens as f64 / step,
@@ -115,11 +125,24 @@ impl EngineArgs {
             "overlap_efficiency": overlap,
             "peak_rss_bytes": rss,
         });
+        if let Some((p, d)) = split {
+            json["prefill"] = serde_json::json!({"tokens": p.0, "seconds": p.1, "tokens_per_s": rate(p)});
+            json["decode"] = serde_json::json!({"tokens": d.0, "seconds": d.1, "tokens_per_s": rate(d)});
+        }
         if let Some(path) = &self.stats_json {
             std::fs::write(path, serde_json::to_vec_pretty(&json)?)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         if self.stats {
+            if let Some((p, d)) = split {
+                eprintln!(
+                    "prefill {} tokens at {:.2} tok/s; decode {} tokens at {:.2} tok/s",
+                    p.0,
+                    rate(p),
+                    d.0,
+                    rate(d)
+                );
+            }
             eprintln!(
                 "{} tokens in {:.3} s ({:.2} tok/s); read {:.2} MB ({:.2} MB/token), cache hit rate {:.1}%, \
                  prefetches {} used / {} wasted of {}; I/O wait {:.3} s, compute {:.3} s, overlap efficiency {:.2}; peak RSS {:.1} MB",

@@ -210,3 +210,35 @@ fn tokenize_and_detokenize_round_trip() {
     let (ok, _, err) = k3_stdin(&["tokenize", "--tokenizer", fixture("tiny-k3.waste").to_str().unwrap()], "x");
     assert!(!ok && err.contains("embeds no tiktoken.model"), "{err}");
 }
+
+#[test]
+fn generate_is_reproducible_and_starts_from_the_reference_prediction() {
+    let model = fixture("tiny-k3.waste");
+    let m = model.to_str().unwrap();
+    // The golden argmax after "37 246 205" is 237 (fixtures/golden/tiny-k3/golden/meta.json).
+    let (ok, out, err) = k3(&["generate", "--model", m, "--ids", "37 246 205", "--max-tokens", "6"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("237 "), "{out}");
+    let (_, again, _) = k3(&["generate", "--model", m, "--ids", "37 246 205", "--max-tokens", "6"]);
+    assert_eq!(out, again, "greedy decoding is reproducible");
+    let sampled = [
+        "generate",
+        "--model",
+        m,
+        "--ids",
+        "37 246 205",
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0.9",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "3",
+    ];
+    let (ok, a, err) = k3(&sampled);
+    assert!(ok, "{err}");
+    assert_eq!(a, k3(&sampled).1, "the same seed samples the same tokens");
+    let (ok, _, err) = k3(&["generate", "--model", m, "hello"]);
+    assert!(!ok && err.contains("embeds no tokenizer"), "{err}");
+}
