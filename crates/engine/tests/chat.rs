@@ -1,0 +1,99 @@
+//! Chat prompts built exactly as models.md spells the formats.
+
+use std::path::Path;
+
+use k3_engine::chat::{ChatFormat, Message, Role};
+use k3_engine::config::Family;
+use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
+
+fn tokenizer() -> Tokenizer {
+    let ranks =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizer/o200k_base.tiktoken"))
+            .unwrap();
+    let names = [
+        "[BOS]",
+        "[EOS]",
+        "<|end_of_msg|>",
+        "<|open|>",
+        "<|close|>",
+        "<|sep|>",
+        "<|im_user|>",
+        "<|im_assistant|>",
+        "<|im_system|>",
+        "<|im_middle|>",
+        "<|im_end|>",
+    ];
+    let added: serde_json::Map<String, serde_json::Value> =
+        names.iter().enumerate().map(|(i, n)| ((200_000 + i).to_string(), serde_json::json!({"content": n}))).collect();
+    let cfg = serde_json::to_vec(&serde_json::json!({"added_tokens_decoder": added})).unwrap();
+    Tokenizer::from_tiktoken(&ranks, Some(&cfg), KIMI_PATTERN).unwrap()
+}
+
+#[test]
+fn k3_xtml_turns_and_generation_prompt() {
+    let tok = tokenizer();
+    let sp = |n: &str| tok.special(n).unwrap();
+    let e = |s: &str| tok.encode(s);
+    let f = ChatFormat::new(&tok, Family::KimiK3);
+    let msgs = [Message::new(Role::System, "Be brief."), Message::new(Role::User, "Hi")];
+    let got = f.prompt(&msgs, true).unwrap();
+    let mut want = Vec::new();
+    for (role, text) in [("system", "Be brief."), ("user", "Hi")] {
+        want.push(sp("<|open|>"));
+        for seg in ["message", " role", "=\"", role, "\""] {
+            want.extend(e(seg));
+        }
+        want.push(sp("<|sep|>"));
+        want.extend(e(text));
+        want.push(sp("<|close|>"));
+        want.extend(e("message"));
+        want.push(sp("<|sep|>"));
+        want.push(sp("<|end_of_msg|>"));
+    }
+    want.push(sp("<|open|>"));
+    for seg in ["message", " role", "=\"", "assistant", "\""] {
+        want.extend(e(seg));
+    }
+    want.push(sp("<|sep|>"));
+    want.push(sp("<|open|>"));
+    want.extend(e("think"));
+    want.push(sp("<|sep|>"));
+    assert_eq!(got, want);
+    let no_think = f.prompt(&msgs, false).unwrap();
+    assert_eq!(no_think[no_think.len() - 3..], [sp("<|open|>"), e("response")[0], sp("<|sep|>")]);
+    assert_eq!(f.end_of_turn().unwrap(), sp("<|end_of_msg|>"));
+}
+
+#[test]
+fn k3_prior_assistant_turns_wrap_think_and_response() {
+    let tok = tokenizer();
+    let f = ChatFormat::new(&tok, Family::KimiK3);
+    let mut a = Message::new(Role::Assistant, "Hello!");
+    a.thinking = Some("greet".into());
+    let ids = f.prompt(&[Message::new(Role::User, "Hi"), a], false).unwrap();
+    let text = String::from_utf8_lossy(&tok.decode_bytes(&ids).unwrap()).into_owned();
+    assert!(
+        text.contains("<|open|>think<|sep|>greet<|close|>think<|sep|><|open|>response<|sep|>Hello!<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"),
+        "{text}"
+    );
+}
+
+#[test]
+fn kimi_linear_im_format() {
+    let tok = tokenizer();
+    let f = ChatFormat::new(&tok, Family::KimiLinear);
+    let ids = f.prompt(&[Message::new(Role::User, "Hi")], false).unwrap();
+    let text = String::from_utf8_lossy(&tok.decode_bytes(&ids).unwrap()).into_owned();
+    assert_eq!(text, "<|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|>");
+    assert_eq!(f.end_of_turn().unwrap(), tok.special("<|im_end|>").unwrap());
+}
+
+#[test]
+fn a_tokenizer_without_the_markers_is_a_clear_error() {
+    let ranks =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizer/o200k_base.tiktoken"))
+            .unwrap();
+    let tok = Tokenizer::from_tiktoken(&ranks, None, KIMI_PATTERN).unwrap();
+    let e = ChatFormat::new(&tok, Family::KimiK3).prompt(&[], true).unwrap_err().to_string();
+    assert!(e.contains("<|open|>"), "{e}");
+}
