@@ -81,33 +81,49 @@ impl<'t> ChatFormat<'t> {
     /// thinking section first when `think`).
     pub fn prompt(&self, messages: &[Message], think: bool) -> Result<Vec<u32>, TokenizerError> {
         let mut out = Vec::new();
+        for m in messages {
+            out.extend(self.turn(m)?);
+        }
+        out.extend(self.generation_prompt(think)?);
+        Ok(out)
+    }
+
+    /// What opens the assistant's turn.
+    pub fn generation_prompt(&self, think: bool) -> Result<Vec<u32>, TokenizerError> {
+        let mut out = Vec::new();
         match self.family {
             Family::KimiK3 => {
-                for m in messages {
-                    self.k3_open_message(&mut out, m.role)?;
-                    if m.role == Role::Assistant {
-                        self.tag(&mut out, "<|open|>", "think")?;
-                        out.extend(self.tok.encode(m.thinking.as_deref().unwrap_or("")));
-                        self.tag(&mut out, "<|close|>", "think")?;
-                        self.tag(&mut out, "<|open|>", "response")?;
-                        out.extend(self.tok.encode(&m.content));
-                        self.tag(&mut out, "<|close|>", "response")?;
-                    } else {
-                        out.extend(self.tok.encode(&m.content));
-                    }
-                    self.tag(&mut out, "<|close|>", "message")?;
-                    out.push(self.special("<|end_of_msg|>")?);
-                }
                 self.k3_open_message(&mut out, Role::Assistant)?;
                 self.tag(&mut out, "<|open|>", if think { "think" } else { "response" })?;
             }
-            Family::KimiLinear => {
-                for m in messages {
-                    self.kl_open(&mut out, m.role)?;
+            Family::KimiLinear => self.kl_open(&mut out, Role::Assistant)?,
+        }
+        Ok(out)
+    }
+
+    /// One complete turn.
+    pub fn turn(&self, m: &Message) -> Result<Vec<u32>, TokenizerError> {
+        let mut out = Vec::new();
+        match self.family {
+            Family::KimiK3 => {
+                self.k3_open_message(&mut out, m.role)?;
+                if m.role == Role::Assistant {
+                    self.tag(&mut out, "<|open|>", "think")?;
+                    out.extend(self.tok.encode(m.thinking.as_deref().unwrap_or("")));
+                    self.tag(&mut out, "<|close|>", "think")?;
+                    self.tag(&mut out, "<|open|>", "response")?;
                     out.extend(self.tok.encode(&m.content));
-                    out.push(self.special("<|im_end|>")?);
+                    self.tag(&mut out, "<|close|>", "response")?;
+                } else {
+                    out.extend(self.tok.encode(&m.content));
                 }
-                self.kl_open(&mut out, Role::Assistant)?;
+                self.tag(&mut out, "<|close|>", "message")?;
+                out.push(self.special("<|end_of_msg|>")?);
+            }
+            Family::KimiLinear => {
+                self.kl_open(&mut out, m.role)?;
+                out.extend(self.tok.encode(&m.content));
+                out.push(self.special("<|im_end|>")?);
             }
         }
         Ok(out)
