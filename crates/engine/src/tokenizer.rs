@@ -136,9 +136,14 @@ pub struct StreamDecoder {
 }
 
 impl StreamDecoder {
-    /// The text that `id` completes (possibly empty).
+    /// The text that `id` completes (possibly empty). An id the tokenizer does not know (a model's
+    /// padding rows) shows as U+FFFD rather than ending the stream.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
-        self.pending.extend(tok.decode_bytes(&[id])?);
+        match tok.decode_bytes(&[id]) {
+            Ok(b) => self.pending.extend(b),
+            Err(TokenizerError::UnknownId(_)) => self.pending.extend("\u{FFFD}".as_bytes()),
+            Err(e) => return Err(e),
+        }
         let valid = match std::str::from_utf8(&self.pending) {
             Ok(_) => self.pending.len(),
             // A cut inside a character at the end: keep it for the next token. Invalid bytes in

@@ -1,6 +1,7 @@
 //! `k3-cli`: the user's entry point. Thin: argument parsing and presentation; the work is done by
 //! the library crates.
 
+mod chat;
 mod inspect;
 mod run;
 
@@ -64,6 +65,32 @@ enum Command {
         seed: u64,
         #[arg(long, default_value_t = 32)]
         chunk: usize,
+        #[command(flatten)]
+        engine: run::EngineArgs,
+    },
+    /// An interactive conversation in the model's chat format (Ctrl-C stops an answer; Ctrl-D ends).
+    Chat {
+        #[arg(long)]
+        model: PathBuf,
+        /// A system prompt.
+        #[arg(long)]
+        system: Option<String>,
+        /// Answer without a thinking section (K3).
+        #[arg(long)]
+        no_think: bool,
+        /// Show the model's thinking (hidden by default).
+        #[arg(long)]
+        show_thinking: bool,
+        #[arg(long, default_value_t = 512)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 0.6)]
+        temperature: f32,
+        #[arg(long, default_value_t = 0.95)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
         #[command(flatten)]
         engine: run::EngineArgs,
     },
@@ -411,6 +438,27 @@ fn real_main() -> Result<ExitCode> {
         Command::Generate { model, prompt, ids, max_tokens, temperature, top_p, top_k, seed, chunk, engine } => {
             let cfg = k3_engine::sample::SamplerConfig { temperature, top_k, top_p, seed };
             generate(&model, prompt.as_deref(), ids.as_deref(), max_tokens, cfg, chunk, &engine)
+        }
+        Command::Chat {
+            model,
+            system,
+            no_think,
+            show_thinking,
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            seed,
+            engine,
+        } => {
+            let a = chat::ChatArgs {
+                system: system.as_deref(),
+                think: !no_think,
+                show_thinking,
+                max_tokens,
+                sampler: k3_engine::sample::SamplerConfig { temperature, top_k, top_p, seed },
+            };
+            chat::run(&model, a, &engine)
         }
         Command::Logits(args) => run(args, false),
         Command::Trace(args) => run(args, true),
