@@ -37,6 +37,25 @@ enum Trunk {
 
 #[derive(Subcommand)]
 enum BenchWhat {
+    /// The engine decoding: read-then-compute, overlap, overlap + lookahead, cache policies.
+    Decode {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, default_value_t = 8)]
+        tokens: usize,
+        #[arg(long, default_value_t = 16)]
+        prompt: usize,
+        /// Memory budget for the engine (e.g. 4G); default: the engine's own small cache.
+        #[arg(long)]
+        mem: Option<String>,
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Comma-separated subset of: read-then-compute, overlap, overlap+lookahead, lru, lfu.
+        #[arg(long)]
+        variants: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// The expert reader against a raw O_DIRECT io_uring ceiling, same read size and queue depth.
     Io {
         /// File to read (default: bench-out/io-test.bin, created if missing).
@@ -81,6 +100,16 @@ enum BenchWhat {
 
 #[derive(Subcommand)]
 enum Task {
+    /// Write a random-weight WASTE model with K3's architecture (presets k3-tiny, k3-proxy).
+    Synth {
+        #[arg(long)]
+        preset: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// Routed expert encoding.
+        #[arg(long, value_enum, default_value = "mxfp4")]
+        experts: Experts,
+    },
     /// Encoding error of MXFP4, RTN 3-bit and the VQ codecs on real and K3-shaped weights.
     Quality {
         /// Directory written by tools/quality/minilm_capture.py.
@@ -127,6 +156,19 @@ enum Task {
     },
 }
 
+/// `48G`, `512M`, `4096`.
+fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let v: f64 = num.parse().with_context(|| format!("`{s}` is not a size like 4G"))?;
+    Ok((v * mul as f64) as u64)
+}
+
 fn bar(total: u64) -> ProgressBar {
     let pb = ProgressBar::new(total);
     pb.set_style(
@@ -162,6 +204,68 @@ fn real_main() -> Result<()> {
                 backend: if pread { k3_io::BackendChoice::Pread } else { k3_io::BackendChoice::IoUring },
             };
             let report = bench::io::run(&o, json)?;
+            if json {
+                println!("{report}");
+            }
+            Ok(())
+        }
+        Task::Synth { preset, out, experts } => {
+            let p = k3_engine::synth::preset(&preset).with_context(|| {
+                let names: Vec<&str> = k3_engine::synth::PRESETS.iter().map(|p| p.name).collect();
+                format!("unknown preset `{preset}` (one of {})", names.join(", "))
+            })?;
+            let e = match experts {
+                Experts::Vq3 => k3_engine::synth::SynthExperts::Vq3,
+                Experts::Mxfp4 | Experts::Keep => k3_engine::synth::SynthExperts::Mxfp4,
+                Experts::Bf16 => bail!("synthetic models have MXFP4 or vq3 experts"),
+            };
+            let pb = bar(0);
+            pb.set_message("synth");
+            k3_engine::synth::synth(&p, e, &out, &mut |done, total| {
+                pb.set_length(total);
+                pb.set_position(done);
+            })?;
+            pb.finish_and_clear();
+            let m = k3_format::Model::open(&out)?;
+            let shard: u64 = m.manifest().shards.iter().map(|s| s.bytes).sum();
+            println!(
+                "wrote {} to {}: trunk {:.1} MB, expert shards {:.2} GB",
+                p.name,
+                out.display(),
+                m.manifest().trunk.bytes as f64 / 1e6,
+                shard as f64 / 1e9
+            );
+            Ok(())
+        }
+        Task::Bench { what: BenchWhat::Decode { model, tokens, prompt, mem, reps, variants, json } } => {
+            let variants: Vec<String> = match variants {
+                Some(v) => v.split(',').map(|s| s.trim().to_string()).collect(),
+                None => bench::decode::ALL_VARIANTS.iter().map(|s| s.to_string()).collect(),
+            };
+            let mem = mem.map(|m| parse_size(&m)).transpose()?;
+            let m = k3_format::Model::open(&model)?;
+            let record = m.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(4096) as usize;
+            let shard = m.shard_paths().first().cloned().context("the model has no expert shards")?;
+            drop(m);
+            let io = bench::io::Options {
+                file: Some(shard),
+                file_bytes: 0,
+                record,
+                queue_depth: 32,
+                reads: 48,
+                reps: 3,
+                backend: k3_io::BackendChoice::IoUring,
+            };
+            let ceiling = bench::io::run(&io, true)?["ceiling_gbps"].as_f64().unwrap_or(0.0);
+            let o = bench::decode::Options {
+                model: &model,
+                tokens: tokens.max(1),
+                prompt,
+                mem,
+                reps: reps.max(1),
+                variants,
+            };
+            let report = bench::decode::run(&o, ceiling, json)?;
             if json {
                 println!("{report}");
             }

@@ -1,3 +1,4 @@
+#![recursion_limit = "256"]
 //! # k3-engine
 //!
 //! The model side of k3: the model's config, converting Hugging Face checkpoints to WASTE, and the
@@ -8,6 +9,7 @@ pub mod config;
 pub mod convert;
 pub mod model;
 pub mod sample;
+pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 

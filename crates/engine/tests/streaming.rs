@@ -130,3 +130,21 @@ fn statistics_count_what_happened() {
     assert_eq!(second.cache.misses, first.cache.misses, "{second:?}");
     assert_eq!(second.cache.bytes_read, first.cache.bytes_read);
 }
+
+#[test]
+fn synthetic_k3_tiny_runs_in_both_expert_encodings() {
+    use k3_engine::synth::{SynthExperts, preset, synth};
+    for experts in [SynthExperts::Mxfp4, SynthExperts::Vq3] {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("m");
+        synth(&preset("k3-tiny").unwrap(), experts, &dir, &mut |_, _| {}).unwrap();
+        let model = Model::open(&dir).unwrap();
+        assert!(model.verify(&mut |_| {}).is_empty());
+        let engine = Engine::load(&model).unwrap();
+        let logits = engine.forward(&mut engine.session(), &[1, 2, 3, 4, 5], None).unwrap();
+        assert_eq!(logits.len(), 5 * 512);
+        assert!(logits.iter().all(|v| v.is_finite()), "{experts:?}");
+        let spread = logits.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(spread > 1e-3 && spread < 1e3, "{experts:?}: logits of magnitude {spread}");
+    }
+}

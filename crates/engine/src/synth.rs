@@ -1,0 +1,304 @@
+//! Random-weight WASTE models with K3's architecture and routing shape, written directly (no
+//! Hugging Face step), for tests and benchmarks: `k3-tiny` (seconds to make) and `k3-proxy`
+//! (expert shards far larger than the memory a benchmark gives the engine).
+//!
+//! Weights are scaled like a trained model's (about `1/sqrt(fan_in)`), so activations stay in
+//! range through the layers; routing is whatever random gates give.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use half::bf16;
+use k3_format::{Architecture, CodebookSource, Encoding, ExpertLayout, ModelWriter, Opened, WriterSpec};
+use k3_quant::rng::XorShift;
+use k3_quant::vq::{Codec, Rotation};
+
+use crate::EngineError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preset {
+    pub name: &'static str,
+    pub layers: u32,
+    pub hidden: usize,
+    pub vocab: usize,
+    pub experts: u32,
+    pub top_k: u32,
+    /// LatentMoE width the experts work in, and the experts' own width.
+    pub latent: usize,
+    pub expert_width: usize,
+    pub dense_width: usize,
+    pub kda_heads: usize,
+    pub head_dim: usize,
+    pub mla_heads: usize,
+    pub q_lora: usize,
+    pub kv_lora: usize,
+}
+
+pub const PRESETS: [Preset; 2] = [
+    Preset {
+        name: "k3-tiny",
+        layers: 4,
+        hidden: 256,
+        vocab: 512,
+        experts: 32,
+        top_k: 4,
+        latent: 128,
+        expert_width: 64,
+        dense_width: 384,
+        kda_heads: 4,
+        head_dim: 32,
+        mla_heads: 4,
+        q_lora: 96,
+        kv_lora: 64,
+    },
+    // 896 experts, 16 active, like K3; 6 MoE layers of 5.0 MB MXFP4 records = 27 GB of shards.
+    Preset {
+        name: "k3-proxy",
+        layers: 7,
+        hidden: 2048,
+        vocab: 4096,
+        experts: 896,
+        top_k: 16,
+        latent: 2048,
+        expert_width: 1536,
+        dense_width: 4096,
+        kda_heads: 16,
+        head_dim: 128,
+        mla_heads: 16,
+        q_lora: 512,
+        kv_lora: 512,
+    },
+];
+
+pub fn preset(name: &str) -> Option<Preset> {
+    PRESETS.iter().copied().find(|p| p.name == name)
+}
+
+fn is_mla(p: &Preset, i: u32) -> bool {
+    (i + 1) % 4 == 0 || i + 1 == p.layers
+}
+
+/// The model's `config.json` (K3 layout, `text_config` inside).
+pub fn config_json(p: &Preset) -> serde_json::Value {
+    let kda: Vec<u32> = (0..p.layers).filter(|&i| !is_mla(p, i)).map(|i| i + 1).collect();
+    let mla: Vec<u32> = (0..p.layers).filter(|&i| is_mla(p, i)).map(|i| i + 1).collect();
+    serde_json::json!({
+        "architectures": ["KimiK3ForConditionalGeneration"],
+        "model_type": "kimi_k3",
+        "bos_token_id": p.vocab - 4, "eos_token_id": p.vocab - 2, "pad_token_id": p.vocab - 1,
+        "text_config": {
+            "model_type": "kimi_linear", "hidden_size": p.hidden, "num_hidden_layers": p.layers,
+            "vocab_size": p.vocab, "intermediate_size": p.dense_width, "first_k_dense_replace": 1,
+            "moe_layer_freq": 1, "num_attention_heads": p.mla_heads, "q_lora_rank": p.q_lora,
+            "kv_lora_rank": p.kv_lora, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "mla_use_nope": true, "mla_use_output_gate": true, "num_experts": p.experts,
+            "num_experts_per_token": p.top_k, "moe_intermediate_size": p.expert_width,
+            "routed_expert_hidden_size": p.latent, "latent_moe_use_norm": true, "num_shared_experts": 2,
+            "moe_router_activation_func": "sigmoid", "topk_method": "noaux_tc", "num_expert_group": 1,
+            "topk_group": 1, "moe_renormalize": true, "routed_scaling_factor": 1.0, "hidden_act": "situ",
+            "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0, "attn_res_block_size": 2,
+            "rms_norm_eps": 1e-5,
+            "linear_attn_config": {"kda_layers": kda, "full_attn_layers": mla, "num_heads": p.kda_heads,
+                "head_dim": p.head_dim, "short_conv_kernel_size": 4, "gate_lower_bound": -5.0, "use_full_rank_gate": true},
+        },
+        "synthetic": {"preset": p.name, "note": "random weights from `cargo xtask synth`"},
+    })
+}
+
+struct Gen(XorShift);
+
+impl Gen {
+    fn bf16(&mut self, n: usize, scale: f32) -> Vec<u8> {
+        (0..n).flat_map(|_| bf16::from_f32(self.0.gaussian() * scale).to_le_bytes()).collect()
+    }
+
+    fn f32s(&mut self, n: usize, f: impl Fn(&mut XorShift) -> f32) -> Vec<u8> {
+        (0..n).flat_map(|_| f(&mut self.0).to_le_bytes()).collect()
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend(self.0.next_u64().to_le_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+}
+
+/// Which expert encoding the synthetic model uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthExperts {
+    Mxfp4,
+    /// Random codes and codebooks in the default VQ layout (3 bits per weight).
+    Vq3,
+}
+
+/// Writes preset `p` to `out` (resumable like any conversion).
+pub fn synth(
+    p: &Preset,
+    experts: SynthExperts,
+    out: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), EngineError> {
+    let d = p.hidden;
+    let config = serde_json::to_vec_pretty(&config_json(p)).expect("config serializes");
+    let moe_layers: Vec<u32> = (1..p.layers).collect();
+    let mats = [("w1", p.expert_width, p.latent), ("w2", p.latent, p.expert_width), ("w3", p.expert_width, p.latent)];
+    let enc = |cols: usize| match experts {
+        SynthExperts::Mxfp4 => Encoding::Mxfp4,
+        SynthExperts::Vq3 => Encoding::Vq {
+            stages: 3,
+            entries: 16,
+            dim: 4,
+            rotation_block: Rotation::block_for(cols, 128) as u32,
+            rotation_seed: 1,
+            codebook: CodebookSource::Inline,
+            interleave: 32,
+        },
+    };
+    let layout_mats: Vec<(&str, Encoding, Vec<u64>)> =
+        mats.iter().map(|(n, r, c)| (*n, enc(*c), vec![*r as u64, *c as u64])).collect();
+    let layout = ExpertLayout::build(4096, &layout_mats).map_err(EngineError::Shape)?;
+    let spec = WriterSpec {
+        architecture: Architecture {
+            name: "kimi_k3".into(),
+            layers: p.layers,
+            hidden: d as u64,
+            vocab: p.vocab as u64,
+            experts: p.experts,
+            experts_per_token: p.top_k,
+            moe_layers: moe_layers.clone(),
+        },
+        alignment: 4096,
+        shards: 1,
+        shard_dirs: Vec::new(),
+        expert_layouts: vec![layout.clone()],
+        encodings: BTreeMap::from([
+            ("experts".to_string(), layout.matrices[0].encoding.label()),
+            ("trunk".to_string(), "bf16".to_string()),
+        ]),
+        provenance: serde_json::json!({"synthetic": p.name, "experts": format!("{experts:?}")}),
+    };
+    let mut w = match ModelWriter::open(out, spec)? {
+        Opened::Complete => return Ok(()),
+        Opened::Writer(w) => w,
+    };
+    let mut g = Gen(XorShift::new(0x5EED));
+    let total = u64::from(p.experts) * moe_layers.len() as u64 * layout.record_bytes;
+    let put = |w: &mut ModelWriter, name: &str, e: Encoding, shape: &[u64], data: Vec<u8>| -> Result<(), EngineError> {
+        if !w.has_tensor(name) {
+            w.write_tensor(name, e, shape, &[&data])?;
+        }
+        Ok(())
+    };
+    let s = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
+    let (vocab, h, hd) = (p.vocab, p.kda_heads, p.head_dim);
+    put(&mut w, "model.embed_tokens.weight", Encoding::Bf16, &[vocab as u64, d as u64], g.bf16(vocab * d, 1.0))?;
+    put(&mut w, "lm_head.weight", Encoding::Bf16, &[vocab as u64, d as u64], g.bf16(vocab * d, s(d)))?;
+    let ones = |n: usize| -> Vec<u8> { (0..n).flat_map(|_| bf16::ONE.to_le_bytes()).collect() };
+    for n in ["model.norm.weight", "model.output_attn_res_norm.weight"] {
+        put(&mut w, n, Encoding::Bf16, &[d as u64], ones(d))?;
+    }
+    put(&mut w, "model.output_attn_res_proj.weight", Encoding::Bf16, &[1, d as u64], g.bf16(d, s(d)))?;
+    for i in 0..p.layers {
+        let l = |n: &str| format!("model.layers.{i}.{n}");
+        for n in [
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+            "self_attention_res_norm.weight",
+            "mlp_res_norm.weight",
+        ] {
+            put(&mut w, &l(n), Encoding::Bf16, &[d as u64], ones(d))?;
+        }
+        for n in ["self_attention_res_proj.weight", "mlp_res_proj.weight"] {
+            put(&mut w, &l(n), Encoding::Bf16, &[1, d as u64], g.bf16(d, s(d)))?;
+        }
+        let mat = |w: &mut ModelWriter, g: &mut Gen, n: &str, r: usize, c: usize| {
+            put(w, &l(n), Encoding::Bf16, &[r as u64, c as u64], g.bf16(r * c, s(c)))
+        };
+        if is_mla(p, i) {
+            let (q, kv, heads) = (p.q_lora, p.kv_lora, p.mla_heads);
+            mat(&mut w, &mut g, "self_attn.q_a_proj.weight", q, d)?;
+            mat(&mut w, &mut g, "self_attn.q_b_proj.weight", heads * 192, q)?;
+            mat(&mut w, &mut g, "self_attn.kv_a_proj_with_mqa.weight", kv + 64, d)?;
+            mat(&mut w, &mut g, "self_attn.kv_b_proj.weight", heads * 256, kv)?;
+            mat(&mut w, &mut g, "self_attn.g_proj.weight", heads * 128, d)?;
+            mat(&mut w, &mut g, "self_attn.o_proj.weight", d, heads * 128)?;
+            put(&mut w, &l("self_attn.q_a_layernorm.weight"), Encoding::Bf16, &[q as u64], ones(q))?;
+            put(&mut w, &l("self_attn.kv_a_layernorm.weight"), Encoding::Bf16, &[kv as u64], ones(kv))?;
+        } else {
+            let c = h * hd;
+            for n in ["q_proj", "k_proj", "v_proj", "g_proj"] {
+                mat(&mut w, &mut g, &format!("self_attn.{n}.weight"), c, d)?;
+            }
+            mat(&mut w, &mut g, "self_attn.o_proj.weight", d, c)?;
+            mat(&mut w, &mut g, "self_attn.f_a_proj.weight", hd, d)?;
+            mat(&mut w, &mut g, "self_attn.f_b_proj.weight", c, hd)?;
+            mat(&mut w, &mut g, "self_attn.b_proj.weight", h, d)?;
+            for n in ["q_conv1d", "k_conv1d", "v_conv1d"] {
+                let v = g.f32s(c * 4, |r| r.gaussian() * 0.5);
+                put(&mut w, &l(&format!("self_attn.{n}.weight")), Encoding::F32, &[c as u64, 1, 4], v)?;
+            }
+            let a = g.f32s(h, |r| (1.0 + 15.0 * r.uniform() as f32).ln());
+            put(&mut w, &l("self_attn.A_log"), Encoding::F32, &[h as u64], a)?;
+            let dt = g.f32s(c, |r| r.gaussian() * 0.1);
+            put(&mut w, &l("self_attn.dt_bias"), Encoding::F32, &[c as u64], dt)?;
+            let on = g.f32s(hd, |_| 1.0);
+            put(&mut w, &l("self_attn.o_norm.weight"), Encoding::F32, &[hd as u64], on)?;
+        }
+        if i == 0 {
+            mat(&mut w, &mut g, "mlp.gate_proj.weight", p.dense_width, d)?;
+            mat(&mut w, &mut g, "mlp.up_proj.weight", p.dense_width, d)?;
+            mat(&mut w, &mut g, "mlp.down_proj.weight", d, p.dense_width)?;
+        } else {
+            let m = |n: &str| format!("block_sparse_moe.{n}");
+            mat(&mut w, &mut g, &m("gate.weight"), p.experts as usize, d)?;
+            put(
+                &mut w,
+                &l(&m("gate.e_score_correction_bias")),
+                Encoding::F32,
+                &[u64::from(p.experts)],
+                vec![0; p.experts as usize * 4],
+            )?;
+            mat(&mut w, &mut g, &m("routed_expert_down_proj.weight"), p.latent, d)?;
+            put(&mut w, &l(&m("routed_expert_norm.weight")), Encoding::Bf16, &[p.latent as u64], ones(p.latent))?;
+            mat(&mut w, &mut g, &m("routed_expert_up_proj.weight"), d, p.latent)?;
+            mat(&mut w, &mut g, &m("shared_experts.gate_proj.weight"), 2 * p.expert_width, d)?;
+            mat(&mut w, &mut g, &m("shared_experts.up_proj.weight"), 2 * p.expert_width, d)?;
+            mat(&mut w, &mut g, &m("shared_experts.down_proj.weight"), d, 2 * p.expert_width)?;
+        }
+    }
+    let mut done = 0u64;
+    for &layer in &moe_layers {
+        for e in 0..p.experts {
+            if !w.has_expert(layer, e) {
+                let mut parts = Vec::new();
+                for (m, (_, r, c)) in layout.matrices.iter().zip(mats) {
+                    match experts {
+                        SynthExperts::Mxfp4 => {
+                            parts.push(g.bytes(r * c / 2));
+                            // Scales near 2^-7 keep E2M1 values (up to 6) about 1/sqrt(fan_in).
+                            let e8 = (127.0 - (3.0 * (c as f64).sqrt()).log2()).round() as u8;
+                            parts.push(g.bytes(r * c / 32).iter().map(|b| e8 - 1 + b % 3).collect());
+                        }
+                        SynthExperts::Vq3 => {
+                            debug_assert!(matches!(m.encoding, Encoding::Vq { .. }));
+                            let codec = Codec::FastScan;
+                            let items = c / codec.dim() * codec.stages();
+                            parts.push(g.bytes(r * items / 2));
+                            parts.push((0..r).flat_map(|_| half::f16::from_f32(1.0).to_le_bytes()).collect());
+                            parts.push(g.f32s(3 * 16 * 4, |x| x.gaussian() * 0.5 / (c as f32).sqrt() * 2.0));
+                        }
+                    }
+                }
+                let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                w.write_expert(layer, e, 0, &refs)?;
+            }
+            done += layout.record_bytes;
+            progress(done, total);
+        }
+    }
+    w.finish(&[("config.json", &config)])?;
+    Ok(())
+}
