@@ -75,7 +75,7 @@ pub fn preset(name: &str) -> Option<Preset> {
 }
 
 fn is_mla(p: &Preset, i: u32) -> bool {
-    (i + 1) % 4 == 0 || i + 1 == p.layers
+    (i + 1).is_multiple_of(4) || i + 1 == p.layers
 }
 
 /// The model's `config.json` (K3 layout, `text_config` inside).
