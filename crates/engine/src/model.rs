@@ -164,6 +164,9 @@ struct ExpertIo {
     files: Vec<FileId>,
 }
 
+/// Tokens over which a layer's lookahead is tried before its recall decides whether it continues.
+const LOOKAHEAD_WARMUP_TOKENS: u64 = 8;
+
 /// How the engine runs: the measurement switches of `k3-cli`.
 #[derive(Clone)]
 pub struct EngineOptions {
@@ -173,6 +176,9 @@ pub struct EngineOptions {
     pub overlap: bool,
     /// Prefetch the next layer's predicted experts.
     pub lookahead: bool,
+    /// After a warm-up, a layer's prefetch continues only while its predictor's recall is at least
+    /// this (0 = always prefetch).
+    pub lookahead_min_recall: f64,
     pub policy: Policy,
     /// Reads in flight at once.
     pub queue_depth: usize,
@@ -187,6 +193,7 @@ impl Default for EngineOptions {
             mem_budget: None,
             overlap: true,
             lookahead: true,
+            lookahead_min_recall: 0.3,
             policy: Policy::Lfru,
             queue_depth: 32,
             fault: None,
@@ -654,7 +661,13 @@ impl<'m> Engine<'m> {
                     }
                 }
                 Ffn::Moe(moe) => {
-                    let predicted: Vec<Vec<u32>> = preds_att.iter().flatten().cloned().collect();
+                    // Prefetch for the next layer only while its predictor earns it: for the first
+                    // tokens (to measure it), then only at a recall of at least `lookahead_min_recall`
+                    // (a wrong guess costs a full read of drive bandwidth).
+                    let c = session.lookahead.counts(Predictor::AfterAttention, li + 1);
+                    let earns = c.tokens < LOOKAHEAD_WARMUP_TOKENS || c.recall() >= self.opts.lookahead_min_recall;
+                    let predicted: Vec<Vec<u32>> =
+                        if earns { preds_att.iter().flatten().cloned().collect() } else { Vec::new() };
                     self.moe_chunk(layer, moe, &normed, &mut att, &mut routings, &predicted, &mut session.stats)?;
                     for (t, r) in routings.iter().enumerate() {
                         let [a, m] = std::mem::take(&mut pending[t]);

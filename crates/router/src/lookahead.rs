@@ -81,8 +81,9 @@ impl LookaheadStats {
         c.wasted += predicted.len() as u64 - predicted.iter().filter(|e| chosen.contains(e)).count() as u64;
     }
 
+    /// Counts for one layer (zero for a layer the statistics do not cover).
     pub fn counts(&self, predictor: Predictor, layer: usize) -> Counts {
-        self.layers[layer][predictor as usize]
+        self.layers.get(layer).map_or(Counts::default(), |l| l[predictor as usize])
     }
 
     /// Counts over all layers.
