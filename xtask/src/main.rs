@@ -50,6 +50,9 @@ enum BenchWhat {
         mem: Option<String>,
         #[arg(long, default_value_t = 3)]
         reps: usize,
+        /// Where to draw one decode step's timeline (SVG).
+        #[arg(long, default_value = "bench-out/decode-step.svg")]
+        svg: PathBuf,
         /// Comma-separated subset of: read-then-compute, overlap, overlap+lookahead, lru, lfu.
         #[arg(long)]
         variants: Option<String>,
@@ -237,7 +240,7 @@ fn real_main() -> Result<()> {
             );
             Ok(())
         }
-        Task::Bench { what: BenchWhat::Decode { model, tokens, prompt, mem, reps, variants, json } } => {
+        Task::Bench { what: BenchWhat::Decode { model, tokens, prompt, mem, reps, svg, variants, json } } => {
             let variants: Vec<String> = match variants {
                 Some(v) => v.split(',').map(|s| s.trim().to_string()).collect(),
                 None => bench::decode::ALL_VARIANTS.iter().map(|s| s.to_string()).collect(),
@@ -266,8 +269,14 @@ fn real_main() -> Result<()> {
                 variants,
             };
             let report = bench::decode::run(&o, ceiling, json)?;
+            if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
+            bench::decode::timeline_svg(&k3_format::Model::open(&model)?, "overlap+lookahead", mem, &svg)?;
             if json {
                 println!("{report}");
+            } else {
+                println!("timeline of one decode step: {}", svg.display());
             }
             Ok(())
         }

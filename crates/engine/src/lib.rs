@@ -13,7 +13,7 @@ pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 
-pub use model::{Engine, EngineOptions, MemoryPlan, RunStats, Session};
+pub use model::{Engine, EngineOptions, MemoryPlan, RunStats, Session, Span, SpanKind};
 
 /// Why a model cannot be run, or an input cannot be processed.
 #[derive(Debug, thiserror::Error)]

@@ -130,6 +130,8 @@ pub struct Session {
     /// The experts each layer chose for the previous token (the previous-token predictor).
     prev_routing: Vec<Vec<u32>>,
     pub stats: RunStats,
+    /// When `Some`, the next `forward` records where its time went (cleared at each call).
+    pub timeline: Option<Vec<Span>>,
 }
 
 /// A model ready to run.
@@ -231,6 +233,27 @@ impl MemoryPlan {
     pub fn total(&self) -> u64 {
         self.trunk_bytes + self.state_bytes + self.slot_bytes * self.cache_slots + self.overhead_bytes
     }
+}
+
+/// What a stretch of a decode step was spent on (for the timeline of a step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanKind {
+    Attention,
+    /// Routing, latent projection, shared expert, the final sums.
+    MoeOther,
+    /// Blocked, waiting for an expert read.
+    Wait,
+    /// Computing with one expert.
+    Expert(u32),
+}
+
+/// One stretch of time in a step, in seconds from the step's start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Span {
+    pub layer: u32,
+    pub kind: SpanKind,
+    pub start: f64,
+    pub end: f64,
 }
 
 /// Counters of a run (a session).
@@ -582,6 +605,7 @@ impl<'m> Engine<'m> {
             lookahead: LookaheadStats::new(n),
             prev_routing: vec![Vec::new(); n],
             stats: RunStats::default(),
+            timeline: None,
         }
     }
 
@@ -598,6 +622,9 @@ impl<'m> Engine<'m> {
         let (d, n, nl) = (self.hidden, ids.len(), self.layers.len());
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
             return Err(EngineError::Input(format!("token id {bad} is outside the vocabulary of {}", self.vocab)));
+        }
+        if let Some(tl) = session.timeline.as_mut() {
+            tl.clear();
         }
         let mut h = vec![0f32; n * d];
         for (&t, row) in ids.iter().zip(h.chunks_exact_mut(d)) {
@@ -634,10 +661,19 @@ impl<'m> Engine<'m> {
                 }
                 rms_norm(&a_in, &layer.input_norm, self.eps, &mut normed[t * d..(t + 1) * d]);
             }
+            let t_att = started.elapsed().as_secs_f64();
             match (&layer.attn, &mut session.layers[li]) {
                 (Attn::Kda(k), LayerState::Kda(s)) => k.prefill(s, &normed, &mut att),
                 (Attn::Mla(m), LayerState::Mla(c)) => m.prefill(c, &normed, &mut att),
                 _ => return Err(EngineError::Input(format!("the session does not belong to this model (layer {li})"))),
+            }
+            if let Some(tl) = session.timeline.as_mut() {
+                tl.push(Span {
+                    layer: li as u32,
+                    kind: SpanKind::Attention,
+                    start: t_att,
+                    end: started.elapsed().as_secs_f64(),
+                });
             }
             if layer.att_res.is_some() && fresh {
                 p.copy_from_slice(&att);
@@ -668,7 +704,21 @@ impl<'m> Engine<'m> {
                     let earns = c.tokens < LOOKAHEAD_WARMUP_TOKENS || c.recall() >= self.opts.lookahead_min_recall;
                     let predicted: Vec<Vec<u32>> =
                         if earns { preds_att.iter().flatten().cloned().collect() } else { Vec::new() };
-                    self.moe_chunk(layer, moe, &normed, &mut att, &mut routings, &predicted, &mut session.stats)?;
+                    let mut spans = session.timeline.as_ref().map(|_| Vec::new());
+                    self.moe_chunk(
+                        layer,
+                        moe,
+                        &normed,
+                        &mut att,
+                        &mut routings,
+                        &predicted,
+                        &mut session.stats,
+                        started,
+                        &mut spans,
+                    )?;
+                    if let (Some(tl), Some(sp)) = (session.timeline.as_mut(), spans) {
+                        tl.extend(sp);
+                    }
                     for (t, r) in routings.iter().enumerate() {
                         let [a, m] = std::mem::take(&mut pending[t]);
                         if let Some(a) = a {
@@ -741,7 +791,16 @@ impl<'m> Engine<'m> {
         routings: &mut [Routing],
         predicted: &[Vec<u32>],
         stats: &mut RunStats,
+        step_start: std::time::Instant,
+        spans: &mut Option<Vec<Span>>,
     ) -> Result<(), EngineError> {
+        let now = || step_start.elapsed().as_secs_f64();
+        let span = |spans: &mut Option<Vec<Span>>, kind: SpanKind, start: f64| {
+            if let Some(v) = spans.as_mut() {
+                v.push(Span { layer: layer.index, kind, start, end: step_start.elapsed().as_secs_f64() });
+            }
+        };
+        let t_moe = now();
         let d = self.hidden;
         let n = xs.len() / d;
         let mut logits = vec![0f32; moe.router.experts];
@@ -829,6 +888,7 @@ impl<'m> Engine<'m> {
                 sh.forward(self.act, x, o);
             }
         }
+        span(spans, SpanKind::MoeOther, t_moe);
         // Expert outputs per (token, routing rank), summed in rank order at the end.
         let k = moe.router.top_k;
         let mut ys = vec![0f32; n * k * zd];
@@ -836,6 +896,7 @@ impl<'m> Engine<'m> {
         loop {
             for key in ready.drain(..) {
                 let t0 = std::time::Instant::now();
+                let t_exp = now();
                 let bytes = io.cache.get(key).ok_or(k3_io::IoError::Closed)?;
                 let loc = self.model.expert(key.0, key.1)?;
                 let rec = loc.parse(bytes, false)?;
@@ -857,6 +918,7 @@ impl<'m> Engine<'m> {
                 io.cache.release(key);
                 done_experts += 1;
                 stats.expert_compute_seconds += t0.elapsed().as_secs_f64();
+                span(spans, SpanKind::Expert(key.1), t_exp);
             }
             if done_experts == keys.len() {
                 break;
@@ -866,6 +928,7 @@ impl<'m> Engine<'m> {
                 continue;
             }
             let t_wait = std::time::Instant::now();
+            let t_w = now();
             if inflight.is_empty() {
                 // Every slot holds an in-flight prefetch: let one land, then ask again.
                 // A failed prefetch only costs its slot; the demand read that needs it reports errors.
@@ -884,7 +947,9 @@ impl<'m> Engine<'m> {
                 }
             }
             stats.io_wait_seconds += t_wait.elapsed().as_secs_f64();
+            span(spans, SpanKind::Wait, t_w);
         }
+        let t_sum = now();
         stats.io_span_seconds += t_io.elapsed().as_secs_f64();
         for t in 0..n {
             let mut u = vec![0f32; zd];
@@ -902,6 +967,7 @@ impl<'m> Engine<'m> {
             }
             out.iter_mut().zip(&shared[t * d..(t + 1) * d]).for_each(|(a, b)| *a += b);
         }
+        span(spans, SpanKind::MoeOther, t_sum);
         Ok(())
     }
 }
