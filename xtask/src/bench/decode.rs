@@ -185,7 +185,7 @@ pub fn timeline_svg(model: &Model, variant: &str, mem: Option<u64>, out: &Path) 
             SpanKind::Wait => ("#e74c3c", 16.0, 2.0),
             SpanKind::Expert(_) => ("#27ae60", 10.0, 5.0),
         };
-        let y = top + lane * sp.layer as f64 + dy;
+        let y = top + lane * f64::from(sp.layer) + dy;
         let title = match sp.kind {
             SpanKind::Expert(e) => format!("expert {e}"),
             k => format!("{k:?}"),
