@@ -159,19 +159,6 @@ enum Task {
     },
 }
 
-/// `48G`, `512M`, `4096`.
-fn parse_size(s: &str) -> Result<u64> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let v: f64 = num.parse().with_context(|| format!("`{s}` is not a size like 4G"))?;
-    Ok((v * mul as f64) as u64)
-}
-
 fn bar(total: u64) -> ProgressBar {
     let pb = ProgressBar::new(total);
     pb.set_style(
@@ -245,7 +232,7 @@ fn real_main() -> Result<()> {
                 Some(v) => v.split(',').map(|s| s.trim().to_string()).collect(),
                 None => bench::decode::ALL_VARIANTS.iter().map(|s| s.to_string()).collect(),
             };
-            let mem = mem.map(|m| parse_size(&m)).transpose()?;
+            let mem = mem.map(|m| k3_engine::budget::parse_size(&m)).transpose().map_err(anyhow::Error::msg)?;
             let m = k3_format::Model::open(&model)?;
             let record = m.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(4096) as usize;
             let shard = m.shard_paths().first().cloned().context("the model has no expert shards")?;

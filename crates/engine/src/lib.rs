@@ -4,6 +4,7 @@
 //! The model side of k3: the model's config, converting Hugging Face checkpoints to WASTE, and the
 //! Kimi forward pass ([`model::Engine`]) over a WASTE model.
 
+pub mod budget;
 pub mod chat;
 pub mod config;
 pub mod convert;

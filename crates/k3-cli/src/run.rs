@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use k3_engine::budget::{parse_size, peak_rss_bytes};
 use k3_engine::{Engine, EngineOptions, RunStats};
 use k3_io::Policy;
 
@@ -33,34 +34,11 @@ pub struct EngineArgs {
     pub shard_dirs: Vec<PathBuf>,
 }
 
-/// `48G`, `512M`, `1.5G`, `4096` (bytes).
-pub fn parse_bytes(s: &str) -> Result<u64> {
-    let s = s.trim();
-    let (num, mul) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let unit = s[i..].to_ascii_uppercase();
-            let mul = match unit.trim_end_matches(['B', 'I']) {
-                "" => 1u64,
-                "K" => 1 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                "T" => 1 << 40,
-                _ => bail!("`{s}`: unknown size unit (use K, M, G or T)"),
-            };
-            (&s[..i], mul)
-        }
-        None => (s, 1),
-    };
-    let v: f64 = num.trim().parse().with_context(|| format!("`{s}` is not a size like 48G"))?;
-    anyhow::ensure!(v >= 0.0, "`{s}`: a size cannot be negative");
-    Ok((v * mul as f64) as u64)
-}
-
 impl EngineArgs {
     pub fn options(&self) -> Result<EngineOptions> {
         let policy: Policy = self.cache_policy.parse().map_err(anyhow::Error::msg)?;
         Ok(EngineOptions {
-            mem_budget: self.mem.as_deref().map(parse_bytes).transpose()?,
+            mem_budget: self.mem.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?,
             overlap: !self.no_overlap,
             lookahead: !self.no_lookahead,
             policy,
@@ -162,28 +140,5 @@ impl EngineArgs {
             );
         }
         Ok(())
-    }
-}
-
-/// The process's peak resident set, measured by the kernel (VmHWM).
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_bytes;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_bytes("48G").unwrap(), 48 << 30);
-        assert_eq!(parse_bytes("512m").unwrap(), 512 << 20);
-        assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
-        assert_eq!(parse_bytes("4096").unwrap(), 4096);
-        assert!(parse_bytes("12X").is_err());
-        assert!(parse_bytes("lots").is_err());
     }
 }

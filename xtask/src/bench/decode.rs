@@ -39,7 +39,11 @@ fn options(name: &str, mem: Option<u64>) -> Result<EngineOptions> {
 
 /// Prefill `prompt`, then `tokens` greedy decode steps on `engine`: (seconds, stats before the
 /// decode, stats after, recall).
-fn decode(engine: &Engine<'_>, prompt: &[u32], tokens: usize) -> Result<(f64, k3_engine::RunStats, k3_engine::RunStats, f64)> {
+fn decode(
+    engine: &Engine<'_>,
+    prompt: &[u32],
+    tokens: usize,
+) -> Result<(f64, k3_engine::RunStats, k3_engine::RunStats, f64)> {
     let mut s = engine.session();
     let mut logits = engine.forward(&mut s, prompt, None)?;
     let before = s.stats;
@@ -87,7 +91,6 @@ fn run_cold(engine: &Engine<'_>, prompt: &[u32], tokens: usize) -> Result<Value>
     }))
 }
 
-
 pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> {
     let model = Model::open(o.model).with_context(|| format!("opening {}", o.model.display()))?;
     let vocab = model.manifest().architecture.vocab as u32;
@@ -102,7 +105,7 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
             samples[i].push(run_once(&model, options(name, o.mem)?, &prompt, o.tokens)?);
         }
     }
-    let rss = crate::bench::peak_rss_bytes();
+    let rss = k3_engine::budget::peak_rss_bytes();
     let mut variants = serde_json::Map::new();
     for (name, runs) in o.variants.iter().zip(samples) {
         let med = |key: &str| median(runs.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect());

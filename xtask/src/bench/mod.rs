@@ -45,10 +45,3 @@ pub fn mem_read_gbps(bytes: usize, reps: usize) -> f64 {
     }
     median(samples)
 }
-
-/// The process's peak resident set (VmHWM), measured by the kernel.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}

@@ -1,0 +1,48 @@
+//! Memory budgets as people write them, and the memory the process actually uses.
+
+/// `48G`, `512M`, `1.5GiB`, `4096` (bytes; K, M, G, T are powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = s[i..].to_ascii_uppercase();
+            let mul = match unit.trim_end_matches(['B', 'I']) {
+                "" => 1u64,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => return Err(format!("`{s}`: unknown size unit (use K, M, G or T)")),
+            };
+            (&s[..i], mul)
+        }
+        None => (s, 1),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a size like 48G"))?;
+    if v < 0.0 {
+        return Err(format!("`{s}`: a size cannot be negative"));
+    }
+    Ok((v * mul as f64) as u64)
+}
+
+/// The process's peak resident set, measured by the kernel (VmHWM), where available.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("48G").unwrap(), 48 << 30);
+        assert_eq!(parse_size("512m").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("lots").is_err());
+    }
+}
