@@ -132,6 +132,8 @@ pub struct Session {
     pub stats: RunStats,
     /// When `Some`, the next `forward` records where its time went (cleared at each call).
     pub timeline: Option<Vec<Span>>,
+    /// Every expert this session routed to, counted (for the usage-history file).
+    pub usage: k3_router::UsageHistory,
 }
 
 /// A model ready to run.
@@ -555,6 +557,15 @@ impl<'m> Engine<'m> {
         })
     }
 
+    /// Keeps the hottest experts of a usage history resident once loaded (at most half the cache).
+    /// Returns how many are pinned.
+    pub fn pin_hottest(&self, history: &k3_router::UsageHistory) -> usize {
+        let Some(io) = &self.io else { return 0 };
+        let Ok(mut io) = io.lock() else { return 0 };
+        let room = io.cache.capacity() / 2;
+        io.cache.pin(&history.hottest(room))
+    }
+
     /// Predict `top_k + margin` experts per layer ahead (default: half of top_k more).
     pub fn set_lookahead_margin(&mut self, margin: usize) {
         self.lookahead_margin = margin;
@@ -606,6 +617,7 @@ impl<'m> Engine<'m> {
             prev_routing: vec![Vec::new(); n],
             stats: RunStats::default(),
             timeline: None,
+            usage: k3_router::UsageHistory::default(),
         }
     }
 
@@ -736,6 +748,9 @@ impl<'m> Engine<'m> {
                             );
                         }
                         session.prev_routing[li].clone_from(&r.experts);
+                        for &e in &r.experts {
+                            session.usage.record((li as u32, e));
+                        }
                     }
                 }
             }

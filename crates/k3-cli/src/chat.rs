@@ -84,7 +84,7 @@ pub fn run(path: &Path, a: ChatArgs<'_>, ea: &EngineArgs) -> Result<ExitCode> {
     let tok = Tokenizer::from_tiktoken(ranks, model.blob("tokenizer_config.json"), KIMI_PATTERN)?;
     let engine =
         k3_engine::Engine::load_with(&model, ea.options()?).with_context(|| format!("loading {}", path.display()))?;
-    ea.print_plan(&engine);
+    ea.start(&engine)?;
     let family = engine.config().family;
     let format = ChatFormat::new(&tok, family);
     let end = format.end_of_turn()?;
@@ -145,5 +145,6 @@ pub fn run(path: &Path, a: ChatArgs<'_>, ea: &EngineArgs) -> Result<ExitCode> {
             pending.push(end);
         }
     }
+    ea.finish(&session)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -195,7 +195,7 @@ fn generate(
     anyhow::ensure!(!prompt_ids.is_empty(), "the prompt encodes to no tokens");
     let engine =
         k3_engine::Engine::load_with(&model, ea.options()?).with_context(|| format!("loading {}", path.display()))?;
-    ea.print_plan(&engine);
+    ea.start(&engine)?;
     // End of message: `eos_token_id` of the config (K3 keeps it at the root, beside text_config).
     let root: serde_json::Value =
         serde_json::from_slice(model.blob("config.json").unwrap_or(b"{}")).unwrap_or_default();
@@ -236,6 +236,7 @@ fn generate(
     }
     writeln!(out)?;
     ea.report_split(&session.stats, prefill, (produced, t1.elapsed().as_secs_f64()))?;
+    ea.finish(&session)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -262,7 +263,7 @@ fn lookahead(
     let m = open(&model, ea.shard_dirs.clone())?;
     let mut engine =
         k3_engine::Engine::load_with(&m, ea.options()?).with_context(|| format!("loading {}", model.display()))?;
-    ea.print_plan(&engine);
+    ea.start(&engine)?;
     if let Some(g) = margin {
         engine.set_lookahead_margin(g);
     }
@@ -271,6 +272,7 @@ fn lookahead(
         engine.forward(&mut session, c, None)?;
     }
     ea.report(&session.stats)?;
+    ea.finish(&session)?;
     let st = &session.lookahead;
     let layers: Vec<serde_json::Value> = (0..st.layers())
         .filter(|&l| st.counts(Predictor::AfterMoe, l).tokens + st.counts(Predictor::PreviousToken, l).tokens > 0)
@@ -335,7 +337,7 @@ fn run(args: RunArgs, trace: bool) -> Result<ExitCode> {
     let model = open(&args.model, args.engine.shard_dirs.clone())?;
     let engine = k3_engine::Engine::load_with(&model, args.engine.options()?)
         .with_context(|| format!("loading {}", args.model.display()))?;
-    args.engine.print_plan(&engine);
+    args.engine.start(&engine)?;
     let mut session = engine.session();
     let (mut logits, mut layers) = (Vec::new(), Vec::new());
     let mut chunk_trace = Vec::new();
@@ -344,6 +346,7 @@ fn run(args: RunArgs, trace: bool) -> Result<ExitCode> {
         layers.extend_from_slice(&chunk_trace);
     }
     args.engine.report(&session.stats)?;
+    args.engine.finish(&session)?;
     let data = if trace { &layers } else { &logits };
     let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
     // Write next to the target and rename: a reader never sees half an array.

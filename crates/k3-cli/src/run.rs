@@ -32,6 +32,10 @@ pub struct EngineArgs {
     /// Other directories holding expert shards (one per drive); repeat the flag.
     #[arg(long = "shard-dir")]
     pub shard_dirs: Vec<PathBuf>,
+    /// Expert usage counts: the hottest experts in it are pinned in the cache, and this run's
+    /// routing is added to it at the end (created if missing).
+    #[arg(long)]
+    pub usage_history: Option<PathBuf>,
 }
 
 impl EngineArgs {
@@ -44,6 +48,29 @@ impl EngineArgs {
             policy,
             ..EngineOptions::default()
         })
+    }
+
+    /// Pins the hottest experts of the usage history, if one was given.
+    pub fn start(&self, engine: &Engine<'_>) -> Result<()> {
+        self.print_plan(engine);
+        if let Some(p) = self.usage_history.as_ref().filter(|p| p.exists()) {
+            let h = k3_router::UsageHistory::load(p)?;
+            let n = engine.pin_hottest(&h);
+            if self.verbose {
+                eprintln!("pinned the {n} most used experts of {}", p.display());
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds this run's routing to the usage history, if one was given.
+    pub fn finish(&self, session: &k3_engine::Session) -> Result<()> {
+        if let Some(p) = &self.usage_history {
+            let mut h = if p.exists() { k3_router::UsageHistory::load(p)? } else { k3_router::UsageHistory::default() };
+            h.merge(&session.usage);
+            h.save(p)?;
+        }
+        Ok(())
     }
 
     pub fn print_plan(&self, engine: &Engine<'_>) {

@@ -322,3 +322,45 @@ fn text_generation_and_chat_run_end_to_end() {
     assert_eq!(out.lines().count(), 2, "one answer per turn: {out:?}");
     assert_eq!(err.matches("> ").count(), 3, "a prompt per turn and one at the end: {err:?}");
 }
+
+#[test]
+fn usage_history_is_recorded_and_used_for_pinning() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixture("tiny-k3.waste");
+    let hist = d.path().join("usage.txt");
+    let out = d.path().join("l.f32");
+    for _ in 0..2 {
+        let args = [
+            "logits",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            "37 246 205 394",
+            "--out",
+            out.to_str().unwrap(),
+            "--usage-history",
+            hist.to_str().unwrap(),
+            "--verbose",
+        ];
+        let (ok, _, err) = k3(&args);
+        assert!(ok, "{err}");
+    }
+    let text = std::fs::read_to_string(&hist).unwrap();
+    assert!(text.starts_with("# k3 expert usage v1\n"));
+    // 4 tokens x 4 experts x 5 MoE layers, twice.
+    let total: u64 = text.lines().skip(1).map(|l| l.split_whitespace().nth(2).unwrap().parse::<u64>().unwrap()).sum();
+    assert_eq!(total, 2 * 4 * 4 * 5);
+    let (_, _, err) = k3(&[
+        "logits",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+        "--usage-history",
+        hist.to_str().unwrap(),
+        "--verbose",
+    ]);
+    assert!(err.contains("pinned the 4 most used experts"), "{err}");
+}
