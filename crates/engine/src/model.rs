@@ -186,6 +186,8 @@ pub struct EngineOptions {
     pub policy: Policy,
     /// Reads in flight at once.
     pub queue_depth: usize,
+    /// Tokens of context the memory plan reserves MLA cache for.
+    pub context: u64,
     /// Tokens of prompt per prefill chunk (the CLI chunks; recorded for the plan).
     #[doc(hidden)]
     pub fault: Option<k3_io::reader::FaultHook>,
@@ -200,6 +202,7 @@ impl Default for EngineOptions {
             lookahead_min_recall: 0.3,
             policy: Policy::Lfru,
             queue_depth: 32,
+            context: 4096,
             fault: None,
         }
     }
@@ -473,7 +476,7 @@ impl<'m> Engine<'m> {
         // Memory plan: trunk + attention state + expert cache slots + overhead within the budget.
         let slot_bytes = model.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(0);
         let top_k = u64::from(cfg.experts_per_token).max(1);
-        let context = 4096u64;
+        let context = opts.context.max(1);
         let state_bytes: u64 = layers
             .iter()
             .map(|l| match &l.attn {

@@ -218,7 +218,9 @@ fn generate(
     let t1 = std::time::Instant::now();
     let v = engine.vocab();
     let mut produced = 0;
+    let mut per_token = Vec::new();
     while produced < max_tokens {
+        let (t_step, before) = (std::time::Instant::now(), session.stats);
         let next = sampler.sample(&logits[logits.len() - v..]);
         produced += 1;
         match &tok {
@@ -230,12 +232,21 @@ fn generate(
             break;
         }
         logits = engine.forward(&mut session, &[next], None)?;
+        let after = session.stats;
+        per_token.push(serde_json::json!({
+            "token": next,
+            "seconds": t_step.elapsed().as_secs_f64(),
+            "bytes_read": after.cache.bytes_read - before.cache.bytes_read,
+            "hits": after.cache.hits - before.cache.hits,
+            "misses": after.cache.misses - before.cache.misses,
+            "io_wait_seconds": after.io_wait_seconds - before.io_wait_seconds,
+        }));
     }
     if tok.is_some() {
         write!(out, "{}", stream.finish())?;
     }
     writeln!(out)?;
-    ea.report_split(&session.stats, prefill, (produced, t1.elapsed().as_secs_f64()))?;
+    ea.report_split(&session.stats, prefill, (produced, t1.elapsed().as_secs_f64()), per_token)?;
     ea.finish(&session)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -20,6 +20,9 @@ pub struct EngineArgs {
     pub no_lookahead: bool,
     #[arg(long, default_value = "lfru")]
     pub cache_policy: String,
+    /// Context length the memory plan reserves attention cache for.
+    #[arg(long, default_value_t = 4096)]
+    pub context: u64,
     /// Print a summary of the run's statistics.
     #[arg(long)]
     pub stats: bool,
@@ -38,6 +41,9 @@ pub struct EngineArgs {
     pub usage_history: Option<PathBuf>,
 }
 
+/// Prefill (tokens, seconds), decode (tokens, seconds) and each decode step's numbers.
+type Split = ((usize, f64), (usize, f64), Vec<serde_json::Value>);
+
 impl EngineArgs {
     pub fn options(&self) -> Result<EngineOptions> {
         let policy: Policy = self.cache_policy.parse().map_err(anyhow::Error::msg)?;
@@ -46,6 +52,7 @@ impl EngineArgs {
             overlap: !self.no_overlap,
             lookahead: !self.no_lookahead,
             policy,
+            context: self.context,
             ..EngineOptions::default()
         })
     }
@@ -96,9 +103,16 @@ impl EngineArgs {
         eprintln!("  total                 {:>12.1} MB", mb(p.total()));
     }
 
-    /// As [`report`](Self::report), with prefill and decode timed separately.
-    pub fn report_split(&self, s: &RunStats, prefill: (usize, f64), decode: (usize, f64)) -> Result<()> {
-        self.report_with(s, Some((prefill, decode)))
+    /// As [`report`](Self::report), with prefill and decode timed separately and each decode
+    /// step's own numbers.
+    pub fn report_split(
+        &self,
+        s: &RunStats,
+        prefill: (usize, f64),
+        decode: (usize, f64),
+        per_token: Vec<serde_json::Value>,
+    ) -> Result<()> {
+        self.report_with(s, Some((prefill, decode, per_token)))
     }
 
     /// Prints and/or writes the statistics, as asked.
@@ -106,7 +120,7 @@ impl EngineArgs {
         self.report_with(s, None)
     }
 
-    fn report_with(&self, s: &RunStats, split: Option<((usize, f64), (usize, f64))>) -> Result<()> {
+    fn report_with(&self, s: &RunStats, split: Option<Split>) -> Result<()> {
         let rss = peak_rss_bytes();
         let step = s.seconds.max(1e-12);
         // Compute: the step minus the time blocked on reads; I/O: the time reads were in flight.
@@ -130,22 +144,27 @@ impl EngineArgs {
             "overlap_efficiency": overlap,
             "peak_rss_bytes": rss,
         });
-        if let Some((p, d)) = split {
-            json["prefill"] = serde_json::json!({"tokens": p.0, "seconds": p.1, "tokens_per_s": rate(p)});
-            json["decode"] = serde_json::json!({"tokens": d.0, "seconds": d.1, "tokens_per_s": rate(d)});
+        if let Some((p, d, steps)) = &split {
+            json["prefill"] = serde_json::json!({"tokens": p.0, "seconds": p.1, "tokens_per_s": rate(*p)});
+            json["decode"] = serde_json::json!({"tokens": d.0, "seconds": d.1, "tokens_per_s": rate(*d)});
+            json["per_token"] = serde_json::Value::Array(steps.clone());
         }
         if let Some(path) = &self.stats_json {
             std::fs::write(path, serde_json::to_vec_pretty(&json)?)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         if self.stats {
-            if let Some((p, d)) = split {
+            if let Some((p, d, steps)) = &split {
+                let mut times: Vec<f64> = steps.iter().filter_map(|t| t["seconds"].as_f64()).collect();
+                times.sort_by(f64::total_cmp);
+                let median = times.get(times.len() / 2).copied().unwrap_or(0.0);
                 eprintln!(
-                    "prefill {} tokens at {:.2} tok/s; decode {} tokens at {:.2} tok/s",
+                    "prefill {} tokens at {:.2} tok/s; decode {} tokens at {:.2} tok/s (median step {:.1} ms)",
                     p.0,
-                    rate(p),
+                    rate(*p),
                     d.0,
-                    rate(d)
+                    rate(*d),
+                    median * 1e3
                 );
             }
             eprintln!(

@@ -241,6 +241,27 @@ fn generate_is_reproducible_and_starts_from_the_reference_prediction() {
     assert_eq!(a, k3(&sampled).1, "the same seed samples the same tokens");
     let (ok, _, err) = k3(&["generate", "--model", m, "hello"]);
     assert!(!ok && err.contains("embeds no tokenizer"), "{err}");
+    let d = tempfile::tempdir().unwrap();
+    let stats = d.path().join("s.json");
+    let (ok, _, err) = k3(&[
+        "generate",
+        "--model",
+        m,
+        "--ids",
+        "37 246 205",
+        "--max-tokens",
+        "4",
+        "--stats-json",
+        stats.to_str().unwrap(),
+        "--context",
+        "64",
+    ]);
+    assert!(ok, "{err}");
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!(s["prefill"]["tokens"], 3);
+    assert_eq!(s["decode"]["tokens"], 4);
+    assert_eq!(s["per_token"].as_array().unwrap().len(), 4, "one entry per decode step but the last");
+    assert_eq!(s["per_token"][0]["token"], 237);
 }
 
 /// The golden tiny K3 converted with a byte-level tokenizer (256 byte tokens, the chat markers
