@@ -45,8 +45,9 @@ enum Command {
     Trace(RunArgs),
     /// Continue a prompt, streaming the new text (or ids, for a model without a tokenizer).
     Generate {
+        /// The model directory (default: the embedded default model, fixtures/default.waste).
         #[arg(long)]
-        model: PathBuf,
+        model: Option<PathBuf>,
         /// The prompt text (needs a model with an embedded tokenizer).
         prompt: Option<String>,
         /// The prompt as token ids instead.
@@ -70,8 +71,9 @@ enum Command {
     },
     /// An interactive conversation in the model's chat format (Ctrl-C stops an answer; Ctrl-D ends).
     Chat {
+        /// The model directory (default: the embedded default model, fixtures/default.waste).
         #[arg(long)]
-        model: PathBuf,
+        model: Option<PathBuf>,
         /// A system prompt.
         #[arg(long)]
         system: Option<String>,
@@ -143,6 +145,20 @@ struct RunArgs {
     chunk: usize,
     #[command(flatten)]
     engine: run::EngineArgs,
+}
+
+/// `--model`, or the embedded default model of this checkout.
+fn default_model(model: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(m) = model {
+        return Ok(m);
+    }
+    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/default.waste"));
+    anyhow::ensure!(
+        p.join("header.waste").exists(),
+        "no --model given and the embedded default model {} is missing",
+        p.display()
+    );
+    Ok(p)
 }
 
 fn load_tokenizer(path: &std::path::Path) -> Result<k3_engine::tokenizer::Tokenizer> {
@@ -451,7 +467,7 @@ fn real_main() -> Result<ExitCode> {
         }
         Command::Generate { model, prompt, ids, max_tokens, temperature, top_p, top_k, seed, chunk, engine } => {
             let cfg = k3_engine::sample::SamplerConfig { temperature, top_k, top_p, seed };
-            generate(&model, prompt.as_deref(), ids.as_deref(), max_tokens, cfg, chunk, &engine)
+            generate(&default_model(model)?, prompt.as_deref(), ids.as_deref(), max_tokens, cfg, chunk, &engine)
         }
         Command::Chat {
             model,
@@ -472,7 +488,7 @@ fn real_main() -> Result<ExitCode> {
                 max_tokens,
                 sampler: k3_engine::sample::SamplerConfig { temperature, top_k, top_p, seed },
             };
-            chat::run(&model, a, &engine)
+            chat::run(&default_model(model)?, a, &engine)
         }
         Command::Logits(args) => run(args, false),
         Command::Trace(args) => run(args, true),

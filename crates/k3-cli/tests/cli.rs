@@ -385,3 +385,13 @@ fn usage_history_is_recorded_and_used_for_pinning() {
     ]);
     assert!(err.contains("pinned the 4 most used experts"), "{err}");
 }
+
+#[test]
+fn without_model_the_embedded_default_runs() {
+    let (ok, out, err) = k3(&["generate", "Once upon a time", "--max-tokens", "8"]);
+    assert!(ok, "{err}");
+    assert!(!out.is_empty());
+    let (ok, out, err) = k3_stdin(&["chat", "--max-tokens", "4", "--temperature", "0"], "Hello\n");
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 1, "{out:?}");
+}
