@@ -40,8 +40,16 @@ pub enum TokenizerError {
     Build(String),
 }
 
+/// The encoder behind a [`Tokenizer`].
+enum Backend {
+    /// Kimi's own: tiktoken ranks and the Kimi regex.
+    Tiktoken(CoreBPE),
+    /// A Hugging Face `tokenizer.json`, through the `tokenizers` crate.
+    HuggingFace(Box<tokenizers::Tokenizer>),
+}
+
 pub struct Tokenizer {
-    bpe: CoreBPE,
+    bpe: Backend,
     specials: HashMap<String, u32>,
     special_names: HashMap<u32, String>,
     vocab: usize,
@@ -97,21 +105,51 @@ impl Tokenizer {
         let special_fx: rustc_hash::FxHashMap<String, u32> = specials.iter().map(|(k, v)| (k.clone(), *v)).collect();
         let vocab = vocab.max(specials.values().map(|v| *v as usize + 1).max().unwrap_or(0));
         let bpe = CoreBPE::new(encoder, special_fx, pattern).map_err(|e| TokenizerError::Build(e.to_string()))?;
-        Ok(Tokenizer { bpe, specials, special_names, vocab })
+        Ok(Tokenizer { bpe: Backend::Tiktoken(bpe), specials, special_names, vocab })
+    }
+
+    /// From a Hugging Face `tokenizer.json` (its added tokens are the specials).
+    pub fn from_hf_json(json: &[u8]) -> Result<Tokenizer, TokenizerError> {
+        let mut t = tokenizers::Tokenizer::from_bytes(json)
+            .map_err(|e| TokenizerError::Config { file: "tokenizer.json".into(), reason: e.to_string() })?;
+        // A chat engine wants the ids of the text itself: no padding, no truncation.
+        t.with_padding(None);
+        t.with_truncation(None).map_err(|e| TokenizerError::Build(e.to_string()))?;
+        let specials: HashMap<String, u32> =
+            t.get_added_tokens_decoder().into_iter().map(|(id, tok)| (tok.content, id)).collect();
+        let special_names = specials.iter().map(|(k, v)| (*v, k.clone())).collect();
+        let vocab = t.get_vocab_size(true);
+        Ok(Tokenizer { bpe: Backend::HuggingFace(Box::new(t)), specials, special_names, vocab })
+    }
+
+    /// The tokenizer a WASTE model embeds (`tiktoken.model` with `tokenizer_config.json`, or a
+    /// Hugging Face `tokenizer.json`); `None` when it embeds neither.
+    pub fn from_model(m: &k3_format::Model) -> Option<Result<Tokenizer, TokenizerError>> {
+        if let Some(ranks) = m.blob("tiktoken.model") {
+            return Some(Tokenizer::from_tiktoken(ranks, m.blob("tokenizer_config.json"), KIMI_PATTERN));
+        }
+        m.blob("tokenizer.json").map(Tokenizer::from_hf_json)
     }
 
     pub fn vocab(&self) -> usize {
         self.vocab
     }
 
-    /// Ids of `text`, special-token strings treated as plain text.
+    /// Ids of `text`, special-token strings treated as plain text (Hugging Face tokenizers apply
+    /// their own added-token rules and no post-processing such as BOS).
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        self.bpe.encode_ordinary(text)
+        match &self.bpe {
+            Backend::Tiktoken(b) => b.encode_ordinary(text),
+            Backend::HuggingFace(t) => t.encode(text, false).map(|e| e.get_ids().to_vec()).unwrap_or_default(),
+        }
     }
 
     /// Ids of `text`, special-token strings (e.g. `<|open|>`) becoming their ids.
     pub fn encode_with_specials(&self, text: &str) -> Vec<u32> {
-        self.bpe.encode_with_special_tokens(text)
+        match &self.bpe {
+            Backend::Tiktoken(b) => b.encode_with_special_tokens(text),
+            Backend::HuggingFace(t) => t.encode(text, false).map(|e| e.get_ids().to_vec()).unwrap_or_default(),
+        }
     }
 
     pub fn special(&self, name: &str) -> Option<u32> {
@@ -124,7 +162,15 @@ impl Tokenizer {
 
     /// The bytes of `ids` (may end inside a UTF-8 character).
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
-        self.bpe.decode_bytes(ids).map_err(|e| TokenizerError::UnknownId(e.token))
+        match &self.bpe {
+            Backend::Tiktoken(b) => b.decode_bytes(ids).map_err(|e| TokenizerError::UnknownId(e.token)),
+            Backend::HuggingFace(t) => {
+                if let Some(bad) = ids.iter().find(|&&i| t.id_to_token(i).is_none()) {
+                    return Err(TokenizerError::UnknownId(*bad));
+                }
+                t.decode(ids, false).map(String::into_bytes).map_err(|e| TokenizerError::Build(e.to_string()))
+            }
+        }
     }
 }
 

@@ -82,3 +82,15 @@ fn a_damaged_rank_file_names_the_line() {
     let e = Tokenizer::from_tiktoken(b"IQ== 0\nnot-base64! 1\n", None, KIMI_PATTERN).unwrap_err().to_string();
     assert!(e.contains("line 2") && e.contains("base64"), "{e}");
 }
+
+#[test]
+fn a_hugging_face_tokenizer_json_loads_through_the_tokenizers_crate() {
+    let json = std::fs::read(dir().join("minilm-tokenizer.json")).unwrap();
+    let tok = Tokenizer::from_hf_json(&json).unwrap();
+    // bert-base-uncased WordPiece ids.
+    assert_eq!(tok.encode("Hello world"), vec![7592, 2088]);
+    assert_eq!(String::from_utf8(tok.decode_bytes(&[7592, 2088]).unwrap()).unwrap(), "hello world");
+    assert_eq!(tok.special("[CLS]"), Some(101));
+    assert!(tok.decode_bytes(&[10_000_000]).is_err());
+    assert!(Tokenizer::from_hf_json(b"{not json").unwrap_err().to_string().contains("tokenizer.json"));
+}

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use k3_engine::chat::{ChatFormat, Message, Role};
 use k3_engine::sample::{Sampler, SamplerConfig};
-use k3_engine::tokenizer::{KIMI_PATTERN, StreamDecoder, Tokenizer};
+use k3_engine::tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::run::EngineArgs;
 
@@ -80,8 +80,7 @@ pub struct ChatArgs<'a> {
 pub fn run(path: &Path, a: ChatArgs<'_>, ea: &EngineArgs) -> Result<ExitCode> {
     let model = k3_format::Model::open_with(path, &k3_format::OpenOptions { shard_dirs: ea.shard_dirs.clone() })
         .with_context(|| format!("opening {}", path.display()))?;
-    let ranks = model.blob("tiktoken.model").with_context(|| format!("{} embeds no tokenizer", path.display()))?;
-    let tok = Tokenizer::from_tiktoken(ranks, model.blob("tokenizer_config.json"), KIMI_PATTERN)?;
+    let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
     let engine =
         k3_engine::Engine::load_with(&model, ea.options()?).with_context(|| format!("loading {}", path.display()))?;
     ea.start(&engine)?;

@@ -165,14 +165,12 @@ fn load_tokenizer(path: &std::path::Path) -> Result<k3_engine::tokenizer::Tokeni
     use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
     if path.is_dir() {
         let m = open(&path.to_path_buf(), Vec::new())?;
-        let ranks = m.blob("tiktoken.model").with_context(|| format!("{} embeds no tiktoken.model", path.display()))?;
-        return Ok(Tokenizer::from_tiktoken(ranks, m.blob("tokenizer_config.json"), KIMI_PATTERN)?);
+        return Ok(Tokenizer::from_model(&m)
+            .with_context(|| format!("{} embeds no tiktoken.model or tokenizer.json", path.display()))??);
     }
     if path.extension().is_some_and(|e| e == "json") {
-        anyhow::bail!(
-            "{}: Hugging Face tokenizer.json files are not supported yet; use the model's tiktoken.model",
-            path.display()
-        );
+        let json = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        return Tokenizer::from_hf_json(&json).with_context(|| format!("loading {}", path.display()));
     }
     let ranks = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let cfg_path = path.with_file_name("tokenizer_config.json");
@@ -192,16 +190,7 @@ fn generate(
 ) -> Result<ExitCode> {
     use std::io::Write;
     let model = open(&path.to_path_buf(), ea.shard_dirs.clone())?;
-    let tok = model
-        .blob("tiktoken.model")
-        .map(|r| {
-            k3_engine::tokenizer::Tokenizer::from_tiktoken(
-                r,
-                model.blob("tokenizer_config.json"),
-                k3_engine::tokenizer::KIMI_PATTERN,
-            )
-        })
-        .transpose()?;
+    let tok = k3_engine::tokenizer::Tokenizer::from_model(&model).transpose()?;
     let prompt_ids = match (ids, prompt, &tok) {
         (Some(ids), _, _) => parse_ids(ids)?,
         (None, Some(text), Some(t)) => t.encode_with_specials(text),

@@ -208,7 +208,11 @@ fn tokenize_and_detokenize_round_trip() {
     assert!(ok, "{err}");
     assert_eq!(back, text);
     let (ok, _, err) = k3_stdin(&["tokenize", "--tokenizer", fixture("tiny-k3.waste").to_str().unwrap()], "x");
-    assert!(!ok && err.contains("embeds no tiktoken.model"), "{err}");
+    assert!(!ok && err.contains("embeds no tiktoken.model or tokenizer.json"), "{err}");
+    let hf = fixture("tokenizer/minilm-tokenizer.json");
+    let (ok, ids, err) = k3_stdin(&["tokenize", "--tokenizer", hf.to_str().unwrap()], "Hello world");
+    assert!(ok, "{err}");
+    assert_eq!(ids.trim(), "[7592,2088]");
 }
 
 #[test]
