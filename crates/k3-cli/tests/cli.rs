@@ -268,73 +268,10 @@ fn generate_is_reproducible_and_starts_from_the_reference_prediction() {
     assert_eq!(s["per_token"][0]["token"], 237);
 }
 
-/// The golden tiny K3 converted with a byte-level tokenizer (256 byte tokens, the chat markers
-/// at ids 500-510, inside the model's 512-token vocabulary), so text in and text out run end to end.
-fn tiny_k3_with_tokenizer(dir: &Path) -> PathBuf {
-    let hf = dir.join("hf");
-    std::fs::create_dir_all(&hf).unwrap();
-    for f in ["config.json", "model-00001-of-00001.safetensors", "model.safetensors.index.json"] {
-        std::fs::copy(fixture("golden/tiny-k3").join(f), hf.join(f)).unwrap();
-    }
-    use std::fmt::Write as _;
-    let mut ranks = String::new();
-    for b in 0..=255u8 {
-        let enc = base64_of(&[b]);
-        writeln!(ranks, "{enc} {b}").unwrap();
-    }
-    std::fs::write(hf.join("tiktoken.model"), ranks).unwrap();
-    let specials = [
-        (500, "<|open|>"),
-        (501, "<|close|>"),
-        (502, "<|sep|>"),
-        (508, "[BOS]"),
-        (509, "[EOS]"),
-        (510, "<|end_of_msg|>"),
-    ];
-    let added: serde_json::Map<String, serde_json::Value> =
-        specials.iter().map(|(i, n)| (i.to_string(), serde_json::json!({"content": n, "special": true}))).collect();
-    std::fs::write(
-        hf.join("tokenizer_config.json"),
-        serde_json::to_vec(&serde_json::json!({"added_tokens_decoder": added})).unwrap(),
-    )
-    .unwrap();
-    let out = dir.join("model");
-    let status = Command::new(env!("CARGO_BIN_EXE_k3-cli")).arg("--version").status().unwrap();
-    assert!(status.success());
-    let opts = k3_engine::convert::ConvertOptions {
-        hf_dir: hf,
-        out_dir: out.clone(),
-        experts: k3_engine::convert::ExpertFormat::Keep,
-        trunk: k3_engine::convert::TrunkFormat::Keep,
-        alignment: 4096,
-        shards: 1,
-        shard_dirs: vec![],
-    };
-    k3_engine::convert::convert(&opts, &mut |_| {}).unwrap();
-    out
-}
-
-fn base64_of(b: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut s = String::new();
-    for c in b.chunks(3) {
-        let n =
-            (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= c.len() {
-                s.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                s.push('=');
-            }
-        }
-    }
-    s
-}
-
 #[test]
 fn text_generation_and_chat_run_end_to_end() {
-    let d = tempfile::tempdir().unwrap();
-    let model = tiny_k3_with_tokenizer(d.path());
+    // The golden tiny K3 with a byte-level tokenizer (fixtures/README.md), so text goes in and out.
+    let model = fixture("default.waste");
     let m = model.to_str().unwrap();
     let (ok, out, err) = k3(&["generate", "--model", m, "Once upon a time", "--max-tokens", "8"]);
     assert!(ok, "{err}");
