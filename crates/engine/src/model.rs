@@ -56,16 +56,23 @@ struct Mlp<'m> {
     down: Matrix<'m>,
 }
 
+thread_local! {
+    /// The gate and up activations of `Mlp::forward`, reused: it runs once per expert per token.
+    static MLP_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 impl Mlp<'_> {
     fn forward(&self, act: Act, x: &[f32], out: &mut [f32]) {
-        let mut g = vec![0f32; self.gate.rows()];
-        let mut u = vec![0f32; self.up.rows()];
-        self.gate.matvec(x, &mut g);
-        self.up.matvec(x, &mut u);
-        for (gv, uv) in g.iter_mut().zip(&u) {
-            *gv = act.apply(*gv, *uv);
-        }
-        self.down.matvec(&g, out);
+        MLP_SCRATCH.with_borrow_mut(|(g, u)| {
+            g.resize(self.gate.rows(), 0.0);
+            u.resize(self.up.rows(), 0.0);
+            self.gate.matvec(x, g);
+            self.up.matvec(x, u);
+            for (gv, uv) in g.iter_mut().zip(u.iter()) {
+                *gv = act.apply(*gv, *uv);
+            }
+            self.down.matvec(g, out);
+        })
     }
 }
 
@@ -183,6 +190,9 @@ pub struct EngineOptions {
     /// After a warm-up, a layer's prefetch continues only while its predictor's recall is at least
     /// this (0 = always prefetch).
     pub lookahead_min_recall: f64,
+    /// Also measure the after-MoE and previous-token predictors (an extra router pass per layer
+    /// and token: for `k3-cli lookahead` and benchmarks, off on the decode path).
+    pub lookahead_stats: bool,
     pub policy: Policy,
     /// Reads in flight at once.
     pub queue_depth: usize,
@@ -200,6 +210,7 @@ impl Default for EngineOptions {
             overlap: true,
             lookahead: true,
             lookahead_min_recall: 0.3,
+            lookahead_stats: false,
             policy: Policy::Lfru,
             queue_depth: 32,
             context: 4096,
@@ -703,7 +714,9 @@ impl<'m> Engine<'m> {
                     None => pt.to_vec(),
                 };
                 rms_norm(&m_in, &layer.post_norm, self.eps, &mut normed[t * d..(t + 1) * d]);
-                preds_att.push(self.predict_next(li, pt));
+                // The after-attention guess feeds the prefetch; computed only when someone uses it.
+                let wanted = self.opts.lookahead || self.opts.lookahead_stats;
+                preds_att.push(if wanted { self.predict_next(li, pt) } else { None });
             }
             match &layer.ffn {
                 Ffn::Dense(mlp) => {
@@ -742,15 +755,17 @@ impl<'m> Engine<'m> {
                         if let Some(m) = m {
                             session.lookahead.record(Predictor::AfterMoe, li, &m, &r.experts);
                         }
-                        if !session.prev_routing[li].is_empty() {
-                            session.lookahead.record(
-                                Predictor::PreviousToken,
-                                li,
-                                &session.prev_routing[li],
-                                &r.experts,
-                            );
+                        if self.opts.lookahead_stats {
+                            if !session.prev_routing[li].is_empty() {
+                                session.lookahead.record(
+                                    Predictor::PreviousToken,
+                                    li,
+                                    &session.prev_routing[li],
+                                    &r.experts,
+                                );
+                            }
+                            session.prev_routing[li].clone_from(&r.experts);
                         }
-                        session.prev_routing[li].clone_from(&r.experts);
                         for &e in &r.experts {
                             session.usage.record((li as u32, e));
                         }
@@ -763,7 +778,9 @@ impl<'m> Engine<'m> {
                 {
                     *hv = pv + fv;
                 }
-                pending[t] = [preds_att[t].take(), self.predict_next(li, &h[t * d..(t + 1) * d])];
+                let after_moe =
+                    if self.opts.lookahead_stats { self.predict_next(li, &h[t * d..(t + 1) * d]) } else { None };
+                pending[t] = [preds_att[t].take(), after_moe];
             }
             if let Some(tr) = trace.as_deref_mut() {
                 for t in 0..n {

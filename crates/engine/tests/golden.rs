@@ -114,7 +114,8 @@ fn a_corrupted_expert_record_is_an_error_naming_file_and_offset() {
 fn lookahead_statistics_are_kept_per_layer() {
     use k3_router::lookahead::Predictor;
     let model = Model::open(fixtures().join("tiny-k3.waste")).unwrap();
-    let mut engine = Engine::load(&model).unwrap();
+    let opts = k3_engine::EngineOptions { lookahead_stats: true, ..k3_engine::EngineOptions::default() };
+    let mut engine = Engine::load_with(&model, opts).unwrap();
     let ids = ids(&fixtures().join("golden/tiny-k3/golden/ids.txt"));
     // Predicting every expert must find every chosen one.
     engine.set_lookahead_margin(32);
@@ -135,4 +136,11 @@ fn lookahead_statistics_are_kept_per_layer() {
     engine.forward(&mut s, &ids, None).unwrap();
     let (a, p) = (s.lookahead.total(Predictor::AfterMoe), s.lookahead.total(Predictor::PreviousToken));
     assert!(a.recall() > 0.0 && a.recall() <= 1.0 && a.recall() > p.recall(), "{a:?} {p:?}");
+    // Without the statistics switch the decode path skips the extra router passes.
+    let plain = Engine::load(&model).unwrap();
+    let mut s = plain.session();
+    plain.forward(&mut s, &ids, None).unwrap();
+    assert_eq!(s.lookahead.total(Predictor::AfterMoe).tokens, 0);
+    assert_eq!(s.lookahead.total(Predictor::PreviousToken).tokens, 0);
+    assert!(s.lookahead.total(Predictor::AfterAttention).tokens > 0, "the prefetch's own predictor is measured");
 }

@@ -277,8 +277,9 @@ fn lookahead(
     use k3_router::lookahead::Predictor;
     let ids = parse_ids(ids)?;
     let m = open(&model, ea.shard_dirs.clone())?;
-    let mut engine =
-        k3_engine::Engine::load_with(&m, ea.options()?).with_context(|| format!("loading {}", model.display()))?;
+    // This command is about the predictors: measure all three.
+    let opts = k3_engine::EngineOptions { lookahead_stats: true, ..ea.options()? };
+    let mut engine = k3_engine::Engine::load_with(&m, opts).with_context(|| format!("loading {}", model.display()))?;
     ea.start(&engine)?;
     if let Some(g) = margin {
         engine.set_lookahead_margin(g);

@@ -26,7 +26,7 @@ pub struct Options<'a> {
 pub const ALL_VARIANTS: [&str; 5] = ["read-then-compute", "overlap", "overlap+lookahead", "lru", "lfu"];
 
 fn options(name: &str, mem: Option<u64>) -> Result<EngineOptions> {
-    let base = EngineOptions { mem_budget: mem, ..EngineOptions::default() };
+    let base = EngineOptions { mem_budget: mem, lookahead_stats: true, ..EngineOptions::default() };
     Ok(match name {
         "read-then-compute" => EngineOptions { overlap: false, lookahead: false, ..base },
         "overlap" => EngineOptions { lookahead: false, ..base },
