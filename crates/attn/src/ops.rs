@@ -4,18 +4,7 @@ use k3_quant::Matrix;
 
 use crate::AttnError;
 
-/// `x / sqrt(mean(x^2) + eps) * w`, the mean accumulated in f64.
-pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let ms = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / x.len() as f64;
-    let inv = (1.0 / (ms + f64::from(eps)).sqrt()) as f32;
-    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * inv * g;
-    }
-}
-
-pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
+pub(crate) use k3_quant::vecops::{rms_norm, sigmoid};
 
 pub(crate) fn silu(x: f32) -> f32 {
     x * sigmoid(x)

@@ -18,17 +18,7 @@ use crate::EngineError;
 use crate::config::{Family, ModelConfig};
 use crate::weights::{Rotations, expert_matrix, matrix, vector, vector_of};
 
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let ms = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / x.len() as f64;
-    let inv = (1.0 / (ms + f64::from(eps)).sqrt()) as f32;
-    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * inv * g;
-    }
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
+use k3_quant::vecops::{rms_norm, sigmoid};
 
 /// The gated activation of an MLP: K3's SiTU or Kimi-Linear's SiLU.
 #[derive(Debug, Clone, Copy)]

@@ -2,6 +2,19 @@
 
 use crate::cpu::{Level, level, supported};
 
+/// `x / sqrt(mean(x^2) + eps) * w`, the mean accumulated in f64 (as the reference models do).
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ms = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / x.len() as f64;
+    let inv = (1.0 / (ms + f64::from(eps)).sqrt()) as f32;
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * inv * g;
+    }
+}
+
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
 /// `sum a[i] * b[i]`.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_at(level(), a, b)
