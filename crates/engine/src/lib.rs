@@ -8,6 +8,7 @@ pub mod budget;
 pub mod chat;
 pub mod config;
 pub mod convert;
+pub mod eval;
 pub mod model;
 pub mod sample;
 pub mod synth;

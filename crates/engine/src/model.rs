@@ -288,6 +288,19 @@ fn req(v: &Value, key: &str) -> Result<usize, EngineError> {
         .ok_or_else(|| EngineError::Config(format!("config has no integer `{key}`")))
 }
 
+impl RunStats {
+    /// Adds a later session's times to these; the cache counters (cumulative per engine) are the
+    /// later session's.
+    pub fn accumulate(&mut self, later: &RunStats) {
+        self.tokens += later.tokens;
+        self.seconds += later.seconds;
+        self.io_wait_seconds += later.io_wait_seconds;
+        self.io_span_seconds += later.io_span_seconds;
+        self.expert_compute_seconds += later.expert_compute_seconds;
+        self.cache = later.cache;
+    }
+}
+
 impl<'m> Engine<'m> {
     pub fn load(model: &'m Model) -> Result<Engine<'m>, EngineError> {
         Self::load_with(model, EngineOptions::default())

@@ -111,6 +111,25 @@ enum Command {
         #[arg(long)]
         tokenizer: PathBuf,
     },
+    /// Held-out perplexity of a text: non-overlapping windows, each from an empty state.
+    Perplexity {
+        /// The model directory (default: the embedded default model, fixtures/default.waste).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// The text file to score (default: standard input).
+        file: Option<PathBuf>,
+        /// Tokens per window.
+        #[arg(long, default_value_t = 256)]
+        window: usize,
+        /// Tokens per prefill chunk.
+        #[arg(long, default_value_t = 256)]
+        chunk: usize,
+        /// Print one JSON object instead of a line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: run::EngineArgs,
+    },
     /// How well the router lookahead would predict each MoE layer's experts on a prompt.
     Lookahead {
         #[arg(long)]
@@ -253,6 +272,65 @@ fn generate(
     writeln!(out)?;
     ea.report_split(&session.stats, prefill, (produced, t1.elapsed().as_secs_f64()), per_token)?;
     ea.finish(&session)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn perplexity(
+    path: &std::path::Path,
+    file: Option<&std::path::Path>,
+    window: usize,
+    chunk: usize,
+    json: bool,
+    ea: &run::EngineArgs,
+) -> Result<ExitCode> {
+    use std::io::Read;
+    let text = match file {
+        Some(f) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
+        None => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).context("reading standard input")?;
+            s
+        }
+    };
+    let model = open(&path.to_path_buf(), ea.shard_dirs.clone())?;
+    let tok = k3_engine::tokenizer::Tokenizer::from_model(&model)
+        .with_context(|| format!("{} embeds no tokenizer", path.display()))??;
+    let ids = tok.encode(&text);
+    let engine =
+        k3_engine::Engine::load_with(&model, ea.options()?).with_context(|| format!("loading {}", path.display()))?;
+    ea.start(&engine)?;
+    let windows = ids.len().div_ceil(window.max(1));
+    let pb = ProgressBar::new(windows as u64);
+    pb.set_style(
+        ProgressStyle::with_template("perplexity [{bar:40}] {pos}/{len} windows ETA {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let t0 = std::time::Instant::now();
+    let r = k3_engine::eval::perplexity(&engine, &ids, window, chunk, &mut |done| pb.set_position(done as u64))?;
+    let seconds = t0.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    ea.report(&r.stats)?;
+    let window_nll: Vec<f64> = r.windows.iter().map(|w| w.nll).collect();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "perplexity": r.perplexity(), "mean_nll": r.mean_nll(), "tokens": ids.len(),
+                "scored_tokens": r.scored(), "window": window, "windows": r.windows.len(),
+                "window_nll": window_nll, "seconds": seconds, "tok_per_s": ids.len() as f64 / seconds,
+            })
+        );
+    } else {
+        println!(
+            "perplexity {:.4} (mean NLL {:.5} nats) over {} scored tokens in {} windows of {window}; {:.0} tok/s",
+            r.perplexity(),
+            r.mean_nll(),
+            r.scored(),
+            r.windows.len(),
+            ids.len() as f64 / seconds
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -482,6 +560,9 @@ fn real_main() -> Result<ExitCode> {
         }
         Command::Logits(args) => run(args, false),
         Command::Trace(args) => run(args, true),
+        Command::Perplexity { model, file, window, chunk, json, engine } => {
+            perplexity(&default_model(model)?, file.as_deref(), window, chunk, json, &engine)
+        }
         Command::Lookahead { model, ids, margin, chunk, json, engine } => {
             lookahead(model, &ids, margin, chunk, json, engine)
         }

@@ -1,0 +1,91 @@
+//! Held-out perplexity: how well the model predicts a text, the number a trainer reports.
+//!
+//! The text's tokens are cut into non-overlapping windows, each run from an empty state; every
+//! token of a window but its first is scored (natural-log likelihood in f64). This is the
+//! definition `tools/train/train_kimi_linear.py` uses, so the two numbers are comparable.
+
+use crate::{Engine, EngineError, RunStats};
+
+/// The negative log-likelihood of the tokens one window scored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WindowNll {
+    pub nll: f64,
+    pub scored: usize,
+}
+
+/// The summed result over all windows, with the engine's run statistics.
+#[derive(Debug, Clone, Default)]
+pub struct Perplexity {
+    pub windows: Vec<WindowNll>,
+    pub stats: RunStats,
+}
+
+impl Perplexity {
+    pub fn scored(&self) -> usize {
+        self.windows.iter().map(|w| w.scored).sum()
+    }
+
+    pub fn mean_nll(&self) -> f64 {
+        self.windows.iter().map(|w| w.nll).sum::<f64>() / self.scored().max(1) as f64
+    }
+
+    pub fn perplexity(&self) -> f64 {
+        self.mean_nll().exp()
+    }
+}
+
+/// Scores `ids` in windows of `window` tokens, prefilling `chunk` tokens at a time; `progress` is
+/// called with the number of windows done.
+pub fn perplexity(
+    engine: &Engine<'_>,
+    ids: &[u32],
+    window: usize,
+    chunk: usize,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Perplexity, EngineError> {
+    if window < 2 {
+        return Err(EngineError::Input(format!("a perplexity window needs at least 2 tokens, not {window}")));
+    }
+    let v = engine.vocab();
+    let mut out = Perplexity::default();
+    for (i, w) in ids.chunks(window).filter(|w| w.len() >= 2).enumerate() {
+        let mut session = engine.session();
+        let mut logits = Vec::with_capacity(w.len() * v);
+        for c in w.chunks(chunk.max(1)) {
+            logits.extend(engine.forward(&mut session, c, None)?);
+        }
+        let nll =
+            w[1..].iter().zip(logits.chunks_exact(v)).map(|(&next, row)| -log_softmax_at(row, next as usize)).sum();
+        out.windows.push(WindowNll { nll, scored: w.len() - 1 });
+        out.stats.accumulate(&session.stats);
+        progress(i + 1);
+    }
+    if out.windows.is_empty() {
+        return Err(EngineError::Input("the text is too short to score: it needs at least 2 tokens".into()));
+    }
+    Ok(out)
+}
+
+/// `log softmax(row)[i]` in f64 (the max subtracted first, so no overflow).
+fn log_softmax_at(row: &[f32], i: usize) -> f64 {
+    let max = f64::from(row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)));
+    let sum: f64 = row.iter().map(|&x| (f64::from(x) - max).exp()).sum();
+    f64::from(row[i]) - max - sum.ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_softmax_matches_the_definition() {
+        let row = [1.0f32, 2.0, 3.0, -1.0];
+        let z: f64 = row.iter().map(|&x| f64::from(x).exp()).sum();
+        for i in 0..row.len() {
+            let want = (f64::from(row[i]).exp() / z).ln();
+            assert!((log_softmax_at(&row, i) - want).abs() < 1e-12);
+        }
+        // Large logits do not overflow.
+        assert!((log_softmax_at(&[1000.0, 1000.0], 0) - 0.5f64.ln()).abs() < 1e-12);
+    }
+}
