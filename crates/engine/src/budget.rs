@@ -32,6 +32,13 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Memory the kernel says can be given to a new process without swapping (MemAvailable).
+pub fn available_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = info.lines().find(|l| l.starts_with("MemAvailable:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_size;
@@ -44,5 +51,12 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("12X").is_err());
         assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn available_memory_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(super::available_memory_bytes().is_some_and(|b| b > 0));
+        }
     }
 }

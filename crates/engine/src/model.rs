@@ -503,7 +503,7 @@ impl<'m> Engine<'m> {
             .sum();
         let overhead_bytes = 64 << 20;
         let fixed = model.manifest().trunk.bytes + state_bytes + overhead_bytes;
-        // At least two slots (one being read while one is used); by default twice top-k.
+        // At least two slots (one being read while one is used).
         let min_slots = if cfg.moe_layers().is_empty() { 0 } else { 2 };
         let cache_slots = match opts.mem_budget {
             Some(b) => {
@@ -522,12 +522,14 @@ impl<'m> Engine<'m> {
                 }
                 if slot_bytes == 0 { 0 } else { slots.min(u64::from(cfg.experts) * cfg.moe_layers().len() as u64) }
             }
+            // No budget given: half of the memory available now, at most every expert, at
+            // least twice top-k (one token's experts read while the last one's are used).
             None => {
-                if slot_bytes == 0 {
-                    0
-                } else {
-                    (2 * top_k).max(8)
-                }
+                let all = u64::from(cfg.experts) * cfg.moe_layers().len() as u64;
+                let room = crate::budget::available_memory_bytes().unwrap_or(0) / 2;
+                room.saturating_sub(fixed)
+                    .checked_div(slot_bytes)
+                    .map_or(0, |slots| slots.min(all).max((2 * top_k).max(8)))
             }
         };
         let plan = MemoryPlan {

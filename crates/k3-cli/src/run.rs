@@ -9,7 +9,8 @@ use k3_io::Policy;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// Memory to live within: trunk, attention state, expert cache, I/O buffers (e.g. 48G, 512M).
+    /// Memory to live within: trunk, attention state, expert cache, I/O buffers (e.g. 48G, 512M;
+    /// default: an expert cache of up to half the memory available at start).
     #[arg(long)]
     pub mem: Option<String>,
     /// Read, then compute (no overlap of expert reads with arithmetic), for measurement.
