@@ -103,7 +103,8 @@ enum BenchWhat {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Write a random-weight WASTE model with K3's architecture (presets k3-tiny, k3-proxy).
+    /// Write a random-weight WASTE model with K3's architecture (presets k3-tiny, k3-proxy,
+    /// k3-proxy-routed: k3-proxy with routing a lookahead can predict).
     Synth {
         #[arg(long)]
         preset: String,

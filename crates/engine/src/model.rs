@@ -592,9 +592,22 @@ impl<'m> Engine<'m> {
 
     /// Layer `li + 1`'s router applied to `v` (normed with that layer's post-attention norm):
     /// the experts it would pick, `top_k + margin` of them. `None` when the next layer is dense.
-    fn predict_next(&self, li: usize, v: &[f32]) -> Option<Vec<u32>> {
+    ///
+    /// With AttnRes (K3) the next router sees the next layer's mix of the finished blocks and the
+    /// running partial sum, not the partial sum alone (which lacks the embedding and every earlier
+    /// block): the guess mixes `blocks` and `v` with the next layer's MLP weights, the next
+    /// layer's own attention output (not computed yet) left out.
+    fn predict_next(&self, li: usize, blocks: &[Vec<f32>], v: &[f32]) -> Option<Vec<u32>> {
         let next = self.layers.get(li + 1)?;
         let Ffn::Moe(moe) = &next.ffn else { return None };
+        let mixed;
+        let v = match &next.mlp_res {
+            Some(w) => {
+                mixed = mix(blocks, v, w, self.eps);
+                &mixed
+            }
+            None => v,
+        };
         let mut x = vec![0f32; v.len()];
         rms_norm(v, &next.post_norm, self.eps, &mut x);
         let mut logits = vec![0f32; moe.router.experts];
@@ -721,7 +734,7 @@ impl<'m> Engine<'m> {
                 rms_norm(&m_in, &layer.post_norm, self.eps, &mut normed[t * d..(t + 1) * d]);
                 // The after-attention guess feeds the prefetch; computed only when someone uses it.
                 let wanted = self.opts.lookahead || self.opts.lookahead_stats;
-                preds_att.push(if wanted { self.predict_next(li, pt) } else { None });
+                preds_att.push(if wanted { self.predict_next(li, &blocks[t], pt) } else { None });
             }
             match &layer.ffn {
                 Ffn::Dense(mlp) => {
@@ -783,8 +796,11 @@ impl<'m> Engine<'m> {
                 {
                     *hv = pv + fv;
                 }
-                let after_moe =
-                    if self.opts.lookahead_stats { self.predict_next(li, &h[t * d..(t + 1) * d]) } else { None };
+                let after_moe = if self.opts.lookahead_stats {
+                    self.predict_next(li, &blocks[t], &h[t * d..(t + 1) * d])
+                } else {
+                    None
+                };
                 pending[t] = [preds_att[t].take(), after_moe];
             }
             if let Some(tr) = trace.as_deref_mut() {
@@ -891,27 +907,38 @@ impl<'m> Engine<'m> {
         };
         let t_io = std::time::Instant::now();
         fill(io, &mut queue, &mut inflight, &mut ready)?;
-        if self.opts.lookahead {
+        // The next layer's predicted experts, read at low priority once this layer's own reads
+        // have all landed: the drive would idle through the last experts' arithmetic and the next
+        // layer's attention, so the guesses cost no demand read any bandwidth.
+        let mut prefetched = !self.opts.lookahead;
+        let prefetch = |io: &mut ExpertIo| -> Result<(), EngineError> {
             let next = li + 1;
-            if self.layers.get(next as usize).is_some_and(|l| matches!(l.ffn, Ffn::Moe(_))) {
-                let mut want: Vec<u32> = Vec::new();
-                for p in predicted {
-                    for e in p {
-                        if !want.contains(e) {
-                            want.push(*e);
-                        }
-                    }
-                }
-                for e in want {
-                    if io.cache.available() == 0 {
-                        break;
-                    }
-                    if !io.cache.contains((next, e)) {
-                        io.cache.request((next, e), location(io, next, e)?, Priority::Prefetch { layer: next })?;
+            if !self.layers.get(next as usize).is_some_and(|l| matches!(l.ffn, Ffn::Moe(_))) {
+                return Ok(());
+            }
+            // Best guesses first (every token's first choice, then second, ...), at most half of
+            // top-k of them: a wasted guess costs a whole record of bandwidth, and the drive's
+            // idle gap holds only a few records (docs/EFFICIENCY.md: caps 4 / 8 / 16 measured).
+            let mut want: Vec<u32> = Vec::new();
+            let longest = predicted.iter().map(Vec::len).max().unwrap_or(0);
+            for rank in 0..longest {
+                for e in predicted.iter().filter_map(|p| p.get(rank)) {
+                    if !want.contains(e) {
+                        want.push(*e);
                     }
                 }
             }
-        }
+            want.truncate((moe.router.top_k / 2).max(1));
+            for e in want {
+                if io.cache.available() == 0 {
+                    break;
+                }
+                if !io.cache.contains((next, e)) {
+                    io.cache.request((next, e), location(io, next, e)?, Priority::Prefetch { layer: next })?;
+                }
+            }
+            Ok(())
+        };
         // Work that needs no expert, done while the reads are in flight.
         let zs: Vec<f32> = match &moe.latent {
             Some((down, _, _)) => {
@@ -934,6 +961,10 @@ impl<'m> Engine<'m> {
         let mut ys = vec![0f32; n * k * zd];
         let mut done_experts = 0usize;
         loop {
+            if !prefetched && queue.is_empty() && inflight.is_empty() {
+                prefetch(io)?;
+                prefetched = true;
+            }
             for key in ready.drain(..) {
                 let t0 = std::time::Instant::now();
                 let t_exp = now();

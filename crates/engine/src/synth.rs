@@ -3,7 +3,10 @@
 //! (expert shards far larger than the memory a benchmark gives the engine).
 //!
 //! Weights are scaled like a trained model's (about `1/sqrt(fan_in)`), so activations stay in
-//! range through the layers; routing is whatever random gates give.
+//! range through the layers; routing is whatever random gates give. `k3-proxy-routed` is the same
+//! model with routing a lookahead can predict, as a trained model's can: every MoE layer shares one
+//! router, and the attention and MoE branches write 0.1x-scaled updates to the residual stream, so
+//! consecutive layers' routers see nearly the same input.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -32,9 +35,11 @@ pub struct Preset {
     pub mla_heads: usize,
     pub q_lora: usize,
     pub kv_lora: usize,
+    /// One router for every MoE layer and small residual updates: predictable routing.
+    pub predictable_routing: bool,
 }
 
-pub const PRESETS: [Preset; 2] = [
+pub const PRESETS: [Preset; 3] = [
     Preset {
         name: "k3-tiny",
         layers: 4,
@@ -50,6 +55,7 @@ pub const PRESETS: [Preset; 2] = [
         mla_heads: 4,
         q_lora: 96,
         kv_lora: 64,
+        predictable_routing: false,
     },
     // 896 experts, 16 active, like K3; 6 MoE layers of 5.0 MB MXFP4 records = 27 GB of shards.
     Preset {
@@ -67,6 +73,25 @@ pub const PRESETS: [Preset; 2] = [
         mla_heads: 16,
         q_lora: 512,
         kv_lora: 512,
+        predictable_routing: false,
+    },
+    // k3-proxy with predictable routing (module docs); the same sizes and I/O per token.
+    Preset {
+        name: "k3-proxy-routed",
+        layers: 7,
+        hidden: 2048,
+        vocab: 4096,
+        experts: 896,
+        top_k: 16,
+        latent: 2048,
+        expert_width: 1536,
+        dense_width: 4096,
+        kda_heads: 16,
+        head_dim: 128,
+        mla_heads: 16,
+        q_lora: 512,
+        kv_lora: 512,
+        predictable_routing: true,
     },
 ];
 
@@ -201,6 +226,9 @@ pub fn synth(
         put(&mut w, n, Encoding::Bf16, &[d as u64], ones(d))?;
     }
     put(&mut w, "model.output_attn_res_proj.weight", Encoding::Bf16, &[1, d as u64], g.bf16(d, s(d)))?;
+    // Predictable routing: one router for all MoE layers, residual updates scaled down.
+    let shared_router = p.predictable_routing.then(|| g.bf16(p.experts as usize * d, s(d)));
+    let branch = if p.predictable_routing { 0.1 } else { 1.0 };
     for i in 0..p.layers {
         let l = |n: &str| format!("model.layers.{i}.{n}");
         for n in [
@@ -217,6 +245,10 @@ pub fn synth(
         let mat = |w: &mut ModelWriter, g: &mut Gen, n: &str, r: usize, c: usize| {
             put(w, &l(n), Encoding::Bf16, &[r as u64, c as u64], g.bf16(r * c, s(c)))
         };
+        // A matrix writing into the residual stream.
+        let out_mat = |w: &mut ModelWriter, g: &mut Gen, n: &str, r: usize, c: usize| {
+            put(w, &l(n), Encoding::Bf16, &[r as u64, c as u64], g.bf16(r * c, branch * s(c)))
+        };
         if is_mla(p, i) {
             let (q, kv, heads) = (p.q_lora, p.kv_lora, p.mla_heads);
             mat(&mut w, &mut g, "self_attn.q_a_proj.weight", q, d)?;
@@ -224,7 +256,7 @@ pub fn synth(
             mat(&mut w, &mut g, "self_attn.kv_a_proj_with_mqa.weight", kv + 64, d)?;
             mat(&mut w, &mut g, "self_attn.kv_b_proj.weight", heads * 256, kv)?;
             mat(&mut w, &mut g, "self_attn.g_proj.weight", heads * 128, d)?;
-            mat(&mut w, &mut g, "self_attn.o_proj.weight", d, heads * 128)?;
+            out_mat(&mut w, &mut g, "self_attn.o_proj.weight", d, heads * 128)?;
             put(&mut w, &l("self_attn.q_a_layernorm.weight"), Encoding::Bf16, &[q as u64], ones(q))?;
             put(&mut w, &l("self_attn.kv_a_layernorm.weight"), Encoding::Bf16, &[kv as u64], ones(kv))?;
         } else {
@@ -232,7 +264,7 @@ pub fn synth(
             for n in ["q_proj", "k_proj", "v_proj", "g_proj"] {
                 mat(&mut w, &mut g, &format!("self_attn.{n}.weight"), c, d)?;
             }
-            mat(&mut w, &mut g, "self_attn.o_proj.weight", d, c)?;
+            out_mat(&mut w, &mut g, "self_attn.o_proj.weight", d, c)?;
             mat(&mut w, &mut g, "self_attn.f_a_proj.weight", hd, d)?;
             mat(&mut w, &mut g, "self_attn.f_b_proj.weight", c, hd)?;
             mat(&mut w, &mut g, "self_attn.b_proj.weight", h, d)?;
@@ -250,10 +282,15 @@ pub fn synth(
         if i == 0 {
             mat(&mut w, &mut g, "mlp.gate_proj.weight", p.dense_width, d)?;
             mat(&mut w, &mut g, "mlp.up_proj.weight", p.dense_width, d)?;
-            mat(&mut w, &mut g, "mlp.down_proj.weight", d, p.dense_width)?;
+            out_mat(&mut w, &mut g, "mlp.down_proj.weight", d, p.dense_width)?;
         } else {
             let m = |n: &str| format!("block_sparse_moe.{n}");
-            mat(&mut w, &mut g, &m("gate.weight"), p.experts as usize, d)?;
+            match &shared_router {
+                Some(r) => {
+                    put(&mut w, &l(&m("gate.weight")), Encoding::Bf16, &[u64::from(p.experts), d as u64], r.clone())?
+                }
+                None => mat(&mut w, &mut g, &m("gate.weight"), p.experts as usize, d)?,
+            }
             put(
                 &mut w,
                 &l(&m("gate.e_score_correction_bias")),
@@ -263,10 +300,10 @@ pub fn synth(
             )?;
             mat(&mut w, &mut g, &m("routed_expert_down_proj.weight"), p.latent, d)?;
             put(&mut w, &l(&m("routed_expert_norm.weight")), Encoding::Bf16, &[p.latent as u64], ones(p.latent))?;
-            mat(&mut w, &mut g, &m("routed_expert_up_proj.weight"), d, p.latent)?;
+            out_mat(&mut w, &mut g, &m("routed_expert_up_proj.weight"), d, p.latent)?;
             mat(&mut w, &mut g, &m("shared_experts.gate_proj.weight"), 2 * p.expert_width, d)?;
             mat(&mut w, &mut g, &m("shared_experts.up_proj.weight"), 2 * p.expert_width, d)?;
-            mat(&mut w, &mut g, &m("shared_experts.down_proj.weight"), d, 2 * p.expert_width)?;
+            out_mat(&mut w, &mut g, &m("shared_experts.down_proj.weight"), d, 2 * p.expert_width)?;
         }
     }
     let mut done = 0u64;
