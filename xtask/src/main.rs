@@ -243,7 +243,9 @@ fn real_main() -> Result<()> {
                 file_bytes: 0,
                 record,
                 queue_depth: 32,
-                reads: 48,
+                // 2 GB per rep: long enough that a throttled drive's burst allowance does not
+                // inflate the ceiling (tools/bench/with-read-ceiling.sh).
+                reads: 400,
                 reps: 3,
                 backend: k3_io::BackendChoice::IoUring,
             };
