@@ -126,6 +126,9 @@ pub struct Session {
     pub lookahead: LookaheadStats,
     /// The experts each layer chose for the previous token (the previous-token predictor).
     prev_routing: Vec<Vec<u32>>,
+    /// Per layer: the after-attention guesses a prefetch would read (best first, capped), and how
+    /// many of them the layer then chose.
+    prefetch_guesses: Vec<(u64, u64)>,
     pub stats: RunStats,
     /// When `Some`, the next `forward` records where its time went (cleared at each call).
     pub timeline: Option<Vec<Span>>,
@@ -168,6 +171,12 @@ struct ExpertIo {
 /// Tokens over which a layer's lookahead is tried before its recall decides whether it continues.
 const LOOKAHEAD_WARMUP_TOKENS: u64 = 8;
 
+/// How many guesses a layer's prefetch reads at most: half of top-k (the drive's idle gap holds
+/// only a few records; docs/EFFICIENCY.md measured caps 4 / 8 / 16).
+fn prefetch_cap(moe: &Moe<'_>) -> usize {
+    (moe.router.top_k / 2).max(1)
+}
+
 /// How the engine runs: the measurement switches of `k3-cli`.
 #[derive(Clone)]
 pub struct EngineOptions {
@@ -177,9 +186,9 @@ pub struct EngineOptions {
     pub overlap: bool,
     /// Prefetch the next layer's predicted experts.
     pub lookahead: bool,
-    /// After a warm-up, a layer's prefetch continues only while its predictor's recall is at least
-    /// this (0 = always prefetch).
-    pub lookahead_min_recall: f64,
+    /// After a warm-up, a layer's prefetch continues only while at least this fraction of the
+    /// guesses it would prefetch (the best top-k / 2 per token) turn out chosen (0 = always).
+    pub lookahead_min_precision: f64,
     /// Also measure the after-MoE and previous-token predictors (an extra router pass per layer
     /// and token: for `k3-cli lookahead` and benchmarks, off on the decode path).
     pub lookahead_stats: bool,
@@ -199,7 +208,7 @@ impl Default for EngineOptions {
             mem_budget: None,
             overlap: true,
             lookahead: true,
-            lookahead_min_recall: 0.3,
+            lookahead_min_precision: 0.8,
             lookahead_stats: false,
             policy: Policy::Lfru,
             queue_depth: 32,
@@ -647,6 +656,7 @@ impl<'m> Engine<'m> {
             tokens: 0,
             lookahead: LookaheadStats::new(n),
             prev_routing: vec![Vec::new(); n],
+            prefetch_guesses: vec![(0, 0); n],
             stats: RunStats::default(),
             timeline: None,
             usage: k3_router::UsageHistory::default(),
@@ -743,11 +753,14 @@ impl<'m> Engine<'m> {
                     }
                 }
                 Ffn::Moe(moe) => {
-                    // Prefetch for the next layer only while its predictor earns it: for the first
-                    // tokens (to measure it), then only at a recall of at least `lookahead_min_recall`
-                    // (a wrong guess costs a full read of drive bandwidth).
+                    // Prefetch for the next layer only while its guesses earn it: for the first
+                    // tokens (to measure them), then only while at least `lookahead_min_precision`
+                    // of what a prefetch would read is used (a wrong guess costs a full read of
+                    // drive bandwidth, which an I/O-bound step pays in time).
                     let c = session.lookahead.counts(Predictor::AfterAttention, li + 1);
-                    let earns = c.tokens < LOOKAHEAD_WARMUP_TOKENS || c.recall() >= self.opts.lookahead_min_recall;
+                    let (guessed, right) = session.prefetch_guesses.get(li + 1).copied().unwrap_or((0, 0));
+                    let earns = c.tokens < LOOKAHEAD_WARMUP_TOKENS
+                        || right as f64 >= self.opts.lookahead_min_precision * guessed as f64;
                     let predicted: Vec<Vec<u32>> =
                         if earns { preds_att.iter().flatten().cloned().collect() } else { Vec::new() };
                     let mut spans = session.timeline.as_ref().map(|_| Vec::new());
@@ -769,6 +782,10 @@ impl<'m> Engine<'m> {
                         let [a, m] = std::mem::take(&mut pending[t]);
                         if let Some(a) = a {
                             session.lookahead.record(Predictor::AfterAttention, li, &a, &r.experts);
+                            let best = &a[..a.len().min(prefetch_cap(moe))];
+                            let g = &mut session.prefetch_guesses[li];
+                            g.0 += best.len() as u64;
+                            g.1 += best.iter().filter(|e| r.experts.contains(e)).count() as u64;
                         }
                         if let Some(m) = m {
                             session.lookahead.record(Predictor::AfterMoe, li, &m, &r.experts);
@@ -928,7 +945,7 @@ impl<'m> Engine<'m> {
                     }
                 }
             }
-            want.truncate((moe.router.top_k / 2).max(1));
+            want.truncate(prefetch_cap(moe));
             for e in want {
                 if io.cache.available() == 0 {
                     break;
