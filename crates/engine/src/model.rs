@@ -172,7 +172,7 @@ struct ExpertIo {
 const LOOKAHEAD_WARMUP_TOKENS: u64 = 8;
 
 /// How many guesses a layer's prefetch reads at most: half of top-k (the drive's idle gap holds
-/// only a few records; docs/EFFICIENCY.md measured caps 4 / 8 / 16).
+/// only a few records; docs/EFFICIENCY.md: caps 4 / 8 / 16 in single, noisy runs).
 fn prefetch_cap(moe: &Moe<'_>) -> usize {
     (moe.router.top_k / 2).max(1)
 }

@@ -39,6 +39,25 @@ pub struct Preset {
     pub predictable_routing: bool,
 }
 
+/// 896 experts, 16 active, like K3; 6 MoE layers of 5.0 MB MXFP4 records = 27 GB of shards.
+const K3_PROXY: Preset = Preset {
+    name: "k3-proxy",
+    layers: 7,
+    hidden: 2048,
+    vocab: 4096,
+    experts: 896,
+    top_k: 16,
+    latent: 2048,
+    expert_width: 1536,
+    dense_width: 4096,
+    kda_heads: 16,
+    head_dim: 128,
+    mla_heads: 16,
+    q_lora: 512,
+    kv_lora: 512,
+    predictable_routing: false,
+};
+
 pub const PRESETS: [Preset; 3] = [
     Preset {
         name: "k3-tiny",
@@ -57,42 +76,9 @@ pub const PRESETS: [Preset; 3] = [
         kv_lora: 64,
         predictable_routing: false,
     },
-    // 896 experts, 16 active, like K3; 6 MoE layers of 5.0 MB MXFP4 records = 27 GB of shards.
-    Preset {
-        name: "k3-proxy",
-        layers: 7,
-        hidden: 2048,
-        vocab: 4096,
-        experts: 896,
-        top_k: 16,
-        latent: 2048,
-        expert_width: 1536,
-        dense_width: 4096,
-        kda_heads: 16,
-        head_dim: 128,
-        mla_heads: 16,
-        q_lora: 512,
-        kv_lora: 512,
-        predictable_routing: false,
-    },
-    // k3-proxy with predictable routing (module docs); the same sizes and I/O per token.
-    Preset {
-        name: "k3-proxy-routed",
-        layers: 7,
-        hidden: 2048,
-        vocab: 4096,
-        experts: 896,
-        top_k: 16,
-        latent: 2048,
-        expert_width: 1536,
-        dense_width: 4096,
-        kda_heads: 16,
-        head_dim: 128,
-        mla_heads: 16,
-        q_lora: 512,
-        kv_lora: 512,
-        predictable_routing: true,
-    },
+    K3_PROXY,
+    // The same sizes and I/O per token, with routing a lookahead can predict (module docs).
+    Preset { name: "k3-proxy-routed", predictable_routing: true, ..K3_PROXY },
 ];
 
 pub fn preset(name: &str) -> Option<Preset> {

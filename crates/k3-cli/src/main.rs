@@ -300,12 +300,7 @@ fn perplexity(
         k3_engine::Engine::load_with(&model, ea.options()?).with_context(|| format!("loading {}", path.display()))?;
     ea.start(&engine)?;
     let windows = ids.len().div_ceil(window.max(1));
-    let pb = ProgressBar::new(windows as u64);
-    pb.set_style(
-        ProgressStyle::with_template("perplexity [{bar:40}] {pos}/{len} windows ETA {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
+    let pb = progress_bar(windows as u64, "perplexity [{bar:40}] {pos}/{len} windows ETA {eta}");
     let t0 = std::time::Instant::now();
     let r = k3_engine::eval::perplexity(&engine, &ids, window, chunk, &mut |done| pb.set_position(done as u64))?;
     let seconds = t0.elapsed().as_secs_f64();
@@ -394,36 +389,23 @@ fn lookahead(
     }
     println!("lookahead recall of each MoE layer's experts over {} tokens (wasted predictions per token):", ids.len());
     println!("{:>5}  {:>22}  {:>22}  {:>22}", "layer", "after-attention", "after-moe", "previous-token");
-    for l in &layers {
+    // One row: a label and, per predictor, "recall (wasted per token)" from `by_name[predictor]`.
+    let row = |label: String, by_name: &serde_json::Value| {
         let cell = |p: Predictor| {
-            format!(
-                "{:.3} ({:.1})",
-                l[p.name()]["recall"].as_f64().unwrap_or(0.0),
-                l[p.name()]["wasted_per_token"].as_f64().unwrap_or(0.0)
-            )
+            let c = &by_name[p.name()];
+            format!("{:.3} ({:.1})", c["recall"].as_f64().unwrap_or(0.0), c["wasted_per_token"].as_f64().unwrap_or(0.0))
         };
         println!(
-            "{:>5}  {:>22}  {:>22}  {:>22}",
-            l["layer"],
+            "{label:>5}  {:>22}  {:>22}  {:>22}",
             cell(Predictor::AfterAttention),
             cell(Predictor::AfterMoe),
             cell(Predictor::PreviousToken)
         );
-    }
-    let cell = |p: Predictor| {
-        format!(
-            "{:.3} ({:.1})",
-            total[p.name()]["recall"].as_f64().unwrap_or(0.0),
-            total[p.name()]["wasted_per_token"].as_f64().unwrap_or(0.0)
-        )
     };
-    println!(
-        "{:>5}  {:>22}  {:>22}  {:>22}",
-        "all",
-        cell(Predictor::AfterAttention),
-        cell(Predictor::AfterMoe),
-        cell(Predictor::PreviousToken)
-    );
+    for l in &layers {
+        row(l["layer"].to_string(), l);
+    }
+    row("all".into(), &serde_json::Value::Object(total));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -464,14 +446,16 @@ fn open(model: &PathBuf, shard_dirs: Vec<PathBuf>) -> Result<Model> {
     Model::open_with(model, &OpenOptions { shard_dirs }).with_context(|| format!("opening {}", model.display()))
 }
 
+/// A progress bar in the CLI's one style (`template` is a constant, so it parses).
+fn progress_bar(len: u64, template: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
+    pb
+}
+
 fn verify(model: &Model) -> ExitCode {
     let total = model.verify_bytes();
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template("verify [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
+    let pb = progress_bar(total, "verify [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}");
     let problems = model.verify(&mut |done| pb.set_position(done));
     pb.finish_and_clear();
     let m = model.manifest();

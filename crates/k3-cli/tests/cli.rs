@@ -12,6 +12,13 @@ fn k3(args: &[&str]) -> (bool, String, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
+/// `k3-cli logits --model MODEL --ids IDS --out OUT` and `extra` switches.
+fn logits(model: &Path, ids: &str, out: &Path, extra: &[&str]) -> (bool, String, String) {
+    let mut args = vec!["logits", "--model", model.to_str().unwrap(), "--ids", ids, "--out", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    k3(&args)
+}
+
 fn copy_model(name: &str) -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(fixture(name)).unwrap() {
@@ -121,11 +128,9 @@ fn bad_token_ids_are_clear_errors() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("x.f32");
     let model = fixture("tiny-k3.waste");
-    let (ok, _, err) =
-        k3(&["logits", "--model", model.to_str().unwrap(), "--ids", "1 2 x", "--out", out.to_str().unwrap()]);
+    let (ok, _, err) = logits(&model, "1 2 x", &out, &[]);
     assert!(!ok && err.contains("`x` is not a token id"), "{err}");
-    let (ok, _, err) =
-        k3(&["logits", "--model", model.to_str().unwrap(), "--ids", "1 999", "--out", out.to_str().unwrap()]);
+    let (ok, _, err) = logits(&model, "1 999", &out, &[]);
     assert!(!ok && err.contains("token id 999 is outside the vocabulary of 512"), "{err}");
     assert!(!out.exists(), "nothing written on error");
 }
@@ -136,30 +141,27 @@ fn measurement_switches_change_timing_not_results() {
     let model = fixture("tiny-k3.waste");
     let ids = std::fs::read_to_string(fixture("golden/tiny-k3/golden/ids.txt")).unwrap();
     let base = d.path().join("base.f32");
-    let (ok, _, err) =
-        k3(&["logits", "--model", model.to_str().unwrap(), "--ids", ids.trim(), "--out", base.to_str().unwrap()]);
+    let (ok, _, err) = logits(&model, ids.trim(), &base, &[]);
     assert!(ok, "{err}");
     let other = d.path().join("other.f32");
     let stats = d.path().join("stats.json");
-    let (ok, _, err) = k3(&[
-        "logits",
-        "--model",
-        model.to_str().unwrap(),
-        "--ids",
+    let (ok, _, err) = logits(
+        &model,
         ids.trim(),
-        "--out",
-        other.to_str().unwrap(),
-        "--no-overlap",
-        "--no-lookahead",
-        "--cache-policy",
-        "lru",
-        "--mem",
-        "80M",
-        "--stats",
-        "--verbose",
-        "--stats-json",
-        stats.to_str().unwrap(),
-    ]);
+        &other,
+        &[
+            "--no-overlap",
+            "--no-lookahead",
+            "--cache-policy",
+            "lru",
+            "--mem",
+            "80M",
+            "--stats",
+            "--verbose",
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ],
+    );
     assert!(ok, "{err}");
     assert!(err.contains("memory plan") && err.contains("overlap efficiency"), "{err}");
     assert_eq!(std::fs::read(&base).unwrap(), std::fs::read(&other).unwrap());
@@ -167,17 +169,7 @@ fn measurement_switches_change_timing_not_results() {
     assert_eq!(s["tokens"], 8);
     assert_eq!(s["prefetches"]["issued"], 0, "--no-lookahead");
     assert!(s["bytes_read"].as_u64().unwrap() > 0 && s["peak_rss_bytes"].as_u64().unwrap() > 0);
-    let (ok, _, err) = k3(&[
-        "logits",
-        "--model",
-        model.to_str().unwrap(),
-        "--ids",
-        "1",
-        "--out",
-        other.to_str().unwrap(),
-        "--mem",
-        "1M",
-    ]);
+    let (ok, _, err) = logits(&model, "1", &other, &["--mem", "1M"]);
     assert!(!ok && err.contains("too small") && err.contains("needs at least"), "{err}");
     assert!(!err.contains("stack backtrace"), "{err}");
 }
@@ -292,19 +284,8 @@ fn usage_history_is_recorded_and_used_for_pinning() {
     let hist = d.path().join("usage.txt");
     let out = d.path().join("l.f32");
     for _ in 0..2 {
-        let args = [
-            "logits",
-            "--model",
-            model.to_str().unwrap(),
-            "--ids",
-            "37 246 205 394",
-            "--out",
-            out.to_str().unwrap(),
-            "--usage-history",
-            hist.to_str().unwrap(),
-            "--verbose",
-        ];
-        let (ok, _, err) = k3(&args);
+        let (ok, _, err) =
+            logits(&model, "37 246 205 394", &out, &["--usage-history", hist.to_str().unwrap(), "--verbose"]);
         assert!(ok, "{err}");
     }
     let text = std::fs::read_to_string(&hist).unwrap();
@@ -312,18 +293,7 @@ fn usage_history_is_recorded_and_used_for_pinning() {
     // 4 tokens x 4 experts x 5 MoE layers, twice.
     let total: u64 = text.lines().skip(1).map(|l| l.split_whitespace().nth(2).unwrap().parse::<u64>().unwrap()).sum();
     assert_eq!(total, 2 * 4 * 4 * 5);
-    let (_, _, err) = k3(&[
-        "logits",
-        "--model",
-        model.to_str().unwrap(),
-        "--ids",
-        "1",
-        "--out",
-        out.to_str().unwrap(),
-        "--usage-history",
-        hist.to_str().unwrap(),
-        "--verbose",
-    ]);
+    let (_, _, err) = logits(&model, "1", &out, &["--usage-history", hist.to_str().unwrap(), "--verbose"]);
     // Half the cache's slots are pinnable: the hottest experts of the history, as many as fit.
     let slots: usize = err.split(" slots of").next().unwrap().rsplit('(').next().unwrap().trim().parse().unwrap();
     let distinct = text.lines().skip(1).count();
