@@ -93,6 +93,14 @@ impl MlaCache {
         self.len == 0
     }
 
+    /// Room for `tokens` positions in all, allocated once (address space only until used), so a
+    /// growing cache never doubles past what the memory plan reserved.
+    pub fn reserve(&mut self, tokens: usize) {
+        let [l, r] = self.dims.map(|x| x as usize);
+        self.c.reserve_exact(tokens.saturating_mul(l).saturating_sub(self.c.len()));
+        self.kext.reserve_exact(tokens.saturating_mul(r).saturating_sub(self.kext.len()));
+    }
+
     pub fn reset(&mut self) {
         self.c.clear();
         self.kext.clear();

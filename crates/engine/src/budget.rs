@@ -19,10 +19,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         None => (s, 1),
     };
     let v: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a size like 48G"))?;
-    if v < 0.0 {
-        return Err(format!("`{s}`: a size cannot be negative"));
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("`{s}` is not a size like 48G"));
     }
-    Ok((v * mul as f64) as u64)
+    let bytes = v * mul as f64;
+    if bytes >= u64::MAX as f64 {
+        return Err(format!("`{s}` is larger than any memory"));
+    }
+    Ok(bytes as u64)
 }
 
 /// The process's peak resident set, measured by the kernel (VmHWM), where available.
@@ -32,10 +36,19 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The machine's physical memory (MemTotal).
+pub fn total_memory_bytes() -> Option<u64> {
+    meminfo("MemTotal:")
+}
+
 /// Memory the kernel says can be given to a new process without swapping (MemAvailable).
 pub fn available_memory_bytes() -> Option<u64> {
+    meminfo("MemAvailable:")
+}
+
+fn meminfo(key: &str) -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = info.lines().find(|l| l.starts_with("MemAvailable:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    let kb: u64 = info.lines().find(|l| l.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
 
@@ -51,6 +64,9 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("12X").is_err());
         assert!(parse_size("lots").is_err());
+        for bad in ["-1G", "nan", "inf", "1e30T"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -50,12 +50,18 @@ pub fn perplexity(
     let mut out = Perplexity::default();
     for (i, w) in ids.chunks(window).filter(|w| w.len() >= 2).enumerate() {
         let mut session = engine.session();
-        let mut logits = Vec::with_capacity(w.len() * v);
-        for c in w.chunks(chunk.max(1)) {
-            logits.extend(engine.forward(&mut session, c, None)?);
+        // Each chunk's logits are scored as they come (a window's whole logits could be larger
+        // than the model): position p predicts token p + 1.
+        let mut nll = 0.0;
+        for (ci, c) in w.chunks(chunk.max(1)).enumerate() {
+            let logits = engine.forward(&mut session, c, None)?;
+            let first = ci * chunk.max(1);
+            nll -= logits
+                .chunks_exact(v)
+                .zip(w.iter().skip(first + 1))
+                .map(|(row, &next)| log_softmax_at(row, next as usize))
+                .sum::<f64>();
         }
-        let nll =
-            w[1..].iter().zip(logits.chunks_exact(v)).map(|(&next, row)| -log_softmax_at(row, next as usize)).sum();
         out.windows.push(WindowNll { nll, scored: w.len() - 1 });
         out.stats.accumulate(&session.stats);
         progress(i + 1);

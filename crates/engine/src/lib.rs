@@ -10,12 +10,15 @@ pub mod config;
 pub mod convert;
 pub mod eval;
 pub mod model;
+pub mod plan;
 pub mod sample;
 pub mod synth;
 pub mod tokenizer;
+pub mod verify;
 pub mod weights;
 
-pub use model::{Engine, EngineOptions, MemoryPlan, RunStats, Session, Span, SpanKind};
+pub use model::{Engine, EngineOptions, RunStats, Session, Span, SpanKind};
+pub use plan::MemoryPlan;
 
 /// Why a model cannot be run, or an input cannot be processed.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +29,14 @@ pub enum EngineError {
     Attn(#[from] k3_attn::AttnError),
     #[error(transparent)]
     ConfigFile(#[from] config::ConfigError),
+    #[error(
+        "{source}\nthe model is damaged: `k3-cli verify MODEL` lists every bad part (convert or copy it again); \
+         --no-verify skips this check for a model verified before"
+    )]
+    Damaged {
+        #[source]
+        source: k3_format::FormatError,
+    },
     #[error("model config: {0}")]
     Config(String),
     #[error("{0}")]
@@ -34,4 +45,11 @@ pub enum EngineError {
     Input(String),
     #[error("reading an expert: {0}")]
     Io(#[from] k3_io::IoError),
+    #[error("expert record (layer {layer}, expert {expert}): {source}; `k3-cli verify` checks the whole model")]
+    Expert {
+        layer: u32,
+        expert: u32,
+        #[source]
+        source: k3_io::IoError,
+    },
 }

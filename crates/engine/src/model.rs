@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::EngineError;
 use crate::config::{Family, ModelConfig};
+use crate::plan::{self, Demand, Footprint, MemoryPlan};
 use crate::weights::{Rotations, expert_matrix, matrix, vector, vector_of};
 
 use k3_quant::vecops::{rms_norm, sigmoid};
@@ -159,6 +160,7 @@ pub struct Engine<'m> {
     lookahead_margin: usize,
     opts: EngineOptions,
     plan: MemoryPlan,
+    trunk_check: Option<crate::verify::TrunkCheck>,
 }
 
 /// The reader and the shard files it has open.
@@ -195,9 +197,16 @@ pub struct EngineOptions {
     pub policy: Policy,
     /// Reads in flight at once.
     pub queue_depth: usize,
-    /// Tokens of context the memory plan reserves MLA cache for.
+    /// Tokens of context the memory plan reserves MLA cache for (sessions reserve it up front).
     pub context: u64,
-    /// Tokens of prompt per prefill chunk (the CLI chunks; recorded for the plan).
+    /// The most tokens the caller passes to one `forward` call: the plan reserves their
+    /// activations.
+    pub chunk: u64,
+    /// Memory the caller keeps beside the engine (the logits it collects, say), for the plan.
+    pub reserved_bytes: u64,
+    /// Check every trunk tensor's checksum when loading (on every core). Off only for a model
+    /// that was verified before (`k3-cli verify`) and has not been touched since.
+    pub verify_trunk: bool,
     #[doc(hidden)]
     pub fault: Option<k3_io::reader::FaultHook>,
 }
@@ -213,6 +222,9 @@ impl Default for EngineOptions {
             policy: Policy::Lfru,
             queue_depth: 32,
             context: 4096,
+            chunk: 256,
+            reserved_bytes: 0,
+            verify_trunk: true,
             fault: None,
         }
     }
@@ -225,28 +237,10 @@ impl std::fmt::Debug for EngineOptions {
             .field("overlap", &self.overlap)
             .field("lookahead", &self.lookahead)
             .field("policy", &self.policy)
+            .field("context", &self.context)
+            .field("chunk", &self.chunk)
+            .field("verify_trunk", &self.verify_trunk)
             .finish_non_exhaustive()
-    }
-}
-
-/// How the memory budget is spent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemoryPlan {
-    pub budget: Option<u64>,
-    /// The mapped trunk (resident once touched).
-    pub trunk_bytes: u64,
-    /// KDA states (fixed) and MLA caches (growing with the context: planned for `context` tokens).
-    pub state_bytes: u64,
-    pub context: u64,
-    pub slot_bytes: u64,
-    pub cache_slots: u64,
-    /// Process overhead allowed for (code, stacks, small buffers).
-    pub overhead_bytes: u64,
-}
-
-impl MemoryPlan {
-    pub fn total(&self) -> u64 {
-        self.trunk_bytes + self.state_bytes + self.slot_bytes * self.cache_slots + self.overhead_bytes
     }
 }
 
@@ -319,12 +313,18 @@ impl<'m> Engine<'m> {
         &self.plan
     }
 
+    /// The trunk check done at load (`None` when `verify_trunk` was off).
+    pub fn trunk_check(&self) -> Option<crate::verify::TrunkCheck> {
+        self.trunk_check
+    }
+
     pub fn options(&self) -> &EngineOptions {
         &self.opts
     }
 
     /// Loads with explicit options; fails with the minimum when the memory budget is too small.
     pub fn load_with(model: &'m Model, opts: EngineOptions) -> Result<Engine<'m>, EngineError> {
+        let trunk_check = if opts.verify_trunk { Some(crate::verify::verify_trunk(model)?) } else { None };
         let raw =
             model.blob("config.json").ok_or_else(|| EngineError::Config("the model embeds no config.json".into()))?;
         let cfg = ModelConfig::parse(std::path::Path::new("config.json"), raw)?;
@@ -366,6 +366,7 @@ impl<'m> Engine<'m> {
         } else {
             None
         };
+        let res_block = t.get("attn_res_block_size").and_then(Value::as_u64).unwrap_or(1).max(1) as usize;
         let mut layers = Vec::new();
         for i in 0..cfg.layers {
             let p = format!("model.layers.{i}.");
@@ -496,60 +497,20 @@ impl<'m> Engine<'m> {
             };
             layers.push(Layer { index: i, input_norm, post_norm, attn, ffn, att_res, mlp_res });
         }
-        // Memory plan: trunk + attention state + expert cache slots + overhead within the budget.
-        let slot_bytes = model.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(0);
-        let top_k = u64::from(cfg.experts_per_token).max(1);
-        let context = opts.context.max(1);
-        let state_bytes: u64 = layers
-            .iter()
-            .map(|l| match &l.attn {
-                Attn::Kda(k) => {
-                    let c = k.config();
-                    (c.heads * c.head_dim * c.head_dim + 3 * c.heads * c.head_dim * c.conv_kernel) as u64 * 4
-                }
-                Attn::Mla(m) => (m.config().kv_lora + m.config().rope) as u64 * 4 * context,
-            })
-            .sum();
-        let overhead_bytes = 64 << 20;
-        let fixed = model.manifest().trunk.bytes + state_bytes + overhead_bytes;
-        // At least two slots (one being read while one is used).
-        let min_slots = if cfg.moe_layers().is_empty() { 0 } else { 2 };
-        let cache_slots = match opts.mem_budget {
-            Some(b) => {
-                let slots = b.saturating_sub(fixed) / slot_bytes.max(1);
-                if slots < min_slots {
-                    return Err(EngineError::Input(format!(
-                        "a memory budget of {} is too small for this model: it needs at least {} \
-                         (trunk {}, attention state for {context} tokens {}, {min_slots} expert slots of {}, overhead {})",
-                        human(b),
-                        human(fixed + min_slots * slot_bytes),
-                        human(model.manifest().trunk.bytes),
-                        human(state_bytes),
-                        human(slot_bytes),
-                        human(overhead_bytes)
-                    )));
-                }
-                if slot_bytes == 0 { 0 } else { slots.min(u64::from(cfg.experts) * cfg.moe_layers().len() as u64) }
-            }
-            // No budget given: half of the memory available now, at most every expert, at
-            // least twice top-k (one token's experts read while the last one's are used).
-            None => {
-                let all = u64::from(cfg.experts) * cfg.moe_layers().len() as u64;
-                let room = crate::budget::available_memory_bytes().unwrap_or(0) / 2;
-                room.saturating_sub(fixed)
-                    .checked_div(slot_bytes)
-                    .map_or(0, |slots| slots.min(all).max((2 * top_k).max(8)))
-            }
-        };
-        let plan = MemoryPlan {
-            budget: opts.mem_budget,
-            trunk_bytes: model.manifest().trunk.bytes,
-            state_bytes,
-            context,
-            slot_bytes,
-            cache_slots,
-            overhead_bytes,
-        };
+        let plan = plan::plan(
+            footprint(&layers, &cfg, res_block),
+            Demand {
+                budget: opts.mem_budget,
+                context: opts.context,
+                chunk: opts.chunk,
+                reserved_bytes: opts.reserved_bytes,
+                trunk_bytes: model.manifest().trunk.bytes,
+                slot_bytes: model.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(0),
+                all_experts: u64::from(cfg.experts) * cfg.moe_layers().len() as u64,
+                top_k: u64::from(cfg.experts_per_token).max(1),
+            },
+        )?;
+        let (cache_slots, slot_bytes) = (plan.cache_slots, plan.slot_bytes);
         let io = if cache_slots == 0 {
             None
         } else {
@@ -562,7 +523,6 @@ impl<'m> Engine<'m> {
             let files = model.shard_paths().iter().map(|p| reader.open(p)).collect::<Result<Vec<_>, _>>()?;
             Some(std::sync::Mutex::new(ExpertIo { cache: ExpertCache::new(reader, opts.policy), files }))
         };
-        let res_block = t.get("attn_res_block_size").and_then(Value::as_u64).unwrap_or(1).max(1) as usize;
         let margin = (cfg.experts_per_token as usize).div_ceil(2);
         Ok(Engine {
             model,
@@ -582,6 +542,7 @@ impl<'m> Engine<'m> {
             lookahead_margin: margin,
             opts,
             plan,
+            trunk_check,
         })
     }
 
@@ -592,6 +553,12 @@ impl<'m> Engine<'m> {
         let Ok(mut io) = io.lock() else { return 0 };
         let room = io.cache.capacity() / 2;
         io.cache.pin(&history.hottest(room))
+    }
+
+    /// Also measure the after-MoE and previous-token predictors (see
+    /// [`EngineOptions::lookahead_stats`]).
+    pub fn measure_lookahead(&mut self) {
+        self.opts.lookahead_stats = true;
     }
 
     /// Predict `top_k + margin` experts per layer ahead (default: half of top_k more).
@@ -647,7 +614,11 @@ impl<'m> Engine<'m> {
             .iter()
             .map(|l| match &l.attn {
                 Attn::Kda(k) => LayerState::Kda(k.state()),
-                Attn::Mla(m) => LayerState::Mla(m.cache()),
+                Attn::Mla(m) => {
+                    let mut c = m.cache();
+                    c.reserve(self.plan.context as usize);
+                    LayerState::Mla(c)
+                }
             })
             .collect();
         let n = self.layers.len();
@@ -1023,13 +994,13 @@ impl<'m> Engine<'m> {
                 let _ = io.cache.wait_next().ok_or(k3_io::IoError::Closed)?;
             } else if self.opts.overlap {
                 let (key, res) = io.cache.wait_any(&inflight).ok_or(k3_io::IoError::Closed)?;
-                res?;
+                res.map_err(|e| expert_error(key, e))?;
                 inflight.retain(|x| *x != key);
                 ready.push(key);
             } else {
                 // Read, then compute: the whole wave first.
                 while let Some((key, res)) = io.cache.wait_any(&inflight) {
-                    res?;
+                    res.map_err(|e| expert_error(key, e))?;
                     inflight.retain(|x| *x != key);
                     ready.push(key);
                 }
@@ -1060,10 +1031,6 @@ impl<'m> Engine<'m> {
     }
 }
 
-fn human(b: u64) -> String {
-    if b >= 1 << 30 { format!("{:.2} GB", b as f64 / 1e9) } else { format!("{:.1} MB", b as f64 / 1e6) }
-}
-
 /// AttnRes: softmax over the candidates `[blocks.., p]` of `(v . w) / sqrt(mean(v^2) + eps)`
 /// (in f64), and the weighted sum of the raw candidates.
 fn mix(blocks: &[Vec<f32>], p: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
@@ -1087,4 +1054,49 @@ fn mix(blocks: &[Vec<f32>], p: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
         }
     }
     out.into_iter().map(|v| v as f32).collect()
+}
+
+/// A failed expert read, named by (layer, expert) as `k3-cli verify` names it.
+fn expert_error((layer, expert): Key, source: k3_io::IoError) -> EngineError {
+    EngineError::Expert { layer, expert, source }
+}
+
+/// The memory a model's layers need per token of context and per token of a forward call.
+fn footprint(layers: &[Layer<'_>], cfg: &ModelConfig, res_block: usize) -> Footprint {
+    let f = |n: usize| n as u64 * 4;
+    let (d, vocab) = (cfg.hidden as usize, cfg.vocab as usize);
+    let mut fp = Footprint::default();
+    let mut attn_width = 0usize;
+    let mut ffn_width = 0usize;
+    for l in layers {
+        match &l.attn {
+            Attn::Kda(k) => {
+                let c = k.config();
+                let ch = c.heads * c.head_dim;
+                fp.state_fixed += f(ch * c.head_dim + 3 * ch * c.conv_kernel);
+                // q, k, v, gate input, output gate, output; the low-rank intermediates; beta.
+                attn_width = attn_width.max(7 * ch + 2 * c.head_dim + c.heads);
+            }
+            Attn::Mla(m) => {
+                let c = m.config();
+                fp.state_per_token += f(c.kv_lora + c.rope);
+                // q (and its low-rank input), the latent and shared key, gate, context.
+                attn_width = attn_width
+                    .max(c.heads * (c.nope + c.rope) + 2 * c.hidden + c.kv_lora + c.rope + 2 * c.heads * c.v_dim);
+            }
+        }
+        match &l.ffn {
+            Ffn::Dense(mlp) => ffn_width = ffn_width.max(2 * mlp.gate.rows()),
+            Ffn::Moe(moe) => {
+                let zd = moe.latent.as_ref().map_or(d, |(down, _, _)| down.rows());
+                // Latent input, routed outputs per rank, shared output, router logits.
+                ffn_width = ffn_width.max(zd * (moe.router.top_k + 2) + d + moe.router.experts);
+            }
+        }
+    }
+    // The residual stream, its copy, the normed input and the attention output; AttnRes block
+    // snapshots; the logits row.
+    let blocks = if layers.iter().any(|l| l.att_res.is_some()) { layers.len().div_ceil(res_block) + 1 } else { 0 };
+    fp.activation_per_token = f(5 * d + blocks * d + vocab + attn_width + ffn_width);
+    fp
 }

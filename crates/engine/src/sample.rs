@@ -20,6 +20,34 @@ impl Default for SamplerConfig {
     }
 }
 
+impl SamplerConfig {
+    /// Refuses settings that would sample garbage: a temperature that is negative or not a
+    /// number, a top-p outside (0, 1].
+    pub fn check(&self) -> Result<(), String> {
+        check_temperature(self.temperature)?;
+        check_top_p(self.top_p)?;
+        Ok(())
+    }
+}
+
+/// A temperature: finite and >= 0 (0 = greedy).
+pub fn check_temperature(t: f32) -> Result<f32, String> {
+    if t.is_finite() && t >= 0.0 {
+        Ok(t)
+    } else {
+        Err(format!("{t} is not a temperature: give a number >= 0 (0 = greedy)"))
+    }
+}
+
+/// A nucleus mass: in (0, 1] (1 = every token).
+pub fn check_top_p(p: f32) -> Result<f32, String> {
+    if p > 0.0 && p <= 1.0 {
+        Ok(p)
+    } else {
+        Err(format!("{p} is not a top-p: give a probability mass in (0, 1] (1 = off)"))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Sampler {
     cfg: SamplerConfig,
@@ -27,8 +55,10 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    pub fn new(cfg: SamplerConfig) -> Self {
-        Sampler { cfg, rng: XorShift::new(cfg.seed) }
+    /// A sampler for valid settings ([`SamplerConfig::check`]).
+    pub fn new(cfg: SamplerConfig) -> Result<Self, crate::EngineError> {
+        cfg.check().map_err(crate::EngineError::Input)?;
+        Ok(Sampler { cfg, rng: XorShift::new(cfg.seed) })
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
@@ -77,16 +107,16 @@ mod tests {
     #[test]
     fn greedy_takes_the_argmax_and_sampling_respects_top_k_and_seed() {
         let logits = [0.1f32, 2.0, 2.0, -1.0, 1.5];
-        assert_eq!(Sampler::new(SamplerConfig::default()).sample(&logits), 1, "ties go to the lower id");
+        assert_eq!(Sampler::new(SamplerConfig::default()).unwrap().sample(&logits), 1, "ties go to the lower id");
         let cfg = SamplerConfig { temperature: 1.0, top_k: 2, top_p: 1.0, seed: 9 };
-        let (mut a, mut b) = (Sampler::new(cfg), Sampler::new(cfg));
+        let (mut a, mut b) = (Sampler::new(cfg).unwrap(), Sampler::new(cfg).unwrap());
         let xs: Vec<u32> = (0..200).map(|_| a.sample(&logits)).collect();
         let ys: Vec<u32> = (0..200).map(|_| b.sample(&logits)).collect();
         assert_eq!(xs, ys, "same seed, same draws");
         assert!(xs.iter().all(|&t| t == 1 || t == 2), "only the top 2");
         assert!(xs.contains(&1) && xs.contains(&2));
         let nucleus = SamplerConfig { temperature: 1.0, top_k: 0, top_p: 0.3, seed: 1 };
-        let mut s = Sampler::new(nucleus);
+        let mut s = Sampler::new(nucleus).unwrap();
         assert!((0..100).all(|_| s.sample(&logits) == 1), "p=0.3 keeps only the single most likely token");
     }
 }

@@ -87,6 +87,9 @@ pub enum FormatError {
 
     #[error("{dir}: {reason}")]
     Writer { dir: PathBuf, reason: String },
+
+    #[error("cannot write {path}: {reason}")]
+    Output { path: PathBuf, reason: String },
 }
 
 impl FormatError {

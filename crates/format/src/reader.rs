@@ -11,7 +11,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::error::{FormatError, Place, Result};
 use crate::header::Header;
 use crate::index::IndexEntry;
-use crate::manifest::{ExpertLayout, Manifest};
+use crate::manifest::{ExpertLayout, Manifest, TrunkTensor};
 use crate::record::parse_record;
 use crate::view::{ExpertView, TensorView};
 use crate::{HEADER_FILE, JOURNAL_FILE};
@@ -224,6 +224,24 @@ impl Model {
             .map_err(|e| FormatError::io(loc.path, e))
     }
 
+    /// Checks one trunk tensor's bytes against its checksum (independent of the others, so callers
+    /// can check several at once on several cores).
+    pub fn check_tensor(&self, t: &TrunkTensor) -> Result<()> {
+        // Offsets were checked against the trunk's size when the header was opened.
+        let computed = xxh3_64(&self.trunk_bytes()[t.offset as usize..(t.offset + t.len) as usize]);
+        if computed == t.xxh3.0 {
+            return Ok(());
+        }
+        Err(FormatError::Checksum {
+            path: self.trunk_path.clone(),
+            place: Place::Tensor(t.tensor.name.clone()),
+            offset: t.offset,
+            len: t.len,
+            stored: t.xxh3.0,
+            computed,
+        })
+    }
+
     /// Bytes `verify` reads: trunk plus every record.
     pub fn verify_bytes(&self) -> u64 {
         self.manifest().trunk.bytes + self.header.index.iter().map(|e| e.length).sum::<u64>()
@@ -250,20 +268,9 @@ impl Model {
                 problems.push(Problem { place, error });
             }
         }
-        let trunk = self.trunk_bytes();
         for t in &m.trunk.tensors {
-            let computed = xxh3_64(&trunk[t.offset as usize..(t.offset + t.len) as usize]);
-            if computed != t.xxh3.0 {
-                let place = Place::Tensor(t.tensor.name.clone());
-                let error = FormatError::Checksum {
-                    path: self.trunk_path.clone(),
-                    place: place.clone(),
-                    offset: t.offset,
-                    len: t.len,
-                    stored: t.xxh3.0,
-                    computed,
-                };
-                problems.push(Problem { place, error });
+            if let Err(error) = self.check_tensor(t) {
+                problems.push(Problem { place: Place::Tensor(t.tensor.name.clone()), error });
             }
             done += t.len;
             progress(done);

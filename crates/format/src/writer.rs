@@ -23,6 +23,7 @@ use crate::index::IndexEntry;
 use crate::manifest::{
     Architecture, BlobInfo, ExpertLayout, Hex64, Manifest, ShardInfo, TensorEntry, TrunkInfo, TrunkTensor,
 };
+use crate::output::write_atomic;
 use crate::record::encode_record;
 use crate::{HEADER_FILE, JOURNAL_FILE, PART_ALIGN, TRUNK_FILE, shard_file_name};
 
@@ -330,11 +331,9 @@ impl ModelWriter {
             s.sync()?;
         }
         // Rewrite the journal with exactly the kept lines, atomically.
-        let tmp = w.dir.join(format!("{JOURNAL_FILE}.tmp"));
         let mut body = kept.join(&b'\n');
         body.push(b'\n');
-        write_durably(&tmp, &body)?;
-        std::fs::rename(&tmp, &journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
+        write_atomic(&journal_path, &body)?;
         w.journal = FsOpen::new().append(true).open(&journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
         Ok(w)
     }
@@ -519,20 +518,13 @@ impl ModelWriter {
         let bytes = Header::encode(&manifest, &self.index, &blob_bytes);
         // The header this writer made must be one every reader accepts.
         Header::parse(&header_path, &bytes)?;
-        let tmp = self.dir.join(format!("{HEADER_FILE}.tmp"));
-        write_durably(&tmp, &bytes)?;
-        std::fs::rename(&tmp, &header_path).map_err(|e| FormatError::io(&header_path, e))?;
+        write_atomic(&header_path, &bytes)?;
         sync_dir(&self.dir)?;
         let journal = self.dir.join(JOURNAL_FILE);
         std::fs::remove_file(&journal).map_err(|e| FormatError::io(&journal, e))?;
         sync_dir(&self.dir)?;
         Ok(header_path)
     }
-}
-
-fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).map_err(|e| FormatError::io(path, e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| FormatError::io(path, e))
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {

@@ -1,30 +1,48 @@
 //! `k3-cli chat`: an interactive multi-turn session. Each turn appends only its new tokens to the
-//! running session; Ctrl-C stops the current answer and keeps the session.
+//! running session. On a terminal, lines are edited with rustyline (arrows, history kept in the
+//! data directory); piped input is read line by line. Ctrl-C stops the current answer and keeps
+//! the session; an answer cut short (Ctrl-C, `--max-tokens`) is closed and says so.
 
-use std::io::{BufRead, Write};
-use std::path::Path;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use k3_engine::chat::{ChatFormat, Message, Role};
 use k3_engine::sample::{Sampler, SamplerConfig};
 use k3_engine::tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::run::EngineArgs;
+use crate::run::{EngineArgs, Needs, open_model};
+use crate::{SamplingArgs, signals};
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigint(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
+#[derive(clap::Args)]
+pub struct ChatArgs {
+    /// The model directory (default: the default model compiled into k3-cli).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// A system prompt.
+    #[arg(long)]
+    system: Option<String>,
+    /// Answer without a thinking section (K3).
+    #[arg(long, conflicts_with = "show_thinking")]
+    no_think: bool,
+    /// Show the model's thinking (hidden by default).
+    #[arg(long)]
+    show_thinking: bool,
+    /// The most tokens of one answer.
+    #[arg(long, default_value_t = 512)]
+    max_tokens: u64,
+    /// Sampling: temperature 0.6 and top-p 0.95 unless given.
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
-fn catch_ctrl_c() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
-    }
-}
+/// Chat's sampling defaults (the Kimi releases' recommended settings).
+const SAMPLING: SamplerConfig = SamplerConfig { temperature: 0.6, top_k: 0, top_p: 0.95, seed: 0 };
+/// Prompt tokens per forward call.
+const CHUNK: usize = 32;
 
 /// Decides what of the model's output a person sees: K3 text inside `think` only when asked,
 /// text inside `response` always, markup and special tokens never.
@@ -69,81 +87,163 @@ impl<'t> Visibility<'t> {
     }
 }
 
-pub struct ChatArgs<'a> {
-    pub system: Option<&'a str>,
-    pub think: bool,
-    pub show_thinking: bool,
-    pub max_tokens: usize,
-    pub sampler: SamplerConfig,
+/// Where the user's lines come from.
+enum Input {
+    /// A terminal: rustyline, with the history file it loads and saves.
+    Editor(Box<rustyline::DefaultEditor>, Option<PathBuf>),
+    Piped(std::io::StdinLock<'static>),
 }
 
-pub fn run(path: &Path, a: ChatArgs<'_>, ea: &EngineArgs) -> Result<ExitCode> {
-    let model = k3_format::Model::open_with(path, &k3_format::OpenOptions { shard_dirs: ea.shard_dirs.clone() })
-        .with_context(|| format!("opening {}", path.display()))?;
+impl Input {
+    fn open() -> Result<Input> {
+        if !std::io::stdin().is_terminal() {
+            return Ok(Input::Piped(std::io::stdin().lock()));
+        }
+        let mut ed = rustyline::DefaultEditor::new().context("starting the line editor")?;
+        let history = crate::default_model::data_dir().ok().map(|d| d.join("chat-history"));
+        // One line per entry; an unreadable history only costs the recall of old lines.
+        if let Some(text) = history.as_ref().and_then(|h| std::fs::read_to_string(h).ok()) {
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                let _ = ed.add_history_entry(line);
+            }
+        }
+        Ok(Input::Editor(Box::new(ed), history))
+    }
+
+    /// The next line, `None` at the end of input.
+    fn line(&mut self) -> Result<Option<String>> {
+        match self {
+            Input::Piped(stdin) => {
+                eprint!("> ");
+                let mut line = String::new();
+                if stdin.read_line(&mut line).context("reading standard input")? == 0 {
+                    eprintln!();
+                    return Ok(None);
+                }
+                Ok(Some(line.trim_end_matches(['\n', '\r']).to_string()))
+            }
+            Input::Editor(ed, _) => loop {
+                match ed.readline("> ") {
+                    Ok(line) => {
+                        if !line.trim().is_empty() {
+                            let _ = ed.add_history_entry(line.as_str());
+                        }
+                        return Ok(Some(line));
+                    }
+                    // Ctrl-C at the prompt clears the line, as in a shell.
+                    Err(rustyline::error::ReadlineError::Interrupted) => continue,
+                    Err(rustyline::error::ReadlineError::Eof) => return Ok(None),
+                    Err(e) => return Err(e).context("reading a line"),
+                }
+            },
+        }
+    }
+
+    /// Saves the editor's history (atomically; the data directory made if needed).
+    fn save(&mut self) -> Result<()> {
+        if let Input::Editor(ed, Some(path)) = self {
+            // The last 1,000 lines, one per line.
+            let entries: Vec<&String> = ed.history().into_iter().collect();
+            let mut text = String::new();
+            for entry in entries.iter().skip(entries.len().saturating_sub(1000)) {
+                text.push_str(entry);
+                text.push('\n');
+            }
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            }
+            k3_format::write_atomic(&*path, text.as_bytes())?;
+        }
+        Ok(())
+    }
+}
+
+pub fn run(a: ChatArgs) -> Result<ExitCode> {
+    let path = crate::default_model::or_default(a.model.clone())?;
+    let mut sampler = Sampler::new(a.sampling.config(SAMPLING))?;
+    let model = open_model(&path, &a.engine.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
-    let engine =
-        k3_engine::Engine::load_with(&model, ea.options()?).with_context(|| format!("loading {}", path.display()))?;
-    ea.start(&engine)?;
+    let engine = a.engine.load(&model, &path, Needs { min_context: 0, ..Needs::exact(4096, CHUNK) })?;
     let family = engine.config().family;
     let format = ChatFormat::new(&tok, family);
     let end = format.end_of_turn()?;
-    let think = a.think && family == k3_engine::config::Family::KimiK3;
+    let think = !a.no_think && family == k3_engine::config::Family::KimiK3;
+    let context = engine.plan().context as usize;
     let mut session = engine.session();
-    let mut sampler = Sampler::new(a.sampler);
-    let mut pending: Vec<u32> = match a.system {
+    let mut pending: Vec<u32> = match &a.system {
         Some(s) => format.turn(&Message::new(Role::System, s))?,
         None => Vec::new(),
     };
-    catch_ctrl_c();
-    let stdin = std::io::stdin();
+    signals::catch_ctrl_c();
+    let mut input = Input::open()?;
     let mut out = std::io::stdout().lock();
     let v = engine.vocab();
-    loop {
-        eprint!("> ");
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
-            eprintln!();
-            break;
-        }
-        let text = line.trim_end_matches(['\n', '\r']);
+    while let Some(text) = input.line()? {
         if text.trim().is_empty() {
             continue;
         }
-        pending.extend(format.turn(&Message::new(Role::User, text))?);
+        pending.extend(format.turn(&Message::new(Role::User, &text))?);
         pending.extend(format.generation_prompt(think)?);
-        INTERRUPTED.store(false, Ordering::SeqCst);
+        // Room for the turn and at least one answer token.
+        if session.tokens + pending.len() >= context {
+            eprintln!(
+                "[the conversation would pass the context of {context} tokens: start a new chat, or raise --context]"
+            );
+            break;
+        }
+        signals::reset();
+        let t0 = std::time::Instant::now();
+        let prompt_tokens = pending.len();
         let mut logits = Vec::new();
-        for c in pending.chunks(32) {
+        for c in pending.chunks(CHUNK) {
             logits = engine.forward(&mut session, c, None)?;
         }
         pending.clear();
+        let prefill_s = t0.elapsed().as_secs_f64();
+        let t1 = std::time::Instant::now();
         let mut vis = Visibility::new(&tok, a.show_thinking, think);
         let mut stream = StreamDecoder::default();
-        let mut ended = false;
-        for _ in 0..a.max_tokens {
-            if INTERRUPTED.load(Ordering::SeqCst) {
-                write!(out, " [stopped]")?;
-                break;
+        let mut answer_tokens = 0u64;
+        let cut = loop {
+            if signals::interrupted() {
+                break Some("[stopped]".to_string());
+            }
+            if answer_tokens >= a.max_tokens {
+                break Some(format!("[answer cut at --max-tokens {}]", a.max_tokens));
+            }
+            if session.tokens + 1 >= context {
+                break Some(format!("[answer cut: the context of {context} tokens is full]"));
             }
             let next = sampler.sample(&logits[logits.len() - v..]);
+            answer_tokens += 1;
+            logits = engine.forward(&mut session, &[next], None)?;
             if next == end {
-                ended = true;
-                logits = engine.forward(&mut session, &[next], None)?;
-                break;
+                break None;
             }
             let piece = stream.push(&tok, next)?;
             if vis.show(next)? {
                 write!(out, "{piece}")?;
                 out.flush()?;
             }
-            logits = engine.forward(&mut session, &[next], None)?;
-        }
+        };
         writeln!(out, "{}", stream.finish())?;
-        if !ended {
+        if let Some(note) = cut {
+            eprintln!("{note}");
             // The answer was cut short: close the turn before the next one.
             pending.push(end);
         }
+        if a.engine.stats {
+            let decode_s = t1.elapsed().as_secs_f64();
+            eprintln!(
+                "turn: {prompt_tokens} prompt tokens in {prefill_s:.2} s; {answer_tokens} answer tokens at {:.2} tok/s; \
+                 {} of {context} context tokens used",
+                answer_tokens as f64 / decode_s.max(1e-9),
+                session.tokens
+            );
+        }
     }
-    ea.finish(&session)?;
+    input.save()?;
+    a.engine.report(&engine, &session.stats)?;
+    a.engine.finish(&session)?;
     Ok(ExitCode::SUCCESS)
 }

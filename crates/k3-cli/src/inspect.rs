@@ -1,7 +1,10 @@
-//! `k3-cli inspect`: what a model is and how it is laid out on disk.
+//! `k3-cli inspect` and `verify`: what a model is, how it is laid out on disk, and whether its
+//! bytes are intact.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use k3_format::Model;
 use serde_json::{Value, json};
@@ -139,4 +142,37 @@ pub fn table(model: &Model) -> String {
     let _ = writeln!(o, "embedded    {}", if blobs.is_empty() { "nothing".into() } else { blobs.join(", ") });
     let _ = writeln!(o, "provenance  {}", m.provenance);
     o
+}
+
+pub fn run(model: &Path, shard_dirs: &[PathBuf], json: bool) -> anyhow::Result<ExitCode> {
+    let m = crate::run::open_model(model, shard_dirs)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary(&m))?);
+    } else {
+        print!("{}", table(&m));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn verify(model: &Model) -> anyhow::Result<ExitCode> {
+    let total = model.verify_bytes();
+    let pb = crate::progress_bar(total, "verify [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}");
+    let problems = model.verify(&mut |done| pb.set_position(done));
+    pb.finish_and_clear();
+    let m = model.manifest();
+    if problems.is_empty() {
+        println!(
+            "ok: {} embedded files, {} trunk tensors and {} expert records verified ({:.1} MB)",
+            m.blobs.len(),
+            m.trunk.tensors.len(),
+            model.header().index.len(),
+            total as f64 / 1e6
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    for p in &problems {
+        eprintln!("BAD {}: {}", p.place, p.error);
+    }
+    eprintln!("{} problem(s) found in {}", problems.len(), model.dir().display());
+    Ok(ExitCode::FAILURE)
 }

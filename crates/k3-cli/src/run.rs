@@ -1,65 +1,117 @@
 //! The switches every command that runs the model shares, and the statistics it reports.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use k3_engine::budget::{parse_size, peak_rss_bytes};
 use k3_engine::{Engine, EngineOptions, RunStats};
+use k3_format::{Model, OutputFile};
 use k3_io::Policy;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// Memory to live within: trunk, attention state, expert cache, I/O buffers (e.g. 48G, 512M;
-    /// default: an expert cache of up to half the memory available at start).
-    #[arg(long)]
+    /// Memory to live within: trunk, attention state, activations, expert cache, I/O buffers (e.g.
+    /// 48G, 512M; default: an expert cache of up to half the memory available at start).
+    #[arg(long, value_name = "SIZE")]
     pub mem: Option<String>,
+    /// Tokens of context to plan attention memory for; a longer conversation stops there
+    /// [default: 4096, or what the command needs: the prompt for logits/trace, the window for
+    /// perplexity].
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub context: Option<u64>,
     /// Read, then compute (no overlap of expert reads with arithmetic), for measurement.
     #[arg(long)]
     pub no_overlap: bool,
     /// Do not prefetch the next layer's predicted experts.
     #[arg(long)]
     pub no_lookahead: bool,
-    #[arg(long, default_value = "lfru")]
+    /// Which cached expert to drop when the cache is full.
+    #[arg(long, default_value = "lfru", value_parser = ["lru", "lfu", "lfru"])]
     pub cache_policy: String,
-    /// Context length the memory plan reserves attention cache for.
-    #[arg(long, default_value_t = 4096)]
-    pub context: u64,
-    /// Print a summary of the run's statistics.
+    /// Skip checking the trunk's checksums at load (only for a model `k3-cli verify` passed and
+    /// nothing has touched since; expert records are always checked as they are read).
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Print a summary of the run's statistics (to standard error).
     #[arg(long)]
     pub stats: bool,
     /// Write the run's statistics as JSON to this file.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
-    /// Print the memory plan.
+    /// Print the memory plan and the load-time checks (to standard error).
     #[arg(long)]
     pub verbose: bool,
     /// Other directories holding expert shards (one per drive); repeat the flag.
-    #[arg(long = "shard-dir")]
+    #[arg(long = "shard-dir", value_name = "DIR")]
     pub shard_dirs: Vec<PathBuf>,
     /// Expert usage counts: the hottest experts in it are pinned in the cache, and this run's
     /// routing is added to it at the end (created if missing).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub usage_history: Option<PathBuf>,
+}
+
+/// What a command asks of the memory plan beyond the switches.
+#[derive(Debug, Clone, Copy)]
+pub struct Needs {
+    /// The context to plan for when `--context` is not given.
+    pub context: u64,
+    /// The context the command's work takes whatever `--context` says (a window, a prompt).
+    pub min_context: u64,
+    /// Tokens per forward call.
+    pub chunk: usize,
+    /// Bytes the command keeps itself (collected logits, say).
+    pub reserved_bytes: u64,
+}
+
+impl Needs {
+    /// A command whose work takes exactly `context` tokens of context.
+    pub fn exact(context: u64, chunk: usize) -> Self {
+        Needs { context, min_context: context, chunk, reserved_bytes: 0 }
+    }
 }
 
 /// Prefill (tokens, seconds), decode (tokens, seconds) and each decode step's numbers.
 type Split = ((usize, f64), (usize, f64), Vec<serde_json::Value>);
 
 impl EngineArgs {
-    pub fn options(&self) -> Result<EngineOptions> {
+    /// Checks the files this run will write (`--stats-json`, `--usage-history`) before any work.
+    fn check_outputs(&self) -> Result<()> {
+        for p in self.stats_json.iter().chain(&self.usage_history) {
+            drop(OutputFile::create(p)?);
+        }
+        if let Some(p) = self.usage_history.as_ref().filter(|p| p.exists()) {
+            k3_router::UsageHistory::load(p)?;
+        }
+        Ok(())
+    }
+
+    fn options(&self, needs: Needs) -> Result<EngineOptions> {
         let policy: Policy = self.cache_policy.parse().map_err(anyhow::Error::msg)?;
         Ok(EngineOptions {
             mem_budget: self.mem.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?,
             overlap: !self.no_overlap,
             lookahead: !self.no_lookahead,
             policy,
-            context: self.context,
+            context: self.context.unwrap_or(needs.context).max(needs.min_context),
+            chunk: needs.chunk as u64,
+            reserved_bytes: needs.reserved_bytes,
+            verify_trunk: !self.no_verify,
             ..EngineOptions::default()
         })
     }
 
+    /// Checks the outputs, loads the engine (verifying the trunk) and pins the usage history's
+    /// hottest experts: what every model-running command does before its work.
+    pub fn load<'m>(&self, model: &'m Model, path: &Path, needs: Needs) -> Result<Engine<'m>> {
+        self.check_outputs()?;
+        let engine =
+            Engine::load_with(model, self.options(needs)?).with_context(|| format!("loading {}", path.display()))?;
+        self.start(&engine)?;
+        Ok(engine)
+    }
+
     /// Pins the hottest experts of the usage history, if one was given.
-    pub fn start(&self, engine: &Engine<'_>) -> Result<()> {
+    fn start(&self, engine: &Engine<'_>) -> Result<()> {
         self.print_plan(engine);
         if let Some(p) = self.usage_history.as_ref().filter(|p| p.exists()) {
             let h = k3_router::UsageHistory::load(p)?;
@@ -81,12 +133,21 @@ impl EngineArgs {
         Ok(())
     }
 
-    pub fn print_plan(&self, engine: &Engine<'_>) {
+    fn print_plan(&self, engine: &Engine<'_>) {
         if !self.verbose {
             return;
         }
         let p = engine.plan();
         let mb = |b: u64| b as f64 / 1e6;
+        match engine.trunk_check() {
+            Some(c) => eprintln!(
+                "trunk checksums verified: {:.1} MB in {:.3} s ({:.2} GB/s)",
+                mb(c.bytes),
+                c.seconds,
+                c.bytes as f64 / 1e9 / c.seconds.max(1e-9)
+            ),
+            None => eprintln!("trunk checksums not verified (--no-verify)"),
+        }
         eprintln!("memory plan{}:", p.budget.map(|b| format!(" (budget {:.1} MB)", mb(b))).unwrap_or_default());
         eprintln!("  trunk (mapped)        {:>12.1} MB", mb(p.trunk_bytes));
         eprintln!(
@@ -94,6 +155,10 @@ impl EngineArgs {
             mb(p.state_bytes),
             p.context
         );
+        eprintln!("  activations           {:>12.1} MB  ({}-token chunks)", mb(p.activation_bytes), p.chunk);
+        if p.reserved_bytes > 0 {
+            eprintln!("  outputs               {:>12.1} MB", mb(p.reserved_bytes));
+        }
         eprintln!(
             "  expert cache          {:>12.1} MB  ({} slots of {:.2} MB)",
             mb(p.slot_bytes * p.cache_slots),
@@ -108,20 +173,21 @@ impl EngineArgs {
     /// step's own numbers.
     pub fn report_split(
         &self,
+        engine: &Engine<'_>,
         s: &RunStats,
         prefill: (usize, f64),
         decode: (usize, f64),
         per_token: Vec<serde_json::Value>,
     ) -> Result<()> {
-        self.report_with(s, Some((prefill, decode, per_token)))
+        self.report_with(engine, s, Some((prefill, decode, per_token)))
     }
 
     /// Prints and/or writes the statistics, as asked.
-    pub fn report(&self, s: &RunStats) -> Result<()> {
-        self.report_with(s, None)
+    pub fn report(&self, engine: &Engine<'_>, s: &RunStats) -> Result<()> {
+        self.report_with(engine, s, None)
     }
 
-    fn report_with(&self, s: &RunStats, split: Option<Split>) -> Result<()> {
+    fn report_with(&self, engine: &Engine<'_>, s: &RunStats, split: Option<Split>) -> Result<()> {
         let rss = peak_rss_bytes();
         let step = s.seconds.max(1e-12);
         // Compute: the step minus the time blocked on reads; I/O: the time reads were in flight.
@@ -144,6 +210,7 @@ impl EngineArgs {
             "compute_seconds": compute,
             "overlap_efficiency": overlap,
             "peak_rss_bytes": rss,
+            "memory_plan_bytes": engine.plan().total(),
         });
         if let Some((p, d, steps)) = &split {
             json["prefill"] = serde_json::json!({"tokens": p.0, "seconds": p.1, "tokens_per_s": rate(*p)});
@@ -151,8 +218,7 @@ impl EngineArgs {
             json["per_token"] = serde_json::Value::Array(steps.clone());
         }
         if let Some(path) = &self.stats_json {
-            std::fs::write(path, serde_json::to_vec_pretty(&json)?)
-                .with_context(|| format!("writing {}", path.display()))?;
+            k3_format::write_atomic(path, &serde_json::to_vec_pretty(&json)?)?;
         }
         if self.stats {
             if let Some((p, d, steps)) = &split {
@@ -188,4 +254,10 @@ impl EngineArgs {
         }
         Ok(())
     }
+}
+
+/// Opens a WASTE model, looking for shards in `shard_dirs` too.
+pub fn open_model(path: &Path, shard_dirs: &[PathBuf]) -> Result<Model> {
+    Model::open_with(path, &k3_format::OpenOptions { shard_dirs: shard_dirs.to_vec() })
+        .with_context(|| format!("opening {}", path.display()))
 }

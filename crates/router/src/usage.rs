@@ -18,6 +18,8 @@ pub enum UsageError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Write(#[from] k3_format::FormatError),
     #[error("{path}: line {line}: {reason} (expected `layer expert count`)")]
     Parse { path: std::path::PathBuf, line: usize, reason: &'static str },
 }
@@ -73,7 +75,7 @@ impl UsageHistory {
         Ok(h)
     }
 
-    /// Writes the history next to `path` and renames it into place (never a half-written file).
+    /// Writes the history to `path` atomically (a unique temporary renamed into place).
     pub fn save(&self, path: &Path) -> Result<(), UsageError> {
         let mut v: Vec<(Key, u64)> = self.counts.iter().filter(|(_, c)| **c > 0).map(|(k, c)| (*k, *c)).collect();
         v.sort();
@@ -81,9 +83,6 @@ impl UsageHistory {
         for ((l, e), c) in v {
             text.push_str(&format!("{l} {e} {c}\n"));
         }
-        let tmp = path.with_extension("tmp");
-        let err = |e| UsageError::Io { path: path.to_path_buf(), source: e };
-        std::fs::write(&tmp, text).map_err(err)?;
-        std::fs::rename(&tmp, path).map_err(err)
+        Ok(k3_format::write_atomic(path, text.as_bytes())?)
     }
 }

@@ -48,7 +48,7 @@ fn decode(
     let mut logits = engine.forward(&mut s, prompt, None)?;
     let before = s.stats;
     let v = engine.vocab();
-    let mut sampler = Sampler::new(SamplerConfig::default());
+    let mut sampler = Sampler::new(SamplerConfig::default())?;
     let t = std::time::Instant::now();
     for _ in 0..tokens {
         let next = sampler.sample(&logits[logits.len() - v..]);
@@ -167,7 +167,7 @@ pub fn timeline_svg(model: &Model, variant: &str, mem: Option<u64>, out: &Path) 
     let mut s = engine.session();
     let v = engine.vocab();
     let mut logits = engine.forward(&mut s, &[1, 2, 3, 4, 5, 6, 7, 8], None)?;
-    let mut sampler = Sampler::new(SamplerConfig::default());
+    let mut sampler = Sampler::new(SamplerConfig::default())?;
     for step in 0..3 {
         if step == 2 {
             s.timeline = Some(Vec::new());

@@ -1,0 +1,72 @@
+//! `perplexity`: held-out perplexity of a text, as a trainer reports it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use k3_engine::tokenizer::Tokenizer;
+
+use crate::run::{EngineArgs, Needs, open_model};
+
+#[derive(clap::Args)]
+pub struct PerplexityArgs {
+    /// The model directory (default: the default model compiled into k3-cli).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The text file to score (default, or `-`: standard input).
+    file: Option<PathBuf>,
+    /// Tokens per window (each window starts from an empty state).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(2..))]
+    window: u32,
+    /// Tokens per forward call (prefill chunk).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    chunk: u32,
+    /// Print one JSON object instead of a line.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
+    let path = crate::default_model::or_default(a.model)?;
+    let text = match a.file.as_deref().filter(|f| f.as_os_str() != "-") {
+        Some(f) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
+        None => crate::prompt::read_stdin()?,
+    };
+    let model = open_model(&path, &a.engine.shard_dirs)?;
+    let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
+    let ids = tok.encode(&text);
+    let (window, chunk) = (a.window as usize, (a.chunk as usize).min(a.window as usize));
+    // A window never holds more than `window` tokens of context, nor more than the text.
+    let context = ids.len().clamp(2, window) as u64;
+    let engine = a.engine.load(&model, &path, Needs::exact(context, chunk))?;
+    let windows = ids.len().div_ceil(window);
+    let pb = crate::progress_bar(windows as u64, "perplexity [{bar:40}] {pos}/{len} windows ETA {eta}");
+    let t0 = std::time::Instant::now();
+    let r = k3_engine::eval::perplexity(&engine, &ids, window, chunk, &mut |done| pb.set_position(done as u64))?;
+    let seconds = t0.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    a.engine.report(&engine, &r.stats)?;
+    let window_nll: Vec<f64> = r.windows.iter().map(|w| w.nll).collect();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "perplexity": r.perplexity(), "mean_nll": r.mean_nll(), "tokens": ids.len(),
+                "scored_tokens": r.scored(), "window": window, "windows": r.windows.len(),
+                "window_nll": window_nll, "seconds": seconds, "tok_per_s": ids.len() as f64 / seconds,
+            })
+        );
+    } else {
+        println!(
+            "perplexity {:.4} (mean NLL {:.5} nats) over {} scored tokens in {} windows of {window}; {:.0} tok/s",
+            r.perplexity(),
+            r.mean_nll(),
+            r.scored(),
+            r.windows.len(),
+            ids.len() as f64 / seconds
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,47 @@
+//! `tokenize` and `detokenize`: a tokenizer from a file or a model, text to ids and back.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
+
+use crate::prompt::{parse_ids, read_stdin};
+
+pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+    if path.is_dir() {
+        let m = crate::run::open_model(path, &[])?;
+        return Ok(Tokenizer::from_model(&m)
+            .with_context(|| format!("{} embeds no tiktoken.model or tokenizer.json", path.display()))??);
+    }
+    if path.extension().is_some_and(|e| e == "json") {
+        let json = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        return Tokenizer::from_hf_json(&json).with_context(|| format!("loading {}", path.display()));
+    }
+    let ranks = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg_path = path.with_file_name("tokenizer_config.json");
+    let cfg = if cfg_path.exists() {
+        Some(std::fs::read(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?)
+    } else {
+        None
+    };
+    Tokenizer::from_tiktoken(&ranks, cfg.as_deref(), KIMI_PATTERN)
+        .with_context(|| format!("loading {}", path.display()))
+}
+
+pub fn tokenize(tokenizer: &Path, specials: bool) -> Result<ExitCode> {
+    let tok = load_tokenizer(tokenizer)?;
+    let text = read_stdin()?;
+    let ids = if specials { tok.encode_with_specials(&text) } else { tok.encode(&text) };
+    println!("{}", serde_json::to_string(&ids)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn detokenize(tokenizer: &Path) -> Result<ExitCode> {
+    let tok = load_tokenizer(tokenizer)?;
+    let input = read_stdin()?;
+    let ids = parse_ids(input.trim().trim_start_matches('[').trim_end_matches(']'))?;
+    let bytes = tok.decode_bytes(&ids)?;
+    print!("{}", String::from_utf8_lossy(&bytes));
+    Ok(ExitCode::SUCCESS)
+}
