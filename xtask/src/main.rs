@@ -12,7 +12,7 @@ mod bench;
 mod quality;
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "k3 project tasks")]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", about = "k3 project tasks: convert, synth, quality, bench")]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -35,20 +35,37 @@ enum Trunk {
     Int4,
 }
 
+/// A count of repetitions: at least 1, at most 1,000 (medians settle long before).
+fn reps(s: &str) -> Result<usize, String> {
+    bounded(s, 1, 1000)
+}
+
+/// An integer within `[lo, hi]`, refused with the range otherwise.
+fn bounded(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a whole number from {lo} to {hi}")),
+    }
+}
+
 #[derive(Subcommand)]
 enum BenchWhat {
     /// The engine decoding: read-then-compute, overlap, overlap + lookahead, cache policies.
     Decode {
+        /// The WASTE model to decode with (e.g. one made by `cargo xtask synth`).
         #[arg(long)]
         model: PathBuf,
-        #[arg(long, default_value_t = 8)]
+        /// Greedy decode steps per run.
+        #[arg(long, default_value_t = 8, value_parser = |s: &str| bounded(s, 1, 1_000_000))]
         tokens: usize,
-        #[arg(long, default_value_t = 16)]
+        /// Prompt tokens prefilled before the decode.
+        #[arg(long, default_value_t = 16, value_parser = |s: &str| bounded(s, 1, 1_000_000))]
         prompt: usize,
         /// Memory budget for the engine (e.g. 4G); default: the engine's own small cache.
-        #[arg(long)]
+        #[arg(long, value_name = "SIZE")]
         mem: Option<String>,
-        #[arg(long, default_value_t = 3)]
+        /// Repetitions of every variant, interleaved (medians are reported).
+        #[arg(long, default_value_t = 3, value_parser = reps)]
         reps: usize,
         /// Where to draw one decode step's timeline (SVG).
         #[arg(long, default_value = "bench-out/decode-step.svg")]
@@ -56,44 +73,51 @@ enum BenchWhat {
         /// Comma-separated subset of: read-then-compute, overlap, overlap+lookahead, lru, lfu.
         #[arg(long)]
         variants: Option<String>,
+        /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// The expert reader against a raw O_DIRECT io_uring ceiling, same read size and queue depth.
+    /// The expert reader against the drive's O_DIRECT rate (fio's, or a raw io_uring loop's),
+    /// same read size and queue depth.
     Io {
         /// File to read (default: bench-out/io-test.bin, created if missing).
         #[arg(long)]
         file: Option<PathBuf>,
-        /// Size of the created test file, GB.
-        #[arg(long, default_value_t = 4.0)]
+        /// Size of the created test file, GB (only when it is created).
+        #[arg(long, default_value_t = 4.0, value_parser = size_gb)]
         size_gb: f64,
-        /// Bytes per read (default: a K3 MXFP4 expert record).
-        #[arg(long, default_value_t = bench::io::K3_RECORD)]
+        /// Bytes per read (default: a K3 MXFP4 expert record); rounded up to 4 KiB.
+        #[arg(long, default_value_t = bench::io::K3_RECORD, value_parser = |s: &str| bounded(s, 1, 1 << 30))]
         record: usize,
-        #[arg(long, default_value_t = 32)]
+        /// Reads in flight at once.
+        #[arg(long, default_value_t = 32, value_parser = |s: &str| bounded(s, 1, 4096))]
         queue_depth: usize,
         /// Reads per repetition.
-        #[arg(long, default_value_t = 96)]
+        #[arg(long, default_value_t = 96, value_parser = |s: &str| bounded(s, 1, 1_000_000))]
         reads: usize,
-        #[arg(long, default_value_t = 3)]
+        /// Repetitions, interleaved (medians are reported).
+        #[arg(long, default_value_t = 3, value_parser = reps)]
         reps: usize,
         /// Use the pread thread pool instead of io_uring.
         #[arg(long)]
         pread: bool,
+        /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// KDA and MLA decode at K3's dimensions next to their memory-traffic bounds.
     Attn {
-        #[arg(long, default_value_t = 7)]
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 7, value_parser = reps)]
         reps: usize,
+        /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Every k3-quant kernel on K3's expert shapes, hot and cold, next to memory bandwidth.
     Kernels {
         /// Repetitions (medians are reported).
-        #[arg(long, default_value_t = 7)]
+        #[arg(long, default_value_t = 7, value_parser = reps)]
         reps: usize,
         /// Print one JSON object instead of a table.
         #[arg(long)]
@@ -101,13 +125,23 @@ enum BenchWhat {
     },
 }
 
+/// A test file size in GB: more than 0, at most 16 TB.
+fn size_gb(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 16e3 => Ok(v),
+        _ => Err(format!("`{s}` is not a size in GB from 0 to 16000")),
+    }
+}
+
 #[derive(Subcommand)]
 enum Task {
     /// Write a random-weight WASTE model with K3's architecture (presets k3-tiny, k3-proxy,
     /// k3-proxy-routed: k3-proxy with routing a lookahead can predict).
     Synth {
+        /// k3-tiny (seconds), k3-proxy (27 GB, larger than memory) or k3-proxy-routed.
         #[arg(long)]
         preset: String,
+        /// The model directory to create (must not exist, or be empty).
         #[arg(long)]
         out: PathBuf,
         /// Routed expert encoding.
@@ -119,12 +153,13 @@ enum Task {
         /// Directory written by tools/quality/minilm_capture.py.
         #[arg(long, default_value = "bench-out/minilm")]
         data: PathBuf,
-        /// Measure at most this many layers, spread over the depth.
-        #[arg(long, default_value_t = usize::MAX)]
-        max_layers: usize,
+        /// Measure at most this many layers, spread over the depth [default: all].
+        #[arg(long, value_parser = |s: &str| bounded(s, 1, usize::MAX))]
+        max_layers: Option<usize>,
         /// Also re-encode an MXFP4-grid matrix of K3's expert shape (slow: minutes).
         #[arg(long)]
         k3: bool,
+        /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -148,13 +183,14 @@ enum Task {
         /// the router gates or MLA's kv_b_proj) and keep the rest as stored.
         #[arg(long, value_enum, default_value = "keep")]
         trunk: Trunk,
-        /// Expert record alignment in bytes (4096, or 2097152 for huge pages).
+        /// Expert record alignment in bytes: a power of two from 4096 (the default) to 1 GiB
+        /// (2097152 for huge pages).
         #[arg(long, default_value_t = k3_format::DEFAULT_ALIGNMENT)]
         align: u64,
-        /// Number of expert shard files.
-        #[arg(long, default_value_t = 1)]
+        /// Number of expert shard files (at most one per expert record).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
         shards: u16,
-        /// Stripe the shards over these directories (one per drive); repeat the flag.
+        /// Stripe the shards over these directories (one per drive; created if missing); repeat the flag.
         #[arg(long = "shard-dir")]
         shard_dirs: Vec<PathBuf>,
     },
@@ -183,15 +219,15 @@ fn main() -> std::process::ExitCode {
 
 fn real_main() -> Result<()> {
     match Cli::parse().task {
-        Task::Quality { data, max_layers, k3, json } => quality::run(&data, max_layers, k3, json),
+        Task::Quality { data, max_layers, k3, json } => quality::run(&data, max_layers.unwrap_or(usize::MAX), k3, json),
         Task::Bench { what: BenchWhat::Io { file, size_gb, record, queue_depth, reads, reps, pread, json } } => {
             let o = bench::io::Options {
                 file,
                 file_bytes: (size_gb * 1e9) as u64 / 4096 * 4096,
                 record: record.next_multiple_of(4096),
-                queue_depth: queue_depth.max(1),
-                reads: reads.max(1),
-                reps: reps.max(1),
+                queue_depth,
+                reads,
+                reps,
                 backend: if pread { k3_io::BackendChoice::Pread } else { k3_io::BackendChoice::IoUring },
             };
             let report = bench::io::run(&o, json)?;
@@ -250,14 +286,7 @@ fn real_main() -> Result<()> {
                 backend: k3_io::BackendChoice::IoUring,
             };
             let ceiling = bench::io::run(&io, true)?["ceiling_gbps"].as_f64().unwrap_or(0.0);
-            let o = bench::decode::Options {
-                model: &model,
-                tokens: tokens.max(1),
-                prompt,
-                mem,
-                reps: reps.max(1),
-                variants,
-            };
+            let o = bench::decode::Options { model: &model, tokens, prompt, mem, reps, variants };
             let report = bench::decode::run(&o, ceiling, json)?;
             if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir)?;
@@ -271,23 +300,20 @@ fn real_main() -> Result<()> {
             Ok(())
         }
         Task::Bench { what: BenchWhat::Attn { reps, json } } => {
-            let report = bench::attn::run(reps.max(1), json);
+            let report = bench::attn::run(reps, json);
             if json {
                 println!("{report}");
             }
             Ok(())
         }
         Task::Bench { what: BenchWhat::Kernels { reps, json } } => {
-            let report = bench::kernels::run(reps.max(1), json);
+            let report = bench::kernels::run(reps, json);
             if json {
                 println!("{report}");
             }
             Ok(())
         }
         Task::Convert { hf, out, experts, trunk, align, shards, shard_dirs } => {
-            if shards == 0 {
-                bail!("--shards must be at least 1");
-            }
             let experts = match experts {
                 Experts::Keep => ExpertFormat::Keep,
                 Experts::Mxfp4 => ExpertFormat::Mxfp4,
@@ -311,9 +337,18 @@ fn real_main() -> Result<()> {
                 shard_dirs,
             };
             let pb = bar(0);
+            let mut phase = "";
             let report = convert(&opts, &mut |p: Progress| {
-                pb.set_length(p.total);
-                pb.set_message(p.phase);
+                if p.phase != phase {
+                    // A new phase: its own total, and an ETA from its own rate (resumed work
+                    // excluded).
+                    phase = p.phase;
+                    pb.reset();
+                    pb.set_length(p.total);
+                    pb.set_message(p.phase);
+                    pb.set_position(p.done);
+                    pb.reset_eta();
+                }
                 pb.set_position(p.done);
             })
             .with_context(|| format!("converting {} to {}", hf.display(), out.display()))?;
@@ -337,5 +372,35 @@ fn real_main() -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every option and argument of every task says what it is for.
+    #[test]
+    fn every_option_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id != "help" && id != "version" && a.get_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {}", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "cargo xtask", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+        super::Cli::command().debug_assert();
+        let usage = super::Cli::command().render_usage().to_string();
+        assert!(usage.contains("cargo xtask"), "{usage}");
     }
 }

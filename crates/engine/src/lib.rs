@@ -13,6 +13,7 @@ pub mod model;
 pub mod plan;
 pub mod sample;
 pub mod synth;
+pub mod tensors;
 pub mod tokenizer;
 pub mod verify;
 pub mod weights;

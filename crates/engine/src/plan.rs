@@ -29,10 +29,11 @@ pub struct MemoryPlan {
 
 impl MemoryPlan {
     pub fn total(&self) -> u64 {
-        self.fixed() + self.slot_bytes * self.cache_slots
+        self.fixed_bytes() + self.slot_bytes * self.cache_slots
     }
 
-    fn fixed(&self) -> u64 {
+    /// Everything but the expert cache.
+    pub fn fixed_bytes(&self) -> u64 {
         self.trunk_bytes + self.state_bytes + self.activation_bytes + self.reserved_bytes + self.overhead_bytes
     }
 }

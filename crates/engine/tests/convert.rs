@@ -75,18 +75,29 @@ fn an_interrupted_conversion_resumes_to_identical_bytes() {
     convert(&opts(&hf, &whole), &mut |_| {}).unwrap();
     for stop_at in [0.3, 0.8] {
         let _ = std::fs::remove_dir_all(&cut);
-        // Kill the conversion part way: a panic unwinds out of it, as far as the files know.
-        let r = std::panic::catch_unwind(|| {
+        // Kill the conversion part way: a panic unwinds out of it, as far as the files know. The
+        // later stop comes more than a second into the experts: progress is journaled at least
+        // every second, so a small conversion does not start over.
+        let mut slept = false;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             convert(&opts(&hf, &cut), &mut |p| {
-                if p.phase == "convert" && p.done as f64 > p.total as f64 * stop_at {
+                let at = p.done as f64 / p.total.max(1) as f64;
+                if p.phase == "experts" && stop_at > 0.5 && at > 0.5 && !slept {
+                    std::thread::sleep(std::time::Duration::from_millis(1100));
+                    slept = true;
+                }
+                if p.phase == "experts" && at > stop_at {
                     panic!("interrupted");
                 }
             })
-        });
+        }));
         assert!(r.is_err());
         assert!(Model::open(&cut).is_err(), "a half-written model must not open");
         let report = convert(&opts(&hf, &cut), &mut |_| {}).unwrap();
         assert!(report.written_items > 0);
+        if stop_at > 0.5 {
+            assert!(report.resumed_items > 0, "work done more than a second before the stop is kept");
+        }
         assert_eq!(files(&cut), files(&whole), "stopped at {stop_at}");
     }
     let again = convert(&opts(&hf, &whole), &mut |_| {}).unwrap();

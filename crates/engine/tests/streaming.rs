@@ -32,10 +32,9 @@ fn run(model: &Model, opts: EngineOptions, ids: &[u32], chunk: usize) -> Vec<u32
 }
 
 fn slot_budget(model: &Model, slots: u64) -> u64 {
-    let m = model.manifest();
     let engine = Engine::load(model).unwrap();
     let p = *engine.plan();
-    m.trunk.bytes + p.state_bytes + p.overhead_bytes + slots * p.slot_bytes
+    p.fixed_bytes() + slots * p.slot_bytes
 }
 
 #[test]

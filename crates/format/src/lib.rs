@@ -15,6 +15,7 @@ pub mod encoding;
 pub mod error;
 pub mod header;
 pub mod index;
+pub mod lock;
 pub mod manifest;
 pub mod output;
 pub mod reader;

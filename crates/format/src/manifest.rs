@@ -311,6 +311,7 @@ impl ExpertLayout {
     /// Lays out one expert's matrices `(name, encoding, shape)` after the record header, padded to
     /// `alignment`.
     pub fn build(alignment: u64, matrices: &[(&str, Encoding, Vec<u64>)]) -> std::result::Result<Self, String> {
+        check_alignment(alignment)?;
         let mut at = RECORD_HEADER_LEN;
         let mut out = Vec::with_capacity(matrices.len());
         for (name, enc, shape) in matrices {
@@ -322,5 +323,15 @@ impl ExpertLayout {
             return Err("an expert layout needs at least one matrix".into());
         }
         Ok(ExpertLayout { matrices: out, payload_bytes: at, record_bytes: at.next_multiple_of(alignment) })
+    }
+}
+
+/// Expert records are read with O_DIRECT: their alignment must be a power of two of at least
+/// 4096 bytes (and at most 1 GiB, past which nothing is gained).
+pub fn check_alignment(alignment: u64) -> std::result::Result<(), String> {
+    if alignment.is_power_of_two() && (4096..=1 << 30).contains(&alignment) {
+        Ok(())
+    } else {
+        Err(format!("alignment {alignment} is not a power of two between 4096 and 1 GiB"))
     }
 }

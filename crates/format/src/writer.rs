@@ -12,6 +12,7 @@ use std::fs::{File, OpenOptions as FsOpen};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
@@ -20,6 +21,8 @@ use crate::encoding::Encoding;
 use crate::error::{FormatError, Result};
 use crate::header::Header;
 use crate::index::IndexEntry;
+use crate::lock::DirLock;
+use crate::manifest::check_alignment;
 use crate::manifest::{
     Architecture, BlobInfo, ExpertLayout, Hex64, Manifest, ShardInfo, TensorEntry, TrunkInfo, TrunkTensor,
 };
@@ -127,6 +130,12 @@ pub enum Opened {
 /// (layer, expert) order for expert records.
 #[derive(Debug)]
 pub struct ModelWriter {
+    /// No other writer touches the directory while this one lives.
+    _lock: DirLock,
+    /// Progress is journaled at least this often, so an interruption loses at most this much work
+    /// however small the items are.
+    last_sync: Instant,
+    sync_interval: Duration,
     dir: PathBuf,
     spec: WriterSpec,
     trunk: DataFile,
@@ -153,6 +162,16 @@ impl ModelWriter {
     pub fn open(dir: impl AsRef<Path>, spec: WriterSpec) -> Result<Opened> {
         let dir = dir.as_ref().to_path_buf();
         Self::check_spec(&dir, &spec)?;
+        // Nothing is decided before the directory is ours: a second writer waits for nobody.
+        let existed = dir.exists();
+        std::fs::create_dir_all(&dir).map_err(|e| FormatError::io(&dir, e))?;
+        let lock = DirLock::acquire(&dir)?;
+        let refuse = |e: FormatError| {
+            if !existed {
+                let _ = std::fs::remove_dir(&dir);
+            }
+            Err(e)
+        };
         if dir.join(HEADER_FILE).exists() {
             let header_path = dir.join(HEADER_FILE);
             let bytes = std::fs::read(&header_path).map_err(|e| FormatError::io(&header_path, e))?;
@@ -167,21 +186,18 @@ impl ModelWriter {
         }
         let journal_path = dir.join(JOURNAL_FILE);
         if journal_path.exists() {
-            return Self::resume(dir, spec).map(|w| Opened::Writer(Box::new(w)));
+            return Self::resume(dir, spec, lock).map(|w| Opened::Writer(Box::new(w)));
         }
-        if dir.exists() {
-            let mut entries = std::fs::read_dir(&dir).map_err(|e| FormatError::io(&dir, e))?;
-            if let Some(e) = entries.next() {
-                let name = e.map(|e| e.file_name().to_string_lossy().into_owned()).unwrap_or_default();
-                return Err(writer_err(
-                    &dir,
-                    format!(
-                        "is not empty (it holds `{name}`) and is not a WASTE conversion in progress; refusing to write into it"
-                    ),
-                ));
-            }
+        let mut entries = std::fs::read_dir(&dir).map_err(|e| FormatError::io(&dir, e))?;
+        if let Some(e) = entries.next() {
+            let name = e.map(|e| e.file_name().to_string_lossy().into_owned()).unwrap_or_default();
+            return refuse(writer_err(
+                &dir,
+                format!(
+                    "is not empty (it holds `{name}`) and is not a WASTE conversion in progress; refusing to write into it"
+                ),
+            ));
         }
-        std::fs::create_dir_all(&dir).map_err(|e| FormatError::io(&dir, e))?;
         let mut journal = FsOpen::new()
             .append(true)
             .create_new(true)
@@ -196,13 +212,11 @@ impl ModelWriter {
         for i in 0..usize::from(spec.shards) {
             shards.push(DataFile::open(Self::shard_path(&dir, &spec, i), true)?);
         }
-        Ok(Opened::Writer(Box::new(Self::assemble(dir, spec, trunk, shards, journal))))
+        Ok(Opened::Writer(Box::new(Self::assemble(dir, spec, trunk, shards, journal, lock))))
     }
 
     fn check_spec(dir: &Path, spec: &WriterSpec) -> Result<()> {
-        if !spec.alignment.is_power_of_two() || spec.alignment < 4096 {
-            return Err(writer_err(dir, format!("alignment {} is not a power of two >= 4096", spec.alignment)));
-        }
+        check_alignment(spec.alignment).map_err(|e| writer_err(dir, e))?;
         if spec.shards == 0 && !spec.architecture.moe_layers.is_empty() {
             return Err(writer_err(dir, "a model with MoE layers needs at least one expert shard"));
         }
@@ -219,8 +233,18 @@ impl ModelWriter {
         base.join(shard_file_name(i))
     }
 
-    fn assemble(dir: PathBuf, spec: WriterSpec, trunk: DataFile, shards: Vec<DataFile>, journal: File) -> Self {
+    fn assemble(
+        dir: PathBuf,
+        spec: WriterSpec,
+        trunk: DataFile,
+        shards: Vec<DataFile>,
+        journal: File,
+        lock: DirLock,
+    ) -> Self {
         ModelWriter {
+            _lock: lock,
+            last_sync: Instant::now(),
+            sync_interval: Duration::from_secs(1),
             dir,
             spec,
             trunk,
@@ -237,7 +261,7 @@ impl ModelWriter {
         }
     }
 
-    fn resume(dir: PathBuf, spec: WriterSpec) -> Result<Self> {
+    fn resume(dir: PathBuf, spec: WriterSpec, lock: DirLock) -> Result<Self> {
         let journal_path = dir.join(JOURNAL_FILE);
         let text = std::fs::read(&journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
         // A line without its newline was torn by the interruption: it never counted.
@@ -252,19 +276,15 @@ impl ModelWriter {
                 if started != spec {
                     let a = serde_json::to_value(&started).expect("serializes");
                     let b = serde_json::to_value(&spec).expect("serializes");
-                    let differ: Vec<_> = a
-                        .as_object()
-                        .into_iter()
-                        .flatten()
-                        .filter(|(k, v)| b.get(k.as_str()) != Some(*v))
-                        .map(|(k, _)| k.clone())
-                        .collect();
+                    let mut differ = Vec::new();
+                    differences(&a, &b, "", &mut differ);
                     return Err(writer_err(
                         &dir,
                         format!(
-                            "holds an interrupted conversion started with other settings (differing: {}); \
-                             rerun with the original options or use a new output directory",
-                            differ.join(", ")
+                            "holds an interrupted conversion started with other settings ({}); to resume it, \
+                             run the command again with the settings it was started with; to start over with \
+                             these, remove the directory first",
+                            differ.join("; ")
                         ),
                     ));
                 }
@@ -277,7 +297,7 @@ impl ModelWriter {
             shards.push(DataFile::open(Self::shard_path(&dir, &spec, i), false)?);
         }
         let journal = FsOpen::new().append(true).open(&journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
-        let mut w = Self::assemble(dir, spec, trunk, shards, journal);
+        let mut w = Self::assemble(dir, spec, trunk, shards, journal, lock);
 
         // Keep the longest prefix of journaled items whose bytes still check out.
         let mut kept = vec![first.to_vec()];
@@ -347,9 +367,14 @@ impl ModelWriter {
         &self.spec
     }
 
-    /// Flush data and journal every this many bytes (default 256 MiB): the most an interruption loses.
+    /// Flush data and journal every this many bytes (default 256 MiB) or this often (default 1 s),
+    /// whichever comes first: the most an interruption loses.
     pub fn set_sync_every(&mut self, bytes: u64) {
         self.sync_every = bytes.max(1);
+    }
+
+    pub fn set_sync_interval(&mut self, interval: Duration) {
+        self.sync_interval = interval;
     }
 
     pub fn has_tensor(&self, name: &str) -> bool {
@@ -455,7 +480,11 @@ impl ModelWriter {
         serde_json::to_writer(&mut self.pending, line).expect("journal lines always serialize");
         self.pending.push(b'\n');
         self.unsynced += bytes;
-        if self.unsynced >= self.sync_every { self.sync() } else { Ok(()) }
+        if self.unsynced >= self.sync_every || self.last_sync.elapsed() >= self.sync_interval {
+            self.sync()
+        } else {
+            Ok(())
+        }
     }
 
     /// Makes everything written so far durable and journaled.
@@ -471,6 +500,7 @@ impl ModelWriter {
             .map_err(|e| FormatError::io(&path, e))?;
         self.pending.clear();
         self.unsynced = 0;
+        self.last_sync = Instant::now();
         Ok(())
     }
 
@@ -524,6 +554,29 @@ impl ModelWriter {
         std::fs::remove_file(&journal).map_err(|e| FormatError::io(&journal, e))?;
         sync_dir(&self.dir)?;
         Ok(header_path)
+    }
+}
+
+/// Where two JSON values differ, as `path: old -> new` (leaves only, so a long spec shows just
+/// what changed).
+fn differences(a: &serde_json::Value, b: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                differences(x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), &p, out);
+            }
+        }
+        _ if a != b => {
+            let show = |v: &Value| {
+                let s = v.to_string();
+                if s.len() > 120 { format!("{}...", &s[..s.floor_char_boundary(117)]) } else { s }
+            };
+            out.push(format!("{path}: started with {}, now {}", show(a), show(b)));
+        }
+        _ => {}
     }
 }
 

@@ -25,8 +25,9 @@ pub struct Options<'a> {
 
 pub const ALL_VARIANTS: [&str; 5] = ["read-then-compute", "overlap", "overlap+lookahead", "lru", "lfu"];
 
-fn options(name: &str, mem: Option<u64>) -> Result<EngineOptions> {
-    let base = EngineOptions { mem_budget: mem, lookahead_stats: true, ..EngineOptions::default() };
+fn options(name: &str, mem: Option<u64>, context: u64) -> Result<EngineOptions> {
+    let base =
+        EngineOptions { mem_budget: mem, lookahead_stats: true, context, chunk: context, ..EngineOptions::default() };
     Ok(match name {
         "read-then-compute" => EngineOptions { overlap: false, lookahead: false, ..base },
         "overlap" => EngineOptions { lookahead: false, ..base },
@@ -102,7 +103,8 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
             let i = (k + rep) % o.variants.len();
             let name = &o.variants[i];
             eprintln!("  rep {rep}: {name}");
-            samples[i].push(run_once(&model, options(name, o.mem)?, &prompt, o.tokens)?);
+            let context = (prompt.len() + o.tokens) as u64;
+            samples[i].push(run_once(&model, options(name, o.mem, context)?, &prompt, o.tokens)?);
         }
     }
     let rss = k3_engine::budget::peak_rss_bytes();
@@ -137,8 +139,18 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
             o.reps
         );
         println!(
-            "{:<20} {:>8} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7} {:>9}",
-            "variant", "tok/s", "MB/token", "hit", "wait s/t", "comp s/t", "overlap", "recall", "vs bound"
+            "{:<20} {:>8} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7} {:>9} {:>10} {:>9}",
+            "variant",
+            "tok/s",
+            "MB/token",
+            "hit",
+            "wait s/t",
+            "comp s/t",
+            "overlap",
+            "recall",
+            "vs bound",
+            "warm tok/s",
+            "warm hit"
         );
         for (name, v) in &variants {
             let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
@@ -163,7 +175,8 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
 /// One decode step of `variant` with its timeline, drawn as an SVG: a lane per layer, time across.
 pub fn timeline_svg(model: &Model, variant: &str, mem: Option<u64>, out: &Path) -> Result<()> {
     use k3_engine::SpanKind;
-    let engine = Engine::load_with(model, options(variant, mem)?)?;
+    // An 8-token prompt and three steps.
+    let engine = Engine::load_with(model, options(variant, mem, 11)?)?;
     let mut s = engine.session();
     let v = engine.vocab();
     let mut logits = engine.forward(&mut s, &[1, 2, 3, 4, 5, 6, 7, 8], None)?;
@@ -241,6 +254,6 @@ pub fn timeline_svg(model: &Model, variant: &str, mem: Option<u64>, out: &Path) 
             &format!("<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.1} ms</text>\n", x(t), ly + 32.0, t * 1e3);
     }
     svg += "</svg>\n";
-    std::fs::write(out, svg).with_context(|| format!("writing {}", out.display()))?;
+    k3_format::write_atomic(out, svg.as_bytes())?;
     Ok(())
 }

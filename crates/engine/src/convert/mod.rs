@@ -13,6 +13,7 @@ use rayon::prelude::*;
 use safetensors::Dtype as StDtype;
 
 use crate::config::{ConfigError, ModelConfig};
+use crate::tensors::{ExpertShapes, TensorTable};
 pub use encode::{ExpertTarget, TrunkFormat, codec_of};
 pub use source::{Source, SourceTensor};
 
@@ -80,7 +81,7 @@ pub struct ConvertOptions {
     pub shard_dirs: Vec<PathBuf>,
 }
 
-/// Progress of a conversion.
+/// Progress of a conversion, by phase (`trunk`, `experts`, `verify`), each with its own total.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {
     pub phase: &'static str,
@@ -137,7 +138,13 @@ enum SourceExperts {
     Bf16,
 }
 
-fn expert_shapes(src: &Source, layer: u32) -> Result<(SourceExperts, Vec<Vec<u64>>), ConvertError> {
+/// How a layer's experts are stored, and their logical shapes (from the config, so a misshaped
+/// tensor is named itself rather than blamed on its neighbour).
+fn expert_shapes(
+    src: &Source,
+    layer: u32,
+    shapes: &ExpertShapes,
+) -> Result<(SourceExperts, Vec<Vec<u64>>), ConvertError> {
     let first = expert_name(layer, 0, "w1");
     let kind = if src.get(&format!("{first}.weight_packed")).is_ok() {
         SourceExperts::Mxfp4
@@ -146,29 +153,55 @@ fn expert_shapes(src: &Source, layer: u32) -> Result<(SourceExperts, Vec<Vec<u64
     } else {
         return Err(ConvertError::MissingTensor { name: format!("{first}.weight_packed (or .weight)") });
     };
-    let shapes = EXPERT_MATRICES
-        .iter()
-        .map(|w| {
-            let base = expert_name(layer, 0, w);
-            Ok(match kind {
-                SourceExperts::Mxfp4 => {
-                    let t = src.get(&format!("{base}.weight_packed"))?;
-                    match t.shape[..] {
-                        [r, c] => vec![r, c * 2],
-                        _ => {
-                            return Err(ConvertError::Shape {
-                                name: format!("{base}.weight_packed"),
-                                expected: "U8 [out, in/2]".into(),
-                                found: format!("{:?} {:?}", t.dtype, t.shape),
-                            });
-                        }
-                    }
-                }
-                SourceExperts::Bf16 => src.get(&format!("{base}.weight"))?.shape.clone(),
-            })
-        })
-        .collect::<Result<_, ConvertError>>()?;
+    let shapes = [shapes.w1, shapes.w2, shapes.w3].iter().map(|s| s.to_vec()).collect();
     Ok((kind, shapes))
+}
+
+/// Every trunk tensor of the checkpoint against the config's table: the first misshaped,
+/// unknown or missing one is the error, before anything is written.
+fn check_trunk(table: &TensorTable, src: &Source, names: &[String], family: &str) -> Result<(), ConvertError> {
+    for name in names {
+        let t = src.get(name)?;
+        match table.get(name) {
+            Some(e) if e.accepts(&t.shape) => {}
+            Some(e) => {
+                return Err(ConvertError::Shape {
+                    name: name.clone(),
+                    expected: e.to_string(),
+                    found: format!("shape {:?}", t.shape),
+                });
+            }
+            None => {
+                return Err(ConvertError::Unsupported(format!(
+                    "tensor `{name}` is not part of a {family} model with this config.json; \
+                     is the config the checkpoint's own?"
+                )));
+            }
+        }
+    }
+    if let Some((name, _)) = table.trunk.iter().find(|(n, _)| !names.contains(n)) {
+        return Err(ConvertError::MissingTensor { name: name.clone() });
+    }
+    Ok(())
+}
+
+/// The source tensors of one expert matrix: name, dtype and shape, in the order they are stored.
+fn expert_sources(kind: SourceExperts, base: &str, shape: &[u64]) -> Vec<(String, StDtype, Vec<u64>)> {
+    match kind {
+        SourceExperts::Mxfp4 => vec![
+            (format!("{base}.weight_packed"), StDtype::U8, vec![shape[0], shape[1] / 2]),
+            (format!("{base}.weight_scale"), StDtype::U8, vec![shape[0], shape[1] / 32]),
+        ],
+        SourceExperts::Bf16 => vec![(format!("{base}.weight"), StDtype::BF16, shape.to_vec())],
+    }
+}
+
+/// Checks one expert matrix's tensors against the layer's shape without reading them.
+fn check_expert_parts(src: &Source, kind: SourceExperts, base: &str, shape: &[u64]) -> Result<(), ConvertError> {
+    for (name, dtype, shape) in expert_sources(kind, base, shape) {
+        src.check(&name, dtype, &shape)?;
+    }
+    Ok(())
 }
 
 /// The stored parts of one expert matrix, checked against the layer's shape.
@@ -178,22 +211,30 @@ fn expert_parts<'a>(
     base: &str,
     shape: &[u64],
 ) -> Result<Vec<&'a [u8]>, ConvertError> {
-    Ok(match kind {
-        SourceExperts::Mxfp4 => vec![
-            src.expect(&format!("{base}.weight_packed"), StDtype::U8, &[shape[0], shape[1] / 2])?,
-            src.expect(&format!("{base}.weight_scale"), StDtype::U8, &[shape[0], shape[1] / 32])?,
-        ],
-        SourceExperts::Bf16 => vec![src.expect(&format!("{base}.weight"), StDtype::BF16, shape)?],
-    })
+    expert_sources(kind, base, shape).iter().map(|(name, dtype, shape)| src.expect(name, *dtype, shape)).collect()
+}
+
+/// The options with every path in one spelling (so a resumed conversion is recognised however
+/// its paths were typed), the shard directories created.
+fn canonical(opts: &ConvertOptions) -> Result<ConvertOptions, ConvertError> {
+    let canon = |p: &Path| std::fs::canonicalize(p).map_err(|e| ConvertError::io(p, e));
+    let mut shard_dirs = Vec::with_capacity(opts.shard_dirs.len());
+    for d in &opts.shard_dirs {
+        std::fs::create_dir_all(d).map_err(|e| ConvertError::io(d, e))?;
+        shard_dirs.push(canon(d)?);
+    }
+    Ok(ConvertOptions { hf_dir: canon(&opts.hf_dir)?, shard_dirs, ..opts.clone() })
 }
 
 /// Files copied into the header verbatim when the checkpoint has them.
 const EMBEDDED_FILES: [&str; 4] = ["config.json", "tiktoken.model", "tokenizer_config.json", "tokenizer.json"];
 
 pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<ConvertReport, ConvertError> {
+    let opts = &canonical(opts)?;
     let config_path = opts.hf_dir.join("config.json");
     let config_bytes = std::fs::read(&config_path).map_err(|e| ConvertError::io(&config_path, e))?;
     let config = ModelConfig::parse(&config_path, &config_bytes)?;
+    let table = crate::tensors::table(&config, &config_path)?;
     let src = Source::open(&opts.hf_dir)?;
     let arch = config.architecture();
 
@@ -213,13 +254,14 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
             Role::Ignored => report.ignored.push(name.to_string()),
         }
     }
+    check_trunk(&table, &src, &trunk_names, config.family.name())?;
 
     // One layout per distinct (source kind, shapes); K3 and Kimi-Linear need one.
     let mut layouts: Vec<ExpertLayout> = Vec::new();
     let mut layer_plan = Vec::new();
     let mut keys: Vec<(SourceExperts, Vec<Vec<u64>>)> = Vec::new();
     for &layer in &arch.moe_layers {
-        let (kind, shapes) = expert_shapes(&src, layer)?;
+        let (kind, shapes) = expert_shapes(&src, layer, &table.experts)?;
         let target = match (kind, opts.experts) {
             (SourceExperts::Mxfp4, ExpertFormat::Keep | ExpertFormat::Mxfp4) => None,
             (SourceExperts::Bf16, ExpertFormat::Keep | ExpertFormat::Bf16) => None,
@@ -245,6 +287,25 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
         };
         layer_plan.push((layer, kind, shapes, id as u16, target));
     }
+
+    // Every expert tensor's dtype and shape, before anything is written.
+    for (layer, kind, shapes, ..) in &layer_plan {
+        for expert in 0..arch.experts {
+            for (m, shape) in EXPERT_MATRICES.iter().zip(shapes) {
+                check_expert_parts(&src, *kind, &expert_name(*layer, expert, m), shape)?;
+            }
+        }
+    }
+
+    let records = arch.moe_layers.len() as u64 * u64::from(arch.experts);
+    if u64::from(opts.shards) > records.max(1) {
+        return Err(ConvertError::Unsupported(format!(
+            "{} expert shards for {records} expert records would leave shards empty; give at most {}",
+            opts.shards,
+            records.max(1)
+        )));
+    }
+    k3_format::manifest::check_alignment(opts.alignment).map_err(ConvertError::Unsupported)?;
 
     let expert_label = layouts.first().map_or("none".to_string(), |l| l.matrices[0].encoding.label());
     let spec = WriterSpec {
@@ -286,10 +347,12 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
     report.resumed_items = w.resumed_items();
 
     let record_bytes: Vec<u64> = w.spec().expert_layouts.iter().map(|l| l.record_bytes).collect();
-    let total: u64 = trunk_names.iter().map(|n| src.get(n).map_or(0, |t| src.bytes(t).len() as u64)).sum::<u64>()
-        + layer_plan.iter().map(|p| record_bytes[usize::from(p.3)] * u64::from(arch.experts)).sum::<u64>();
+    // Two phases with their own totals: trunk bytes go by fast, experts (re-encoded, perhaps)
+    // slowly, and one bar over both would promise an ETA the experts never keep.
+    let trunk_total: u64 = trunk_names.iter().map(|n| src.get(n).map_or(0, |t| src.bytes(t).len() as u64)).sum();
+    let expert_total: u64 = layer_plan.iter().map(|p| record_bytes[usize::from(p.3)] * u64::from(arch.experts)).sum();
     let mut done = 0u64;
-    let mut tick = |done: u64| progress(Progress { phase: "convert", done, total });
+    let mut tick = |done: u64| progress(Progress { phase: "trunk", done, total: trunk_total });
 
     for name in &trunk_names {
         let t = src.get(name)?;
@@ -305,6 +368,8 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
         done += bytes.len() as u64;
         tick(done);
     }
+    let mut done = 0u64;
+    let mut tick = |done: u64| progress(Progress { phase: "experts", done, total: expert_total });
     for (layer, kind, shapes, layout, target) in &layer_plan {
         let rb = record_bytes[usize::from(*layout)];
         let todo: Vec<u32> = (0..arch.experts).filter(|e| !w.has_expert(*layer, *e)).collect();

@@ -113,6 +113,11 @@ impl Source {
 
     /// A tensor that must have this dtype and shape.
     pub fn expect(&self, name: &str, dtype: StDtype, shape: &[u64]) -> Result<&[u8], ConvertError> {
+        Ok(self.bytes(self.check(name, dtype, shape)?))
+    }
+
+    /// Checks that a tensor exists with this dtype and shape (reads nothing).
+    pub fn check(&self, name: &str, dtype: StDtype, shape: &[u64]) -> Result<&SourceTensor, ConvertError> {
         let t = self.get(name)?;
         if t.dtype != dtype || t.shape != shape {
             return Err(ConvertError::Shape {
@@ -121,7 +126,7 @@ impl Source {
                 found: format!("{:?} {:?}", t.dtype, t.shape),
             });
         }
-        Ok(self.bytes(t))
+        Ok(t)
     }
 
     /// Which files the tensors came from, for provenance.
