@@ -114,6 +114,19 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// What checking the trunk's checksums at load costs: xxh3 on 1 and every thread, a model's
+    /// load with and without the check, and the projection for K3's trunk.
+    Verify {
+        /// A WASTE model to load with and without the check.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 5, value_parser = reps)]
+        reps: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every k3-quant kernel on K3's expert shapes, hot and cold, next to memory bandwidth.
     Kernels {
         /// Repetitions (medians are reported).
@@ -208,6 +221,12 @@ fn bar(total: u64) -> ProgressBar {
 
 /// Errors are printed as one tidy chain of causes (no backtrace), then exit status 1.
 fn main() -> std::process::ExitCode {
+    // A closed standard output (`cargo xtask bench io | head -1`) ends the program quietly, as
+    // Unix tools do: Rust ignores SIGPIPE, which would turn `println!` into a panic.
+    // SAFETY: setting a signal's disposition to its default has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     match real_main() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -301,6 +320,13 @@ fn real_main() -> Result<()> {
         }
         Task::Bench { what: BenchWhat::Attn { reps, json } } => {
             let report = bench::attn::run(reps, json);
+            if json {
+                println!("{report}");
+            }
+            Ok(())
+        }
+        Task::Bench { what: BenchWhat::Verify { model, reps, json } } => {
+            let report = bench::verify::run(model.as_deref(), reps, json)?;
             if json {
                 println!("{report}");
             }

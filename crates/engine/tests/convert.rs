@@ -251,3 +251,135 @@ fn sharded_prefixed_shuffled_checkpoint_converts_to_the_same_model() {
         assert!(std::fs::read(a.join(f)).unwrap() == std::fs::read(b.join(f)).unwrap(), "{f}");
     }
 }
+
+/// Trunk tensors whose shapes disagree with the config are refused before anything is written,
+/// naming the tensor: a transposed matrix, a missing row, a short embedding table.
+#[test]
+fn a_trunk_tensor_of_the_wrong_shape_is_refused_before_writing() {
+    type Edit = fn(&mut (String, safetensors::Dtype, Vec<usize>, Vec<u8>));
+    let cases: [(&str, Edit, &str); 3] = [
+        ("model.layers.1.self_attn.o_proj.weight", |t| t.2.reverse(), "[256, 128]"),
+        (
+            "model.layers.3.self_attn.q_b_proj.weight",
+            |t| {
+                t.2[0] -= 1;
+                t.3.truncate(t.2.iter().product::<usize>() * 2);
+            },
+            "[192, 96]",
+        ),
+        (
+            "model.embed_tokens.weight",
+            |t| {
+                t.2[0] -= 8;
+                t.3.truncate(t.2.iter().product::<usize>() * 2);
+            },
+            "[512, 256]",
+        ),
+    ];
+    for (name, edit, expected) in cases {
+        let hf = broken_checkpoint(|t| edit(t.iter_mut().find(|(n, ..)| n == name).unwrap()));
+        let out = tempfile::tempdir().unwrap();
+        let dir = out.path().join("m");
+        let err = convert(&opts(hf.path(), &dir), &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains(name) && err.contains(expected), "{name}: {err}");
+        assert!(!dir.exists(), "{name}: nothing written");
+    }
+}
+
+/// A reshaped packed expert matrix is named itself, not its untouched scale tensor.
+#[test]
+fn a_reshaped_expert_matrix_is_named_itself() {
+    let name = "model.layers.1.block_sparse_moe.experts.0.w1.weight_packed";
+    let hf = broken_checkpoint(|t| t.iter_mut().find(|(n, ..)| n == name).unwrap().2 = vec![128, 32]);
+    let out = tempfile::tempdir().unwrap();
+    let err = convert(&opts(hf.path(), &out.path().join("m")), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains(name) && err.contains("[64, 64]") && err.contains("[128, 32]"), "{err}");
+}
+
+#[test]
+fn a_tensor_the_config_does_not_have_is_refused() {
+    let hf = broken_checkpoint(|t| {
+        t.push(("model.layers.1.self_attn.extra.weight".into(), safetensors::Dtype::BF16, vec![2, 2], vec![0; 8]));
+    });
+    let out = tempfile::tempdir().unwrap();
+    let err = convert(&opts(hf.path(), &out.path().join("m")), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("model.layers.1.self_attn.extra.weight") && err.contains("not part of"), "{err}");
+}
+
+/// An interrupted conversion into `out`, stopped half way through the experts after progress was
+/// journaled.
+fn interrupted(hf: &Path, out: &Path) {
+    let mut slept = false;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        convert(&opts(hf, out), &mut |p| {
+            if p.phase == "experts" && p.done * 4 > p.total && !slept {
+                std::thread::sleep(std::time::Duration::from_millis(1100));
+                slept = true;
+            }
+            if p.phase == "experts" && p.done * 2 > p.total {
+                panic!("interrupted");
+            }
+        })
+    }));
+    assert!(r.is_err());
+}
+
+/// The same checkpoint spelled another way (relative, trailing slash) resumes; other settings are
+/// refused with the values that differ, and advice that keeps the finished part.
+#[test]
+fn resume_recognises_the_checkpoint_however_it_is_spelled() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("m");
+    // Relative to the test's working directory (the crate), then absolute with a trailing slash.
+    let relative = PathBuf::from("../../fixtures/golden/tiny-kimi-linear");
+    interrupted(&relative, &out);
+    let mut other = opts(&golden("tiny-kimi-linear"), &out);
+    other.experts = ExpertFormat::Mxfp4;
+    let err = convert(&other, &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("experts: started with \"keep\", now \"mxfp4\""), "{err}");
+    assert!(err.contains("with the settings it was started with"), "{err}");
+    let spelled = PathBuf::from(format!("{}/", std::fs::canonicalize(&relative).unwrap().display()));
+    let report = convert(&opts(&spelled, &out), &mut |_| {}).unwrap();
+    assert!(report.resumed_items > 0, "the finished part is kept");
+    assert!(Model::open(&out).is_ok());
+}
+
+/// Two conversions into one directory: the second is refused while the first holds it.
+#[test]
+fn a_second_conversion_into_the_same_directory_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("m");
+    let hf = golden("tiny-k3");
+    let second = std::sync::Mutex::new(None);
+    let _ = convert(&opts(&hf, &out), &mut |p| {
+        let mut s = second.lock().unwrap();
+        if p.phase == "experts" && s.is_none() {
+            *s = Some(convert(&opts(&hf, &out), &mut |_| {}).map(|_| ()).unwrap_err().to_string());
+        }
+    })
+    .unwrap();
+    let err = second.into_inner().unwrap().unwrap();
+    assert!(err.contains("another conversion is writing into it") && err.contains("pid"), "{err}");
+}
+
+#[test]
+fn impossible_layouts_are_refused() {
+    let out = tempfile::tempdir().unwrap();
+    for (align, shards, says) in [(0, 1, "alignment 0"), (1000, 1, "alignment 1000"), (4096, 500, "500 expert shards")]
+    {
+        let o = ConvertOptions { alignment: align, shards, ..opts(&golden("tiny-k3"), &out.path().join("m")) };
+        let err = convert(&o, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains(says), "{err}");
+        assert!(!out.path().join("m").exists());
+    }
+}
+
+/// Shard directories on other drives are created, as the README's two-drive example expects.
+#[test]
+fn shard_directories_are_created() {
+    let root = tempfile::tempdir().unwrap();
+    let (out, second) = (root.path().join("m"), root.path().join("drive2/experts"));
+    let o = ConvertOptions { shard_dirs: vec![out.clone(), second.clone()], ..opts(&golden("tiny-k3"), &out) };
+    convert(&o, &mut |_| {}).unwrap();
+    assert!(second.join("experts-00001.waste").exists());
+}

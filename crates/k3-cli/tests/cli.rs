@@ -1,31 +1,16 @@
 //! The CLI on the converted golden fixtures, as a user runs it.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
+use std::path::Path;
 
-fn k3(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_k3-cli")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
-}
+use common::{copy_model, fixture, k3, k3_stdin};
 
 /// `k3-cli logits --model MODEL --ids IDS --out OUT` and `extra` switches.
 fn logits(model: &Path, ids: &str, out: &Path, extra: &[&str]) -> (bool, String, String) {
     let mut args = vec!["logits", "--model", model.to_str().unwrap(), "--ids", ids, "--out", out.to_str().unwrap()];
     args.extend_from_slice(extra);
     k3(&args)
-}
-
-fn copy_model(name: &str) -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(fixture(name)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
-    }
-    d
 }
 
 #[test]
@@ -172,20 +157,6 @@ fn measurement_switches_change_timing_not_results() {
     let (ok, _, err) = logits(&model, "1", &other, &["--mem", "1M"]);
     assert!(!ok && err.contains("too small") && err.contains("needs at least"), "{err}");
     assert!(!err.contains("stack backtrace"), "{err}");
-}
-
-fn k3_stdin(args: &[&str], input: &str) -> (bool, String, String) {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_k3-cli"))
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
 #[test]
