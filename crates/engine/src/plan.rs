@@ -97,20 +97,23 @@ pub(crate) fn plan(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> 
             human(m)
         )));
     }
+    let parts = format!(
+        "trunk {}, attention state for {} tokens {}, activations of {}-token chunks {}, outputs {}, overhead {}",
+        human(d.trunk_bytes),
+        d.context,
+        human(state_bytes),
+        d.chunk,
+        human(activation_bytes),
+        human(d.reserved_bytes),
+        human(OVERHEAD_BYTES)
+    );
     if let Some(m) = machine
         && fixed > m
     {
         return Err(EngineError::Input(format!(
-            "this run needs {} before any expert cache (trunk {}, attention state for {} tokens {}, \
-             activations of {}-token chunks {}, outputs {}), more than this machine's {}; \
+            "this run needs {} before any expert cache ({parts}), more than this machine's {}; \
              lower --context or --chunk",
             human(fixed),
-            human(d.trunk_bytes),
-            d.context,
-            human(state_bytes),
-            d.chunk,
-            human(activation_bytes),
-            human(d.reserved_bytes),
             human(m)
         )));
     }
@@ -122,18 +125,10 @@ pub(crate) fn plan(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> 
             if slots < min_slots {
                 return Err(EngineError::Input(format!(
                     "a memory budget of {} is too small for this model: it needs at least {} \
-                     (trunk {}, attention state for {} tokens {}, activations of {}-token chunks {}, \
-                     outputs {}, {min_slots} expert slots of {}, overhead {})",
+                     ({parts}, {min_slots} expert slots of {})",
                     human(b),
                     human(fixed + min_slots * d.slot_bytes),
-                    human(d.trunk_bytes),
-                    d.context,
-                    human(state_bytes),
-                    d.chunk,
-                    human(activation_bytes),
-                    human(d.reserved_bytes),
                     human(d.slot_bytes),
-                    human(OVERHEAD_BYTES)
                 )));
             }
             if d.slot_bytes == 0 { 0 } else { slots.min(d.all_experts) }

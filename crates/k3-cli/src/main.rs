@@ -160,28 +160,17 @@ fn real_main() -> Result<ExitCode> {
 }
 
 #[cfg(test)]
+#[path = "../tests/common/help.rs"]
+mod help_check;
+
+#[cfg(test)]
 mod tests {
     use clap::CommandFactory;
 
     /// Every option and argument of every subcommand says what it is for.
     #[test]
     fn every_option_has_help() {
-        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
-            for a in cmd.get_arguments() {
-                let id = a.get_id().as_str();
-                if id != "help" && id != "version" && a.get_help().is_none() {
-                    missing.push(format!("{path} {id}"));
-                }
-            }
-            for sub in cmd.get_subcommands() {
-                if sub.get_about().is_none() {
-                    missing.push(format!("{path} {}", sub.get_name()));
-                }
-                walk(sub, &format!("{path} {}", sub.get_name()), missing);
-            }
-        }
-        let mut missing = Vec::new();
-        walk(&super::Cli::command(), "k3-cli", &mut missing);
+        let missing = crate::help_check::gaps(&super::Cli::command(), "k3-cli");
         assert!(missing.is_empty(), "no help text: {missing:?}");
         super::Cli::command().debug_assert();
     }
