@@ -367,6 +367,27 @@ fn chat_edits_lines_on_a_terminal() {
     assert_eq!(turn_tokens("Helo\x1b[Dl\x1b[C\r"), turn_tokens("Hello\r"));
 }
 
+/// A long prompt shows its progress on a terminal (standard error through `script`'s pty).
+#[test]
+fn a_long_prefill_shows_progress_on_a_terminal() {
+    let d = tempfile::tempdir().unwrap();
+    let long: String =
+        std::fs::read_to_string(fixture("default-model/heldout.txt")).unwrap().chars().take(10_000).collect();
+    let file = d.path().join("prompt.txt");
+    std::fs::write(&file, long).unwrap();
+    let cmd =
+        format!("{} generate --prompt-file {} --max-tokens 1 --chunk 8", env!("CARGO_BIN_EXE_k3-cli"), file.display());
+    let out = std::process::Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("K3_DATA_DIR", common::data_dir())
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux) runs k3-cli on a pseudo-terminal");
+    let all = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("prompt [") && all.contains(" tokens"), "no progress bar: {all:?}");
+}
+
 // 8. The default model wherever the binary goes.
 
 #[test]
