@@ -181,10 +181,22 @@ enum Task {
         #[command(subcommand)]
         what: BenchWhat,
     },
+    /// Write a WASTE model back out as a Hugging Face checkpoint (safetensors, config, tokenizer):
+    /// exact for f32 / bf16 trunks and BF16 or MXFP4 experts.
+    Export {
+        /// The WASTE model directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// The checkpoint directory to create (new or empty).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Convert a Hugging Face checkpoint directory to a WASTE model directory (resumable).
     Convert {
-        /// The checkpoint: config.json, *.safetensors (+ model.safetensors.index.json), tokenizer files.
-        #[arg(long)]
+        /// The source: a Hugging Face checkpoint (config.json, *.safetensors, perhaps
+        /// model.safetensors.index.json, tokenizer files), or a WASTE model to re-encode (f32 / bf16
+        /// trunk, BF16 or MXFP4 experts; checked whole first).
+        #[arg(long, visible_alias = "from")]
         hf: PathBuf,
         /// The WASTE model directory to create (or to resume).
         #[arg(long)]
@@ -337,6 +349,25 @@ fn real_main() -> Result<()> {
             if json {
                 println!("{report}");
             }
+            Ok(())
+        }
+        Task::Export { model, out } => {
+            let src = k3_engine::convert::Source::open(&model)?;
+            let pb = bar(0);
+            pb.set_message("export");
+            let r = k3_engine::convert::export(&src, &out, &mut |done, total| {
+                pb.set_length(total);
+                pb.set_position(done);
+            })
+            .with_context(|| format!("exporting {} to {}", model.display(), out.display()))?;
+            pb.finish_and_clear();
+            println!(
+                "wrote {} tensors ({:.1} MB) to {}: {}",
+                r.tensors,
+                r.bytes as f64 / 1e6,
+                out.display(),
+                r.files.join(", ")
+            );
             Ok(())
         }
         Task::Convert { hf, out, experts, trunk, align, shards, shard_dirs } => {

@@ -28,6 +28,7 @@ fn bases() -> Vec<Invocation> {
     vec![
         inv(&["convert"], &["--hf", &fixture("golden/tiny-k3"), "--out", "converted"]),
         inv(&["synth"], &["--preset", "k3-tiny", "--out", "synth"]),
+        inv(&["export"], &["--model", &tiny, "--out", "exported"]),
         inv(&["quality"], &["--data", "no-such-capture"]),
         inv(
             &["bench", "decode"],

@@ -18,7 +18,7 @@ pub mod tokenizer;
 pub mod verify;
 pub mod weights;
 
-pub use model::{Engine, EngineOptions, RunStats, Session, Span, SpanKind};
+pub use model::{Engine, EngineOptions, RoutedToken, RunStats, Session, Span, SpanKind};
 pub use plan::MemoryPlan;
 
 /// Why a model cannot be run, or an input cannot be processed.

@@ -135,6 +135,16 @@ pub struct Session {
     pub timeline: Option<Vec<Span>>,
     /// Every expert this session routed to, counted (for the usage-history file).
     pub usage: k3_router::UsageHistory,
+    /// When `Some`, every token's experts at every MoE layer are appended (for comparing encodings).
+    pub routing_trace: Option<Vec<RoutedToken>>,
+}
+
+/// The experts one token chose at one MoE layer, in routing order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedToken {
+    pub position: usize,
+    pub layer: u32,
+    pub experts: Vec<u32>,
 }
 
 /// A model ready to run.
@@ -631,6 +641,7 @@ impl<'m> Engine<'m> {
             stats: RunStats::default(),
             timeline: None,
             usage: k3_router::UsageHistory::default(),
+            routing_trace: None,
         }
     }
 
@@ -774,6 +785,10 @@ impl<'m> Engine<'m> {
                         }
                         for &e in &r.experts {
                             session.usage.record((li as u32, e));
+                        }
+                        if let Some(tr) = session.routing_trace.as_mut() {
+                            let position = session.tokens + t;
+                            tr.push(RoutedToken { position, layer: li as u32, experts: r.experts.clone() });
                         }
                     }
                 }

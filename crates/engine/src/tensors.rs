@@ -1,6 +1,7 @@
-//! The checkpoint tensors of a model, with the shapes its config implies: one table per family,
-//! so conversion can refuse a wrong checkpoint before writing a byte, naming the tensor that is
-//! wrong (`docs/FORMAT.md` and `../shared/notes/models.md` list the same names).
+//! The checkpoint tensors of a model, with the shapes its config implies and how each may be
+//! stored: one table per family, so conversion can refuse a wrong checkpoint before writing a
+//! byte, naming the tensor that is wrong, and re-encodes only what may be re-encoded
+//! (`docs/FORMAT.md` §4.3 states the policy; `../shared/notes/models.md` lists the same names).
 
 use serde_json::Value;
 
@@ -35,6 +36,25 @@ impl std::fmt::Display for Expect {
     }
 }
 
+/// How a trunk tensor may be stored when the trunk is re-encoded (`--trunk`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// A projection matrix used in a matrix-vector product: takes the requested trunk encoding
+    /// (f32, bf16, int8 rows, int4 groups).
+    Matrix,
+    /// Used transposed or per row (MLA's `kv_b_proj`, absorbed into the query and the output):
+    /// f32 or bf16 only; int8 / int4 keep it as stored.
+    Dense,
+    /// The embedding table: rows are looked up, never multiplied: f32 or bf16 only.
+    Table,
+    /// Exact: what a small rounding turns into a different model — norms, router gates and their
+    /// correction biases (they pick discrete experts), KDA's `A_log`, `dt_bias` and short
+    /// convolutions (the decay and its window compound over every token), AttnRes projections
+    /// (softmax scores that sit close together). Kept bit for bit at the source precision
+    /// (`--trunk f32` widens them, which is exact).
+    Exact,
+}
+
 /// The logical shapes of one routed expert's matrices (w1 gate, w2 down, w3 up), `[out, in]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertShapes {
@@ -43,16 +63,24 @@ pub struct ExpertShapes {
     pub w3: [u64; 2],
 }
 
-/// Every trunk tensor a model with this config has, with its expected shape.
+/// One trunk tensor of the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrunkEntry {
+    pub name: String,
+    pub expect: Expect,
+    pub storage: Storage,
+}
+
+/// Every trunk tensor a model with this config has, with its expected shape and storage.
 #[derive(Debug, Clone)]
 pub struct TensorTable {
-    pub trunk: Vec<(String, Expect)>,
+    pub trunk: Vec<TrunkEntry>,
     pub experts: ExpertShapes,
 }
 
 impl TensorTable {
-    pub fn get(&self, name: &str) -> Option<&Expect> {
-        self.trunk.iter().find(|(n, _)| n == name).map(|(_, e)| e)
+    pub fn get(&self, name: &str) -> Option<&TrunkEntry> {
+        self.trunk.iter().find(|e| e.name == name)
     }
 }
 
@@ -79,20 +107,38 @@ impl Dims<'_> {
     }
 }
 
+/// Collects the table's entries.
+#[derive(Default)]
+struct Entries(Vec<TrunkEntry>);
+
+impl Entries {
+    fn put(&mut self, name: String, expect: Expect, storage: Storage) {
+        self.0.push(TrunkEntry { name, expect, storage });
+    }
+
+    /// A projection matrix `[out, in]`.
+    fn matrix(&mut self, name: String, out: u64, inp: u64) {
+        self.put(name, Expect::Shape(vec![out, inp]), Storage::Matrix);
+    }
+
+    /// An exact tensor of `n` values, in whatever shape the release stores them.
+    fn exact(&mut self, name: String, n: u64) {
+        self.put(name, Expect::Elements(vec![n]), Storage::Exact);
+    }
+}
+
 /// The tensor table of `cfg` (read from `path`, named in errors).
 pub fn table(cfg: &ModelConfig, path: &std::path::Path) -> Result<TensorTable, ConfigError> {
     let dims = Dims { t: &cfg.text, path };
     let (d, v) = (cfg.hidden, cfg.vocab);
     let k3 = cfg.family == Family::KimiK3;
-    let mut trunk: Vec<(String, Expect)> = Vec::new();
-    let mut add = |name: String, e: Expect| trunk.push((name, e));
-    let vec_of = |n: u64| Expect::Elements(vec![n]);
-    add("model.embed_tokens.weight".into(), Expect::Shape(vec![v, d]));
-    add("lm_head.weight".into(), Expect::Shape(vec![v, d]));
-    add("model.norm.weight".into(), vec_of(d));
+    let mut t = Entries::default();
+    t.put("model.embed_tokens.weight".into(), Expect::Shape(vec![v, d]), Storage::Table);
+    t.matrix("lm_head.weight".into(), v, d);
+    t.exact("model.norm.weight".into(), d);
     if k3 {
-        add("model.output_attn_res_norm.weight".into(), vec_of(d));
-        add("model.output_attn_res_proj.weight".into(), vec_of(d));
+        t.exact("model.output_attn_res_norm.weight".into(), d);
+        t.exact("model.output_attn_res_proj.weight".into(), d);
     }
     let lac = cfg.text.get("linear_attn_config").cloned().unwrap_or(Value::Null);
     let kda_layers: Vec<u64> = lac
@@ -105,12 +151,12 @@ pub fn table(cfg: &ModelConfig, path: &std::path::Path) -> Result<TensorTable, C
     let moe_inter = if moe_layers.is_empty() { 0 } else { dims.text("moe_intermediate_size")? };
     for i in 0..cfg.layers {
         let p = |s: &str| format!("model.layers.{i}.{s}");
-        add(p("input_layernorm.weight"), vec_of(d));
-        add(p("post_attention_layernorm.weight"), vec_of(d));
+        t.exact(p("input_layernorm.weight"), d);
+        t.exact(p("post_attention_layernorm.weight"), d);
         if k3 {
             for s in ["self_attention_res", "mlp_res"] {
-                add(p(&format!("{s}_norm.weight")), vec_of(d));
-                add(p(&format!("{s}_proj.weight")), vec_of(d));
+                t.exact(p(&format!("{s}_norm.weight")), d);
+                t.exact(p(&format!("{s}_proj.weight")), d);
             }
         }
         let a = |s: &str| p(&format!("self_attn.{s}"));
@@ -119,23 +165,24 @@ pub fn table(cfg: &ModelConfig, path: &std::path::Path) -> Result<TensorTable, C
             let kern = lac.get("short_conv_kernel_size").and_then(Value::as_u64).unwrap_or(4);
             let c = h * hd;
             for s in ["q", "k", "v"] {
-                add(a(&format!("{s}_proj.weight")), Expect::Shape(vec![c, d]));
-                add(a(&format!("{s}_conv1d.weight")), vec_of(c * kern));
+                t.matrix(a(&format!("{s}_proj.weight")), c, d);
+                t.exact(a(&format!("{s}_conv1d.weight")), c * kern);
             }
             // K3 stores A_log as [head_dim], the per-head values zero-padded.
-            add(a("A_log"), Expect::Elements(if hd > h { vec![h, hd] } else { vec![h] }));
-            add(a("dt_bias"), vec_of(c));
-            add(a("f_a_proj.weight"), Expect::Shape(vec![hd, d]));
-            add(a("f_b_proj.weight"), Expect::Shape(vec![c, hd]));
-            add(a("b_proj.weight"), Expect::Shape(vec![h, d]));
-            add(a("o_norm.weight"), vec_of(hd));
+            let a_log = if hd > h { vec![h, hd] } else { vec![h] };
+            t.put(a("A_log"), Expect::Elements(a_log), Storage::Exact);
+            t.exact(a("dt_bias"), c);
+            t.matrix(a("f_a_proj.weight"), hd, d);
+            t.matrix(a("f_b_proj.weight"), c, hd);
+            t.matrix(a("b_proj.weight"), h, d);
+            t.exact(a("o_norm.weight"), hd);
             if lac.get("use_full_rank_gate").and_then(Value::as_bool).unwrap_or(false) {
-                add(a("g_proj.weight"), Expect::Shape(vec![c, d]));
+                t.matrix(a("g_proj.weight"), c, d);
             } else {
-                add(a("g_a_proj.weight"), Expect::Shape(vec![hd, d]));
-                add(a("g_b_proj.weight"), Expect::Shape(vec![c, hd]));
+                t.matrix(a("g_a_proj.weight"), hd, d);
+                t.matrix(a("g_b_proj.weight"), c, hd);
             }
-            add(a("o_proj.weight"), Expect::Shape(vec![d, c]));
+            t.matrix(a("o_proj.weight"), d, c);
         } else {
             let h = dims.text("num_attention_heads")?;
             let (nope, rope, vd) =
@@ -143,47 +190,47 @@ pub fn table(cfg: &ModelConfig, path: &std::path::Path) -> Result<TensorTable, C
             let kv_lora = dims.text("kv_lora_rank")?;
             match cfg.text.get("q_lora_rank").and_then(Value::as_u64) {
                 Some(q) => {
-                    add(a("q_a_proj.weight"), Expect::Shape(vec![q, d]));
-                    add(a("q_a_layernorm.weight"), vec_of(q));
-                    add(a("q_b_proj.weight"), Expect::Shape(vec![h * (nope + rope), q]));
+                    t.matrix(a("q_a_proj.weight"), q, d);
+                    t.exact(a("q_a_layernorm.weight"), q);
+                    t.matrix(a("q_b_proj.weight"), h * (nope + rope), q);
                 }
-                None => add(a("q_proj.weight"), Expect::Shape(vec![h * (nope + rope), d])),
+                None => t.matrix(a("q_proj.weight"), h * (nope + rope), d),
             }
-            add(a("kv_a_proj_with_mqa.weight"), Expect::Shape(vec![kv_lora + rope, d]));
-            add(a("kv_a_layernorm.weight"), vec_of(kv_lora));
-            add(a("kv_b_proj.weight"), Expect::Shape(vec![h * (nope + vd), kv_lora]));
+            t.matrix(a("kv_a_proj_with_mqa.weight"), kv_lora + rope, d);
+            t.exact(a("kv_a_layernorm.weight"), kv_lora);
+            t.put(a("kv_b_proj.weight"), Expect::Shape(vec![h * (nope + vd), kv_lora]), Storage::Dense);
             if dims.flag("mla_use_output_gate") {
-                add(a("g_proj.weight"), Expect::Shape(vec![h * vd, d]));
+                t.matrix(a("g_proj.weight"), h * vd, d);
             }
-            add(a("o_proj.weight"), Expect::Shape(vec![d, h * vd]));
+            t.matrix(a("o_proj.weight"), d, h * vd);
         }
         if moe_layers.contains(&i) {
             let m = |s: &str| p(&format!("block_sparse_moe.{s}"));
             let e = u64::from(cfg.experts);
-            add(m("gate.weight"), Expect::Shape(vec![e, d]));
-            add(m("gate.e_score_correction_bias"), vec_of(e));
+            t.put(m("gate.weight"), Expect::Shape(vec![e, d]), Storage::Exact);
+            t.exact(m("gate.e_score_correction_bias"), e);
             if let Some(z) = latent {
-                add(m("routed_expert_down_proj.weight"), Expect::Shape(vec![z, d]));
-                add(m("routed_expert_norm.weight"), vec_of(z));
-                add(m("routed_expert_up_proj.weight"), Expect::Shape(vec![d, z]));
+                t.matrix(m("routed_expert_down_proj.weight"), z, d);
+                t.exact(m("routed_expert_norm.weight"), z);
+                t.matrix(m("routed_expert_up_proj.weight"), d, z);
             }
             let shared = cfg.text.get("num_shared_experts").and_then(Value::as_u64).unwrap_or(0);
             if shared > 0 {
                 let w = shared * moe_inter;
-                add(m("shared_experts.gate_proj.weight"), Expect::Shape(vec![w, d]));
-                add(m("shared_experts.up_proj.weight"), Expect::Shape(vec![w, d]));
-                add(m("shared_experts.down_proj.weight"), Expect::Shape(vec![d, w]));
+                t.matrix(m("shared_experts.gate_proj.weight"), w, d);
+                t.matrix(m("shared_experts.up_proj.weight"), w, d);
+                t.matrix(m("shared_experts.down_proj.weight"), d, w);
             }
         } else {
             let inter = dims.text("intermediate_size")?;
-            add(p("mlp.gate_proj.weight"), Expect::Shape(vec![inter, d]));
-            add(p("mlp.up_proj.weight"), Expect::Shape(vec![inter, d]));
-            add(p("mlp.down_proj.weight"), Expect::Shape(vec![d, inter]));
+            t.matrix(p("mlp.gate_proj.weight"), inter, d);
+            t.matrix(p("mlp.up_proj.weight"), inter, d);
+            t.matrix(p("mlp.down_proj.weight"), d, inter);
         }
     }
     let z = latent.unwrap_or(d);
     let experts = ExpertShapes { w1: [moe_inter, z], w2: [z, moe_inter], w3: [moe_inter, z] };
-    Ok(TensorTable { trunk, experts })
+    Ok(TensorTable { trunk: t.0, experts })
 }
 
 #[cfg(test)]

@@ -383,3 +383,52 @@ fn shard_directories_are_created() {
     convert(&o, &mut |_| {}).unwrap();
     assert!(second.join("experts-00001.waste").exists());
 }
+
+/// A WASTE model is a conversion source: re-encoded with the same options it gives the same
+/// bytes, without its original checkpoint; exported to safetensors and converted again, too.
+#[test]
+fn a_waste_model_converts_and_exports_without_its_checkpoint() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    for name in ["tiny-k3.waste", "tiny-kimi-linear.waste", "default.waste"] {
+        let original = fixtures.join(name);
+        let root = tempfile::tempdir().unwrap();
+        let again = root.path().join("again");
+        convert(&ConvertOptions { shards: 1, ..opts(&original, &again) }, &mut |_| {}).unwrap();
+        let exported = root.path().join("hf");
+        let src = Source::open(&original).unwrap();
+        let report = k3_engine::convert::export(&src, &exported, &mut |_, _| {}).unwrap();
+        assert!(report.files.contains(&"config.json".to_string()), "{:?}", report.files);
+        let round = root.path().join("round");
+        convert(&ConvertOptions { shards: 1, ..opts(&exported, &round) }, &mut |_| {}).unwrap();
+        for dir in [&again, &round] {
+            for f in ["trunk.waste", "experts-00000.waste"] {
+                assert!(std::fs::read(dir.join(f)).unwrap() == std::fs::read(original.join(f)).unwrap(), "{name} {f}");
+            }
+            let (a, b) = (Model::open(dir).unwrap(), Model::open(&original).unwrap());
+            assert_eq!(a.manifest().blobs, b.manifest().blobs, "{name}: config and tokenizer carried over");
+        }
+    }
+}
+
+#[test]
+fn a_waste_source_that_cannot_be_read_back_exactly_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let int8 = root.path().join("int8");
+    convert(&ConvertOptions { trunk: TrunkFormat::Int8, ..opts(&golden("tiny-k3"), &int8) }, &mut |_| {}).unwrap();
+    let err = convert(&opts(&int8, &root.path().join("out")), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("int8") && err.contains("original checkpoint"), "{err}");
+    // A damaged source is refused, not copied.
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny-k3.waste");
+    let damaged = root.path().join("damaged");
+    std::fs::create_dir(&damaged).unwrap();
+    for e in std::fs::read_dir(&fixtures).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), damaged.join(e.file_name())).unwrap();
+    }
+    let shard = damaged.join("experts-00000.waste");
+    let mut b = std::fs::read(&shard).unwrap();
+    b[10_000] ^= 1;
+    std::fs::write(&shard, b).unwrap();
+    let err = convert(&opts(&damaged, &root.path().join("out2")), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("expert record (layer"), "{err}");
+}

@@ -49,6 +49,11 @@ impl OutputFile {
         &self.target
     }
 
+    /// The temporary's path, for writers that open a path themselves.
+    pub fn temp_path(&self) -> &Path {
+        self.tmp.path()
+    }
+
     /// The temporary, for writing in pieces.
     pub fn file(&mut self) -> &mut File {
         self.tmp.as_file_mut()

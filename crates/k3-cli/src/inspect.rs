@@ -69,6 +69,9 @@ pub fn summary(model: &Model) -> Value {
         "routed_bytes_per_token_cold": per_token,
         "trunk": {
             "file": m.trunk.file, "bytes": m.trunk.bytes, "tensors": m.trunk.tensors.len(),
+            "tensor_list": m.trunk.tensors.iter().map(|t| json!({
+                "name": t.tensor.name, "encoding": t.tensor.encoding.label(), "shape": t.tensor.shape, "bytes": t.len,
+            })).collect::<Vec<_>>(),
             "by_encoding": by_encoding.iter().map(|(k, (n, b))| (k.clone(), json!({"tensors": n, "bytes": b})))
                 .collect::<serde_json::Map<_, _>>(),
         },
@@ -77,6 +80,19 @@ pub fn summary(model: &Model) -> Value {
         "embedded_files": m.blobs.iter().map(|b| json!({"name": b.name, "bytes": b.len})).collect::<Vec<_>>(),
         "provenance": m.provenance,
     })
+}
+
+/// Every trunk tensor with its stored encoding, shape and size, for a person.
+pub fn tensor_table(model: &Model) -> String {
+    let mut o = String::new();
+    let tensors = &model.manifest().trunk.tensors;
+    let width = tensors.iter().map(|t| t.tensor.name.len()).max().unwrap_or(0);
+    for t in tensors {
+        let e = &t.tensor;
+        let shape = format!("{:?}", e.shape);
+        let _ = writeln!(o, "{:<width$}  {:<10} {shape:<16} {}", e.name, e.encoding.label(), human_bytes(t.len));
+    }
+    o
 }
 
 /// The same facts for a person.
@@ -144,10 +160,12 @@ pub fn table(model: &Model) -> String {
     o
 }
 
-pub fn run(model: &Path, shard_dirs: &[PathBuf], json: bool) -> anyhow::Result<ExitCode> {
+pub fn run(model: &Path, shard_dirs: &[PathBuf], json: bool, tensors: bool) -> anyhow::Result<ExitCode> {
     let m = crate::run::open_model(model, shard_dirs)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&summary(&m))?);
+    } else if tensors {
+        print!("{}", tensor_table(&m));
     } else {
         print!("{}", table(&m));
     }

@@ -44,9 +44,12 @@ enum Command {
         /// Other directories holding expert shards (one per drive); repeat the flag.
         #[arg(long = "shard-dir", value_name = "DIR")]
         shard_dirs: Vec<PathBuf>,
-        /// Print one JSON object instead of a table.
+        /// Print one JSON object instead of a table (it lists every trunk tensor too).
         #[arg(long)]
         json: bool,
+        /// List every trunk tensor with its stored encoding, shape and size.
+        #[arg(long)]
+        tensors: bool,
     },
     /// Check every checksum of a WASTE model; exits 1 naming each bad record or tensor.
     Verify {
@@ -146,7 +149,7 @@ fn main() -> ExitCode {
 
 fn real_main() -> Result<ExitCode> {
     match Cli::parse().command {
-        Command::Inspect { model, shard_dirs, json } => inspect::run(&model, &shard_dirs, json),
+        Command::Inspect { model, shard_dirs, json, tensors } => inspect::run(&model, &shard_dirs, json, tensors),
         Command::Verify { model, shard_dirs } => inspect::verify(&run::open_model(&model, &shard_dirs)?),
         Command::Tokenize { tokenizer, specials } => text::tokenize(&tokenizer, specials),
         Command::Detokenize { tokenizer } => text::detokenize(&tokenizer),

@@ -8,6 +8,7 @@ use k3_quant::{int4, int8, mxfp4};
 use safetensors::Dtype as StDtype;
 
 use super::ConvertError;
+use crate::tensors::Storage;
 
 /// Group size of the int4 trunk encoding.
 pub const INT4_GROUP: usize = 32;
@@ -64,24 +65,17 @@ fn le<T: Copy>(v: &[T], f: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
     v.iter().flat_map(|x| f(*x)).collect()
 }
 
-/// Trunk tensors that stay unquantized under int8/int4: the embedding table (rows are looked up,
-/// not multiplied), router gates (routing decisions are discrete), MLA's `kv_b_proj` (used
-/// transposed), and anything that is not a matrix.
-fn keep_dense(name: &str, shape: &[u64]) -> bool {
-    shape.len() != 2
-        || shape[0] <= 1
-        || name.contains("embed_tokens")
-        || name.ends_with(".gate.weight")
-        || name.contains("kv_b_proj")
-}
-
-/// The stored encoding and parts of a trunk tensor under `fmt`.
+/// The stored encoding and parts of a trunk tensor under `fmt`, as its `storage` allows
+/// (`crate::tensors::Storage`; `docs/FORMAT.md` §4.3): exact tensors keep their source bytes (or
+/// widen to f32, which is exact), the embedding table and `kv_b_proj` stay f32 or bf16, projection
+/// matrices take the requested encoding.
 pub fn trunk(
     name: &str,
     dtype: StDtype,
     shape: &[u64],
     bytes: &[u8],
     fmt: TrunkFormat,
+    storage: Storage,
 ) -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
     let keep = || -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
         let enc = match dtype {
@@ -97,32 +91,35 @@ pub fn trunk(
         };
         Ok((enc, vec![bytes.to_vec()]))
     };
-    let matrix = !keep_dense(name, shape);
-    match fmt {
-        TrunkFormat::Keep => keep(),
-        TrunkFormat::F32 if dtype == StDtype::F32 => keep(),
-        TrunkFormat::F32 => {
-            Ok((Encoding::F32, vec![le(&to_f32(name, dtype, bytes)?, |v: f32| v.to_le_bytes().to_vec())]))
-        }
-        TrunkFormat::Bf16 if dtype == StDtype::BF16 => keep(),
-        TrunkFormat::Bf16 => {
-            let v = to_f32(name, dtype, bytes)?;
-            Ok((Encoding::Bf16, vec![le(&v, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())]))
-        }
-        TrunkFormat::Int8 if matrix => {
-            let v = to_f32(name, dtype, bytes)?;
-            let (q, s) = int8::quantize(&v, shape[1] as usize);
+    let f32s = || to_f32(name, dtype, bytes);
+    let as_f32 = || -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
+        Ok((Encoding::F32, vec![le(&f32s()?, |v: f32| v.to_le_bytes().to_vec())]))
+    };
+    let as_bf16 = || -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
+        Ok((Encoding::Bf16, vec![le(&f32s()?, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())]))
+    };
+    let cols = shape.get(1).copied().unwrap_or(0) as usize;
+    match (fmt, storage) {
+        (TrunkFormat::Keep, _) => keep(),
+        (TrunkFormat::F32, _) if dtype == StDtype::F32 => keep(),
+        (TrunkFormat::F32, _) => as_f32(),
+        (_, Storage::Exact) => keep(),
+        (TrunkFormat::Bf16, _) if dtype == StDtype::BF16 => keep(),
+        (TrunkFormat::Bf16, _) => as_bf16(),
+        (_, Storage::Table | Storage::Dense) => keep(),
+        (TrunkFormat::Int8, Storage::Matrix) => {
+            let (q, s) = int8::quantize(&f32s()?, cols);
             Ok((
                 Encoding::Int8Row,
                 vec![le(&q, |x: i8| x.to_le_bytes().to_vec()), le(&s, |x: f32| x.to_le_bytes().to_vec())],
             ))
         }
-        TrunkFormat::Int4 if matrix && (shape[1] as usize).is_multiple_of(INT4_GROUP) => {
-            let v = to_f32(name, dtype, bytes)?;
-            let (q, s) = int4::quantize(&v, shape[1] as usize, INT4_GROUP);
+        (TrunkFormat::Int4, Storage::Matrix) if cols.is_multiple_of(INT4_GROUP) => {
+            let (q, s) = int4::quantize(&f32s()?, cols, INT4_GROUP);
             Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
         }
-        _ => keep(),
+        // A matrix whose rows do not split into int4 groups takes int8 rows instead.
+        (TrunkFormat::Int4, Storage::Matrix) => trunk(name, dtype, shape, bytes, TrunkFormat::Int8, storage),
     }
 }
 

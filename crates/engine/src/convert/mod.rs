@@ -3,6 +3,7 @@
 //! directory it did not start, verifies everything at the end.
 
 mod encode;
+mod export;
 mod source;
 
 use std::collections::BTreeMap;
@@ -13,8 +14,9 @@ use rayon::prelude::*;
 use safetensors::Dtype as StDtype;
 
 use crate::config::{ConfigError, ModelConfig};
-use crate::tensors::{ExpertShapes, TensorTable};
+use crate::tensors::{ExpertShapes, Storage, TensorTable};
 pub use encode::{ExpertTarget, TrunkFormat, codec_of};
+pub use export::{ExportReport, export};
 pub use source::{Source, SourceTensor};
 
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +138,7 @@ fn expert_name(layer: u32, expert: u32, w: &str) -> String {
 enum SourceExperts {
     Mxfp4,
     Bf16,
+    F32,
 }
 
 /// How a layer's experts are stored, and their logical shapes (from the config, so a misshaped
@@ -148,8 +151,16 @@ fn expert_shapes(
     let first = expert_name(layer, 0, "w1");
     let kind = if src.get(&format!("{first}.weight_packed")).is_ok() {
         SourceExperts::Mxfp4
-    } else if src.get(&format!("{first}.weight")).is_ok() {
-        SourceExperts::Bf16
+    } else if let Ok(t) = src.get(&format!("{first}.weight")) {
+        match t.dtype {
+            StDtype::BF16 => SourceExperts::Bf16,
+            StDtype::F32 => SourceExperts::F32,
+            other => {
+                return Err(ConvertError::Unsupported(format!(
+                    "`{first}.weight` is {other:?}; routed experts must be BF16, F32 or MXFP4"
+                )));
+            }
+        }
     } else {
         return Err(ConvertError::MissingTensor { name: format!("{first}.weight_packed (or .weight)") });
     };
@@ -163,11 +174,11 @@ fn check_trunk(table: &TensorTable, src: &Source, names: &[String], family: &str
     for name in names {
         let t = src.get(name)?;
         match table.get(name) {
-            Some(e) if e.accepts(&t.shape) => {}
+            Some(e) if e.expect.accepts(&t.shape) => {}
             Some(e) => {
                 return Err(ConvertError::Shape {
                     name: name.clone(),
-                    expected: e.to_string(),
+                    expected: e.expect.to_string(),
                     found: format!("shape {:?}", t.shape),
                 });
             }
@@ -179,8 +190,8 @@ fn check_trunk(table: &TensorTable, src: &Source, names: &[String], family: &str
             }
         }
     }
-    if let Some((name, _)) = table.trunk.iter().find(|(n, _)| !names.contains(n)) {
-        return Err(ConvertError::MissingTensor { name: name.clone() });
+    if let Some(e) = table.trunk.iter().find(|e| !names.contains(&e.name)) {
+        return Err(ConvertError::MissingTensor { name: e.name.clone() });
     }
     Ok(())
 }
@@ -193,6 +204,7 @@ fn expert_sources(kind: SourceExperts, base: &str, shape: &[u64]) -> Vec<(String
             (format!("{base}.weight_scale"), StDtype::U8, vec![shape[0], shape[1] / 32]),
         ],
         SourceExperts::Bf16 => vec![(format!("{base}.weight"), StDtype::BF16, shape.to_vec())],
+        SourceExperts::F32 => vec![(format!("{base}.weight"), StDtype::F32, shape.to_vec())],
     }
 }
 
@@ -231,11 +243,14 @@ const EMBEDDED_FILES: [&str; 4] = ["config.json", "tiktoken.model", "tokenizer_c
 
 pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<ConvertReport, ConvertError> {
     let opts = &canonical(opts)?;
-    let config_path = opts.hf_dir.join("config.json");
-    let config_bytes = std::fs::read(&config_path).map_err(|e| ConvertError::io(&config_path, e))?;
+    let src = Source::open(&opts.hf_dir)?;
+    let config_path = src.path_of("config.json");
+    let config_bytes = src.file("config.json")?.ok_or_else(|| ConvertError::Source {
+        path: opts.hf_dir.clone(),
+        reason: "no config.json: not a checkpoint or WASTE model directory".into(),
+    })?;
     let config = ModelConfig::parse(&config_path, &config_bytes)?;
     let table = crate::tensors::table(&config, &config_path)?;
-    let src = Source::open(&opts.hf_dir)?;
     let arch = config.architecture();
 
     let mut report = ConvertReport::default();
@@ -265,6 +280,7 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
         let target = match (kind, opts.experts) {
             (SourceExperts::Mxfp4, ExpertFormat::Keep | ExpertFormat::Mxfp4) => None,
             (SourceExperts::Bf16, ExpertFormat::Keep | ExpertFormat::Bf16) => None,
+            (SourceExperts::F32, ExpertFormat::Keep) => None,
             (_, ExpertFormat::Mxfp4) => Some(ExpertTarget::Mxfp4),
             (_, ExpertFormat::Bf16) => Some(ExpertTarget::Bf16),
             (_, ExpertFormat::Vq3) => Some(ExpertTarget::Vq(k3_quant::vq::DEFAULT_CODEC)),
@@ -276,6 +292,7 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
                 let stored = |s: &[u64]| match (target, kind) {
                     (None, SourceExperts::Mxfp4) => Encoding::Mxfp4,
                     (None, SourceExperts::Bf16) => Encoding::Bf16,
+                    (None, SourceExperts::F32) => Encoding::F32,
                     (Some(t), _) => encode::planned(t, s[1] as usize),
                 };
                 let mats: Vec<(&str, Encoding, Vec<u64>)> =
@@ -358,7 +375,8 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
         let t = src.get(name)?;
         let bytes = src.bytes(t);
         if !w.has_tensor(name) {
-            let (enc, parts) = encode::trunk(name, t.dtype, &t.shape, bytes, opts.trunk)?;
+            let storage = table.get(name).map_or(Storage::Exact, |e| e.storage);
+            let (enc, parts) = encode::trunk(name, t.dtype, &t.shape, bytes, opts.trunk, storage)?;
             let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
             w.write_tensor(name, enc, &t.shape, &refs)?;
             report.written_items += 1;
@@ -392,6 +410,7 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
                                 let f = match kind {
                                     SourceExperts::Mxfp4 => encode::mxfp4_to_f32(raw[0], raw[1], rows, cols),
                                     SourceExperts::Bf16 => encode::to_f32(&base, StDtype::BF16, raw[0])?,
+                                    SourceExperts::F32 => encode::to_f32(&base, StDtype::F32, raw[0])?,
                                 };
                                 let (enc, p) = encode::expert(&base, &f, rows, cols, *t)?;
                                 if enc != encode::planned(*t, cols) {
@@ -421,9 +440,8 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
 
     let mut blobs = Vec::new();
     for name in EMBEDDED_FILES {
-        let path = opts.hf_dir.join(name);
-        if path.exists() {
-            blobs.push((name, std::fs::read(&path).map_err(|e| ConvertError::io(&path, e))?));
+        if let Some(bytes) = src.file(name)? {
+            blobs.push((name, bytes));
         }
     }
     let blob_refs: Vec<(&str, &[u8])> = blobs.iter().map(|(n, b)| (*n, b.as_slice())).collect();

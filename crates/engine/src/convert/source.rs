@@ -1,5 +1,7 @@
-//! A Hugging Face checkpoint read lazily: every shard is memory-mapped and only its JSON header is
-//! parsed, so a 1.5 TB checkpoint costs address space, not RAM.
+//! A checkpoint read lazily: a Hugging Face directory (every safetensors shard memory-mapped, only
+//! its JSON header parsed, so a 1.5 TB checkpoint costs address space, not RAM) or a WASTE model
+//! (its trunk and shards mapped, its tensors named as the checkpoint named them), so a model can
+//! be re-encoded or exported without its original checkpoint.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -22,17 +24,32 @@ pub struct SourceTensor {
 
 #[derive(Debug)]
 pub struct Source {
+    dir: PathBuf,
     files: Vec<(PathBuf, Mmap)>,
     tensors: BTreeMap<String, SourceTensor>,
+    /// A WASTE source's embedded files (config, tokenizer); a checkpoint's are read from `dir`.
+    blobs: Option<BTreeMap<String, Vec<u8>>>,
+}
+
+/// Maps a file read-only.
+fn map(path: &Path) -> Result<Mmap, ConvertError> {
+    let f = File::open(path).map_err(|e| ConvertError::io(path, e))?;
+    // SAFETY: read-only private map of a file the conversion does not modify; a concurrent
+    // truncation by another program would fault, not corrupt the output.
+    unsafe { Mmap::map(&f) }.map_err(|e| ConvertError::io(path, e))
 }
 
 /// The prefix the K3 release puts before every text tensor.
 const LM_PREFIX: &str = "language_model.";
 
 impl Source {
-    /// Opens `model.safetensors.index.json` if present (every shard it names), else every
-    /// `*.safetensors` file in `dir`. Names lose the `language_model.` prefix.
+    /// A WASTE model directory, or a Hugging Face checkpoint: `model.safetensors.index.json` if
+    /// present (every shard it names), else every `*.safetensors` file in `dir`. Names lose the
+    /// `language_model.` prefix.
     pub fn open(dir: &Path) -> Result<Source, ConvertError> {
+        if dir.join(k3_format::HEADER_FILE).exists() {
+            return Self::open_waste(dir);
+        }
         let index = dir.join("model.safetensors.index.json");
         let names: Vec<String> = if index.exists() {
             let text = std::fs::read(&index).map_err(|e| ConvertError::io(&index, e))?;
@@ -69,10 +86,7 @@ impl Source {
         let mut tensors = BTreeMap::new();
         for name in names {
             let path = dir.join(&name);
-            let f = File::open(&path).map_err(|e| ConvertError::io(&path, e))?;
-            // SAFETY: read-only private map of a checkpoint file that the conversion does not
-            // modify; a concurrent truncation by another program would fault, not corrupt output.
-            let map = unsafe { Mmap::map(&f) }.map_err(|e| ConvertError::io(&path, e))?;
+            let map = map(&path)?;
             let (n, meta) = SafeTensors::read_metadata(&map)
                 .map_err(|e| ConvertError::Source { path: path.clone(), reason: e.to_string() })?;
             let base = 8 + n;
@@ -95,7 +109,115 @@ impl Source {
             }
             files.push((path, map));
         }
-        Ok(Source { files, tensors })
+        Ok(Source { dir: dir.to_path_buf(), files, tensors, blobs: None })
+    }
+
+    /// A WASTE model, checked whole first (a damaged source must not become a damaged copy).
+    /// Trunk tensors stored as f32 / bf16 / f16 / u8 and experts stored as BF16 or MXFP4 come out
+    /// under the checkpoint's names, dtypes and shapes; anything else (a quantized trunk, VQ
+    /// experts) cannot be read back exactly and is refused.
+    fn open_waste(dir: &Path) -> Result<Source, ConvertError> {
+        use k3_format::{Dtype, Encoding, Model};
+        let model = Model::open(dir)?;
+        if let Some(p) = model.verify(&mut |_| {}).into_iter().next() {
+            return Err(ConvertError::Source { path: dir.to_path_buf(), reason: format!("{}: {}", p.place, p.error) });
+        }
+        let m = model.manifest();
+        let mut files = vec![(dir.join(&m.trunk.file), map(&dir.join(&m.trunk.file))?)];
+        for p in model.shard_paths() {
+            files.push((p.clone(), map(p)?));
+        }
+        let mut tensors = BTreeMap::new();
+        let unreadable = |name: &str, enc: &Encoding| {
+            ConvertError::Unsupported(format!(
+                "{}: `{name}` is stored as {}, which cannot be read back exactly; convert from the original checkpoint",
+                dir.display(),
+                enc.label()
+            ))
+        };
+        let dtype = |d: Dtype| match d {
+            Dtype::F32 => Some(StDtype::F32),
+            Dtype::Bf16 => Some(StDtype::BF16),
+            Dtype::F16 => Some(StDtype::F16),
+            Dtype::U8 => Some(StDtype::U8),
+            _ => None,
+        };
+        let mut add = |name: String, d: StDtype, shape: &[u64], file: usize, start: u64, len: u64| {
+            let t = SourceTensor {
+                dtype: d,
+                shape: shape.to_vec(),
+                file,
+                start: start as usize,
+                end: (start + len) as usize,
+            };
+            tensors.insert(name, t);
+        };
+        for t in &m.trunk.tensors {
+            let e = &t.tensor;
+            let d = match (&e.encoding, e.parts.as_slice()) {
+                (Encoding::F32 | Encoding::Bf16 | Encoding::F16 | Encoding::U8, [part]) => dtype(part.dtype),
+                _ => None,
+            };
+            let (Some(d), [part]) = (d, e.parts.as_slice()) else { return Err(unreadable(&e.name, &e.encoding)) };
+            add(e.name.clone(), d, &e.shape, 0, part.offset, part.len);
+        }
+        for entry in &model.header().index {
+            let layout = &m.expert_layouts[usize::from(entry.layout)];
+            for mat in &layout.matrices {
+                let base =
+                    format!("model.layers.{}.block_sparse_moe.experts.{}.{}", entry.layer, entry.expert, mat.name);
+                let file = 1 + usize::from(entry.shard);
+                let part = |name: &str| mat.parts.iter().find(|p| p.name == name);
+                match (&mat.encoding, part("data"), part("packed"), part("scale")) {
+                    (Encoding::Bf16, Some(p), _, _) => {
+                        add(format!("{base}.weight"), StDtype::BF16, &mat.shape, file, entry.offset + p.offset, p.len)
+                    }
+                    (Encoding::F32, Some(p), _, _) => {
+                        add(format!("{base}.weight"), StDtype::F32, &mat.shape, file, entry.offset + p.offset, p.len)
+                    }
+                    (Encoding::Mxfp4, _, Some(p), Some(s)) => {
+                        let (rows, cols) = (mat.shape[0], mat.shape[1]);
+                        add(
+                            format!("{base}.weight_packed"),
+                            StDtype::U8,
+                            &[rows, cols / 2],
+                            file,
+                            entry.offset + p.offset,
+                            p.len,
+                        );
+                        add(
+                            format!("{base}.weight_scale"),
+                            StDtype::U8,
+                            &[rows, cols / 32],
+                            file,
+                            entry.offset + s.offset,
+                            s.len,
+                        );
+                    }
+                    _ => return Err(unreadable(&base, &mat.encoding)),
+                }
+            }
+        }
+        let blobs =
+            m.blobs.iter().map(|b| (b.name.clone(), model.blob(&b.name).unwrap_or_default().to_vec())).collect();
+        Ok(Source { dir: dir.to_path_buf(), files, tensors, blobs: Some(blobs) })
+    }
+
+    /// A small file of the checkpoint (`config.json`, tokenizer files), if it has one.
+    pub fn file(&self, name: &str) -> Result<Option<Vec<u8>>, ConvertError> {
+        if let Some(blobs) = &self.blobs {
+            return Ok(blobs.get(name).cloned());
+        }
+        let path = self.dir.join(name);
+        if !path.exists() {
+            return Ok(None);
+        }
+        std::fs::read(&path).map(Some).map_err(|e| ConvertError::io(&path, e))
+    }
+
+    /// Where a file of the checkpoint is (named in errors).
+    pub fn path_of(&self, name: &str) -> PathBuf {
+        if self.blobs.is_some() { self.dir.join(k3_format::HEADER_FILE) } else { self.dir.join(name) }
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
