@@ -1,9 +1,11 @@
-//! The model's `config.json`: the fields the engine and the converter need, read from
-//! `text_config` when present (K3) or the root object (Kimi-Linear).
+//! The model's `config.json`, typed: the text model's fields (from `text_config` when present, as
+//! K3 nests them, else the root object, as Kimi-Linear has them) read with serde, then checked per
+//! family into the dimensions each kind of layer needs, so nothing downstream reads JSON or meets
+//! a missing field.
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {reason}")]
@@ -28,6 +30,168 @@ impl Family {
     }
 }
 
+fn one() -> u32 {
+    1
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one_f() -> f64 {
+    1.0
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+
+/// `eos_token_id`: one id or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    fn ids(&self) -> Vec<u32> {
+        match self {
+            TokenIds::One(i) => vec![*i],
+            TokenIds::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// `linear_attn_config`: which layers are KDA, and their shape.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LinearAttnConfig {
+    /// 1-based.
+    #[serde(default)]
+    pub kda_layers: Vec<u32>,
+    pub num_heads: Option<u32>,
+    pub head_dim: Option<u32>,
+    #[serde(default = "four")]
+    pub short_conv_kernel_size: u32,
+    /// K3's gate form (`-b sigmoid(...)`); absent: Kimi-Linear's softplus form.
+    pub gate_lower_bound: Option<f64>,
+    #[serde(default)]
+    pub use_full_rank_gate: bool,
+}
+
+fn four() -> u32 {
+    4
+}
+
+/// The text model's fields as `config.json` spells them (unknown fields are ignored).
+#[derive(Debug, Clone, Deserialize)]
+pub struct TextConfig {
+    pub hidden_size: u64,
+    pub num_hidden_layers: u32,
+    pub vocab_size: u64,
+    pub intermediate_size: Option<u64>,
+    #[serde(default)]
+    pub first_k_dense_replace: u32,
+    #[serde(default = "one")]
+    pub moe_layer_freq: u32,
+    #[serde(default, alias = "n_routed_experts")]
+    pub num_experts: u32,
+    #[serde(default, alias = "num_experts_per_tok")]
+    pub num_experts_per_token: u32,
+    pub moe_intermediate_size: Option<u64>,
+    /// LatentMoE (K3): the width routed experts work in.
+    pub routed_expert_hidden_size: Option<u64>,
+    #[serde(default)]
+    pub num_shared_experts: u32,
+    #[serde(default = "one")]
+    pub num_expert_group: u32,
+    #[serde(default = "one")]
+    pub topk_group: u32,
+    #[serde(default = "yes")]
+    pub moe_renormalize: bool,
+    #[serde(default = "one_f")]
+    pub routed_scaling_factor: f64,
+    pub num_attention_heads: Option<u32>,
+    pub q_lora_rank: Option<u64>,
+    pub kv_lora_rank: Option<u64>,
+    pub qk_nope_head_dim: Option<u64>,
+    pub qk_rope_head_dim: Option<u64>,
+    pub v_head_dim: Option<u64>,
+    #[serde(default)]
+    pub mla_use_output_gate: bool,
+    pub hidden_act: Option<String>,
+    pub activation_situ_beta: Option<f64>,
+    pub activation_situ_linear_beta: Option<f64>,
+    /// AttnRes (K3): layers per block.
+    pub attn_res_block_size: Option<u64>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    pub linear_attn_config: Option<LinearAttnConfig>,
+    pub eos_token_id: Option<TokenIds>,
+    #[serde(alias = "model_max_length")]
+    pub max_position_embeddings: Option<u64>,
+}
+
+/// The root object: the family, and where the text model's fields are.
+#[derive(Debug, Deserialize)]
+struct Root {
+    #[serde(default)]
+    model_type: String,
+    text_config: Option<serde_json::Value>,
+    eos_token_id: Option<TokenIds>,
+}
+
+/// A KDA layer's shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KdaDims {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+    /// `Some(b)`: K3's `-b sigmoid` gate; `None`: Kimi-Linear's softplus gate.
+    pub gate_lower_bound: Option<f32>,
+    /// K3's full-rank output gate, else low-rank `g_a`/`g_b`.
+    pub full_rank_gate: bool,
+}
+
+/// An MLA layer's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaDims {
+    pub heads: usize,
+    /// `None`: a direct `q_proj`.
+    pub q_lora: Option<usize>,
+    pub kv_lora: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v_dim: usize,
+    pub output_gate: bool,
+}
+
+/// The routed experts' shape and routing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeDims {
+    pub experts: usize,
+    pub top_k: usize,
+    /// Each expert's own width.
+    pub inter: usize,
+    /// LatentMoE's width (K3), else `None`: experts work on the hidden state.
+    pub latent: Option<usize>,
+    pub shared: usize,
+    pub groups: usize,
+    pub top_groups: usize,
+    pub renormalize: bool,
+    pub scaling: f32,
+}
+
+/// The gated activation of every MLP.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Activation {
+    /// K3's `beta tanh(g / beta) sigmoid(g) * lin_beta tanh(u / lin_beta)`.
+    Situ { beta: f32, lin_beta: f32 },
+    /// `silu(g) * u`.
+    Silu,
+}
+
+/// A model's configuration, checked for its family.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
     pub family: Family,
@@ -38,44 +202,133 @@ pub struct ModelConfig {
     pub experts_per_token: u32,
     pub first_k_dense_replace: u32,
     pub moe_layer_freq: u32,
-    /// The whole text config, for the fields only the forward pass needs.
-    pub text: Value,
+    pub eps: f32,
+    pub activation: Activation,
+    /// K3's AttnRes block size.
+    pub attn_res_block: Option<usize>,
+    /// The dense MLP's width (layers before `first_k_dense_replace`).
+    pub dense_inter: Option<usize>,
+    /// 0-based KDA layers; every other layer is MLA.
+    pub kda_layers: Vec<u32>,
+    pub kda: Option<KdaDims>,
+    pub mla: Option<MlaDims>,
+    pub moe: Option<MoeDims>,
+    /// End-of-message ids (the root's and the text config's).
+    pub eos: Vec<u32>,
+    /// The longest context the model was built for, if the config says.
+    pub max_positions: Option<u64>,
+    /// The text model's fields as read.
+    pub text: TextConfig,
 }
 
 impl ModelConfig {
     pub fn parse(path: &Path, bytes: &[u8]) -> Result<ModelConfig, ConfigError> {
         let err = |reason: String| ConfigError { path: path.to_path_buf(), reason };
-        let root: Value = serde_json::from_slice(bytes).map_err(|e| err(format!("not valid JSON: {e}")))?;
-        let text = root.get("text_config").cloned().unwrap_or_else(|| root.clone());
-        let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or_default();
-        let family = match model_type {
+        let root_value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| err(format!("not valid JSON: {e}")))?;
+        let root: Root = serde_json::from_value(root_value.clone()).map_err(|e| err(e.to_string()))?;
+        let family = match root.model_type.as_str() {
             "kimi_k3" => Family::KimiK3,
             "kimi_linear" => Family::KimiLinear,
             other => return Err(err(format!("model_type `{other}` is not a model k3 runs (kimi_k3, kimi_linear)"))),
         };
-        let u = |keys: &[&str]| -> Result<u64, ConfigError> {
-            keys.iter()
-                .find_map(|k| text.get(*k).and_then(Value::as_u64))
-                .ok_or_else(|| err(format!("missing or non-integer field `{}`", keys[0])))
+        let text_value = root.text_config.clone().unwrap_or(root_value);
+        let text: TextConfig = serde_json::from_value(text_value).map_err(|e| err(e.to_string()))?;
+        let need =
+            |v: Option<u64>, field: &str| v.map(|x| x as usize).ok_or_else(|| err(format!("missing field `{field}`")));
+        let lac = text.linear_attn_config.clone();
+        let kda_layers: Vec<u32> =
+            lac.iter().flat_map(|l| l.kda_layers.iter()).filter_map(|&l| l.checked_sub(1)).collect();
+        let kda = match &lac {
+            Some(l) if !kda_layers.is_empty() => Some(KdaDims {
+                heads: need(l.num_heads.map(u64::from), "linear_attn_config.num_heads")?,
+                head_dim: need(l.head_dim.map(u64::from), "linear_attn_config.head_dim")?,
+                conv_kernel: l.short_conv_kernel_size as usize,
+                gate_lower_bound: l.gate_lower_bound.map(|b| b as f32),
+                full_rank_gate: l.use_full_rank_gate,
+            }),
+            _ => None,
         };
-        let small = |keys: &[&str]| -> Result<u32, ConfigError> {
-            u(keys)?.try_into().map_err(|_| err(format!("field `{}` is out of range", keys[0])))
+        let has_mla = (0..text.num_hidden_layers).any(|i| !kda_layers.contains(&i));
+        let mla = if has_mla {
+            Some(MlaDims {
+                heads: need(text.num_attention_heads.map(u64::from), "num_attention_heads")?,
+                q_lora: text.q_lora_rank.map(|q| q as usize),
+                kv_lora: need(text.kv_lora_rank, "kv_lora_rank")?,
+                nope: need(text.qk_nope_head_dim, "qk_nope_head_dim")?,
+                rope: need(text.qk_rope_head_dim, "qk_rope_head_dim")?,
+                v_dim: need(text.v_head_dim, "v_head_dim")?,
+                output_gate: text.mla_use_output_gate,
+            })
+        } else {
+            None
         };
+        let moe = if text.num_experts > 0 {
+            Some(MoeDims {
+                experts: text.num_experts as usize,
+                top_k: text.num_experts_per_token as usize,
+                inter: need(text.moe_intermediate_size, "moe_intermediate_size")?,
+                latent: text.routed_expert_hidden_size.map(|z| z as usize),
+                shared: text.num_shared_experts as usize,
+                groups: text.num_expert_group.max(1) as usize,
+                top_groups: text.topk_group.max(1) as usize,
+                renormalize: text.moe_renormalize,
+                scaling: text.routed_scaling_factor as f32,
+            })
+        } else {
+            None
+        };
+        let activation = match text.hidden_act.as_deref() {
+            Some("situ") => Activation::Situ {
+                beta: text.activation_situ_beta.unwrap_or(4.0) as f32,
+                lin_beta: text.activation_situ_linear_beta.unwrap_or(25.0) as f32,
+            },
+            Some("silu") | None => Activation::Silu,
+            Some(other) => return Err(err(format!("hidden_act `{other}` is not supported (situ, silu)"))),
+        };
+        let attn_res_block = match (family, text.attn_res_block_size) {
+            (Family::KimiK3, None) => return Err(err("missing field `attn_res_block_size` (K3's AttnRes)".into())),
+            (Family::KimiK3, Some(b)) => Some(b.max(1) as usize),
+            (Family::KimiLinear, _) => None,
+        };
+        let mut eos: Vec<u32> = root.eos_token_id.iter().chain(&text.eos_token_id).flat_map(TokenIds::ids).collect();
+        eos.dedup();
         let cfg = ModelConfig {
             family,
-            layers: small(&["num_hidden_layers"])?,
-            hidden: u(&["hidden_size"])?,
-            vocab: u(&["vocab_size"])?,
-            experts: small(&["num_experts", "n_routed_experts"])?,
-            experts_per_token: small(&["num_experts_per_token", "num_experts_per_tok"])?,
-            first_k_dense_replace: small(&["first_k_dense_replace"]).unwrap_or(0),
-            moe_layer_freq: small(&["moe_layer_freq"]).unwrap_or(1).max(1),
+            layers: text.num_hidden_layers,
+            hidden: text.hidden_size,
+            vocab: text.vocab_size,
+            experts: text.num_experts,
+            experts_per_token: text.num_experts_per_token,
+            first_k_dense_replace: text.first_k_dense_replace,
+            moe_layer_freq: text.moe_layer_freq.max(1),
+            eps: text.rms_norm_eps as f32,
+            activation,
+            attn_res_block,
+            dense_inter: text.intermediate_size.map(|i| i as usize),
+            kda_layers,
+            kda,
+            mla,
+            moe,
+            eos,
+            max_positions: text.max_position_embeddings,
             text,
         };
         if cfg.experts_per_token > cfg.experts {
             return Err(err(format!("{} experts per token but only {} experts", cfg.experts_per_token, cfg.experts)));
         }
+        if let Some(l) = cfg.kda_layers.iter().find(|&&l| l >= cfg.layers) {
+            return Err(err(format!("KDA layer {} is past the model's {} layers", l + 1, cfg.layers)));
+        }
+        if cfg.first_k_dense_replace > 0 && cfg.dense_inter.is_none() {
+            return Err(err("missing field `intermediate_size` (the dense MLP's width)".into()));
+        }
         Ok(cfg)
+    }
+
+    /// Whether layer `i` (0-based) is KDA (else MLA).
+    pub fn is_kda(&self, i: u32) -> bool {
+        self.kda_layers.contains(&i)
     }
 
     /// 0-based layers with routed experts (DeepSeek rule: past the dense prefix, every `freq`-th).
@@ -96,5 +349,33 @@ impl ModelConfig {
             experts_per_token: self.experts_per_token,
             moe_layers: self.moe_layers(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: serde_json::Value) -> Result<ModelConfig, ConfigError> {
+        ModelConfig::parse(Path::new("config.json"), &serde_json::to_vec(&json).unwrap())
+    }
+
+    #[test]
+    fn missing_and_wrong_fields_are_named() {
+        let e = parse(serde_json::json!({"model_type": "kimi_linear", "hidden_size": 8})).unwrap_err().to_string();
+        assert!(e.contains("num_hidden_layers"), "{e}");
+        let e = parse(serde_json::json!({"model_type": "llama"})).unwrap_err().to_string();
+        assert!(e.contains("llama"), "{e}");
+        let e = parse(serde_json::json!({"model_type": "kimi_linear", "hidden_size": "big", "num_hidden_layers": 1, "vocab_size": 4}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hidden_size") || e.contains("invalid type"), "{e}");
+        // An MLA layer needs MLA's dimensions.
+        let e = parse(
+            serde_json::json!({"model_type": "kimi_linear", "hidden_size": 8, "num_hidden_layers": 1, "vocab_size": 4}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("num_attention_heads"), "{e}");
     }
 }

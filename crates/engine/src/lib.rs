@@ -10,6 +10,7 @@ pub mod config;
 pub mod convert;
 pub mod eval;
 pub mod model;
+pub mod names;
 pub mod plan;
 pub mod sample;
 pub mod synth;
@@ -18,7 +19,7 @@ pub mod tokenizer;
 pub mod verify;
 pub mod weights;
 
-pub use model::{Engine, EngineOptions, RoutedToken, RunStats, Session, Span, SpanKind};
+pub use model::{Engine, EngineOptions, LayerState, RoutedToken, RunStats, Session, Span, SpanKind};
 pub use plan::MemoryPlan;
 
 /// Why a model cannot be run, or an input cannot be processed.

@@ -3,9 +3,8 @@
 //! byte, naming the tensor that is wrong, and re-encodes only what may be re-encoded
 //! (`docs/FORMAT.md` §4.3 states the policy; `../shared/notes/models.md` lists the same names).
 
-use serde_json::Value;
-
-use crate::config::{ConfigError, Family, ModelConfig};
+use crate::config::{KdaDims, MlaDims, ModelConfig};
+use crate::names::{self, KdaNames, LayerNames, MlaNames, MlpNames, MoeNames};
 
 /// What a tensor must look like.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,153 +83,122 @@ impl TensorTable {
     }
 }
 
-/// The config's numbers the table needs.
-struct Dims<'a> {
-    t: &'a Value,
-    path: &'a std::path::Path,
-}
-
-impl Dims<'_> {
-    fn get(&self, v: &Value, key: &str) -> Result<u64, ConfigError> {
-        v.get(key).and_then(Value::as_u64).ok_or_else(|| ConfigError {
-            path: self.path.to_path_buf(),
-            reason: format!("missing or non-integer field `{key}`"),
-        })
-    }
-
-    fn text(&self, key: &str) -> Result<u64, ConfigError> {
-        self.get(self.t, key)
-    }
-
-    fn flag(&self, key: &str) -> bool {
-        self.t.get(key).and_then(Value::as_bool).unwrap_or(false)
-    }
-}
-
 /// Collects the table's entries.
 #[derive(Default)]
 struct Entries(Vec<TrunkEntry>);
 
 impl Entries {
-    fn put(&mut self, name: String, expect: Expect, storage: Storage) {
-        self.0.push(TrunkEntry { name, expect, storage });
+    fn put(&mut self, name: &str, expect: Expect, storage: Storage) {
+        self.0.push(TrunkEntry { name: name.to_string(), expect, storage });
     }
 
     /// A projection matrix `[out, in]`.
-    fn matrix(&mut self, name: String, out: u64, inp: u64) {
-        self.put(name, Expect::Shape(vec![out, inp]), Storage::Matrix);
+    fn matrix(&mut self, name: &str, out: usize, inp: usize) {
+        self.put(name, Expect::Shape(vec![out as u64, inp as u64]), Storage::Matrix);
     }
 
     /// An exact tensor of `n` values, in whatever shape the release stores them.
-    fn exact(&mut self, name: String, n: u64) {
-        self.put(name, Expect::Elements(vec![n]), Storage::Exact);
+    fn exact(&mut self, name: &str, n: usize) {
+        self.put(name, Expect::Elements(vec![n as u64]), Storage::Exact);
+    }
+
+    fn mlp(&mut self, n: &MlpNames, inter: usize, d: usize) {
+        self.matrix(&n.gate, inter, d);
+        self.matrix(&n.up, inter, d);
+        self.matrix(&n.down, d, inter);
     }
 }
 
-/// The tensor table of `cfg` (read from `path`, named in errors).
-pub fn table(cfg: &ModelConfig, path: &std::path::Path) -> Result<TensorTable, ConfigError> {
-    let dims = Dims { t: &cfg.text, path };
-    let (d, v) = (cfg.hidden, cfg.vocab);
-    let k3 = cfg.family == Family::KimiK3;
+/// The tensor table of `cfg`.
+pub fn table(cfg: &ModelConfig) -> TensorTable {
+    let (d, v) = (cfg.hidden as usize, cfg.vocab as usize);
     let mut t = Entries::default();
-    t.put("model.embed_tokens.weight".into(), Expect::Shape(vec![v, d]), Storage::Table);
-    t.matrix("lm_head.weight".into(), v, d);
-    t.exact("model.norm.weight".into(), d);
-    if k3 {
-        t.exact("model.output_attn_res_norm.weight".into(), d);
-        t.exact("model.output_attn_res_proj.weight".into(), d);
+    t.put(names::EMBED, Expect::Shape(vec![v as u64, d as u64]), Storage::Table);
+    t.matrix(names::LM_HEAD, v, d);
+    t.exact(names::NORM, d);
+    if cfg.attn_res_block.is_some() {
+        t.exact(names::OUT_RES_NORM, d);
+        t.exact(names::OUT_RES_PROJ, d);
     }
-    let lac = cfg.text.get("linear_attn_config").cloned().unwrap_or(Value::Null);
-    let kda_layers: Vec<u64> = lac
-        .get("kda_layers")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_u64).collect())
-        .unwrap_or_default();
     let moe_layers = cfg.moe_layers();
-    let latent = cfg.text.get("routed_expert_hidden_size").and_then(Value::as_u64);
-    let moe_inter = if moe_layers.is_empty() { 0 } else { dims.text("moe_intermediate_size")? };
     for i in 0..cfg.layers {
-        let p = |s: &str| format!("model.layers.{i}.{s}");
-        t.exact(p("input_layernorm.weight"), d);
-        t.exact(p("post_attention_layernorm.weight"), d);
-        if k3 {
-            for s in ["self_attention_res", "mlp_res"] {
-                t.exact(p(&format!("{s}_norm.weight")), d);
-                t.exact(p(&format!("{s}_proj.weight")), d);
+        let l = LayerNames::of(i);
+        t.exact(&l.input_norm, d);
+        t.exact(&l.post_norm, d);
+        if cfg.attn_res_block.is_some() {
+            for n in [&l.att_res_norm, &l.att_res_proj, &l.mlp_res_norm, &l.mlp_res_proj] {
+                t.exact(n, d);
             }
         }
-        let a = |s: &str| p(&format!("self_attn.{s}"));
-        if kda_layers.contains(&(u64::from(i) + 1)) {
-            let (h, hd) = (dims.get(&lac, "num_heads")?, dims.get(&lac, "head_dim")?);
-            let kern = lac.get("short_conv_kernel_size").and_then(Value::as_u64).unwrap_or(4);
-            let c = h * hd;
-            for s in ["q", "k", "v"] {
-                t.matrix(a(&format!("{s}_proj.weight")), c, d);
-                t.exact(a(&format!("{s}_conv1d.weight")), c * kern);
-            }
-            // K3 stores A_log as [head_dim], the per-head values zero-padded.
-            let a_log = if hd > h { vec![h, hd] } else { vec![h] };
-            t.put(a("A_log"), Expect::Elements(a_log), Storage::Exact);
-            t.exact(a("dt_bias"), c);
-            t.matrix(a("f_a_proj.weight"), hd, d);
-            t.matrix(a("f_b_proj.weight"), c, hd);
-            t.matrix(a("b_proj.weight"), h, d);
-            t.exact(a("o_norm.weight"), hd);
-            if lac.get("use_full_rank_gate").and_then(Value::as_bool).unwrap_or(false) {
-                t.matrix(a("g_proj.weight"), c, d);
-            } else {
-                t.matrix(a("g_a_proj.weight"), hd, d);
-                t.matrix(a("g_b_proj.weight"), c, hd);
-            }
-            t.matrix(a("o_proj.weight"), d, c);
-        } else {
-            let h = dims.text("num_attention_heads")?;
-            let (nope, rope, vd) =
-                (dims.text("qk_nope_head_dim")?, dims.text("qk_rope_head_dim")?, dims.text("v_head_dim")?);
-            let kv_lora = dims.text("kv_lora_rank")?;
-            match cfg.text.get("q_lora_rank").and_then(Value::as_u64) {
-                Some(q) => {
-                    t.matrix(a("q_a_proj.weight"), q, d);
-                    t.exact(a("q_a_layernorm.weight"), q);
-                    t.matrix(a("q_b_proj.weight"), h * (nope + rope), q);
+        match (cfg.is_kda(i), cfg.kda, cfg.mla) {
+            (true, Some(k), _) => kda(&mut t, &KdaNames::of(i), k, d),
+            (false, _, Some(m)) => mla(&mut t, &MlaNames::of(i), m, d),
+            // The config check guarantees the dimensions of every layer kind it has.
+            _ => {}
+        }
+        match (moe_layers.contains(&i), cfg.moe) {
+            (true, Some(m)) => {
+                let n = MoeNames::of(i);
+                t.put(&n.gate, Expect::Shape(vec![m.experts as u64, d as u64]), Storage::Exact);
+                t.exact(&n.bias, m.experts);
+                if let Some(z) = m.latent {
+                    t.matrix(&n.latent_down, z, d);
+                    t.exact(&n.latent_norm, z);
+                    t.matrix(&n.latent_up, d, z);
                 }
-                None => t.matrix(a("q_proj.weight"), h * (nope + rope), d),
+                if m.shared > 0 {
+                    t.mlp(&n.shared, m.shared * m.inter, d);
+                }
             }
-            t.matrix(a("kv_a_proj_with_mqa.weight"), kv_lora + rope, d);
-            t.exact(a("kv_a_layernorm.weight"), kv_lora);
-            t.put(a("kv_b_proj.weight"), Expect::Shape(vec![h * (nope + vd), kv_lora]), Storage::Dense);
-            if dims.flag("mla_use_output_gate") {
-                t.matrix(a("g_proj.weight"), h * vd, d);
-            }
-            t.matrix(a("o_proj.weight"), d, h * vd);
-        }
-        if moe_layers.contains(&i) {
-            let m = |s: &str| p(&format!("block_sparse_moe.{s}"));
-            let e = u64::from(cfg.experts);
-            t.put(m("gate.weight"), Expect::Shape(vec![e, d]), Storage::Exact);
-            t.exact(m("gate.e_score_correction_bias"), e);
-            if let Some(z) = latent {
-                t.matrix(m("routed_expert_down_proj.weight"), z, d);
-                t.exact(m("routed_expert_norm.weight"), z);
-                t.matrix(m("routed_expert_up_proj.weight"), d, z);
-            }
-            let shared = cfg.text.get("num_shared_experts").and_then(Value::as_u64).unwrap_or(0);
-            if shared > 0 {
-                let w = shared * moe_inter;
-                t.matrix(m("shared_experts.gate_proj.weight"), w, d);
-                t.matrix(m("shared_experts.up_proj.weight"), w, d);
-                t.matrix(m("shared_experts.down_proj.weight"), d, w);
-            }
-        } else {
-            let inter = dims.text("intermediate_size")?;
-            t.matrix(p("mlp.gate_proj.weight"), inter, d);
-            t.matrix(p("mlp.up_proj.weight"), inter, d);
-            t.matrix(p("mlp.down_proj.weight"), d, inter);
+            _ => t.mlp(&MlpNames::dense(i), cfg.dense_inter.unwrap_or(0), d),
         }
     }
-    let z = latent.unwrap_or(d);
-    let experts = ExpertShapes { w1: [moe_inter, z], w2: [z, moe_inter], w3: [moe_inter, z] };
-    Ok(TensorTable { trunk: t.0, experts })
+    let (inter, z) = cfg.moe.map_or((0, d), |m| (m.inter, m.latent.unwrap_or(d)));
+    let (inter, z) = (inter as u64, z as u64);
+    TensorTable { trunk: t.0, experts: ExpertShapes { w1: [inter, z], w2: [z, inter], w3: [inter, z] } }
+}
+
+fn kda(t: &mut Entries, n: &KdaNames, k: KdaDims, d: usize) {
+    let (h, hd) = (k.heads, k.head_dim);
+    let c = h * hd;
+    for (proj, conv) in [(&n.q_proj, &n.q_conv), (&n.k_proj, &n.k_conv), (&n.v_proj, &n.v_conv)] {
+        t.matrix(proj, c, d);
+        t.exact(conv, c * k.conv_kernel);
+    }
+    // K3 stores A_log as [head_dim], the per-head values zero-padded.
+    let a_log = if hd > h { vec![h as u64, hd as u64] } else { vec![h as u64] };
+    t.put(&n.a_log, Expect::Elements(a_log), Storage::Exact);
+    t.exact(&n.dt_bias, c);
+    t.matrix(&n.f_a, hd, d);
+    t.matrix(&n.f_b, c, hd);
+    t.matrix(&n.b_proj, h, d);
+    t.exact(&n.o_norm, hd);
+    if k.full_rank_gate {
+        t.matrix(&n.g_proj, c, d);
+    } else {
+        t.matrix(&n.g_a, hd, d);
+        t.matrix(&n.g_b, c, hd);
+    }
+    t.matrix(&n.o_proj, d, c);
+}
+
+fn mla(t: &mut Entries, n: &MlaNames, m: MlaDims, d: usize) {
+    let q_out = m.heads * (m.nope + m.rope);
+    match m.q_lora {
+        Some(q) => {
+            t.matrix(&n.q_a, q, d);
+            t.exact(&n.q_a_norm, q);
+            t.matrix(&n.q_b, q_out, q);
+        }
+        None => t.matrix(&n.q_proj, q_out, d),
+    }
+    t.matrix(&n.kv_a, m.kv_lora + m.rope, d);
+    t.exact(&n.kv_a_norm, m.kv_lora);
+    t.put(&n.kv_b, Expect::Shape(vec![(m.heads * (m.nope + m.v_dim)) as u64, m.kv_lora as u64]), Storage::Dense);
+    if m.output_gate {
+        t.matrix(&n.g_proj, m.heads * m.v_dim, d);
+    }
+    t.matrix(&n.o_proj, d, m.heads * m.v_dim);
 }
 
 #[cfg(test)]

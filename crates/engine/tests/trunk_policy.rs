@@ -177,7 +177,7 @@ fn protected_tensors_are_bit_identical_for_every_trunk_option() {
     for hf in [golden("tiny-k3"), golden("tiny-kimi-linear"), f32_ckpt.path().to_path_buf()] {
         let cfg_path = hf.join("config.json");
         let cfg = ModelConfig::parse(&cfg_path, &std::fs::read(&cfg_path).unwrap()).unwrap();
-        let tbl = table(&cfg, &cfg_path).unwrap();
+        let tbl = table(&cfg);
         let src = Source::open(&hf).unwrap();
         for trunk in TRUNKS {
             let c = converted(&hf, trunk);

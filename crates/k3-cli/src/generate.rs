@@ -61,7 +61,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         return g.report((n as usize, 0.0), (0, 0.0));
     };
     let t1 = std::time::Instant::now();
-    let (produced, end) = g.decode(&mut logits, sampler, tok.as_ref(), eos_ids(&model, &engine))?;
+    let (produced, end) = g.decode(&mut logits, sampler, tok.as_ref(), engine.config().eos.clone())?;
     match end {
         End::Message | End::MaxTokens => {}
         End::ContextFull => eprintln!(
@@ -181,16 +181,4 @@ fn step_stats(
         "misses": after.cache.misses - before.cache.misses,
         "io_wait_seconds": after.io_wait_seconds - before.io_wait_seconds,
     })
-}
-
-/// End of message: `eos_token_id` of the config (K3 keeps it at the root, beside text_config).
-fn eos_ids(model: &k3_format::Model, engine: &Engine<'_>) -> Vec<u32> {
-    let root: serde_json::Value =
-        serde_json::from_slice(model.blob("config.json").unwrap_or(b"{}")).unwrap_or_default();
-    [root.get("eos_token_id"), engine.config().text.get("eos_token_id")]
-        .into_iter()
-        .flatten()
-        .filter_map(serde_json::Value::as_u64)
-        .map(|v| v as u32)
-        .collect()
 }

@@ -250,7 +250,7 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
         reason: "no config.json: not a checkpoint or WASTE model directory".into(),
     })?;
     let config = ModelConfig::parse(&config_path, &config_bytes)?;
-    let table = crate::tensors::table(&config, &config_path)?;
+    let table = crate::tensors::table(&config);
     let arch = config.architecture();
 
     let mut report = ConvertReport::default();

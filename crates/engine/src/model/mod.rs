@@ -1,0 +1,244 @@
+//! The Kimi forward pass over a WASTE model: K3 (AttnRes, KDA and gated MLA, LatentMoE with SiTU)
+//! and Kimi-Linear (pre-norm residual, SiLU MoE with a shared expert).
+//!
+//! One file per concern: `options` (how an engine runs), `layers` (the layers and how they are
+//! built from the file), `forward` (the pass over a chunk), `moe` (the streaming MoE step),
+//! `lookahead` (guessing and prefetching the next layer's experts), `expert_io` (the reader and
+//! cache), `attnres` (K3's residual mix), `session` (a sequence's state), `stats` (counters and
+//! timelines); the memory plan is `crate::plan`.
+
+mod attnres;
+mod expert_io;
+mod forward;
+mod layers;
+mod lookahead;
+mod moe;
+mod options;
+mod session;
+mod stats;
+
+pub use options::EngineOptions;
+pub use session::{LayerState, RoutedToken, Session};
+pub use stats::{RunStats, Span, SpanKind};
+
+use std::sync::Mutex;
+
+use k3_format::Model;
+use k3_quant::Matrix;
+
+use crate::EngineError;
+use crate::config::ModelConfig;
+use crate::names;
+use crate::plan::{self, Demand, Footprint, MemoryPlan};
+use crate::verify::TrunkCheck;
+use crate::weights::{Rotations, matrix, vector_of};
+use expert_io::ExpertIo;
+use layers::{Attn, Ffn, Layer, res_vector};
+
+/// A model ready to run.
+#[derive(Debug)]
+pub struct Engine<'m> {
+    model: &'m Model,
+    cfg: ModelConfig,
+    hidden: usize,
+    vocab: usize,
+    /// The embedding table `[vocab, hidden]`, f32 or bf16 (rows are looked up, never multiplied).
+    embed: Matrix<'m>,
+    lm_head: Matrix<'m>,
+    norm: Vec<f32>,
+    out_res: Option<Vec<f32>>,
+    /// AttnRes layers per block (1 without AttnRes).
+    res_block: usize,
+    layers: Vec<Layer<'m>>,
+    rotations: Rotations,
+    /// Expert reads: O_DIRECT through k3-io; `None` for a model without routed experts.
+    io: Option<Mutex<ExpertIo>>,
+    /// Experts predicted beyond `top_k` by the lookahead.
+    lookahead_margin: usize,
+    opts: EngineOptions,
+    plan: MemoryPlan,
+    trunk_check: Option<TrunkCheck>,
+}
+
+impl<'m> Engine<'m> {
+    pub fn load(model: &'m Model) -> Result<Engine<'m>, EngineError> {
+        Self::load_with(model, EngineOptions::default())
+    }
+
+    /// Loads with explicit options: checks the trunk (unless told not to), builds the layers,
+    /// plans memory (failing with the minimum when the budget is too small) and opens the expert
+    /// reader.
+    pub fn load_with(model: &'m Model, opts: EngineOptions) -> Result<Engine<'m>, EngineError> {
+        let trunk_check = if opts.verify_trunk { Some(crate::verify::verify_trunk(model)?) } else { None };
+        let raw =
+            model.blob("config.json").ok_or_else(|| EngineError::Config("the model embeds no config.json".into()))?;
+        let cfg = ModelConfig::parse(std::path::Path::new("config.json"), raw)?;
+        let (d, vocab) = (cfg.hidden as usize, cfg.vocab as usize);
+        let embed = matrix(model, names::EMBED)?;
+        if !matches!(embed, Matrix::F32 { .. } | Matrix::Bf16 { .. }) || embed.rows() != vocab || embed.cols() != d {
+            return Err(EngineError::Shape(format!(
+                "{} must be an f32 or bf16 [{vocab}, {d}] table, got [{}, {}]",
+                names::EMBED,
+                embed.rows(),
+                embed.cols()
+            )));
+        }
+        let out_res = match cfg.attn_res_block {
+            Some(_) => Some(res_vector(model, names::OUT_RES_NORM, names::OUT_RES_PROJ, d)?),
+            None => None,
+        };
+        let layers = layers::build(model, &cfg)?;
+        let res_block = cfg.attn_res_block.unwrap_or(1);
+        let plan = plan::plan(
+            footprint(&layers, &cfg, res_block),
+            Demand {
+                budget: opts.mem_budget,
+                context: opts.context,
+                chunk: opts.chunk,
+                reserved_bytes: opts.reserved_bytes,
+                trunk_bytes: model.manifest().trunk.bytes,
+                slot_bytes: model.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(0),
+                all_experts: u64::from(cfg.experts) * cfg.moe_layers().len() as u64,
+                top_k: u64::from(cfg.experts_per_token).max(1),
+            },
+        )?;
+        let io = if plan.cache_slots == 0 {
+            None
+        } else {
+            Some(Mutex::new(ExpertIo::open(model, &opts, plan.slot_bytes as usize, plan.cache_slots as usize)?))
+        };
+        let lookahead_margin = (cfg.experts_per_token as usize).div_ceil(2);
+        Ok(Engine {
+            model,
+            hidden: d,
+            vocab,
+            embed,
+            lm_head: matrix(model, names::LM_HEAD)?,
+            norm: vector_of(model, names::NORM, d)?,
+            out_res,
+            res_block,
+            layers,
+            rotations: Rotations::for_model(model),
+            io,
+            lookahead_margin,
+            opts,
+            plan,
+            trunk_check,
+            cfg,
+        })
+    }
+
+    pub fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    /// The trunk check done at load (`None` when `verify_trunk` was off).
+    pub fn trunk_check(&self) -> Option<TrunkCheck> {
+        self.trunk_check
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.opts
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    pub fn layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn eps(&self) -> f32 {
+        self.cfg.eps
+    }
+
+    /// Keeps the hottest experts of a usage history resident once loaded (at most half the cache).
+    /// Returns how many are pinned.
+    pub fn pin_hottest(&self, history: &k3_router::UsageHistory) -> usize {
+        let Some(io) = &self.io else { return 0 };
+        let Ok(mut io) = io.lock() else { return 0 };
+        let room = io.cache.capacity() / 2;
+        io.cache.pin(&history.hottest(room))
+    }
+
+    /// Also measure the after-MoE and previous-token predictors (see
+    /// [`EngineOptions::lookahead_stats`]).
+    pub fn measure_lookahead(&mut self) {
+        self.opts.lookahead_stats = true;
+    }
+
+    /// Predict `top_k + margin` experts per layer ahead (default: half of top_k more).
+    pub fn set_lookahead_margin(&mut self, margin: usize) {
+        self.lookahead_margin = margin;
+    }
+
+    /// A fresh sequence (its MLA caches reserved to the planned context).
+    pub fn session(&self) -> Session {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match &l.attn {
+                Attn::Kda(k) => LayerState::Kda(k.state()),
+                Attn::Mla(m) => {
+                    let mut c = m.cache();
+                    c.reserve(self.plan.context as usize);
+                    LayerState::Mla(c)
+                }
+            })
+            .collect();
+        Session::new(layers)
+    }
+}
+
+/// The memory a model's layers need per token of context and per token of a forward call.
+fn footprint(layers: &[Layer<'_>], cfg: &ModelConfig, res_block: usize) -> Footprint {
+    let f = |n: usize| n as u64 * 4;
+    let (d, vocab) = (cfg.hidden as usize, cfg.vocab as usize);
+    let mut fp = Footprint::default();
+    let mut attn_width = 0usize;
+    let mut ffn_width = 0usize;
+    for l in layers {
+        match &l.attn {
+            Attn::Kda(k) => {
+                let c = k.config();
+                let ch = c.heads * c.head_dim;
+                fp.state_fixed += f(ch * c.head_dim + 3 * ch * c.conv_kernel);
+                // q, k, v, gate input, output gate, output; the low-rank intermediates; beta.
+                attn_width = attn_width.max(7 * ch + 2 * c.head_dim + c.heads);
+            }
+            Attn::Mla(m) => {
+                let c = m.config();
+                fp.state_per_token += f(c.kv_lora + c.rope);
+                // q (and its low-rank input), the latent and shared key, gate, context.
+                attn_width = attn_width
+                    .max(c.heads * (c.nope + c.rope) + 2 * c.hidden + c.kv_lora + c.rope + 2 * c.heads * c.v_dim);
+            }
+        }
+        match &l.ffn {
+            Ffn::Dense(mlp) => ffn_width = ffn_width.max(2 * mlp.gate.rows()),
+            Ffn::Moe(moe) => {
+                let zd = moe.latent.as_ref().map_or(d, |(down, _, _)| down.rows());
+                // Latent input, routed outputs per rank, shared output, router logits.
+                ffn_width = ffn_width.max(zd * (moe.router.top_k + 2) + d + moe.router.experts);
+            }
+        }
+    }
+    // The residual stream, its copy, the normed input and the attention output; AttnRes block
+    // snapshots; the logits row.
+    let blocks = if layers.iter().any(|l| l.att_res.is_some()) { layers.len().div_ceil(res_block) + 1 } else { 0 };
+    fp.activation_per_token = f(5 * d + blocks * d + vocab + attn_width + ffn_width);
+    fp
+}

@@ -1,0 +1,67 @@
+//! How an engine runs: the switches of `k3-cli`, and what the memory plan must cover.
+
+use k3_io::Policy;
+
+#[derive(Clone)]
+pub struct EngineOptions {
+    /// Total memory to live within (trunk, attention state, activations, expert cache, I/O buffers).
+    pub mem_budget: Option<u64>,
+    /// Compute while expert reads are in flight (off: read, then compute).
+    pub overlap: bool,
+    /// Prefetch the next layer's predicted experts.
+    pub lookahead: bool,
+    /// After a warm-up, a layer's prefetch continues only while at least this fraction of the
+    /// guesses it would prefetch (the best top-k / 2 per token) turn out chosen (0 = always).
+    pub lookahead_min_precision: f64,
+    /// Also measure the after-MoE and previous-token predictors (an extra router pass per layer
+    /// and token: for `k3-cli lookahead` and benchmarks, off on the decode path).
+    pub lookahead_stats: bool,
+    pub policy: Policy,
+    /// Reads in flight at once.
+    pub queue_depth: usize,
+    /// Tokens of context the memory plan reserves MLA cache for (sessions reserve it up front).
+    pub context: u64,
+    /// The most tokens the caller passes to one `forward` call: the plan reserves their
+    /// activations.
+    pub chunk: u64,
+    /// Memory the caller keeps beside the engine (the logits it collects, say), for the plan.
+    pub reserved_bytes: u64,
+    /// Check every trunk tensor's checksum when loading (on every core). Off only for a model
+    /// that was verified before (`k3-cli verify`) and has not been touched since.
+    pub verify_trunk: bool,
+    #[doc(hidden)]
+    pub fault: Option<k3_io::reader::FaultHook>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            mem_budget: None,
+            overlap: true,
+            lookahead: true,
+            lookahead_min_precision: 0.8,
+            lookahead_stats: false,
+            policy: Policy::Lfru,
+            queue_depth: 32,
+            context: 4096,
+            chunk: 256,
+            reserved_bytes: 0,
+            verify_trunk: true,
+            fault: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for EngineOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineOptions")
+            .field("mem_budget", &self.mem_budget)
+            .field("overlap", &self.overlap)
+            .field("lookahead", &self.lookahead)
+            .field("policy", &self.policy)
+            .field("context", &self.context)
+            .field("chunk", &self.chunk)
+            .field("verify_trunk", &self.verify_trunk)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,66 @@
+//! The state of one sequence: everything earlier tokens left behind, and what was measured.
+
+use k3_attn::{KdaState, MlaCache};
+use k3_router::lookahead::LookaheadStats;
+
+use super::stats::{RunStats, Span};
+
+/// Per-layer recurrent state of one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LayerState {
+    Kda(KdaState),
+    Mla(MlaCache),
+}
+
+/// The experts one token chose at one MoE layer, in routing order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedToken {
+    pub position: usize,
+    pub layer: u32,
+    pub experts: Vec<u32>,
+}
+
+/// The state of one sequence.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub layers: Vec<LayerState>,
+    pub tokens: usize,
+    /// How well each lookahead predictor would have guessed every MoE layer's experts.
+    pub lookahead: LookaheadStats,
+    /// The experts each layer chose for the previous token (the previous-token predictor).
+    pub(crate) prev_routing: Vec<Vec<u32>>,
+    /// Per layer: the after-attention guesses a prefetch would read (best first, capped), and how
+    /// many of them the layer then chose.
+    pub(crate) prefetch_guesses: Vec<(u64, u64)>,
+    pub stats: RunStats,
+    /// When `Some`, the next `forward` records where its time went (cleared at each call).
+    pub timeline: Option<Vec<Span>>,
+    /// Every expert this session routed to, counted (for the usage-history file).
+    pub usage: k3_router::UsageHistory,
+    /// When `Some`, every token's experts at every MoE layer are appended (for comparing encodings).
+    pub routing_trace: Option<Vec<RoutedToken>>,
+}
+
+impl PartialEq for Session {
+    /// Same recurrent state (statistics aside).
+    fn eq(&self, other: &Self) -> bool {
+        self.layers == other.layers && self.tokens == other.tokens
+    }
+}
+
+impl Session {
+    pub(crate) fn new(layers: Vec<LayerState>) -> Session {
+        let n = layers.len();
+        Session {
+            layers,
+            tokens: 0,
+            lookahead: LookaheadStats::new(n),
+            prev_routing: vec![Vec::new(); n],
+            prefetch_guesses: vec![(0, 0); n],
+            stats: RunStats::default(),
+            timeline: None,
+            usage: k3_router::UsageHistory::default(),
+            routing_trace: None,
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! What a run did: counters and, when asked, where a step's time went.
+
+use k3_io::CacheStats;
+
+/// What a stretch of a decode step was spent on (for the timeline of a step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanKind {
+    Attention,
+    /// Routing, latent projection, shared expert, the final sums.
+    MoeOther,
+    /// Blocked, waiting for an expert read.
+    Wait,
+    /// Computing with one expert.
+    Expert(u32),
+}
+
+/// One stretch of time in a step, in seconds from the step's start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Span {
+    pub layer: u32,
+    pub kind: SpanKind,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// Counters of a run (a session).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RunStats {
+    pub tokens: u64,
+    pub seconds: f64,
+    /// Time blocked waiting for expert reads.
+    pub io_wait_seconds: f64,
+    /// Time from a layer's first expert request to its last expert computed, summed.
+    pub io_span_seconds: f64,
+    pub expert_compute_seconds: f64,
+    /// The engine's expert-cache counters after this session's last step (the cache is shared by
+    /// every session of an engine, so these count from the engine's start).
+    pub cache: CacheStats,
+}
+
+impl RunStats {
+    /// Adds a later session's times to these; the cache counters (cumulative per engine) are the
+    /// later session's.
+    pub fn accumulate(&mut self, later: &RunStats) {
+        self.tokens += later.tokens;
+        self.seconds += later.seconds;
+        self.io_wait_seconds += later.io_wait_seconds;
+        self.io_span_seconds += later.io_span_seconds;
+        self.expert_compute_seconds += later.expert_compute_seconds;
+        self.cache = later.cache;
+    }
+}
