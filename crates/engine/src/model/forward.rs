@@ -114,7 +114,7 @@ impl<'m> Engine<'m> {
         started: Instant,
     ) -> Result<(), EngineError> {
         let d = self.hidden;
-        let fresh = li % self.res_block == 0;
+        let fresh = li.is_multiple_of(self.res_block);
         c.p.clone_from(&c.h);
         for t in 0..c.n {
             let pt = &c.p[t * d..(t + 1) * d];
@@ -198,13 +198,13 @@ impl<'m> Engine<'m> {
                 self.record_routing(session, li, moe, &c.routings, &mut c.guesses);
             }
         }
-        for t in 0..c.n {
+        for (t, guess) in after_attention.into_iter().enumerate() {
             let r = t * d..(t + 1) * d;
             for ((hv, pv), fv) in c.h[r.clone()].iter_mut().zip(&c.p[r.clone()]).zip(&c.out[r.clone()]) {
                 *hv = pv + fv;
             }
             let after_moe = if self.opts.lookahead_stats { self.predict_next(li, &c.blocks[t], &c.h[r]) } else { None };
-            c.guesses[t] = [after_attention[t].take(), after_moe];
+            c.guesses[t] = [guess, after_moe];
         }
         Ok(())
     }
