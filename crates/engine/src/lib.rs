@@ -9,8 +9,10 @@ pub mod chat;
 pub mod config;
 pub mod convert;
 pub mod eval;
+pub mod generate;
 pub mod model;
 pub mod names;
+pub mod owned;
 pub mod plan;
 pub mod sample;
 pub mod synth;
@@ -20,7 +22,14 @@ pub mod verify;
 pub mod weights;
 
 pub use model::{Engine, EngineOptions, LayerState, RoutedToken, RunStats, Session, Span, SpanKind};
+pub use owned::OwnedEngine;
 pub use plan::MemoryPlan;
+
+// The types the engine's options and results expose, so callers need this crate alone.
+pub use k3_format::{Model, OpenOptions, OutputFile, write_atomic};
+pub use k3_io::{CacheStats, Policy};
+pub use k3_router::UsageHistory;
+pub use k3_router::lookahead::{LookaheadStats, Predictor};
 
 /// Why a model cannot be run, or an input cannot be processed.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +48,8 @@ pub enum EngineError {
         #[source]
         source: k3_format::FormatError,
     },
+    #[error(transparent)]
+    Tokenizer(#[from] tokenizer::TokenizerError),
     #[error("model config: {0}")]
     Config(String),
     #[error("{0}")]

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use k3_format::OutputFile;
+use k3_engine::OutputFile;
 
 use crate::prompt::parse_ids;
 use crate::run::{EngineArgs, Needs, open_model};

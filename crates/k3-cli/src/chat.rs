@@ -1,7 +1,8 @@
-//! `k3-cli chat`: an interactive multi-turn session. Each turn appends only its new tokens to the
-//! running session. On a terminal, lines are edited with rustyline (arrows, history kept in the
-//! data directory); piped input is read line by line. Ctrl-C stops the current answer and keeps
-//! the session; an answer cut short (Ctrl-C, `--max-tokens`) is closed and says so.
+//! `k3-cli chat`: an interactive multi-turn session over `k3_engine::generate::Generator`. Each
+//! turn appends only its new tokens to the running session. On a terminal, lines are edited with
+//! rustyline (arrows, history kept in the data directory); piped input is read line by line.
+//! Ctrl-C stops the current answer and keeps the session; an answer cut short (Ctrl-C,
+//! `--max-tokens`) is closed and says so.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
@@ -9,8 +10,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use k3_engine::chat::{ChatFormat, Message, Role};
-use k3_engine::sample::{Sampler, SamplerConfig};
-use k3_engine::tokenizer::{StreamDecoder, Tokenizer};
+use k3_engine::generate::{Finish, GenerateParams, Generator};
+use k3_engine::sample::SamplerConfig;
+use k3_engine::tokenizer::Tokenizer;
 
 use crate::run::{EngineArgs, Needs, open_model};
 use crate::{SamplingArgs, signals};
@@ -43,49 +45,6 @@ pub struct ChatArgs {
 const SAMPLING: SamplerConfig = SamplerConfig { temperature: 0.6, top_k: 0, top_p: 0.95, seed: 0 };
 /// Prompt tokens per forward call.
 const CHUNK: usize = 32;
-
-/// Decides what of the model's output a person sees: K3 text inside `think` only when asked,
-/// text inside `response` always, markup and special tokens never.
-struct Visibility<'t> {
-    tok: &'t Tokenizer,
-    show_thinking: bool,
-    /// Inside the tag name after `<|open|>` / `<|close|>`: the bytes so far, and whether opening.
-    tag: Option<(Vec<u8>, bool)>,
-    visible: bool,
-}
-
-impl<'t> Visibility<'t> {
-    fn new(tok: &'t Tokenizer, show_thinking: bool, starts_in_think: bool) -> Self {
-        Visibility { tok, show_thinking, tag: None, visible: !starts_in_think || show_thinking }
-    }
-
-    /// Whether token `id` is shown.
-    fn show(&mut self, id: u32) -> Result<bool> {
-        match self.tok.special_name(id) {
-            Some("<|open|>") => self.tag = Some((Vec::new(), true)),
-            Some("<|close|>") => self.tag = Some((Vec::new(), false)),
-            Some("<|sep|>") => {
-                if let Some((name, opening)) = self.tag.take() {
-                    let name = String::from_utf8_lossy(&name).into_owned();
-                    self.visible = match (name.as_str(), opening) {
-                        ("think", true) => self.show_thinking,
-                        ("response", true) => true,
-                        _ => false,
-                    };
-                }
-            }
-            Some(_) => {}
-            None => {
-                if let Some((name, _)) = &mut self.tag {
-                    name.extend(self.tok.decode_bytes(&[id])?);
-                    return Ok(false);
-                }
-                return Ok(self.visible);
-            }
-        }
-        Ok(false)
-    }
-}
 
 /// Where the user's lines come from.
 enum Input {
@@ -152,7 +111,7 @@ impl Input {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             }
-            k3_format::write_atomic(&*path, text.as_bytes())?;
+            k3_engine::write_atomic(&*path, text.as_bytes())?;
         }
         Ok(())
     }
@@ -160,7 +119,7 @@ impl Input {
 
 pub fn run(a: ChatArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
-    let mut sampler = Sampler::new(a.sampling.config(SAMPLING))?;
+    let sampler = a.sampling.config(SAMPLING);
     let model = open_model(&path, &a.engine.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
     let engine = a.engine.load(&model, &path, Needs { min_context: 0, ..Needs::exact(4096, CHUNK) })?;
@@ -169,15 +128,25 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     let end = format.end_of_turn()?;
     let think = !a.no_think && family == k3_engine::config::Family::KimiK3;
     let context = engine.plan().context as usize;
+    let cancel = signals::ctrl_c_flag();
+    let params = GenerateParams {
+        max_tokens: a.max_tokens,
+        sampler,
+        stop_ids: vec![end],
+        show_thinking: a.show_thinking,
+        starts_in_think: think,
+        close_turn: Some(end),
+        cancel: Some(cancel.clone()),
+        chunk: CHUNK,
+        ..GenerateParams::default()
+    };
     let mut session = engine.session();
     let mut pending: Vec<u32> = match &a.system {
         Some(s) => format.turn(&Message::new(Role::System, s))?,
         None => Vec::new(),
     };
-    signals::catch_ctrl_c();
     let mut input = Input::open()?;
     let mut out = std::io::stdout().lock();
-    let v = engine.vocab();
     while let Some(text) = input.line()? {
         if text.trim().is_empty() {
             continue;
@@ -191,59 +160,42 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
             );
             break;
         }
-        signals::reset();
+        cancel.store(false, std::sync::atomic::Ordering::SeqCst);
         let t0 = std::time::Instant::now();
-        let prompt_tokens = pending.len();
-        let mut logits = Vec::new();
-        for c in pending.chunks(CHUNK) {
-            logits = engine.forward(&mut session, c, None)?;
-        }
-        pending.clear();
-        let prefill_s = t0.elapsed().as_secs_f64();
-        let t1 = std::time::Instant::now();
-        let mut vis = Visibility::new(&tok, a.show_thinking, think);
-        let mut stream = StreamDecoder::default();
-        let mut answer_tokens = 0u64;
-        let cut = loop {
-            if signals::interrupted() {
-                break Some("[stopped]".to_string());
-            }
-            if answer_tokens >= a.max_tokens {
-                break Some(format!("[answer cut at --max-tokens {}]", a.max_tokens));
-            }
-            if session.tokens + 1 >= context {
-                break Some(format!("[answer cut: the context of {context} tokens is full]"));
-            }
-            let next = sampler.sample(&logits[logits.len() - v..]);
-            answer_tokens += 1;
-            logits = engine.forward(&mut session, &[next], None)?;
-            if next == end {
-                break None;
-            }
-            let piece = stream.push(&tok, next)?;
-            if vis.show(next)? {
-                write!(out, "{piece}")?;
-                out.flush()?;
-            }
-        };
-        writeln!(out, "{}", stream.finish())?;
-        if let Some(note) = cut {
-            eprintln!("{note}");
-            // The answer was cut short: close the turn before the next one.
-            pending.push(end);
+        let turn = Generator::start(&engine, &mut session, &pending, Some(&tok), params.clone(), &mut |_, _| {})?;
+        let prompt_tokens = std::mem::take(&mut pending).len();
+        let (answered, finish) = answer(&engine, turn, &mut out)?;
+        match finish {
+            Some(Finish::Length) => eprintln!("[answer cut at --max-tokens {}]", a.max_tokens),
+            Some(Finish::Cancelled) => eprintln!("[stopped]"),
+            Some(Finish::ContextFull) => eprintln!("[answer cut: the context of {context} tokens is full]"),
+            _ => {}
         }
         if a.engine.stats {
-            let decode_s = t1.elapsed().as_secs_f64();
             eprintln!(
-                "turn: {prompt_tokens} prompt tokens in {prefill_s:.2} s; {answer_tokens} answer tokens at {:.2} tok/s; \
-                 {} of {context} context tokens used",
-                answer_tokens as f64 / decode_s.max(1e-9),
+                "turn: {prompt_tokens} prompt tokens, {answered} answer tokens in {:.2} s; {} of {context} context tokens used",
+                t0.elapsed().as_secs_f64(),
                 session.tokens
             );
         }
     }
     input.save()?;
+    drop(out);
     a.engine.report(&engine, &session.stats)?;
     a.engine.finish(&session)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Streams one answer: (tokens generated, why it ended).
+fn answer(
+    engine: &k3_engine::Engine<'_>,
+    mut turn: Generator<'_, '_>,
+    out: &mut impl Write,
+) -> Result<(u64, Option<Finish>)> {
+    while let Some(t) = turn.step(engine)? {
+        write!(out, "{}", t.text)?;
+        out.flush()?;
+    }
+    writeln!(out, "{}", turn.flush())?;
+    Ok((turn.produced(), turn.finish()))
 }

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use k3_format::Model;
+use k3_engine::Model;
 use serde_json::{Value, json};
 
 fn human_bytes(bytes: u64) -> String {

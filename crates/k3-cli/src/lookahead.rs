@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
+use k3_engine::Predictor;
 use k3_engine::tokenizer::Tokenizer;
-use k3_router::lookahead::Predictor;
 use serde_json::{Value, json};
 
 use crate::prompt::PromptArgs;

@@ -3,10 +3,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use k3_engine::Policy;
 use k3_engine::budget::{parse_size, peak_rss_bytes};
 use k3_engine::{Engine, EngineOptions, RunStats};
-use k3_format::{Model, OutputFile};
-use k3_io::Policy;
+use k3_engine::{Model, OutputFile};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
@@ -80,7 +80,7 @@ impl EngineArgs {
             drop(OutputFile::create(p)?);
         }
         if let Some(p) = self.usage_history.as_ref().filter(|p| p.exists()) {
-            k3_router::UsageHistory::load(p)?;
+            k3_engine::UsageHistory::load(p)?;
         }
         Ok(())
     }
@@ -114,7 +114,7 @@ impl EngineArgs {
     fn start(&self, engine: &Engine<'_>) -> Result<()> {
         self.print_plan(engine);
         if let Some(p) = self.usage_history.as_ref().filter(|p| p.exists()) {
-            let h = k3_router::UsageHistory::load(p)?;
+            let h = k3_engine::UsageHistory::load(p)?;
             let n = engine.pin_hottest(&h);
             if self.verbose {
                 eprintln!("pinned the {n} most used experts of {}", p.display());
@@ -126,7 +126,7 @@ impl EngineArgs {
     /// Adds this run's routing to the usage history, if one was given.
     pub fn finish(&self, session: &k3_engine::Session) -> Result<()> {
         if let Some(p) = &self.usage_history {
-            let mut h = if p.exists() { k3_router::UsageHistory::load(p)? } else { k3_router::UsageHistory::default() };
+            let mut h = if p.exists() { k3_engine::UsageHistory::load(p)? } else { k3_engine::UsageHistory::default() };
             h.merge(&session.usage);
             h.save(p)?;
         }
@@ -218,7 +218,7 @@ impl EngineArgs {
             json["per_token"] = serde_json::Value::Array(steps.clone());
         }
         if let Some(path) = &self.stats_json {
-            k3_format::write_atomic(path, &serde_json::to_vec_pretty(&json)?)?;
+            k3_engine::write_atomic(path, &serde_json::to_vec_pretty(&json)?)?;
         }
         if self.stats {
             if let Some((p, d, steps)) = &split {
@@ -258,6 +258,6 @@ impl EngineArgs {
 
 /// Opens a WASTE model, looking for shards in `shard_dirs` too.
 pub fn open_model(path: &Path, shard_dirs: &[PathBuf]) -> Result<Model> {
-    Model::open_with(path, &k3_format::OpenOptions { shard_dirs: shard_dirs.to_vec() })
+    Model::open_with(path, &k3_engine::OpenOptions { shard_dirs: shard_dirs.to_vec() })
         .with_context(|| format!("opening {}", path.display()))
 }

@@ -1,16 +1,22 @@
 //! Signals, as a Unix tool should treat them: a closed standard output ends the program quietly
-//! (`k3-cli inspect --json | head -1`), and Ctrl-C asks the running command to stop at the next
-//! token, keeping what it has (statistics are still written); a second Ctrl-C exits at once.
+//! (`k3-cli inspect --json | head -1`), and Ctrl-C sets the running command's cancellation flag,
+//! so it stops at the next token and keeps what it has (statistics are still written); a second
+//! Ctrl-C exits at once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static CANCEL: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 
 extern "C" fn on_sigint(_: libc::c_int) {
-    if INTERRUPTED.swap(true, Ordering::SeqCst) {
-        // SAFETY: `_exit` is async-signal-safe; a second Ctrl-C means "now".
-        unsafe { libc::_exit(130) };
+    // Only atomics here: async-signal-safe.
+    if let Some(flag) = CANCEL.get()
+        && !flag.swap(true, Ordering::SeqCst)
+    {
+        return;
     }
+    // SAFETY: `_exit` is async-signal-safe; a second Ctrl-C means "now".
+    unsafe { libc::_exit(130) };
 }
 
 /// Restores the default action of SIGPIPE (Rust ignores it, so writing to a closed pipe would be
@@ -22,19 +28,13 @@ pub fn quiet_broken_pipe() {
     }
 }
 
-/// From now on Ctrl-C sets [`interrupted`] instead of killing the process.
-pub fn catch_ctrl_c() {
-    // SAFETY: the handler only touches an atomic and calls `_exit`, both async-signal-safe.
+/// The flag Ctrl-C sets from now on (instead of killing the process).
+pub fn ctrl_c_flag() -> Arc<AtomicBool> {
+    let flag = CANCEL.get_or_init(|| Arc::new(AtomicBool::new(false))).clone();
+    // SAFETY: the handler only touches atomics (the flag is initialised before it is installed)
+    // and calls `_exit`, both async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
     }
-}
-
-/// Whether Ctrl-C was pressed since the last [`reset`].
-pub fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::SeqCst)
-}
-
-pub fn reset() {
-    INTERRUPTED.store(false, Ordering::SeqCst);
+    flag
 }
