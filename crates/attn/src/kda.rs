@@ -17,6 +17,7 @@
 
 use k3_quant::Matrix;
 use k3_quant::vecops::{axpby, dot};
+use rayon::prelude::*;
 
 use crate::AttnError;
 use crate::ops::{check_len, check_matrix, rms_norm, sigmoid, silu, softplus};
@@ -160,9 +161,10 @@ struct Proj {
     y: Vec<f32>,
 }
 
+/// `out = m xs` for `n` vectors, rows split over the current rayon pool (same bits on any).
 fn matmul_into(m: &Matrix<'_>, xs: &[f32], n: usize, out: &mut Vec<f32>) {
     out.resize(n * m.rows(), 0.0);
-    m.matmul(xs, out);
+    k3_quant::par::matmul(m, xs, out);
 }
 
 impl<'a> Kda<'a> {
@@ -245,74 +247,110 @@ impl<'a> Kda<'a> {
                 matmul_into(b, &p.ga, n, &mut p.gate);
             }
         }
-        let c = self.cfg.channels();
-        p.y.resize(n * c, 0.0);
-        let mut scratch = vec![0f32; 3 * self.cfg.head_dim];
-        for t in 0..n {
-            let r = t * c..(t + 1) * c;
-            self.token(
-                state,
-                [&mut p.q[r.clone()], &mut p.k[r.clone()], &mut p.v[r.clone()]],
-                &p.z[r.clone()],
-                &p.b[t * self.cfg.heads..(t + 1) * self.cfg.heads],
-                &p.gate[r.clone()],
-                &mut p.y[r],
-                &mut scratch,
-            );
+        let (c, hd) = (self.cfg.channels(), self.cfg.head_dim);
+        // Head-major copies: every head's recurrence runs whole on one thread (the heads are
+        // independent), so the result is the same bits on any number of threads.
+        let (mut q, mut k, mut v) = (to_heads(&p.q, n, hd), to_heads(&p.k, n, hd), to_heads(&p.v, n, hd));
+        let mut y = vec![0f32; n * c];
+        let win = hd * (self.cfg.conv_kernel - 1);
+        let [wq, wk, wv] = &mut state.conv;
+        let tasks: Vec<HeadTask<'_>> = q
+            .chunks_mut(n * hd)
+            .zip(k.chunks_mut(n * hd))
+            .zip(v.chunks_mut(n * hd))
+            .zip(y.chunks_mut(n * hd))
+            .zip(state.s.chunks_mut(hd * hd))
+            .zip(wq.chunks_mut(win).zip(wk.chunks_mut(win)).zip(wv.chunks_mut(win)))
+            .enumerate()
+            .map(|(h, (((((q, k), v), y), s), ((a, b), c)))| HeadTask { h, qkv: [q, k, v], y, s, win: [a, b, c] })
+            .collect();
+        let work = n * c * hd;
+        if work >= k3_quant::par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1 {
+            tasks.into_par_iter().for_each(|t| self.head(t, n, &p));
+        } else {
+            tasks.into_iter().for_each(|t| self.head(t, n, &p));
         }
-        w.o_proj.matmul(&p.y, outs);
+        p.y = from_heads(&y, n, hd);
+        k3_quant::par::matmul(&w.o_proj, &p.y, outs);
     }
 
-    /// The recurrence for one token, from its projections; writes the gated head outputs `y`.
-    #[allow(clippy::too_many_arguments)]
-    fn token(
-        &self,
-        st: &mut KdaState,
-        qkv: [&mut [f32]; 3],
-        z: &[f32],
-        b: &[f32],
-        gate: &[f32],
-        y: &mut [f32],
-        scratch: &mut [f32],
-    ) {
-        let (hd, kern) = (self.cfg.head_dim, self.cfg.conv_kernel);
-        let [q, k, v] = qkv;
-        for ((proj, win), taps) in [&mut *q, &mut *k, &mut *v].into_iter().zip(st.conv.iter_mut()).zip([
-            &self.w.q_conv,
-            &self.w.k_conv,
-            &self.w.v_conv,
-        ]) {
-            conv_silu(proj, win, taps, kern);
-        }
+    /// The recurrence of one head over the chunk, from its projections (head-major `[n, hd]`);
+    /// writes the head's gated outputs.
+    fn head(&self, task: HeadTask<'_>, n: usize, p: &Proj) {
+        let HeadTask { h, qkv: [q, k, v], y, s, win } = task;
+        let (hd, kern, c, heads) = (self.cfg.head_dim, self.cfg.conv_kernel, self.cfg.channels(), self.cfg.heads);
+        // This head's channels' taps.
+        let taps = h * hd * kern..(h + 1) * hd * kern;
+        let [win_q, win_k, win_v] = win;
         let q_scale = 1.0 / (hd as f32).sqrt();
+        let a_exp = self.w.a_log[h].exp();
+        let mut scratch = vec![0f32; 3 * hd];
         let (u, rest) = scratch.split_at_mut(hd);
         let (a, decay) = rest.split_at_mut(hd);
-        for h in 0..self.cfg.heads {
-            let r = h * hd..(h + 1) * hd;
-            let (qh, kh, vh) = (&mut q[r.clone()], &mut k[r.clone()], &v[r.clone()]);
+        for t in 0..n {
+            let r = t * hd..(t + 1) * hd;
+            let (qh, kh, vh) = (&mut q[r.clone()], &mut k[r.clone()], &mut v[r.clone()]);
+            conv_silu(qh, win_q, &self.w.q_conv[taps.clone()], kern);
+            conv_silu(kh, win_k, &self.w.k_conv[taps.clone()], kern);
+            conv_silu(vh, win_v, &self.w.v_conv[taps.clone()], kern);
             let qn = 1.0 / (qh.iter().map(|x| x * x).sum::<f32>() + 1e-6).sqrt() * q_scale;
             qh.iter_mut().for_each(|x| *x *= qn);
             let kn = 1.0 / (kh.iter().map(|x| x * x).sum::<f32>() + 1e-6).sqrt();
             kh.iter_mut().for_each(|x| *x *= kn);
-            let a_exp = self.w.a_log[h].exp();
-            for (ch, dc) in decay.iter_mut().enumerate() {
-                let zc = z[h * hd + ch] + self.w.dt_bias[h * hd + ch];
+            let z = &p.z[t * c + h * hd..t * c + (h + 1) * hd];
+            for ((dc, zc), db) in decay.iter_mut().zip(z).zip(&self.w.dt_bias[h * hd..(h + 1) * hd]) {
+                let zc = zc + db;
                 let g = match self.cfg.gate {
                     KdaGate::LowerBound(lb) => lb * sigmoid(a_exp * zc),
                     KdaGate::Softplus => -a_exp * softplus(zc),
                 };
                 *dc = g.exp();
             }
-            let beta = sigmoid(b[h]);
-            let s = &mut st.s[h * hd * hd..(h + 1) * hd * hd];
+            let beta = sigmoid(p.b[t * heads + h]);
             delta_rule(s, qh, kh, vh, decay, beta, u, a);
-            let yh = &mut y[r.clone()];
+            let yh = &mut y[r];
             rms_norm(a, &self.w.o_norm, self.cfg.norm_eps, yh);
-            for (yv, gv) in yh.iter_mut().zip(&gate[r]) {
+            for (yv, gv) in yh.iter_mut().zip(&p.gate[t * c + h * hd..t * c + (h + 1) * hd]) {
                 *yv *= sigmoid(*gv);
             }
         }
     }
+}
+
+/// One head's share of a chunk: its projections and outputs (head-major `[n, hd]`), its state
+/// and its convolution windows.
+struct HeadTask<'x> {
+    h: usize,
+    qkv: [&'x mut [f32]; 3],
+    y: &'x mut [f32],
+    s: &'x mut [f32],
+    win: [&'x mut [f32]; 3],
+}
+
+/// `[n, H*hd]` token-major to `[H, n, hd]` head-major.
+fn to_heads(tm: &[f32], n: usize, hd: usize) -> Vec<f32> {
+    let c = tm.len() / n.max(1);
+    let heads = c / hd;
+    let mut out = vec![0f32; tm.len()];
+    for t in 0..n {
+        for h in 0..heads {
+            out[(h * n + t) * hd..(h * n + t + 1) * hd].copy_from_slice(&tm[t * c + h * hd..t * c + (h + 1) * hd]);
+        }
+    }
+    out
+}
+
+/// `[H, n, hd]` head-major back to `[n, H*hd]` token-major.
+fn from_heads(hm: &[f32], n: usize, hd: usize) -> Vec<f32> {
+    let c = hm.len() / n.max(1);
+    let heads = c / hd;
+    let mut out = vec![0f32; hm.len()];
+    for h in 0..heads {
+        for t in 0..n {
+            out[t * c + h * hd..t * c + (h + 1) * hd].copy_from_slice(&hm[(h * n + t) * hd..(h * n + t + 1) * hd]);
+        }
+    }
+    out
 }
 
 /// The gated delta rule for one head, fused into two passes over the state `s` (`[hd][hd]`,

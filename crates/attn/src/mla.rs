@@ -14,7 +14,8 @@
 //! bit for bit.
 
 use k3_quant::Matrix;
-use k3_quant::gemm;
+use k3_quant::{gemm, par};
+use rayon::prelude::*;
 
 use crate::AttnError;
 use crate::ops::{check_len, check_matrix, rms_norm, sigmoid};
@@ -199,18 +200,18 @@ impl<'a> Mla<'a> {
         match &self.w.q {
             QPath::LowRank { a, norm, b } => {
                 let mut qa = vec![0f32; n * a.rows()];
-                a.matmul(xs, &mut qa);
+                par::matmul(a, xs, &mut qa);
                 let mut normed = vec![0f32; a.rows()];
                 for row in qa.chunks_exact_mut(a.rows()) {
                     rms_norm(row, norm, cfg.lowrank_eps, &mut normed);
                     row.copy_from_slice(&normed);
                 }
-                b.matmul(&qa, &mut q);
+                par::matmul(b, &qa, &mut q);
             }
-            QPath::Direct(m) => m.matmul(xs, &mut q),
+            QPath::Direct(m) => par::matmul(m, xs, &mut q),
         }
         let mut ckv = vec![0f32; n * (l + r)];
-        self.w.kv_a.matmul(xs, &mut ckv);
+        par::matmul(&self.w.kv_a, xs, &mut ckv);
         let mut normed = vec![0f32; l];
         for row in ckv.chunks_exact(l + r) {
             rms_norm(&row[..l], &self.w.kv_a_norm, cfg.lowrank_eps, &mut normed);
@@ -222,24 +223,25 @@ impl<'a> Mla<'a> {
         let mut gate = Vec::new();
         if let Some(g) = &self.w.g_proj {
             gate.resize(n * h * cfg.v_dim, 0.0);
-            g.matmul(xs, &mut gate);
+            par::matmul(g, xs, &mut gate);
         }
+        // Each token attends on its own thread; one token's heads are split instead. Either way
+        // every (token, head) is computed whole by one thread: the same bits on any pool.
         let mut ctx = vec![0f32; n * h * cfg.v_dim];
-        let (mut qabs, mut qext, mut lat) = (vec![0f32; h * l], vec![0f32; h * r], vec![0f32; h * l]);
-        let scale = 1.0 / (qh as f32).sqrt();
-        for t in 0..n {
-            let qt = &q[t * h * qh..(t + 1) * h * qh];
-            for hd in 0..h {
-                let qhd = &qt[hd * qh..(hd + 1) * qh];
-                let wuk = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim), cfg.nope).expect("dense kv_b");
-                wuk.matvec_transposed(&qhd[..cfg.nope], &mut qabs[hd * l..(hd + 1) * l]).expect("dense kv_b");
-                qext[hd * r..(hd + 1) * r].copy_from_slice(&qhd[cfg.nope..]);
-            }
-            attend(&qabs, &qext, &cache.c, &cache.kext, first + t + 1, l, r, scale, &mut lat);
-            for hd in 0..h {
-                let wuv = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim) + cfg.nope, cfg.v_dim).expect("dense kv_b");
-                let out = &mut ctx[(t * h + hd) * cfg.v_dim..(t * h + hd + 1) * cfg.v_dim];
-                wuv.matvec(&lat[hd * l..(hd + 1) * l], out);
+        let cache: &MlaCache = cache;
+        let work = n * h * cache.len * (l + r);
+        let parallel = work >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
+        let hv = h * cfg.v_dim;
+        if n > 1 && parallel {
+            ctx.par_chunks_mut(hv).enumerate().for_each(|(t, c)| self.attend_heads(cache, &q, t, first + t + 1, 0, c));
+        } else if parallel {
+            let group = h.div_ceil(rayon::current_num_threads() * 2).max(1);
+            ctx.par_chunks_mut(group * cfg.v_dim)
+                .enumerate()
+                .for_each(|(g, c)| self.attend_heads(cache, &q, 0, first + 1, g * group, c));
+        } else {
+            for (t, c) in ctx.chunks_mut(hv).enumerate() {
+                self.attend_heads(cache, &q, t, first + t + 1, 0, c);
             }
         }
         if !gate.is_empty() {
@@ -247,7 +249,31 @@ impl<'a> Mla<'a> {
                 *c *= sigmoid(*g);
             }
         }
-        self.w.o_proj.matmul(&ctx, outs);
+        par::matmul(&self.w.o_proj, &ctx, outs);
+    }
+
+    /// Token `t` (of the chunk whose queries are `q`) attends over the first `len` cached
+    /// positions with heads `h0..`, as many as `ctx` (`[heads, v_dim]`) holds.
+    fn attend_heads(&self, cache: &MlaCache, q: &[f32], t: usize, len: usize, h0: usize, ctx: &mut [f32]) {
+        let cfg = &self.cfg;
+        let (l, r, qh) = (cfg.kv_lora, cfg.rope, cfg.nope + cfg.rope);
+        let heads = ctx.len() / cfg.v_dim;
+        let qt = &q[(t * cfg.heads + h0) * qh..(t * cfg.heads + h0 + heads) * qh];
+        let (mut qabs, mut qext, mut lat) = (vec![0f32; heads * l], vec![0f32; heads * r], vec![0f32; heads * l]);
+        for i in 0..heads {
+            let hd = h0 + i;
+            let qhd = &qt[i * qh..(i + 1) * qh];
+            let wuk = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim), cfg.nope).expect("dense kv_b");
+            wuk.matvec_transposed(&qhd[..cfg.nope], &mut qabs[i * l..(i + 1) * l]).expect("dense kv_b");
+            qext[i * r..(i + 1) * r].copy_from_slice(&qhd[cfg.nope..]);
+        }
+        let scale = 1.0 / (qh as f32).sqrt();
+        attend(&qabs, &qext, &cache.c, &cache.kext, len, l, r, scale, &mut lat);
+        for i in 0..heads {
+            let hd = h0 + i;
+            let wuv = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim) + cfg.nope, cfg.v_dim).expect("dense kv_b");
+            wuv.matvec(&lat[i * l..(i + 1) * l], &mut ctx[i * cfg.v_dim..(i + 1) * cfg.v_dim]);
+        }
     }
 }
 

@@ -6,7 +6,8 @@
 //! AVX2/FMA version chosen at run time ([`cpu::level`]).
 //!
 //! Conventions: matrices are row-major `[rows, cols]`, `y = W x`, `y` is overwritten. Kernels are
-//! single-threaded; callers split rows across threads. This crate does no I/O.
+//! single-threaded; callers split rows across threads (`par` does it over a rayon pool, bit for bit
+//! the same as one thread). This crate does no I/O.
 
 pub mod cpu;
 pub mod dense;
@@ -15,6 +16,7 @@ pub mod int4;
 pub mod int8;
 pub mod matrix;
 pub mod mxfp4;
+pub mod par;
 pub mod rng;
 pub mod rtn;
 mod simd;

@@ -1,0 +1,70 @@
+//! Splitting a matrix's rows over the current rayon pool (the caller's `ThreadPool::install`, or
+//! the global pool). The kernels stay single-threaded: each row is computed whole, by one thread,
+//! with the same kernel it would use alone, so however the rows are split — any thread count —
+//! every output is bit-identical (a property test checks it for every encoding).
+
+use rayon::prelude::*;
+
+use crate::Matrix;
+
+/// Rows per task are a multiple of this (a cache line of f32 outputs, and the VQ codes' blocks).
+pub const ROW_BLOCK: usize = 32;
+/// Below this many weights a product runs on the calling thread: waking others costs more.
+pub const MIN_PARALLEL_WEIGHTS: usize = 1 << 18;
+
+/// How many tasks a product of `m` with `batch` vectors is split into on `threads` threads (1:
+/// it runs on the calling thread).
+pub fn tasks(m: &Matrix<'_>, threads: usize, batch: usize) -> usize {
+    rows_per_task(m, threads, batch * m.rows() * m.cols()).map_or(1, |per| m.rows().div_ceil(per))
+}
+
+/// Rows per task for `m` on `threads` threads: about four tasks per thread (for balance), whole
+/// row blocks, and at least `MIN_PARALLEL_WEIGHTS / 4` weights each; `None` to stay serial.
+fn rows_per_task(m: &Matrix<'_>, threads: usize, work: usize) -> Option<usize> {
+    let (rows, cols) = (m.rows(), m.cols().max(1));
+    if threads < 2 || work < MIN_PARALLEL_WEIGHTS || rows < 2 * ROW_BLOCK || m.rows_view(0, ROW_BLOCK).is_none() {
+        return None;
+    }
+    let min_rows = (MIN_PARALLEL_WEIGHTS / 4 / cols).max(1);
+    let per = rows.div_ceil(threads * 4).max(min_rows).next_multiple_of(ROW_BLOCK);
+    (per < rows).then_some(per)
+}
+
+/// `y = W x`, rows split over the current pool.
+pub fn matvec(m: &Matrix<'_>, x: &[f32], y: &mut [f32]) {
+    match rows_per_task(m, rayon::current_num_threads(), m.rows() * m.cols()) {
+        None => m.matvec(x, y),
+        Some(per) => y
+            .par_chunks_mut(per)
+            .enumerate()
+            .for_each(|(i, yc)| m.rows_view(i * per, yc.len()).expect("row blocks are cuttable").matvec(x, yc)),
+    }
+}
+
+/// `Y = W X` for a batch (`xs` `[n, cols]`, `ys` `[n, rows]`), rows split over the current pool:
+/// each task runs the batched kernel on its rows for every vector.
+pub fn matmul(m: &Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
+    let (rows, cols) = (m.rows(), m.cols().max(1));
+    let n = xs.len() / cols;
+    if n == 1 {
+        return matvec(m, xs, ys);
+    }
+    let Some(per) = rows_per_task(m, rayon::current_num_threads(), n * rows * cols) else {
+        return m.matmul(xs, ys);
+    };
+    let parts: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(per))
+        .into_par_iter()
+        .map(|i| {
+            let r = per.min(rows - i * per);
+            let mut out = vec![0f32; n * r];
+            m.rows_view(i * per, r).expect("row blocks are cuttable").matmul(xs, &mut out);
+            (i * per, out)
+        })
+        .collect();
+    for (start, out) in parts {
+        let r = out.len() / n;
+        for (y, o) in ys.chunks_exact_mut(rows).zip(out.chunks_exact(r)) {
+            y[start..start + r].copy_from_slice(o);
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! Rows split over threads give bit-identical products, for every encoding and thread count.
+
+use half::{bf16, f16};
+use k3_quant::{Matrix, int4, int8, mxfp4, par};
+use proptest::prelude::*;
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
+        })
+        .collect()
+}
+
+/// The same product on a pool of `threads`: (matvec, matmul) outputs.
+fn on(threads: usize, m: &Matrix<'_>, x: &[f32], xs: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let n = xs.len() / m.cols();
+    let (mut y, mut ys) = (vec![0f32; m.rows()], vec![0f32; n * m.rows()]);
+    pool.install(|| {
+        par::matvec(m, x, &mut y);
+        par::matmul(m, xs, &mut ys);
+    });
+    (y, ys)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, .. ProptestConfig::default() })]
+
+    #[test]
+    fn any_thread_count_gives_the_same_bits(rows in 520usize..1100, cols_blocks in 16usize..33, n in 2usize..6, seed in any::<u64>()) {
+        let cols = cols_blocks * 32;
+        let w = values(rows * cols, seed);
+        let (x, xs) = (values(cols, seed ^ 1), values(n * cols, seed ^ 2));
+        let wb: Vec<bf16> = w.iter().map(|v| bf16::from_f32(*v)).collect();
+        let (q8, s8) = int8::quantize(&w, cols);
+        let (q4, s4): (Vec<u8>, Vec<f16>) = int4::quantize(&w, cols, 32);
+        let (p, sc) = mxfp4::quantize(&w, cols);
+        let matrices = [
+            Matrix::F32 { w: &w, rows, cols },
+            Matrix::Bf16 { w: &wb, rows, cols },
+            Matrix::Int8Row { q: &q8, scale: &s8, rows, cols },
+            Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows, cols },
+            Matrix::Mxfp4 { packed: &p, scale: &sc, rows, cols },
+        ];
+        for m in &matrices {
+            let one = on(1, m, &x, &xs);
+            for threads in [2, 3, 7] {
+                prop_assert!(par::tasks(m, threads, 1) > 1, "the test must split: {rows}x{cols}");
+                prop_assert!(on(threads, m, &x, &xs) == one, "{m:?} on {threads} threads");
+            }
+        }
+    }
+}
