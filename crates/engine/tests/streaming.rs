@@ -75,6 +75,25 @@ fn logits_are_bit_identical_however_reads_are_scheduled() {
         for (what, opts, chunk) in variants {
             assert!(run(&model, opts, &ids, chunk) == base, "{name}: {what} changed the logits");
         }
+        // Any number of compute threads, prefilled at once or decoded token by token, with reads
+        // overlapped, the lookahead on and reads landing late at random.
+        for threads in [1, 2, 3, 7] {
+            for chunk in [32, 1] {
+                let d = delays.clone();
+                let opts = EngineOptions {
+                    threads,
+                    fault: Some(Arc::new(move |_, _, _| {
+                        let mut x = d.fetch_add(0x9E37_79B9, Ordering::Relaxed);
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        std::thread::sleep(std::time::Duration::from_micros(x % 2000));
+                        None::<Fault>
+                    })),
+                    ..EngineOptions::default()
+                };
+                assert!(run(&model, opts, &ids, chunk) == base, "{name}: {threads} threads, chunks of {chunk}");
+            }
+        }
         drop(delays);
     }
 }

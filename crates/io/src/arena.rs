@@ -2,6 +2,8 @@
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::IoError;
 
@@ -15,6 +17,8 @@ pub struct Arena {
     slot_bytes: usize,
     slots: usize,
     layout: Layout,
+    /// Per slot: how many [`Lease`]s are alive (a leased slot is never read into).
+    leases: Vec<AtomicU32>,
 }
 
 // SAFETY: the arena is plain memory. Who may touch which slot when is decided by the reader's
@@ -33,7 +37,8 @@ impl Arena {
         // SAFETY: the layout has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })
             .ok_or_else(|| IoError::Setup(format!("cannot allocate {total} bytes of read buffers")))?;
-        Ok(Arena { ptr, slot_bytes, slots: slots.max(1), layout })
+        let leases = (0..slots.max(1)).map(|_| AtomicU32::new(0)).collect();
+        Ok(Arena { ptr, slot_bytes, slots: slots.max(1), layout, leases })
     }
 
     pub fn slot_bytes(&self) -> usize {
@@ -64,6 +69,50 @@ impl Arena {
         // SAFETY: in bounds (checked), initialized (zeroed at allocation), not written concurrently
         // (the caller's promise).
         unsafe { std::slice::from_raw_parts(self.slot_ptr(i), len) }
+    }
+}
+
+impl Arena {
+    /// Whether any lease on slot `i` is alive.
+    pub(crate) fn is_leased(&self, i: usize) -> bool {
+        self.leases[i].load(Ordering::Acquire) > 0
+    }
+}
+
+/// A resident record's bytes, shareable with other threads (a compute pool working on an expert
+/// while the I/O thread reads others). While any lease on a slot lives, nothing reads into that
+/// slot — the reader refuses, the cache never evicts it — and the arena's memory outlives the
+/// reader for it.
+pub struct Lease {
+    arena: Arc<Arena>,
+    slot: usize,
+    len: usize,
+}
+
+impl Lease {
+    /// Slot `slot`'s first `len` bytes, which nothing is writing: the caller (the reader) checks.
+    pub(crate) fn new(arena: Arc<Arena>, slot: usize, len: usize) -> Lease {
+        arena.leases[slot].fetch_add(1, Ordering::AcqRel);
+        Lease { arena, slot, len }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: no read was in flight into the slot when the lease was made (`Reader::lease`),
+        // and none can start while it lives (`Reader::submit` refuses a leased slot), so nothing
+        // writes these bytes while they are borrowed; the arena is kept alive by the `Arc`.
+        unsafe { self.arena.slot(self.slot, self.len) }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.arena.leases[self.slot].fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("slot", &self.slot).field("len", &self.len).finish()
     }
 }
 

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use crate::IoError;
+use crate::arena::Lease;
 use crate::reader::{FileId, Priority, ReadRequest, Reader};
 
 /// A routed expert: (layer, expert).
@@ -168,10 +169,13 @@ impl ExpertCache {
     pub fn available(&self) -> usize {
         self.slots
             .iter()
-            .filter(|s| match s {
+            .enumerate()
+            .filter(|(i, s)| match s {
                 Slot::Free => true,
                 Slot::InFlight { .. } => false,
-                Slot::Ready { key, .. } => !self.pinned.contains(key) && !self.protected.contains(key),
+                Slot::Ready { key, .. } => {
+                    !self.pinned.contains(key) && !self.protected.contains(key) && !self.reader.is_leased(*i)
+                }
             })
             .count()
     }
@@ -250,7 +254,7 @@ impl ExpertCache {
             .enumerate()
             .filter_map(|(i, s)| match *s {
                 Slot::Ready { key, last_use, uses, .. }
-                    if !self.pinned.contains(&key) && !self.protected.contains(&key) =>
+                    if !self.pinned.contains(&key) && !self.protected.contains(&key) && !self.reader.is_leased(i) =>
                 {
                     let age = self.clock - last_use;
                     let score = match self.policy {
@@ -320,6 +324,16 @@ impl ExpertCache {
         let &i = self.map.get(&k)?;
         match self.slots[i] {
             Slot::Ready { len, .. } => self.reader.data(i, len),
+            _ => None,
+        }
+    }
+
+    /// A resident record's bytes for another thread: its slot is neither read into nor evicted
+    /// until the lease is dropped.
+    pub fn lease(&self, k: Key) -> Option<Lease> {
+        let &i = self.map.get(&k)?;
+        match self.slots[i] {
+            Slot::Ready { len, .. } => self.reader.lease(i, len),
             _ => None,
         }
     }

@@ -16,7 +16,7 @@ mod backend;
 pub mod cache;
 pub mod reader;
 
-pub use arena::Arena;
+pub use arena::{Arena, Lease};
 pub use cache::{CacheStats, ExpertCache, Key, Location, Policy, Status};
 pub use reader::{BackendChoice, Completion, FileId, Priority, ReadRequest, Reader, ReaderOptions};
 

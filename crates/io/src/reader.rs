@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::IoError;
-use crate::arena::{ALIGN, Arena};
+use crate::arena::{ALIGN, Arena, Lease};
 use crate::backend::{Backend, Done, Op, Pread, Uring};
 
 /// Which backend to use.
@@ -243,6 +243,9 @@ impl Reader {
         if req.slot >= self.in_flight.len() || self.in_flight[req.slot] {
             return Err(IoError::Request(format!("slot {} is out of range or already being read", req.slot)));
         }
+        if self.arena.is_leased(req.slot) {
+            return Err(IoError::Request(format!("slot {} is leased: its record is still being used", req.slot)));
+        }
         if req.len == 0 || req.len > self.arena.slot_bytes() || req.len > u32::MAX as usize {
             return Err(IoError::Request(format!(
                 "{} bytes do not fit a {}-byte slot",
@@ -306,6 +309,20 @@ impl Reader {
             self.stash.push_back(c);
         }
         None
+    }
+
+    /// A lease on the first `len` bytes of `slot` (for another thread), unless a read into it is
+    /// in flight.
+    pub fn lease(&self, slot: usize, len: usize) -> Option<Lease> {
+        if slot >= self.in_flight.len() || self.in_flight[slot] || len > self.arena.slot_bytes() {
+            return None;
+        }
+        Some(Lease::new(self.arena.clone(), slot, len))
+    }
+
+    /// Whether a lease on `slot` is alive.
+    pub fn is_leased(&self, slot: usize) -> bool {
+        slot < self.in_flight.len() && self.arena.is_leased(slot)
     }
 
     /// The first `len` bytes of `slot`, unless a read into it is in flight.

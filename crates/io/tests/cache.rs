@@ -183,3 +183,43 @@ fn a_pinned_expert_survives_a_sweep_through_every_other() {
     }
     assert!(c.contains((3, 7)));
 }
+
+/// A leased record is used on another thread while the cache goes on: its slot is neither evicted
+/// nor read into until the lease is dropped, and its bytes stay the record's throughout.
+#[test]
+fn a_leased_slot_is_never_reused_while_the_lease_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cache, f) = setup(dir.path(), 2, Policy::Lru);
+    let a: Key = (0, 1);
+    assert_eq!(cache.request(a, loc(f, a), Priority::Demand).unwrap(), Status::Issued);
+    let (k, r) = cache.wait_any(&[a]).unwrap();
+    assert!(k == a && r.is_ok());
+    let lease = cache.lease(a).unwrap();
+    let worker = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(lease.bytes(), record(a).as_slice(), "the bytes stay the record's");
+    });
+    // Every other key wants a slot; only the one free slot can take them.
+    for e in 2..EXPERTS {
+        let k = (0, e);
+        match cache.request(k, loc(f, k), Priority::Demand).unwrap() {
+            Status::Issued | Status::Pending => {
+                let _ = cache.wait_any(&[k]);
+            }
+            Status::Hit => {}
+            Status::NoRoom => panic!("one slot is free"),
+        }
+        assert!(cache.contains(a), "the leased record is not evicted");
+    }
+    worker.join().unwrap();
+    // The lease is gone: its slot can be taken again.
+    let mut evicted = false;
+    for e in 2..EXPERTS {
+        let k = (1, e);
+        if cache.request(k, loc(f, k), Priority::Demand).unwrap() == Status::Issued {
+            let _ = cache.wait_any(&[k]);
+        }
+        evicted |= !cache.contains(a);
+    }
+    assert!(evicted, "after the lease the slot is reused");
+}

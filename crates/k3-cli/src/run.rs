@@ -19,6 +19,10 @@ pub struct EngineArgs {
     /// perplexity].
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
     pub context: Option<u64>,
+    /// Compute threads [default: one per core]. Reads run on their own thread besides; results
+    /// are the same bits for any number.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
     /// Read, then compute (no overlap of expert reads with arithmetic), for measurement.
     #[arg(long)]
     pub no_overlap: bool,
@@ -95,6 +99,7 @@ impl EngineArgs {
             context: self.context.unwrap_or(needs.context).max(needs.min_context),
             chunk: needs.chunk as u64,
             reserved_bytes: needs.reserved_bytes,
+            threads: self.threads.map_or(0, usize::from),
             verify_trunk: !self.no_verify,
             ..EngineOptions::default()
         })
@@ -139,6 +144,7 @@ impl EngineArgs {
         }
         let p = engine.plan();
         let mb = |b: u64| b as f64 / 1e6;
+        eprintln!("compute threads: {} (reads on a thread of their own)", engine.threads());
         match engine.trunk_check() {
             Some(c) => eprintln!(
                 "trunk checksums verified: {:.1} MB in {:.3} s ({:.2} GB/s)",

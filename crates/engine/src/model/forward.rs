@@ -128,9 +128,10 @@ impl<'m> Engine<'m> {
             rms_norm(&a_in, &layer.input_norm, self.eps(), &mut c.normed[t * d..(t + 1) * d]);
         }
         let t_att = started.elapsed().as_secs_f64();
+        let (normed, out) = (&c.normed, &mut c.out);
         match (&layer.attn, &mut session.layers[li]) {
-            (Attn::Kda(k), LayerState::Kda(s)) => k.prefill(s, &c.normed, &mut c.out),
-            (Attn::Mla(m), LayerState::Mla(cache)) => m.prefill(cache, &c.normed, &mut c.out),
+            (Attn::Kda(k), LayerState::Kda(s)) => self.compute.run(|| k.prefill(s, normed, out)),
+            (Attn::Mla(m), LayerState::Mla(cache)) => self.compute.run(|| m.prefill(cache, normed, out)),
             _ => return Err(EngineError::Input(format!("the session does not belong to this model (layer {li})"))),
         }
         if let Some(tl) = session.timeline.as_mut() {
@@ -170,9 +171,8 @@ impl<'m> Engine<'m> {
         }
         match &layer.ffn {
             Ffn::Dense(mlp) => {
-                for (x, o) in c.normed.chunks_exact(d).zip(c.out.chunks_exact_mut(d)) {
-                    mlp.forward(self.cfg.activation, x, o);
-                }
+                let (normed, out, act) = (&c.normed, &mut c.out, self.cfg.activation);
+                self.compute.run(|| mlp.forward_batch(act, normed, out));
             }
             Ffn::Moe(moe) => {
                 let predicted: Vec<Vec<u32>> = if self.prefetch_earns(session, li) {
@@ -212,17 +212,17 @@ impl<'m> Engine<'m> {
     /// The final norm (K3: after the output AttnRes mix) and the logits, `[n, vocab]`.
     fn logits(&self, c: &Chunk) -> Vec<f32> {
         let d = self.hidden;
-        let mut logits = vec![0f32; c.n * self.vocab];
-        let mut o = vec![0f32; d];
-        for t in 0..c.n {
+        let mut normed = vec![0f32; c.n * d];
+        for (t, o) in normed.chunks_exact_mut(d).enumerate() {
             let ht = &c.h[t * d..(t + 1) * d];
             let fin = match &self.out_res {
                 Some(w) => mix(&c.blocks[t], ht, w, self.eps()),
                 None => ht.to_vec(),
             };
-            rms_norm(&fin, &self.norm, self.eps(), &mut o);
-            self.lm_head.matvec(&o, &mut logits[t * self.vocab..(t + 1) * self.vocab]);
+            rms_norm(&fin, &self.norm, self.eps(), o);
         }
+        let mut logits = vec![0f32; c.n * self.vocab];
+        self.compute.matmul(&self.lm_head, &normed, &mut logits);
         logits
     }
 }

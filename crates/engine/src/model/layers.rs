@@ -4,8 +4,8 @@
 use k3_attn::kda::a_log_per_head;
 use k3_attn::{Kda, KdaConfig, KdaGate, KdaWeights, Mla, MlaConfig, MlaWeights, OutputGate, PositionEmbedding, QPath};
 use k3_format::Model;
-use k3_quant::Matrix;
 use k3_quant::vecops::sigmoid;
+use k3_quant::{Matrix, par};
 use k3_router::RouterConfig;
 
 use crate::EngineError;
@@ -46,6 +46,19 @@ impl Mlp<'_> {
             }
             self.down.matvec(g, out);
         })
+    }
+
+    /// A batch (`xs` `[n, in]`, `outs` `[n, out]`) as three matrix products whose rows are split
+    /// over the current rayon pool: the same bits as [`forward`](Self::forward) per vector.
+    pub fn forward_batch(&self, act: Activation, xs: &[f32], outs: &mut [f32]) {
+        let n = xs.len() / self.gate.cols().max(1);
+        let (mut g, mut u) = (vec![0f32; n * self.gate.rows()], vec![0f32; n * self.up.rows()]);
+        par::matmul(&self.gate, xs, &mut g);
+        par::matmul(&self.up, xs, &mut u);
+        for (gv, uv) in g.iter_mut().zip(&u) {
+            *gv = activate(act, *gv, *uv);
+        }
+        par::matmul(&self.down, &g, outs);
     }
 
     fn load<'m>(model: &'m Model, n: &MlpNames) -> Result<Mlp<'m>, EngineError> {

@@ -4,10 +4,11 @@
 //! One file per concern: `options` (how an engine runs), `layers` (the layers and how they are
 //! built from the file), `forward` (the pass over a chunk), `moe` (the streaming MoE step),
 //! `lookahead` (guessing and prefetching the next layer's experts), `expert_io` (the reader and
-//! cache), `attnres` (K3's residual mix), `session` (a sequence's state), `stats` (counters and
-//! timelines); the memory plan is `crate::plan`.
+//! cache), `compute` (the thread pool), `attnres` (K3's residual mix), `session` (a sequence's
+//! state), `stats` (counters and timelines); the memory plan is `crate::plan`.
 
 mod attnres;
+mod compute;
 mod expert_io;
 mod forward;
 mod layers;
@@ -32,6 +33,7 @@ use crate::names;
 use crate::plan::{self, Demand, Footprint, MemoryPlan};
 use crate::verify::TrunkCheck;
 use crate::weights::{Rotations, matrix, vector_of};
+use compute::Compute;
 use expert_io::ExpertIo;
 use layers::{Attn, Ffn, Layer, res_vector};
 
@@ -58,6 +60,7 @@ pub struct Engine<'m> {
     opts: EngineOptions,
     plan: MemoryPlan,
     trunk_check: Option<TrunkCheck>,
+    compute: Compute,
 }
 
 impl<'m> Engine<'m> {
@@ -108,7 +111,9 @@ impl<'m> Engine<'m> {
             Some(Mutex::new(ExpertIo::open(model, &opts, plan.slot_bytes as usize, plan.cache_slots as usize)?))
         };
         let lookahead_margin = (cfg.experts_per_token as usize).div_ceil(2);
+        let compute = Compute::new(opts.threads)?;
         Ok(Engine {
+            compute,
             model,
             hidden: d,
             vocab,
@@ -159,6 +164,11 @@ impl<'m> Engine<'m> {
 
     pub fn layers(&self) -> usize {
         self.layers.len()
+    }
+
+    /// The compute threads.
+    pub fn threads(&self) -> usize {
+        self.compute.threads()
     }
 
     fn eps(&self) -> f32 {

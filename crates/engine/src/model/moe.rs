@@ -1,17 +1,21 @@
 //! The streaming MoE step over a chunk of tokens:
 //! 1. route every token; the chunk's unique experts are requested at once (demand), each read once;
 //! 2. while reads are in flight, the latent projections and the shared expert are computed;
-//! 3. experts are used in arrival order (with `overlap` off: each wave is read, then computed);
+//! 3. each expert, as its record lands, is computed on a free compute worker (a lease keeps its
+//!    cache slot untouched meanwhile) for every token that chose it, as one batched product; the
+//!    calling thread meanwhile keeps reads flowing (with `overlap` off: each wave is read, then
+//!    computed);
 //! 4. once the layer's own reads have landed, the next layer's predicted experts are prefetched
 //!    into free slots (`lookahead`);
 //! 5. each token's expert outputs are summed in routing order, so the result never depends on
-//!    which read finished first.
+//!    which read, or which worker, finished first.
 
 use std::collections::VecDeque;
+use std::sync::mpsc;
 use std::time::Instant;
 
 use k3_format::Model;
-use k3_io::{Key, Priority, Status};
+use k3_io::{Key, Lease, Priority, Status};
 use k3_quant::vecops::rms_norm;
 use k3_router::{Routing, route};
 
@@ -37,8 +41,12 @@ impl Clock<'_> {
     /// Records `kind` from `since` until now.
     pub fn span(&mut self, kind: SpanKind, since: f64) {
         let end = self.now();
+        self.push(kind, since, end);
+    }
+
+    pub fn push(&mut self, kind: SpanKind, start: f64, end: f64) {
         if let Some(v) = self.spans.as_mut() {
-            v.push(Span { layer: self.layer, kind, start: since, end });
+            v.push(Span { layer: self.layer, kind, start, end });
         }
     }
 }
@@ -64,14 +72,9 @@ impl Reads {
         Ok(())
     }
 
-    /// Blocks until at least one more record lands (with `overlap` off, until the whole wave has).
+    /// Blocks until at least one more of this layer's records lands (with `overlap` off, until
+    /// the whole wave has).
     fn wait(&mut self, io: &mut ExpertIo, overlap: bool) -> Result<(), EngineError> {
-        if self.inflight.is_empty() {
-            // Every slot holds an in-flight prefetch: let one land, then ask again. A failed
-            // prefetch only costs its slot; the demand read that needs it reports errors.
-            let _ = io.cache.wait_next().ok_or(k3_io::IoError::Closed)?;
-            return Ok(());
-        }
         loop {
             let (key, res) = io.cache.wait_any(&self.inflight).ok_or(k3_io::IoError::Closed)?;
             res.map_err(|e| expert_error(key, e))?;
@@ -93,6 +96,14 @@ struct Prepared {
     shared: Vec<f32>,
 }
 
+/// What a worker sends back for one expert: its outputs per (token, routing rank) slot, and when
+/// it ran (seconds from the step's start).
+struct ExpertDone {
+    key: Key,
+    outputs: Result<Vec<(usize, Vec<f32>)>, EngineError>,
+    span: (f64, f64),
+}
+
 impl<'m> Engine<'m> {
     /// A MoE layer over a chunk of tokens (`xs` normed inputs `[n, d]`, `outs` `[n, d]`).
     #[allow(clippy::too_many_arguments)]
@@ -108,7 +119,7 @@ impl<'m> Engine<'m> {
         clock: &mut Clock<'_>,
     ) -> Result<(), EngineError> {
         let t_moe = clock.now();
-        let keys = route_chunk(moe, xs, self.hidden, routings, layer.index);
+        let keys = self.route_chunk(moe, xs, routings, layer.index);
         let io = self.io.as_ref().ok_or_else(|| EngineError::Input("the model has no expert shards".into()))?;
         let mut io = io.lock().map_err(|_| EngineError::Input("a previous expert read panicked".into()))?;
         let io = &mut *io;
@@ -122,39 +133,104 @@ impl<'m> Engine<'m> {
         // Expert outputs per (token, routing rank), summed in rank order at the end.
         let k = moe.router.top_k;
         let mut ys = vec![0f32; routings.len() * k * prep.zd];
-        let mut prefetched = !self.opts.lookahead;
-        let mut done = 0usize;
-        loop {
-            if !prefetched && reads.queue.is_empty() && reads.inflight.is_empty() {
-                lookahead::prefetch(self, io, moe, layer.index + 1, predicted)?;
-                prefetched = true;
+        let routings: &[Routing] = routings;
+        let (tx, rx) = mpsc::channel::<ExpertDone>();
+        let prep_ref = &prep;
+        let result = self.compute.pool().in_place_scope(|scope| -> Result<(), EngineError> {
+            let mut prefetched = !self.opts.lookahead;
+            let (mut done, mut working) = (0usize, 0usize);
+            // Applies a finished expert's outputs and frees its slot.
+            let land =
+                |d: ExpertDone, io: &mut ExpertIo, ys: &mut [f32], stats: &mut RunStats, clock: &mut Clock<'_>| {
+                    io.cache.release(d.key);
+                    stats.expert_compute_seconds += d.span.1 - d.span.0;
+                    clock.push(SpanKind::Expert(d.key.1), d.span.0, d.span.1);
+                    for (slot, v) in d.outputs? {
+                        ys[slot * prep_ref.zd..(slot + 1) * prep_ref.zd].copy_from_slice(&v);
+                    }
+                    Ok::<(), EngineError>(())
+                };
+            loop {
+                if !prefetched && reads.queue.is_empty() && reads.inflight.is_empty() {
+                    lookahead::prefetch(self, io, moe, layer.index + 1, predicted)?;
+                    prefetched = true;
+                }
+                for key in std::mem::take(&mut reads.ready) {
+                    let lease = io.cache.lease(key).ok_or(k3_io::IoError::Closed)?;
+                    let tx = tx.clone();
+                    let start = clock.start;
+                    working += 1;
+                    scope.spawn(move |_| {
+                        let t0 = start.elapsed().as_secs_f64();
+                        let outputs = self.run_expert(key, &lease, routings, prep_ref, k);
+                        drop(lease);
+                        let span = (t0, start.elapsed().as_secs_f64());
+                        // The coordinator outlives every worker of the scope.
+                        let _ = tx.send(ExpertDone { key, outputs, span });
+                    });
+                }
+                while let Ok(d) = rx.try_recv() {
+                    (working, done) = (working - 1, done + 1);
+                    land(d, io, &mut ys, stats, clock)?;
+                }
+                if done == keys.len() {
+                    return Ok(());
+                }
+                reads.fill(io, self.model)?;
+                if !reads.ready.is_empty() {
+                    continue;
+                }
+                let (t_wait, t_w) = (Instant::now(), clock.now());
+                if !reads.inflight.is_empty() {
+                    reads.wait(io, self.opts.overlap)?;
+                } else if working > 0 {
+                    // Every demand read has landed (or waits for a slot a worker still uses).
+                    let d = rx.recv().map_err(|_| k3_io::IoError::Closed)?;
+                    (working, done) = (working - 1, done + 1);
+                    land(d, io, &mut ys, stats, clock)?;
+                    continue;
+                } else {
+                    // Every slot holds an in-flight prefetch: let one land, then ask again. A
+                    // failed prefetch only costs its slot; the demand read that needs it reports.
+                    let _ = io.cache.wait_next().ok_or(k3_io::IoError::Closed)?;
+                }
+                // Waiting counts only while no worker had an expert to compute.
+                if working == 0 {
+                    stats.io_wait_seconds += t_wait.elapsed().as_secs_f64();
+                    clock.span(SpanKind::Wait, t_w);
+                }
             }
-            for key in std::mem::take(&mut reads.ready) {
-                let t0 = Instant::now();
-                let t_exp = clock.now();
-                self.run_expert(io, key, routings, &prep, k, &mut ys)?;
-                io.cache.release(key);
-                done += 1;
-                stats.expert_compute_seconds += t0.elapsed().as_secs_f64();
-                clock.span(SpanKind::Expert(key.1), t_exp);
+        });
+        stats.io_span_seconds += t_io.elapsed().as_secs_f64();
+        if let Err(e) = result {
+            // Whatever the step did not use must not stay protected.
+            for k in &keys {
+                io.cache.release(*k);
             }
-            if done == keys.len() {
-                break;
-            }
-            reads.fill(io, self.model)?;
-            if !reads.ready.is_empty() {
-                continue;
-            }
-            let (t_wait, t_w) = (Instant::now(), clock.now());
-            reads.wait(io, self.opts.overlap)?;
-            stats.io_wait_seconds += t_wait.elapsed().as_secs_f64();
-            clock.span(SpanKind::Wait, t_w);
+            return Err(e);
         }
         let t_sum = clock.now();
-        stats.io_span_seconds += t_io.elapsed().as_secs_f64();
         self.combine(moe, routings, &prep, &ys, outs);
         clock.span(SpanKind::MoeOther, t_sum);
         Ok(())
+    }
+
+    /// Routes every token of the chunk (the gate as one product over the chunk); returns the
+    /// chunk's distinct experts as cache keys, in order of first use.
+    fn route_chunk(&self, moe: &Moe<'_>, xs: &[f32], routings: &mut [Routing], layer: u32) -> Vec<Key> {
+        let e = moe.router.experts;
+        let mut logits = vec![0f32; routings.len() * e];
+        self.compute.matmul(&moe.gate, xs, &mut logits);
+        let mut keys: Vec<Key> = Vec::new();
+        for (l, r) in logits.chunks_exact(e).zip(routings.iter_mut()) {
+            route(&moe.router, l, &moe.bias, r);
+            for &x in &r.experts {
+                if !keys.contains(&(layer, x)) {
+                    keys.push((layer, x));
+                }
+            }
+        }
+        keys
     }
 
     /// The latent projections and the shared expert: work that needs no routed expert.
@@ -164,7 +240,7 @@ impl<'m> Engine<'m> {
         let zs: Vec<f32> = match &moe.latent {
             Some((down, _, _)) => {
                 let mut z = vec![0f32; n * down.rows()];
-                down.matmul(xs, &mut z);
+                self.compute.matmul(down, xs, &mut z);
                 z
             }
             None => xs.to_vec(),
@@ -172,25 +248,23 @@ impl<'m> Engine<'m> {
         let zd = zs.len() / n;
         let mut shared = vec![0f32; n * d];
         if let Some(sh) = &moe.shared {
-            for (x, o) in xs.chunks_exact(d).zip(shared.chunks_exact_mut(d)) {
-                sh.forward(self.cfg.activation, x, o);
-            }
+            let act = self.cfg.activation;
+            self.compute.run(|| sh.forward_batch(act, xs, &mut shared));
         }
         Prepared { zs, zd, shared }
     }
 
-    /// One landed expert, applied to every token of the chunk that chose it.
+    /// One landed expert applied to every token of the chunk that chose it, as one batched
+    /// product: its outputs per (token, routing rank) slot.
     fn run_expert(
         &self,
-        io: &ExpertIo,
         key: Key,
+        lease: &Lease,
         routings: &[Routing],
         prep: &Prepared,
         k: usize,
-        ys: &mut [f32],
-    ) -> Result<(), EngineError> {
-        let bytes = io.cache.get(key).ok_or(k3_io::IoError::Closed)?;
-        let rec = self.model.expert(key.0, key.1)?.parse(bytes, false)?;
+    ) -> Result<Vec<(usize, Vec<f32>)>, EngineError> {
+        let rec = self.model.expert(key.0, key.1)?.parse(lease.bytes(), false)?;
         let r = &self.rotations;
         let mlp = Mlp {
             gate: expert_matrix("w1", rec.matrix("w1")?, r)?,
@@ -198,51 +272,42 @@ impl<'m> Engine<'m> {
             down: expert_matrix("w2", rec.matrix("w2")?, r)?,
         };
         let zd = prep.zd;
-        for (t, rt) in routings.iter().enumerate() {
-            if let Some(rank) = rt.experts.iter().position(|&e| e == key.1) {
-                let slot = (t * k + rank) * zd;
-                mlp.forward(self.cfg.activation, &prep.zs[t * zd..(t + 1) * zd], &mut ys[slot..slot + zd]);
-            }
+        let slots: Vec<(usize, usize)> = routings
+            .iter()
+            .enumerate()
+            .filter_map(|(t, rt)| rt.experts.iter().position(|&e| e == key.1).map(|rank| (t, t * k + rank)))
+            .collect();
+        let xs: Vec<f32> = slots.iter().flat_map(|(t, _)| prep.zs[t * zd..(t + 1) * zd].iter().copied()).collect();
+        let mut ys = vec![0f32; slots.len() * zd];
+        if slots.len() == 1 {
+            mlp.forward(self.cfg.activation, &xs, &mut ys);
+        } else {
+            mlp.forward_batch(self.cfg.activation, &xs, &mut ys);
         }
-        Ok(())
+        Ok(slots.iter().zip(ys.chunks_exact(zd)).map(|((_, slot), y)| (*slot, y.to_vec())).collect())
     }
 
     /// Each token's expert outputs weighted and summed in routing order, projected back up
-    /// (LatentMoE), plus the shared expert.
+    /// (LatentMoE, one product over the chunk), plus the shared expert.
     fn combine(&self, moe: &Moe<'m>, routings: &[Routing], prep: &Prepared, ys: &[f32], outs: &mut [f32]) {
-        let (d, zd, k) = (self.hidden, prep.zd, moe.router.top_k);
-        for (t, r) in routings.iter().enumerate() {
-            let mut u = vec![0f32; zd];
+        let (zd, k) = (prep.zd, moe.router.top_k);
+        let n = routings.len();
+        let mut us = vec![0f32; n * zd];
+        for ((t, r), u) in routings.iter().enumerate().zip(us.chunks_exact_mut(zd)) {
             for (rank, w) in r.weights.iter().enumerate() {
                 u.iter_mut().zip(&ys[(t * k + rank) * zd..(t * k + rank + 1) * zd]).for_each(|(a, b)| *a += w * b);
             }
-            let out = &mut outs[t * d..(t + 1) * d];
-            match &moe.latent {
-                Some((_, norm, up)) => {
-                    let mut un = vec![0f32; zd];
-                    rms_norm(&u, norm, self.eps(), &mut un);
-                    up.matvec(&un, out);
+        }
+        match &moe.latent {
+            Some((_, norm, up)) => {
+                let mut normed = vec![0f32; n * zd];
+                for (u, o) in us.chunks_exact(zd).zip(normed.chunks_exact_mut(zd)) {
+                    rms_norm(u, norm, self.eps(), o);
                 }
-                None => out.copy_from_slice(&u),
+                self.compute.matmul(up, &normed, outs);
             }
-            out.iter_mut().zip(&prep.shared[t * d..(t + 1) * d]).for_each(|(a, b)| *a += b);
+            None => outs.copy_from_slice(&us),
         }
+        outs.iter_mut().zip(&prep.shared).for_each(|(a, b)| *a += b);
     }
-}
-
-/// Routes every token of the chunk; returns the chunk's distinct experts as cache keys, in order
-/// of first use.
-fn route_chunk(moe: &Moe<'_>, xs: &[f32], d: usize, routings: &mut [Routing], layer: u32) -> Vec<Key> {
-    let mut logits = vec![0f32; moe.router.experts];
-    let mut keys: Vec<Key> = Vec::new();
-    for (x, r) in xs.chunks_exact(d).zip(routings.iter_mut()) {
-        moe.gate.matvec(x, &mut logits);
-        route(&moe.router, &logits, &moe.bias, r);
-        for &e in &r.experts {
-            if !keys.contains(&(layer, e)) {
-                keys.push((layer, e));
-            }
-        }
-    }
-    keys
 }

@@ -26,6 +26,9 @@ pub struct EngineOptions {
     pub chunk: u64,
     /// Memory the caller keeps beside the engine (the logits it collects, say), for the plan.
     pub reserved_bytes: u64,
+    /// Compute threads (0: one per core). The reader's I/O thread and the calling thread come on
+    /// top; results are the same bits for any number.
+    pub threads: usize,
     /// Check every trunk tensor's checksum when loading (on every core). Off only for a model
     /// that was verified before (`k3-cli verify`) and has not been touched since.
     pub verify_trunk: bool,
@@ -46,6 +49,7 @@ impl Default for EngineOptions {
             context: 4096,
             chunk: 256,
             reserved_bytes: 0,
+            threads: 0,
             verify_trunk: true,
             fault: None,
         }
@@ -61,6 +65,7 @@ impl std::fmt::Debug for EngineOptions {
             .field("policy", &self.policy)
             .field("context", &self.context)
             .field("chunk", &self.chunk)
+            .field("threads", &self.threads)
             .field("verify_trunk", &self.verify_trunk)
             .finish_non_exhaustive()
     }
