@@ -21,6 +21,15 @@ pub fn expert(layer: u32, expert: u32, w: &str) -> String {
     format!("model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}")
 }
 
+/// The (layer, expert) a routed expert's tensor name belongs to (the inverse of [`expert`]).
+pub fn parse_expert(name: &str) -> Option<(u32, u32)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let rest = rest.strip_prefix("block_sparse_moe.experts.")?;
+    let (expert, _) = rest.split_once('.')?;
+    Some((layer.parse().ok()?, expert.parse().ok()?))
+}
+
 /// What every layer has: its norms and (K3) its AttnRes score vectors.
 #[derive(Debug, Clone)]
 pub struct LayerNames {

@@ -17,6 +17,7 @@ use k3_quant::rng::XorShift;
 use k3_quant::vq::{Codec, Rotation};
 
 use crate::EngineError;
+use crate::names::{self, KdaNames, LayerNames, MlaNames, MlpNames, MoeNames};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Preset {
@@ -58,7 +59,27 @@ const K3_PROXY: Preset = Preset {
     predictable_routing: false,
 };
 
-pub const PRESETS: [Preset; 3] = [
+/// K3's architecture small enough to live in memory here (1.8 GB, every expert cached), so decode
+/// is compute-bound: what threads buy, measured without the drive in the way.
+const K3_MEDIUM: Preset = Preset {
+    name: "k3-medium",
+    layers: 8,
+    hidden: 2048,
+    vocab: 32768,
+    experts: 64,
+    top_k: 8,
+    latent: 1024,
+    expert_width: 1024,
+    dense_width: 8192,
+    kda_heads: 16,
+    head_dim: 128,
+    mla_heads: 16,
+    q_lora: 512,
+    kv_lora: 512,
+    predictable_routing: false,
+};
+
+pub const PRESETS: [Preset; 4] = [
     Preset {
         name: "k3-tiny",
         layers: 4,
@@ -79,6 +100,7 @@ pub const PRESETS: [Preset; 3] = [
     K3_PROXY,
     // The same sizes and I/O per token, with routing a lookahead can predict (module docs).
     Preset { name: "k3-proxy-routed", predictable_routing: true, ..K3_PROXY },
+    K3_MEDIUM,
 ];
 
 pub fn preset(name: &str) -> Option<Preset> {
@@ -205,91 +227,81 @@ pub fn synth(
     };
     let s = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
     let (vocab, h, hd) = (p.vocab, p.kda_heads, p.head_dim);
-    put(&mut w, "model.embed_tokens.weight", Encoding::Bf16, &[vocab as u64, d as u64], g.bf16(vocab * d, 1.0))?;
-    put(&mut w, "lm_head.weight", Encoding::Bf16, &[vocab as u64, d as u64], g.bf16(vocab * d, s(d)))?;
+    put(&mut w, names::EMBED, Encoding::Bf16, &[vocab as u64, d as u64], g.bf16(vocab * d, 1.0))?;
+    put(&mut w, names::LM_HEAD, Encoding::Bf16, &[vocab as u64, d as u64], g.bf16(vocab * d, s(d)))?;
     let ones = |n: usize| -> Vec<u8> { (0..n).flat_map(|_| bf16::ONE.to_le_bytes()).collect() };
-    for n in ["model.norm.weight", "model.output_attn_res_norm.weight"] {
+    for n in [names::NORM, names::OUT_RES_NORM] {
         put(&mut w, n, Encoding::Bf16, &[d as u64], ones(d))?;
     }
-    put(&mut w, "model.output_attn_res_proj.weight", Encoding::Bf16, &[1, d as u64], g.bf16(d, s(d)))?;
+    put(&mut w, names::OUT_RES_PROJ, Encoding::Bf16, &[1, d as u64], g.bf16(d, s(d)))?;
     // Predictable routing: one router for all MoE layers, residual updates scaled down.
     let shared_router = p.predictable_routing.then(|| g.bf16(p.experts as usize * d, s(d)));
     let branch = if p.predictable_routing { 0.1 } else { 1.0 };
     for i in 0..p.layers {
-        let l = |n: &str| format!("model.layers.{i}.{n}");
-        for n in [
-            "input_layernorm.weight",
-            "post_attention_layernorm.weight",
-            "self_attention_res_norm.weight",
-            "mlp_res_norm.weight",
-        ] {
-            put(&mut w, &l(n), Encoding::Bf16, &[d as u64], ones(d))?;
+        let ln = LayerNames::of(i);
+        for n in [&ln.input_norm, &ln.post_norm, &ln.att_res_norm, &ln.mlp_res_norm] {
+            put(&mut w, n, Encoding::Bf16, &[d as u64], ones(d))?;
         }
-        for n in ["self_attention_res_proj.weight", "mlp_res_proj.weight"] {
-            put(&mut w, &l(n), Encoding::Bf16, &[1, d as u64], g.bf16(d, s(d)))?;
+        for n in [&ln.att_res_proj, &ln.mlp_res_proj] {
+            put(&mut w, n, Encoding::Bf16, &[1, d as u64], g.bf16(d, s(d)))?;
         }
         let mat = |w: &mut ModelWriter, g: &mut Gen, n: &str, r: usize, c: usize| {
-            put(w, &l(n), Encoding::Bf16, &[r as u64, c as u64], g.bf16(r * c, s(c)))
+            put(w, n, Encoding::Bf16, &[r as u64, c as u64], g.bf16(r * c, s(c)))
         };
         // A matrix writing into the residual stream.
         let out_mat = |w: &mut ModelWriter, g: &mut Gen, n: &str, r: usize, c: usize| {
-            put(w, &l(n), Encoding::Bf16, &[r as u64, c as u64], g.bf16(r * c, branch * s(c)))
+            put(w, n, Encoding::Bf16, &[r as u64, c as u64], g.bf16(r * c, branch * s(c)))
         };
         if is_mla(p, i) {
             let (q, kv, heads) = (p.q_lora, p.kv_lora, p.mla_heads);
-            mat(&mut w, &mut g, "self_attn.q_a_proj.weight", q, d)?;
-            mat(&mut w, &mut g, "self_attn.q_b_proj.weight", heads * 192, q)?;
-            mat(&mut w, &mut g, "self_attn.kv_a_proj_with_mqa.weight", kv + 64, d)?;
-            mat(&mut w, &mut g, "self_attn.kv_b_proj.weight", heads * 256, kv)?;
-            mat(&mut w, &mut g, "self_attn.g_proj.weight", heads * 128, d)?;
-            out_mat(&mut w, &mut g, "self_attn.o_proj.weight", d, heads * 128)?;
-            put(&mut w, &l("self_attn.q_a_layernorm.weight"), Encoding::Bf16, &[q as u64], ones(q))?;
-            put(&mut w, &l("self_attn.kv_a_layernorm.weight"), Encoding::Bf16, &[kv as u64], ones(kv))?;
+            let n = MlaNames::of(i);
+            mat(&mut w, &mut g, &n.q_a, q, d)?;
+            mat(&mut w, &mut g, &n.q_b, heads * 192, q)?;
+            mat(&mut w, &mut g, &n.kv_a, kv + 64, d)?;
+            mat(&mut w, &mut g, &n.kv_b, heads * 256, kv)?;
+            mat(&mut w, &mut g, &n.g_proj, heads * 128, d)?;
+            out_mat(&mut w, &mut g, &n.o_proj, d, heads * 128)?;
+            put(&mut w, &n.q_a_norm, Encoding::Bf16, &[q as u64], ones(q))?;
+            put(&mut w, &n.kv_a_norm, Encoding::Bf16, &[kv as u64], ones(kv))?;
         } else {
             let c = h * hd;
-            for n in ["q_proj", "k_proj", "v_proj", "g_proj"] {
-                mat(&mut w, &mut g, &format!("self_attn.{n}.weight"), c, d)?;
+            let n = KdaNames::of(i);
+            for m in [&n.q_proj, &n.k_proj, &n.v_proj, &n.g_proj] {
+                mat(&mut w, &mut g, m, c, d)?;
             }
-            out_mat(&mut w, &mut g, "self_attn.o_proj.weight", d, c)?;
-            mat(&mut w, &mut g, "self_attn.f_a_proj.weight", hd, d)?;
-            mat(&mut w, &mut g, "self_attn.f_b_proj.weight", c, hd)?;
-            mat(&mut w, &mut g, "self_attn.b_proj.weight", h, d)?;
-            for n in ["q_conv1d", "k_conv1d", "v_conv1d"] {
+            out_mat(&mut w, &mut g, &n.o_proj, d, c)?;
+            mat(&mut w, &mut g, &n.f_a, hd, d)?;
+            mat(&mut w, &mut g, &n.f_b, c, hd)?;
+            mat(&mut w, &mut g, &n.b_proj, h, d)?;
+            for conv in [&n.q_conv, &n.k_conv, &n.v_conv] {
                 let v = g.f32s(c * 4, |r| r.gaussian() * 0.5);
-                put(&mut w, &l(&format!("self_attn.{n}.weight")), Encoding::F32, &[c as u64, 1, 4], v)?;
+                put(&mut w, conv, Encoding::F32, &[c as u64, 1, 4], v)?;
             }
             let a = g.f32s(h, |r| (1.0 + 15.0 * r.uniform() as f32).ln());
-            put(&mut w, &l("self_attn.A_log"), Encoding::F32, &[h as u64], a)?;
+            put(&mut w, &n.a_log, Encoding::F32, &[h as u64], a)?;
             let dt = g.f32s(c, |r| r.gaussian() * 0.1);
-            put(&mut w, &l("self_attn.dt_bias"), Encoding::F32, &[c as u64], dt)?;
+            put(&mut w, &n.dt_bias, Encoding::F32, &[c as u64], dt)?;
             let on = g.f32s(hd, |_| 1.0);
-            put(&mut w, &l("self_attn.o_norm.weight"), Encoding::F32, &[hd as u64], on)?;
+            put(&mut w, &n.o_norm, Encoding::F32, &[hd as u64], on)?;
         }
         if i == 0 {
-            mat(&mut w, &mut g, "mlp.gate_proj.weight", p.dense_width, d)?;
-            mat(&mut w, &mut g, "mlp.up_proj.weight", p.dense_width, d)?;
-            out_mat(&mut w, &mut g, "mlp.down_proj.weight", d, p.dense_width)?;
+            let n = MlpNames::dense(i);
+            mat(&mut w, &mut g, &n.gate, p.dense_width, d)?;
+            mat(&mut w, &mut g, &n.up, p.dense_width, d)?;
+            out_mat(&mut w, &mut g, &n.down, d, p.dense_width)?;
         } else {
-            let m = |n: &str| format!("block_sparse_moe.{n}");
+            let n = MoeNames::of(i);
             match &shared_router {
-                Some(r) => {
-                    put(&mut w, &l(&m("gate.weight")), Encoding::Bf16, &[u64::from(p.experts), d as u64], r.clone())?
-                }
-                None => mat(&mut w, &mut g, &m("gate.weight"), p.experts as usize, d)?,
+                Some(r) => put(&mut w, &n.gate, Encoding::Bf16, &[u64::from(p.experts), d as u64], r.clone())?,
+                None => mat(&mut w, &mut g, &n.gate, p.experts as usize, d)?,
             }
-            put(
-                &mut w,
-                &l(&m("gate.e_score_correction_bias")),
-                Encoding::F32,
-                &[u64::from(p.experts)],
-                vec![0; p.experts as usize * 4],
-            )?;
-            mat(&mut w, &mut g, &m("routed_expert_down_proj.weight"), p.latent, d)?;
-            put(&mut w, &l(&m("routed_expert_norm.weight")), Encoding::Bf16, &[p.latent as u64], ones(p.latent))?;
-            out_mat(&mut w, &mut g, &m("routed_expert_up_proj.weight"), d, p.latent)?;
-            mat(&mut w, &mut g, &m("shared_experts.gate_proj.weight"), 2 * p.expert_width, d)?;
-            mat(&mut w, &mut g, &m("shared_experts.up_proj.weight"), 2 * p.expert_width, d)?;
-            out_mat(&mut w, &mut g, &m("shared_experts.down_proj.weight"), d, 2 * p.expert_width)?;
+            put(&mut w, &n.bias, Encoding::F32, &[u64::from(p.experts)], vec![0; p.experts as usize * 4])?;
+            mat(&mut w, &mut g, &n.latent_down, p.latent, d)?;
+            put(&mut w, &n.latent_norm, Encoding::Bf16, &[p.latent as u64], ones(p.latent))?;
+            out_mat(&mut w, &mut g, &n.latent_up, d, p.latent)?;
+            mat(&mut w, &mut g, &n.shared.gate, 2 * p.expert_width, d)?;
+            mat(&mut w, &mut g, &n.shared.up, 2 * p.expert_width, d)?;
+            out_mat(&mut w, &mut g, &n.shared.down, d, 2 * p.expert_width)?;
         }
     }
     let mut done = 0u64;

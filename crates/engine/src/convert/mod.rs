@@ -110,14 +110,7 @@ enum Role {
 }
 
 fn role(name: &str) -> Role {
-    let parse = || -> Option<(u32, u32)> {
-        let rest = name.strip_prefix("model.layers.")?;
-        let (layer, rest) = rest.split_once('.')?;
-        let rest = rest.strip_prefix("block_sparse_moe.experts.")?;
-        let (expert, _) = rest.split_once('.')?;
-        Some((layer.parse().ok()?, expert.parse().ok()?))
-    };
-    if let Some((layer, expert)) = parse() {
+    if let Some((layer, expert)) = crate::names::parse_expert(name) {
         Role::Expert { layer, expert }
     } else if name.starts_with("model.") || name.starts_with("lm_head.") {
         Role::Trunk
@@ -126,12 +119,7 @@ fn role(name: &str) -> Role {
     }
 }
 
-/// The three matrices of an expert: w1 (gate), w2 (down), w3 (up).
-const EXPERT_MATRICES: [&str; 3] = ["w1", "w2", "w3"];
-
-fn expert_name(layer: u32, expert: u32, w: &str) -> String {
-    format!("model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}")
-}
+use crate::names::{EXPERT_MATRICES, expert as expert_name};
 
 /// How a layer's experts are stored in the checkpoint, and their logical shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

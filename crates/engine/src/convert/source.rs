@@ -164,8 +164,7 @@ impl Source {
         for entry in &model.header().index {
             let layout = &m.expert_layouts[usize::from(entry.layout)];
             for mat in &layout.matrices {
-                let base =
-                    format!("model.layers.{}.block_sparse_moe.experts.{}.{}", entry.layer, entry.expert, mat.name);
+                let base = crate::names::expert(entry.layer, entry.expert, &mat.name);
                 let file = 1 + usize::from(entry.shard);
                 let part = |name: &str| mat.parts.iter().find(|p| p.name == name);
                 match (&mat.encoding, part("data"), part("packed"), part("scale")) {

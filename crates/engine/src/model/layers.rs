@@ -161,7 +161,7 @@ fn kda<'m>(model: &'m Model, cfg: &ModelConfig, i: u32, k: KdaDims) -> Result<Kd
         q_conv: vector_of(model, &n.q_conv, heads * hd * kern)?,
         k_conv: vector_of(model, &n.k_conv, heads * hd * kern)?,
         v_conv: vector_of(model, &n.v_conv, heads * hd * kern)?,
-        a_log: a_log_per_head(&format!("model.layers.{i}."), &a_log, &a_shape, heads)?,
+        a_log: a_log_per_head(&n.a_log, &a_log, &a_shape, heads)?,
         dt_bias: vector_of(model, &n.dt_bias, heads * hd)?,
         f_a: matrix(model, &n.f_a)?,
         f_b: matrix(model, &n.f_b)?,
