@@ -73,6 +73,9 @@ enum BenchWhat {
         /// Comma-separated subset of: read-then-compute, overlap, overlap+lookahead, lru, lfu.
         #[arg(long)]
         variants: Option<String>,
+        /// Comma-separated compute thread counts to run every variant with [default: one per core].
+        #[arg(long, value_name = "N,N,..")]
+        threads: Option<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -127,15 +130,30 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
-    /// Every k3-quant kernel on K3's expert shapes, hot and cold, next to memory bandwidth.
+    /// Every k3-quant kernel on K3's expert shapes, hot and cold, next to memory bandwidth; with
+    /// --threads, trunk and expert matvecs split over 1..N threads against the bandwidth.
     Kernels {
         /// Repetitions (medians are reported).
         #[arg(long, default_value_t = 7, value_parser = reps)]
         reps: usize,
+        /// Measure thread scaling on 1..N threads instead (the decode step's products).
+        #[arg(long, value_name = "N", value_parser = |s: &str| bounded(s, 1, 1024))]
+        threads: Option<usize>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `1,2,4` as thread counts (each 1..=1024); none: one per core.
+fn thread_list(s: Option<&str>) -> Result<Vec<usize>> {
+    let Some(s) = s else { return Ok(vec![std::thread::available_parallelism().map_or(1, |n| n.get())]) };
+    s.split(',')
+        .map(|t| match t.trim().parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) => Ok(n),
+            _ => bail!("`{t}` is not a thread count from 1 to 1024"),
+        })
+        .collect()
 }
 
 /// A test file size in GB: more than 0, at most 16 TB.
@@ -295,7 +313,8 @@ fn real_main() -> Result<()> {
             );
             Ok(())
         }
-        Task::Bench { what: BenchWhat::Decode { model, tokens, prompt, mem, reps, svg, variants, json } } => {
+        Task::Bench { what: BenchWhat::Decode { model, tokens, prompt, mem, reps, svg, variants, threads, json } } => {
+            let threads = thread_list(threads.as_deref())?;
             let variants: Vec<String> = match variants {
                 Some(v) => v.split(',').map(|s| s.trim().to_string()).collect(),
                 None => bench::decode::ALL_VARIANTS.iter().map(|s| s.to_string()).collect(),
@@ -317,7 +336,7 @@ fn real_main() -> Result<()> {
                 backend: k3_io::BackendChoice::IoUring,
             };
             let ceiling = bench::io::run(&io, true)?["ceiling_gbps"].as_f64().unwrap_or(0.0);
-            let o = bench::decode::Options { model: &model, tokens, prompt, mem, reps, variants };
+            let o = bench::decode::Options { model: &model, tokens, prompt, threads, mem, reps, variants };
             let report = bench::decode::run(&o, ceiling, json)?;
             if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir)?;
@@ -344,8 +363,11 @@ fn real_main() -> Result<()> {
             }
             Ok(())
         }
-        Task::Bench { what: BenchWhat::Kernels { reps, json } } => {
-            let report = bench::kernels::run(reps, json);
+        Task::Bench { what: BenchWhat::Kernels { reps, threads, json } } => {
+            let report = match threads {
+                Some(n) => bench::threads::run(n, reps, json),
+                None => bench::kernels::run(reps, json),
+            };
             if json {
                 println!("{report}");
             }

@@ -28,6 +28,9 @@ pub struct GenerateArgs {
     /// Stop before this text (repeat the flag for several); the text is not printed.
     #[arg(long = "stop", value_name = "TEXT")]
     stop: Vec<String>,
+    /// Go on past the end-of-message token, to exactly --max-tokens (for benchmarks).
+    #[arg(long)]
+    ignore_eos: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Prompt tokens per forward call (prefill chunk).
@@ -60,7 +63,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let params = GenerateParams {
         max_tokens: a.max_tokens,
         sampler,
-        stop_ids: engine.config().eos.clone(),
+        stop_ids: if a.ignore_eos { Vec::new() } else { engine.config().eos.clone() },
         stop_strings: a.stop.clone(),
         cancel: Some(signals::ctrl_c_flag()),
         chunk: a.chunk as usize,

@@ -39,6 +39,40 @@ pub fn matvec_bf16_at(level: Level, w: &[bf16], x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `Y = W X` for a batch of vectors (`xs` `[n, cols]`, `ys` `[n, rows]`): each weight is widened
+/// once for four vectors, and every (row, vector) is summed in exactly the order [`matvec_bf16`]
+/// sums it, so a batch gives the same bits as its vectors one by one.
+pub fn matmul_bf16(w: &[bf16], cols: usize, xs: &[f32], ys: &mut [f32]) {
+    matmul_bf16_at(level(), w, cols, xs, ys)
+}
+
+/// [`matmul_bf16`] with an explicit kernel level (for tests and benchmarks).
+pub fn matmul_bf16_at(level: Level, w: &[bf16], cols: usize, xs: &[f32], ys: &mut [f32]) {
+    let n = xs.len() / cols.max(1);
+    assert!(cols > 0 && xs.len() == n * cols, "xs is not whole {cols}-vectors");
+    let rows = w.len() / cols;
+    assert!(w.len() == rows * cols && ys.len() == n * rows, "shapes do not match");
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => {
+            let quads = n / 4 * 4;
+            for (xb, yb) in xs[..quads * cols].chunks_exact(4 * cols).zip(ys.chunks_exact_mut(4 * rows)) {
+                // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; four whole vectors.
+                unsafe { avx2::matmul4_bf16(w, cols, xb, yb) }
+            }
+            for (x, y) in xs[quads * cols..].chunks_exact(cols).zip(ys[quads * rows..].chunks_exact_mut(rows)) {
+                // SAFETY: as above, one vector.
+                unsafe { avx2::matvec_bf16(w, x, y) }
+            }
+        }
+        _ => {
+            for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {
+                reference::matvec_bf16(w, x, y);
+            }
+        }
+    }
+}
+
 /// Scalar references: the oracles the fast kernels are tested against.
 pub mod reference {
     use half::bf16;
@@ -112,6 +146,38 @@ pub(crate) mod avx2 {
             }
             *out = hsum(_mm256_add_ps(acc[0], acc[1]))
                 + row[main..].iter().zip(&x[main..]).map(|(a, b)| a.to_f32() * b).sum::<f32>();
+        }
+    }
+
+    /// Four vectors (`xs` `[4, cols]`, `ys` `[4, rows]`): each weight block widened once, the
+    /// four vectors' accumulators in the same order as [`matvec_bf16`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn matmul4_bf16(w: &[bf16], cols: usize, xs: &[f32], ys: &mut [f32]) {
+        let rows = ys.len() / 4;
+        let main = cols / 16 * 16;
+        for r in 0..rows {
+            let row = &w[r * cols..(r + 1) * cols];
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            let mut c = 0;
+            while c < main {
+                for k in 0..2 {
+                    // SAFETY: c + 8k + 8 <= main <= cols for the row and for each of the 4 vectors.
+                    unsafe {
+                        let raw = _mm_loadu_si128(row.as_ptr().add(c + 8 * k).cast());
+                        let wv = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)));
+                        for (t, a) in acc.iter_mut().enumerate() {
+                            let xv = _mm256_loadu_ps(xs.as_ptr().add(t * cols + c + 8 * k));
+                            a[k] = _mm256_fmadd_ps(wv, xv, a[k]);
+                        }
+                    }
+                }
+                c += 16;
+            }
+            for (t, a) in acc.iter().enumerate() {
+                let x = &xs[t * cols..(t + 1) * cols];
+                ys[t * rows + r] = hsum(_mm256_add_ps(a[0], a[1]))
+                    + row[main..].iter().zip(&x[main..]).map(|(a, b)| a.to_f32() * b).sum::<f32>();
+            }
         }
     }
 }

@@ -51,6 +51,41 @@ pub fn matvec_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &[f32],
     }
 }
 
+/// `Y = W X` for a batch (`xs` `[n, cols]`, `ys` `[n, rows]`): each 32-weight block unpacked
+/// once for four vectors, every (row, vector) summed in exactly [`matvec`]'s order (a batch gives
+/// the same bits).
+pub fn matmul(q: &[u8], scale: &[f16], group: usize, cols: usize, xs: &[f32], ys: &mut [f32]) {
+    matmul_at(level(), q, scale, group, cols, xs, ys)
+}
+
+/// [`matmul`] with an explicit kernel level (for tests and benchmarks).
+pub fn matmul_at(level: Level, q: &[u8], scale: &[f16], group: usize, cols: usize, xs: &[f32], ys: &mut [f32]) {
+    let n = xs.len() / cols.max(1);
+    assert!(cols > 0 && xs.len() == n * cols, "xs is not whole {cols}-vectors");
+    let rows = ys.len() / n.max(1);
+    check(q, scale, cols, group, rows);
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 if group.is_multiple_of(32) => {
+            let quads = n / 4 * 4;
+            for (xb, yb) in xs[..quads * cols].chunks_exact(4 * cols).zip(ys.chunks_exact_mut(4 * rows)) {
+                with_nibble_order(xb, |xp| {
+                    // SAFETY: `supported` returns Avx2 only when the CPU has AVX2, FMA and F16C; shapes checked.
+                    unsafe { avx2::matmul4(q, scale, group, cols, xp, yb) }
+                });
+            }
+            for (x, y) in xs[quads * cols..].chunks_exact(cols).zip(ys[quads * rows..].chunks_exact_mut(rows)) {
+                matvec_at(level, q, scale, group, x, y);
+            }
+        }
+        _ => {
+            for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {
+                matvec_at(level, q, scale, group, x, y);
+            }
+        }
+    }
+}
+
 pub mod reference {
     use half::f16;
 
@@ -109,6 +144,50 @@ mod avx2 {
                 acc = _mm256_fmadd_ps(s, _mm256_set1_ps(sc), acc);
             }
             *out = hsum(acc);
+        }
+    }
+
+    /// Four vectors (nibble-ordered, `[4, cols]`): each block unpacked once, every vector's group
+    /// sum and accumulator as [`matvec`] keeps them.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn matmul4(q: &[u8], scale: &[f16], group: usize, cols: usize, xp: &[f32], ys: &mut [f32]) {
+        let rows = ys.len() / 4;
+        let blocks = cols / 32;
+        let per_group = group / 32;
+        let m = _mm_set1_epi8(15);
+        let eight = _mm256_set1_epi8(8);
+        for r in 0..rows {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for g in 0..cols / group {
+                let mut s = [_mm256_setzero_ps(); 4];
+                for k in 0..per_group {
+                    let b = g * per_group + k;
+                    // SAFETY: block b of row r is 16 bytes inside `q`; 32 values of each vector from b * 32.
+                    unsafe {
+                        let raw = _mm_loadu_si128(q.as_ptr().add((r * blocks + b) * 16).cast());
+                        let lo = _mm_and_si128(raw, m);
+                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), m);
+                        let w8 = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
+                        let a = _mm256_castsi256_si128(w8);
+                        let c = _mm256_extracti128_si256::<1>(w8);
+                        let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                        let w = [f(a), f(_mm_srli_si128::<8>(a)), f(c), f(_mm_srli_si128::<8>(c))];
+                        for (t, st) in s.iter_mut().enumerate() {
+                            let x = xp.as_ptr().add(t * cols + b * 32);
+                            for (j, wj) in w.iter().enumerate() {
+                                *st = _mm256_fmadd_ps(*wj, _mm256_loadu_ps(x.add(8 * j)), *st);
+                            }
+                        }
+                    }
+                }
+                let sc = _mm256_set1_ps(scale[r * (cols / group) + g].to_f32());
+                for (a, st) in acc.iter_mut().zip(&s) {
+                    *a = _mm256_fmadd_ps(*st, sc, *a);
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                ys[t * rows + r] = hsum(*a);
+            }
         }
     }
 }

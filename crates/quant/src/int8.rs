@@ -37,6 +37,39 @@ pub fn matvec_at(level: Level, q: &[i8], scale: &[f32], x: &[f32], y: &mut [f32]
     }
 }
 
+/// `Y = W X` for a batch (`xs` `[n, cols]`, `ys` `[n, rows]`): each weight widened once for four
+/// vectors, every (row, vector) summed in exactly [`matvec`]'s order (a batch gives the same bits).
+pub fn matmul(q: &[i8], scale: &[f32], cols: usize, xs: &[f32], ys: &mut [f32]) {
+    matmul_at(level(), q, scale, cols, xs, ys)
+}
+
+/// [`matmul`] with an explicit kernel level (for tests and benchmarks).
+pub fn matmul_at(level: Level, q: &[i8], scale: &[f32], cols: usize, xs: &[f32], ys: &mut [f32]) {
+    let n = xs.len() / cols.max(1);
+    assert!(cols > 0 && xs.len() == n * cols, "xs is not whole {cols}-vectors");
+    let rows = scale.len();
+    assert!(q.len() == rows * cols && ys.len() == n * rows, "shapes do not match");
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => {
+            let quads = n / 4 * 4;
+            for (xb, yb) in xs[..quads * cols].chunks_exact(4 * cols).zip(ys.chunks_exact_mut(4 * rows)) {
+                // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked.
+                unsafe { avx2::matmul4(q, scale, cols, xb, yb) }
+            }
+            for (x, y) in xs[quads * cols..].chunks_exact(cols).zip(ys[quads * rows..].chunks_exact_mut(rows)) {
+                // SAFETY: as above, one vector.
+                unsafe { avx2::matvec(q, scale, x, y) }
+            }
+        }
+        _ => {
+            for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {
+                reference::matvec(q, scale, x, y);
+            }
+        }
+    }
+}
+
 pub mod reference {
     pub fn matvec(q: &[i8], scale: &[f32], x: &[f32], y: &mut [f32]) {
         let cols = x.len();
@@ -74,6 +107,36 @@ mod avx2 {
             }
             let tail: f32 = row[main..].iter().zip(&x[main..]).map(|(a, b)| f32::from(*a) * b).sum();
             *out = (hsum(_mm256_add_ps(acc[0], acc[1])) + tail) * scale[r];
+        }
+    }
+
+    /// Four vectors: each weight block widened once, accumulated as [`matvec`] does per vector.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn matmul4(q: &[i8], scale: &[f32], cols: usize, xs: &[f32], ys: &mut [f32]) {
+        let rows = ys.len() / 4;
+        let main = cols / 16 * 16;
+        for r in 0..rows {
+            let row = &q[r * cols..][..cols];
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            let mut c = 0;
+            while c < main {
+                for k in 0..2 {
+                    // SAFETY: c + 8k + 8 <= main <= cols for the row and each of the 4 vectors.
+                    unsafe {
+                        let raw = _mm_loadl_epi64(row.as_ptr().add(c + 8 * k).cast());
+                        let w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+                        for (t, a) in acc.iter_mut().enumerate() {
+                            a[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xs.as_ptr().add(t * cols + c + 8 * k)), a[k]);
+                        }
+                    }
+                }
+                c += 16;
+            }
+            for (t, a) in acc.iter().enumerate() {
+                let x = &xs[t * cols..(t + 1) * cols];
+                let tail: f32 = row[main..].iter().zip(&x[main..]).map(|(a, b)| f32::from(*a) * b).sum();
+                ys[t * rows + r] = (hsum(_mm256_add_ps(a[0], a[1])) + tail) * scale[r];
+            }
         }
     }
 }

@@ -18,6 +18,8 @@ pub struct Options<'a> {
     pub model: &'a Path,
     pub tokens: usize,
     pub prompt: usize,
+    /// Compute thread counts to run every variant with.
+    pub threads: Vec<usize>,
     pub mem: Option<u64>,
     pub reps: usize,
     pub variants: Vec<String>,
@@ -25,9 +27,15 @@ pub struct Options<'a> {
 
 pub const ALL_VARIANTS: [&str; 5] = ["read-then-compute", "overlap", "overlap+lookahead", "lru", "lfu"];
 
-fn options(name: &str, mem: Option<u64>, context: u64) -> Result<EngineOptions> {
-    let base =
-        EngineOptions { mem_budget: mem, lookahead_stats: true, context, chunk: context, ..EngineOptions::default() };
+fn options(name: &str, mem: Option<u64>, context: u64, threads: usize) -> Result<EngineOptions> {
+    let base = EngineOptions {
+        mem_budget: mem,
+        lookahead_stats: true,
+        context,
+        chunk: context,
+        threads,
+        ..EngineOptions::default()
+    };
     Ok(match name {
         "read-then-compute" => EngineOptions { overlap: false, lookahead: false, ..base },
         "overlap" => EngineOptions { lookahead: false, ..base },
@@ -38,15 +46,22 @@ fn options(name: &str, mem: Option<u64>, context: u64) -> Result<EngineOptions> 
     })
 }
 
-/// Prefill `prompt`, then `tokens` greedy decode steps on `engine`: (seconds, stats before the
-/// decode, stats after, recall).
-fn decode(
-    engine: &Engine<'_>,
-    prompt: &[u32],
-    tokens: usize,
-) -> Result<(f64, k3_engine::RunStats, k3_engine::RunStats, f64)> {
+/// What one decode measured: seconds of the decode, stats before and after it, the lookahead's
+/// recall, and the prefill's seconds.
+struct Decoded {
+    seconds: f64,
+    before: k3_engine::RunStats,
+    after: k3_engine::RunStats,
+    recall: f64,
+    prefill_seconds: f64,
+}
+
+/// Prefill `prompt`, then `tokens` greedy decode steps on `engine`.
+fn decode(engine: &Engine<'_>, prompt: &[u32], tokens: usize) -> Result<Decoded> {
     let mut s = engine.session();
+    let t0 = std::time::Instant::now();
     let mut logits = engine.forward(&mut s, prompt, None)?;
+    let prefill_seconds = t0.elapsed().as_secs_f64();
     let before = s.stats;
     let v = engine.vocab();
     let mut sampler = Sampler::new(SamplerConfig::default())?;
@@ -55,23 +70,30 @@ fn decode(
         let next = sampler.sample(&logits[logits.len() - v..]);
         logits = engine.forward(&mut s, &[next], None)?;
     }
-    Ok((t.elapsed().as_secs_f64(), before, s.stats, s.lookahead.total(Predictor::AfterAttention).recall()))
+    Ok(Decoded {
+        seconds: t.elapsed().as_secs_f64(),
+        before,
+        after: s.stats,
+        recall: s.lookahead.total(Predictor::AfterAttention).recall(),
+        prefill_seconds,
+    })
 }
 
 /// One cold run (a fresh engine, empty cache), then the same prompt again on the now warm cache.
 fn run_once(model: &Model, opts: EngineOptions, prompt: &[u32], tokens: usize) -> Result<Value> {
     let engine = Engine::load_with(model, opts)?;
     let mut r = run_cold(&engine, prompt, tokens)?;
-    let (secs, before, after, _) = decode(&engine, prompt, tokens)?;
-    let hits = after.cache.hits - before.cache.hits;
-    let misses = after.cache.misses - before.cache.misses;
-    r["warm_tok_per_s"] = json!(tokens as f64 / secs);
+    let d = decode(&engine, prompt, tokens)?;
+    let hits = d.after.cache.hits - d.before.cache.hits;
+    let misses = d.after.cache.misses - d.before.cache.misses;
+    r["warm_tok_per_s"] = json!(tokens as f64 / d.seconds);
     r["warm_hit_rate"] = json!(hits as f64 / (hits + misses).max(1) as f64);
+    r["warm_prefill_tok_per_s"] = json!(prompt.len() as f64 / d.prefill_seconds);
     Ok(r)
 }
 
 fn run_cold(engine: &Engine<'_>, prompt: &[u32], tokens: usize) -> Result<Value> {
-    let (secs, before, after, recall) = decode(engine, prompt, tokens)?;
+    let Decoded { seconds: secs, before, after, recall, prefill_seconds } = decode(engine, prompt, tokens)?;
     let bytes = after.cache.bytes_read - before.cache.bytes_read;
     let hits = after.cache.hits - before.cache.hits;
     let misses = after.cache.misses - before.cache.misses;
@@ -80,6 +102,7 @@ fn run_cold(engine: &Engine<'_>, prompt: &[u32], tokens: usize) -> Result<Value>
     let compute = (secs - wait).max(0.0);
     Ok(json!({
         "tok_per_s": tokens as f64 / secs,
+        "prefill_tok_per_s": prompt.len() as f64 / prefill_seconds,
         "bytes_per_token": bytes as f64 / tokens as f64,
         "hit_rate": hits as f64 / (hits + misses).max(1) as f64,
         "io_wait_s_per_token": wait / tokens as f64,
@@ -89,6 +112,7 @@ fn run_cold(engine: &Engine<'_>, prompt: &[u32], tokens: usize) -> Result<Value>
         "prefetch_wasted": after.cache.prefetches_wasted - before.cache.prefetches_wasted,
         "lookahead_recall": recall,
         "cache_slots": engine.plan().cache_slots,
+        "threads": engine.threads(),
     }))
 }
 
@@ -97,33 +121,42 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
     let vocab = model.manifest().architecture.vocab as u32;
     let mut rng = k3_quant::rng::XorShift::new(11);
     let prompt: Vec<u32> = (0..o.prompt.max(1)).map(|_| (rng.next_u64() % u64::from(vocab - 8)) as u32).collect();
-    let mut samples: Vec<Vec<Value>> = vec![Vec::new(); o.variants.len()];
+    // Every (variant, thread count), interleaved: a rep runs each once, in a rotating order.
+    let runs: Vec<(String, usize)> =
+        o.variants.iter().flat_map(|v| o.threads.iter().map(move |&t| (v.clone(), t))).collect();
+    let label = |(name, threads): &(String, usize)| {
+        if o.threads.len() > 1 { format!("{name} @{threads}t") } else { name.clone() }
+    };
+    let mut samples: Vec<Vec<Value>> = vec![Vec::new(); runs.len()];
+    let context = (prompt.len() + o.tokens) as u64;
     for rep in 0..o.reps {
-        for k in 0..o.variants.len() {
-            let i = (k + rep) % o.variants.len();
-            let name = &o.variants[i];
-            eprintln!("  rep {rep}: {name}");
-            let context = (prompt.len() + o.tokens) as u64;
-            samples[i].push(run_once(&model, options(name, o.mem, context)?, &prompt, o.tokens)?);
+        for k in 0..runs.len() {
+            let i = (k + rep) % runs.len();
+            let (name, threads) = &runs[i];
+            eprintln!("  rep {rep}: {}", label(&runs[i]));
+            samples[i].push(run_once(&model, options(name, o.mem, context, *threads)?, &prompt, o.tokens)?);
         }
     }
     let rss = k3_engine::budget::peak_rss_bytes();
     let mut variants = serde_json::Map::new();
-    for (name, runs) in o.variants.iter().zip(samples) {
-        let med = |key: &str| median(runs.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect());
+    for (run, samples) in runs.iter().zip(samples) {
+        let med = |key: &str| median(samples.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect());
         let tps = med("tok_per_s");
         let bpt = med("bytes_per_token");
         let bound = if bpt > 0.0 { ceiling_gbps * 1e9 / bpt } else { f64::INFINITY };
         variants.insert(
-            name.clone(),
+            label(run),
             json!({
-                "tok_per_s": tps, "bytes_per_token": bpt, "hit_rate": med("hit_rate"),
+                "variant": run.0, "threads": run.1,
+                "tok_per_s": tps, "prefill_tok_per_s": med("prefill_tok_per_s"), "bytes_per_token": bpt,
+                "hit_rate": med("hit_rate"),
                 "io_wait_s_per_token": med("io_wait_s_per_token"), "compute_s_per_token": med("compute_s_per_token"),
                 "overlap_efficiency": med("overlap_efficiency"), "lookahead_recall": med("lookahead_recall"),
                 "prefetch_used": med("prefetch_used"), "prefetch_wasted": med("prefetch_wasted"),
                 "io_bound_tok_per_s": bound, "io_bound_ratio": tps / bound, "peak_rss_bytes": rss,
-                "cache_slots": runs[0]["cache_slots"],
+                "cache_slots": samples[0]["cache_slots"],
                 "warm_tok_per_s": med("warm_tok_per_s"), "warm_hit_rate": med("warm_hit_rate"),
+                "warm_prefill_tok_per_s": med("warm_prefill_tok_per_s"),
             }),
         );
     }
@@ -139,9 +172,10 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
             o.reps
         );
         println!(
-            "{:<20} {:>8} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7} {:>9} {:>10} {:>9}",
+            "{:<26} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7} {:>9} {:>10} {:>9}",
             "variant",
             "tok/s",
+            "prefill/s",
             "MB/token",
             "hit",
             "wait s/t",
@@ -155,8 +189,9 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
         for (name, v) in &variants {
             let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
             println!(
-                "{name:<20} {:>8.3} {:>10.1} {:>6.1}% {:>9.3} {:>9.3} {:>8.2} {:>7.2} {:>8.2}x {:>10.3} {:>8.1}%",
+                "{name:<26} {:>8.3} {:>10.1} {:>10.1} {:>6.1}% {:>9.3} {:>9.3} {:>8.2} {:>7.2} {:>8.2}x {:>10.3} {:>8.1}%",
                 f("tok_per_s"),
+                f("prefill_tok_per_s"),
                 f("bytes_per_token") / 1e6,
                 100.0 * f("hit_rate"),
                 f("io_wait_s_per_token"),
@@ -176,7 +211,7 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
 pub fn timeline_svg(model: &Model, variant: &str, mem: Option<u64>, out: &Path) -> Result<()> {
     use k3_engine::SpanKind;
     // An 8-token prompt and three steps.
-    let engine = Engine::load_with(model, options(variant, mem, 11)?)?;
+    let engine = Engine::load_with(model, options(variant, mem, 11, 0)?)?;
     let mut s = engine.session();
     let v = engine.vocab();
     let mut logits = engine.forward(&mut s, &[1, 2, 3, 4, 5, 6, 7, 8], None)?;

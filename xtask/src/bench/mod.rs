@@ -4,6 +4,7 @@ pub mod attn;
 pub mod decode;
 pub mod io;
 pub mod kernels;
+pub mod threads;
 pub mod verify;
 
 use std::time::Instant;

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# k3 side by side with llama.cpp, the engine people would otherwise use (not run in CI: it
+# downloads torch and llama.cpp and takes ~30 minutes on two cores).
+#
+#   tools/bench/peer-llama.sh [WORK_DIR]        (default bench-out/peer; THREADS, REPS from the env)
+#
+# 1. builds llama.cpp (llama-bench, llama-quantize) from the llama-cpp-python source package on
+#    PyPI, whose vendored llama.cpp has the kimi-linear architecture; natively, but without AMX (this machine's
+#    CPU reports AMX but the VM does not enable its tile state: llama.cpp's AMX kernels die with
+#    SIGILL), every other native extension on;
+# 2. makes a random-weight Kimi-Linear-shaped checkpoint with stock transformers (1.54 B
+#    parameters: hidden 1024, 8 layers, 128 experts top-8; tools/bench/peer/make_kimi_linear.py);
+# 3. converts it to GGUF (BF16, then llama-quantize to Q8_0, Q4_K_M and MXFP4_MOE) and to WASTE
+#    (bf16 as stored; MXFP4 experts + int8 trunk, the pairing of Q4_K_M and MXFP4_MOE);
+# 4. runs both engines' decode (64 tokens after a 32-token prompt) and prefill (256 tokens) on the
+#    same thread count, interleaved, REPS times, and prints medians and ratios.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+W=$(realpath -m "${1:-bench-out/peer}")
+THREADS=${THREADS:-$(nproc)}
+REPS=${REPS:-3}
+mkdir -p "$W"
+
+# Tools: a venv with the converter's and the checkpoint maker's packages.
+if [ ! -x "$W/venv/bin/python" ]; then
+    python3 -m venv "$W/venv"
+    "$W/venv/bin/pip" install -q "torch==2.15.0" "transformers==5.24.0" safetensors numpy sentencepiece \
+        protobuf cmake ninja
+fi
+PY="$W/venv/bin/python"
+export PATH="$W/venv/bin:$PATH"
+
+# llama.cpp from the llama-cpp-python sdist.
+LLAMA="$W/llama.cpp"
+if [ ! -x "$LLAMA/build/bin/llama-bench" ]; then
+    "$W/venv/bin/pip" download -q llama-cpp-python --no-binary llama-cpp-python --no-deps -d "$W/sdist"
+    rm -rf "$W/src" && mkdir -p "$W/src"
+    tar xzf "$W"/sdist/llama_cpp_python-*.tar.gz -C "$W/src"
+    rm -rf "$LLAMA" && mv "$W"/src/llama_cpp_python-*/vendor/llama.cpp "$LLAMA"
+    cmake -S "$LLAMA" -B "$LLAMA/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
+        "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+        "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
+    cmake --build "$LLAMA/build" --target llama-bench llama-quantize -j "$(nproc)" >/dev/null
+fi
+BIN="$LLAMA/build/bin"
+
+# k3.
+cargo build --release -q -p k3-cli -p xtask
+K3=target/release/k3-cli
+
+# The checkpoint and its conversions.
+if [ ! -f "$W/hf/config.json" ]; then
+    target/release/xtask export --model fixtures/default.waste --out "$W/tokenizer-src"
+    "$PY" tools/bench/peer/make_kimi_linear.py "$W/hf" "$W/tokenizer-src/tokenizer.json"
+fi
+[ -f "$W/bf16.gguf" ] || "$PY" tools/bench/peer/convert_gguf.py "$LLAMA" "$W/hf" "$W/bf16.gguf"
+for q in Q8_0 Q4_K_M MXFP4_MOE; do
+    [ -f "$W/$q.gguf" ] || "$BIN/llama-quantize" "$W/bf16.gguf" "$W/$q.gguf" "$q" "$THREADS" >/dev/null 2>&1
+done
+target/release/xtask convert --hf "$W/hf" --out "$W/bf16.waste" >/dev/null
+target/release/xtask convert --hf "$W/hf" --out "$W/mxfp4-int8.waste" --experts mxfp4 --trunk int8 >/dev/null
+
+# Prompts: ids of real tokens of the tokenizer (0..4095).
+ids() { "$PY" -c "import random; random.seed($1); print(' '.join(str(random.randrange(3, 4096)) for _ in range($2)))"; }
+DECODE_PROMPT=$(ids 1 32)
+PREFILL_PROMPT=$(ids 2 256)
+
+# Pairs: WASTE model, GGUF model.
+PAIRS="bf16.waste:bf16.gguf mxfp4-int8.waste:Q4_K_M.gguf mxfp4-int8.waste:MXFP4_MOE.gguf"
+R="$W/results" && rm -rf "$R" && mkdir -p "$R"
+for rep in $(seq 1 "$REPS"); do
+    for pair in $PAIRS; do
+        waste=${pair%%:*} gguf=${pair##*:}
+        echo "rep $rep: $waste vs $gguf" >&2
+        "$K3" generate --model "$W/$waste" --ids "$DECODE_PROMPT" --max-tokens 64 --ignore-eos --threads "$THREADS" \
+            --context 128 --stats-json "$R/k3-decode-$waste-$gguf-$rep.json" >/dev/null
+        "$K3" generate --model "$W/$waste" --ids "$PREFILL_PROMPT" --max-tokens 0 --chunk 256 --threads "$THREADS" \
+            --context 300 --stats-json "$R/k3-prefill-$waste-$gguf-$rep.json" >/dev/null
+        "$BIN/llama-bench" -m "$W/$gguf" -t "$THREADS" -p 256 -n 64 -d 32 -r 1 -o json \
+            >"$R/llama-$waste-$gguf-$rep.json" 2>/dev/null
+    done
+done
+
+"$PY" - "$R" "$PAIRS" "$THREADS" <<'PY'
+import glob, json, statistics, sys
+r, pairs, threads = sys.argv[1], sys.argv[2].split(), sys.argv[3]
+med = statistics.median
+print(f"decode: 64 tokens after a 32-token prompt; prefill: 256 tokens; {threads} threads; medians")
+print(f"{'k3 (WASTE)':<18} {'llama.cpp (GGUF)':<16} {'k3 decode':>10} {'llama':>8} {'ratio':>6} {'k3 prefill':>11} {'llama':>8} {'ratio':>6}")
+for p in pairs:
+    w, g = p.split(":")
+    kd = med(json.load(open(f))["decode"]["tokens_per_s"] for f in glob.glob(f"{r}/k3-decode-{w}-{g}-*.json"))
+    kp = med(json.load(open(f))["prefill"]["tokens_per_s"] for f in glob.glob(f"{r}/k3-prefill-{w}-{g}-*.json"))
+    ld, lp = [], []
+    for f in glob.glob(f"{r}/llama-{w}-{g}-*.json"):
+        for row in json.load(open(f)):
+            (ld if row["n_gen"] > 0 else lp).append(row["avg_ts"])
+    ld, lp = med(ld), med(lp)
+    print(f"{w:<18} {g:<16} {kd:>10.1f} {ld:>8.1f} {kd/ld:>5.2f}x {kp:>11.1f} {lp:>8.1f} {kp/lp:>5.2f}x")
+PY

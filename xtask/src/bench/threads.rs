@@ -1,0 +1,129 @@
+//! `cargo xtask bench kernels --threads N`: the matrix-vector products of a decode step split over
+//! 1..N threads (`k3_quant::par`), on matrices far larger than the caches — a K3 trunk projection
+//! in bf16, int8 and int4, and sixteen MXFP4 experts in turn — next to the memory read bandwidth
+//! measured on the same thread count in the same run. The bound: bytes / bandwidth.
+
+use half::{bf16, f16};
+use k3_quant::rng::noise;
+use k3_quant::{Matrix, int4, int8, mxfp4, par};
+use rayon::prelude::*;
+use serde_json::{Value, json};
+
+use super::{median, time};
+
+/// A K3 KDA projection (q/k/v/g): [96 x 128, 7168].
+const TRUNK: (usize, usize) = (12288, 7168);
+/// K3's expert gate/up shape, cycled over this many experts (88 MB of MXFP4).
+const EXPERT: (usize, usize) = (3072, 3584);
+const EXPERTS: usize = 16;
+
+/// Streaming read bandwidth over `buf` on the current pool, GB/s (median of `reps`).
+fn read_gbps(buf: &[u64], reps: usize) -> f64 {
+    let chunk = buf.len().div_ceil(rayon::current_num_threads() * 4);
+    let samples = (0..reps)
+        .map(|_| {
+            let t = time(|| {
+                let s: u64 = buf
+                    .par_chunks(chunk)
+                    .map(|c| {
+                        let mut acc = [0u64; 8];
+                        for w in c.chunks_exact(8) {
+                            for (a, v) in acc.iter_mut().zip(w) {
+                                *a = a.wrapping_add(*v);
+                            }
+                        }
+                        acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
+                    })
+                    .reduce(|| 0, u64::wrapping_add);
+                std::hint::black_box(s);
+            });
+            (buf.len() * 8) as f64 / t / 1e9
+        })
+        .collect();
+    median(samples)
+}
+
+/// One product to measure: its matrices (cycled) and their bytes each.
+struct Case<'a> {
+    name: &'static str,
+    mats: Vec<Matrix<'a>>,
+    bytes: usize,
+}
+
+pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
+    let (r, c) = TRUNK;
+    let n = r * c;
+    let w = noise(n, 1, 1.0);
+    let wb: Vec<bf16> = w.iter().map(|v| bf16::from_f32(*v)).collect();
+    let (q8, s8) = int8::quantize(&w, c);
+    let (q4, s4): (Vec<u8>, Vec<f16>) = int4::quantize(&w, c, 32);
+    drop(w);
+    let (er, ec) = EXPERT;
+    let experts: Vec<(Vec<u8>, Vec<u8>)> =
+        (0..EXPERTS).map(|i| mxfp4::quantize(&noise(er * ec, 10 + i as u64, 1.0), ec)).collect();
+    let cases = [
+        Case { name: "bf16 12288x7168", mats: vec![Matrix::Bf16 { w: &wb, rows: r, cols: c }], bytes: n * 2 },
+        Case {
+            name: "int8_row 12288x7168",
+            mats: vec![Matrix::Int8Row { q: &q8, scale: &s8, rows: r, cols: c }],
+            bytes: n + r * 4,
+        },
+        Case {
+            name: "int4_g32 12288x7168",
+            mats: vec![Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows: r, cols: c }],
+            bytes: n / 2 + n / 16,
+        },
+        Case {
+            name: "mxfp4 3072x3584 x16",
+            mats: experts.iter().map(|(p, s)| Matrix::Mxfp4 { packed: p, scale: s, rows: er, cols: ec }).collect(),
+            bytes: er * ec / 2 + er * ec / 32,
+        },
+    ];
+    let buf: Vec<u64> = (0..(1usize << 30) / 8).map(|i| i as u64).collect();
+    let mut rows = Vec::new();
+    for threads in 1..=max_threads.max(1) {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a pool");
+        let bw = pool.install(|| read_gbps(&buf, reps));
+        let mut kernels = serde_json::Map::new();
+        for case in &cases {
+            let x = noise(case.mats[0].cols(), 3, 1.0);
+            let mut y = vec![0f32; case.mats[0].rows()];
+            let samples: Vec<f64> = (0..reps)
+                .map(|_| {
+                    let calls = case.mats.len().max(4);
+                    let t = pool.install(|| {
+                        time(|| (0..calls).for_each(|i| par::matvec(&case.mats[i % case.mats.len()], &x, &mut y)))
+                    });
+                    (case.bytes * calls) as f64 / t / 1e9
+                })
+                .collect();
+            let gbps = median(samples);
+            kernels.insert(case.name.into(), json!({"weight_gbps": gbps, "of_bandwidth": gbps / bw}));
+        }
+        rows.push(json!({"threads": threads, "mem_read_gbps": bw, "kernels": kernels}));
+    }
+    let report = json!({"threads": rows});
+    if !json_out {
+        println!(
+            "matvec over 1..{max_threads} threads, weights far beyond the caches (medians of {reps}): GB/s of weights (fraction of the read bandwidth on as many threads)"
+        );
+        print!("{:>7} {:>10}", "threads", "read GB/s");
+        for case in &cases {
+            print!(" {:>26}", case.name);
+        }
+        println!();
+        for row in &rows {
+            print!("{:>7} {:>10.2}", row["threads"], row["mem_read_gbps"].as_f64().unwrap_or(0.0));
+            for case in &cases {
+                let k = &row["kernels"][case.name];
+                print!(
+                    " {:>18.2} ({:>4.2})",
+                    k["weight_gbps"].as_f64().unwrap_or(0.0),
+                    k["of_bandwidth"].as_f64().unwrap_or(0.0)
+                );
+            }
+            println!();
+        }
+    }
+    report
+}
