@@ -46,8 +46,7 @@ fi
 BIN="$LLAMA/build/bin"
 
 # k3.
-cargo build --release -q -p k3-cli -p xtask
-K3=target/release/k3-cli
+cargo build --release -q -p xtask
 
 # The checkpoint and its conversions.
 if [ ! -f "$W/hf/config.json" ]; then
@@ -61,11 +60,6 @@ done
 target/release/xtask convert --hf "$W/hf" --out "$W/bf16.waste" >/dev/null
 target/release/xtask convert --hf "$W/hf" --out "$W/mxfp4-int8.waste" --experts mxfp4 --trunk int8 >/dev/null
 
-# Prompts: ids of real tokens of the tokenizer (0..4095).
-ids() { "$PY" -c "import random; random.seed($1); print(' '.join(str(random.randrange(3, 4096)) for _ in range($2)))"; }
-DECODE_PROMPT=$(ids 1 32)
-PREFILL_PROMPT=$(ids 2 256)
-
 # Pairs: WASTE model, GGUF model.
 PAIRS="bf16.waste:bf16.gguf mxfp4-int8.waste:Q4_K_M.gguf mxfp4-int8.waste:MXFP4_MOE.gguf"
 R="$W/results" && rm -rf "$R" && mkdir -p "$R"
@@ -73,10 +67,12 @@ for rep in $(seq 1 "$REPS"); do
     for pair in $PAIRS; do
         waste=${pair%%:*} gguf=${pair##*:}
         echo "rep $rep: $waste vs $gguf" >&2
-        "$K3" generate --model "$W/$waste" --ids "$DECODE_PROMPT" --max-tokens 64 --ignore-eos --threads "$THREADS" \
-            --context 128 --stats-json "$R/k3-decode-$waste-$gguf-$rep.json" >/dev/null
-        "$K3" generate --model "$W/$waste" --ids "$PREFILL_PROMPT" --max-tokens 0 --chunk 256 --threads "$THREADS" \
-            --context 300 --stats-json "$R/k3-prefill-$waste-$gguf-$rep.json" >/dev/null
+        # k3's warm runs (the experts in its cache, as llama.cpp's weights are in the page cache
+        # after its warm-up): `bench decode` runs the prompt and decode, then both again.
+        target/release/xtask bench decode --model "$W/$waste" --prompt 32 --tokens 64 --reps 1 \
+            --variants overlap --threads "$THREADS" --svg "$R/svg.svg" --json >"$R/k3-decode-$waste-$gguf-$rep.json" 2>/dev/null
+        target/release/xtask bench decode --model "$W/$waste" --prompt 256 --tokens 1 --reps 1 \
+            --variants overlap --threads "$THREADS" --svg "$R/svg.svg" --json >"$R/k3-prefill-$waste-$gguf-$rep.json" 2>/dev/null
         "$BIN/llama-bench" -m "$W/$gguf" -t "$THREADS" -p 256 -n 64 -d 32 -r 1 -o json \
             >"$R/llama-$waste-$gguf-$rep.json" 2>/dev/null
     done
@@ -90,8 +86,8 @@ print(f"decode: 64 tokens after a 32-token prompt; prefill: 256 tokens; {threads
 print(f"{'k3 (WASTE)':<18} {'llama.cpp (GGUF)':<16} {'k3 decode':>10} {'llama':>8} {'ratio':>6} {'k3 prefill':>11} {'llama':>8} {'ratio':>6}")
 for p in pairs:
     w, g = p.split(":")
-    kd = med(json.load(open(f))["decode"]["tokens_per_s"] for f in glob.glob(f"{r}/k3-decode-{w}-{g}-*.json"))
-    kp = med(json.load(open(f))["prefill"]["tokens_per_s"] for f in glob.glob(f"{r}/k3-prefill-{w}-{g}-*.json"))
+    k3 = lambda kind, key: med(json.load(open(f))["variants"]["overlap"][key] for f in glob.glob(f"{r}/k3-{kind}-{w}-{g}-*.json"))
+    kd, kp = k3("decode", "warm_tok_per_s"), k3("prefill", "warm_prefill_tok_per_s")
     ld, lp = [], []
     for f in glob.glob(f"{r}/llama-{w}-{g}-*.json"):
         for row in json.load(open(f)):

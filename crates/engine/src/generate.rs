@@ -155,7 +155,7 @@ impl<'s, 't> Generator<'s, 't> {
                 g.finish = Some(Finish::Cancelled);
                 break;
             }
-            g.logits = engine.forward(g.session, c, None)?;
+            g.logits = engine.forward_last(g.session, c)?;
             progress(((i + 1) * chunk).min(prompt.len()), prompt.len());
         }
         g.prefill.1 = t0.elapsed().as_secs_f64();

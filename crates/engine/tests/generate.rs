@@ -125,3 +125,16 @@ fn a_closed_turn_leaves_the_end_of_message_in_the_session() {
     }
     assert!(s == by_hand, "the same recurrent state");
 }
+
+/// A prefill's last logits are the last row of the full logits, bit for bit.
+#[test]
+fn the_last_logits_are_the_last_row_of_all_logits() {
+    for name in ["tiny-k3.waste", "tiny-kimi-linear.waste", "default.waste"] {
+        let m = Model::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)).unwrap();
+        let engine = Engine::load(&m).unwrap();
+        let ids: Vec<u32> = (1..40).map(|i| i * 7 % 500).collect();
+        let all = engine.forward(&mut engine.session(), &ids, None).unwrap();
+        let last = engine.forward_last(&mut engine.session(), &ids).unwrap();
+        assert!(last == all[all.len() - engine.vocab()..], "{name}");
+    }
+}

@@ -44,7 +44,7 @@ pub fn run(a: LookaheadArgs) -> Result<ExitCode> {
     }
     let mut session = engine.session();
     for c in ids.chunks(a.chunk as usize) {
-        engine.forward(&mut session, c, None)?;
+        engine.forward_last(&mut session, c)?;
     }
     a.engine.report(&engine, &session.stats)?;
     a.engine.finish(&session)?;

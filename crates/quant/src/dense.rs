@@ -96,7 +96,7 @@ pub(crate) mod avx2 {
 
     use half::bf16;
 
-    use crate::simd::hsum;
+    use crate::simd::{hsum, prefetch_ahead};
 
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn matvec_f32(w: &[f32], x: &[f32], y: &mut [f32]) {
@@ -107,6 +107,7 @@ pub(crate) mod avx2 {
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut c = 0;
             while c < main {
+                prefetch_ahead(row.as_ptr().wrapping_add(c));
                 for (k, a) in acc.iter_mut().enumerate() {
                     // SAFETY: c + 8k + 8 <= main <= cols = row.len() = x.len().
                     let (wv, xv) = unsafe {
@@ -130,6 +131,7 @@ pub(crate) mod avx2 {
             let mut acc = [_mm256_setzero_ps(); 2];
             let mut c = 0;
             while c < main {
+                prefetch_ahead(row.as_ptr().wrapping_add(c));
                 for (k, a) in acc.iter_mut().enumerate() {
                     // SAFETY: c + 8k + 8 <= main <= cols; bf16 is 2 bytes, so 8 of them are 16 bytes.
                     let (raw, xv) = unsafe {
@@ -160,6 +162,7 @@ pub(crate) mod avx2 {
             let mut acc = [[_mm256_setzero_ps(); 2]; 4];
             let mut c = 0;
             while c < main {
+                prefetch_ahead(row.as_ptr().wrapping_add(c));
                 for k in 0..2 {
                     // SAFETY: c + 8k + 8 <= main <= cols for the row and for each of the 4 vectors.
                     unsafe {

@@ -109,7 +109,7 @@ mod avx2 {
 
     use half::f16;
 
-    use crate::simd::hsum;
+    use crate::simd::{hsum, prefetch_ahead};
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn matvec(q: &[u8], scale: &[f16], group: usize, xp: &[f32], y: &mut [f32]) {
@@ -126,6 +126,9 @@ mod avx2 {
                     let b = g * per_group + k;
                     // SAFETY: block b of row r is 16 bytes inside `q`; 32 values of `xp` from b * 32.
                     unsafe {
+                        if b % 4 == 0 {
+                            prefetch_ahead(q.as_ptr().wrapping_add((r * blocks + b) * 16));
+                        }
                         let raw = _mm_loadu_si128(q.as_ptr().add((r * blocks + b) * 16).cast());
                         let lo = _mm_and_si128(raw, m);
                         let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), m);
@@ -164,6 +167,9 @@ mod avx2 {
                     let b = g * per_group + k;
                     // SAFETY: block b of row r is 16 bytes inside `q`; 32 values of each vector from b * 32.
                     unsafe {
+                        if b % 4 == 0 {
+                            prefetch_ahead(q.as_ptr().wrapping_add((r * blocks + b) * 16));
+                        }
                         let raw = _mm_loadu_si128(q.as_ptr().add((r * blocks + b) * 16).cast());
                         let lo = _mm_and_si128(raw, m);
                         let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), m);

@@ -84,7 +84,7 @@ pub mod reference {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use crate::simd::hsum;
+    use crate::simd::{hsum, prefetch_ahead};
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn matvec(q: &[i8], scale: &[f32], x: &[f32], y: &mut [f32]) {
@@ -95,6 +95,7 @@ mod avx2 {
             let mut acc = [_mm256_setzero_ps(); 2];
             let mut c = 0;
             while c < main {
+                prefetch_ahead(row.as_ptr().wrapping_add(c));
                 for (k, a) in acc.iter_mut().enumerate() {
                     // SAFETY: c + 8k + 8 <= main <= cols = row.len() = x.len().
                     unsafe {
@@ -120,6 +121,7 @@ mod avx2 {
             let mut acc = [[_mm256_setzero_ps(); 2]; 4];
             let mut c = 0;
             while c < main {
+                prefetch_ahead(row.as_ptr().wrapping_add(c));
                 for k in 0..2 {
                     // SAFETY: c + 8k + 8 <= main <= cols for the row and each of the 4 vectors.
                     unsafe {

@@ -112,6 +112,7 @@ pub fn matvec_at(level: Level, packed: &[u8], scale: &[u8], x: &[f32], y: &mut [
     check(packed, scale, x.len(), y.len());
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
+        #[cfg(target_arch = "x86_64")]
         Level::Avx2 => with_nibble_order(x, |xp| {
             // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked above.
             unsafe { avx2::matvec(packed, scale, xp, y) }
@@ -134,6 +135,7 @@ pub fn matmul_at(level: Level, packed: &[u8], scale: &[u8], cols: usize, xs: &[f
     let rows = ys.len() / n;
     check(packed, scale, cols, rows);
     match supported(level) {
+        #[cfg(target_arch = "x86_64")]
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 => with_nibble_order_padded(xs, cols, |xp, stride| {
             for (xb, yb) in xp.chunks(stride * avx2::MAX_BATCH).zip(ys.chunks_mut(rows * avx2::MAX_BATCH)) {
@@ -211,7 +213,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{BLOCK, E2M1_DOUBLED, Q8, SCALE_HALF};
-    use crate::simd::hsum;
+    use crate::simd::{hsum, prefetch_ahead};
 
     /// Vectors per pass of the batched kernel (accumulators live on the stack).
     pub(super) const MAX_BATCH: usize = 32;
@@ -253,6 +255,9 @@ mod avx2 {
                 // SAFETY: block b of row r lies inside `packed` (checked shape), and 32 values of
                 // `xp` from b * 32 lie inside it.
                 unsafe {
+                    if b % 4 == 0 {
+                        prefetch_ahead(packed.as_ptr().wrapping_add((r * blocks + b) * 16));
+                    }
                     let w = decode_f32(packed.as_ptr().add((r * blocks + b) * 16));
                     let x = xp.as_ptr().add(b * BLOCK);
                     let mut s = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
@@ -306,6 +311,9 @@ mod avx2 {
                 // SAFETY: block b of row r lies inside `packed`, 32 values of `x.q` from b * 32
                 // lie inside it, and `x.d` and `scale` have one entry per block.
                 unsafe {
+                    if b % 4 == 0 {
+                        prefetch_ahead(packed.as_ptr().wrapping_add((r * blocks + b) * 16));
+                    }
                     let w = decode_i8(packed.as_ptr().add((r * blocks + b) * 16));
                     let q = _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK).cast());
                     // maddubs wants unsigned x signed: move the weights' signs onto the activations.

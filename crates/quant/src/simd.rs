@@ -16,6 +16,21 @@ pub(crate) fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// How far ahead of the weights being multiplied the kernels ask for more (bytes): enough to cover
+/// DRAM latency at one core's streaming rate, so a matrix far larger than the caches streams near
+/// the memory's bandwidth rather than its latency (cold MXFP4: 4.6 -> 8-10 Gw/s; EFFICIENCY.md).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const PREFETCH: usize = 2048;
+
+/// Asks for the cache line `PREFETCH` bytes past `p` (a hint: any address is harmless).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_ahead<T>(p: *const T) {
+    // SAFETY: a prefetch never faults, whatever the address; `wrapping_add` computes it without
+    // claiming it is in bounds.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>().wrapping_add(PREFETCH)) }
+}
+
 /// Checks the shapes every matrix-vector kernel shares: `w` holds `rows` rows of `row_bytes`
 /// elements, `x` has `cols` entries, `y` has `rows`.
 #[track_caller]

@@ -60,7 +60,7 @@ struct Decoded {
 fn decode(engine: &Engine<'_>, prompt: &[u32], tokens: usize) -> Result<Decoded> {
     let mut s = engine.session();
     let t0 = std::time::Instant::now();
-    let mut logits = engine.forward(&mut s, prompt, None)?;
+    let mut logits = engine.forward_last(&mut s, prompt)?;
     let prefill_seconds = t0.elapsed().as_secs_f64();
     let before = s.stats;
     let v = engine.vocab();

@@ -43,7 +43,25 @@ impl<'m> Engine<'m> {
         &self,
         session: &mut Session,
         ids: &[u32],
+        trace: Option<&mut Vec<f32>>,
+    ) -> Result<Vec<f32>, EngineError> {
+        self.run(session, ids, trace, false)
+    }
+
+    /// As [`forward`](Self::forward), returning only the last position's logits `[vocab]`: a
+    /// prompt being prefilled needs no others, and the output projection (K3's is 1.2 G weights)
+    /// is then computed once per chunk instead of once per token. The same bits as the last row
+    /// of `forward`'s logits.
+    pub fn forward_last(&self, session: &mut Session, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.run(session, ids, None, true)
+    }
+
+    fn run(
+        &self,
+        session: &mut Session,
+        ids: &[u32],
         mut trace: Option<&mut Vec<f32>>,
+        last_only: bool,
     ) -> Result<Vec<f32>, EngineError> {
         let started = Instant::now();
         let (d, n, nl) = (self.hidden, ids.len(), self.layers.len());
@@ -79,7 +97,7 @@ impl<'m> Engine<'m> {
                 }
             }
         }
-        let logits = self.logits(&c);
+        let logits = self.logits(&c, if last_only { n.saturating_sub(1) } else { 0 });
         session.tokens += n;
         session.stats.tokens += n as u64;
         session.stats.seconds += started.elapsed().as_secs_f64();
@@ -209,11 +227,14 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
-    /// The final norm (K3: after the output AttnRes mix) and the logits, `[n, vocab]`.
-    fn logits(&self, c: &Chunk) -> Vec<f32> {
+    /// The final norm (K3: after the output AttnRes mix) and the logits of positions `from..n`,
+    /// `[n - from, vocab]`.
+    fn logits(&self, c: &Chunk, from: usize) -> Vec<f32> {
         let d = self.hidden;
-        let mut normed = vec![0f32; c.n * d];
-        for (t, o) in normed.chunks_exact_mut(d).enumerate() {
+        let m = c.n - from;
+        let mut normed = vec![0f32; m * d];
+        for (i, o) in normed.chunks_exact_mut(d).enumerate() {
+            let t = from + i;
             let ht = &c.h[t * d..(t + 1) * d];
             let fin = match &self.out_res {
                 Some(w) => mix(&c.blocks[t], ht, w, self.eps()),
@@ -221,7 +242,7 @@ impl<'m> Engine<'m> {
             };
             rms_norm(&fin, &self.norm, self.eps(), o);
         }
-        let mut logits = vec![0f32; c.n * self.vocab];
+        let mut logits = vec![0f32; m * self.vocab];
         self.compute.matmul(&self.lm_head, &normed, &mut logits);
         logits
     }
