@@ -126,7 +126,7 @@ mod avx2 {
                     let b = g * per_group + k;
                     // SAFETY: block b of row r is 16 bytes inside `q`; 32 values of `xp` from b * 32.
                     unsafe {
-                        if b % 4 == 0 {
+                        if b.is_multiple_of(4) {
                             prefetch_ahead(q.as_ptr().wrapping_add((r * blocks + b) * 16));
                         }
                         let raw = _mm_loadu_si128(q.as_ptr().add((r * blocks + b) * 16).cast());
@@ -167,7 +167,7 @@ mod avx2 {
                     let b = g * per_group + k;
                     // SAFETY: block b of row r is 16 bytes inside `q`; 32 values of each vector from b * 32.
                     unsafe {
-                        if b % 4 == 0 {
+                        if b.is_multiple_of(4) {
                             prefetch_ahead(q.as_ptr().wrapping_add((r * blocks + b) * 16));
                         }
                         let raw = _mm_loadu_si128(q.as_ptr().add((r * blocks + b) * 16).cast());

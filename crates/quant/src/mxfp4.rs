@@ -255,7 +255,7 @@ mod avx2 {
                 // SAFETY: block b of row r lies inside `packed` (checked shape), and 32 values of
                 // `xp` from b * 32 lie inside it.
                 unsafe {
-                    if b % 4 == 0 {
+                    if b.is_multiple_of(4) {
                         prefetch_ahead(packed.as_ptr().wrapping_add((r * blocks + b) * 16));
                     }
                     let w = decode_f32(packed.as_ptr().add((r * blocks + b) * 16));
@@ -311,7 +311,7 @@ mod avx2 {
                 // SAFETY: block b of row r lies inside `packed`, 32 values of `x.q` from b * 32
                 // lie inside it, and `x.d` and `scale` have one entry per block.
                 unsafe {
-                    if b % 4 == 0 {
+                    if b.is_multiple_of(4) {
                         prefetch_ahead(packed.as_ptr().wrapping_add((r * blocks + b) * 16));
                     }
                     let w = decode_i8(packed.as_ptr().add((r * blocks + b) * 16));
