@@ -43,5 +43,22 @@ fn kernels(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, kernels);
+/// A prefill chunk of 64 vectors through a K3 shared-expert projection ([18432, 7168], far
+/// beyond a core's cache): the matrix whole (weights re-streamed for every four vectors) against
+/// the default row blocks (each block cached while all 64 vectors pass over it).
+fn batched(c: &mut Criterion) {
+    let (rows, cols, n) = (18432, 7168, 64);
+    let wb: Vec<bf16> = data(rows * cols, 3).iter().map(|v| bf16::from_f32(*v)).collect();
+    let xs = data(n * cols, 4);
+    let mut ys = vec![0f32; n * rows];
+    let m = k3_quant::Matrix::Bf16 { w: &wb, rows, cols };
+    let mut g = c.benchmark_group("k3_prefill_18432x7168x64");
+    g.throughput(Throughput::Elements((rows * cols * n) as u64));
+    g.sample_size(10);
+    g.bench_function("bf16_whole", |b| b.iter(|| m.matmul_in_blocks(black_box(&xs), &mut ys, rows)));
+    g.bench_function("bf16_blocked", |b| b.iter(|| m.matmul(black_box(&xs), &mut ys)));
+    g.finish();
+}
+
+criterion_group!(benches, kernels, batched);
 criterion_main!(benches);

@@ -20,6 +20,10 @@ pub enum Matrix<'a> {
     Vq(VqRef<'a>),
 }
 
+/// Weights per row block of a batched product: about half a core's L2 here, so a block stays
+/// cached while every vector of a chunk passes over it.
+const BLOCK_BYTES: usize = 256 << 10;
+
 thread_local! {
     static VQ_SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
@@ -158,6 +162,46 @@ impl<'a> Matrix<'a> {
         if n == 0 {
             return;
         }
+        self.matmul_in_blocks(xs, ys, (BLOCK_BYTES / self.row_bytes().max(1)).max(1));
+    }
+
+    /// [`matmul`](Self::matmul) taking `block` rows at a time (exposed for tests and benchmarks).
+    pub fn matmul_in_blocks(&self, xs: &[f32], ys: &mut [f32], block: usize) {
+        let (rows, cols) = (self.rows(), self.cols());
+        let n = xs.len() / cols.max(1);
+        if n <= 4 || block >= rows || matches!(self, Matrix::F32 { .. } | Matrix::Vq(_)) {
+            return self.matmul_whole(xs, ys);
+        }
+        // Larger than a core's cache: take the rows a block at a time, every vector against one
+        // block before the next, so the weights come from memory once rather than once per four
+        // vectors. Each (row, vector) still runs the same kernel, so the bits do not change.
+        let mut out = vec![0f32; n * block];
+        for start in (0..rows).step_by(block) {
+            let r = block.min(rows - start);
+            let part = self.rows_view(start, r).expect("dense encodings cut at any row");
+            part.matmul_whole(xs, &mut out[..n * r]);
+            for (y, o) in ys.chunks_exact_mut(rows).zip(out.chunks_exact(r)) {
+                y[start..start + r].copy_from_slice(o);
+            }
+        }
+    }
+
+    /// Stored bytes of one row (scales included).
+    fn row_bytes(&self) -> usize {
+        let cols = self.cols();
+        match *self {
+            Matrix::F32 { .. } => 4 * cols,
+            Matrix::Bf16 { .. } => 2 * cols,
+            Matrix::Int8Row { .. } => cols + 4,
+            Matrix::Int4Group { group, .. } => cols / 2 + 2 * cols / group.max(1),
+            Matrix::Mxfp4 { .. } => cols / 2 + cols / 32,
+            Matrix::Vq(v) => (v.codes.len() + 2 * v.scale.len()) / v.rows.max(1),
+        }
+    }
+
+    /// [`matmul`](Self::matmul) over all rows at once.
+    fn matmul_whole(&self, xs: &[f32], ys: &mut [f32]) {
+        let (rows, cols) = (self.rows(), self.cols());
         match *self {
             Matrix::Mxfp4 { packed, scale, .. } => mxfp4::matmul(packed, scale, cols, xs, ys),
             Matrix::Bf16 { w, .. } => dense::matmul_bf16(w, cols, xs, ys),

@@ -88,6 +88,10 @@ proptest! {
                 m.matvec(x, y);
             }
             prop_assert!(batch == single, "{m:?}: {n} vectors");
+            let block = 1 + (seed as usize) % rows;
+            let mut blocked = vec![0f32; n * rows];
+            m.matmul_in_blocks(&xs, &mut blocked, block);
+            prop_assert!(blocked == single, "{m:?}: {n} vectors, {block} rows a block");
         }
     }
 }
