@@ -1,7 +1,9 @@
 //! `cargo xtask bench kernels --threads N`: the matrix-vector products of a decode step split over
 //! 1..N threads (`k3_quant::par`), on matrices far larger than the caches — a K3 trunk projection
 //! in bf16, int8 and int4, and sixteen MXFP4 experts in turn — next to the memory read bandwidth
-//! measured on the same thread count in the same run. The bound: bytes / bandwidth.
+//! measured on the same thread count in the same run. The bound: bytes / bandwidth. Beside them,
+//! a product with no serial part and no memory traffic (a cache-resident bf16 matrix times 64
+//! vectors) shows how far this machine's cores scale when nothing else limits them.
 
 use half::{bf16, f16};
 use k3_quant::rng::noise;
@@ -16,6 +18,8 @@ const TRUNK: (usize, usize) = (12288, 7168);
 /// K3's expert gate/up shape, cycled over this many experts (88 MB of MXFP4).
 const EXPERT: (usize, usize) = (3072, 3584);
 const EXPERTS: usize = 16;
+/// The cache-resident product: [2048, 2048] bf16 (8 MB) times this many vectors.
+const HOT: (usize, usize, usize) = (2048, 2048, 64);
 
 /// Streaming read bandwidth over `buf` on the current pool, GB/s: 256-bit loads into four
 /// independent accumulators with the same software prefetch as the kernels (the strongest plain
@@ -99,15 +103,22 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
             bytes: er * ec / 2 + er * ec / 32,
         },
     ];
+    let (hr, hc, hn) = HOT;
+    let hot_w: Vec<bf16> = noise(hr * hc, 4, 1.0).iter().map(|v| bf16::from_f32(*v)).collect();
+    let hot = Matrix::Bf16 { w: &hot_w, rows: hr, cols: hc };
+    let hot_x = noise(hn * hc, 5, 1.0);
+    let mut hot_y = vec![0f32; hn * hr];
     let buf: Vec<u64> = (0..(1usize << 30) / 8).map(|i| i as u64).collect();
     let mut rows = Vec::new();
     for threads in 1..=max_threads.max(1) {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a pool");
         // Every repetition measures the bandwidth and each product once, in turn, so drift on this
         // shared machine falls on all of them alike.
-        let (mut bw, mut rates) = (Vec::new(), vec![Vec::new(); cases.len()]);
+        let (mut bw, mut rates, mut hot_rate) = (Vec::new(), vec![Vec::new(); cases.len()], Vec::new());
         for _ in 0..reps {
             bw.push(pool.install(|| read_gbps(&buf)));
+            let t = pool.install(|| time(|| (0..4).for_each(|_| par::matmul(&hot, &hot_x, &mut hot_y))));
+            hot_rate.push((4 * hr * hc * hn) as f64 / t / 1e9);
             for (case, rate) in cases.iter().zip(rates.iter_mut()) {
                 let x = noise(case.mats[0].cols(), 3, 1.0);
                 let mut y = vec![0f32; case.mats[0].rows()];
@@ -124,20 +135,31 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
             let gbps = median(rate);
             kernels.insert(case.name.into(), json!({"weight_gbps": gbps, "of_bandwidth": gbps / bw}));
         }
-        rows.push(json!({"threads": threads, "mem_read_gbps": bw, "kernels": kernels}));
+        let hot_gmacs = median(hot_rate);
+        rows.push(
+            json!({"threads": threads, "mem_read_gbps": bw, "hot_bf16_matmul_gmacs": hot_gmacs, "kernels": kernels}),
+        );
     }
     let report = json!({"threads": rows});
     if !json_out {
         println!(
             "matvec over 1..{max_threads} threads, weights far beyond the caches (medians of {reps}): GB/s of weights (fraction of the read bandwidth on as many threads)"
         );
-        print!("{:>7} {:>10}", "threads", "read GB/s");
+        print!("{:>7} {:>10} {:>22}", "threads", "read GB/s", "hot bf16 x64 GMAC/s");
         for case in &cases {
             print!(" {:>26}", case.name);
         }
         println!();
         for row in &rows {
-            print!("{:>7} {:>10.2}", row["threads"], row["mem_read_gbps"].as_f64().unwrap_or(0.0));
+            let hot = row["hot_bf16_matmul_gmacs"].as_f64().unwrap_or(0.0);
+            let first = rows[0]["hot_bf16_matmul_gmacs"].as_f64().unwrap_or(1.0);
+            print!(
+                "{:>7} {:>10.2} {:>13.2} ({:>4.2}x)",
+                row["threads"],
+                row["mem_read_gbps"].as_f64().unwrap_or(0.0),
+                hot,
+                hot / first
+            );
             for case in &cases {
                 let k = &row["kernels"][case.name];
                 print!(
