@@ -7,7 +7,8 @@ use std::path::Path;
 
 use k3_format::OutputFile;
 
-use super::{ConvertError, EMBEDDED_FILES, Source};
+use super::write::EMBEDDED_FILES;
+use super::{ConvertError, Source};
 
 /// Shards are cut at this size, as Hugging Face checkpoints are.
 const SHARD_BYTES: u64 = 4 << 30;

@@ -1,0 +1,276 @@
+//! What a conversion will write, decided and checked before anything is: the source's tensors
+//! sorted into trunk and experts, every name and shape checked against the config's table, one
+//! record layout per distinct kind of expert, and the writer's spec.
+
+use std::collections::BTreeMap;
+
+use k3_format::{Architecture, Encoding, ExpertLayout, WriterSpec};
+use safetensors::Dtype as StDtype;
+
+use super::encode::{self, ExpertTarget, TrunkFormat};
+use super::{ConvertError, ConvertOptions, ExpertFormat, Source};
+use crate::config::ModelConfig;
+use crate::names::{EXPERT_MATRICES, expert as expert_name};
+use crate::tensors::{ExpertShapes, TensorTable};
+
+/// One MoE layer's experts: how the source stores them, their shapes, the record layout they
+/// get, and what they are re-encoded to (`None`: copied as stored).
+pub(super) struct LayerPlan {
+    pub layer: u32,
+    pub kind: SourceExperts,
+    pub shapes: Vec<Vec<u64>>,
+    pub layout: u16,
+    pub target: Option<ExpertTarget>,
+}
+
+/// A checked conversion.
+pub(super) struct Plan {
+    pub table: TensorTable,
+    pub arch: Architecture,
+    pub trunk_names: Vec<String>,
+    /// Checkpoint tensors that are not part of the text model (the vision tower).
+    pub ignored: Vec<String>,
+    pub layouts: Vec<ExpertLayout>,
+    pub layers: Vec<LayerPlan>,
+}
+
+impl Plan {
+    /// Reads the config and checks every tensor of `src` against it; nothing is written.
+    pub fn build(opts: &ConvertOptions, src: &Source) -> Result<Plan, ConvertError> {
+        let config_path = src.path_of("config.json");
+        let config_bytes = src.file("config.json")?.ok_or_else(|| ConvertError::Source {
+            path: opts.hf_dir.clone(),
+            reason: "no config.json: not a checkpoint or WASTE model directory".into(),
+        })?;
+        let config = ModelConfig::parse(&config_path, &config_bytes)?;
+        let table = crate::tensors::table(&config);
+        let arch = config.architecture();
+        let (trunk_names, ignored) = sort_tensors(opts, src, &arch)?;
+        check_trunk(&table, src, &trunk_names, config.family.name())?;
+        let (layouts, layers) = plan_experts(opts, src, &arch, &table.experts)?;
+        // Every expert tensor's dtype and shape, before anything is written.
+        for p in &layers {
+            for expert in 0..arch.experts {
+                for (m, shape) in EXPERT_MATRICES.iter().zip(&p.shapes) {
+                    check_expert_parts(src, p.kind, &expert_name(p.layer, expert, m), shape)?;
+                }
+            }
+        }
+        let records = arch.moe_layers.len() as u64 * u64::from(arch.experts);
+        if u64::from(opts.shards) > records.max(1) {
+            return Err(ConvertError::Unsupported(format!(
+                "{} expert shards for {records} expert records would leave shards empty; give at most {}",
+                opts.shards,
+                records.max(1)
+            )));
+        }
+        k3_format::manifest::check_alignment(opts.alignment).map_err(ConvertError::Unsupported)?;
+        Ok(Plan { table, arch, trunk_names, ignored, layouts, layers })
+    }
+
+    /// The writer's spec: the layout, the encodings in words, and where the model came from.
+    pub fn writer_spec(&self, opts: &ConvertOptions, src: &Source) -> WriterSpec {
+        let expert_label = self.layouts.first().map_or("none".to_string(), |l| l.matrices[0].encoding.label());
+        let trunk_label = match opts.trunk {
+            TrunkFormat::Keep => "as stored (bf16/f32)".to_string(),
+            t => t.name().to_string(),
+        };
+        WriterSpec {
+            architecture: self.arch.clone(),
+            alignment: opts.alignment,
+            shards: opts.shards,
+            shard_dirs: opts.shard_dirs.clone(),
+            expert_layouts: self.layouts.clone(),
+            encodings: BTreeMap::from([("experts".to_string(), expert_label), ("trunk".to_string(), trunk_label)]),
+            provenance: serde_json::json!({
+                "source": opts.hf_dir.display().to_string(),
+                "source_files": src.file_sizes().into_iter().collect::<BTreeMap<_, _>>(),
+                "converter": concat!("k3 ", env!("CARGO_PKG_VERSION"), " convert"),
+                "options": {
+                    "experts": opts.experts.name(),
+                    "trunk": opts.trunk.name(),
+                    "alignment": opts.alignment,
+                    "shards": opts.shards,
+                },
+            }),
+        }
+    }
+}
+
+/// The source's tensor names sorted into the trunk's and the ignored ones; an expert the config
+/// does not have is an error.
+fn sort_tensors(
+    opts: &ConvertOptions,
+    src: &Source,
+    arch: &Architecture,
+) -> Result<(Vec<String>, Vec<String>), ConvertError> {
+    let (mut trunk, mut ignored) = (Vec::new(), Vec::new());
+    for name in src.names() {
+        match role(name) {
+            Role::Expert { layer, expert } => {
+                if arch.moe_layers.binary_search(&layer).is_err() || expert >= arch.experts {
+                    return Err(ConvertError::Source {
+                        path: opts.hf_dir.clone(),
+                        reason: format!("tensor `{name}` names an expert the config does not have"),
+                    });
+                }
+            }
+            Role::Trunk => trunk.push(name.to_string()),
+            Role::Ignored => ignored.push(name.to_string()),
+        }
+    }
+    Ok((trunk, ignored))
+}
+
+/// One layout per distinct (source kind, shapes) — K3 and Kimi-Linear need one — and each MoE
+/// layer's plan.
+fn plan_experts(
+    opts: &ConvertOptions,
+    src: &Source,
+    arch: &Architecture,
+    expert_shapes_of: &ExpertShapes,
+) -> Result<(Vec<ExpertLayout>, Vec<LayerPlan>), ConvertError> {
+    let mut layouts: Vec<ExpertLayout> = Vec::new();
+    let mut layers = Vec::new();
+    let mut keys: Vec<(SourceExperts, Vec<Vec<u64>>)> = Vec::new();
+    for &layer in &arch.moe_layers {
+        let (kind, shapes) = expert_shapes(src, layer, expert_shapes_of)?;
+        let target = match (kind, opts.experts) {
+            (SourceExperts::Mxfp4, ExpertFormat::Keep | ExpertFormat::Mxfp4) => None,
+            (SourceExperts::Bf16, ExpertFormat::Keep | ExpertFormat::Bf16) => None,
+            (SourceExperts::F32, ExpertFormat::Keep) => None,
+            (_, ExpertFormat::Mxfp4) => Some(ExpertTarget::Mxfp4),
+            (_, ExpertFormat::Bf16) => Some(ExpertTarget::Bf16),
+            (_, ExpertFormat::Vq3) => Some(ExpertTarget::Vq(k3_quant::vq::DEFAULT_CODEC)),
+        };
+        let key = (kind, shapes.clone());
+        let id = match keys.iter().position(|k| *k == key) {
+            Some(i) => i,
+            None => {
+                let stored = |s: &[u64]| match (target, kind) {
+                    (None, SourceExperts::Mxfp4) => Encoding::Mxfp4,
+                    (None, SourceExperts::Bf16) => Encoding::Bf16,
+                    (None, SourceExperts::F32) => Encoding::F32,
+                    (Some(t), _) => encode::planned(t, s[1] as usize),
+                };
+                let mats: Vec<(&str, Encoding, Vec<u64>)> =
+                    EXPERT_MATRICES.iter().zip(&shapes).map(|(w, s)| (*w, stored(s), s.clone())).collect();
+                layouts.push(ExpertLayout::build(opts.alignment, &mats).map_err(ConvertError::Unsupported)?);
+                keys.push(key);
+                keys.len() - 1
+            }
+        };
+        layers.push(LayerPlan { layer, kind, shapes, layout: id as u16, target });
+    }
+    Ok((layouts, layers))
+}
+
+/// What one source tensor name means.
+enum Role {
+    Expert { layer: u32, expert: u32 },
+    Trunk,
+    Ignored,
+}
+
+fn role(name: &str) -> Role {
+    if let Some((layer, expert)) = crate::names::parse_expert(name) {
+        Role::Expert { layer, expert }
+    } else if name.starts_with("model.") || name.starts_with("lm_head.") {
+        Role::Trunk
+    } else {
+        Role::Ignored
+    }
+}
+
+/// How a layer's experts are stored in the checkpoint, and their logical shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SourceExperts {
+    Mxfp4,
+    Bf16,
+    F32,
+}
+
+/// How a layer's experts are stored, and their logical shapes (from the config, so a misshaped
+/// tensor is named itself rather than blamed on its neighbour).
+fn expert_shapes(
+    src: &Source,
+    layer: u32,
+    shapes: &ExpertShapes,
+) -> Result<(SourceExperts, Vec<Vec<u64>>), ConvertError> {
+    let first = expert_name(layer, 0, "w1");
+    let kind = if src.get(&format!("{first}.weight_packed")).is_ok() {
+        SourceExperts::Mxfp4
+    } else if let Ok(t) = src.get(&format!("{first}.weight")) {
+        match t.dtype {
+            StDtype::BF16 => SourceExperts::Bf16,
+            StDtype::F32 => SourceExperts::F32,
+            other => {
+                return Err(ConvertError::Unsupported(format!(
+                    "`{first}.weight` is {other:?}; routed experts must be BF16, F32 or MXFP4"
+                )));
+            }
+        }
+    } else {
+        return Err(ConvertError::MissingTensor { name: format!("{first}.weight_packed (or .weight)") });
+    };
+    let shapes = [shapes.w1, shapes.w2, shapes.w3].iter().map(|s| s.to_vec()).collect();
+    Ok((kind, shapes))
+}
+
+/// Every trunk tensor of the checkpoint against the config's table: the first misshaped,
+/// unknown or missing one is the error, before anything is written.
+fn check_trunk(table: &TensorTable, src: &Source, names: &[String], family: &str) -> Result<(), ConvertError> {
+    for name in names {
+        let t = src.get(name)?;
+        match table.get(name) {
+            Some(e) if e.expect.accepts(&t.shape) => {}
+            Some(e) => {
+                return Err(ConvertError::Shape {
+                    name: name.clone(),
+                    expected: e.expect.to_string(),
+                    found: format!("shape {:?}", t.shape),
+                });
+            }
+            None => {
+                return Err(ConvertError::Unsupported(format!(
+                    "tensor `{name}` is not part of a {family} model with this config.json; \
+                     is the config the checkpoint's own?"
+                )));
+            }
+        }
+    }
+    if let Some(e) = table.trunk.iter().find(|e| !names.contains(&e.name)) {
+        return Err(ConvertError::MissingTensor { name: e.name.clone() });
+    }
+    Ok(())
+}
+
+/// The source tensors of one expert matrix: name, dtype and shape, in the order they are stored.
+fn expert_sources(kind: SourceExperts, base: &str, shape: &[u64]) -> Vec<(String, StDtype, Vec<u64>)> {
+    match kind {
+        SourceExperts::Mxfp4 => vec![
+            (format!("{base}.weight_packed"), StDtype::U8, vec![shape[0], shape[1] / 2]),
+            (format!("{base}.weight_scale"), StDtype::U8, vec![shape[0], shape[1] / 32]),
+        ],
+        SourceExperts::Bf16 => vec![(format!("{base}.weight"), StDtype::BF16, shape.to_vec())],
+        SourceExperts::F32 => vec![(format!("{base}.weight"), StDtype::F32, shape.to_vec())],
+    }
+}
+
+/// Checks one expert matrix's tensors against the layer's shape without reading them.
+fn check_expert_parts(src: &Source, kind: SourceExperts, base: &str, shape: &[u64]) -> Result<(), ConvertError> {
+    for (name, dtype, shape) in expert_sources(kind, base, shape) {
+        src.check(&name, dtype, &shape)?;
+    }
+    Ok(())
+}
+
+/// The stored parts of one expert matrix, checked against the layer's shape.
+pub(super) fn expert_parts<'a>(
+    src: &'a Source,
+    kind: SourceExperts,
+    base: &str,
+    shape: &[u64],
+) -> Result<Vec<&'a [u8]>, ConvertError> {
+    expert_sources(kind, base, shape).iter().map(|(name, dtype, shape)| src.expect(name, *dtype, shape)).collect()
+}

@@ -1,0 +1,137 @@
+//! Writing a planned conversion: the trunk tensor by tensor, then the experts record by record
+//! (re-encoded on every core a few at a time), the embedded files, and a full verification.
+
+use k3_format::{Model, ModelWriter, OpenOptions};
+use rayon::prelude::*;
+use safetensors::Dtype as StDtype;
+
+use super::encode;
+use super::plan::{LayerPlan, Plan, SourceExperts, expert_parts};
+use super::{ConvertError, ConvertOptions, ConvertReport, Progress, Source, TrunkFormat};
+use crate::names::{EXPERT_MATRICES, expert as expert_name};
+use crate::tensors::Storage;
+
+/// Files copied into the header verbatim when the checkpoint has them.
+pub(super) const EMBEDDED_FILES: [&str; 4] =
+    ["config.json", "tiktoken.model", "tokenizer_config.json", "tokenizer.json"];
+
+/// Every trunk tensor the writer does not have yet, encoded as `trunk` asks.
+pub(super) fn trunk(
+    w: &mut ModelWriter,
+    plan: &Plan,
+    src: &Source,
+    trunk: TrunkFormat,
+    report: &mut ConvertReport,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(), ConvertError> {
+    // Trunk and experts have their own totals: trunk bytes go by fast, experts (re-encoded,
+    // perhaps) slowly, and one bar over both would promise an ETA the experts never keep.
+    let total: u64 = plan.trunk_names.iter().map(|n| src.get(n).map_or(0, |t| src.bytes(t).len() as u64)).sum();
+    let mut done = 0u64;
+    for name in &plan.trunk_names {
+        let t = src.get(name)?;
+        let bytes = src.bytes(t);
+        if !w.has_tensor(name) {
+            let storage = plan.table.get(name).map_or(Storage::Exact, |e| e.storage);
+            let (enc, parts) = encode::trunk(name, t.dtype, &t.shape, bytes, trunk, storage)?;
+            let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            w.write_tensor(name, enc, &t.shape, &refs)?;
+            report.written_items += 1;
+            // What was written (an int8 / int4 trunk is smaller than its source).
+            report.written_bytes += refs.iter().map(|p| p.len() as u64).sum::<u64>();
+        }
+        done += bytes.len() as u64;
+        progress(Progress { phase: "trunk", done, total });
+    }
+    Ok(())
+}
+
+/// Every expert record the writer does not have yet, in (layer, expert) order.
+pub(super) fn experts(
+    w: &mut ModelWriter,
+    plan: &Plan,
+    src: &Source,
+    report: &mut ConvertReport,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(), ConvertError> {
+    let record_bytes: Vec<u64> = w.spec().expert_layouts.iter().map(|l| l.record_bytes).collect();
+    let experts = plan.arch.experts;
+    let total: u64 = plan.layers.iter().map(|p| record_bytes[usize::from(p.layout)] * u64::from(experts)).sum();
+    let mut done = 0u64;
+    for p in &plan.layers {
+        let rb = record_bytes[usize::from(p.layout)];
+        let todo: Vec<u32> = (0..experts).filter(|e| !w.has_expert(p.layer, *e)).collect();
+        done += rb * u64::from(experts - todo.len() as u32);
+        // Re-encoding runs on every core, a few experts at a time (bounded memory); records are
+        // still written in (layer, expert) order.
+        let batch = if p.target.is_some() { rayon::current_num_threads().max(1) * 2 } else { 1 };
+        for chunk in todo.chunks(batch) {
+            let encoded: Vec<Result<Vec<Vec<u8>>, ConvertError>> =
+                chunk.par_iter().map(|&expert| record(src, p, expert)).collect();
+            for (&expert, parts) in chunk.iter().zip(encoded) {
+                let parts = parts?;
+                let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                w.write_expert(p.layer, expert, p.layout, &refs)?;
+                report.written_items += 1;
+                report.written_bytes += rb;
+                done += rb;
+                progress(Progress { phase: "experts", done, total });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One expert's record parts: its matrices as stored, or re-encoded to the layer's target.
+fn record(src: &Source, p: &LayerPlan, expert: u32) -> Result<Vec<Vec<u8>>, ConvertError> {
+    let mut parts = Vec::with_capacity(9);
+    for (m, shape) in EXPERT_MATRICES.iter().zip(&p.shapes) {
+        let base = expert_name(p.layer, expert, m);
+        let raw = expert_parts(src, p.kind, &base, shape)?;
+        let Some(t) = p.target else {
+            parts.extend(raw.iter().map(|b| b.to_vec()));
+            continue;
+        };
+        let (rows, cols) = (shape[0] as usize, shape[1] as usize);
+        let f = match p.kind {
+            SourceExperts::Mxfp4 => encode::mxfp4_to_f32(raw[0], raw[1], rows, cols),
+            SourceExperts::Bf16 => encode::to_f32(&base, StDtype::BF16, raw[0])?,
+            SourceExperts::F32 => encode::to_f32(&base, StDtype::F32, raw[0])?,
+        };
+        let (enc, encoded) = encode::expert(&base, &f, rows, cols, t)?;
+        if enc != encode::planned(t, cols) {
+            return Err(ConvertError::Unsupported(format!(
+                "{base}: encoder produced {} not the planned layout",
+                enc.label()
+            )));
+        }
+        parts.extend(encoded);
+    }
+    Ok(parts)
+}
+
+/// Embeds the checkpoint's config and tokenizer files, seals the model, then reads every byte
+/// back against its checksum. Returns the bytes verified.
+pub(super) fn finish(
+    w: ModelWriter,
+    src: &Source,
+    opts: &ConvertOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<u64, ConvertError> {
+    let mut blobs = Vec::new();
+    for name in EMBEDDED_FILES {
+        if let Some(bytes) = src.file(name)? {
+            blobs.push((name, bytes));
+        }
+    }
+    let blob_refs: Vec<(&str, &[u8])> = blobs.iter().map(|(n, b)| (*n, b.as_slice())).collect();
+    w.finish(&blob_refs)?;
+
+    let model = Model::open_with(&opts.out_dir, &OpenOptions { shard_dirs: opts.shard_dirs.clone() })?;
+    let total = model.verify_bytes();
+    let problems = model.verify(&mut |done| progress(Progress { phase: "verify", done, total }));
+    if let Some(first) = problems.first() {
+        return Err(ConvertError::Verify { count: problems.len(), first: first.error.to_string() });
+    }
+    Ok(total)
+}
