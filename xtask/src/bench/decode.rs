@@ -292,3 +292,78 @@ pub fn timeline_svg(model: &Model, variant: &str, mem: Option<u64>, out: &Path) 
     k3_format::write_atomic(out, svg.as_bytes())?;
     Ok(())
 }
+
+use std::path::PathBuf;
+
+use crate::{bounded, reps};
+
+/// `cargo xtask bench decode`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The WASTE model to decode with (e.g. one made by `cargo xtask synth`).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Greedy decode steps per run.
+    #[arg(long, default_value_t = 8, value_parser = |s: &str| bounded(s, 1, 1_000_000))]
+    pub tokens: usize,
+    /// Prompt tokens prefilled before the decode.
+    #[arg(long, default_value_t = 16, value_parser = |s: &str| bounded(s, 1, 1_000_000))]
+    pub prompt: usize,
+    /// Memory budget for the engine (e.g. 4G); default: the engine's own small cache.
+    #[arg(long, value_name = "SIZE")]
+    pub mem: Option<String>,
+    /// Repetitions of every variant, interleaved (medians are reported).
+    #[arg(long, default_value_t = 3, value_parser = reps)]
+    pub reps: usize,
+    /// Where to draw one decode step's timeline (SVG).
+    #[arg(long, default_value = "bench-out/decode-step.svg")]
+    pub svg: PathBuf,
+    /// Comma-separated subset of: read-then-compute, overlap, overlap+lookahead, lru, lfu.
+    #[arg(long)]
+    pub variants: Option<String>,
+    /// Comma-separated compute thread counts to run every variant with [default: one per core].
+    #[arg(long, value_name = "N,N,..")]
+    pub threads: Option<String>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `cargo xtask bench decode`: the drive's ceiling first (for the bound column), then the variants.
+pub fn task(args: Args) -> Result<()> {
+    let Args { model, tokens, prompt, mem, reps, svg, variants, threads, json } = args;
+    let threads = crate::thread_list(threads.as_deref())?;
+    let variants: Vec<String> = match variants {
+        Some(v) => v.split(',').map(|s| s.trim().to_string()).collect(),
+        None => ALL_VARIANTS.iter().map(|s| s.to_string()).collect(),
+    };
+    let mem = mem.map(|m| k3_engine::budget::parse_size(&m)).transpose().map_err(anyhow::Error::msg)?;
+    let m = Model::open(&model)?;
+    let record = m.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(4096) as usize;
+    let shard = m.shard_paths().first().cloned().context("the model has no expert shards")?;
+    drop(m);
+    let io = super::io::Options {
+        file: Some(shard),
+        file_bytes: 0,
+        record,
+        queue_depth: 32,
+        // 2 GB per rep: long enough that a throttled drive's burst allowance does not
+        // inflate the ceiling (tools/bench/with-read-ceiling.sh).
+        reads: 400,
+        reps: 3,
+        backend: k3_io::BackendChoice::IoUring,
+    };
+    let ceiling = super::io::run(&io, true)?["ceiling_gbps"].as_f64().unwrap_or(0.0);
+    let o = Options { model: &model, tokens, prompt, threads, mem, reps, variants };
+    let report = run(&o, ceiling, json)?;
+    if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    timeline_svg(&Model::open(&model)?, "overlap+lookahead", mem, &svg)?;
+    if json {
+        println!("{report}");
+    } else {
+        println!("timeline of one decode step: {}", svg.display());
+    }
+    Ok(())
+}

@@ -9,6 +9,109 @@ pub mod verify;
 
 use std::time::Instant;
 
+use anyhow::Result;
+use clap::Subcommand;
+
+use std::path::PathBuf;
+
+use crate::{bounded, reps, size_gb};
+
+#[derive(Subcommand)]
+pub enum Bench {
+    /// The engine decoding: read-then-compute, overlap, overlap + lookahead, cache policies.
+    Decode(decode::Args),
+    /// The expert reader against the drive's O_DIRECT rate (fio's, or a raw io_uring loop's),
+    /// same read size and queue depth.
+    Io {
+        /// File to read (default: bench-out/io-test.bin, created if missing).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Size of the created test file, GB (only when it is created).
+        #[arg(long, default_value_t = 4.0, value_parser = size_gb)]
+        size_gb: f64,
+        /// Bytes per read (default: a K3 MXFP4 expert record); rounded up to 4 KiB.
+        #[arg(long, default_value_t = io::K3_RECORD, value_parser = |s: &str| bounded(s, 1, 1 << 30))]
+        record: usize,
+        /// Reads in flight at once.
+        #[arg(long, default_value_t = 32, value_parser = |s: &str| bounded(s, 1, 4096))]
+        queue_depth: usize,
+        /// Reads per repetition.
+        #[arg(long, default_value_t = 96, value_parser = |s: &str| bounded(s, 1, 1_000_000))]
+        reads: usize,
+        /// Repetitions, interleaved (medians are reported).
+        #[arg(long, default_value_t = 3, value_parser = reps)]
+        reps: usize,
+        /// Use the pread thread pool instead of io_uring.
+        #[arg(long)]
+        pread: bool,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// KDA and MLA decode at K3's dimensions next to their memory-traffic bounds.
+    Attn {
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 7, value_parser = reps)]
+        reps: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What checking the trunk's checksums at load costs: xxh3 on 1 and every thread, a model's
+    /// load with and without the check, and the projection for K3's trunk.
+    Verify {
+        /// A WASTE model to load with and without the check.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 5, value_parser = reps)]
+        reps: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every k3-quant kernel on K3's expert shapes, hot and cold, next to memory bandwidth; with
+    /// --threads, trunk and expert matvecs split over 1..N threads against the bandwidth.
+    Kernels {
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 7, value_parser = reps)]
+        reps: usize,
+        /// Measure thread scaling on 1..N threads instead (the decode step's products).
+        #[arg(long, value_name = "N", value_parser = |s: &str| bounded(s, 1, 1024))]
+        threads: Option<usize>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs one benchmark; with `json`, its report goes to standard output as one object.
+pub fn run(what: Bench) -> Result<()> {
+    let (report, json) = match what {
+        Bench::Decode(args) => return decode::task(args),
+        Bench::Io { file, size_gb, record, queue_depth, reads, reps, pread, json } => {
+            let o = io::Options {
+                file,
+                file_bytes: (size_gb * 1e9) as u64 / 4096 * 4096,
+                record: record.next_multiple_of(4096),
+                queue_depth,
+                reads,
+                reps,
+                backend: if pread { k3_io::BackendChoice::Pread } else { k3_io::BackendChoice::IoUring },
+            };
+            (io::run(&o, json)?, json)
+        }
+        Bench::Attn { reps, json } => (attn::run(reps, json), json),
+        Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
+        Bench::Kernels { reps, threads: Some(n), json } => (threads::run(n, reps, json), json),
+        Bench::Kernels { reps, threads: None, json } => (kernels::run(reps, json), json),
+    };
+    if json {
+        println!("{report}");
+    }
+    Ok(())
+}
+
 /// Median of a non-empty sample.
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

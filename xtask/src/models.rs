@@ -1,0 +1,166 @@
+//! The tasks that write model files: `convert`, `export` and `synth`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use k3_engine::convert::{ConvertOptions, ExpertFormat, Progress, TrunkFormat, convert as run_convert};
+
+use crate::bar;
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Experts {
+    Keep,
+    Mxfp4,
+    Bf16,
+    Vq3,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Trunk {
+    Keep,
+    F32,
+    Bf16,
+    Int8,
+    Int4,
+}
+
+/// `cargo xtask convert`.
+#[derive(clap::Args)]
+pub struct ConvertArgs {
+    /// The source: a Hugging Face checkpoint (config.json, *.safetensors, perhaps
+    /// model.safetensors.index.json, tokenizer files), or a WASTE model to re-encode (f32 / bf16
+    /// trunk, BF16 or MXFP4 experts; checked whole first).
+    #[arg(long, visible_alias = "from")]
+    pub hf: PathBuf,
+    /// The WASTE model directory to create (or to resume).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Routed expert encoding; `keep` stores what the checkpoint has (MXFP4 for K3, BF16 for Kimi-Linear).
+    #[arg(long, value_enum, default_value = "keep")]
+    pub experts: Experts,
+    /// Trunk encoding; int8 / int4 quantize the projection matrices (not the embedding table,
+    /// the router gates or MLA's kv_b_proj) and keep the rest as stored.
+    #[arg(long, value_enum, default_value = "keep")]
+    pub trunk: Trunk,
+    /// Expert record alignment in bytes: a power of two from 4096 (the default) to 1 GiB
+    /// (2097152 for huge pages).
+    #[arg(long, default_value_t = k3_format::DEFAULT_ALIGNMENT)]
+    pub align: u64,
+    /// Number of expert shard files (at most one per expert record).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub shards: u16,
+    /// Stripe the shards over these directories (one per drive; created if missing); repeat the flag.
+    #[arg(long = "shard-dir")]
+    pub shard_dirs: Vec<PathBuf>,
+}
+
+pub fn convert(args: ConvertArgs) -> Result<()> {
+    let ConvertArgs { hf, out, experts, trunk, align, shards, shard_dirs } = args;
+    let experts = match experts {
+        Experts::Keep => ExpertFormat::Keep,
+        Experts::Mxfp4 => ExpertFormat::Mxfp4,
+        Experts::Bf16 => ExpertFormat::Bf16,
+        Experts::Vq3 => ExpertFormat::Vq3,
+    };
+    let trunk = match trunk {
+        Trunk::Keep => TrunkFormat::Keep,
+        Trunk::F32 => TrunkFormat::F32,
+        Trunk::Bf16 => TrunkFormat::Bf16,
+        Trunk::Int8 => TrunkFormat::Int8,
+        Trunk::Int4 => TrunkFormat::Int4,
+    };
+    let opts = ConvertOptions {
+        hf_dir: hf.clone(),
+        out_dir: out.clone(),
+        experts,
+        trunk,
+        alignment: align,
+        shards,
+        shard_dirs,
+    };
+    let pb = bar(0);
+    let mut phase = "";
+    let report = run_convert(&opts, &mut |p: Progress| {
+        if p.phase != phase {
+            // A new phase: its own total, and an ETA from its own rate (resumed work
+            // excluded).
+            phase = p.phase;
+            pb.reset();
+            pb.set_length(p.total);
+            pb.set_message(p.phase);
+            pb.set_position(p.done);
+            pb.reset_eta();
+        }
+        pb.set_position(p.done);
+    })
+    .with_context(|| format!("converting {} to {}", hf.display(), out.display()))?;
+    pb.finish_and_clear();
+    if report.already_complete {
+        println!("{} already holds this model, converted with these options; nothing to do.", out.display());
+        return Ok(());
+    }
+    if report.resumed_items > 0 {
+        println!("resumed: kept {} items written by the interrupted run", report.resumed_items);
+    }
+    println!(
+        "wrote {} items ({:.1} MB) to {}; verified {:.1} MB",
+        report.written_items,
+        report.written_bytes as f64 / 1e6,
+        out.display(),
+        report.verified_bytes as f64 / 1e6
+    );
+    if !report.ignored.is_empty() {
+        println!("ignored {} non-text tensors (e.g. {})", report.ignored.len(), report.ignored[0]);
+    }
+    Ok(())
+}
+
+pub fn export(model: &Path, out: &Path) -> Result<()> {
+    let src = k3_engine::convert::Source::open(model)?;
+    let pb = bar(0);
+    pb.set_message("export");
+    let r = k3_engine::convert::export(&src, out, &mut |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    })
+    .with_context(|| format!("exporting {} to {}", model.display(), out.display()))?;
+    pb.finish_and_clear();
+    println!(
+        "wrote {} tensors ({:.1} MB) to {}: {}",
+        r.tensors,
+        r.bytes as f64 / 1e6,
+        out.display(),
+        r.files.join(", ")
+    );
+    Ok(())
+}
+
+pub fn synth(preset: &str, out: &PathBuf, experts: Experts) -> Result<()> {
+    let p = k3_engine::synth::preset(preset).with_context(|| {
+        let names: Vec<&str> = k3_engine::synth::PRESETS.iter().map(|p| p.name).collect();
+        format!("unknown preset `{preset}` (one of {})", names.join(", "))
+    })?;
+    let e = match experts {
+        Experts::Vq3 => k3_engine::synth::SynthExperts::Vq3,
+        Experts::Mxfp4 | Experts::Keep => k3_engine::synth::SynthExperts::Mxfp4,
+        Experts::Bf16 => bail!("synthetic models have MXFP4 or vq3 experts"),
+    };
+    let pb = bar(0);
+    pb.set_message("synth");
+    k3_engine::synth::synth(&p, e, out, &mut |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    })?;
+    pb.finish_and_clear();
+    let m = k3_format::Model::open(out)?;
+    let shard: u64 = m.manifest().shards.iter().map(|s| s.bytes).sum();
+    println!(
+        "wrote {} to {}: trunk {:.1} MB, expert shards {:.2} GB",
+        p.name,
+        out.display(),
+        m.manifest().trunk.bytes as f64 / 1e6,
+        shard as f64 / 1e9
+    );
+    Ok(())
+}
