@@ -111,36 +111,45 @@ mod avx2 {
 
     use crate::simd::{hsum, prefetch_ahead};
 
+    /// The 16 bytes at `at` (32 nibbles) as four vectors of 8 weights in -8..=7, in the order
+    /// the activations were permuted into; prefetching ahead when asked.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn block(q: &[u8], at: usize, prefetch: bool) -> [__m256; 4] {
+        let bytes = &q[at..at + 16];
+        if prefetch {
+            prefetch_ahead(bytes.as_ptr());
+        }
+        // SAFETY: `bytes` is 16 bytes long.
+        let raw = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
+        let m = _mm_set1_epi8(15);
+        let lo = _mm_and_si128(raw, m);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), m);
+        let w8 = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+        let a = _mm256_castsi256_si128(w8);
+        let c = _mm256_extracti128_si256::<1>(w8);
+        let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        [f(a), f(_mm_srli_si128::<8>(a)), f(c), f(_mm_srli_si128::<8>(c))]
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn matvec(q: &[u8], scale: &[f16], group: usize, xp: &[f32], y: &mut [f32]) {
         let cols = xp.len();
         let blocks = cols / 32;
         let per_group = group / 32;
-        let m = _mm_set1_epi8(15);
-        let eight = _mm256_set1_epi8(8);
         for (r, out) in y.iter_mut().enumerate() {
             let mut acc = _mm256_setzero_ps();
             for g in 0..cols / group {
                 let mut s = _mm256_setzero_ps();
                 for k in 0..per_group {
                     let b = g * per_group + k;
-                    // SAFETY: block b of row r is 16 bytes inside `q`; 32 values of `xp` from b * 32.
+                    let w = block(q, (r * blocks + b) * 16, b.is_multiple_of(4));
+                    // SAFETY: 32 values of `xp` from b * 32 < cols.
                     unsafe {
-                        if b.is_multiple_of(4) {
-                            prefetch_ahead(q.as_ptr().wrapping_add((r * blocks + b) * 16));
-                        }
-                        let raw = _mm_loadu_si128(q.as_ptr().add((r * blocks + b) * 16).cast());
-                        let lo = _mm_and_si128(raw, m);
-                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), m);
-                        let w8 = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
-                        let a = _mm256_castsi256_si128(w8);
-                        let c = _mm256_extracti128_si256::<1>(w8);
-                        let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
                         let x = xp.as_ptr().add(b * 32);
-                        s = _mm256_fmadd_ps(f(a), _mm256_loadu_ps(x), s);
-                        s = _mm256_fmadd_ps(f(_mm_srli_si128::<8>(a)), _mm256_loadu_ps(x.add(8)), s);
-                        s = _mm256_fmadd_ps(f(c), _mm256_loadu_ps(x.add(16)), s);
-                        s = _mm256_fmadd_ps(f(_mm_srli_si128::<8>(c)), _mm256_loadu_ps(x.add(24)), s);
+                        for (j, wj) in w.iter().enumerate() {
+                            s = _mm256_fmadd_ps(*wj, _mm256_loadu_ps(x.add(8 * j)), s);
+                        }
                     }
                 }
                 let sc = scale[r * (cols / group) + g].to_f32();
@@ -157,27 +166,15 @@ mod avx2 {
         let rows = ys.len() / 4;
         let blocks = cols / 32;
         let per_group = group / 32;
-        let m = _mm_set1_epi8(15);
-        let eight = _mm256_set1_epi8(8);
         for r in 0..rows {
             let mut acc = [_mm256_setzero_ps(); 4];
             for g in 0..cols / group {
                 let mut s = [_mm256_setzero_ps(); 4];
                 for k in 0..per_group {
                     let b = g * per_group + k;
-                    // SAFETY: block b of row r is 16 bytes inside `q`; 32 values of each vector from b * 32.
+                    let w = block(q, (r * blocks + b) * 16, b.is_multiple_of(4));
+                    // SAFETY: 32 values of each of the 4 vectors from b * 32 < cols.
                     unsafe {
-                        if b.is_multiple_of(4) {
-                            prefetch_ahead(q.as_ptr().wrapping_add((r * blocks + b) * 16));
-                        }
-                        let raw = _mm_loadu_si128(q.as_ptr().add((r * blocks + b) * 16).cast());
-                        let lo = _mm_and_si128(raw, m);
-                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), m);
-                        let w8 = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
-                        let a = _mm256_castsi256_si128(w8);
-                        let c = _mm256_extracti128_si256::<1>(w8);
-                        let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-                        let w = [f(a), f(_mm_srli_si128::<8>(a)), f(c), f(_mm_srli_si128::<8>(c))];
                         for (t, st) in s.iter_mut().enumerate() {
                             let x = xp.as_ptr().add(t * cols + b * 32);
                             for (j, wj) in w.iter().enumerate() {

@@ -4,16 +4,9 @@ use half::{bf16, f16};
 use k3_quant::{Matrix, int4, int8, mxfp4, par};
 use proptest::prelude::*;
 
+/// Values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
-        })
-        .collect()
+    k3_quant::rng::noise(n, seed, 2.0)
 }
 
 /// The same product on a pool of `threads`: (matvec, matmul) outputs.

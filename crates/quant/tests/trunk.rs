@@ -7,16 +7,9 @@ use k3_quant::cpu::Level;
 use k3_quant::{int4, int8, rtn};
 use proptest::prelude::*;
 
+/// Values in [-2, 2).
 fn matrix(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..rows * cols)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0) as f32
-        })
-        .collect()
+    k3_quant::rng::noise(rows * cols, seed, 4.0)
 }
 
 proptest! {
