@@ -15,8 +15,8 @@ pub mod mla;
 mod ops;
 mod state_io;
 
-pub use kda::{Kda, KdaConfig, KdaGate, KdaState, KdaWeights, OutputGate};
-pub use mla::{Mla, MlaCache, MlaConfig, MlaWeights, PositionEmbedding, QPath};
+pub use kda::{Kda, KdaConfig, KdaGate, KdaRun, KdaSeq, KdaState, KdaTape, KdaWeights, OutputGate};
+pub use mla::{Mla, MlaCache, MlaConfig, MlaSeq, MlaWeights, PositionEmbedding, QPath};
 
 /// Bad weights, shapes or saved state, named precisely.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -76,6 +76,13 @@ pub struct Mla<'a> {
     w: MlaWeights<'a>,
 }
 
+/// One sequence's consecutive rows of a batched chunk, and its cache.
+#[derive(Debug)]
+pub struct MlaSeq<'s> {
+    pub cache: &'s mut MlaCache,
+    pub rows: usize,
+}
+
 /// The per-layer cache: for every position so far, the normalized latent and the shared key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MlaCache {
@@ -100,6 +107,14 @@ impl MlaCache {
         let [l, r] = self.dims.map(|x| x as usize);
         self.c.reserve_exact(tokens.saturating_mul(l).saturating_sub(self.c.len()));
         self.kext.reserve_exact(tokens.saturating_mul(r).saturating_sub(self.kext.len()));
+    }
+
+    /// Back to the first `len` positions (speculative positions that were not accepted).
+    pub fn truncate(&mut self, len: usize) {
+        let [l, r] = self.dims.map(|x| x as usize);
+        self.len = self.len.min(len);
+        self.c.truncate(self.len * l);
+        self.kext.truncate(self.len * r);
     }
 
     pub fn reset(&mut self) {
@@ -185,18 +200,83 @@ impl<'a> Mla<'a> {
         self.prefill(cache, x, out)
     }
 
-    /// A chunk of tokens (`xs` `[n, D]`): appends their cache entries, each attends causally.
+    /// A chunk of one sequence's tokens (`xs` `[n, D]`): appends their cache entries, each
+    /// attends causally.
     pub fn prefill(&self, cache: &mut MlaCache, xs: &[f32], outs: &mut [f32]) {
+        let rows = xs.len() / self.cfg.hidden.max(1);
+        self.forward(&mut [MlaSeq { cache, rows }], xs, outs)
+    }
+
+    /// Several sequences' chunks as one (`xs` `[n, D]`: each sequence's rows in turn): the
+    /// projections of every row as matrix products, each row attending over its own sequence's
+    /// cache; every row gives the same bits as that sequence's chunk alone would.
+    pub fn forward(&self, seqs: &mut [MlaSeq<'_>], xs: &[f32], outs: &mut [f32]) {
         let cfg = &self.cfg;
         let d = cfg.hidden;
+        let n = xs.len() / d;
         assert!(
-            xs.len().is_multiple_of(d) && outs.len() == xs.len(),
-            "{}: inputs and outputs must be [n, {d}]",
+            xs.len().is_multiple_of(d) && outs.len() == xs.len() && seqs.iter().map(|s| s.rows).sum::<usize>() == n,
+            "{}: inputs and outputs must be [n, {d}], n the sequences' rows",
             self.name
         );
-        let n = xs.len() / d;
-        let (h, l, r, qh) = (cfg.heads, cfg.kv_lora, cfg.rope, cfg.nope + cfg.rope);
-        let mut q = vec![0f32; n * h * qh];
+        let (h, l, r) = (cfg.heads, cfg.kv_lora, cfg.rope);
+        let q = self.queries(xs, n);
+        let mut ckv = vec![0f32; n * (l + r)];
+        par::matmul(&self.w.kv_a, xs, &mut ckv);
+        // Each row: its sequence's cache and how many positions it sees.
+        let mut rows: Vec<(usize, usize)> = Vec::with_capacity(n);
+        let mut normed = vec![0f32; l];
+        let mut entries = ckv.chunks_exact(l + r);
+        for (i, seq) in seqs.iter_mut().enumerate() {
+            for (_, row) in (0..seq.rows).zip(entries.by_ref()) {
+                rms_norm(&row[..l], &self.w.kv_a_norm, cfg.lowrank_eps, &mut normed);
+                seq.cache.c.extend_from_slice(&normed);
+                seq.cache.kext.extend_from_slice(&row[l..]);
+                seq.cache.len += 1;
+                rows.push((i, seq.cache.len));
+            }
+        }
+        let mut gate = Vec::new();
+        if let Some(g) = &self.w.g_proj {
+            gate.resize(n * h * cfg.v_dim, 0.0);
+            par::matmul(g, xs, &mut gate);
+        }
+        // Each row attends on its own thread; a single row's heads are split instead. Either way
+        // every (row, head) is computed whole by one thread: the same bits on any pool.
+        let caches: Vec<&MlaCache> = seqs.iter().map(|s| &*s.cache).collect();
+        let mut ctx = vec![0f32; n * h * cfg.v_dim];
+        let seen: usize = rows.iter().map(|&(_, len)| len).sum();
+        let parallel = h * seen * (l + r) >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
+        let hv = h * cfg.v_dim;
+        if n > 1 && parallel {
+            ctx.par_chunks_mut(hv).enumerate().for_each(|(t, c)| {
+                let (i, len) = rows[t];
+                self.attend_heads(caches[i], &q, t, len, 0, c)
+            });
+        } else if parallel {
+            let (i, len) = rows[0];
+            let group = h.div_ceil(rayon::current_num_threads() * 2).max(1);
+            ctx.par_chunks_mut(group * cfg.v_dim)
+                .enumerate()
+                .for_each(|(g, c)| self.attend_heads(caches[i], &q, 0, len, g * group, c));
+        } else {
+            for (t, c) in ctx.chunks_mut(hv).enumerate() {
+                let (i, len) = rows[t];
+                self.attend_heads(caches[i], &q, t, len, 0, c);
+            }
+        }
+        if !gate.is_empty() {
+            for (c, g) in ctx.iter_mut().zip(&gate) {
+                *c *= sigmoid(*g);
+            }
+        }
+        par::matmul(&self.w.o_proj, &ctx, outs);
+    }
+
+    /// Every row's queries `[n, H, nope + rope]`.
+    fn queries(&self, xs: &[f32], n: usize) -> Vec<f32> {
+        let cfg = &self.cfg;
+        let mut q = vec![0f32; n * cfg.heads * (cfg.nope + cfg.rope)];
         match &self.w.q {
             QPath::LowRank { a, norm, b } => {
                 let mut qa = vec![0f32; n * a.rows()];
@@ -210,46 +290,7 @@ impl<'a> Mla<'a> {
             }
             QPath::Direct(m) => par::matmul(m, xs, &mut q),
         }
-        let mut ckv = vec![0f32; n * (l + r)];
-        par::matmul(&self.w.kv_a, xs, &mut ckv);
-        let mut normed = vec![0f32; l];
-        for row in ckv.chunks_exact(l + r) {
-            rms_norm(&row[..l], &self.w.kv_a_norm, cfg.lowrank_eps, &mut normed);
-            cache.c.extend_from_slice(&normed);
-            cache.kext.extend_from_slice(&row[l..]);
-        }
-        let first = cache.len;
-        cache.len += n;
-        let mut gate = Vec::new();
-        if let Some(g) = &self.w.g_proj {
-            gate.resize(n * h * cfg.v_dim, 0.0);
-            par::matmul(g, xs, &mut gate);
-        }
-        // Each token attends on its own thread; one token's heads are split instead. Either way
-        // every (token, head) is computed whole by one thread: the same bits on any pool.
-        let mut ctx = vec![0f32; n * h * cfg.v_dim];
-        let cache: &MlaCache = cache;
-        let work = n * h * cache.len * (l + r);
-        let parallel = work >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
-        let hv = h * cfg.v_dim;
-        if n > 1 && parallel {
-            ctx.par_chunks_mut(hv).enumerate().for_each(|(t, c)| self.attend_heads(cache, &q, t, first + t + 1, 0, c));
-        } else if parallel {
-            let group = h.div_ceil(rayon::current_num_threads() * 2).max(1);
-            ctx.par_chunks_mut(group * cfg.v_dim)
-                .enumerate()
-                .for_each(|(g, c)| self.attend_heads(cache, &q, 0, first + 1, g * group, c));
-        } else {
-            for (t, c) in ctx.chunks_mut(hv).enumerate() {
-                self.attend_heads(cache, &q, t, first + t + 1, 0, c);
-            }
-        }
-        if !gate.is_empty() {
-            for (c, g) in ctx.iter_mut().zip(&gate) {
-                *c *= sigmoid(*g);
-            }
-        }
-        par::matmul(&self.w.o_proj, &ctx, outs);
+        q
     }
 
     /// Token `t` (of the chunk whose queries are `q`) attends over the first `len` cached
