@@ -21,7 +21,7 @@ pub mod tokenizer;
 pub mod verify;
 pub mod weights;
 
-pub use model::{Engine, EngineOptions, LayerState, RoutedToken, RunStats, Session, Span, SpanKind};
+pub use model::{Engine, EngineOptions, LayerState, Logits, RoutedToken, RunStats, Seq, Session, Span, SpanKind};
 pub use owned::OwnedEngine;
 pub use plan::MemoryPlan;
 

@@ -1,10 +1,13 @@
-//! The forward pass over a chunk of tokens: embedding, then per layer the attention input (AttnRes
-//! mix or the residual), attention, the MLP input, the dense MLP or the streaming MoE step, and at
-//! the end the final norm and the logits. Activations are f32; RMS means and AttnRes scores are
+//! The forward pass over a chunk of rows — one sequence's tokens, or several sequences' side by
+//! side: embedding, then per layer the attention input (AttnRes mix or the residual), attention
+//! (each sequence on its own state, projections batched over every row), the MLP input, the dense
+//! MLP or the streaming MoE step (each distinct expert read once for every row), and at the end
+//! the final norm and the logits. Activations are f32; RMS means and AttnRes scores are
 //! accumulated in f64, as in the reference implementations.
 
 use std::time::Instant;
 
+use k3_attn::{KdaRun, KdaSeq, MlaSeq};
 use k3_quant::Matrix;
 use k3_quant::vecops::rms_norm;
 use k3_router::Routing;
@@ -14,13 +17,37 @@ use super::attnres::mix;
 use super::layers::{Attn, Ffn, Layer};
 use super::lookahead::Guesses;
 use super::moe::Clock;
-use super::session::{LayerState, Session};
-use super::stats::{Span, SpanKind};
+use super::session::{LayerState, Pending, Session};
+use super::stats::{RunStats, Span, SpanKind};
 use crate::EngineError;
+
+/// Which positions' logits a sequence of a step returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Every position's, `[n, vocab]`.
+    All,
+    /// The last position's, `[vocab]`: a prompt being prefilled needs no others, and the output
+    /// projection (K3's is 1.2 G weights) is then computed once per chunk instead of once per
+    /// token. The same bits as the last row of `All`.
+    Last,
+}
+
+/// One sequence's part of a step.
+#[derive(Debug)]
+pub struct Seq<'s> {
+    pub session: &'s mut Session,
+    pub ids: &'s [u32],
+    pub logits: Logits,
+    /// Verify speculative drafts: the rows are computed but the session keeps only what
+    /// [`Engine::accept`] later keeps of them.
+    pub tentative: bool,
+}
 
 /// The activations of one chunk as it goes through the layers.
 struct Chunk {
     n: usize,
+    /// Rows per sequence, in order.
+    rows: Vec<usize>,
     /// The residual stream `[n, d]` (K3: the running partial sum's layer output).
     h: Vec<f32>,
     /// The layer's partial sum `[n, d]`.
@@ -28,11 +55,26 @@ struct Chunk {
     normed: Vec<f32>,
     /// Attention output, then the MLP's.
     out: Vec<f32>,
-    /// K3 AttnRes block snapshots per token.
+    /// K3 AttnRes block snapshots per row.
     blocks: Vec<Vec<Vec<f32>>>,
     routings: Vec<Routing>,
-    /// Per token: what the predictors said about the current layer.
+    /// Per row: what the predictors said about the current layer.
     guesses: Vec<Guesses>,
+}
+
+impl Chunk {
+    /// Each sequence's row range.
+    fn spans(&self) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        self.rows.iter().scan(0, |at, &n| {
+            *at += n;
+            Some(*at - n..*at)
+        })
+    }
+}
+
+/// The first session of the step that records a timeline.
+fn timeline<'a>(seqs: &'a mut [Seq<'_>]) -> Option<&'a mut Vec<Span>> {
+    seqs.iter_mut().find_map(|s| s.session.timeline.as_mut())
 }
 
 impl<'m> Engine<'m> {
@@ -45,38 +87,73 @@ impl<'m> Engine<'m> {
         ids: &[u32],
         trace: Option<&mut Vec<f32>>,
     ) -> Result<Vec<f32>, EngineError> {
-        self.run(session, ids, trace, false)
+        let mut seqs = [Seq { session, ids, logits: Logits::All, tentative: false }];
+        Ok(self.run(&mut seqs, trace)?.pop().expect("one sequence"))
     }
 
-    /// As [`forward`](Self::forward), returning only the last position's logits `[vocab]`: a
-    /// prompt being prefilled needs no others, and the output projection (K3's is 1.2 G weights)
-    /// is then computed once per chunk instead of once per token. The same bits as the last row
-    /// of `forward`'s logits.
+    /// As [`forward`](Self::forward), returning only the last position's logits `[vocab]`
+    /// ([`Logits::Last`]).
     pub fn forward_last(&self, session: &mut Session, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
-        self.run(session, ids, None, true)
+        let mut seqs = [Seq { session, ids, logits: Logits::Last, tentative: false }];
+        Ok(self.run(&mut seqs, None)?.pop().expect("one sequence"))
     }
 
-    fn run(
-        &self,
-        session: &mut Session,
-        ids: &[u32],
-        mut trace: Option<&mut Vec<f32>>,
-        last_only: bool,
-    ) -> Result<Vec<f32>, EngineError> {
+    /// Several sequences advanced in one step: their rows share every weight read — each trunk
+    /// matrix once per step, each distinct routed expert once for all the rows that chose it —
+    /// and each row gives the same bits as its sequence run alone. Returns each sequence's
+    /// logits as it asked.
+    pub fn forward_batch(&self, seqs: &mut [Seq<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.run(seqs, None)
+    }
+
+    /// Verifies speculative drafts: `ids` (the last accepted token, then the drafts) are run and
+    /// every position's logits returned `[n, vocab]`, but the session keeps nothing of them until
+    /// [`accept`](Self::accept) says how many rows to keep.
+    pub fn verify(&self, session: &mut Session, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let mut seqs = [Seq { session, ids, logits: Logits::All, tentative: true }];
+        Ok(self.run(&mut seqs, None)?.pop().expect("one sequence"))
+    }
+
+    /// Keeps the first `rows` rows of the session's verified chunk (the rest never happened):
+    /// the session is then exactly as if only those rows had been run.
+    pub fn accept(&self, session: &mut Session, rows: usize) -> Result<(), EngineError> {
+        let p =
+            session.pending.take().ok_or_else(|| EngineError::Input("no verified chunk awaits acceptance".into()))?;
+        let rows = rows.min(p.rows);
+        for (li, layer) in self.layers.iter().enumerate() {
+            match (&layer.attn, &mut session.layers[li]) {
+                (Attn::Kda(k), LayerState::Kda(s)) => self.compute.run(|| k.commit(s, &p.tapes[li], rows)),
+                (Attn::Mla(_), LayerState::Mla(c)) => c.truncate(p.mla_len[li] + rows),
+                _ => return Err(EngineError::Input(format!("the session does not belong to this model (layer {li})"))),
+            }
+        }
+        if let Some(tr) = session.routing_trace.as_mut() {
+            tr.extend(p.routes.into_iter().filter(|r| r.position < p.start + rows));
+        }
+        session.tokens = p.start + rows;
+        session.stats.tokens += rows as u64;
+        Ok(())
+    }
+
+    fn run(&self, seqs: &mut [Seq<'_>], mut trace: Option<&mut Vec<f32>>) -> Result<Vec<Vec<f32>>, EngineError> {
         let started = Instant::now();
-        let (d, n, nl) = (self.hidden, ids.len(), self.layers.len());
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(EngineError::Input(format!("token id {bad} is outside the vocabulary of {}", self.vocab)));
+        let (d, nl) = (self.hidden, self.layers.len());
+        let mut ids = Vec::new();
+        for s in seqs.iter_mut() {
+            self.check_seq(s)?;
+            ids.extend_from_slice(s.ids);
+            if s.tentative {
+                s.session.pending = Some(self.pending(s.session, s.ids.len()));
+            }
+            if let Some(tl) = s.session.timeline.as_mut() {
+                tl.clear();
+            }
         }
-        if session.layers.len() != nl {
-            return Err(EngineError::Input("the session does not belong to this model".into()));
-        }
-        if let Some(tl) = session.timeline.as_mut() {
-            tl.clear();
-        }
+        let n = ids.len();
         let mut c = Chunk {
             n,
-            h: self.embed(ids),
+            rows: seqs.iter().map(|s| s.ids.len()).collect(),
+            h: self.embed(&ids),
             p: Vec::new(),
             normed: vec![0f32; n * d],
             out: vec![0f32; n * d],
@@ -88,23 +165,63 @@ impl<'m> Engine<'m> {
             tr.clear();
             tr.resize(n * nl * d, 0.0);
         }
+        let mut step = RunStats::default();
         for (li, layer) in self.layers.iter().enumerate() {
-            self.attention(session, li, layer, &mut c, started)?;
-            self.feed_forward(session, li, layer, &mut c, started)?;
+            self.attention(seqs, li, layer, &mut c, started)?;
+            self.feed_forward(seqs, li, layer, &mut c, started, &mut step)?;
             if let Some(tr) = trace.as_deref_mut() {
                 for t in 0..n {
                     tr[(t * nl + li) * d..(t * nl + li + 1) * d].copy_from_slice(&c.h[t * d..(t + 1) * d]);
                 }
             }
         }
-        let logits = self.logits(&c, if last_only { n.saturating_sub(1) } else { 0 });
-        session.tokens += n;
-        session.stats.tokens += n as u64;
-        session.stats.seconds += started.elapsed().as_secs_f64();
-        if let Some(Ok(io)) = self.io.as_ref().map(|m| m.lock()) {
-            session.stats.cache = io.cache.stats();
+        let logits = self.logits(&c, seqs);
+        let seconds = started.elapsed().as_secs_f64();
+        let cache = self.io.as_ref().and_then(|m| m.lock().ok().map(|io| io.cache.stats()));
+        for s in seqs.iter_mut() {
+            let n = s.ids.len();
+            if !s.tentative {
+                s.session.tokens += n;
+                s.session.stats.tokens += n as u64;
+            }
+            // Every sequence of the step waited for all of it.
+            s.session.stats.add_step(&step, seconds, cache);
         }
         Ok(logits)
+    }
+
+    /// A sequence can take this step: ids in the vocabulary, a session of this model with no
+    /// verified chunk awaiting acceptance.
+    fn check_seq(&self, s: &Seq<'_>) -> Result<(), EngineError> {
+        if let Some(&bad) = s.ids.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(EngineError::Input(format!("token id {bad} is outside the vocabulary of {}", self.vocab)));
+        }
+        if s.session.layers.len() != self.layers.len() {
+            return Err(EngineError::Input("the session does not belong to this model".into()));
+        }
+        if s.session.pending.is_some() {
+            return Err(EngineError::Input("the session has a verified chunk awaiting `accept`".into()));
+        }
+        Ok(())
+    }
+
+    /// What `accept` will need to keep a prefix of a tentative chunk of `rows` rows.
+    fn pending(&self, session: &Session, rows: usize) -> Pending {
+        let mla_len = session
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Mla(c) => c.len(),
+                LayerState::Kda(_) => 0,
+            })
+            .collect();
+        Pending {
+            start: session.tokens,
+            rows,
+            tapes: vec![Default::default(); session.layers.len()],
+            mla_len,
+            routes: Vec::new(),
+        }
     }
 
     fn embed(&self, ids: &[u32]) -> Vec<f32> {
@@ -125,7 +242,7 @@ impl<'m> Engine<'m> {
     /// snapshots it), attention, and the partial sum after it.
     fn attention(
         &self,
-        session: &mut Session,
+        seqs: &mut [Seq<'_>],
         li: usize,
         layer: &Layer<'m>,
         c: &mut Chunk,
@@ -147,12 +264,31 @@ impl<'m> Engine<'m> {
         }
         let t_att = started.elapsed().as_secs_f64();
         let (normed, out) = (&c.normed, &mut c.out);
-        match (&layer.attn, &mut session.layers[li]) {
-            (Attn::Kda(k), LayerState::Kda(s)) => self.compute.run(|| k.prefill(s, normed, out)),
-            (Attn::Mla(m), LayerState::Mla(cache)) => self.compute.run(|| m.prefill(cache, normed, out)),
-            _ => return Err(EngineError::Input(format!("the session does not belong to this model (layer {li})"))),
+        let mismatch = || EngineError::Input(format!("the session does not belong to this model (layer {li})"));
+        match &layer.attn {
+            Attn::Kda(k) => {
+                let mut ks = Vec::with_capacity(seqs.len());
+                for (s, &rows) in seqs.iter_mut().zip(&c.rows) {
+                    let Session { layers, pending, .. } = &mut *s.session;
+                    let LayerState::Kda(state) = &mut layers[li] else { return Err(mismatch()) };
+                    let run = match pending.as_mut() {
+                        Some(p) => KdaRun::Tentative(&*state, &mut p.tapes[li]),
+                        None => KdaRun::Advance(state),
+                    };
+                    ks.push(KdaSeq { rows, run });
+                }
+                self.compute.run(|| k.forward(&mut ks, normed, out));
+            }
+            Attn::Mla(m) => {
+                let mut ms = Vec::with_capacity(seqs.len());
+                for (s, &rows) in seqs.iter_mut().zip(&c.rows) {
+                    let LayerState::Mla(cache) = &mut s.session.layers[li] else { return Err(mismatch()) };
+                    ms.push(MlaSeq { cache, rows });
+                }
+                self.compute.run(|| m.forward(&mut ms, normed, out));
+            }
         }
-        if let Some(tl) = session.timeline.as_mut() {
+        if let Some(tl) = timeline(seqs) {
             let end = started.elapsed().as_secs_f64();
             tl.push(Span { layer: li as u32, kind: SpanKind::Attention, start: t_att, end });
         }
@@ -168,11 +304,12 @@ impl<'m> Engine<'m> {
     /// residual stream; the lookahead's guesses for the next layer on the way.
     fn feed_forward(
         &self,
-        session: &mut Session,
+        seqs: &mut [Seq<'_>],
         li: usize,
         layer: &Layer<'m>,
         c: &mut Chunk,
         started: Instant,
+        step: &mut RunStats,
     ) -> Result<(), EngineError> {
         let d = self.hidden;
         // The after-attention guess feeds the prefetch; computed only when someone uses it.
@@ -193,27 +330,20 @@ impl<'m> Engine<'m> {
                 self.compute.run(|| mlp.forward_batch(act, normed, out));
             }
             Ffn::Moe(moe) => {
-                let predicted: Vec<Vec<u32>> = if self.prefetch_earns(session, li) {
-                    after_attention.iter().flatten().cloned().collect()
-                } else {
-                    Vec::new()
-                };
-                let mut spans = session.timeline.as_ref().map(|_| Vec::new());
+                let earns = seqs.iter().any(|s| self.prefetch_earns(s.session, li));
+                let predicted: Vec<Vec<u32>> =
+                    if earns { after_attention.iter().flatten().cloned().collect() } else { Vec::new() };
+                let mut spans = timeline(seqs).map(|_| Vec::new());
                 let mut clock = Clock { start: started, spans: &mut spans, layer: layer.index };
-                self.moe_chunk(
-                    layer,
-                    moe,
-                    &c.normed,
-                    &mut c.out,
-                    &mut c.routings,
-                    &predicted,
-                    &mut session.stats,
-                    &mut clock,
-                )?;
-                if let (Some(tl), Some(sp)) = (session.timeline.as_mut(), spans) {
+                self.moe_chunk(layer, moe, &c.normed, &mut c.out, &mut c.routings, &predicted, step, &mut clock)?;
+                if let (Some(tl), Some(sp)) = (timeline(seqs), spans) {
                     tl.extend(sp);
                 }
-                self.record_routing(session, li, moe, &c.routings, &mut c.guesses);
+                let spans: Vec<_> = c.spans().collect();
+                for (s, r) in seqs.iter_mut().zip(spans) {
+                    let (routings, guesses) = (&c.routings[r.clone()], &mut c.guesses[r]);
+                    self.record_routing(s.session, li, moe, routings, guesses);
+                }
             }
         }
         for (t, guess) in after_attention.into_iter().enumerate() {
@@ -227,14 +357,21 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
-    /// The final norm (K3: after the output AttnRes mix) and the logits of positions `from..n`,
-    /// `[n - from, vocab]`.
-    fn logits(&self, c: &Chunk, from: usize) -> Vec<f32> {
+    /// The final norm (K3: after the output AttnRes mix) and the logits each sequence asked for,
+    /// as one product over every row that needs them.
+    fn logits(&self, c: &Chunk, seqs: &[Seq<'_>]) -> Vec<Vec<f32>> {
         let d = self.hidden;
-        let m = c.n - from;
-        let mut normed = vec![0f32; m * d];
-        for (i, o) in normed.chunks_exact_mut(d).enumerate() {
-            let t = from + i;
+        let wanted: Vec<std::ops::Range<usize>> = c
+            .spans()
+            .zip(seqs)
+            .map(|(r, s)| match s.logits {
+                Logits::All => r,
+                Logits::Last => r.end.saturating_sub(1).max(r.start)..r.end,
+            })
+            .collect();
+        let rows: Vec<usize> = wanted.iter().flat_map(|r| r.clone()).collect();
+        let mut normed = vec![0f32; rows.len() * d];
+        for (&t, o) in rows.iter().zip(normed.chunks_exact_mut(d)) {
             let ht = &c.h[t * d..(t + 1) * d];
             let fin = match &self.out_res {
                 Some(w) => mix(&c.blocks[t], ht, w, self.eps()),
@@ -242,8 +379,14 @@ impl<'m> Engine<'m> {
             };
             rms_norm(&fin, &self.norm, self.eps(), o);
         }
-        let mut logits = vec![0f32; m * self.vocab];
+        let mut logits = vec![0f32; rows.len() * self.vocab];
         self.compute.matmul(&self.lm_head, &normed, &mut logits);
-        logits
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut at = 0;
+        for r in wanted {
+            out.push(logits[at * self.vocab..(at + r.len()) * self.vocab].to_vec());
+            at += r.len();
+        }
+        out
     }
 }

@@ -61,7 +61,8 @@ impl Engine<'_> {
     }
 
     /// Scores what the predictors guessed for layer `li` against what it chose, and records the
-    /// choices (usage history, previous-token predictor, routing trace).
+    /// choices (usage history, previous-token predictor, the routing trace — held back with a
+    /// verified chunk until `accept` says which rows happened).
     pub(crate) fn record_routing(
         &self,
         session: &mut Session,
@@ -92,8 +93,11 @@ impl Engine<'_> {
                 session.usage.record((li as u32, e));
             }
             if let Some(tr) = session.routing_trace.as_mut() {
-                let position = session.tokens + t;
-                tr.push(RoutedToken { position, layer: li as u32, experts: r.experts.clone() });
+                let routed = RoutedToken { position: session.tokens + t, layer: li as u32, experts: r.experts.clone() };
+                match session.pending.as_mut() {
+                    Some(p) => p.routes.push(routed),
+                    None => tr.push(routed),
+                }
             }
         }
     }

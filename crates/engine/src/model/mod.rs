@@ -18,6 +18,7 @@ mod options;
 mod session;
 mod stats;
 
+pub use forward::{Logits, Seq};
 pub use options::EngineOptions;
 pub use session::{LayerState, RoutedToken, Session};
 pub use stats::{RunStats, Span, SpanKind};

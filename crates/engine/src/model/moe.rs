@@ -125,6 +125,7 @@ impl<'m> Engine<'m> {
         let io = &mut *io;
         io.cache.set_layer(layer.index);
         io.cache.protect(&keys);
+        stats.experts_computed += keys.len() as u64;
         let mut reads = Reads { queue: keys.iter().copied().collect(), inflight: Vec::new(), ready: Vec::new() };
         let t_io = Instant::now();
         reads.fill(io, self.model)?;

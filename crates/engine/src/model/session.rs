@@ -1,6 +1,6 @@
 //! The state of one sequence: everything earlier tokens left behind, and what was measured.
 
-use k3_attn::{KdaState, MlaCache};
+use k3_attn::{KdaState, KdaTape, MlaCache};
 use k3_router::lookahead::LookaheadStats;
 
 use super::stats::{RunStats, Span};
@@ -39,6 +39,19 @@ pub struct Session {
     pub usage: k3_router::UsageHistory,
     /// When `Some`, every token's experts at every MoE layer are appended (for comparing encodings).
     pub routing_trace: Option<Vec<RoutedToken>>,
+    /// A verified (tentative) chunk awaiting `Engine::accept`.
+    pub(crate) pending: Option<Pending>,
+}
+
+/// What keeping a prefix of a verified chunk needs: per KDA layer the chunk's tape, per MLA
+/// layer the cache length before it, and (when tracing) the rows' routing.
+#[derive(Debug, Clone)]
+pub(crate) struct Pending {
+    pub start: usize,
+    pub rows: usize,
+    pub tapes: Vec<KdaTape>,
+    pub mla_len: Vec<usize>,
+    pub routes: Vec<RoutedToken>,
 }
 
 impl PartialEq for Session {
@@ -61,6 +74,7 @@ impl Session {
             timeline: None,
             usage: k3_router::UsageHistory::default(),
             routing_trace: None,
+            pending: None,
         }
     }
 }

@@ -33,12 +33,30 @@ pub struct RunStats {
     /// Time from a layer's first expert request to its last expert computed, summed.
     pub io_span_seconds: f64,
     pub expert_compute_seconds: f64,
+    /// Distinct routed experts computed, summed over the MoE layers of every step this session
+    /// was part of (a step's experts serve all of its rows, of every sequence in it).
+    pub experts_computed: u64,
+    /// Steps this session was part of.
+    pub steps: u64,
     /// The engine's expert-cache counters after this session's last step (the cache is shared by
     /// every session of an engine, so these count from the engine's start).
     pub cache: CacheStats,
 }
 
 impl RunStats {
+    /// Adds one step's expert I/O and compute times, its wall time and the cache counters after it.
+    pub(crate) fn add_step(&mut self, step: &RunStats, seconds: f64, cache: Option<CacheStats>) {
+        self.seconds += seconds;
+        self.io_wait_seconds += step.io_wait_seconds;
+        self.io_span_seconds += step.io_span_seconds;
+        self.expert_compute_seconds += step.expert_compute_seconds;
+        self.experts_computed += step.experts_computed;
+        self.steps += 1;
+        if let Some(c) = cache {
+            self.cache = c;
+        }
+    }
+
     /// Adds a later session's times to these; the cache counters (cumulative per engine) are the
     /// later session's.
     pub fn accumulate(&mut self, later: &RunStats) {
@@ -47,6 +65,8 @@ impl RunStats {
         self.io_wait_seconds += later.io_wait_seconds;
         self.io_span_seconds += later.io_span_seconds;
         self.expert_compute_seconds += later.expert_compute_seconds;
+        self.experts_computed += later.experts_computed;
+        self.steps += later.steps;
         self.cache = later.cache;
     }
 }

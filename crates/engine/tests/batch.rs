@@ -1,0 +1,151 @@
+//! Several sequences in one step, and speculative drafts verified then partly accepted: each
+//! sequence's logits are the same bits as when it runs alone, and a session after `accept(j)` is
+//! the session that ran only those `j` rows.
+
+use std::path::{Path, PathBuf};
+
+use k3_engine::{Engine, EngineOptions, Logits, Seq, Session};
+use k3_format::Model;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+const MODELS: [&str; 2] = ["tiny-k3", "tiny-kimi-linear"];
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Token ids drawn from the model's vocabulary (bit-identity needs no particular text).
+fn tokens(engine: &Engine<'_>, seed: u64, n: usize) -> Vec<u32> {
+    let mut rng = k3_quant::rng::XorShift::new(seed);
+    (0..n).map(|_| (rng.next_u64() % engine.vocab() as u64) as u32).collect()
+}
+
+#[test]
+fn a_batch_of_sequences_gives_each_the_bits_it_gets_alone() {
+    for name in MODELS {
+        let model = Model::open(fixtures().join(format!("{name}.waste"))).unwrap();
+        for threads in [1, 2] {
+            let engine = Engine::load_with(&model, EngineOptions { threads, ..EngineOptions::default() }).unwrap();
+            // Three prompts of different lengths, then four decode steps of one token each.
+            let prompts: Vec<Vec<u32>> =
+                [5, 1, 9].iter().enumerate().map(|(i, &n)| tokens(&engine, i as u64 + 1, n)).collect();
+            let steps: Vec<Vec<u32>> = (0..3).map(|i| tokens(&engine, 50 + i, 4)).collect();
+            let alone: Vec<Vec<u32>> = (0..3)
+                .map(|i| {
+                    let mut s = engine.session();
+                    let mut out = bits(&engine.forward(&mut s, &prompts[i], None).unwrap());
+                    for &t in &steps[i] {
+                        out.extend(bits(&engine.forward(&mut s, &[t], None).unwrap()));
+                    }
+                    out
+                })
+                .collect();
+            let mut sessions: Vec<Session> = (0..3).map(|_| engine.session()).collect();
+            let mut together: Vec<Vec<u32>> = vec![Vec::new(); 3];
+            {
+                let mut seqs: Vec<Seq<'_>> = sessions
+                    .iter_mut()
+                    .zip(&prompts)
+                    .map(|(session, ids)| Seq { session, ids, logits: Logits::All, tentative: false })
+                    .collect();
+                for (out, l) in together.iter_mut().zip(engine.forward_batch(&mut seqs).unwrap()) {
+                    out.extend(bits(&l));
+                }
+            }
+            for k in 0..4 {
+                let step: Vec<[u32; 1]> = steps.iter().map(|s| [s[k]]).collect();
+                let mut seqs: Vec<Seq<'_>> = sessions
+                    .iter_mut()
+                    .zip(&step)
+                    .map(|(session, ids)| Seq { session, ids, logits: Logits::All, tentative: false })
+                    .collect();
+                for (out, l) in together.iter_mut().zip(engine.forward_batch(&mut seqs).unwrap()) {
+                    out.extend(bits(&l));
+                }
+            }
+            for i in 0..3 {
+                assert!(together[i] == alone[i], "{name}, {threads} threads: sequence {i} differs in a batch");
+                assert_eq!(sessions[i].tokens, prompts[i].len() + 4);
+            }
+            // `Last` is the last row of `All`.
+            let mut s = engine.session();
+            let mut seqs = [Seq { session: &mut s, ids: &prompts[2], logits: Logits::Last, tentative: false }];
+            let last = engine.forward_batch(&mut seqs).unwrap().pop().unwrap();
+            assert!(
+                bits(&last) == alone[2][(prompts[2].len() - 1) * engine.vocab()..prompts[2].len() * engine.vocab()]
+            );
+        }
+    }
+}
+
+#[test]
+fn accepting_part_of_a_verified_chunk_is_running_only_that_part() {
+    for name in MODELS {
+        let model = Model::open(fixtures().join(format!("{name}.waste"))).unwrap();
+        let engine = Engine::load(&model).unwrap();
+        let v = engine.vocab();
+        let prompt = tokens(&engine, 7, 6);
+        let chunk = tokens(&engine, 8, 5);
+        let after = tokens(&engine, 9, 3);
+        for keep in 0..=chunk.len() {
+            let mut spec = engine.session();
+            engine.forward_last(&mut spec, &prompt).unwrap();
+            let verified = engine.verify(&mut spec, &chunk).unwrap();
+            engine.accept(&mut spec, keep).unwrap();
+            let spec_after = engine.forward(&mut spec, &after, None).unwrap();
+
+            let mut plain = engine.session();
+            engine.forward_last(&mut plain, &prompt).unwrap();
+            let ran = if keep > 0 { engine.forward(&mut plain, &chunk[..keep], None).unwrap() } else { Vec::new() };
+            let plain_after = engine.forward(&mut plain, &after, None).unwrap();
+
+            assert!(bits(&verified[..keep * v]) == bits(&ran), "{name}: the verified rows before {keep} differ");
+            assert!(bits(&spec_after) == bits(&plain_after), "{name}: after accepting {keep} rows the logits differ");
+            assert_eq!(spec.tokens, prompt.len() + keep + after.len(), "{name}: position after accepting {keep}");
+            assert_eq!(spec.stats.tokens, plain.stats.tokens, "{name}: tokens counted after accepting {keep}");
+        }
+    }
+}
+
+#[test]
+fn a_session_awaiting_acceptance_refuses_other_steps() {
+    let model = Model::open(fixtures().join("tiny-k3.waste")).unwrap();
+    let engine = Engine::load(&model).unwrap();
+    let mut s = engine.session();
+    let err = engine.accept(&mut s, 1).unwrap_err().to_string();
+    assert!(err.contains("no verified chunk"), "{err}");
+    engine.verify(&mut s, &[1, 2, 3]).unwrap();
+    let err = engine.forward(&mut s, &[4], None).unwrap_err().to_string();
+    assert!(err.contains("awaiting `accept`"), "{err}");
+    let err = engine.verify(&mut s, &[4]).unwrap_err().to_string();
+    assert!(err.contains("awaiting `accept`"), "{err}");
+    engine.accept(&mut s, 2).unwrap();
+    assert_eq!(s.tokens, 2);
+    engine.forward(&mut s, &[4], None).unwrap();
+}
+
+#[test]
+fn the_routing_trace_has_the_accepted_rows_only() {
+    let model = Model::open(fixtures().join("tiny-k3.waste")).unwrap();
+    let engine = Engine::load(&model).unwrap();
+    let ids = tokens(&engine, 3, 6);
+    let mut plain = engine.session();
+    plain.routing_trace = Some(Vec::new());
+    engine.forward(&mut plain, &ids[..4], None).unwrap();
+    let mut spec = engine.session();
+    spec.routing_trace = Some(Vec::new());
+    engine.forward(&mut spec, &ids[..2], None).unwrap();
+    engine.verify(&mut spec, &ids[2..]).unwrap();
+    engine.accept(&mut spec, 2).unwrap();
+    // A chunk's trace is layer by layer; compare position by position.
+    let sorted = |s: &Session| {
+        let mut t = s.routing_trace.clone().unwrap();
+        t.sort_by_key(|r| (r.position, r.layer));
+        t
+    };
+    assert!(!sorted(&plain).is_empty());
+    assert_eq!(sorted(&spec), sorted(&plain));
+}
