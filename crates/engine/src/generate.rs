@@ -2,14 +2,18 @@
 //! one turn over a caller's [`Session`]: prefill (with progress and cancellation), then one token
 //! per [`Generator::step`] — sampled, checked against the stops (end-of-message ids, stop strings,
 //! `max_tokens`, the planned context, a cancellation flag), decoded, filtered for visibility
-//! (K3's thinking), and fed back. `k3-cli generate` and `chat` are thin callers; a server is the
-//! next.
+//! (K3's thinking), and fed back. With `speculate`, the token fed is followed by drafts from the
+//! context, verified in the same step ([`crate::speculate`]): the accepted ones come out of the
+//! following `step`s without a forward pass. `k3-cli generate` and `chat` are thin callers; a
+//! server is the next.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::sample::{Sampler, SamplerConfig};
+use crate::speculate::{self, Governor, SpecStats};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::{Engine, EngineError, RunStats, Session};
 
@@ -33,6 +37,9 @@ pub struct GenerateParams {
     pub cancel: Option<Arc<AtomicBool>>,
     /// Prompt tokens per forward call.
     pub chunk: usize,
+    /// Tokens to draft from the context and verify with each token fed (0 = off). The output is
+    /// the same tokens either way; a governor turns drafting off while it does not pay.
+    pub speculate: usize,
 }
 
 impl Default for GenerateParams {
@@ -47,6 +54,7 @@ impl Default for GenerateParams {
             close_turn: None,
             cancel: None,
             chunk: 32,
+            speculate: 0,
         }
     }
 }
@@ -76,6 +84,8 @@ pub struct Token {
     /// Whether it was fed back (a decode step ran; `stats` are that step's). The token that ends a
     /// turn is not.
     pub fed: bool,
+    /// A drafted token the step before verified: it cost no step of its own (`stats` are zero).
+    pub drafted: bool,
     pub stats: StepStats,
 }
 
@@ -107,12 +117,29 @@ pub struct Generator<'s, 't> {
     session: &'s mut Session,
     params: GenerateParams,
     sampler: Sampler,
+    /// The next position's logits.
     logits: Vec<f32>,
+    /// The next token, when a verify step already sampled it (a draft it did not match).
+    next: Option<u32>,
+    /// Tokens decided but not yet returned (a verify step decides several).
+    ready: VecDeque<Token>,
     produced: u64,
     text: Option<TextOut<'t>>,
     finish: Option<Finish>,
+    governor: Governor,
+    /// What speculation did this turn.
+    pub spec: SpecStats,
     /// Prefill (tokens, seconds).
     pub prefill: (usize, f64),
+}
+
+/// What a sampled token does to the turn.
+enum Emit {
+    /// The turn goes on with the token fed; its visible text.
+    Continue(String),
+    /// The turn ended ([`Generator::finish`] says why): the token's text, and the id to feed so
+    /// the session is ready for another turn, if any.
+    End(String, Option<u32>),
 }
 
 impl<'s, 't> Generator<'s, 't> {
@@ -131,10 +158,10 @@ impl<'s, 't> Generator<'s, 't> {
             return Err(EngineError::Input("the prompt is empty".into()));
         }
         let context = engine.plan().context as usize;
-        if session.tokens + prompt.len() >= context {
+        if session.tokens() + prompt.len() >= context {
             return Err(EngineError::Input(format!(
                 "the prompt is {} tokens, which leaves no room in a context of {context} tokens",
-                session.tokens + prompt.len()
+                session.tokens() + prompt.len()
             )));
         }
         let text = tok.map(|t| TextOut::new(t, &params));
@@ -143,9 +170,13 @@ impl<'s, 't> Generator<'s, 't> {
             params,
             sampler,
             logits: Vec::new(),
+            next: None,
+            ready: VecDeque::new(),
             produced: 0,
             text,
             finish: None,
+            governor: Governor::default(),
+            spec: SpecStats::default(),
             prefill: (prompt.len(), 0.0),
         };
         let t0 = Instant::now();
@@ -171,6 +202,11 @@ impl<'s, 't> Generator<'s, 't> {
         self.finish
     }
 
+    /// The session the turn runs in.
+    pub fn session(&self) -> &Session {
+        self.session
+    }
+
     /// How many tokens were generated.
     pub fn produced(&self) -> u64 {
         self.produced
@@ -178,29 +214,52 @@ impl<'s, 't> Generator<'s, 't> {
 
     /// The next token, or `None` once the turn has ended ([`finish`](Self::finish) says why).
     pub fn step(&mut self, engine: &Engine<'_>) -> Result<Option<Token>, EngineError> {
-        if self.finish.is_some() {
-            return Ok(None);
+        if self.ready.is_empty() && self.finish.is_none() {
+            self.advance(engine)?;
         }
-        let stop = if self.produced >= self.params.max_tokens {
+        Ok(self.ready.pop_front())
+    }
+
+    /// Why the turn must end before another token is sampled, if it must.
+    fn limit(&self) -> Option<Finish> {
+        if self.produced >= self.params.max_tokens {
             Some(Finish::Length)
         } else if self.cancelled() {
             Some(Finish::Cancelled)
         } else {
             None
-        };
-        if let Some(f) = stop {
-            return self.end(engine, f).map(|()| None);
+        }
+    }
+
+    /// Samples the next token and feeds it (or ends the turn).
+    fn advance(&mut self, engine: &Engine<'_>) -> Result<(), EngineError> {
+        if let Some(f) = self.limit() {
+            // Held-back text is kept by `flush` for the caller.
+            self.finish = Some(f);
+            return self.feed_end(engine, self.params.close_turn);
         }
         let v = engine.vocab();
-        let id = self.sampler.sample(&self.logits[self.logits.len() - v..]);
+        let id = match self.next.take() {
+            Some(id) => id,
+            None => self.sampler.sample(&self.logits[self.logits.len() - v..]),
+        };
+        match self.emit(id, self.session.tokens(), engine.plan().context)? {
+            Emit::End(text, feed) => {
+                self.feed_end(engine, feed)?;
+                self.ready.push_back(Token { id, text, fed: false, drafted: false, stats: StepStats::default() });
+                Ok(())
+            }
+            Emit::Continue(text) => self.feed(engine, id, text),
+        }
+    }
+
+    /// Counts a sampled token at `position` and checks it against the stops.
+    fn emit(&mut self, id: u32, position: usize, context: u64) -> Result<Emit, EngineError> {
         self.produced += 1;
         if self.params.stop_ids.contains(&id) {
-            if self.params.close_turn.is_some() {
-                // The end of the message belongs to the conversation.
-                engine.forward(self.session, &[id], None)?;
-            }
             self.finish = Some(Finish::Stop);
-            return Ok(Some(Token { id, text: self.flush(), fed: false, stats: StepStats::default() }));
+            // The end of the message belongs to the conversation.
+            return Ok(Emit::End(self.flush(), self.params.close_turn.map(|_| id)));
         }
         let (text, stopped) = match &mut self.text {
             Some(t) => t.push(id)?,
@@ -208,35 +267,100 @@ impl<'s, 't> Generator<'s, 't> {
         };
         if stopped {
             self.finish = Some(Finish::StopString);
-            self.close(engine)?;
-            return Ok(Some(Token { id, text, fed: false, stats: StepStats::default() }));
+            return Ok(Emit::End(text, self.params.close_turn));
         }
-        if self.session.tokens as u64 >= engine.plan().context {
+        if position as u64 >= context {
             self.finish = Some(Finish::ContextFull);
-            let text = text + &self.flush();
-            return Ok(Some(Token { id, text, fed: false, stats: StepStats::default() }));
+            return Ok(Emit::End(text + &self.flush(), None));
         }
-        let (t0, before) = (Instant::now(), self.session.stats);
-        self.logits = engine.forward(self.session, &[id], None)?;
-        let stats = StepStats::between(t0.elapsed().as_secs_f64(), &before, &self.session.stats);
-        Ok(Some(Token { id, text, fed: true, stats }))
+        Ok(Emit::Continue(text))
     }
 
-    /// Ends the turn: what text was held back is dropped (it may be half a stop string) or, when
-    /// the turn was cut short, kept by [`flush`](Self::flush) for the caller.
-    fn end(&mut self, engine: &Engine<'_>, why: Finish) -> Result<(), EngineError> {
-        self.finish = Some(why);
-        self.close(engine)
-    }
-
-    /// Feeds the end-of-message id when the session must be ready for another turn.
-    fn close(&mut self, engine: &Engine<'_>) -> Result<(), EngineError> {
-        if let Some(end) = self.params.close_turn
-            && (self.session.tokens as u64) < engine.plan().context
+    /// Feeds `id` after the turn ended, when the session must be ready for another turn and
+    /// has room.
+    fn feed_end(&mut self, engine: &Engine<'_>, id: Option<u32>) -> Result<(), EngineError> {
+        if let Some(id) = id
+            && (self.session.tokens() as u64) < engine.plan().context
         {
-            engine.forward(self.session, &[end], None)?;
+            engine.forward(self.session, &[id], None)?;
         }
         Ok(())
+    }
+
+    /// Feeds `id` — alone, or followed by drafts verified in the same step.
+    fn feed(&mut self, engine: &Engine<'_>, id: u32, text: String) -> Result<(), EngineError> {
+        let (t0, before) = (Instant::now(), self.session.stats);
+        let drafts = self.drafts(engine, id);
+        if drafts.is_empty() {
+            self.logits = engine.forward(self.session, &[id], None)?;
+            let seconds = t0.elapsed().as_secs_f64();
+            self.governor.plain_step(seconds);
+            let stats = StepStats::between(seconds, &before, &self.session.stats);
+            self.ready.push_back(Token { id, text, fed: true, drafted: false, stats });
+            return Ok(());
+        }
+        let start = self.session.tokens();
+        let chunk: Vec<u32> = std::iter::once(id).chain(drafts.iter().copied()).collect();
+        let rows = engine.verify(self.session, &chunk)?;
+        let stats = StepStats::between(t0.elapsed().as_secs_f64(), &before, &self.session.stats);
+        self.ready.push_back(Token { id, text, fed: true, drafted: false, stats });
+        // Row i's token, sampled as plain decoding would; a draft stays while it is that token.
+        let v = engine.vocab();
+        let mut kept = 1;
+        let mut end_feed = None;
+        for (i, &d) in drafts.iter().enumerate() {
+            if self.limit().is_some() {
+                break;
+            }
+            let x = self.sampler.sample(&rows[i * v..(i + 1) * v]);
+            if x != d {
+                self.next = Some(x);
+                break;
+            }
+            self.spec.accepted += 1;
+            let zero = StepStats::default();
+            match self.emit(x, start + kept, engine.plan().context)? {
+                Emit::Continue(text) => {
+                    kept += 1;
+                    self.ready.push_back(Token { id: x, text, fed: true, drafted: true, stats: zero });
+                }
+                Emit::End(text, feed) => {
+                    // A draft that ends the turn but belongs to the conversation is its own row.
+                    end_feed = match feed {
+                        Some(f) if f == x => {
+                            kept += 1;
+                            None
+                        }
+                        other => other,
+                    };
+                    self.ready.push_back(Token { id: x, text, fed: false, drafted: true, stats: zero });
+                    break;
+                }
+            }
+        }
+        engine.accept(self.session, kept)?;
+        self.logits = rows[(kept - 1) * v..kept * v].to_vec();
+        self.spec.verifies += 1;
+        self.spec.drafted += drafts.len() as u64;
+        self.governor.verify_step(t0.elapsed().as_secs_f64(), kept);
+        self.spec.switched_off = self.governor.switched_off;
+        if self.finish.is_some() {
+            self.feed_end(engine, end_feed)?;
+        }
+        Ok(())
+    }
+
+    /// The drafts to verify after `id`: none when speculation is off, resting, or would pass
+    /// the context.
+    fn drafts(&mut self, engine: &Engine<'_>, id: u32) -> Vec<u32> {
+        if self.params.speculate == 0 || !self.governor.wants_drafts() {
+            return Vec::new();
+        }
+        let room = (engine.plan().context as usize).saturating_sub(self.session.tokens() + 1);
+        let mut history = Vec::with_capacity(self.session.tokens() + 1);
+        history.extend_from_slice(self.session.ids());
+        history.push(id);
+        speculate::draft(&history, self.params.speculate.min(room))
     }
 
     /// Text still held back (an incomplete character, the start of what might have been a stop

@@ -15,6 +15,7 @@ pub mod names;
 pub mod owned;
 pub mod plan;
 pub mod sample;
+pub mod speculate;
 pub mod synth;
 pub mod tensors;
 pub mod tokenizer;

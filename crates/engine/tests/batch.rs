@@ -68,7 +68,7 @@ fn a_batch_of_sequences_gives_each_the_bits_it_gets_alone() {
             }
             for i in 0..3 {
                 assert!(together[i] == alone[i], "{name}, {threads} threads: sequence {i} differs in a batch");
-                assert_eq!(sessions[i].tokens, prompts[i].len() + 4);
+                assert_eq!(sessions[i].tokens(), prompts[i].len() + 4);
             }
             // `Last` is the last row of `All`.
             let mut s = engine.session();
@@ -104,7 +104,7 @@ fn accepting_part_of_a_verified_chunk_is_running_only_that_part() {
 
             assert!(bits(&verified[..keep * v]) == bits(&ran), "{name}: the verified rows before {keep} differ");
             assert!(bits(&spec_after) == bits(&plain_after), "{name}: after accepting {keep} rows the logits differ");
-            assert_eq!(spec.tokens, prompt.len() + keep + after.len(), "{name}: position after accepting {keep}");
+            assert_eq!(spec.tokens(), prompt.len() + keep + after.len(), "{name}: position after accepting {keep}");
             assert_eq!(spec.stats.tokens, plain.stats.tokens, "{name}: tokens counted after accepting {keep}");
         }
     }
@@ -123,7 +123,7 @@ fn a_session_awaiting_acceptance_refuses_other_steps() {
     let err = engine.verify(&mut s, &[4]).unwrap_err().to_string();
     assert!(err.contains("awaiting `accept`"), "{err}");
     engine.accept(&mut s, 2).unwrap();
-    assert_eq!(s.tokens, 2);
+    assert_eq!(s.tokens(), 2);
     engine.forward(&mut s, &[4], None).unwrap();
 }
 

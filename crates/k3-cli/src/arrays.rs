@@ -46,7 +46,7 @@ pub fn run(args: ArrayArgs, trace: bool) -> Result<ExitCode> {
         logits.extend(engine.forward(&mut session, chunk, trace.then_some(&mut chunk_trace))?);
         layers.extend_from_slice(&chunk_trace);
     }
-    args.engine.report(&engine, &session.stats)?;
+    args.engine.report(&engine, &session.stats, None)?;
     args.engine.finish(&session)?;
     let data = if trace { &layers } else { &logits };
     let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();

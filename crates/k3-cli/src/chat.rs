@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use k3_engine::chat::{ChatFormat, Message, Role};
 use k3_engine::generate::{Finish, GenerateParams, Generator};
 use k3_engine::sample::SamplerConfig;
+use k3_engine::speculate::SpecStats;
 use k3_engine::tokenizer::Tokenizer;
 
 use crate::run::{EngineArgs, Needs, open_model};
@@ -138,9 +139,11 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         close_turn: Some(end),
         cancel: Some(cancel.clone()),
         chunk: CHUNK,
+        speculate: a.sampling.speculate as usize,
         ..GenerateParams::default()
     };
     let mut session = engine.session();
+    let mut speculation = SpecStats::default();
     let mut pending: Vec<u32> = match &a.system {
         Some(s) => format.turn(&Message::new(Role::System, s))?,
         None => Vec::new(),
@@ -154,7 +157,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         pending.extend(format.turn(&Message::new(Role::User, &text))?);
         pending.extend(format.generation_prompt(think)?);
         // Room for the turn and at least one answer token.
-        if session.tokens + pending.len() >= context {
+        if session.tokens() + pending.len() >= context {
             eprintln!(
                 "[the conversation would pass the context of {context} tokens: start a new chat, or raise --context]"
             );
@@ -164,7 +167,8 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         let t0 = std::time::Instant::now();
         let turn = Generator::start(&engine, &mut session, &pending, Some(&tok), params.clone(), &mut |_, _| {})?;
         let prompt_tokens = std::mem::take(&mut pending).len();
-        let (answered, finish) = answer(&engine, turn, &mut out)?;
+        let (answered, finish, spec) = answer(&engine, turn, &mut out)?;
+        speculation.add(&spec);
         match finish {
             Some(Finish::Length) => eprintln!("[answer cut at --max-tokens {}]", a.max_tokens),
             Some(Finish::Cancelled) => eprintln!("[stopped]"),
@@ -175,13 +179,13 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
             eprintln!(
                 "turn: {prompt_tokens} prompt tokens, {answered} answer tokens in {:.2} s; {} of {context} context tokens used",
                 t0.elapsed().as_secs_f64(),
-                session.tokens
+                session.tokens()
             );
         }
     }
     input.save()?;
     drop(out);
-    a.engine.report(&engine, &session.stats)?;
+    a.engine.report(&engine, &session.stats, Some(&speculation))?;
     a.engine.finish(&session)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -191,11 +195,11 @@ fn answer(
     engine: &k3_engine::Engine<'_>,
     mut turn: Generator<'_, '_>,
     out: &mut impl Write,
-) -> Result<(u64, Option<Finish>)> {
+) -> Result<(u64, Option<Finish>, SpecStats)> {
     while let Some(t) = turn.step(engine)? {
         write!(out, "{}", t.text)?;
         out.flush()?;
     }
     writeln!(out, "{}", turn.flush())?;
-    Ok((turn.produced(), turn.finish()))
+    Ok((turn.produced(), turn.finish(), turn.spec))
 }

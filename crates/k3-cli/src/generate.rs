@@ -67,6 +67,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         stop_strings: a.stop.clone(),
         cancel: Some(signals::ctrl_c_flag()),
         chunk: a.chunk as usize,
+        speculate: a.sampling.speculate as usize,
         ..GenerateParams::default()
     };
     let mut session = engine.session();
@@ -89,7 +90,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
             None => write!(out, "{} ", t.id)?,
         }
         out.flush()?;
-        if t.fed {
+        if t.fed && !t.drafted {
             per_token.push(serde_json::json!({
                 "token": t.id, "seconds": t.stats.seconds, "bytes_read": t.stats.bytes_read,
                 "hits": t.stats.hits, "misses": t.stats.misses, "io_wait_seconds": t.stats.io_wait_seconds,
@@ -107,9 +108,10 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         Some(Finish::Cancelled) => eprintln!("[interrupted]"),
         _ => {}
     }
-    let (prefill, produced) = (g.prefill, g.produced() as usize);
+    let (prefill, produced, spec) = (g.prefill, g.produced() as usize, g.spec);
     drop(g);
-    a.engine.report_split(&engine, &session.stats, prefill, (produced, t1.elapsed().as_secs_f64()), per_token)?;
+    let decode = (produced, t1.elapsed().as_secs_f64());
+    a.engine.report_split(&engine, &session.stats, prefill, decode, per_token, Some(&spec))?;
     a.engine.finish(&session)?;
     Ok(ExitCode::SUCCESS)
 }

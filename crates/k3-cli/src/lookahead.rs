@@ -46,7 +46,7 @@ pub fn run(a: LookaheadArgs) -> Result<ExitCode> {
     for c in ids.chunks(a.chunk as usize) {
         engine.forward_last(&mut session, c)?;
     }
-    a.engine.report(&engine, &session.stats)?;
+    a.engine.report(&engine, &session.stats, None)?;
     a.engine.finish(&session)?;
     let st = &session.lookahead;
     let layers: Vec<Value> = (0..st.layers())

@@ -105,6 +105,11 @@ struct SamplingArgs {
     /// Seed of the sampler: the same seed and settings give the same text.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Draft up to N tokens from the context (prompt lookup) and verify them with each token in
+    /// one step (0 = off). The text is the same either way; speculation turns itself off while
+    /// its drafts are not accepted often enough to pay.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
+    speculate: u16,
 }
 
 impl SamplingArgs {

@@ -47,7 +47,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
     let r = k3_engine::eval::perplexity(&engine, &ids, window, chunk, &mut |done| pb.set_position(done as u64))?;
     let seconds = t0.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    a.engine.report(&engine, &r.stats)?;
+    a.engine.report(&engine, &r.stats, None)?;
     let window_nll: Vec<f64> = r.windows.iter().map(|w| w.nll).collect();
     if a.json {
         println!(

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use k3_engine::Policy;
 use k3_engine::budget::{parse_size, peak_rss_bytes};
+use k3_engine::speculate::SpecStats;
 use k3_engine::{Engine, EngineOptions, RunStats};
 use k3_engine::{Model, OutputFile};
 
@@ -184,16 +185,23 @@ impl EngineArgs {
         prefill: (usize, f64),
         decode: (usize, f64),
         per_token: Vec<serde_json::Value>,
+        spec: Option<&SpecStats>,
     ) -> Result<()> {
-        self.report_with(engine, s, Some((prefill, decode, per_token)))
+        self.report_with(engine, s, Some((prefill, decode, per_token)), spec)
     }
 
-    /// Prints and/or writes the statistics, as asked.
-    pub fn report(&self, engine: &Engine<'_>, s: &RunStats) -> Result<()> {
-        self.report_with(engine, s, None)
+    /// Prints and/or writes the statistics (with speculation's, when it ran), as asked.
+    pub fn report(&self, engine: &Engine<'_>, s: &RunStats, spec: Option<&SpecStats>) -> Result<()> {
+        self.report_with(engine, s, None, spec)
     }
 
-    fn report_with(&self, engine: &Engine<'_>, s: &RunStats, split: Option<Split>) -> Result<()> {
+    fn report_with(
+        &self,
+        engine: &Engine<'_>,
+        s: &RunStats,
+        split: Option<Split>,
+        spec: Option<&SpecStats>,
+    ) -> Result<()> {
         let rss = peak_rss_bytes();
         let step = s.seconds.max(1e-12);
         // Compute: the step minus the time blocked on reads; I/O: the time reads were in flight.
@@ -208,6 +216,8 @@ impl EngineArgs {
             "tokens_per_s": s.tokens as f64 / step,
             "bytes_read": c.bytes_read,
             "bytes_read_per_token": c.bytes_read as f64 / s.tokens.max(1) as f64,
+            "steps": s.steps,
+            "experts_computed_per_token": s.experts_computed as f64 / s.tokens.max(1) as f64,
             "cache_hit_rate": c.hits as f64 / lookups as f64,
             "cache": {"hits": c.hits, "misses": c.misses, "evictions": c.evictions, "failed_reads": c.failed_reads},
             "prefetches": {"issued": c.prefetches_issued, "used": c.prefetches_used, "wasted": c.prefetches_wasted},
@@ -222,6 +232,12 @@ impl EngineArgs {
             json["prefill"] = serde_json::json!({"tokens": p.0, "seconds": p.1, "tokens_per_s": rate(*p)});
             json["decode"] = serde_json::json!({"tokens": d.0, "seconds": d.1, "tokens_per_s": rate(*d)});
             json["per_token"] = serde_json::Value::Array(steps.clone());
+        }
+        if let Some(sp) = spec {
+            json["speculation"] = serde_json::json!({
+                "verify_steps": sp.verifies, "drafted": sp.drafted, "accepted": sp.accepted,
+                "acceptance_rate": sp.acceptance_rate(), "switched_off": sp.switched_off,
+            });
         }
         if let Some(path) = &self.stats_json {
             k3_engine::write_atomic(path, &serde_json::to_vec_pretty(&json)?)?;
@@ -257,6 +273,19 @@ impl EngineArgs {
                 overlap,
                 rss.unwrap_or(0) as f64 / 1e6
             );
+            if let Some(sp) = spec.filter(|sp| sp.verifies > 0) {
+                eprintln!(
+                    "speculation: {} verify steps, {} drafted, {} accepted ({:.1}%), switched off {} times; \
+                     {:.1} experts and {:.2} MB read per token",
+                    sp.verifies,
+                    sp.drafted,
+                    sp.accepted,
+                    100.0 * sp.acceptance_rate(),
+                    sp.switched_off,
+                    s.experts_computed as f64 / s.tokens.max(1) as f64,
+                    c.bytes_read as f64 / 1e6 / s.tokens.max(1) as f64,
+                );
+            }
         }
         Ok(())
     }

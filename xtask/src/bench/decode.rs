@@ -4,9 +4,13 @@
 
 use std::path::Path;
 
+use std::time::Instant;
+
 use anyhow::{Context, Result};
+use k3_engine::generate::{GenerateParams, Generator};
 use k3_engine::sample::{Sampler, SamplerConfig};
-use k3_engine::{Engine, EngineOptions};
+use k3_engine::speculate::SpecStats;
+use k3_engine::{Engine, EngineOptions, Logits, Seq, Session};
 use k3_format::Model;
 use k3_io::Policy;
 use k3_router::lookahead::Predictor;
@@ -23,11 +27,17 @@ pub struct Options<'a> {
     pub mem: Option<u64>,
     pub reps: usize,
     pub variants: Vec<String>,
+    /// Independent sequences decoded together.
+    pub batches: Vec<usize>,
+    /// Tokens drafted per step (0 = plain decoding).
+    pub speculate: Vec<usize>,
+    /// A prompt given as ids (instead of random ones).
+    pub prompt_ids: Option<&'a [u32]>,
 }
 
 pub const ALL_VARIANTS: [&str; 5] = ["read-then-compute", "overlap", "overlap+lookahead", "lru", "lfu"];
 
-fn options(name: &str, mem: Option<u64>, context: u64, threads: usize) -> Result<EngineOptions> {
+pub(super) fn options(name: &str, mem: Option<u64>, context: u64, threads: usize) -> Result<EngineOptions> {
     let base = EngineOptions {
         mem_budget: mem,
         lookahead_stats: true,
@@ -46,251 +56,311 @@ fn options(name: &str, mem: Option<u64>, context: u64, threads: usize) -> Result
     })
 }
 
-/// What one decode measured: seconds of the decode, stats before and after it, the lookahead's
-/// recall, and the prefill's seconds.
+/// One configuration measured: an engine variant, a thread count, independent sequences decoded
+/// together, drafted tokens per step.
+#[derive(Debug, Clone)]
+struct Run {
+    variant: String,
+    threads: usize,
+    batch: usize,
+    speculate: usize,
+}
+
+/// What one decode measured: seconds of the decode, tokens it produced (every sequence's),
+/// stats of the first sequence before and after it (step counters are the whole step's), the
+/// lookahead's recall, the prefill's seconds, and speculation's counts.
 struct Decoded {
     seconds: f64,
+    tokens: usize,
     before: k3_engine::RunStats,
     after: k3_engine::RunStats,
     recall: f64,
     prefill_seconds: f64,
+    prefill_tokens: usize,
+    spec: SpecStats,
 }
 
-/// Prefill `prompt`, then `tokens` greedy decode steps on `engine`.
-fn decode(engine: &Engine<'_>, prompt: &[u32], tokens: usize) -> Result<Decoded> {
-    let mut s = engine.session();
-    let t0 = std::time::Instant::now();
-    let mut logits = engine.forward_last(&mut s, prompt)?;
+/// Prefill each prompt, then `tokens` greedy steps: every sequence in each step, or (with
+/// `speculate`) one sequence through the generator with drafts.
+fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], tokens: usize, speculate: usize) -> Result<Decoded> {
+    if speculate > 0 {
+        return speculative(engine, &prompts[0], tokens, speculate);
+    }
+    let mut sessions: Vec<Session> = prompts.iter().map(|_| engine.session()).collect();
+    let t0 = Instant::now();
+    let mut logits = Vec::with_capacity(prompts.len());
+    for (s, p) in sessions.iter_mut().zip(prompts) {
+        logits.push(engine.forward_last(s, p)?);
+    }
     let prefill_seconds = t0.elapsed().as_secs_f64();
-    let before = s.stats;
-    let v = engine.vocab();
+    let before = sessions[0].stats;
     let mut sampler = Sampler::new(SamplerConfig::default())?;
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     for _ in 0..tokens {
-        let next = sampler.sample(&logits[logits.len() - v..]);
-        logits = engine.forward(&mut s, &[next], None)?;
+        let next: Vec<[u32; 1]> = logits.iter().map(|l| [sampler.sample(l)]).collect();
+        let mut seqs: Vec<Seq<'_>> = sessions
+            .iter_mut()
+            .zip(&next)
+            .map(|(session, ids)| Seq { session, ids, logits: Logits::Last, tentative: false })
+            .collect();
+        logits = engine.forward_batch(&mut seqs)?;
     }
     Ok(Decoded {
         seconds: t.elapsed().as_secs_f64(),
+        tokens: tokens * prompts.len(),
+        before,
+        after: sessions[0].stats,
+        recall: sessions[0].lookahead.total(Predictor::AfterAttention).recall(),
+        prefill_seconds,
+        prefill_tokens: prompts.iter().map(Vec::len).sum(),
+        spec: SpecStats::default(),
+    })
+}
+
+/// One sequence, `tokens` greedy tokens with up to `k` drafts verified per step.
+fn speculative(engine: &Engine<'_>, prompt: &[u32], tokens: usize, k: usize) -> Result<Decoded> {
+    let mut s = engine.session();
+    let params = GenerateParams { max_tokens: tokens as u64, chunk: prompt.len(), speculate: k, ..Default::default() };
+    let mut g = Generator::start(engine, &mut s, prompt, None, params, &mut |_, _| {})?;
+    let (prefill_seconds, before) = (g.prefill.1, g.session().stats);
+    let t = Instant::now();
+    let mut produced = 0;
+    while g.step(engine)?.is_some() {
+        produced += 1;
+    }
+    let (seconds, spec) = (t.elapsed().as_secs_f64(), g.spec);
+    drop(g);
+    Ok(Decoded {
+        seconds,
+        tokens: produced,
         before,
         after: s.stats,
         recall: s.lookahead.total(Predictor::AfterAttention).recall(),
         prefill_seconds,
+        prefill_tokens: prompt.len(),
+        spec,
     })
 }
 
-/// One cold run (a fresh engine, empty cache), then the same prompt again on the now warm cache.
-fn run_once(model: &Model, opts: EngineOptions, prompt: &[u32], tokens: usize) -> Result<Value> {
-    let engine = Engine::load_with(model, opts)?;
-    let mut r = run_cold(&engine, prompt, tokens)?;
-    let d = decode(&engine, prompt, tokens)?;
-    let hits = d.after.cache.hits - d.before.cache.hits;
-    let misses = d.after.cache.misses - d.before.cache.misses;
-    r["warm_tok_per_s"] = json!(tokens as f64 / d.seconds);
-    r["warm_hit_rate"] = json!(hits as f64 / (hits + misses).max(1) as f64);
-    r["warm_prefill_tok_per_s"] = json!(prompt.len() as f64 / d.prefill_seconds);
+/// One cold run (a fresh engine, empty cache), then the same prompts again on the now warm cache.
+fn run_once(model: &Model, run: &Run, o: &Options<'_>, prompts: &[Vec<u32>], context: u64) -> Result<Value> {
+    let engine = Engine::load_with(model, options(&run.variant, o.mem, context, run.threads)?)?;
+    let mut r = measure(&engine, &decode(&engine, prompts, o.tokens, run.speculate)?);
+    let warm = measure(&engine, &decode(&engine, prompts, o.tokens, run.speculate)?);
+    for key in ["tok_per_s", "hit_rate", "prefill_tok_per_s"] {
+        r[format!("warm_{key}")] = warm[key].clone();
+    }
+    r["cache_slots"] = json!(engine.plan().cache_slots);
     Ok(r)
 }
 
-fn run_cold(engine: &Engine<'_>, prompt: &[u32], tokens: usize) -> Result<Value> {
-    let Decoded { seconds: secs, before, after, recall, prefill_seconds } = decode(engine, prompt, tokens)?;
+fn measure(engine: &Engine<'_>, d: &Decoded) -> Value {
+    let Decoded { seconds: secs, tokens, before, after, recall, prefill_seconds, prefill_tokens, spec } = d;
+    let (secs, n) = (*secs, (*tokens).max(1) as f64);
     let bytes = after.cache.bytes_read - before.cache.bytes_read;
     let hits = after.cache.hits - before.cache.hits;
     let misses = after.cache.misses - before.cache.misses;
     let wait = after.io_wait_seconds - before.io_wait_seconds;
     let span = after.io_span_seconds - before.io_span_seconds;
+    let steps = (after.steps - before.steps).max(1) as f64;
     let compute = (secs - wait).max(0.0);
-    Ok(json!({
-        "tok_per_s": tokens as f64 / secs,
-        "prefill_tok_per_s": prompt.len() as f64 / prefill_seconds,
-        "bytes_per_token": bytes as f64 / tokens as f64,
+    json!({
+        "tok_per_s": n / secs,
+        "prefill_tok_per_s": *prefill_tokens as f64 / prefill_seconds,
+        "bytes_per_token": bytes as f64 / n,
         "hit_rate": hits as f64 / (hits + misses).max(1) as f64,
-        "io_wait_s_per_token": wait / tokens as f64,
-        "compute_s_per_token": compute / tokens as f64,
+        "io_wait_s_per_token": wait / n,
+        "compute_s_per_token": compute / n,
         "overlap_efficiency": compute.max(span) / secs,
         "prefetch_used": after.cache.prefetches_used - before.cache.prefetches_used,
         "prefetch_wasted": after.cache.prefetches_wasted - before.cache.prefetches_wasted,
         "lookahead_recall": recall,
-        "cache_slots": engine.plan().cache_slots,
+        "experts_per_step": (after.experts_computed - before.experts_computed) as f64 / steps,
+        "tokens_per_step": n / steps,
+        "acceptance_rate": spec.acceptance_rate(),
+        "switched_off": spec.switched_off,
         "threads": engine.threads(),
-    }))
+    })
+}
+
+/// Random prompts, one per sequence (different seeds: independent sequences), or the given ids.
+fn prompts(vocab: u32, len: usize, batch: usize, given: Option<&[u32]>) -> Vec<Vec<u32>> {
+    (0..batch)
+        .map(|i| match given {
+            Some(ids) => ids.to_vec(),
+            None => {
+                let mut rng = k3_quant::rng::XorShift::new(11 + i as u64);
+                (0..len.max(1)).map(|_| (rng.next_u64() % u64::from(vocab - 8)) as u32).collect()
+            }
+        })
+        .collect()
 }
 
 pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> {
     let model = Model::open(o.model).with_context(|| format!("opening {}", o.model.display()))?;
     let vocab = model.manifest().architecture.vocab as u32;
-    let mut rng = k3_quant::rng::XorShift::new(11);
-    let prompt: Vec<u32> = (0..o.prompt.max(1)).map(|_| (rng.next_u64() % u64::from(vocab - 8)) as u32).collect();
-    // Every (variant, thread count), interleaved: a rep runs each once, in a rotating order.
-    let runs: Vec<(String, usize)> =
-        o.variants.iter().flat_map(|v| o.threads.iter().map(move |&t| (v.clone(), t))).collect();
-    let label = |(name, threads): &(String, usize)| {
-        if o.threads.len() > 1 { format!("{name} @{threads}t") } else { name.clone() }
+    // Every (variant, threads, batch, speculate), interleaved: a rep runs each once, in a
+    // rotating order.
+    let mut runs = Vec::new();
+    for v in &o.variants {
+        for &threads in &o.threads {
+            for &batch in &o.batches {
+                for &speculate in &o.speculate {
+                    if batch > 1 && speculate > 0 {
+                        continue;
+                    }
+                    runs.push(Run { variant: v.clone(), threads, batch, speculate });
+                }
+            }
+        }
+    }
+    let label = |r: &Run| {
+        let mut l = r.variant.clone();
+        if o.threads.len() > 1 {
+            l += &format!(" @{}t", r.threads);
+        }
+        if o.batches.len() > 1 {
+            l += &format!(" x{}", r.batch);
+        }
+        if o.speculate.len() > 1 {
+            l += &format!(" spec{}", r.speculate);
+        }
+        l
     };
+    let prompt_len = o.prompt_ids.map_or(o.prompt, <[u32]>::len);
+    let context = (prompt_len + o.tokens + o.speculate.iter().max().unwrap_or(&0) + 1) as u64;
     let mut samples: Vec<Vec<Value>> = vec![Vec::new(); runs.len()];
-    let context = (prompt.len() + o.tokens) as u64;
     for rep in 0..o.reps {
         for k in 0..runs.len() {
             let i = (k + rep) % runs.len();
-            let (name, threads) = &runs[i];
             eprintln!("  rep {rep}: {}", label(&runs[i]));
-            samples[i].push(run_once(&model, options(name, o.mem, context, *threads)?, &prompt, o.tokens)?);
+            let p = prompts(vocab, o.prompt, runs[i].batch, o.prompt_ids);
+            samples[i].push(run_once(&model, &runs[i], o, &p, context)?);
         }
     }
     let rss = k3_engine::budget::peak_rss_bytes();
+    let medians: Vec<Value> = runs
+        .iter()
+        .zip(&samples)
+        .map(|(run, samples)| {
+            let med = |key: &str| median(samples.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect());
+            let keys = [
+                "tok_per_s",
+                "prefill_tok_per_s",
+                "bytes_per_token",
+                "hit_rate",
+                "io_wait_s_per_token",
+                "compute_s_per_token",
+                "overlap_efficiency",
+                "lookahead_recall",
+                "prefetch_used",
+                "prefetch_wasted",
+                "experts_per_step",
+                "tokens_per_step",
+                "acceptance_rate",
+                "switched_off",
+                "warm_tok_per_s",
+                "warm_hit_rate",
+                "warm_prefill_tok_per_s",
+            ];
+            let mut v: serde_json::Map<String, Value> = keys.iter().map(|k| (k.to_string(), json!(med(k)))).collect();
+            let (tps, bpt) = (med("tok_per_s"), med("bytes_per_token"));
+            let bound = if bpt > 0.0 { ceiling_gbps * 1e9 / bpt } else { f64::INFINITY };
+            v.insert("variant".into(), json!(run.variant));
+            v.insert("threads".into(), json!(run.threads));
+            v.insert("batch".into(), json!(run.batch));
+            v.insert("speculate".into(), json!(run.speculate));
+            v.insert("io_bound_tok_per_s".into(), json!(bound));
+            v.insert("io_bound_ratio".into(), json!(tps / bound));
+            v.insert("peak_rss_bytes".into(), json!(rss));
+            v.insert("cache_slots".into(), samples[0]["cache_slots"].clone());
+            Value::Object(v)
+        })
+        .collect();
+    // Against the same configuration one sequence at a time, without drafts: the union factor
+    // (distinct experts computed per token produced, over a lone token's) and the speed-up.
     let mut variants = serde_json::Map::new();
-    for (run, samples) in runs.iter().zip(samples) {
-        let med = |key: &str| median(samples.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect());
-        let tps = med("tok_per_s");
-        let bpt = med("bytes_per_token");
-        let bound = if bpt > 0.0 { ceiling_gbps * 1e9 / bpt } else { f64::INFINITY };
-        variants.insert(
-            label(run),
-            json!({
-                "variant": run.0, "threads": run.1,
-                "tok_per_s": tps, "prefill_tok_per_s": med("prefill_tok_per_s"), "bytes_per_token": bpt,
-                "hit_rate": med("hit_rate"),
-                "io_wait_s_per_token": med("io_wait_s_per_token"), "compute_s_per_token": med("compute_s_per_token"),
-                "overlap_efficiency": med("overlap_efficiency"), "lookahead_recall": med("lookahead_recall"),
-                "prefetch_used": med("prefetch_used"), "prefetch_wasted": med("prefetch_wasted"),
-                "io_bound_tok_per_s": bound, "io_bound_ratio": tps / bound, "peak_rss_bytes": rss,
-                "cache_slots": samples[0]["cache_slots"],
-                "warm_tok_per_s": med("warm_tok_per_s"), "warm_hit_rate": med("warm_hit_rate"),
-                "warm_prefill_tok_per_s": med("warm_prefill_tok_per_s"),
-            }),
-        );
+    for (i, run) in runs.iter().enumerate() {
+        let mut v = medians[i].clone();
+        let single = runs
+            .iter()
+            .position(|r| r.variant == run.variant && r.threads == run.threads && r.batch == 1 && r.speculate == 0);
+        if let Some(j) = single {
+            let f = |k: &str, m: &Value| m[k].as_f64().unwrap_or(0.0);
+            let lone = f("experts_per_step", &medians[j]);
+            let per_token = f("experts_per_step", &v) / f("tokens_per_step", &v).max(1e-9);
+            v["union_factor"] = json!(per_token / lone.max(1e-9));
+            v["speedup"] = json!(f("tok_per_s", &v) / f("tok_per_s", &medians[j]).max(1e-12));
+        }
+        variants.insert(label(run), v);
     }
     let report = json!({
         "model": o.model.display().to_string(), "ceiling_gbps": ceiling_gbps, "decode_tokens": o.tokens,
-        "prompt_tokens": prompt.len(), "mem_budget": o.mem, "reps": o.reps, "variants": variants,
+        "prompt_tokens": prompt_len, "mem_budget": o.mem, "reps": o.reps, "variants": variants,
     });
     if !json_out {
-        println!(
-            "decode of {} tokens after a {}-token prompt, {} reps (medians), O_DIRECT ceiling {ceiling_gbps:.2} GB/s",
-            o.tokens,
-            prompt.len(),
-            o.reps
-        );
-        println!(
-            "{:<26} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7} {:>9} {:>10} {:>9}",
-            "variant",
-            "tok/s",
-            "prefill/s",
-            "MB/token",
-            "hit",
-            "wait s/t",
-            "comp s/t",
-            "overlap",
-            "recall",
-            "vs bound",
-            "warm tok/s",
-            "warm hit"
-        );
-        for (name, v) in &variants {
-            let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
-            println!(
-                "{name:<26} {:>8.3} {:>10.1} {:>10.1} {:>6.1}% {:>9.3} {:>9.3} {:>8.2} {:>7.2} {:>8.2}x {:>10.3} {:>8.1}%",
-                f("tok_per_s"),
-                f("prefill_tok_per_s"),
-                f("bytes_per_token") / 1e6,
-                100.0 * f("hit_rate"),
-                f("io_wait_s_per_token"),
-                f("compute_s_per_token"),
-                f("overlap_efficiency"),
-                f("lookahead_recall"),
-                f("io_bound_ratio"),
-                f("warm_tok_per_s"),
-                100.0 * f("warm_hit_rate")
-            );
-        }
+        print_table(o, prompt_len, ceiling_gbps, &variants);
     }
     Ok(report)
 }
 
-/// One decode step of `variant` with its timeline, drawn as an SVG: a lane per layer, time across.
-pub fn timeline_svg(model: &Model, variant: &str, mem: Option<u64>, out: &Path) -> Result<()> {
-    use k3_engine::SpanKind;
-    // An 8-token prompt and three steps.
-    let engine = Engine::load_with(model, options(variant, mem, 11, 0)?)?;
-    let mut s = engine.session();
-    let v = engine.vocab();
-    let mut logits = engine.forward(&mut s, &[1, 2, 3, 4, 5, 6, 7, 8], None)?;
-    let mut sampler = Sampler::new(SamplerConfig::default())?;
-    for step in 0..3 {
-        if step == 2 {
-            s.timeline = Some(Vec::new());
+fn print_table(o: &Options<'_>, prompt_len: usize, ceiling_gbps: f64, variants: &serde_json::Map<String, Value>) {
+    println!(
+        "decode of {} tokens per sequence after a {prompt_len}-token prompt, {} reps (medians), O_DIRECT ceiling {ceiling_gbps:.2} GB/s",
+        o.tokens, o.reps
+    );
+    println!(
+        "{:<30} {:>8} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7} {:>9} {:>10} {:>9}",
+        "variant",
+        "tok/s",
+        "speedup",
+        "prefill/s",
+        "MB/token",
+        "hit",
+        "wait s/t",
+        "comp s/t",
+        "overlap",
+        "recall",
+        "vs bound",
+        "warm tok/s",
+        "warm hit"
+    );
+    for (name, v) in variants {
+        let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+        println!(
+            "{name:<30} {:>8.3} {:>7.2}x {:>10.1} {:>10.2} {:>6.1}% {:>9.4} {:>9.4} {:>8.2} {:>7.2} {:>8.2}x {:>10.3} {:>8.1}%",
+            f("tok_per_s"),
+            f("speedup"),
+            f("prefill_tok_per_s"),
+            f("bytes_per_token") / 1e6,
+            100.0 * f("hit_rate"),
+            f("io_wait_s_per_token"),
+            f("compute_s_per_token"),
+            f("overlap_efficiency"),
+            f("lookahead_recall"),
+            f("io_bound_ratio"),
+            f("warm_tok_per_s"),
+            100.0 * f("warm_hit_rate")
+        );
+    }
+    if o.batches.len() > 1 || o.speculate.iter().any(|&k| k > 0) {
+        println!();
+        println!(
+            "{:<30} {:>12} {:>12} {:>8} {:>10} {:>10}",
+            "variant", "experts/step", "tokens/step", "union", "accepted", "switched off"
+        );
+        for (name, v) in variants {
+            let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+            println!(
+                "{name:<30} {:>12.1} {:>12.2} {:>8.3} {:>9.1}% {:>10}",
+                f("experts_per_step"),
+                f("tokens_per_step"),
+                f("union_factor"),
+                100.0 * f("acceptance_rate"),
+                f("switched_off")
+            );
         }
-        let next = sampler.sample(&logits[logits.len() - v..]);
-        logits = engine.forward(&mut s, &[next], None)?;
     }
-    let spans = s.timeline.take().unwrap_or_default();
-    let total = spans.iter().map(|x| x.end).fold(0.0, f64::max).max(1e-9);
-    let layers = engine.layers();
-    let (w, lane, left, top) = (1000.0, 22.0, 70.0, 40.0);
-    let x = |t: f64| left + t / total * w;
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n",
-        left + w + 60.0,
-        top + lane * layers as f64 + 60.0
-    );
-    svg += &format!(
-        "<text x=\"{left}\" y=\"16\" font-size=\"13\">One decode step ({variant}): {:.1} ms. Waiting for expert reads in red.</text>\n",
-        total * 1e3
-    );
-    for l in 0..layers {
-        let y = top + lane * l as f64;
-        svg += &format!("<text x=\"4\" y=\"{}\">layer {l}</text>\n", y + 14.0);
-        svg += &format!(
-            "<line x1=\"{left}\" x2=\"{}\" y1=\"{}\" y2=\"{}\" stroke=\"#ddd\"/>\n",
-            left + w,
-            y + lane,
-            y + lane
-        );
-    }
-    for sp in &spans {
-        let (color, h, dy) = match sp.kind {
-            SpanKind::Attention => ("#4a90d9", 16.0, 2.0),
-            SpanKind::MoeOther => ("#9b59b6", 16.0, 2.0),
-            SpanKind::Wait => ("#e74c3c", 16.0, 2.0),
-            SpanKind::Expert(_) => ("#27ae60", 10.0, 5.0),
-        };
-        let y = top + lane * f64::from(sp.layer) + dy;
-        let title = match sp.kind {
-            SpanKind::Expert(e) => format!("expert {e}"),
-            k => format!("{k:?}"),
-        };
-        svg += &format!(
-            "<rect x=\"{:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{h}\" fill=\"{color}\"><title>{title}: {:.2} ms</title></rect>\n",
-            x(sp.start),
-            (x(sp.end) - x(sp.start)).max(0.5),
-            (sp.end - sp.start) * 1e3
-        );
-    }
-    let ly = top + lane * layers as f64 + 20.0;
-    for (i, (c, name)) in [
-        ("#4a90d9", "attention"),
-        ("#9b59b6", "routing, latent, shared expert, sums"),
-        ("#27ae60", "expert compute"),
-        ("#e74c3c", "waiting for reads"),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let lx = left + 230.0 * i as f64;
-        svg += &format!(
-            "<rect x=\"{lx}\" y=\"{ly}\" width=\"12\" height=\"12\" fill=\"{c}\"/><text x=\"{}\" y=\"{}\">{name}</text>\n",
-            lx + 16.0,
-            ly + 10.0
-        );
-    }
-    for k in 0..=4 {
-        let t = total * f64::from(k) / 4.0;
-        svg +=
-            &format!("<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.1} ms</text>\n", x(t), ly + 32.0, t * 1e3);
-    }
-    svg += "</svg>\n";
-    k3_format::write_atomic(out, svg.as_bytes())?;
-    Ok(())
 }
 
 use std::path::PathBuf;
@@ -324,15 +394,52 @@ pub struct Args {
     /// Comma-separated compute thread counts to run every variant with [default: one per core].
     #[arg(long, value_name = "N,N,..")]
     pub threads: Option<String>,
+    /// Comma-separated numbers of independent sequences decoded together (each distinct expert
+    /// is read once per step for all of them).
+    #[arg(long, value_name = "N,N,..", default_value = "1")]
+    pub batch: String,
+    /// Comma-separated numbers of tokens to draft from the context per step (0 = plain decoding;
+    /// one sequence only).
+    #[arg(long, value_name = "N,N,..", default_value = "0")]
+    pub speculate: String,
+    /// The prompt: this text file, tokenized with the model's tokenizer (default: random ids,
+    /// --prompt of them, different for each sequence).
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
+/// A comma-separated list of counts in `lo..=hi`.
+fn counts(s: &str, what: &str, lo: usize, hi: usize) -> Result<Vec<usize>> {
+    s.split(',')
+        .map(|t| match t.trim().parse::<usize>() {
+            Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+            _ => anyhow::bail!("`{t}` is not a {what} from {lo} to {hi}"),
+        })
+        .collect()
+}
+
 /// `cargo xtask bench decode`: the drive's ceiling first (for the bound column), then the variants.
 pub fn task(args: Args) -> Result<()> {
-    let Args { model, tokens, prompt, mem, reps, svg, variants, threads, json } = args;
+    let Args { model, tokens, prompt, mem, reps, svg, variants, threads, batch, speculate, prompt_file, json } = args;
     let threads = crate::thread_list(threads.as_deref())?;
+    let batches = counts(&batch, "batch size", 1, 256)?;
+    let speculate = counts(&speculate, "draft length", 0, 64)?;
+    let prompt_ids = match &prompt_file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            let m = Model::open(&model)?;
+            let tok = k3_engine::tokenizer::Tokenizer::from_model(&m)
+                .with_context(|| format!("{} embeds no tokenizer to read --prompt-file with", model.display()))??;
+            let ids = tok.encode(&text);
+            anyhow::ensure!(!ids.is_empty(), "{} holds no text", f.display());
+            anyhow::ensure!(batches == [1], "--prompt-file gives one prompt: use --batch 1");
+            Some(ids)
+        }
+        None => None,
+    };
     let variants: Vec<String> = match variants {
         Some(v) => v.split(',').map(|s| s.trim().to_string()).collect(),
         None => ALL_VARIANTS.iter().map(|s| s.to_string()).collect(),
@@ -354,12 +461,23 @@ pub fn task(args: Args) -> Result<()> {
         backend: k3_io::BackendChoice::IoUring,
     };
     let ceiling = super::io::run(&io, true)?["ceiling_gbps"].as_f64().unwrap_or(0.0);
-    let o = Options { model: &model, tokens, prompt, threads, mem, reps, variants };
+    let o = Options {
+        model: &model,
+        tokens,
+        prompt,
+        threads,
+        mem,
+        reps,
+        variants,
+        batches,
+        speculate,
+        prompt_ids: prompt_ids.as_deref(),
+    };
     let report = run(&o, ceiling, json)?;
     if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    timeline_svg(&Model::open(&model)?, "overlap+lookahead", mem, &svg)?;
+    super::timeline::timeline_svg(&Model::open(&model)?, "overlap+lookahead", mem, &svg)?;
     if json {
         println!("{report}");
     } else {

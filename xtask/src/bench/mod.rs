@@ -5,6 +5,7 @@ pub mod decode;
 pub mod io;
 pub mod kernels;
 pub mod threads;
+pub mod timeline;
 pub mod verify;
 
 use std::time::Instant;

@@ -119,7 +119,8 @@ impl<'m> Engine<'m> {
     pub fn accept(&self, session: &mut Session, rows: usize) -> Result<(), EngineError> {
         let p =
             session.pending.take().ok_or_else(|| EngineError::Input("no verified chunk awaits acceptance".into()))?;
-        let rows = rows.min(p.rows);
+        let rows = rows.min(p.ids.len());
+        let start = session.ids.len();
         for (li, layer) in self.layers.iter().enumerate() {
             match (&layer.attn, &mut session.layers[li]) {
                 (Attn::Kda(k), LayerState::Kda(s)) => self.compute.run(|| k.commit(s, &p.tapes[li], rows)),
@@ -128,9 +129,9 @@ impl<'m> Engine<'m> {
             }
         }
         if let Some(tr) = session.routing_trace.as_mut() {
-            tr.extend(p.routes.into_iter().filter(|r| r.position < p.start + rows));
+            tr.extend(p.routes.into_iter().filter(|r| r.position < start + rows));
         }
-        session.tokens = p.start + rows;
+        session.ids.extend_from_slice(&p.ids[..rows]);
         session.stats.tokens += rows as u64;
         Ok(())
     }
@@ -143,7 +144,7 @@ impl<'m> Engine<'m> {
             self.check_seq(s)?;
             ids.extend_from_slice(s.ids);
             if s.tentative {
-                s.session.pending = Some(self.pending(s.session, s.ids.len()));
+                s.session.pending = Some(self.pending(s.session, s.ids));
             }
             if let Some(tl) = s.session.timeline.as_mut() {
                 tl.clear();
@@ -181,7 +182,7 @@ impl<'m> Engine<'m> {
         for s in seqs.iter_mut() {
             let n = s.ids.len();
             if !s.tentative {
-                s.session.tokens += n;
+                s.session.ids.extend_from_slice(s.ids);
                 s.session.stats.tokens += n as u64;
             }
             // Every sequence of the step waited for all of it.
@@ -205,8 +206,8 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
-    /// What `accept` will need to keep a prefix of a tentative chunk of `rows` rows.
-    fn pending(&self, session: &Session, rows: usize) -> Pending {
+    /// What `accept` will need to keep a prefix of the tentative chunk `ids`.
+    fn pending(&self, session: &Session, ids: &[u32]) -> Pending {
         let mla_len = session
             .layers
             .iter()
@@ -216,8 +217,7 @@ impl<'m> Engine<'m> {
             })
             .collect();
         Pending {
-            start: session.tokens,
-            rows,
+            ids: ids.to_vec(),
             tapes: vec![Default::default(); session.layers.len()],
             mla_len,
             routes: Vec::new(),

@@ -24,7 +24,9 @@ pub struct RoutedToken {
 #[derive(Debug, Clone)]
 pub struct Session {
     pub layers: Vec<LayerState>,
-    pub tokens: usize,
+    /// The tokens the state holds, in order (what prompt lookup drafts from, what a prefix cache
+    /// matches).
+    pub(crate) ids: Vec<u32>,
     /// How well each lookahead predictor would have guessed every MoE layer's experts.
     pub lookahead: LookaheadStats,
     /// The experts each layer chose for the previous token (the previous-token predictor).
@@ -47,8 +49,7 @@ pub struct Session {
 /// layer the cache length before it, and (when tracing) the rows' routing.
 #[derive(Debug, Clone)]
 pub(crate) struct Pending {
-    pub start: usize,
-    pub rows: usize,
+    pub ids: Vec<u32>,
     pub tapes: Vec<KdaTape>,
     pub mla_len: Vec<usize>,
     pub routes: Vec<RoutedToken>,
@@ -57,16 +58,26 @@ pub(crate) struct Pending {
 impl PartialEq for Session {
     /// Same recurrent state (statistics aside).
     fn eq(&self, other: &Self) -> bool {
-        self.layers == other.layers && self.tokens == other.tokens
+        self.layers == other.layers && self.ids == other.ids
     }
 }
 
 impl Session {
+    /// How many tokens the state holds (the next token's position).
+    pub fn tokens(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The tokens the state holds, in order.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
     pub(crate) fn new(layers: Vec<LayerState>) -> Session {
         let n = layers.len();
         Session {
             layers,
-            tokens: 0,
+            ids: Vec::new(),
             lookahead: LookaheadStats::new(n),
             prev_routing: vec![Vec::new(); n],
             prefetch_guesses: vec![(0, 0); n],

@@ -1,0 +1,193 @@
+//! Speculative decoding's two small parts: drafts from the context (prompt lookup: the longest
+//! recent n-gram that ends the text seen so far, and what followed its last earlier occurrence;
+//! no draft model), and the governor that turns speculation off while it does not pay.
+//!
+//! Verification and acceptance live in [`crate::generate`]: the drafts are run as one tentative
+//! chunk, each row's token is sampled exactly as plain decoding would sample it, and a draft is
+//! accepted when it is the token sampled. For a deterministic draft that is the standard
+//! speculative rule (accept with probability p(d), else draw from p with d removed), and it
+//! draws the same random numbers in the same order as plain decoding, so the output is the same
+//! tokens at any temperature and seed.
+
+/// The longest n-gram tried first; a shorter one only when no longer one matches.
+pub const MAX_NGRAM: usize = 3;
+
+/// Up to `k` drafted tokens following the most recent earlier occurrence of the longest n-gram
+/// (`MAX_NGRAM` down to 1) that ends `history`. Empty when nothing matches.
+pub fn draft(history: &[u32], k: usize) -> Vec<u32> {
+    let len = history.len();
+    if k == 0 {
+        return Vec::new();
+    }
+    for n in (1..=MAX_NGRAM.min(len.saturating_sub(1))).rev() {
+        let tail = &history[len - n..];
+        // Most recent first: recent text is the likelier to be repeated (an edit of what was just
+        // quoted, a list being continued).
+        if let Some(at) = (0..len - n).rev().find(|&i| &history[i..i + n] == tail) {
+            let from = at + n;
+            return history[from..(from + k).min(len)].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// Steps a governor lets speculation be off before trying it again, at first; doubled each
+/// time it is switched off again without having paid in between (up to `MAX_BACKOFF`).
+const MIN_BACKOFF: u64 = 16;
+const MAX_BACKOFF: u64 = 512;
+/// Verify steps measured before a verdict.
+const TRIAL: u32 = 4;
+/// Plain steps between re-measurements of a plain step's time while speculating.
+const PLAIN_EVERY: u64 = 32;
+/// Weight of the newest measurement in the moving averages.
+const ALPHA: f64 = 0.25;
+
+/// Decides, step by step, whether to draft: speculation pays when a verify step yields more
+/// tokens per second than a plain step. Both are measured as the run goes (a plain step now and
+/// then while speculating), so the verdict follows the machine: a compute-bound model pays for
+/// every drafted row, an I/O-bound one mostly for the extra experts the drafts route to.
+#[derive(Debug, Clone)]
+pub struct Governor {
+    /// Seconds per plain step (moving average), once measured.
+    plain: Option<f64>,
+    /// Tokens per second of verify steps relative to plain steps (moving average).
+    gain: f64,
+    verifies: u32,
+    since_plain: u64,
+    /// Steps left with speculation off.
+    off: u64,
+    backoff: u64,
+    /// Times it switched speculation off.
+    pub switched_off: u64,
+}
+
+impl Default for Governor {
+    fn default() -> Self {
+        Governor { plain: None, gain: 1.0, verifies: 0, since_plain: 0, off: 0, backoff: MIN_BACKOFF, switched_off: 0 }
+    }
+}
+
+impl Governor {
+    /// Whether the next step may draft.
+    pub fn wants_drafts(&mut self) -> bool {
+        if self.off > 0 {
+            self.off -= 1;
+            return false;
+        }
+        // A plain step first, and now and then, to know what a verify step competes with.
+        self.plain.is_some() && self.since_plain < PLAIN_EVERY
+    }
+
+    /// A plain step (one token) took `seconds`.
+    pub fn plain_step(&mut self, seconds: f64) {
+        self.plain = Some(self.plain.map_or(seconds, |p| p + ALPHA * (seconds - p)));
+        self.since_plain = 0;
+    }
+
+    /// A verify step took `seconds` and yielded `tokens` (the accepted drafts and the token
+    /// sampled after them).
+    pub fn verify_step(&mut self, seconds: f64, tokens: usize) {
+        self.since_plain += 1;
+        let Some(plain) = self.plain else { return };
+        let gain = tokens as f64 * plain / seconds.max(1e-9);
+        self.gain += ALPHA * (gain - self.gain);
+        self.verifies += 1;
+        if self.verifies < TRIAL {
+            return;
+        }
+        if self.gain < 1.0 {
+            self.off = self.backoff;
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            self.switched_off += 1;
+            self.reset_trial();
+        } else {
+            self.backoff = MIN_BACKOFF;
+        }
+    }
+
+    fn reset_trial(&mut self) {
+        self.gain = 1.0;
+        self.verifies = 0;
+    }
+}
+
+/// What speculation did over a turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SpecStats {
+    /// Verify steps run.
+    pub verifies: u64,
+    /// Tokens drafted into them.
+    pub drafted: u64,
+    /// Drafted tokens that were the token sampled (and so were kept).
+    pub accepted: u64,
+    /// Times the governor switched speculation off.
+    pub switched_off: u64,
+}
+
+impl SpecStats {
+    /// Adds a later turn's counts.
+    pub fn add(&mut self, later: &SpecStats) {
+        self.verifies += later.verifies;
+        self.drafted += later.drafted;
+        self.accepted += later.accepted;
+        self.switched_off += later.switched_off;
+    }
+
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.drafted == 0 { 0.0 } else { self.accepted as f64 / self.drafted as f64 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drafts_continue_the_longest_latest_match() {
+        // "1 2 3 4 5 ... 1 2 3" continues with "4 5".
+        assert_eq!(draft(&[1, 2, 3, 4, 5, 9, 1, 2, 3], 2), vec![4, 5]);
+        // The trigram 7 2 3 never occurred: the bigram 2 3 did, most recently before 6.
+        assert_eq!(draft(&[2, 3, 4, 2, 3, 6, 7, 2, 3], 3), vec![6, 7, 2]);
+        // Only a unigram matches; the draft stops at the end of the history.
+        assert_eq!(draft(&[5, 8, 1, 5], 4), vec![8, 1, 5]);
+        assert!(draft(&[1, 2, 3], 4).is_empty(), "nothing repeats");
+        assert!(draft(&[1], 4).is_empty());
+        assert!(draft(&[1, 1], 0).is_empty());
+    }
+
+    #[test]
+    fn the_governor_switches_off_what_does_not_pay_and_tries_again_later() {
+        let mut g = Governor::default();
+        assert!(!g.wants_drafts(), "a plain step is measured first");
+        g.plain_step(1.0);
+        // Verify steps of 2 s that yield one token each: half the plain speed.
+        for _ in 0..TRIAL {
+            assert!(g.wants_drafts());
+            g.verify_step(2.0, 1);
+        }
+        assert_eq!(g.switched_off, 1);
+        let off = (0..100).take_while(|_| !g.wants_drafts()).count() as u64;
+        assert_eq!(off, MIN_BACKOFF);
+        // Verify steps of 1.2 s that yield three tokens: kept on.
+        let mut g = Governor::default();
+        g.plain_step(1.0);
+        for _ in 0..20 {
+            assert!(g.wants_drafts());
+            g.verify_step(1.2, 3);
+        }
+        assert_eq!(g.switched_off, 0);
+    }
+
+    #[test]
+    fn the_governor_re_measures_plain_steps_now_and_then() {
+        let mut g = Governor::default();
+        g.plain_step(1.0);
+        for _ in 0..PLAIN_EVERY {
+            assert!(g.wants_drafts());
+            g.verify_step(0.5, 2);
+        }
+        assert!(!g.wants_drafts(), "a plain step is due");
+        g.plain_step(1.0);
+        assert!(g.wants_drafts());
+    }
+}
