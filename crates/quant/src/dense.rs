@@ -55,14 +55,17 @@ pub fn matmul_bf16_at(level: Level, w: &[bf16], cols: usize, xs: &[f32], ys: &mu
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 => {
-            let quads = n / 4 * 4;
-            for (xb, yb) in xs[..quads * cols].chunks_exact(4 * cols).zip(ys.chunks_exact_mut(4 * rows)) {
-                // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; four whole vectors.
-                unsafe { avx2::matmul4_bf16(w, cols, xb, yb) }
-            }
-            for (x, y) in xs[quads * cols..].chunks_exact(cols).zip(ys[quads * rows..].chunks_exact_mut(rows)) {
-                // SAFETY: as above, one vector.
-                unsafe { avx2::matvec_bf16(w, x, y) }
+            for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
+                // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; `width`
+                // whole vectors.
+                unsafe {
+                    match width {
+                        4 => avx2::matmul_n_bf16::<4>(w, cols, xb, yb),
+                        3 => avx2::matmul_n_bf16::<3>(w, cols, xb, yb),
+                        2 => avx2::matmul_n_bf16::<2>(w, cols, xb, yb),
+                        _ => avx2::matvec_bf16(w, xb, yb),
+                    }
+                }
             }
         }
         _ => {
@@ -151,20 +154,20 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// Four vectors (`xs` `[4, cols]`, `ys` `[4, rows]`): each weight block widened once, the
-    /// four vectors' accumulators in the same order as [`matvec_bf16`].
+    /// `N` vectors (`xs` `[N, cols]`, `ys` `[N, rows]`): each weight block widened once, the
+    /// vectors' accumulators in the same order as [`matvec_bf16`].
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn matmul4_bf16(w: &[bf16], cols: usize, xs: &[f32], ys: &mut [f32]) {
-        let rows = ys.len() / 4;
+    pub(crate) fn matmul_n_bf16<const N: usize>(w: &[bf16], cols: usize, xs: &[f32], ys: &mut [f32]) {
+        let rows = ys.len() / N;
         let main = cols / 16 * 16;
         for r in 0..rows {
             let row = &w[r * cols..(r + 1) * cols];
-            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            let mut acc = [[_mm256_setzero_ps(); 2]; N];
             let mut c = 0;
             while c < main {
                 prefetch_ahead(row.as_ptr().wrapping_add(c));
                 for k in 0..2 {
-                    // SAFETY: c + 8k + 8 <= main <= cols for the row and for each of the 4 vectors.
+                    // SAFETY: c + 8k + 8 <= main <= cols for the row and for each of the N vectors.
                     unsafe {
                         let raw = _mm_loadu_si128(row.as_ptr().add(c + 8 * k).cast());
                         let wv = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)));

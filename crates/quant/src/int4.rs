@@ -67,15 +67,22 @@ pub fn matmul_at(level: Level, q: &[u8], scale: &[f16], group: usize, cols: usiz
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 if group.is_multiple_of(32) => {
-            let quads = n / 4 * 4;
-            for (xb, yb) in xs[..quads * cols].chunks_exact(4 * cols).zip(ys.chunks_exact_mut(4 * rows)) {
+            for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
+                if width == 1 {
+                    matvec_at(level, q, scale, group, xb, yb);
+                    continue;
+                }
                 with_nibble_order(xb, |xp| {
-                    // SAFETY: `supported` returns Avx2 only when the CPU has AVX2, FMA and F16C; shapes checked.
-                    unsafe { avx2::matmul4(q, scale, group, cols, xp, yb) }
+                    // SAFETY: `supported` returns Avx2 only when the CPU has AVX2, FMA and F16C;
+                    // shapes checked, `width` whole vectors.
+                    unsafe {
+                        match width {
+                            4 => avx2::matmul_n::<4>(q, scale, group, cols, xp, yb),
+                            3 => avx2::matmul_n::<3>(q, scale, group, cols, xp, yb),
+                            _ => avx2::matmul_n::<2>(q, scale, group, cols, xp, yb),
+                        }
+                    }
                 });
-            }
-            for (x, y) in xs[quads * cols..].chunks_exact(cols).zip(ys[quads * rows..].chunks_exact_mut(rows)) {
-                matvec_at(level, q, scale, group, x, y);
             }
         }
         _ => {
@@ -159,21 +166,28 @@ mod avx2 {
         }
     }
 
-    /// Four vectors (nibble-ordered, `[4, cols]`): each block unpacked once, every vector's group
+    /// `N` vectors (nibble-ordered, `[N, cols]`): each block unpacked once, every vector's group
     /// sum and accumulator as [`matvec`] keeps them.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn matmul4(q: &[u8], scale: &[f16], group: usize, cols: usize, xp: &[f32], ys: &mut [f32]) {
-        let rows = ys.len() / 4;
+    pub(super) fn matmul_n<const N: usize>(
+        q: &[u8],
+        scale: &[f16],
+        group: usize,
+        cols: usize,
+        xp: &[f32],
+        ys: &mut [f32],
+    ) {
+        let rows = ys.len() / N;
         let blocks = cols / 32;
         let per_group = group / 32;
         for r in 0..rows {
-            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut acc = [_mm256_setzero_ps(); N];
             for g in 0..cols / group {
-                let mut s = [_mm256_setzero_ps(); 4];
+                let mut s = [_mm256_setzero_ps(); N];
                 for k in 0..per_group {
                     let b = g * per_group + k;
                     let w = block(q, (r * blocks + b) * 16, b.is_multiple_of(4));
-                    // SAFETY: 32 values of each of the 4 vectors from b * 32 < cols.
+                    // SAFETY: 32 values of each of the N vectors from b * 32 < cols.
                     unsafe {
                         for (t, st) in s.iter_mut().enumerate() {
                             let x = xp.as_ptr().add(t * cols + b * 32);

@@ -52,14 +52,17 @@ pub fn matmul_at(level: Level, q: &[i8], scale: &[f32], cols: usize, xs: &[f32],
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 => {
-            let quads = n / 4 * 4;
-            for (xb, yb) in xs[..quads * cols].chunks_exact(4 * cols).zip(ys.chunks_exact_mut(4 * rows)) {
-                // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked.
-                unsafe { avx2::matmul4(q, scale, cols, xb, yb) }
-            }
-            for (x, y) in xs[quads * cols..].chunks_exact(cols).zip(ys[quads * rows..].chunks_exact_mut(rows)) {
-                // SAFETY: as above, one vector.
-                unsafe { avx2::matvec(q, scale, x, y) }
+            for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
+                // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes
+                // checked, `width` whole vectors.
+                unsafe {
+                    match width {
+                        4 => avx2::matmul_n::<4>(q, scale, cols, xb, yb),
+                        3 => avx2::matmul_n::<3>(q, scale, cols, xb, yb),
+                        2 => avx2::matmul_n::<2>(q, scale, cols, xb, yb),
+                        _ => avx2::matvec(q, scale, xb, yb),
+                    }
+                }
             }
         }
         _ => {
@@ -111,19 +114,19 @@ mod avx2 {
         }
     }
 
-    /// Four vectors: each weight block widened once, accumulated as [`matvec`] does per vector.
+    /// `N` vectors: each weight block widened once, accumulated as [`matvec`] does per vector.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn matmul4(q: &[i8], scale: &[f32], cols: usize, xs: &[f32], ys: &mut [f32]) {
-        let rows = ys.len() / 4;
+    pub(super) fn matmul_n<const N: usize>(q: &[i8], scale: &[f32], cols: usize, xs: &[f32], ys: &mut [f32]) {
+        let rows = ys.len() / N;
         let main = cols / 16 * 16;
         for r in 0..rows {
             let row = &q[r * cols..][..cols];
-            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            let mut acc = [[_mm256_setzero_ps(); 2]; N];
             let mut c = 0;
             while c < main {
                 prefetch_ahead(row.as_ptr().wrapping_add(c));
                 for k in 0..2 {
-                    // SAFETY: c + 8k + 8 <= main <= cols for the row and each of the 4 vectors.
+                    // SAFETY: c + 8k + 8 <= main <= cols for the row and each of the N vectors.
                     unsafe {
                         let raw = _mm_loadl_epi64(row.as_ptr().add(c + 8 * k).cast());
                         let w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));

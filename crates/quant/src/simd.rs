@@ -31,6 +31,23 @@ pub(crate) fn prefetch_ahead<T>(p: *const T) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>().wrapping_add(PREFETCH)) }
 }
 
+/// A batch `xs` `[n, cols]` / `ys` `[n, rows]` in groups of at most four vectors (fours first,
+/// then the remaining 3, 2 or 1), each group's (width, vectors, outputs): every group reads the
+/// weights once, so a batch of 2 or 3 is one pass over them, not 2 or 3.
+pub(crate) fn groups<'a>(
+    xs: &'a [f32],
+    ys: &'a mut [f32],
+    cols: usize,
+    rows: usize,
+) -> impl Iterator<Item = (usize, &'a [f32], &'a mut [f32])> {
+    let n = xs.len() / cols.max(1);
+    let quads = n / 4 * 4;
+    let (xq, xr) = xs.split_at(quads * cols);
+    let (yq, yr) = ys.split_at_mut(quads * rows);
+    let rest = (n > quads).then_some((n - quads, xr, yr));
+    xq.chunks_exact(4 * cols).zip(yq.chunks_exact_mut(4 * rows)).map(|(x, y)| (4, x, y)).chain(rest)
+}
+
 /// Checks the shapes every matrix-vector kernel shares: `w` holds `rows` rows of `row_bytes`
 /// elements, `x` has `cols` entries, `y` has `rows`.
 #[track_caller]
