@@ -151,8 +151,9 @@ impl<'a> Matrix<'a> {
         Some(())
     }
 
-    /// `Y = W X` for `n` vectors (`xs` `[n, cols]`, `ys` `[n, rows]`); MXFP4, bf16, int8 and int4
-    /// decode each weight block once for several vectors, f32 and VQ run one vector at a time.
+    /// `Y = W X` for `n` vectors (`xs` `[n, cols]`, `ys` `[n, rows]`); MXFP4, bf16, int8, int4
+    /// and VQ fast-scan read each weight block once for several vectors, f32 and residual VQ run
+    /// one vector at a time.
     /// Every encoding gives the same bits as [`matvec`](Self::matvec) per vector.
     pub fn matmul(&self, xs: &[f32], ys: &mut [f32]) {
         let (rows, cols) = (self.rows(), self.cols());
@@ -207,6 +208,7 @@ impl<'a> Matrix<'a> {
             Matrix::Bf16 { w, .. } => dense::matmul_bf16(w, cols, xs, ys),
             Matrix::Int8Row { q, scale, .. } => int8::matmul(q, scale, cols, xs, ys),
             Matrix::Int4Group { q, scale, group, .. } => int4::matmul(q, scale, group, cols, xs, ys),
+            Matrix::Vq(v) => VQ_SCRATCH.with_borrow_mut(|s| v.matmul(xs, ys, s)),
             _ => {
                 for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {
                     self.matvec(x, y);

@@ -69,6 +69,37 @@ proptest! {
         prop_assert_eq!(a[r], direct);
     }
 
+    /// A batch gives every vector the bits `matvec` gives it (fast-scan scans the codes once per
+    /// pair of vectors), with either kernel level; the paired scan equals two single scans.
+    #[test]
+    fn a_vq_batch_gives_the_bits_of_its_vectors(blocks in 1usize..3, cols8 in 1usize..40, n in 1usize..6, seed in any::<u64>(), rotate in any::<bool>()) {
+        let (rows, cols) = (32 * blocks, 8 * cols8);
+        for codec in Codec::ALL {
+            let m = random_matrix(codec, rows, cols, seed, rotate);
+            let xs = gaussian(n * cols, seed ^ 9);
+            let mut scratch = Scratch::default();
+            for level in [fast(), Level::Scalar] {
+                let mut batch = vec![0f32; n * rows];
+                m.as_ref().matmul_at(level, &xs, &mut batch, &mut scratch);
+                let mut single = vec![0f32; n * rows];
+                for (x, y) in xs.chunks_exact(cols).zip(single.chunks_exact_mut(rows)) {
+                    m.as_ref().matvec_at(level, x, y, &mut scratch);
+                }
+                prop_assert!(batch == single, "{codec:?} at {level:?}: {n} vectors");
+            }
+        }
+        let items = cols / 4 * 3;
+        let m = random_matrix(Codec::FastScan, rows, cols, seed, false);
+        let lut = |k: u64| -> Vec<u8> { gaussian(items * 16, seed ^ k).iter().map(|g| (g.abs() * 1e4) as u32 as u8).collect() };
+        let (la, lb) = (lut(4), lut(5));
+        let (mut a, mut b) = (vec![0u32; rows], vec![0u32; rows]);
+        fastscan::sums2_at(fast(), &m.codes, items, [&la, &lb], [&mut a, &mut b]);
+        let (mut wa, mut wb) = (vec![0u32; rows], vec![0u32; rows]);
+        fastscan::sums_at(Level::Scalar, &m.codes, items, &la, &mut wa);
+        fastscan::sums_at(Level::Scalar, &m.codes, items, &lb, &mut wb);
+        prop_assert_eq!((a, b), (wa, wb));
+    }
+
     /// The vectorized table build agrees with the reference to within one table step.
     #[test]
     fn fastscan_tables_agree(cols8 in 1usize..200, seed in any::<u64>(), scale in 0.001f32..1000.0) {

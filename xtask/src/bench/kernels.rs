@@ -158,18 +158,24 @@ fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
         let vq_bytes = n * 3 / 8 + rows * 2;
         let k = count(vq_bytes);
         let mats: Vec<VqMatrix> = (0..k).map(|i| random_vq(codec, rows, cols, i as u64 + 11)).collect();
-        let x = x.clone();
-        let mut y = vec![0f32; rows];
-        let mut scratch = Scratch::default();
-        out.push(Case {
-            name: format!("{} {tag}", codec.name()),
-            rows,
-            cols,
-            vectors: 1,
-            weight_bytes: vq_bytes,
-            instances: k,
-            run: Box::new(move |i| mats[i].matvec(&x, &mut y, &mut scratch)),
-        });
+        // One vector, and a batch of 2 and 4 (fast-scan scans the codes once per pair).
+        for n in [1, 2, 4] {
+            let m = mats.clone();
+            let xs = noise(cols * n, 21, 1.0);
+            let mut ys = vec![0f32; rows * n];
+            let mut scratch = Scratch::default();
+            let name =
+                if n == 1 { format!("{} {tag}", codec.name()) } else { format!("{}_batch{n} {tag}", codec.name()) };
+            out.push(Case {
+                name,
+                rows,
+                cols,
+                vectors: n,
+                weight_bytes: vq_bytes,
+                instances: k,
+                run: Box::new(move |i| m[i].as_ref().matmul(&xs, &mut ys, &mut scratch)),
+            });
+        }
     }
     out
 }

@@ -77,10 +77,62 @@ pub(super) fn matvec(level: Level, m: &VqRef<'_>, scratch: &mut Scratch, y: &mut
     let delta = build_lut_at(level, m.codebooks, &scratch.x, &mut scratch.table, &mut scratch.lut);
     scratch.sums.resize(m.rows, 0);
     sums_at(level, m.codes, items, &scratch.lut, &mut scratch.sums);
+    finish(m, items, delta, &scratch.sums, y);
+}
+
+/// `y` from a row's integer sums: the table's step and offset undone, the row scale applied.
+fn finish(m: &VqRef<'_>, items: usize, delta: f32, sums: &[u32], y: &mut [f32]) {
     let offset = 128.0 * items as f32;
-    for ((out, s), sc) in y.iter_mut().zip(&scratch.sums).zip(m.scale) {
+    for ((out, s), sc) in y.iter_mut().zip(sums).zip(m.scale) {
         // Both terms are integers below 2^24, so the difference is exact.
         *out = sc.to_f32() * (delta * (*s as f32 - offset));
+    }
+}
+
+/// `Y = W X` for the (rotated) vectors in `scratch.xs`: one table per vector, then the codes
+/// scanned once for each pair of vectors. The integer sums are exact, so every vector gets the
+/// bits [`matvec`] gives it.
+pub(super) fn matmul(level: Level, m: &VqRef<'_>, scratch: &mut Scratch, ys: &mut [f32]) {
+    let (items, rows, cols) = (m.cols / 4 * 3, m.rows, m.cols);
+    let n = scratch.xs.len() / cols;
+    let mut deltas = Vec::with_capacity(n);
+    scratch.luts.resize(n * items * 16, 0);
+    for (x, lut) in scratch.xs.chunks_exact(cols).zip(scratch.luts.chunks_exact_mut(items * 16)) {
+        deltas.push(build_lut_at(level, m.codebooks, x, &mut scratch.table, &mut scratch.lut));
+        lut.copy_from_slice(&scratch.lut);
+    }
+    scratch.sums.resize(n * rows, 0);
+    let (pairs, luts) = (n / 2 * 2, &scratch.luts);
+    for (p, s) in scratch.sums[..pairs * rows].chunks_exact_mut(2 * rows).enumerate() {
+        let (a, b) = s.split_at_mut(rows);
+        let table = |v: usize| &luts[v * items * 16..(v + 1) * items * 16];
+        sums2_at(level, m.codes, items, [table(2 * p), table(2 * p + 1)], [a, b]);
+    }
+    if n > pairs {
+        sums_at(level, m.codes, items, &luts[pairs * items * 16..], &mut scratch.sums[pairs * rows..]);
+    }
+    for ((y, s), d) in ys.chunks_exact_mut(rows).zip(scratch.sums.chunks_exact(rows)).zip(deltas) {
+        finish(m, items, d, s, y);
+    }
+}
+
+/// [`sums_at`] for two tables at once: each code byte loaded once for both.
+pub fn sums2_at(level: Level, codes: &[u8], items: usize, luts: [&[u8]; 2], sums: [&mut [u32]; 2]) {
+    let [sa, sb] = sums;
+    assert_eq!(sa.len(), sb.len(), "two sums of one matrix");
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => {
+            assert!(items.is_multiple_of(2) && sa.len().is_multiple_of(32), "item pairs and 32-row blocks");
+            assert_eq!(codes.len(), sa.len() * items / 2, "codes for {} rows of {items} items", sa.len());
+            assert!(luts.iter().all(|l| l.len() == items * 16), "tables of {items} items");
+            // SAFETY: as for `sums`, checked above for both tables.
+            unsafe { avx2::sums2(codes, items, luts, [sa, sb]) }
+        }
+        _ => {
+            sums_at(level, codes, items, luts[0], sa);
+            sums_at(level, codes, items, luts[1], sb);
+        }
     }
 }
 
@@ -193,6 +245,53 @@ mod avx2 {
             let r = 2 * (k % 8);
             rows[r] += u32::from(e[k]);
             rows[r + 1] += u32::from(o[k]);
+        }
+    }
+
+    /// [`sums`] for two tables: the codes' nibbles split once, looked up in both.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn sums2(codes: &[u8], items: usize, luts: [&[u8]; 2], sums: [&mut [u32]; 2]) {
+        let m = _mm256_set1_epi8(15);
+        let zero = _mm256_setzero_si256();
+        let [sa, sb] = sums;
+        for (b, (oa, ob)) in sa.chunks_exact_mut(32).zip(sb.chunks_exact_mut(32)).enumerate() {
+            oa.fill(0);
+            ob.fill(0);
+            let base = &codes[b * items * 16..][..items * 16];
+            // Per table: low-nibble rows (even, odd bytes), high-nibble rows (even, odd bytes).
+            let mut acc = [[zero; 4]; 2];
+            let mut steps = 0;
+            for p in 0..items / 2 {
+                // SAFETY: item pair p is 32 bytes inside the block's codes and inside each table.
+                let c = unsafe { _mm256_loadu_si256(base.as_ptr().add(32 * p).cast()) };
+                let lo = _mm256_and_si256(c, m);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(c), m);
+                for (a, lut) in acc.iter_mut().zip(luts) {
+                    // SAFETY: as above.
+                    let l = unsafe { _mm256_loadu_si256(lut.as_ptr().add(32 * p).cast()) };
+                    let rl = _mm256_shuffle_epi8(l, lo);
+                    let rh = _mm256_shuffle_epi8(l, hi);
+                    a[0] = _mm256_add_epi16(a[0], rl);
+                    a[1] = _mm256_add_epi16(a[1], _mm256_srli_epi16::<8>(rl));
+                    a[2] = _mm256_add_epi16(a[2], rh);
+                    a[3] = _mm256_add_epi16(a[3], _mm256_srli_epi16::<8>(rh));
+                }
+                steps += 1;
+                if steps == FLUSH {
+                    for (a, out) in acc.iter_mut().zip([&mut *oa, &mut *ob]) {
+                        let (l, h) = out.split_at_mut(16);
+                        flush(a[0], a[1], l);
+                        flush(a[2], a[3], h);
+                        *a = [zero; 4];
+                    }
+                    steps = 0;
+                }
+            }
+            for (a, out) in acc.iter().zip([oa, ob]) {
+                let (l, h) = out.split_at_mut(16);
+                flush(a[0], a[1], l);
+                flush(a[2], a[3], h);
+            }
         }
     }
 

@@ -163,6 +163,9 @@ pub struct Scratch {
     table: Vec<f32>,
     lut: Vec<u8>,
     sums: Vec<u32>,
+    /// A batch's rotated vectors and their tables.
+    xs: Vec<f32>,
+    luts: Vec<u8>,
 }
 
 /// Encodes `w` (`[rows, cols]`, row-major) with `codec`.
@@ -382,6 +385,31 @@ impl VqRef<'_> {
             Codec::FastScan => fastscan::matvec(level, self, scratch, y),
             Codec::Residual => residual::matvec(level, self, &scratch.x, y),
         }
+    }
+
+    /// `Y = W X` for a batch (`xs` `[n, cols]`, `ys` `[n, rows]`), the same bits as
+    /// [`matvec`](Self::matvec) per vector; fast-scan scans the codes once per pair of vectors.
+    pub fn matmul(&self, xs: &[f32], ys: &mut [f32], scratch: &mut Scratch) {
+        self.matmul_at(level(), xs, ys, scratch)
+    }
+
+    /// [`matmul`](Self::matmul) with an explicit kernel level.
+    pub fn matmul_at(&self, level: Level, xs: &[f32], ys: &mut [f32], scratch: &mut Scratch) {
+        let n = xs.len() / self.cols;
+        assert_eq!(xs.len(), n * self.cols, "xs is not whole {}-vectors", self.cols);
+        assert_eq!(ys.len(), n * self.rows, "ys is not {n} vectors of {}", self.rows);
+        if self.codec != Codec::FastScan || n < 2 {
+            for (x, y) in xs.chunks_exact(self.cols).zip(ys.chunks_exact_mut(self.rows)) {
+                self.matvec_at(level, x, y, scratch);
+            }
+            return;
+        }
+        scratch.xs.clear();
+        scratch.xs.extend_from_slice(xs);
+        if let Some(r) = self.rotation {
+            scratch.xs.chunks_exact_mut(self.cols).for_each(|x| r.apply(x));
+        }
+        fastscan::matmul(level, self, scratch, ys);
     }
 }
 
