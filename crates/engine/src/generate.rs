@@ -342,7 +342,7 @@ impl<'s, 't> Generator<'s, 't> {
         self.logits = rows[(kept - 1) * v..kept * v].to_vec();
         self.spec.verifies += 1;
         self.spec.drafted += drafts.len() as u64;
-        self.governor.verify_step(t0.elapsed().as_secs_f64(), kept);
+        self.governor.verify_step(t0.elapsed().as_secs_f64(), drafts.len(), kept - 1);
         self.spec.switched_off = self.governor.switched_off;
         if self.finish.is_some() {
             self.feed_end(engine, end_feed)?;
@@ -353,14 +353,18 @@ impl<'s, 't> Generator<'s, 't> {
     /// The drafts to verify after `id`: none when speculation is off, resting, or would pass
     /// the context.
     fn drafts(&mut self, engine: &Engine<'_>, id: u32) -> Vec<u32> {
-        if self.params.speculate == 0 || !self.governor.wants_drafts() {
+        if self.params.speculate == 0 {
             return Vec::new();
         }
         let room = (engine.plan().context as usize).saturating_sub(self.session.tokens() + 1);
+        let k = self.governor.draft_len(self.params.speculate.min(room));
+        if k == 0 {
+            return Vec::new();
+        }
         let mut history = Vec::with_capacity(self.session.tokens() + 1);
         history.extend_from_slice(self.session.ids());
         history.push(id);
-        speculate::draft(&history, self.params.speculate.min(room))
+        speculate::draft(&history, k)
     }
 
     /// Text still held back (an incomplete character, the start of what might have been a stop

@@ -33,21 +33,31 @@ pub fn draft(history: &[u32], k: usize) -> Vec<u32> {
 
 /// Steps a governor lets speculation be off before trying it again, at first; doubled each
 /// time it is switched off again without having paid in between (up to `MAX_BACKOFF`).
-const MIN_BACKOFF: u64 = 16;
+const MIN_BACKOFF: u64 = 32;
+/// Drafts in a trial's first verify step: a failed trial costs little, and two more are added
+/// after each step that keeps all of its drafts.
+const FIRST_LEN: usize = 2;
 const MAX_BACKOFF: u64 = 512;
-/// Verify steps measured before a verdict.
+/// Verify steps measured before a verdict; fewer once drafting has been switched off (text that
+/// stopped repeating seldom starts again).
 const TRIAL: u32 = 4;
+const RETRIAL: u32 = 2;
 /// Plain steps between re-measurements of a plain step's time while speculating.
 const PLAIN_EVERY: u64 = 32;
 /// Weight of the newest measurement in the moving averages.
 const ALPHA: f64 = 0.25;
 
-/// Decides, step by step, whether to draft: speculation pays when a verify step yields more
-/// tokens per second than a plain step. Both are measured as the run goes (a plain step now and
-/// then while speculating), so the verdict follows the machine: a compute-bound model pays for
-/// every drafted row, an I/O-bound one mostly for the extra experts the drafts route to.
+/// Decides, step by step, whether to draft and how many: speculation pays when a verify step
+/// yields more tokens per second than a plain step. Both are measured as the run goes (a plain
+/// step now and then while speculating), so the verdict follows the machine: a compute-bound
+/// model pays for every drafted row, an I/O-bound one mostly for the extra experts the drafts
+/// route to. The draft length follows acceptance: one more than the drafts last kept after a
+/// rejection, two more after a full acceptance (up to the caller's maximum), so text that stops
+/// repeating costs short verify steps until the verdict.
 #[derive(Debug, Clone)]
 pub struct Governor {
+    /// Drafts to verify next time (before the caller's cap).
+    len: usize,
     /// Seconds per plain step (moving average), once measured.
     plain: Option<f64>,
     /// Tokens per second of verify steps relative to plain steps (moving average).
@@ -63,19 +73,31 @@ pub struct Governor {
 
 impl Default for Governor {
     fn default() -> Self {
-        Governor { plain: None, gain: 1.0, verifies: 0, since_plain: 0, off: 0, backoff: MIN_BACKOFF, switched_off: 0 }
+        Governor {
+            len: FIRST_LEN,
+            plain: None,
+            gain: 1.0,
+            verifies: 0,
+            since_plain: 0,
+            off: 0,
+            backoff: MIN_BACKOFF,
+            switched_off: 0,
+        }
     }
 }
 
 impl Governor {
-    /// Whether the next step may draft.
-    pub fn wants_drafts(&mut self) -> bool {
+    /// How many drafts the next step may verify, at most `max` (0: a plain step).
+    pub fn draft_len(&mut self, max: usize) -> usize {
         if self.off > 0 {
             self.off -= 1;
-            return false;
+            return 0;
         }
         // A plain step first, and now and then, to know what a verify step competes with.
-        self.plain.is_some() && self.since_plain < PLAIN_EVERY
+        if self.plain.is_none() || self.since_plain >= PLAIN_EVERY {
+            return 0;
+        }
+        self.len.min(max)
     }
 
     /// A plain step (one token) took `seconds`.
@@ -84,15 +106,17 @@ impl Governor {
         self.since_plain = 0;
     }
 
-    /// A verify step took `seconds` and yielded `tokens` (the accepted drafts and the token
-    /// sampled after them).
-    pub fn verify_step(&mut self, seconds: f64, tokens: usize) {
+    /// A verify step of `drafted` drafts took `seconds` and kept `accepted` of them.
+    pub fn verify_step(&mut self, seconds: f64, drafted: usize, accepted: usize) {
+        self.len = if accepted == drafted { drafted.saturating_add(2) } else { accepted + 1 };
+        // The token fed and the drafts kept, against a plain step's one.
+        let tokens = accepted + 1;
         self.since_plain += 1;
         let Some(plain) = self.plain else { return };
         let gain = tokens as f64 * plain / seconds.max(1e-9);
         self.gain += ALPHA * (gain - self.gain);
         self.verifies += 1;
-        if self.verifies < TRIAL {
+        if self.verifies < if self.switched_off > 0 { RETRIAL } else { TRIAL } {
             return;
         }
         if self.gain < 1.0 {
@@ -108,6 +132,7 @@ impl Governor {
     fn reset_trial(&mut self) {
         self.gain = 1.0;
         self.verifies = 0;
+        self.len = FIRST_LEN;
     }
 }
 
@@ -158,22 +183,22 @@ mod tests {
     #[test]
     fn the_governor_switches_off_what_does_not_pay_and_tries_again_later() {
         let mut g = Governor::default();
-        assert!(!g.wants_drafts(), "a plain step is measured first");
+        assert_eq!(g.draft_len(4), 0, "a plain step is measured first");
         g.plain_step(1.0);
-        // Verify steps of 2 s that yield one token each: half the plain speed.
+        // Verify steps of 2 s that keep no draft: half the plain speed.
         for _ in 0..TRIAL {
-            assert!(g.wants_drafts());
-            g.verify_step(2.0, 1);
+            assert!(g.draft_len(4) > 0);
+            g.verify_step(2.0, 4, 0);
         }
         assert_eq!(g.switched_off, 1);
-        let off = (0..100).take_while(|_| !g.wants_drafts()).count() as u64;
+        let off = (0..100).take_while(|_| g.draft_len(4) == 0).count() as u64;
         assert_eq!(off, MIN_BACKOFF);
-        // Verify steps of 1.2 s that yield three tokens: kept on.
+        // Verify steps of 1.2 s that keep two drafts: kept on.
         let mut g = Governor::default();
         g.plain_step(1.0);
         for _ in 0..20 {
-            assert!(g.wants_drafts());
-            g.verify_step(1.2, 3);
+            assert!(g.draft_len(4) > 0);
+            g.verify_step(1.2, 4, 2);
         }
         assert_eq!(g.switched_off, 0);
     }
@@ -183,11 +208,35 @@ mod tests {
         let mut g = Governor::default();
         g.plain_step(1.0);
         for _ in 0..PLAIN_EVERY {
-            assert!(g.wants_drafts());
-            g.verify_step(0.5, 2);
+            assert!(g.draft_len(4) > 0);
+            g.verify_step(0.5, 1, 1);
         }
-        assert!(!g.wants_drafts(), "a plain step is due");
+        assert_eq!(g.draft_len(4), 0, "a plain step is due");
         g.plain_step(1.0);
-        assert!(g.wants_drafts());
+        assert!(g.draft_len(4) > 0);
+    }
+
+    #[test]
+    fn the_draft_length_follows_acceptance() {
+        let mut g = Governor::default();
+        g.plain_step(1.0);
+        assert_eq!(g.draft_len(8), FIRST_LEN, "a short draft first");
+        g.verify_step(0.1, 2, 2);
+        assert_eq!(g.draft_len(8), 4);
+        g.verify_step(0.1, 4, 4);
+        assert_eq!(g.draft_len(8), 6);
+        g.verify_step(0.1, 6, 4);
+        assert_eq!(g.draft_len(8), 5);
+        g.verify_step(0.1, 5, 4);
+        assert_eq!(g.draft_len(8), 5);
+        assert_eq!(g.draft_len(3), 3, "never more than the caller's maximum");
+        g.verify_step(0.1, 8, 2);
+        assert_eq!(g.draft_len(8), 3, "one more than were kept");
+        g.verify_step(0.1, 3, 0);
+        assert_eq!(g.draft_len(8), 1);
+        g.verify_step(0.1, 1, 1);
+        assert_eq!(g.draft_len(8), 3, "two more after all were kept");
+        g.verify_step(0.1, 3, 3);
+        assert_eq!(g.draft_len(8), 5);
     }
 }

@@ -33,6 +33,8 @@ pub struct Options<'a> {
     pub speculate: Vec<usize>,
     /// A prompt given as ids (instead of random ones).
     pub prompt_ids: Option<&'a [u32]>,
+    /// How tokens are chosen (greedy by default).
+    pub sampler: SamplerConfig,
 }
 
 pub const ALL_VARIANTS: [&str; 5] = ["read-then-compute", "overlap", "overlap+lookahead", "lru", "lfu"];
@@ -82,9 +84,10 @@ struct Decoded {
 
 /// Prefill each prompt, then `tokens` greedy steps: every sequence in each step, or (with
 /// `speculate`) one sequence through the generator with drafts.
-fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], tokens: usize, speculate: usize) -> Result<Decoded> {
+fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], o: &Options<'_>, speculate: usize) -> Result<Decoded> {
+    let tokens = o.tokens;
     if speculate > 0 {
-        return speculative(engine, &prompts[0], tokens, speculate);
+        return speculative(engine, &prompts[0], o, speculate);
     }
     let mut sessions: Vec<Session> = prompts.iter().map(|_| engine.session()).collect();
     let t0 = Instant::now();
@@ -93,8 +96,11 @@ fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], tokens: usize, speculate: u
         logits.push(engine.forward_last(s, p)?);
     }
     let prefill_seconds = t0.elapsed().as_secs_f64();
-    let before = sessions[0].stats;
-    let mut sampler = Sampler::new(SamplerConfig::default())?;
+    // The engine's cache counters after the last prefill (each session holds them as of its own
+    // last step).
+    let mut before = sessions[0].stats;
+    before.cache = sessions.last().map_or(before.cache, |s| s.stats.cache);
+    let mut sampler = Sampler::new(o.sampler)?;
     let t = Instant::now();
     for _ in 0..tokens {
         let next: Vec<[u32; 1]> = logits.iter().map(|l| [sampler.sample(l)]).collect();
@@ -117,10 +123,16 @@ fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], tokens: usize, speculate: u
     })
 }
 
-/// One sequence, `tokens` greedy tokens with up to `k` drafts verified per step.
-fn speculative(engine: &Engine<'_>, prompt: &[u32], tokens: usize, k: usize) -> Result<Decoded> {
+/// One sequence, `tokens` tokens with up to `k` drafts verified per step.
+fn speculative(engine: &Engine<'_>, prompt: &[u32], o: &Options<'_>, k: usize) -> Result<Decoded> {
     let mut s = engine.session();
-    let params = GenerateParams { max_tokens: tokens as u64, chunk: prompt.len(), speculate: k, ..Default::default() };
+    let params = GenerateParams {
+        max_tokens: o.tokens as u64,
+        chunk: prompt.len(),
+        speculate: k,
+        sampler: o.sampler,
+        ..Default::default()
+    };
     let mut g = Generator::start(engine, &mut s, prompt, None, params, &mut |_, _| {})?;
     let (prefill_seconds, before) = (g.prefill.1, g.session().stats);
     let t = Instant::now();
@@ -145,8 +157,8 @@ fn speculative(engine: &Engine<'_>, prompt: &[u32], tokens: usize, k: usize) -> 
 /// One cold run (a fresh engine, empty cache), then the same prompts again on the now warm cache.
 fn run_once(model: &Model, run: &Run, o: &Options<'_>, prompts: &[Vec<u32>], context: u64) -> Result<Value> {
     let engine = Engine::load_with(model, options(&run.variant, o.mem, context, run.threads)?)?;
-    let mut r = measure(&engine, &decode(&engine, prompts, o.tokens, run.speculate)?);
-    let warm = measure(&engine, &decode(&engine, prompts, o.tokens, run.speculate)?);
+    let mut r = measure(&engine, &decode(&engine, prompts, o, run.speculate)?);
+    let warm = measure(&engine, &decode(&engine, prompts, o, run.speculate)?);
     for key in ["tok_per_s", "hit_rate", "prefill_tok_per_s"] {
         r[format!("warm_{key}")] = warm[key].clone();
     }
@@ -406,6 +418,9 @@ pub struct Args {
     /// --prompt of them, different for each sequence).
     #[arg(long, value_name = "FILE")]
     pub prompt_file: Option<PathBuf>,
+    /// Sample at this temperature (seeded; default: greedy).
+    #[arg(long, default_value_t = 0.0, value_parser = |s: &str| k3_engine::sample::check_temperature(s.parse().map_err(|_| format!("`{s}` is not a number"))?))]
+    pub temperature: f32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -423,7 +438,21 @@ fn counts(s: &str, what: &str, lo: usize, hi: usize) -> Result<Vec<usize>> {
 
 /// `cargo xtask bench decode`: the drive's ceiling first (for the bound column), then the variants.
 pub fn task(args: Args) -> Result<()> {
-    let Args { model, tokens, prompt, mem, reps, svg, variants, threads, batch, speculate, prompt_file, json } = args;
+    let Args {
+        model,
+        tokens,
+        prompt,
+        mem,
+        reps,
+        svg,
+        variants,
+        threads,
+        batch,
+        speculate,
+        prompt_file,
+        temperature,
+        json,
+    } = args;
     let threads = crate::thread_list(threads.as_deref())?;
     let batches = counts(&batch, "batch size", 1, 256)?;
     let speculate = counts(&speculate, "draft length", 0, 64)?;
@@ -472,6 +501,7 @@ pub fn task(args: Args) -> Result<()> {
         batches,
         speculate,
         prompt_ids: prompt_ids.as_deref(),
+        sampler: SamplerConfig { temperature, seed: 5, ..SamplerConfig::default() },
     };
     let report = run(&o, ceiling, json)?;
     if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
