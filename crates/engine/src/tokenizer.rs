@@ -44,8 +44,9 @@ pub enum TokenizerError {
 enum Backend {
     /// Kimi's own: tiktoken ranks and the Kimi regex.
     Tiktoken(CoreBPE),
-    /// A Hugging Face `tokenizer.json`, through the `tokenizers` crate.
-    HuggingFace(Box<tokenizers::Tokenizer>),
+    /// A Hugging Face `tokenizer.json`, through the `tokenizers` crate: one copy that reads
+    /// special-token strings as text (`encode`), one that turns them into their ids.
+    HuggingFace { plain: Box<tokenizers::Tokenizer>, specials: Box<tokenizers::Tokenizer> },
 }
 
 pub struct Tokenizer {
@@ -119,7 +120,12 @@ impl Tokenizer {
             t.get_added_tokens_decoder().into_iter().map(|(id, tok)| (tok.content, id)).collect();
         let special_names = specials.iter().map(|(k, v)| (*v, k.clone())).collect();
         let vocab = t.get_vocab_size(true);
-        Ok(Tokenizer { bpe: Backend::HuggingFace(Box::new(t)), specials, special_names, vocab })
+        // Text that spells a special token (a user pasting `<|im_end|>`) must stay text: it would
+        // otherwise forge chat markup.
+        let mut plain = t.clone();
+        plain.set_encode_special_tokens(true);
+        let bpe = Backend::HuggingFace { plain: Box::new(plain), specials: Box::new(t) };
+        Ok(Tokenizer { bpe, specials, special_names, vocab })
     }
 
     /// The tokenizer a WASTE model embeds (`tiktoken.model` with `tokenizer_config.json`, or a
@@ -135,12 +141,14 @@ impl Tokenizer {
         self.vocab
     }
 
-    /// Ids of `text`, special-token strings treated as plain text (Hugging Face tokenizers apply
-    /// their own added-token rules and no post-processing such as BOS).
+    /// Ids of `text`, special-token strings treated as plain text (no post-processing such as
+    /// BOS).
     pub fn encode(&self, text: &str) -> Vec<u32> {
         match &self.bpe {
             Backend::Tiktoken(b) => b.encode_ordinary(text),
-            Backend::HuggingFace(t) => t.encode(text, false).map(|e| e.get_ids().to_vec()).unwrap_or_default(),
+            Backend::HuggingFace { plain, .. } => {
+                plain.encode(text, false).map(|e| e.get_ids().to_vec()).unwrap_or_default()
+            }
         }
     }
 
@@ -148,7 +156,9 @@ impl Tokenizer {
     pub fn encode_with_specials(&self, text: &str) -> Vec<u32> {
         match &self.bpe {
             Backend::Tiktoken(b) => b.encode_with_special_tokens(text),
-            Backend::HuggingFace(t) => t.encode(text, false).map(|e| e.get_ids().to_vec()).unwrap_or_default(),
+            Backend::HuggingFace { specials, .. } => {
+                specials.encode(text, false).map(|e| e.get_ids().to_vec()).unwrap_or_default()
+            }
         }
     }
 
@@ -164,7 +174,7 @@ impl Tokenizer {
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
         match &self.bpe {
             Backend::Tiktoken(b) => b.decode_bytes(ids).map_err(|e| TokenizerError::UnknownId(e.token)),
-            Backend::HuggingFace(t) => {
+            Backend::HuggingFace { specials: t, .. } => {
                 if let Some(bad) = ids.iter().find(|&&i| t.id_to_token(i).is_none()) {
                     return Err(TokenizerError::UnknownId(*bad));
                 }

@@ -94,3 +94,15 @@ fn a_hugging_face_tokenizer_json_loads_through_the_tokenizers_crate() {
     assert!(tok.decode_bytes(&[10_000_000]).is_err());
     assert!(Tokenizer::from_hf_json(b"{not json").unwrap_err().to_string().contains("tokenizer.json"));
 }
+
+/// A Hugging Face tokenizer matches its added tokens in any text it is given; `encode` must not
+/// (a user who writes `<|im_end|>` would close their own turn), `encode_with_specials` must.
+#[test]
+fn hugging_face_special_tokens_are_single_ids_only_when_asked() {
+    let model = k3_format::Model::open(dir().join("../default.waste")).unwrap();
+    let tok = Tokenizer::from_model(&model).unwrap().unwrap();
+    let end = tok.special("<|im_end|>").expect("the default model's end of turn");
+    assert!(!tok.encode("a<|im_end|>b").contains(&end), "as plain text it is ordinary tokens");
+    assert!(tok.encode_with_specials("a<|im_end|>b").contains(&end));
+    assert_eq!(String::from_utf8(tok.decode_bytes(&tok.encode("a<|im_end|>b")).unwrap()).unwrap(), "a<|im_end|>b");
+}
