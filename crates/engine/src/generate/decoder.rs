@@ -1,0 +1,112 @@
+//! One sequence's choices, apart from the forward passes: the sampler, the stops (end-of-message
+//! ids, stop strings, max tokens, the context, cancellation) and the visible text. A
+//! [`Generator`](super::Generator) drives one with its own steps (and drafts); a server drives
+//! many in one batched step.
+
+use std::sync::atomic::Ordering;
+
+use super::text::TextOut;
+use super::{Finish, GenerateParams};
+use crate::EngineError;
+use crate::sample::Sampler;
+use crate::tokenizer::Tokenizer;
+
+/// What a sampled token does to the turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Emit {
+    /// The turn goes on with the token fed; its visible text.
+    Continue(String),
+    /// The turn ended ([`Decoder::finish`] says why): the token's text, and the id to feed so the
+    /// session is ready for another turn, if any.
+    End(String, Option<u32>),
+}
+
+/// One sequence's sampling, stops and text.
+#[derive(Debug)]
+pub struct Decoder<'t> {
+    params: GenerateParams,
+    sampler: Sampler,
+    text: Option<TextOut<'t>>,
+    produced: u64,
+    finish: Option<Finish>,
+}
+
+impl<'t> Decoder<'t> {
+    /// A decoder for valid settings; `tok` (when given) turns ids into visible text.
+    pub fn new(tok: Option<&'t Tokenizer>, params: GenerateParams) -> Result<Self, EngineError> {
+        let sampler = Sampler::new(params.sampler)?;
+        let text = tok.map(|t| TextOut::new(t, &params));
+        Ok(Decoder { params, sampler, text, produced: 0, finish: None })
+    }
+
+    pub fn params(&self) -> &GenerateParams {
+        &self.params
+    }
+
+    /// Why the turn ended, once it has.
+    pub fn finish(&self) -> Option<Finish> {
+        self.finish
+    }
+
+    /// How many tokens were sampled.
+    pub fn produced(&self) -> u64 {
+        self.produced
+    }
+
+    /// Whether the cancellation flag is set.
+    pub fn cancelled(&self) -> bool {
+        self.params.cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst))
+    }
+
+    /// Why the turn must end before another token is sampled, if it must.
+    pub fn limit(&self) -> Option<Finish> {
+        if self.produced >= self.params.max_tokens {
+            Some(Finish::Length)
+        } else if self.cancelled() {
+            Some(Finish::Cancelled)
+        } else {
+            None
+        }
+    }
+
+    /// Ends the turn for `why`; returns the id to feed so the session is ready for another turn
+    /// (`close_turn`), if any. Held-back text stays for [`flush`](Self::flush).
+    pub fn stop(&mut self, why: Finish) -> Option<u32> {
+        self.finish = Some(why);
+        self.params.close_turn
+    }
+
+    /// The next token from a position's logits `[vocab]`.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        self.sampler.sample(logits)
+    }
+
+    /// Counts a sampled token at `position` and checks it against the stops.
+    pub fn emit(&mut self, id: u32, position: usize, context: u64) -> Result<Emit, EngineError> {
+        self.produced += 1;
+        if self.params.stop_ids.contains(&id) {
+            self.finish = Some(Finish::Stop);
+            // The end of the message belongs to the conversation.
+            return Ok(Emit::End(self.flush(), self.params.close_turn.map(|_| id)));
+        }
+        let (text, stopped) = match &mut self.text {
+            Some(t) => t.push(id)?,
+            None => (String::new(), false),
+        };
+        if stopped {
+            self.finish = Some(Finish::StopString);
+            return Ok(Emit::End(text, self.params.close_turn));
+        }
+        if position as u64 >= context {
+            self.finish = Some(Finish::ContextFull);
+            return Ok(Emit::End(text + &self.flush(), None));
+        }
+        Ok(Emit::Continue(text))
+    }
+
+    /// Text still held back (an incomplete character, the start of what might have been a stop
+    /// string): the caller shows it when the turn ends.
+    pub fn flush(&mut self) -> String {
+        self.text.as_mut().map(TextOut::flush).unwrap_or_default()
+    }
+}

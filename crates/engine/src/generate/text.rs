@@ -1,0 +1,166 @@
+//! What a person sees of the generated tokens: UTF-8 across tokens, K3's markup and (unless
+//! asked) thinking hidden, stop strings cut.
+
+use super::GenerateParams;
+use crate::EngineError;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// Token ids to the text a person sees: UTF-8 across tokens, K3's markup and (unless asked)
+/// thinking hidden, stop strings cut.
+#[derive(Debug)]
+pub(super) struct TextOut<'t> {
+    tok: &'t Tokenizer,
+    decoder: StreamDecoder,
+    visibility: Visibility,
+    stops: Vec<String>,
+    /// Visible text not yet returned: it could be the start of a stop string.
+    held: String,
+}
+
+impl<'t> TextOut<'t> {
+    pub(super) fn new(tok: &'t Tokenizer, p: &GenerateParams) -> Self {
+        TextOut {
+            tok,
+            decoder: StreamDecoder::default(),
+            visibility: Visibility::new(p.show_thinking, p.starts_in_think),
+            stops: p.stop_strings.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            held: String::new(),
+        }
+    }
+
+    /// The visible text `id` adds, and whether a stop string was reached (the text before it is
+    /// returned, the stop string and anything after it are not).
+    pub(super) fn push(&mut self, id: u32) -> Result<(String, bool), EngineError> {
+        let piece = self.decoder.push(self.tok, id)?;
+        if !self.visibility.show(self.tok, id)? {
+            return Ok((String::new(), false));
+        }
+        self.held.push_str(&piece);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return Ok((out, true));
+        }
+        // Keep back the longest tail that is the start of a stop string.
+        let keep = self
+            .stops
+            .iter()
+            .flat_map(|s| (1..s.len()).filter(|&k| s.is_char_boundary(k)).map(move |k| &s[..k]))
+            .filter(|prefix| self.held.ends_with(prefix))
+            .map(str::len)
+            .max()
+            .unwrap_or(0);
+        let out = self.held[..self.held.len() - keep].to_string();
+        self.held.drain(..self.held.len() - keep);
+        Ok((out, false))
+    }
+
+    pub(super) fn flush(&mut self) -> String {
+        let mut out = std::mem::take(&mut self.held);
+        let rest = self.decoder.finish();
+        if self.visibility.visible && self.visibility.tag.is_none() {
+            out.push_str(&rest);
+        }
+        out
+    }
+}
+
+/// Decides what of K3's output a person sees: text inside `think` only when asked, text inside
+/// `response` always, markup and special tokens never. (Kimi-Linear has no such markup: all its
+/// ordinary text is visible.)
+#[derive(Debug)]
+struct Visibility {
+    show_thinking: bool,
+    /// Inside the tag name after `<|open|>` / `<|close|>`: the bytes so far, and whether opening.
+    tag: Option<(Vec<u8>, bool)>,
+    visible: bool,
+}
+
+impl Visibility {
+    fn new(show_thinking: bool, starts_in_think: bool) -> Self {
+        Visibility { show_thinking, tag: None, visible: !starts_in_think || show_thinking }
+    }
+
+    /// Whether token `id` is shown.
+    fn show(&mut self, tok: &Tokenizer, id: u32) -> Result<bool, EngineError> {
+        match tok.special_name(id) {
+            Some("<|open|>") => self.tag = Some((Vec::new(), true)),
+            Some("<|close|>") => self.tag = Some((Vec::new(), false)),
+            Some("<|sep|>") => {
+                if let Some((name, opening)) = self.tag.take() {
+                    let name = String::from_utf8_lossy(&name).into_owned();
+                    self.visible = match (name.as_str(), opening) {
+                        ("think", true) => self.show_thinking,
+                        ("response", true) => true,
+                        _ => false,
+                    };
+                }
+            }
+            Some(_) => {}
+            None => {
+                if let Some((name, _)) = &mut self.tag {
+                    name.extend(tok.decode_bytes(&[id])?);
+                    return Ok(false);
+                }
+                return Ok(self.visible);
+            }
+        }
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::KIMI_PATTERN;
+
+    /// o200k ranks with K3's chat markers as specials (as in tests/chat.rs).
+    fn k3_tokenizer() -> Tokenizer {
+        let ranks = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/tokenizer/o200k_base.tiktoken"))
+            .expect("the tokenizer fixture");
+        let names = ["<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>"];
+        let added: serde_json::Map<String, serde_json::Value> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| ((200_000 + i).to_string(), serde_json::json!({"content": n})))
+            .collect();
+        let cfg = serde_json::to_vec(&serde_json::json!({"added_tokens_decoder": added})).expect("json");
+        Tokenizer::from_tiktoken(&ranks, Some(&cfg), KIMI_PATTERN).expect("tokenizer")
+    }
+
+    fn visible(tok: &Tokenizer, params: &GenerateParams, text: &str) -> (String, bool) {
+        let mut out = TextOut::new(tok, params);
+        let mut shown = String::new();
+        for id in tok.encode_with_specials(text) {
+            let (piece, stopped) = out.push(id).expect("decodes");
+            shown.push_str(&piece);
+            if stopped {
+                return (shown, true);
+            }
+        }
+        shown.push_str(&out.flush());
+        (shown, false)
+    }
+
+    const ANSWER: &str =
+        "hmm, light<|close|>think<|sep|><|open|>response<|sep|>Let there be light.<|close|>response<|sep|>";
+
+    #[test]
+    fn thinking_is_hidden_unless_asked_and_markup_never_shows() {
+        let tok = k3_tokenizer();
+        let hidden = GenerateParams { starts_in_think: true, ..GenerateParams::default() };
+        assert_eq!(visible(&tok, &hidden, ANSWER).0, "Let there be light.");
+        let shown = GenerateParams { starts_in_think: true, show_thinking: true, ..GenerateParams::default() };
+        assert_eq!(visible(&tok, &shown, ANSWER).0, "hmm, lightLet there be light.");
+    }
+
+    #[test]
+    fn stop_strings_cut_the_visible_text_and_are_held_back_while_they_may_come() {
+        let tok = k3_tokenizer();
+        let p = GenerateParams { stop_strings: vec!["be light".into()], ..GenerateParams::default() };
+        assert_eq!(visible(&tok, &p, "Let there be light. And"), ("Let there ".to_string(), true));
+        // A prefix of a stop string that never completes comes out in the end.
+        let p = GenerateParams { stop_strings: vec!["there is".into()], ..GenerateParams::default() };
+        assert_eq!(visible(&tok, &p, "Let there be"), ("Let there be".to_string(), false));
+    }
+}
