@@ -10,6 +10,7 @@ mod lookahead;
 mod perplexity;
 mod prompt;
 mod run;
+mod serve;
 mod signals;
 mod text;
 
@@ -88,6 +89,9 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// How well the router lookahead would predict each MoE layer's experts on a prompt.
     Lookahead(lookahead::LookaheadArgs),
+    /// An OpenAI-compatible HTTP server (chat and text completions, streaming, concurrent
+    /// requests decoded together); point the `openai` client or Open WebUI at http://HOST:PORT/v1.
+    Serve(serve::ServeArgs),
 }
 
 /// The sampling switches of `generate` and `chat`.
@@ -164,6 +168,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Trace(a) => arrays::run(a, true),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Lookahead(a) => lookahead::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }
 

@@ -90,7 +90,7 @@ impl EngineArgs {
         Ok(())
     }
 
-    fn options(&self, needs: Needs) -> Result<EngineOptions> {
+    pub fn options(&self, needs: Needs) -> Result<EngineOptions> {
         let policy: Policy = self.cache_policy.parse().map_err(anyhow::Error::msg)?;
         Ok(EngineOptions {
             mem_budget: self.mem.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?,

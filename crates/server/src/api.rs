@@ -1,0 +1,275 @@
+//! The OpenAI request bodies this server reads, checked into what the engine runs: known fields
+//! validated (a 400 naming the field), unknown ones ignored (clients send `user`,
+//! `frequency_penalty` and more; refusing them breaks clients).
+
+use k3_engine::chat::{ChatFormat, Message, Role};
+use k3_engine::config::Family;
+use k3_engine::generate::{Finish, GenerateParams};
+use k3_engine::sample::{SamplerConfig, check_temperature, check_top_p};
+use k3_engine::tokenizer::Tokenizer;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+use crate::scheduler::ModelInfo;
+
+/// Sampling and stopping fields both endpoints take.
+#[derive(Debug, Default, Deserialize)]
+pub struct Sampling {
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    pub n: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+    pub reasoning_effort: Option<String>,
+    pub response_format: Option<ResponseFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<Content>,
+    /// An earlier assistant turn's reasoning, sent back by clients.
+    pub reasoning_content: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+}
+
+/// A request checked and tokenized: what the scheduler runs and how to answer.
+#[derive(Debug)]
+pub struct Prepared {
+    pub prompt: Vec<u32>,
+    pub params: GenerateParams,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// OpenAI's `finish_reason` for how a turn ended.
+pub fn finish_reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop | Finish::StopString | Finish::Cancelled => "stop",
+        Finish::Length | Finish::ContextFull => "length",
+    }
+}
+
+fn check_model(asked: Option<&str>, info: &ModelInfo) -> Result<(), ApiError> {
+    match asked {
+        Some(m) if !m.is_empty() && m != info.id => Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            format!("the model `{m}` does not exist here; this server runs `{}`", info.id),
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl Sampling {
+    /// The engine's parameters for a prompt of `prompt_len` tokens.
+    fn params(&self, info: &ModelInfo, prompt_len: usize, stop_ids: Vec<u32>) -> Result<GenerateParams, ApiError> {
+        if let Some(n) = self.n.filter(|&n| n != 1) {
+            return Err(ApiError::bad("n", format!("n = {n}: this server returns one choice per request (n = 1)")));
+        }
+        let room = info.context.saturating_sub(prompt_len as u64);
+        if room == 0 {
+            return Err(ApiError::bad(
+                "messages",
+                format!("the prompt is {prompt_len} tokens, which leaves no room in the context of {}", info.context),
+            ));
+        }
+        let asked = self.max_completion_tokens.or(self.max_tokens);
+        if asked == Some(0) {
+            return Err(ApiError::bad("max_tokens", "max_tokens must be at least 1"));
+        }
+        let temperature =
+            check_temperature(self.temperature.unwrap_or(1.0)).map_err(|e| ApiError::bad("temperature", e))?;
+        let top_p = check_top_p(self.top_p.unwrap_or(1.0)).map_err(|e| ApiError::bad("top_p", e))?;
+        let stop_strings = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) if v.len() <= 16 => v.clone(),
+            Some(Stop::Many(v)) => return Err(ApiError::bad("stop", format!("{} stop strings; at most 16", v.len()))),
+        };
+        Ok(GenerateParams {
+            max_tokens: asked.unwrap_or(room).min(room),
+            sampler: SamplerConfig { temperature, top_k: self.top_k.unwrap_or(0), top_p, seed: self.seed.unwrap_or(0) },
+            stop_ids,
+            stop_strings,
+            ..GenerateParams::default()
+        })
+    }
+}
+
+impl ChatRequest {
+    /// Renders the conversation in the model's own chat format: structural markup as special
+    /// tokens, every message's text tokenized on its own as plain text, so content can never
+    /// forge a turn.
+    pub fn prepare(&self, tok: &Tokenizer, info: &ModelInfo) -> Result<Prepared, ApiError> {
+        check_model(self.model.as_deref(), info)?;
+        if let Some(f) = self.response_format.as_ref().filter(|f| f.kind != "text") {
+            return Err(ApiError::bad(
+                "response_format",
+                format!("response_format `{}` is not supported yet (only `text`)", f.kind),
+            ));
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::bad("messages", "messages is empty"));
+        }
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.iter().enumerate() {
+            let role = match m.role.as_str() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                other => {
+                    return Err(ApiError::bad(
+                        &format!("messages[{i}].role"),
+                        format!("role `{other}` is not supported (system, developer, user, assistant)"),
+                    ));
+                }
+            };
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            (kind, _) => {
+                                return Err(ApiError::bad(
+                                    &format!("messages[{i}].content[{j}]"),
+                                    format!("content part `{kind}` is not supported: this model reads text"),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            let mut msg = Message::new(role, content);
+            msg.thinking = m.reasoning_content.clone();
+            messages.push(msg);
+        }
+        let think = match (info.family, self.reasoning_effort.as_deref()) {
+            (Family::KimiK3, None | Some("low" | "high" | "max")) => true,
+            (Family::KimiK3, Some("none")) => false,
+            (Family::KimiK3, Some(other)) => {
+                return Err(ApiError::bad(
+                    "reasoning_effort",
+                    format!("reasoning_effort `{other}`: K3 takes low, high, max, or none (thinking off)"),
+                ));
+            }
+            _ => false,
+        };
+        let format = ChatFormat::new(tok, info.family);
+        let internal = |e: k3_engine::tokenizer::TokenizerError| {
+            ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        };
+        let prompt = format.prompt(&messages, think).map_err(internal)?;
+        let end = format.end_of_turn().map_err(internal)?;
+        let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
+        let mut params = self.sampling.params(info, prompt.len(), stop_ids)?;
+        params.starts_in_think = think;
+        Ok(Prepared {
+            prompt,
+            params,
+            stream: self.stream,
+            include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        })
+    }
+}
+
+impl CompletionRequest {
+    /// The prompt as plain text (no special tokens from text) or as token ids.
+    pub fn prepare(&self, tok: &Tokenizer, info: &ModelInfo) -> Result<Prepared, ApiError> {
+        check_model(self.model.as_deref(), info)?;
+        let prompt = match &self.prompt {
+            Prompt::Text(t) => tok.encode(t),
+            Prompt::Texts(v) if v.len() == 1 => tok.encode(&v[0]),
+            Prompt::Texts(v) => {
+                return Err(ApiError::bad("prompt", format!("{} prompts: this server takes one per request", v.len())));
+            }
+            Prompt::Ids(ids) => {
+                if let Some(bad) = ids.iter().find(|&&t| t as usize >= info.vocab) {
+                    return Err(ApiError::bad(
+                        "prompt",
+                        format!("token id {bad} is outside the vocabulary of {}", info.vocab),
+                    ));
+                }
+                ids.clone()
+            }
+        };
+        if prompt.is_empty() {
+            return Err(ApiError::bad("prompt", "the prompt is empty"));
+        }
+        let params = self.sampling.params(info, prompt.len(), info.eos.clone())?;
+        Ok(Prepared {
+            prompt,
+            params,
+            stream: self.stream,
+            include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        })
+    }
+}

@@ -1,0 +1,143 @@
+//! An OpenAI-compatible HTTP server over the k3 engine (`k3-cli serve`).
+//!
+//! Shape (as in mistral.rs: an HTTP front talking to the engine over a request channel): axum
+//! handlers on tokio check and tokenize each request ([`api`]) and send it to one scheduler
+//! thread that owns the engine ([`scheduler`]); that thread steps every running sequence in one
+//! batched forward pass and streams each one's text back over its own channel ([`routes`] turns
+//! those events into JSON or SSE). `/health` answers 503 until the model is loaded.
+
+pub mod api;
+pub mod error;
+pub mod metrics;
+pub mod routes;
+pub mod scheduler;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, mpsc};
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use k3_engine::tokenizer::Tokenizer;
+use k3_engine::{EngineOptions, OpenOptions, OwnedEngine};
+
+use crate::metrics::Metrics;
+use crate::routes::AppState;
+use crate::scheduler::{Handle, Job, ModelInfo, Status};
+
+/// How to serve.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub model: PathBuf,
+    /// The id clients name the model by (default: the model directory's name).
+    pub model_id: Option<String>,
+    pub open: OpenOptions,
+    pub engine: EngineOptions,
+    /// Sequences stepped together at most.
+    pub max_batch: usize,
+    /// Requests waiting beyond the batch at most; more get a 429.
+    pub queue: usize,
+    /// When set, every route but `/health` needs `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Largest request body accepted (413 beyond).
+    pub body_limit: usize,
+}
+
+impl ServerOptions {
+    pub fn new(model: PathBuf) -> Self {
+        ServerOptions {
+            model,
+            model_id: None,
+            open: OpenOptions::default(),
+            engine: EngineOptions::default(),
+            max_batch: 8,
+            queue: 64,
+            api_key: None,
+            body_limit: 4 << 20,
+        }
+    }
+}
+
+/// Starts loading the model on the scheduler thread and returns the routes at once (they answer
+/// 503 until it is loaded, or with the reason it failed).
+pub fn app(opts: ServerOptions) -> (Router, AppState) {
+    let (jobs, rx) = mpsc::sync_channel(opts.queue.max(1));
+    let body_limit = opts.body_limit;
+    let status = Arc::new(Status::default());
+    let state = AppState {
+        handle: Handle::new(jobs, status.clone()),
+        info: Arc::new(OnceLock::new()),
+        tok: Arc::new(OnceLock::new()),
+        metrics: Arc::new(Metrics::default()),
+        api_key: opts.api_key.clone(),
+        created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+    };
+    let loader = state.clone();
+    let spawned =
+        std::thread::Builder::new().name("k3-scheduler".into()).spawn(move || load_and_run(&opts, &loader, &rx));
+    if let Err(e) = spawned {
+        fail(&status, format!("could not start the scheduler thread: {e}"));
+    }
+    let router = Router::new()
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .route("/v1/models", get(routes::models))
+        .route("/v1/models/{id}", get(routes::model))
+        .route("/v1/chat/completions", post(routes::chat))
+        .route("/v1/completions", post(routes::completions))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state.clone());
+    (router, state)
+}
+
+fn fail(status: &Status, why: String) {
+    if let Ok(mut f) = status.failed.lock() {
+        *f = Some(why);
+    }
+}
+
+fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Job>) {
+    let status = &state.handle.status;
+    let owned = match OwnedEngine::open(&opts.model, &opts.open, opts.engine.clone()) {
+        Ok(e) => e,
+        Err(e) => return fail(status, format!("the model at {} did not load: {e}", opts.model.display())),
+    };
+    let load_tok = || match Tokenizer::from_model(owned.model()) {
+        Some(Ok(t)) => Ok(t),
+        Some(Err(e)) => Err(format!("the model's tokenizer did not load: {e}")),
+        None => Err(format!("{} embeds no tokenizer: a chat server needs one", opts.model.display())),
+    };
+    let (tok, shared_tok) = match (load_tok(), load_tok()) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return fail(status, e),
+    };
+    let engine = owned.engine();
+    let id = opts
+        .model_id
+        .clone()
+        .unwrap_or_else(|| opts.model.file_stem().map_or_else(|| "k3".into(), |n| n.to_string_lossy().into_owned()));
+    let info = ModelInfo {
+        id,
+        family: engine.config().family,
+        context: engine.plan().context,
+        vocab: engine.vocab(),
+        layers: engine.layers(),
+        hidden: engine.hidden(),
+        eos: engine.config().eos.clone(),
+    };
+    let _ = state.tok.set(shared_tok);
+    let _ = state.info.set(info);
+    status.ready.store(true, Ordering::SeqCst);
+    scheduler::run(engine, &tok, jobs, opts.max_batch.max(1), status, &state.metrics);
+}
+
+/// Serves `router` on `listener` until Ctrl-C.
+pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+}

@@ -1,0 +1,291 @@
+//! The HTTP side: handlers that check a request, hand it to the scheduler and turn its events
+//! into OpenAI responses (one JSON body, or SSE chunks ending with `[DONE]`).
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::{IntoResponse, Response};
+use k3_engine::tokenizer::Tokenizer;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::sync::mpsc as tmpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::api::{ChatRequest, CompletionRequest, Prepared, finish_reason};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::{Event, Handle, Job, ModelInfo, Refused};
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub handle: Handle,
+    /// Set by the loader once the model is ready.
+    pub info: Arc<OnceLock<ModelInfo>>,
+    pub tok: Arc<OnceLock<Tokenizer>>,
+    pub metrics: Arc<Metrics>,
+    pub api_key: Option<String>,
+    /// Unix seconds at start (the models' `created`).
+    pub created: u64,
+}
+
+impl AppState {
+    fn ready(&self) -> Result<(&ModelInfo, &Tokenizer), ApiError> {
+        match (self.info.get(), self.tok.get()) {
+            (Some(i), Some(t)) => Ok((i, t)),
+            _ => Err(self.unavailable()),
+        }
+    }
+
+    fn unavailable(&self) -> ApiError {
+        let failed = self.handle.status.failed.lock().ok().and_then(|f| f.clone());
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, failed.unwrap_or_else(|| "Loading model".into()))
+    }
+}
+
+/// `GET /health`: 503 while the model loads (or if it failed to), then 200.
+pub async fn health(State(s): State<AppState>) -> Response {
+    match s.ready() {
+        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn model_object(s: &AppState, i: &ModelInfo) -> Value {
+    json!({
+        "id": i.id, "object": "model", "created": s.created, "owned_by": "k3",
+        "family": i.family.name(), "context_length": i.context, "vocab_size": i.vocab,
+        "layers": i.layers, "hidden_size": i.hidden,
+    })
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let (i, _) = s.ready()?;
+    Ok(Json(json!({"object": "list", "data": [model_object(&s, i)]})))
+}
+
+/// `GET /v1/models/{id}`.
+pub async fn model(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let (i, _) = s.ready()?;
+    if id != i.id {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, format!("the model `{id}` does not exist here")));
+    }
+    Ok(Json(model_object(&s, i)))
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(s): State<AppState>) -> Response {
+    let cache = s.handle.status.cache.lock().ok().and_then(|c| *c);
+    let body = s.metrics.render(&s.handle.status, cache);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// Checks `Authorization: Bearer KEY` when the server has a key (every route but `/health`).
+pub async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key
+        && req.uri().path() != "/health"
+    {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !same(given.as_bytes(), key.as_bytes()) {
+            return ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing API key (Authorization: Bearer KEY)")
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Byte-string equality in time independent of where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// A JSON body, with OpenAI-shaped errors: 413 past the size limit, 400 naming what is wrong.
+fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| {
+        let status = e.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(status, "the request body is larger than this server accepts")
+        } else {
+            ApiError::new(status, e.body_text())
+        }
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad("body", format!("the request body is not a valid request: {e}")))
+}
+
+/// Which endpoint's shapes a response takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse(body)?;
+    let (info, tok) = s.ready()?;
+    let p = req.prepare(tok, info)?;
+    run(&s, p, Kind::Chat).await
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse(body)?;
+    let (info, tok) = s.ready()?;
+    let p = req.prepare(tok, info)?;
+    run(&s, p, Kind::Completion).await
+}
+
+/// Submits a prepared request and answers it, streamed or whole.
+async fn run(s: &AppState, p: Prepared, kind: Kind) -> Result<Response, ApiError> {
+    let (tx, rx) = tmpsc::unbounded_channel();
+    let (stream, include_usage) = (p.stream, p.include_usage);
+    match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx }) {
+        Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
+        Err(Refused::Busy) => {
+            s.metrics.requests_refused.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "the server is busy: its queue is full, retry later",
+            ));
+        }
+        Err(Refused::Gone) => return Err(s.unavailable()),
+    };
+    let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, next_id());
+    let model = s.info.get().map(|i| i.id.clone()).unwrap_or_default();
+    let shape = Shape { id, model, created: unix_now(), kind };
+    if stream { Ok(streamed(shape, rx, include_usage)) } else { whole(shape, rx).await }
+}
+
+/// What every chunk and body of one response repeats.
+#[derive(Debug, Clone)]
+struct Shape {
+    id: String,
+    model: String,
+    created: u64,
+    kind: Kind,
+}
+
+impl Shape {
+    fn object(&self, streaming: bool) -> &'static str {
+        match (self.kind, streaming) {
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, streaming: bool, choices: Value) -> Value {
+        json!({"id": self.id, "object": self.object(streaming), "created": self.created, "model": self.model, "choices": choices})
+    }
+
+    /// One streamed piece of text, or the last chunk (`finish` set).
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let delta = match text {
+                    Some(t) => json!({"content": t}),
+                    None if finish.is_none() => json!({"role": "assistant", "content": ""}),
+                    None => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "finish_reason": finish})
+            }
+            Kind::Completion => {
+                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+            }
+        };
+        self.envelope(true, json!([choice]))
+    }
+}
+
+fn usage(prompt: usize, completion: u64) -> Value {
+    json!({
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt as u64 + completion,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    })
+}
+
+/// Collects every event into one response body.
+async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(e) = rx.recv().await {
+        match e {
+            Event::Delta { text: t, .. } => text.push_str(&t),
+            Event::Failed(msg) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg)),
+            Event::Done { finish, prompt_tokens, completion_tokens } => {
+                let reason = finish_reason(finish);
+                let choice = match shape.kind {
+                    Kind::Chat => {
+                        json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason})
+                    }
+                    Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
+                };
+                let mut body = shape.envelope(false, json!([choice]));
+                body["usage"] = usage(prompt_tokens, completion_tokens);
+                return Ok(Json(body).into_response());
+            }
+        }
+    }
+    Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the scheduler stopped before the request ended"))
+}
+
+/// Streams the events as SSE chunks; dropping the stream (the client left) drops the events'
+/// receiver, which cancels the sequence at the scheduler's next step.
+fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, include_usage: bool) -> Response {
+    let (out, chunks) = tmpsc::unbounded_channel::<Sse>();
+    tokio::spawn(async move {
+        let send = |v: Value| out.send(Sse::default().data(v.to_string())).is_ok();
+        if shape.kind == Kind::Chat && !send(shape.chunk(None, None)) {
+            return;
+        }
+        while let Some(e) = rx.recv().await {
+            let alive = match e {
+                Event::Delta { text, .. } if text.is_empty() => true,
+                Event::Delta { text, .. } => send(shape.chunk(Some(&text), None)),
+                Event::Failed(msg) => {
+                    send(json!({"error": {"message": msg, "type": "server_error", "param": null, "code": 500}}));
+                    break;
+                }
+                Event::Done { finish, prompt_tokens, completion_tokens } => {
+                    send(shape.chunk(None, Some(finish_reason(finish))));
+                    if include_usage {
+                        let mut u = shape.envelope(true, json!([]));
+                        u["usage"] = usage(prompt_tokens, completion_tokens);
+                        send(u);
+                    }
+                    break;
+                }
+            };
+            if !alive {
+                return;
+            }
+        }
+        let _ = out.send(Sse::default().data("[DONE]"));
+    });
+    let stream = UnboundedReceiverStream::new(chunks).map(Ok::<_, Infallible>);
+    axum::response::Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,260 @@
+//! The one thread that owns the engine: requests join the running batch at the next step and
+//! leave when they end (continuous batching). Each step feeds every active sequence — a chunk of
+//! its prompt while it prefills, else the token sampled after its last step — through one
+//! [`Engine::forward_batch`], so trunk weights and shared experts are read once for all of them;
+//! each sequence's logits are the bits it would get alone, so what a client receives does not
+//! depend on who else is being served.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+use k3_engine::generate::{Decoder, Emit, Finish, GenerateParams};
+use k3_engine::tokenizer::Tokenizer;
+use k3_engine::{Engine, Logits, Seq, Session};
+use tokio::sync::mpsc as tmpsc;
+
+use crate::metrics::Metrics;
+
+/// Prompt tokens a prefilling sequence feeds per step: long prompts advance a chunk at a time, so
+/// the sequences already decoding keep getting tokens.
+pub const PREFILL_CHUNK: usize = 64;
+
+/// One request for the scheduler.
+#[derive(Debug)]
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub params: GenerateParams,
+    pub events: tmpsc::UnboundedSender<Event>,
+}
+
+/// What a request hears back, in order: text deltas, then one `Done` or `Failed`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Delta { text: String, token: u32 },
+    Done { finish: Finish, prompt_tokens: usize, completion_tokens: u64 },
+    Failed(String),
+}
+
+/// The model's shape, for `/v1/models`, and what requests are checked against.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub id: String,
+    pub family: k3_engine::config::Family,
+    pub context: u64,
+    pub vocab: usize,
+    pub layers: usize,
+    pub hidden: usize,
+    pub eos: Vec<u32>,
+}
+
+/// The scheduler's state as the HTTP side sees it.
+#[derive(Debug, Default)]
+pub struct Status {
+    /// Set once the model is loaded.
+    pub ready: AtomicBool,
+    /// Why loading failed, if it did.
+    pub failed: Mutex<Option<String>>,
+    /// Jobs sent but not yet running.
+    pub queued: AtomicUsize,
+    /// Sequences in the running batch.
+    pub active: AtomicUsize,
+    /// The engine's expert-cache counters after the latest step.
+    pub cache: Mutex<Option<k3_engine::CacheStats>>,
+}
+
+/// A sequence in the running batch.
+struct Active<'t> {
+    session: Session,
+    decoder: Decoder<'t>,
+    prompt: Vec<u32>,
+    /// Prompt tokens fed so far.
+    fed: usize,
+    /// The token to feed next (after the prompt).
+    next: Option<u32>,
+    events: tmpsc::UnboundedSender<Event>,
+}
+
+impl Active<'_> {
+    /// What this sequence feeds in the coming step.
+    fn input(&self) -> &[u32] {
+        if self.fed < self.prompt.len() {
+            &self.prompt[self.fed..(self.fed + PREFILL_CHUNK).min(self.prompt.len())]
+        } else {
+            std::slice::from_ref(self.next.as_ref().expect("a decoding sequence has its next token"))
+        }
+    }
+
+    fn send(&self, e: Event) {
+        // A client that left is noticed at the next step (`is_closed`).
+        let _ = self.events.send(e);
+    }
+
+    fn done(&mut self, finish: Finish) {
+        let text = self.decoder.flush();
+        if !text.is_empty() {
+            self.send(Event::Delta { text, token: u32::MAX });
+        }
+        let (prompt_tokens, completion_tokens) = (self.prompt.len(), self.decoder.produced());
+        self.send(Event::Done { finish, prompt_tokens, completion_tokens });
+    }
+}
+
+/// Runs until every sender of `jobs` is gone: admits jobs up to `max_batch`, steps the batch,
+/// streams what each sequence says.
+pub fn run(
+    engine: &Engine<'_>,
+    tok: &Tokenizer,
+    jobs: &mpsc::Receiver<Job>,
+    max_batch: usize,
+    status: &Status,
+    metrics: &Metrics,
+) {
+    let mut active: Vec<Active<'_>> = Vec::new();
+    loop {
+        // Wait for work when idle; otherwise take what has arrived, up to the batch size.
+        if active.is_empty() {
+            match jobs.recv() {
+                Ok(j) => admit(engine, tok, j, &mut active, status),
+                Err(_) => return,
+            }
+        }
+        while active.len() < max_batch {
+            match jobs.try_recv() {
+                Ok(j) => admit(engine, tok, j, &mut active, status),
+                Err(_) => break,
+            }
+        }
+        // A client that disconnected stops costing tokens here.
+        let before = active.len();
+        active.retain(|a| !a.events.is_closed());
+        metrics.cancelled.fetch_add((before - active.len()) as u64, Ordering::Relaxed);
+        status.active.store(active.len(), Ordering::Relaxed);
+        if active.is_empty() {
+            continue;
+        }
+        step(engine, &mut active, status, metrics);
+        status.active.store(active.len(), Ordering::Relaxed);
+    }
+}
+
+fn admit<'t>(engine: &Engine<'_>, tok: &'t Tokenizer, job: Job, active: &mut Vec<Active<'t>>, status: &Status) {
+    status.queued.fetch_sub(1, Ordering::Relaxed);
+    match Decoder::new(Some(tok), job.params) {
+        Ok(decoder) => active.push(Active {
+            session: engine.session(),
+            decoder,
+            prompt: job.prompt,
+            fed: 0,
+            next: None,
+            events: job.events,
+        }),
+        Err(e) => {
+            let _ = job.events.send(Event::Failed(e.to_string()));
+        }
+    }
+}
+
+/// One forward step over the batch, then each decoding sequence's next token.
+fn step(engine: &Engine<'_>, active: &mut Vec<Active<'_>>, status: &Status, metrics: &Metrics) {
+    let inputs: Vec<Vec<u32>> = active.iter().map(|a| a.input().to_vec()).collect();
+    let result = {
+        let mut seqs: Vec<Seq<'_>> = active
+            .iter_mut()
+            .zip(&inputs)
+            .map(|(a, ids)| Seq { session: &mut a.session, ids, logits: Logits::Last, tentative: false })
+            .collect();
+        engine.forward_batch(&mut seqs)
+    };
+    metrics.record_step(active.len(), inputs.iter().map(Vec::len).sum());
+    if let (Some(a), Ok(mut c)) = (active.first(), status.cache.lock()) {
+        *c = Some(a.session.stats.cache);
+    }
+    let logits = match result {
+        Ok(l) => l,
+        Err(e) => {
+            // The step's sessions are now in an unknown state: every sequence in it fails.
+            let msg = format!("the model failed: {e}");
+            for a in active.drain(..) {
+                a.send(Event::Failed(msg.clone()));
+            }
+            metrics.failed_steps.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    let context = engine.plan().context;
+    let mut ended = vec![false; active.len()];
+    for ((a, row), (ids, end)) in active.iter_mut().zip(logits).zip(inputs.iter().zip(ended.iter_mut())) {
+        if a.fed < a.prompt.len() {
+            a.fed += ids.len();
+            metrics.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            if a.fed < a.prompt.len() {
+                continue;
+            }
+        }
+        if let Some(why) = a.decoder.limit() {
+            a.decoder.stop(why);
+            a.done(why);
+            *end = true;
+            continue;
+        }
+        let id = a.decoder.sample(&row);
+        metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
+        match a.decoder.emit(id, a.session.tokens(), context) {
+            Ok(Emit::Continue(text)) => {
+                a.send(Event::Delta { text, token: id });
+                a.next = Some(id);
+            }
+            Ok(Emit::End(text, _)) => {
+                if !text.is_empty() {
+                    a.send(Event::Delta { text, token: id });
+                }
+                let why = a.decoder.finish().unwrap_or(Finish::Stop);
+                a.done(why);
+                *end = true;
+            }
+            Err(e) => {
+                a.send(Event::Failed(e.to_string()));
+                *end = true;
+            }
+        }
+    }
+    let mut i = 0;
+    active.retain(|_| {
+        i += 1;
+        !ended[i - 1]
+    });
+}
+
+/// The scheduler's side of the channel, shared by the HTTP handlers.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    jobs: mpsc::SyncSender<Job>,
+    pub status: Arc<Status>,
+}
+
+/// Why a job was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The queue is full (429).
+    Busy,
+    /// The scheduler is gone (the model failed to load, or the server is stopping).
+    Gone,
+}
+
+impl Handle {
+    pub fn new(jobs: mpsc::SyncSender<Job>, status: Arc<Status>) -> Self {
+        Handle { jobs, status }
+    }
+
+    /// Queues a job, or says why not.
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        self.status.queued.fetch_add(1, Ordering::Relaxed);
+        self.jobs.try_send(job).map_err(|e| {
+            self.status.queued.fetch_sub(1, Ordering::Relaxed);
+            match e {
+                mpsc::TrySendError::Full(_) => Refused::Busy,
+                mpsc::TrySendError::Disconnected(_) => Refused::Gone,
+            }
+        })
+    }
+}
