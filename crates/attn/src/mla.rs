@@ -123,6 +123,11 @@ impl MlaCache {
         self.len = 0;
     }
 
+    /// Bytes of the positions held.
+    pub fn bytes(&self) -> usize {
+        self.len * self.bytes_per_position()
+    }
+
     /// Bytes held per cached position.
     pub fn bytes_per_position(&self) -> usize {
         (self.dims[0] + self.dims[1]) as usize * 4

@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// The largest request body accepted (413 beyond), e.g. 4M.
     #[arg(long, value_name = "SIZE", default_value = "4M")]
     max_body: String,
+    /// Memory for the prefix cache: states after prompts and answers, so a conversation's next
+    /// turn prefills only what is new (0 = off), e.g. 2G.
+    #[arg(long, value_name = "BYTES", default_value = "1G")]
+    prefix_cache: String,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -41,6 +45,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     let model_id = a.model.is_none().then(|| "default".to_string());
     let model = crate::default_model::or_default(a.model.clone())?;
     let body_limit = usize::try_from(parse_size(&a.max_body).map_err(anyhow::Error::msg)?)?;
+    let prefix_cache = usize::try_from(parse_size(&a.prefix_cache).map_err(anyhow::Error::msg)?)?;
     let needs = Needs { context: 4096, min_context: 0, chunk: k3_server::scheduler::PREFILL_CHUNK, reserved_bytes: 0 };
     let opts = ServerOptions {
         model,
@@ -51,6 +56,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
         queue: usize::from(a.queue),
         api_key: a.api_key.clone(),
         body_limit,
+        prefix_cache,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -9,6 +9,7 @@
 pub mod api;
 pub mod error;
 pub mod metrics;
+pub mod prefix;
 pub mod routes;
 pub mod scheduler;
 
@@ -42,6 +43,8 @@ pub struct ServerOptions {
     pub api_key: Option<String>,
     /// Largest request body accepted (413 beyond).
     pub body_limit: usize,
+    /// Bytes of kept states the prefix cache may hold (0: off).
+    pub prefix_cache: usize,
 }
 
 impl ServerOptions {
@@ -55,6 +58,7 @@ impl ServerOptions {
             queue: 64,
             api_key: None,
             body_limit: 4 << 20,
+            prefix_cache: 1 << 30,
         }
     }
 }
@@ -130,7 +134,8 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
     let _ = state.tok.set(shared_tok);
     let _ = state.info.set(info);
     status.ready.store(true, Ordering::SeqCst);
-    scheduler::run(engine, &tok, jobs, opts.max_batch.max(1), status, &state.metrics);
+    let mut cache = prefix::PrefixCache::new(opts.prefix_cache);
+    scheduler::run(engine, &tok, jobs, opts.max_batch.max(1), &mut cache, status, &state.metrics);
 }
 
 /// Serves `router` on `listener` until Ctrl-C.

@@ -21,6 +21,10 @@ pub struct Metrics {
     pub last_batch: AtomicU64,
     pub cancelled: AtomicU64,
     pub failed_steps: AtomicU64,
+    pub prefix_lookups: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    pub prefix_tokens_saved: AtomicU64,
+    pub prefix_bytes: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -37,6 +41,10 @@ impl Default for Metrics {
             last_batch: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             failed_steps: AtomicU64::new(0),
+            prefix_lookups: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            prefix_tokens_saved: AtomicU64::new(0),
+            prefix_bytes: AtomicU64::new(0),
         }
     }
 }
@@ -47,6 +55,13 @@ impl Metrics {
         self.step_sequences.fetch_add(sequences as u64, Ordering::Relaxed);
         self.step_rows.fetch_add(rows as u64, Ordering::Relaxed);
         self.last_batch.store(sequences as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_prefix(&self, c: &crate::prefix::PrefixCache) {
+        self.prefix_lookups.store(c.lookups, Ordering::Relaxed);
+        self.prefix_hits.store(c.hits, Ordering::Relaxed);
+        self.prefix_tokens_saved.store(c.tokens_saved, Ordering::Relaxed);
+        self.prefix_bytes.store(c.used() as u64, Ordering::Relaxed);
     }
 
     /// The Prometheus exposition, with the scheduler's live state and the engine's cache counters.
@@ -99,6 +114,25 @@ impl Metrics {
             "Steps that failed (every sequence in them failed).",
             get(&self.failed_steps) as f64,
         );
+        metric(
+            "prefix_cache_lookups_total",
+            "counter",
+            "Requests looked up in the prefix cache.",
+            get(&self.prefix_lookups) as f64,
+        );
+        metric(
+            "prefix_cache_hits_total",
+            "counter",
+            "Requests that resumed a kept state.",
+            get(&self.prefix_hits) as f64,
+        );
+        metric(
+            "prefix_cache_tokens_saved_total",
+            "counter",
+            "Prompt tokens not prefilled thanks to the prefix cache.",
+            get(&self.prefix_tokens_saved) as f64,
+        );
+        metric("prefix_cache_bytes", "gauge", "Bytes of state the prefix cache keeps.", get(&self.prefix_bytes) as f64);
         if let Some(c) = cache {
             let lookups = (c.hits + c.misses).max(1);
             metric(

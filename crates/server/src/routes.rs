@@ -213,10 +213,10 @@ impl Shape {
     }
 }
 
-fn usage(prompt: usize, completion: u64) -> Value {
+fn usage(prompt: usize, cached: usize, completion: u64) -> Value {
     json!({
         "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt as u64 + completion,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
@@ -227,7 +227,7 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>) -> Result<
         match e {
             Event::Delta { text: t, .. } => text.push_str(&t),
             Event::Failed(msg) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg)),
-            Event::Done { finish, prompt_tokens, completion_tokens } => {
+            Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
                 let reason = finish_reason(finish);
                 let choice = match shape.kind {
                     Kind::Chat => {
@@ -236,7 +236,7 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>) -> Result<
                     Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
                 };
                 let mut body = shape.envelope(false, json!([choice]));
-                body["usage"] = usage(prompt_tokens, completion_tokens);
+                body["usage"] = usage(prompt_tokens, cached_tokens, completion_tokens);
                 return Ok(Json(body).into_response());
             }
         }
@@ -261,11 +261,11 @@ fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, include_usage
                     send(json!({"error": {"message": msg, "type": "server_error", "param": null, "code": 500}}));
                     break;
                 }
-                Event::Done { finish, prompt_tokens, completion_tokens } => {
+                Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
                     send(shape.chunk(None, Some(finish_reason(finish))));
                     if include_usage {
                         let mut u = shape.envelope(true, json!([]));
-                        u["usage"] = usage(prompt_tokens, completion_tokens);
+                        u["usage"] = usage(prompt_tokens, cached_tokens, completion_tokens);
                         send(u);
                     }
                     break;

@@ -14,6 +14,7 @@ use k3_engine::{Engine, Logits, Seq, Session};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::metrics::Metrics;
+use crate::prefix::PrefixCache;
 
 /// Prompt tokens a prefilling sequence feeds per step: long prompts advance a chunk at a time, so
 /// the sequences already decoding keep getting tokens.
@@ -31,7 +32,7 @@ pub struct Job {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     Delta { text: String, token: u32 },
-    Done { finish: Finish, prompt_tokens: usize, completion_tokens: u64 },
+    Done { finish: Finish, prompt_tokens: usize, cached_tokens: usize, completion_tokens: u64 },
     Failed(String),
 }
 
@@ -67,8 +68,9 @@ struct Active<'t> {
     session: Session,
     decoder: Decoder<'t>,
     prompt: Vec<u32>,
-    /// Prompt tokens fed so far.
+    /// Prompt tokens fed so far (from the start: those a kept state already held).
     fed: usize,
+    cached: usize,
     /// The token to feed next (after the prompt).
     next: Option<u32>,
     events: tmpsc::UnboundedSender<Event>,
@@ -95,7 +97,7 @@ impl Active<'_> {
             self.send(Event::Delta { text, token: u32::MAX });
         }
         let (prompt_tokens, completion_tokens) = (self.prompt.len(), self.decoder.produced());
-        self.send(Event::Done { finish, prompt_tokens, completion_tokens });
+        self.send(Event::Done { finish, prompt_tokens, cached_tokens: self.cached, completion_tokens });
     }
 }
 
@@ -106,6 +108,7 @@ pub fn run(
     tok: &Tokenizer,
     jobs: &mpsc::Receiver<Job>,
     max_batch: usize,
+    cache: &mut PrefixCache,
     status: &Status,
     metrics: &Metrics,
 ) {
@@ -114,13 +117,13 @@ pub fn run(
         // Wait for work when idle; otherwise take what has arrived, up to the batch size.
         if active.is_empty() {
             match jobs.recv() {
-                Ok(j) => admit(engine, tok, j, &mut active, status),
+                Ok(j) => admit(engine, tok, j, &mut active, cache, status),
                 Err(_) => return,
             }
         }
         while active.len() < max_batch {
             match jobs.try_recv() {
-                Ok(j) => admit(engine, tok, j, &mut active, status),
+                Ok(j) => admit(engine, tok, j, &mut active, cache, status),
                 Err(_) => break,
             }
         }
@@ -132,22 +135,35 @@ pub fn run(
         if active.is_empty() {
             continue;
         }
-        step(engine, &mut active, status, metrics);
+        step(engine, &mut active, cache, status, metrics);
         status.active.store(active.len(), Ordering::Relaxed);
+        metrics.record_prefix(cache);
     }
 }
 
-fn admit<'t>(engine: &Engine<'_>, tok: &'t Tokenizer, job: Job, active: &mut Vec<Active<'t>>, status: &Status) {
+fn admit<'t>(
+    engine: &Engine<'_>,
+    tok: &'t Tokenizer,
+    job: Job,
+    active: &mut Vec<Active<'t>>,
+    cache: &mut PrefixCache,
+    status: &Status,
+) {
     status.queued.fetch_sub(1, Ordering::Relaxed);
     match Decoder::new(Some(tok), job.params) {
-        Ok(decoder) => active.push(Active {
-            session: engine.session(),
-            decoder,
-            prompt: job.prompt,
-            fed: 0,
-            next: None,
-            events: job.events,
-        }),
+        Ok(decoder) => {
+            let session = cache.lookup(engine, &job.prompt).unwrap_or_else(|| engine.session());
+            let cached = session.tokens();
+            active.push(Active {
+                session,
+                decoder,
+                prompt: job.prompt,
+                fed: cached,
+                cached,
+                next: None,
+                events: job.events,
+            })
+        }
         Err(e) => {
             let _ = job.events.send(Event::Failed(e.to_string()));
         }
@@ -155,7 +171,13 @@ fn admit<'t>(engine: &Engine<'_>, tok: &'t Tokenizer, job: Job, active: &mut Vec
 }
 
 /// One forward step over the batch, then each decoding sequence's next token.
-fn step(engine: &Engine<'_>, active: &mut Vec<Active<'_>>, status: &Status, metrics: &Metrics) {
+fn step(
+    engine: &Engine<'_>,
+    active: &mut Vec<Active<'_>>,
+    cache: &mut PrefixCache,
+    status: &Status,
+    metrics: &Metrics,
+) {
     let inputs: Vec<Vec<u32>> = active.iter().map(|a| a.input().to_vec()).collect();
     let result = {
         let mut seqs: Vec<Seq<'_>> = active
@@ -190,9 +212,12 @@ fn step(engine: &Engine<'_>, active: &mut Vec<Active<'_>>, status: &Status, metr
             if a.fed < a.prompt.len() {
                 continue;
             }
+            // The state after the prompt: where the same conversation's next request resumes.
+            cache.insert(engine, &a.session);
         }
         if let Some(why) = a.decoder.limit() {
             a.decoder.stop(why);
+            cache.insert(engine, &a.session);
             a.done(why);
             *end = true;
             continue;
@@ -209,6 +234,9 @@ fn step(engine: &Engine<'_>, active: &mut Vec<Active<'_>>, status: &Status, metr
                     a.send(Event::Delta { text, token: id });
                 }
                 let why = a.decoder.finish().unwrap_or(Finish::Stop);
+                // The state after the answer (its end marker unfed): where a follow-up that
+                // quotes the answer back token for token resumes.
+                cache.insert(engine, &a.session);
                 a.done(why);
                 *end = true;
             }

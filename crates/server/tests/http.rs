@@ -322,3 +322,32 @@ async fn markup_in_content_stays_text() {
     let text = String::from_utf8(tok.decode_bytes(&p.prompt).unwrap()).unwrap();
     assert!(text.contains(user), "the content is in the prompt as text: {text}");
 }
+
+/// A conversation's second turn resumes the state kept after the first (prompt and answer):
+/// `cached_tokens` says how much was not prefilled, and the answer is the one a server without
+/// the cache gives (a resumed state gives the bits a fresh prefill gives).
+#[tokio::test]
+async fn a_follow_up_turn_resumes_the_kept_state() {
+    let cached = server(ServerOptions::new(default_model())).await;
+    let fresh = server(ServerOptions { prefix_cache: 0, ..ServerOptions::new(default_model()) }).await;
+    let first = chat_body("And God said", 16);
+    let (_, v) = json_call(&cached, post("/v1/chat/completions", &first)).await;
+    let answer = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let prompt1 = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let second = json!({"messages": [
+        {"role": "user", "content": "And God said"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "What did God say next?"},
+    ], "max_tokens": 24, "temperature": 0});
+    let (s, with) = json_call(&cached, post("/v1/chat/completions", &second)).await;
+    assert_eq!(s, StatusCode::OK, "{with}");
+    let (_, without) = json_call(&fresh, post("/v1/chat/completions", &second)).await;
+    let hit = with["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(hit >= prompt1, "at least the first turn's prompt was resumed: {hit} of {}", with["usage"]);
+    assert!(hit < with["usage"]["prompt_tokens"].as_u64().unwrap());
+    assert_eq!(without["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(with["choices"][0]["message"]["content"], without["choices"][0]["message"]["content"]);
+    let (_, m) = call(&cached, get("/metrics")).await;
+    assert!(m.contains("k3_prefix_cache_hits_total 1"), "{m}");
+}

@@ -120,6 +120,11 @@ pub struct KdaState {
 }
 
 impl KdaState {
+    /// Bytes of the state (short-conv windows and the per-head matrices).
+    pub fn bytes(&self) -> usize {
+        4 * (self.s.len() + self.conv.iter().map(Vec::len).sum::<usize>())
+    }
+
     /// Back to the start of a sequence.
     pub fn reset(&mut self) {
         self.conv.iter_mut().for_each(|c| c.fill(0.0));

@@ -73,6 +73,17 @@ impl Session {
         &self.ids
     }
 
+    /// Bytes of the recurrent state: KDA states and the MLA caches' positions.
+    pub fn state_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kda(s) => s.bytes(),
+                LayerState::Mla(c) => c.bytes(),
+            })
+            .sum()
+    }
+
     pub(crate) fn new(layers: Vec<LayerState>) -> Session {
         let n = layers.len();
         Session {

@@ -1,0 +1,83 @@
+//! The prefix cache: states after prompts (and after finished answers) kept within a byte budget,
+//! least recently used out first. A request whose prompt extends a kept state's tokens starts
+//! from a fork of it and prefills only the rest — a conversation's next turn costs its new tokens,
+//! not the whole history. A recurrent state can only be resumed where it was kept, so states are
+//! kept at the two places a follow-up meets: the end of a prompt, and the end of an answer.
+
+use k3_engine::{Engine, Session};
+
+#[derive(Debug)]
+struct Entry {
+    session: Session,
+    bytes: usize,
+    last_use: u64,
+}
+
+/// Kept states, keyed by the tokens they hold.
+#[derive(Debug, Default)]
+pub struct PrefixCache {
+    budget: usize,
+    used: usize,
+    clock: u64,
+    entries: Vec<Entry>,
+    pub lookups: u64,
+    pub hits: u64,
+    /// Prompt tokens that were not prefilled thanks to a hit.
+    pub tokens_saved: u64,
+}
+
+impl PrefixCache {
+    /// A cache of at most `budget` bytes of state (0: off).
+    pub fn new(budget: usize) -> Self {
+        PrefixCache { budget, ..PrefixCache::default() }
+    }
+
+    /// A fresh session holding the longest kept state whose tokens begin `prompt` and leave at
+    /// least one of its tokens to run; `None` when nothing kept fits.
+    pub fn lookup(&mut self, engine: &Engine<'_>, prompt: &[u32]) -> Option<Session> {
+        if self.budget == 0 {
+            return None;
+        }
+        self.lookups += 1;
+        self.clock += 1;
+        let best = self
+            .entries
+            .iter_mut()
+            .filter(|e| e.session.tokens() < prompt.len() && prompt.starts_with(e.session.ids()))
+            .max_by_key(|e| e.session.tokens())?;
+        best.last_use = self.clock;
+        let s = engine.fork(&best.session).ok()?;
+        self.hits += 1;
+        self.tokens_saved += s.tokens() as u64;
+        Some(s)
+    }
+
+    /// Keeps `session`'s state (a fork of it), dropping the least recently used to make room;
+    /// a state larger than the whole budget, or one already kept, is not.
+    pub fn insert(&mut self, engine: &Engine<'_>, session: &Session) {
+        let bytes = session.state_bytes() + 4 * session.tokens();
+        if bytes > self.budget || session.tokens() == 0 {
+            return;
+        }
+        self.clock += 1;
+        if let Some(e) = self.entries.iter_mut().find(|e| e.session.ids() == session.ids()) {
+            e.last_use = self.clock;
+            return;
+        }
+        while self.used + bytes > self.budget {
+            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_use).map(|(i, _)| i) else {
+                break;
+            };
+            self.used -= self.entries.swap_remove(oldest).bytes;
+        }
+        if let Ok(s) = engine.fork(session) {
+            self.used += bytes;
+            self.entries.push(Entry { session: s, bytes, last_use: self.clock });
+        }
+    }
+
+    /// Bytes of state kept.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
