@@ -19,6 +19,7 @@ pub struct ServeArgs {
     /// the network (give --api-key then).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// The port to listen on.
     #[arg(long, default_value_t = 8000)]
     port: u16,
     /// Require `Authorization: Bearer KEY` on every route but /health.

@@ -4,6 +4,7 @@ pub mod attn;
 pub mod decode;
 pub mod io;
 pub mod kernels;
+pub mod serve;
 pub mod threads;
 pub mod timeline;
 pub mod verify;
@@ -45,6 +46,25 @@ pub enum Bench {
         /// Use the pread thread pool instead of io_uring.
         #[arg(long)]
         pread: bool,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The HTTP server under concurrent clients, and a follow-up turn's first token with the
+    /// prefix cache and without.
+    Serve {
+        /// The WASTE model to serve (default: fixtures/default.waste).
+        #[arg(long, default_value = "fixtures/default.waste")]
+        model: PathBuf,
+        /// Comma-separated numbers of concurrent clients.
+        #[arg(long, value_name = "N,N,..", default_value = "1,2,4,8")]
+        clients: String,
+        /// Tokens each client asks for.
+        #[arg(long, default_value_t = 64, value_parser = |s: &str| bounded(s, 1, 100_000))]
+        tokens: usize,
+        /// Repetitions, interleaved (medians are reported).
+        #[arg(long, default_value_t = 3, value_parser = reps)]
+        reps: usize,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -103,6 +123,10 @@ pub fn run(what: Bench) -> Result<()> {
             (io::run(&o, json)?, json)
         }
         Bench::Attn { reps, json } => (attn::run(reps, json), json),
+        Bench::Serve { model, clients, tokens, reps, json } => {
+            let clients = crate::thread_list(Some(&clients))?;
+            (serve::run(&serve::Options { model, clients, tokens, reps }, json)?, json)
+        }
         Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
         Bench::Kernels { reps, threads: Some(n), json } => (threads::run(n, reps, json), json),
         Bench::Kernels { reps, threads: None, json } => (kernels::run(reps, json), json),

@@ -1,0 +1,191 @@
+//! `cargo xtask bench serve`: the server over real HTTP on localhost. Aggregate completion
+//! tokens/s with 1..N concurrent clients (each its own prompt, greedy), and the time to the first
+//! token of a follow-up turn in a ~1,000-token conversation with the prefix cache and without.
+//! Repetitions interleaved, medians.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use k3_server::ServerOptions;
+use serde_json::{Value, json};
+
+use super::median;
+
+pub struct Options {
+    pub model: PathBuf,
+    pub clients: Vec<usize>,
+    pub tokens: usize,
+    pub reps: usize,
+}
+
+/// A server on its own runtime, listening on a free port, once `/health` says ok.
+struct Server {
+    addr: SocketAddr,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn start(opts: ServerOptions) -> Result<Server> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let addr = listener.local_addr()?;
+    let (router, _) = k3_server::app(opts);
+    rt.spawn(async move { k3_server::serve(listener, router).await });
+    for _ in 0..3000 {
+        if http(addr, "GET", "/health", None).is_ok_and(|(s, _)| s == 200) {
+            return Ok(Server { addr, _rt: rt });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    bail!("the server did not become ready")
+}
+
+/// One HTTP/1.1 request (`Connection: close`): (status, body).
+fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    let body = body.map(Value::to_string).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let status = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).context("no HTTP status")?;
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// A streamed request: seconds to the first piece of text, and in all.
+fn first_token(addr: SocketAddr, body: &Value) -> Result<(f64, f64)> {
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(addr)?;
+    let body = body.to_string();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut first = None;
+    for line in BufReader::new(s).lines() {
+        let line = line?;
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data)?;
+        if first.is_none() && v["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()) {
+            first = Some(t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok((first.context("no text came back")?, t0.elapsed().as_secs_f64()))
+}
+
+/// `clients` concurrent greedy completions of `tokens`: completion tokens per second in all.
+fn aggregate(addr: SocketAddr, clients: usize, tokens: usize, rep: usize) -> Result<f64> {
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|i| {
+            let body = json!({
+                "prompt": format!("And it came to pass on day {} of month {rep}, that", i + 1),
+                "max_tokens": tokens, "temperature": 0,
+            });
+            std::thread::spawn(move || http(addr, "POST", "/v1/completions", Some(&body)))
+        })
+        .collect();
+    let mut done = 0;
+    for h in handles {
+        let (status, body) = h.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
+        if status != 200 {
+            bail!("HTTP {status}: {body}");
+        }
+        let v: Value = serde_json::from_str(&body)?;
+        done += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    }
+    Ok(done as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// A conversation of about 1,000 tokens ending with a user turn (`rep` makes each one new).
+fn conversation(rep: usize) -> Vec<Value> {
+    let verse = "And God saw the light, that it was good: and God divided the light from the darkness. ";
+    let mut m = vec![json!({"role": "system", "content": format!("Conversation {rep}.")})];
+    for i in 0..8 {
+        m.push(json!({"role": "user", "content": format!("Tell me verse {i} again: {}", verse.repeat(2))}));
+        m.push(json!({"role": "assistant", "content": verse.repeat(3)}));
+    }
+    m.push(json!({"role": "user", "content": "And what came after?"}));
+    m
+}
+
+pub fn run(o: &Options, json_out: bool) -> Result<Value> {
+    let batched = start(ServerOptions::new(o.model.clone()))?;
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); o.clients.len()];
+    for rep in 0..o.reps {
+        for k in 0..o.clients.len() {
+            let i = (k + rep) % o.clients.len();
+            eprintln!("  rep {rep}: {} clients", o.clients[i]);
+            rates[i].push(aggregate(batched.addr, o.clients[i], o.tokens, rep)?);
+        }
+    }
+    // Time to first token of a follow-up turn: the first turn answered, then the next one
+    // streamed, on a server with the prefix cache and one without.
+    let cold = start(ServerOptions { prefix_cache: 0, ..ServerOptions::new(o.model.clone()) })?;
+    let (mut with, mut without, mut prompt_tokens, mut cached) = (Vec::new(), Vec::new(), 0, 0);
+    for rep in 0..o.reps {
+        for (server, out) in [(&batched, &mut with), (&cold, &mut without)] {
+            let mut messages = conversation(rep);
+            let first = json!({"messages": messages, "max_tokens": 8, "temperature": 0});
+            let (status, body) = http(server.addr, "POST", "/v1/chat/completions", Some(&first))?;
+            if status != 200 {
+                bail!("HTTP {status}: {body}");
+            }
+            let v: Value = serde_json::from_str(&body)?;
+            messages.push(json!({"role": "assistant", "content": v["choices"][0]["message"]["content"]}));
+            messages.push(json!({"role": "user", "content": "Say it once more."}));
+            let next = json!({"messages": messages, "max_tokens": 4, "temperature": 0, "stream": true,
+                              "stream_options": {"include_usage": true}});
+            out.push(first_token(server.addr, &next)?.0);
+            prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+        }
+        let (_, m) = http(batched.addr, "GET", "/metrics", None)?;
+        cached = m
+            .lines()
+            .find_map(|l| l.strip_prefix("k3_prefix_cache_tokens_saved_total "))
+            .unwrap_or("0")
+            .to_string()
+            .parse::<f64>()
+            .unwrap_or(0.0) as u64;
+    }
+    let one = median(rates[o.clients.iter().position(|&c| c == 1).unwrap_or(0)].clone());
+    let mut by_clients = serde_json::Map::new();
+    for (c, r) in o.clients.iter().zip(&rates) {
+        let m = median(r.clone());
+        by_clients.insert(c.to_string(), json!({"tok_per_s": m, "vs_one": m / one.max(1e-12)}));
+    }
+    let (w, wo) = (median(with), median(without));
+    let report = json!({
+        "model": o.model.display().to_string(), "tokens_per_client": o.tokens, "reps": o.reps,
+        "clients": by_clients,
+        "follow_up_ttft_s": {"prefix_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
+                             "first_turn_prompt_tokens": prompt_tokens, "tokens_saved_total": cached},
+    });
+    if !json_out {
+        println!("concurrent clients, {} tokens each, greedy ({} reps, medians):", o.tokens, o.reps);
+        for (c, v) in &by_clients {
+            println!(
+                "  {c:>3} clients: {:>9.1} tok/s in all ({:.2}x one client)",
+                v["tok_per_s"].as_f64().unwrap_or(0.0),
+                v["vs_one"].as_f64().unwrap_or(0.0)
+            );
+        }
+        println!(
+            "follow-up turn after a {prompt_tokens}-token first turn: first token in {:.1} ms with the prefix cache, {:.1} ms without ({:.3}x)",
+            w * 1e3,
+            wo * 1e3,
+            w / wo.max(1e-12)
+        );
+    }
+    Ok(report)
+}
