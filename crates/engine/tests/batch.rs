@@ -23,6 +23,14 @@ fn tokens(engine: &Engine<'_>, seed: u64, n: usize) -> Vec<u32> {
     (0..n).map(|_| (rng.next_u64() % engine.vocab() as u64) as u32).collect()
 }
 
+/// One step of every session with its ids, each one's logits' bits appended to its output.
+fn batch_step(engine: &Engine<'_>, sessions: &mut [Session], ids: &[&[u32]], outs: &mut [Vec<u32>]) {
+    let mut seqs: Vec<Seq<'_>> = sessions.iter_mut().zip(ids).map(|(s, ids)| Seq::new(s, ids, Logits::All)).collect();
+    for (out, l) in outs.iter_mut().zip(engine.forward_batch(&mut seqs).unwrap()) {
+        out.extend(bits(&l));
+    }
+}
+
 #[test]
 fn a_batch_of_sequences_gives_each_the_bits_it_gets_alone() {
     for name in MODELS {
@@ -45,26 +53,11 @@ fn a_batch_of_sequences_gives_each_the_bits_it_gets_alone() {
                 .collect();
             let mut sessions: Vec<Session> = (0..3).map(|_| engine.session()).collect();
             let mut together: Vec<Vec<u32>> = vec![Vec::new(); 3];
-            {
-                let mut seqs: Vec<Seq<'_>> = sessions
-                    .iter_mut()
-                    .zip(&prompts)
-                    .map(|(session, ids)| Seq { session, ids, logits: Logits::All, tentative: false })
-                    .collect();
-                for (out, l) in together.iter_mut().zip(engine.forward_batch(&mut seqs).unwrap()) {
-                    out.extend(bits(&l));
-                }
-            }
+            let prompt_refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+            batch_step(&engine, &mut sessions, &prompt_refs, &mut together);
             for k in 0..4 {
-                let step: Vec<[u32; 1]> = steps.iter().map(|s| [s[k]]).collect();
-                let mut seqs: Vec<Seq<'_>> = sessions
-                    .iter_mut()
-                    .zip(&step)
-                    .map(|(session, ids)| Seq { session, ids, logits: Logits::All, tentative: false })
-                    .collect();
-                for (out, l) in together.iter_mut().zip(engine.forward_batch(&mut seqs).unwrap()) {
-                    out.extend(bits(&l));
-                }
+                let step: Vec<&[u32]> = steps.iter().map(|s| std::slice::from_ref(&s[k])).collect();
+                batch_step(&engine, &mut sessions, &step, &mut together);
             }
             for i in 0..3 {
                 assert!(together[i] == alone[i], "{name}, {threads} threads: sequence {i} differs in a batch");
@@ -72,7 +65,7 @@ fn a_batch_of_sequences_gives_each_the_bits_it_gets_alone() {
             }
             // `Last` is the last row of `All`.
             let mut s = engine.session();
-            let mut seqs = [Seq { session: &mut s, ids: &prompts[2], logits: Logits::Last, tentative: false }];
+            let mut seqs = [Seq::new(&mut s, &prompts[2], Logits::Last)];
             let last = engine.forward_batch(&mut seqs).unwrap().pop().unwrap();
             assert!(
                 bits(&last) == alone[2][(prompts[2].len() - 1) * engine.vocab()..prompts[2].len() * engine.vocab()]

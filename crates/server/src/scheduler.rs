@@ -180,11 +180,8 @@ fn step(
 ) {
     let inputs: Vec<Vec<u32>> = active.iter().map(|a| a.input().to_vec()).collect();
     let result = {
-        let mut seqs: Vec<Seq<'_>> = active
-            .iter_mut()
-            .zip(&inputs)
-            .map(|(a, ids)| Seq { session: &mut a.session, ids, logits: Logits::Last, tentative: false })
-            .collect();
+        let mut seqs: Vec<Seq<'_>> =
+            active.iter_mut().zip(&inputs).map(|(a, ids)| Seq::new(&mut a.session, ids, Logits::Last)).collect();
         engine.forward_batch(&mut seqs)
     };
     metrics.record_step(active.len(), inputs.iter().map(Vec::len).sum());

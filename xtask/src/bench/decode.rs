@@ -104,11 +104,8 @@ fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], o: &Options<'_>, speculate:
     let t = Instant::now();
     for _ in 0..tokens {
         let next: Vec<[u32; 1]> = logits.iter().map(|l| [sampler.sample(l)]).collect();
-        let mut seqs: Vec<Seq<'_>> = sessions
-            .iter_mut()
-            .zip(&next)
-            .map(|(session, ids)| Seq { session, ids, logits: Logits::Last, tentative: false })
-            .collect();
+        let mut seqs: Vec<Seq<'_>> =
+            sessions.iter_mut().zip(&next).map(|(session, ids)| Seq::new(session, ids, Logits::Last)).collect();
         logits = engine.forward_batch(&mut seqs)?;
     }
     Ok(Decoded {

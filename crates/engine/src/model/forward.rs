@@ -43,6 +43,13 @@ pub struct Seq<'s> {
     pub tentative: bool,
 }
 
+impl<'s> Seq<'s> {
+    /// `ids` run into `session` for good, returning the logits asked for.
+    pub fn new(session: &'s mut Session, ids: &'s [u32], logits: Logits) -> Self {
+        Seq { session, ids, logits, tentative: false }
+    }
+}
+
 /// The activations of one chunk as it goes through the layers.
 struct Chunk {
     n: usize,
@@ -87,14 +94,14 @@ impl<'m> Engine<'m> {
         ids: &[u32],
         trace: Option<&mut Vec<f32>>,
     ) -> Result<Vec<f32>, EngineError> {
-        let mut seqs = [Seq { session, ids, logits: Logits::All, tentative: false }];
+        let mut seqs = [Seq::new(session, ids, Logits::All)];
         Ok(self.run(&mut seqs, trace)?.pop().expect("one sequence"))
     }
 
     /// As [`forward`](Self::forward), returning only the last position's logits `[vocab]`
     /// ([`Logits::Last`]).
     pub fn forward_last(&self, session: &mut Session, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let mut seqs = [Seq { session, ids, logits: Logits::Last, tentative: false }];
+        let mut seqs = [Seq::new(session, ids, Logits::Last)];
         Ok(self.run(&mut seqs, None)?.pop().expect("one sequence"))
     }
 
