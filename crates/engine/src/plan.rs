@@ -13,9 +13,11 @@ pub struct MemoryPlan {
     pub budget: Option<u64>,
     /// The mapped trunk (resident once touched).
     pub trunk_bytes: u64,
-    /// KDA states (fixed) and MLA caches (growing with the context: planned for `context` tokens).
+    /// KDA states (fixed) and MLA caches (growing with the context: planned for `context` tokens),
+    /// for each of `sequences` sessions.
     pub state_bytes: u64,
     pub context: u64,
+    pub sequences: u64,
     /// The activations of one forward call of `chunk` tokens.
     pub activation_bytes: u64,
     pub chunk: u64,
@@ -54,6 +56,7 @@ pub(crate) struct Footprint {
 pub(crate) struct Demand {
     pub budget: Option<u64>,
     pub context: u64,
+    pub sequences: u64,
     pub chunk: u64,
     pub reserved_bytes: u64,
     pub trunk_bytes: u64,
@@ -76,10 +79,14 @@ pub(crate) fn plan(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> 
     let too_big = |what: &str, n: u64| {
         EngineError::Input(format!("{what} of {n} tokens needs more memory than any machine has; ask for fewer"))
     };
+    if d.sequences == 0 {
+        return Err(EngineError::Input("a plan for 0 sequences runs nothing".into()));
+    }
     let state_bytes = fp
         .state_per_token
         .checked_mul(d.context)
         .and_then(|b| b.checked_add(fp.state_fixed))
+        .and_then(|b| b.checked_mul(d.sequences))
         .ok_or_else(|| too_big("a context (--context)", d.context))?;
     let activation_bytes =
         fp.activation_per_token.checked_mul(d.chunk).ok_or_else(|| too_big("a prefill chunk (--chunk)", d.chunk))?;
@@ -97,8 +104,9 @@ pub(crate) fn plan(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> 
             human(m)
         )));
     }
+    let seqs = if d.sequences > 1 { format!("{} sequences of ", d.sequences) } else { String::new() };
     let parts = format!(
-        "trunk {}, attention state for {} tokens {}, activations of {}-token chunks {}, outputs {}, overhead {}",
+        "trunk {}, attention state for {seqs}{} tokens {}, activations of {}-token chunks {}, outputs {}, overhead {}",
         human(d.trunk_bytes),
         d.context,
         human(state_bytes),
@@ -147,6 +155,7 @@ pub(crate) fn plan(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> 
         trunk_bytes: d.trunk_bytes,
         state_bytes,
         context: d.context,
+        sequences: d.sequences,
         activation_bytes,
         chunk: d.chunk,
         reserved_bytes: d.reserved_bytes,
@@ -168,6 +177,7 @@ mod tests {
         Demand {
             budget: Some(256 << 20),
             context: 4096,
+            sequences: 1,
             chunk: 32,
             reserved_bytes: 0,
             trunk_bytes: 10 << 20,
@@ -183,6 +193,8 @@ mod tests {
     fn the_budget_is_spent_on_what_the_run_uses() {
         let p = plan(FP, demand()).unwrap();
         assert_eq!(p.state_bytes, (1 << 20) + 4096 * 1024);
+        let eight = plan(FP, Demand { sequences: 8, ..demand() }).unwrap();
+        assert_eq!(eight.state_bytes, 8 * p.state_bytes, "a server's batch holds eight states");
         assert_eq!(p.activation_bytes, 32 * 8192);
         assert!(p.total() <= 256 << 20 && p.total() + p.slot_bytes > 256 << 20, "{p:?}");
     }

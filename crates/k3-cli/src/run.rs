@@ -158,9 +158,10 @@ impl EngineArgs {
         eprintln!("memory plan{}:", p.budget.map(|b| format!(" (budget {:.1} MB)", mb(b))).unwrap_or_default());
         eprintln!("  trunk (mapped)        {:>12.1} MB", mb(p.trunk_bytes));
         eprintln!(
-            "  attention state       {:>12.1} MB  (MLA caches sized for {} tokens)",
+            "  attention state       {:>12.1} MB  (MLA caches sized for {} tokens{})",
             mb(p.state_bytes),
-            p.context
+            p.context,
+            if p.sequences > 1 { format!(", {} sequences", p.sequences) } else { String::new() }
         );
         eprintln!("  activations           {:>12.1} MB  ({}-token chunks)", mb(p.activation_bytes), p.chunk);
         if p.reserved_bytes > 0 {

@@ -48,11 +48,12 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     let body_limit = usize::try_from(parse_size(&a.max_body).map_err(anyhow::Error::msg)?)?;
     let prefix_cache = usize::try_from(parse_size(&a.prefix_cache).map_err(anyhow::Error::msg)?)?;
     let needs = Needs { context: 4096, min_context: 0, chunk: k3_server::scheduler::PREFILL_CHUNK, reserved_bytes: 0 };
+    let engine = a.engine.options(needs)?;
     let opts = ServerOptions {
         model,
         model_id,
         open: OpenOptions { shard_dirs: a.engine.shard_dirs.clone() },
-        engine: a.engine.options(needs)?,
+        engine,
         max_batch: usize::from(a.max_batch),
         queue: usize::from(a.queue),
         api_key: a.api_key.clone(),

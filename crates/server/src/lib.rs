@@ -104,7 +104,16 @@ fn fail(status: &Status, why: String) {
 
 fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Job>) {
     let status = &state.handle.status;
-    let owned = match OwnedEngine::open(&opts.model, &opts.open, opts.engine.clone()) {
+    // The memory plan holds a full batch (each request's state and a prompt chunk) and the
+    // prefix cache's kept states; a budget too small for them is refused at load, naming them.
+    let batch = opts.max_batch.max(1) as u64;
+    let engine_opts = EngineOptions {
+        sequences: opts.engine.sequences.max(batch),
+        chunk: opts.engine.chunk.max(scheduler::PREFILL_CHUNK as u64 * batch),
+        reserved_bytes: opts.engine.reserved_bytes.saturating_add(opts.prefix_cache as u64),
+        ..opts.engine.clone()
+    };
+    let owned = match OwnedEngine::open(&opts.model, &opts.open, engine_opts) {
         Ok(e) => e,
         Err(e) => return fail(status, format!("the model at {} did not load: {e}", opts.model.display())),
     };

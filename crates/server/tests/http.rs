@@ -121,6 +121,25 @@ async fn a_model_that_does_not_load_is_a_503_naming_why() {
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
 }
 
+/// The memory plan holds a full batch and the prefix cache: a budget that cannot is refused at
+/// load, and `/health` says so.
+#[tokio::test]
+async fn a_budget_too_small_for_the_batch_is_refused_at_load() {
+    let mut opts = ServerOptions { prefix_cache: 512 << 20, ..ServerOptions::new(default_model()) };
+    opts.engine.mem_budget = Some(400 << 20);
+    let (router, _) = app(opts);
+    let mut last = Value::Null;
+    for _ in 0..200 {
+        last = json_call(&router, get("/health")).await.1;
+        if last["error"]["message"].as_str().is_some_and(|m| m.contains("did not load")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let msg = last["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("too small") && msg.contains("8 sequences"), "{msg}");
+}
+
 #[tokio::test]
 async fn a_chat_answer_is_what_the_engine_generates_streamed_or_whole() {
     let router = server(ServerOptions::new(default_model())).await;

@@ -98,6 +98,7 @@ impl<'m> Engine<'m> {
             Demand {
                 budget: opts.mem_budget,
                 context: opts.context,
+                sequences: opts.sequences,
                 chunk: opts.chunk,
                 reserved_bytes: opts.reserved_bytes,
                 trunk_bytes: model.manifest().trunk.bytes,

@@ -21,6 +21,8 @@ pub struct EngineOptions {
     pub queue_depth: usize,
     /// Tokens of context the memory plan reserves MLA cache for (sessions reserve it up front).
     pub context: u64,
+    /// Sessions held at once (a server's batch): the plan reserves attention state for each.
+    pub sequences: u64,
     /// The most tokens the caller passes to one `forward` call: the plan reserves their
     /// activations.
     pub chunk: u64,
@@ -47,6 +49,7 @@ impl Default for EngineOptions {
             policy: Policy::Lfru,
             queue_depth: 32,
             context: 4096,
+            sequences: 1,
             chunk: 256,
             reserved_bytes: 0,
             threads: 0,
@@ -64,6 +67,7 @@ impl std::fmt::Debug for EngineOptions {
             .field("lookahead", &self.lookahead)
             .field("policy", &self.policy)
             .field("context", &self.context)
+            .field("sequences", &self.sequences)
             .field("chunk", &self.chunk)
             .field("threads", &self.threads)
             .field("verify_trunk", &self.verify_trunk)
