@@ -144,7 +144,15 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
     let _ = state.info.set(info);
     status.ready.store(true, Ordering::SeqCst);
     let mut cache = prefix::PrefixCache::new(opts.prefix_cache);
-    scheduler::run(engine, &tok, jobs, opts.max_batch.max(1), &mut cache, status, &state.metrics);
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        scheduler::run(engine, &tok, jobs, opts.max_batch.max(1), &mut cache, status, &state.metrics)
+    }));
+    if let Err(p) = ran {
+        // A bug, not an input: /health and every later request say so; nothing hangs.
+        let what = p.downcast_ref::<String>().map(String::as_str).or(p.downcast_ref::<&str>().copied());
+        status.ready.store(false, Ordering::SeqCst);
+        fail(status, format!("the scheduler stopped on an internal error: {}", what.unwrap_or("a panic")));
+    }
 }
 
 /// Serves `router` on `listener` until Ctrl-C.

@@ -41,7 +41,7 @@ pub struct AppState {
 impl AppState {
     fn ready(&self) -> Result<(&ModelInfo, &Tokenizer), ApiError> {
         match (self.info.get(), self.tok.get()) {
-            (Some(i), Some(t)) => Ok((i, t)),
+            (Some(i), Some(t)) if self.handle.status.ready.load(Ordering::SeqCst) => Ok((i, t)),
             _ => Err(self.unavailable()),
         }
     }
