@@ -19,6 +19,7 @@ pub mod speculate;
 pub mod synth;
 pub mod tensors;
 pub mod tokenizer;
+pub mod toolcall;
 pub mod verify;
 pub mod weights;
 

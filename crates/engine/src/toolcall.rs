@@ -1,0 +1,157 @@
+//! Kimi's tool-call markup in a reply (K2 and the `im_` chat family): after the text,
+//! `<|tool_calls_section_begin|>`, then per call
+//! `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|>`,
+//! then `<|tool_calls_section_end|>`. Read token by token, so text streams as it comes and each
+//! call is whole at its end marker. Markup is recognized by token id only (a model that writes
+//! the characters `<|tool_call_begin|>` wrote text); markup that is malformed or cut off ends as
+//! text, never as an error.
+
+use crate::tokenizer::Tokenizer;
+
+/// One call the model made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// As the model wrote it (`functions.NAME:IDX`): what its result is returned under.
+    pub id: String,
+    pub name: String,
+    /// The arguments as the model wrote them (JSON, unchecked).
+    pub arguments: String,
+}
+
+/// What a token adds to the reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Text(String),
+    Call(ToolCall),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Text,
+    /// Inside the section, between calls.
+    Section,
+    /// Reading a call's id.
+    Id,
+    /// Reading a call's arguments.
+    Arguments,
+}
+
+const SECTION_BEGIN: &str = "<|tool_calls_section_begin|>";
+const SECTION_END: &str = "<|tool_calls_section_end|>";
+const CALL_BEGIN: &str = "<|tool_call_begin|>";
+const ARGUMENTS: &str = "<|tool_call_argument_begin|>";
+const CALL_END: &str = "<|tool_call_end|>";
+
+/// Reads tool calls out of a reply's tokens.
+#[derive(Debug, Clone)]
+pub struct ToolCallReader {
+    markers: [u32; 5],
+    state: State,
+    id: String,
+    arguments: String,
+    /// The open section as written, markers spelled out: what is shown if it never closes well.
+    raw: String,
+}
+
+impl ToolCallReader {
+    /// A reader for `tok`'s markers; `None` when the tokenizer has no tool-call markers (the model
+    /// cannot call tools).
+    pub fn new(tok: &Tokenizer) -> Option<Self> {
+        let m = |name| tok.special(name);
+        let markers = [m(SECTION_BEGIN)?, m(SECTION_END)?, m(CALL_BEGIN)?, m(ARGUMENTS)?, m(CALL_END)?];
+        Some(ToolCallReader {
+            markers,
+            state: State::Text,
+            id: String::new(),
+            arguments: String::new(),
+            raw: String::new(),
+        })
+    }
+
+    /// Token `id`, whose text is `text` (empty for special tokens).
+    pub fn push(&mut self, id: u32, text: &str) -> Vec<Piece> {
+        let [section_begin, section_end, call_begin, arguments, call_end] = self.markers;
+        let marker = [SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENTS, CALL_END]
+            .into_iter()
+            .zip(self.markers)
+            .find(|(_, m)| *m == id)
+            .map(|(name, _)| name);
+        if self.state != State::Text {
+            self.raw.push_str(marker.unwrap_or(text));
+        }
+        match (self.state, id) {
+            (State::Text, i) if i == section_begin => {
+                self.state = State::Section;
+                self.raw = SECTION_BEGIN.to_string();
+                Vec::new()
+            }
+            (State::Text, _) if text.is_empty() => Vec::new(),
+            (State::Text, _) => vec![Piece::Text(text.to_string())],
+            (State::Section, i) if i == call_begin => {
+                self.state = State::Id;
+                self.id.clear();
+                Vec::new()
+            }
+            (State::Section, i) if i == section_end => {
+                self.state = State::Text;
+                self.raw.clear();
+                Vec::new()
+            }
+            (State::Section, _) if marker.is_none() && text.trim().is_empty() => Vec::new(),
+            (State::Id, i) if i == arguments => {
+                self.state = State::Arguments;
+                self.arguments.clear();
+                Vec::new()
+            }
+            (State::Id, _) if marker.is_none() => {
+                self.id.push_str(text);
+                Vec::new()
+            }
+            (State::Arguments, i) if i == call_end => match name_of(self.id.trim()) {
+                Some(name) => {
+                    self.state = State::Section;
+                    let call = ToolCall {
+                        id: self.id.trim().to_string(),
+                        name: name.to_string(),
+                        arguments: self.arguments.trim().to_string(),
+                    };
+                    // What was shown as a call is no longer owed as text.
+                    self.raw = SECTION_BEGIN.to_string();
+                    vec![Piece::Call(call)]
+                }
+                None => self.bail(),
+            },
+            (State::Arguments, _) if marker.is_none() => {
+                self.arguments.push_str(text);
+                Vec::new()
+            }
+            // A marker out of place: the markup is malformed.
+            _ => self.bail(),
+        }
+    }
+
+    /// The reply ended: a section left open comes out as the text it was.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        match self.state {
+            State::Text => Vec::new(),
+            State::Section if self.raw == SECTION_BEGIN => {
+                self.state = State::Text;
+                self.raw.clear();
+                Vec::new()
+            }
+            _ => self.bail(),
+        }
+    }
+
+    fn bail(&mut self) -> Vec<Piece> {
+        self.state = State::Text;
+        vec![Piece::Text(std::mem::take(&mut self.raw))]
+    }
+}
+
+/// `NAME` of `functions.NAME:IDX` (or `NAME:IDX`).
+fn name_of(id: &str) -> Option<&str> {
+    let rest = id.strip_prefix("functions.").unwrap_or(id);
+    let (name, idx) = rest.rsplit_once(':')?;
+    (!name.is_empty() && idx.chars().all(|c| c.is_ascii_digit())).then_some(name)
+}
