@@ -1,7 +1,7 @@
 """Reference renderings of Kimi K2's chat template (as shipped, from shared/golden/chat-templates)
 for conversations with tools, made with Python jinja2 and the `tojson` filter transformers'
 `apply_chat_template` installs (key order kept, ", " / ": " separators, no ASCII escaping).
-Writes fixtures/chat/k2-tools.json: [{messages, tools, rendered}].
+Writes fixtures/chat/k2-tools.json: [{messages, tools, tools_text, rendered}].
 
     python3 -m venv /tmp/v && /tmp/v/bin/pip install jinja2
     /tmp/v/bin/python tools/golden/k2_tool_renderings.py ../shared/golden/chat-templates/Kimi-K2-Instruct.jinja
@@ -32,6 +32,7 @@ def main() -> None:
             {"role": "user", "content": "Weather in Paris?"},
         ]},
         {"tools": [weather, clock], "messages": [
+            {"role": "system", "content": "You are Kimi."},
             {"role": "user", "content": "Weather in Paris and the time?"},
             {"role": "assistant", "content": "Checking.", "tool_calls": [
                 {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
@@ -43,6 +44,8 @@ def main() -> None:
     ]
     for c in cases:
         c["rendered"] = template.render(messages=c["messages"], tools=c["tools"], add_generation_prompt=True)
+        # The declarations as a client sends them (compact); the renderer must respace them.
+        c["tools_text"] = json.dumps(c["tools"], separators=(",", ":"), ensure_ascii=True)
     json.dump(cases, open("fixtures/chat/k2-tools.json", "w"), indent=1, ensure_ascii=False)
     print(f"wrote {len(cases)} renderings to fixtures/chat/k2-tools.json")
 

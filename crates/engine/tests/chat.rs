@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use k3_engine::chat::{ChatFormat, Message, Role};
+use k3_engine::chat::{ChatFormat, Message, Role, python_json};
 use k3_engine::config::Family;
 use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
 
@@ -22,6 +22,11 @@ fn tokenizer() -> Tokenizer {
         "<|im_system|>",
         "<|im_middle|>",
         "<|im_end|>",
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
     ];
     let added: serde_json::Map<String, serde_json::Value> =
         names.iter().enumerate().map(|(i, n)| ((200_000 + i).to_string(), serde_json::json!({"content": n}))).collect();
@@ -96,4 +101,50 @@ fn a_tokenizer_without_the_markers_is_a_clear_error() {
     let tok = Tokenizer::from_tiktoken(&ranks, None, KIMI_PATTERN).unwrap();
     let e = ChatFormat::new(&tok, Family::KimiK3).prompt(&[], true).unwrap_err().to_string();
     assert!(e.contains("<|open|>"), "{e}");
+}
+
+/// Tool declarations, assistant tool calls and tool results as Kimi K2's own chat template renders
+/// them (fixtures/chat/k2-tools.json: Python jinja2 with transformers' `tojson`, made by
+/// tools/golden/k2_tool_renderings.py), compared as text: the declarations come in as a client
+/// sends them (compact, ASCII-escaped) and are written as the template writes them.
+#[test]
+fn tool_turns_render_as_kimis_template_renders_them() {
+    let tok = tokenizer();
+    let f = ChatFormat::new(&tok, Family::KimiLinear);
+    let cases: Vec<serde_json::Value> = serde_json::from_slice(
+        &std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/chat/k2-tools.json")).unwrap(),
+    )
+    .unwrap();
+    for (i, c) in cases.iter().enumerate() {
+        let messages: Vec<Message> = c["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let role = match m["role"].as_str().unwrap() {
+                    "system" => Role::System,
+                    "user" => Role::User,
+                    "assistant" => Role::Assistant,
+                    _ => Role::Tool,
+                };
+                let mut msg = Message::new(role, m["content"].as_str().unwrap_or(""));
+                msg.name = m["name"].as_str().map(str::to_string);
+                msg.tool_calls = m["tool_calls"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| {
+                        let func = &t["function"];
+                        (func["name"].as_str().unwrap().to_string(), func["arguments"].as_str().unwrap().to_string())
+                    })
+                    .collect();
+                msg
+            })
+            .collect();
+        let tools = python_json(c["tools_text"].as_str().unwrap()).unwrap();
+        let ids = f.prompt_with_tools(&messages, Some(&tools), false).unwrap();
+        let text = String::from_utf8(tok.decode_bytes(&ids).unwrap()).unwrap();
+        assert_eq!(text, c["rendered"].as_str().unwrap(), "case {i}");
+    }
+    assert!(python_json("{\"a\": [1, 2,").is_err(), "invalid JSON is refused");
 }

@@ -55,6 +55,9 @@ pub struct ChatRequest {
     pub sampling: Sampling,
     pub reasoning_effort: Option<String>,
     pub response_format: Option<ResponseFormat>,
+    /// Kept as the client wrote it: the model is shown the declarations in their own key order.
+    pub tools: Option<Box<serde_json::value::RawValue>>,
+    pub tool_choice: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,6 +66,20 @@ pub struct ChatMessage {
     pub content: Option<Content>,
     /// An earlier assistant turn's reasoning, sent back by clients.
     pub reasoning_content: Option<String>,
+    pub name: Option<String>,
+    pub tool_calls: Option<Vec<RequestToolCall>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RequestToolCall {
+    pub function: RequestFunction,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RequestFunction {
+    pub name: String,
+    /// A JSON text (OpenAI's shape), or an object some clients send.
+    pub arguments: serde_json::Value,
 }
 
 #[derive(Debug, Deserialize)]
@@ -105,6 +122,8 @@ pub struct Prepared {
     pub params: GenerateParams,
     pub stream: bool,
     pub include_usage: bool,
+    /// Tools were declared: the reply is read for tool calls.
+    pub tools: bool,
 }
 
 /// OpenAI's `finish_reason` for how a turn ended.
@@ -182,10 +201,11 @@ impl ChatRequest {
                 "system" | "developer" => Role::System,
                 "user" => Role::User,
                 "assistant" => Role::Assistant,
+                "tool" => Role::Tool,
                 other => {
                     return Err(ApiError::bad(
                         &format!("messages[{i}].role"),
-                        format!("role `{other}` is not supported (system, developer, user, assistant)"),
+                        format!("role `{other}` is not supported (system, developer, user, assistant, tool)"),
                     ));
                 }
             };
@@ -210,8 +230,38 @@ impl ChatRequest {
             };
             let mut msg = Message::new(role, content);
             msg.thinking = m.reasoning_content.clone();
+            msg.name = m.name.clone();
+            for t in m.tool_calls.iter().flatten() {
+                let args = match &t.function.arguments {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                msg.tool_calls.push((t.function.name.clone(), args));
+            }
             messages.push(msg);
         }
+        let declared = match (&self.tools, &self.tool_choice) {
+            (Some(_), Some(serde_json::Value::String(c))) if c == "none" => None,
+            (Some(t), _) if t.get().trim() != "[]" => Some(t.get()),
+            _ => None,
+        };
+        let uses_tools =
+            declared.is_some() || messages.iter().any(|m| m.role == Role::Tool || !m.tool_calls.is_empty());
+        if uses_tools {
+            if info.family != Family::KimiLinear {
+                return Err(ApiError::bad("tools", "tool calls for this model's chat format are not supported yet"));
+            }
+            if tok.special("<|tool_calls_section_begin|>").is_none() {
+                return Err(ApiError::bad(
+                    "tools",
+                    "this model's tokenizer has no tool-call markers: it cannot call tools",
+                ));
+            }
+        }
+        let tools_text = declared
+            .map(k3_engine::chat::python_json)
+            .transpose()
+            .map_err(|e| ApiError::bad("tools", format!("tools is not valid JSON: {e}")))?;
         let think = match (info.family, self.reasoning_effort.as_deref()) {
             (Family::KimiK3, None | Some("low" | "high" | "max")) => true,
             (Family::KimiK3, Some("none")) => false,
@@ -227,7 +277,7 @@ impl ChatRequest {
         let internal = |e: k3_engine::tokenizer::TokenizerError| {
             ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
         };
-        let prompt = format.prompt(&messages, think).map_err(internal)?;
+        let prompt = format.prompt_with_tools(&messages, tools_text.as_deref(), think).map_err(internal)?;
         let end = format.end_of_turn().map_err(internal)?;
         let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
         let mut params = self.sampling.params(info, prompt.len(), stop_ids)?;
@@ -237,6 +287,7 @@ impl ChatRequest {
             params,
             stream: self.stream,
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            tools: tools_text.is_some(),
         })
     }
 }
@@ -270,6 +321,7 @@ impl CompletionRequest {
             params,
             stream: self.stream,
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            tools: false,
         })
     }
 }

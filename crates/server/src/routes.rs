@@ -13,7 +13,9 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
+use k3_engine::generate::Finish;
 use k3_engine::tokenizer::Tokenizer;
+use k3_engine::toolcall::{Piece, ToolCall, ToolCallReader};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::sync::mpsc as tmpsc;
@@ -155,6 +157,8 @@ pub async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRej
 async fn run(s: &AppState, p: Prepared, kind: Kind) -> Result<Response, ApiError> {
     let (tx, rx) = tmpsc::unbounded_channel();
     let (stream, include_usage) = (p.stream, p.include_usage);
+    let calls = if p.tools { s.tok.get().and_then(ToolCallReader::new) } else { None };
+    let reply = Reply { calls, made: Vec::new() };
     match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx }) {
         Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
         Err(Refused::Busy) => {
@@ -169,7 +173,38 @@ async fn run(s: &AppState, p: Prepared, kind: Kind) -> Result<Response, ApiError
     let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, next_id());
     let model = s.info.get().map(|i| i.id.clone()).unwrap_or_default();
     let shape = Shape { id, model, created: unix_now(), kind };
-    if stream { Ok(streamed(shape, rx, include_usage)) } else { whole(shape, rx).await }
+    if stream { Ok(streamed(shape, rx, reply, include_usage)) } else { whole(shape, rx, reply).await }
+}
+
+/// A reply's tokens into text and, when tools were declared, tool calls.
+#[derive(Debug)]
+struct Reply {
+    calls: Option<ToolCallReader>,
+    made: Vec<ToolCall>,
+}
+
+impl Reply {
+    fn feed(&mut self, token: u32, text: &str) -> Vec<Piece> {
+        match &mut self.calls {
+            // A flushed remainder (no token of its own) is text.
+            Some(r) if token != u32::MAX => r.push(token, text),
+            _ if text.is_empty() => Vec::new(),
+            _ => vec![Piece::Text(text.to_string())],
+        }
+    }
+
+    fn finish(&mut self) -> Vec<Piece> {
+        self.calls.as_mut().map(ToolCallReader::finish).unwrap_or_default()
+    }
+
+    /// OpenAI's `finish_reason`: `tool_calls` when the turn ended by itself after calling.
+    fn reason(&self, f: Finish) -> &'static str {
+        if !self.made.is_empty() && matches!(f, Finish::Stop) { "tool_calls" } else { finish_reason(f) }
+    }
+
+    fn call_json(&self, index: usize, c: &ToolCall) -> Value {
+        json!({"index": index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+    }
 }
 
 /// What every chunk and body of one response repeats.
@@ -221,15 +256,34 @@ fn usage(prompt: usize, cached: usize, completion: u64) -> Value {
 }
 
 /// Collects every event into one response body.
-async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Reply) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let take = |pieces: Vec<Piece>, text: &mut String, reply: &mut Reply| {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => text.push_str(&t),
+                Piece::Call(c) => reply.made.push(c),
+            }
+        }
+    };
     while let Some(e) = rx.recv().await {
         match e {
-            Event::Delta { text: t, .. } => text.push_str(&t),
+            Event::Delta { text: t, token } => {
+                let pieces = reply.feed(token, &t);
+                take(pieces, &mut text, &mut reply);
+            }
             Event::Failed(msg) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg)),
             Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
-                let reason = finish_reason(finish);
+                let pieces = reply.finish();
+                take(pieces, &mut text, &mut reply);
+                let reason = reply.reason(finish);
                 let choice = match shape.kind {
+                    Kind::Chat if !reply.made.is_empty() => {
+                        let calls: Vec<Value> =
+                            reply.made.iter().enumerate().map(|(i, c)| reply.call_json(i, c)).collect();
+                        let content = if text.is_empty() { Value::Null } else { json!(text) };
+                        json!({"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": calls}, "finish_reason": reason})
+                    }
                     Kind::Chat => {
                         json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason})
                     }
@@ -246,23 +300,38 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>) -> Result<
 
 /// Streams the events as SSE chunks; dropping the stream (the client left) drops the events'
 /// receiver, which cancels the sequence at the scheduler's next step.
-fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, include_usage: bool) -> Response {
+fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Reply, include_usage: bool) -> Response {
     let (out, chunks) = tmpsc::unbounded_channel::<Sse>();
     tokio::spawn(async move {
         let send = |v: Value| out.send(Sse::default().data(v.to_string())).is_ok();
         if shape.kind == Kind::Chat && !send(shape.chunk(None, None)) {
             return;
         }
+        // Text as a content delta, a finished call as a tool_calls delta.
+        let emit = |pieces: Vec<Piece>, reply: &mut Reply| {
+            pieces.into_iter().all(|p| match p {
+                Piece::Text(t) => send(shape.chunk(Some(&t), None)),
+                Piece::Call(c) => {
+                    let delta = json!({"tool_calls": [reply.call_json(reply.made.len(), &c)]});
+                    reply.made.push(c);
+                    send(shape.envelope(true, json!([{"index": 0, "delta": delta, "finish_reason": null}])))
+                }
+            })
+        };
         while let Some(e) = rx.recv().await {
             let alive = match e {
-                Event::Delta { text, .. } if text.is_empty() => true,
-                Event::Delta { text, .. } => send(shape.chunk(Some(&text), None)),
+                Event::Delta { text, token } => {
+                    let pieces = reply.feed(token, &text);
+                    emit(pieces, &mut reply)
+                }
                 Event::Failed(msg) => {
                     send(json!({"error": {"message": msg, "type": "server_error", "param": null, "code": 500}}));
                     break;
                 }
                 Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
-                    send(shape.chunk(None, Some(finish_reason(finish))));
+                    let pieces = reply.finish();
+                    emit(pieces, &mut reply);
+                    send(shape.chunk(None, Some(reply.reason(finish))));
                     if include_usage {
                         let mut u = shape.envelope(true, json!([]));
                         u["usage"] = usage(prompt_tokens, cached_tokens, completion_tokens);

@@ -261,6 +261,12 @@ async fn bad_requests_get_openai_errors() {
         assert_eq!(v["error"]["param"], param, "{body}: {v}");
         assert_eq!(v["error"]["code"], 400);
     }
+    // The default model's tokenizer has no tool-call markers: declaring tools is refused, named.
+    let tools = json!({"messages": [{"role": "user", "content": "hi"}],
+                       "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]});
+    let (s, v) = json_call(&router, keyed(post("/v1/chat/completions", &tools))).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("tools")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("tool-call markers"), "{v}");
     let huge = json!({"messages": [{"role": "user", "content": "x".repeat(10_000)}]});
     let (s, v) = json_call(&router, keyed(post("/v1/chat/completions", &huge))).await;
     assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
