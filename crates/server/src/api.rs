@@ -282,6 +282,7 @@ impl ChatRequest {
         let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
         let mut params = self.sampling.params(info, prompt.len(), stop_ids)?;
         params.starts_in_think = think;
+        params.reasoning_apart = think;
         Ok(Prepared {
             prompt,
             params,

@@ -257,7 +257,7 @@ fn usage(prompt: usize, cached: usize, completion: u64) -> Value {
 
 /// Collects every event into one response body.
 async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Reply) -> Result<Response, ApiError> {
-    let mut text = String::new();
+    let (mut text, mut reasoning) = (String::new(), String::new());
     let take = |pieces: Vec<Piece>, text: &mut String, reply: &mut Reply| {
         for p in pieces {
             match p {
@@ -268,7 +268,8 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply:
     };
     while let Some(e) = rx.recv().await {
         match e {
-            Event::Delta { text: t, token } => {
+            Event::Delta { text: t, reasoning: r, token } => {
+                reasoning.push_str(&r);
                 let pieces = reply.feed(token, &t);
                 take(pieces, &mut text, &mut reply);
             }
@@ -277,7 +278,7 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply:
                 let pieces = reply.finish();
                 take(pieces, &mut text, &mut reply);
                 let reason = reply.reason(finish);
-                let choice = match shape.kind {
+                let mut choice = match shape.kind {
                     Kind::Chat if !reply.made.is_empty() => {
                         let calls: Vec<Value> =
                             reply.made.iter().enumerate().map(|(i, c)| reply.call_json(i, c)).collect();
@@ -289,6 +290,9 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply:
                     }
                     Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
                 };
+                if !reasoning.is_empty() && shape.kind == Kind::Chat {
+                    choice["message"]["reasoning_content"] = json!(reasoning);
+                }
                 let mut body = shape.envelope(false, json!([choice]));
                 body["usage"] = usage(prompt_tokens, cached_tokens, completion_tokens);
                 return Ok(Json(body).into_response());
@@ -320,9 +324,14 @@ fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Re
         };
         while let Some(e) = rx.recv().await {
             let alive = match e {
-                Event::Delta { text, token } => {
+                Event::Delta { text, reasoning, token } => {
+                    let thought = reasoning.is_empty()
+                        || send(shape.envelope(
+                            true,
+                            json!([{"index": 0, "delta": {"reasoning_content": reasoning}, "finish_reason": null}]),
+                        ));
                     let pieces = reply.feed(token, &text);
-                    emit(pieces, &mut reply)
+                    thought && emit(pieces, &mut reply)
                 }
                 Event::Failed(msg) => {
                     send(json!({"error": {"message": msg, "type": "server_error", "param": null, "code": 500}}));

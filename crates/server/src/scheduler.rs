@@ -31,8 +31,19 @@ pub struct Job {
 /// What a request hears back, in order: text deltas, then one `Done` or `Failed`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    Delta { text: String, token: u32 },
-    Done { finish: Finish, prompt_tokens: usize, cached_tokens: usize, completion_tokens: u64 },
+    /// Text of the answer and (K3 thinking) of the reasoning; `token` is `u32::MAX` for text
+    /// flushed at the end.
+    Delta {
+        text: String,
+        reasoning: String,
+        token: u32,
+    },
+    Done {
+        finish: Finish,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+        completion_tokens: u64,
+    },
     Failed(String),
 }
 
@@ -93,8 +104,9 @@ impl Active<'_> {
 
     fn done(&mut self, finish: Finish) {
         let text = self.decoder.flush();
-        if !text.is_empty() {
-            self.send(Event::Delta { text, token: u32::MAX });
+        let reasoning = self.decoder.take_reasoning();
+        if !text.is_empty() || !reasoning.is_empty() {
+            self.send(Event::Delta { text, reasoning, token: u32::MAX });
         }
         let (prompt_tokens, completion_tokens) = (self.prompt.len(), self.decoder.produced());
         self.send(Event::Done { finish, prompt_tokens, cached_tokens: self.cached, completion_tokens });
@@ -223,12 +235,14 @@ fn step(
         metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
         match a.decoder.emit(id, a.session.tokens(), context) {
             Ok(Emit::Continue(text)) => {
-                a.send(Event::Delta { text, token: id });
+                let reasoning = a.decoder.take_reasoning();
+                a.send(Event::Delta { text, reasoning, token: id });
                 a.next = Some(id);
             }
             Ok(Emit::End(text, _)) => {
-                if !text.is_empty() {
-                    a.send(Event::Delta { text, token: id });
+                let reasoning = a.decoder.take_reasoning();
+                if !text.is_empty() || !reasoning.is_empty() {
+                    a.send(Event::Delta { text, reasoning, token: id });
                 }
                 let why = a.decoder.finish().unwrap_or(Finish::Stop);
                 // The state after the answer (its end marker unfed): where a follow-up that

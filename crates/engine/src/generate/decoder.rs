@@ -104,6 +104,11 @@ impl<'t> Decoder<'t> {
         Ok(Emit::Continue(text))
     }
 
+    /// The reasoning written since the last call (with `reasoning_apart`).
+    pub fn take_reasoning(&mut self) -> String {
+        self.text.as_mut().map(|t| std::mem::take(&mut t.reasoning)).unwrap_or_default()
+    }
+
     /// Text still held back (an incomplete character, the start of what might have been a stop
     /// string): the caller shows it when the turn ends.
     pub fn flush(&mut self) -> String {

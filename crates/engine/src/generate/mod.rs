@@ -33,6 +33,9 @@ pub struct GenerateParams {
     pub stop_strings: Vec<String>,
     /// K3: show what the model writes inside `think` (hidden by default).
     pub show_thinking: bool,
+    /// K3: keep what the model writes inside `think` apart from the answer, for
+    /// [`Decoder::take_reasoning`] (a server's `reasoning_content`).
+    pub reasoning_apart: bool,
     /// K3: the prompt ends inside an open `think` element (generation starts thinking).
     pub starts_in_think: bool,
     /// Leave the session ready for the next turn: the end-of-message id is in it however the
@@ -55,6 +58,7 @@ impl Default for GenerateParams {
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
             show_thinking: false,
+            reasoning_apart: false,
             starts_in_think: false,
             close_turn: None,
             cancel: None,

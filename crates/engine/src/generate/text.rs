@@ -15,6 +15,8 @@ pub(super) struct TextOut<'t> {
     stops: Vec<String>,
     /// Visible text not yet returned: it could be the start of a stop string.
     held: String,
+    /// K3's thinking, when it is kept apart from the answer (`reasoning_apart`), not yet taken.
+    pub(super) reasoning: String,
 }
 
 impl<'t> TextOut<'t> {
@@ -22,9 +24,10 @@ impl<'t> TextOut<'t> {
         TextOut {
             tok,
             decoder: StreamDecoder::default(),
-            visibility: Visibility::new(p.show_thinking, p.starts_in_think),
+            visibility: Visibility::new(p.show_thinking, p.reasoning_apart, p.starts_in_think),
             stops: p.stop_strings.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
+            reasoning: String::new(),
         }
     }
 
@@ -32,8 +35,14 @@ impl<'t> TextOut<'t> {
     /// returned, the stop string and anything after it are not).
     pub(super) fn push(&mut self, id: u32) -> Result<(String, bool), EngineError> {
         let piece = self.decoder.push(self.tok, id)?;
-        if !self.visibility.show(self.tok, id)? {
-            return Ok((String::new(), false));
+        match self.visibility.show(self.tok, id)? {
+            Shown::Hidden => return Ok((String::new(), false)),
+            // Stop strings end the answer; the reasoning is not searched for them.
+            Shown::Reasoning => {
+                self.reasoning.push_str(&piece);
+                return Ok((String::new(), false));
+            }
+            Shown::Content => {}
         }
         self.held.push_str(&piece);
         if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
@@ -58,11 +67,24 @@ impl<'t> TextOut<'t> {
     pub(super) fn flush(&mut self) -> String {
         let mut out = std::mem::take(&mut self.held);
         let rest = self.decoder.finish();
-        if self.visibility.visible && self.visibility.tag.is_none() {
-            out.push_str(&rest);
+        if self.visibility.tag.is_none() {
+            match self.visibility.state {
+                Shown::Content => out.push_str(&rest),
+                Shown::Reasoning => self.reasoning.push_str(&rest),
+                Shown::Hidden => {}
+            }
         }
         out
     }
+}
+
+/// Where a token's text goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    Content,
+    /// K3's thinking, kept apart from the answer.
+    Reasoning,
+    Hidden,
 }
 
 /// Decides what of K3's output a person sees: text inside `think` only when asked, text inside
@@ -70,29 +92,36 @@ impl<'t> TextOut<'t> {
 /// ordinary text is visible.)
 #[derive(Debug)]
 struct Visibility {
-    show_thinking: bool,
+    /// Where text inside `think` goes.
+    thinking: Shown,
     /// Inside the tag name after `<|open|>` / `<|close|>`: the bytes so far, and whether opening.
     tag: Option<(Vec<u8>, bool)>,
-    visible: bool,
+    /// Where ordinary text goes now.
+    state: Shown,
 }
 
 impl Visibility {
-    fn new(show_thinking: bool, starts_in_think: bool) -> Self {
-        Visibility { show_thinking, tag: None, visible: !starts_in_think || show_thinking }
+    fn new(show_thinking: bool, reasoning_apart: bool, starts_in_think: bool) -> Self {
+        let thinking = match (show_thinking, reasoning_apart) {
+            (true, _) => Shown::Content,
+            (false, true) => Shown::Reasoning,
+            (false, false) => Shown::Hidden,
+        };
+        Visibility { thinking, tag: None, state: if starts_in_think { thinking } else { Shown::Content } }
     }
 
-    /// Whether token `id` is shown.
-    fn show(&mut self, tok: &Tokenizer, id: u32) -> Result<bool, EngineError> {
+    /// Where token `id`'s text goes.
+    fn show(&mut self, tok: &Tokenizer, id: u32) -> Result<Shown, EngineError> {
         match tok.special_name(id) {
             Some("<|open|>") => self.tag = Some((Vec::new(), true)),
             Some("<|close|>") => self.tag = Some((Vec::new(), false)),
             Some("<|sep|>") => {
                 if let Some((name, opening)) = self.tag.take() {
                     let name = String::from_utf8_lossy(&name).into_owned();
-                    self.visible = match (name.as_str(), opening) {
-                        ("think", true) => self.show_thinking,
-                        ("response", true) => true,
-                        _ => false,
+                    self.state = match (name.as_str(), opening) {
+                        ("think", true) => self.thinking,
+                        ("response", true) => Shown::Content,
+                        _ => Shown::Hidden,
                     };
                 }
             }
@@ -100,12 +129,12 @@ impl Visibility {
             None => {
                 if let Some((name, _)) = &mut self.tag {
                     name.extend(tok.decode_bytes(&[id])?);
-                    return Ok(false);
+                    return Ok(Shown::Hidden);
                 }
-                return Ok(self.visible);
+                return Ok(self.state);
             }
         }
-        Ok(false)
+        Ok(Shown::Hidden)
     }
 }
 
@@ -152,6 +181,19 @@ mod tests {
         assert_eq!(visible(&tok, &hidden, ANSWER).0, "Let there be light.");
         let shown = GenerateParams { starts_in_think: true, show_thinking: true, ..GenerateParams::default() };
         assert_eq!(visible(&tok, &shown, ANSWER).0, "hmm, lightLet there be light.");
+    }
+
+    #[test]
+    fn thinking_kept_apart_is_the_reasoning_and_the_rest_the_answer() {
+        let tok = k3_tokenizer();
+        let p = GenerateParams { starts_in_think: true, reasoning_apart: true, ..GenerateParams::default() };
+        let mut out = TextOut::new(&tok, &p);
+        let mut answer = String::new();
+        for id in tok.encode_with_specials(ANSWER) {
+            answer.push_str(&out.push(id).expect("decodes").0);
+        }
+        answer.push_str(&out.flush());
+        assert_eq!((answer.as_str(), out.reasoning.as_str()), ("Let there be light.", "hmm, light"));
     }
 
     #[test]
