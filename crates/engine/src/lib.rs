@@ -10,6 +10,7 @@ pub mod config;
 pub mod convert;
 pub mod eval;
 pub mod generate;
+pub mod json_prefix;
 pub mod model;
 pub mod names;
 pub mod owned;

@@ -54,6 +54,9 @@ pub struct Tokenizer {
     specials: HashMap<String, u32>,
     special_names: HashMap<u32, String>,
     vocab: usize,
+    /// Each id's text alone (`None`: a special token, or bytes that are not whole characters),
+    /// computed when first asked for.
+    texts: std::sync::OnceLock<Vec<Option<String>>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -106,7 +109,7 @@ impl Tokenizer {
         let special_fx: rustc_hash::FxHashMap<String, u32> = specials.iter().map(|(k, v)| (k.clone(), *v)).collect();
         let vocab = vocab.max(specials.values().map(|v| *v as usize + 1).max().unwrap_or(0));
         let bpe = CoreBPE::new(encoder, special_fx, pattern).map_err(|e| TokenizerError::Build(e.to_string()))?;
-        Ok(Tokenizer { bpe: Backend::Tiktoken(bpe), specials, special_names, vocab })
+        Ok(Tokenizer { bpe: Backend::Tiktoken(bpe), specials, special_names, vocab, texts: Default::default() })
     }
 
     /// From a Hugging Face `tokenizer.json` (its added tokens are the specials).
@@ -125,7 +128,7 @@ impl Tokenizer {
         let mut plain = t.clone();
         plain.set_encode_special_tokens(true);
         let bpe = Backend::HuggingFace { plain: Box::new(plain), specials: Box::new(t) };
-        Ok(Tokenizer { bpe, specials, special_names, vocab })
+        Ok(Tokenizer { bpe, specials, special_names, vocab, texts: Default::default() })
     }
 
     /// The tokenizer a WASTE model embeds (`tiktoken.model` with `tokenizer_config.json`, or a
@@ -160,6 +163,21 @@ impl Tokenizer {
                 specials.encode(text, false).map(|e| e.get_ids().to_vec()).unwrap_or_default()
             }
         }
+    }
+
+    /// Every id's text alone: `None` for special tokens and for ids whose bytes are not whole
+    /// UTF-8 characters (what constrained generation can reason about token by token).
+    pub fn token_texts(&self) -> &[Option<String>] {
+        self.texts.get_or_init(|| {
+            (0..self.vocab as u32)
+                .map(|id| {
+                    if self.special_names.contains_key(&id) {
+                        return None;
+                    }
+                    self.decode_bytes(&[id]).ok().and_then(|b| String::from_utf8(b).ok())
+                })
+                .collect()
+        })
     }
 
     pub fn special(&self, name: &str) -> Option<u32> {

@@ -186,12 +186,16 @@ impl ChatRequest {
     /// forge a turn.
     pub fn prepare(&self, tok: &Tokenizer, info: &ModelInfo) -> Result<Prepared, ApiError> {
         check_model(self.model.as_deref(), info)?;
-        if let Some(f) = self.response_format.as_ref().filter(|f| f.kind != "text") {
-            return Err(ApiError::bad(
-                "response_format",
-                format!("response_format `{}` is not supported yet (only `text`)", f.kind),
-            ));
-        }
+        let json_object = match self.response_format.as_ref().map(|f| f.kind.as_str()) {
+            None | Some("text") => false,
+            Some("json_object") => true,
+            Some(other) => {
+                return Err(ApiError::bad(
+                    "response_format",
+                    format!("response_format `{other}` is not supported yet (`text` and `json_object` are)"),
+                ));
+            }
+        };
         if self.messages.is_empty() {
             return Err(ApiError::bad("messages", "messages is empty"));
         }
@@ -283,6 +287,7 @@ impl ChatRequest {
         let mut params = self.sampling.params(info, prompt.len(), stop_ids)?;
         params.starts_in_think = think;
         params.reasoning_apart = think;
+        params.json_object = json_object;
         Ok(Prepared {
             prompt,
             params,

@@ -376,3 +376,32 @@ async fn a_follow_up_turn_resumes_the_kept_state() {
     let (_, m) = call(&cached, get("/metrics")).await;
     assert!(m.contains("k3_prefix_cache_hits_total 1"), "{m}");
 }
+
+/// `response_format: json_object`: every token keeps the answer a JSON object in the making, and
+/// the answer ends when the object is whole — it parses as one (or, cut at max_tokens, is the
+/// start of one).
+#[tokio::test]
+async fn a_json_object_answer_is_json() {
+    let router = server(ServerOptions::new(default_model())).await;
+    for (max_tokens, user) in [(200, "Describe the light as JSON."), (6, "And God said")] {
+        let mut body = chat_body(user, max_tokens);
+        body["response_format"] = json!({"type": "json_object"});
+        let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        match v["choices"][0]["finish_reason"].as_str().unwrap() {
+            "stop" => {
+                let parsed: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content}"));
+                assert!(parsed.is_object(), "{content}");
+            }
+            _ => {
+                let mut p = k3_engine::json_prefix::JsonPrefix::default();
+                assert!(p.push_str(content) && !p.complete(), "the start of an object: {content}");
+            }
+        }
+    }
+    let mut body = chat_body("hi", 2);
+    body["response_format"] = json!({"type": "json_schema"});
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("response_format")));
+}

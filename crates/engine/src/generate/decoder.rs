@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use super::text::TextOut;
 use super::{Finish, GenerateParams};
 use crate::EngineError;
+use crate::json_prefix::JsonPrefix;
 use crate::sample::Sampler;
 use crate::tokenizer::Tokenizer;
 
@@ -29,6 +30,8 @@ pub struct Decoder<'t> {
     text: Option<TextOut<'t>>,
     produced: u64,
     finish: Option<Finish>,
+    /// With `json_object`: the answer so far, checked, and every token's text.
+    json: Option<(JsonPrefix, &'t [Option<String>])>,
 }
 
 impl<'t> Decoder<'t> {
@@ -36,7 +39,12 @@ impl<'t> Decoder<'t> {
     pub fn new(tok: Option<&'t Tokenizer>, params: GenerateParams) -> Result<Self, EngineError> {
         let sampler = Sampler::new(params.sampler)?;
         let text = tok.map(|t| TextOut::new(t, &params));
-        Ok(Decoder { params, sampler, text, produced: 0, finish: None })
+        let json = match (params.json_object, tok) {
+            (false, _) => None,
+            (true, Some(t)) => Some((JsonPrefix::for_generation(), t.token_texts())),
+            (true, None) => return Err(EngineError::Input("a JSON answer needs the model's tokenizer".into())),
+        };
+        Ok(Decoder { params, sampler, text, produced: 0, finish: None, json })
     }
 
     pub fn params(&self) -> &GenerateParams {
@@ -76,9 +84,27 @@ impl<'t> Decoder<'t> {
         self.params.close_turn
     }
 
-    /// The next token from a position's logits `[vocab]`.
+    /// The next token from a position's logits `[vocab]` (with `json_object`, among the tokens
+    /// that keep the answer a JSON object in the making; a stop id only if none can).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        self.sampler.sample(logits)
+        let Some((prefix, texts)) = &self.json else { return self.sampler.sample(logits) };
+        let mut masked = vec![f32::NEG_INFINITY; logits.len()];
+        let mut any = false;
+        for (id, (m, l)) in masked.iter_mut().zip(logits).enumerate() {
+            if texts.get(id).and_then(Option::as_deref).is_some_and(|t| !t.is_empty() && prefix.accepts(t)) {
+                *m = *l;
+                any = true;
+            }
+        }
+        if !any {
+            // No token continues the object (it cannot be finished in this vocabulary): stop.
+            for &s in &self.params.stop_ids {
+                if let Some(m) = masked.get_mut(s as usize) {
+                    *m = 0.0;
+                }
+            }
+        }
+        self.sampler.sample(&masked)
     }
 
     /// Counts a sampled token at `position` and checks it against the stops.
@@ -100,6 +126,14 @@ impl<'t> Decoder<'t> {
         if position as u64 >= context {
             self.finish = Some(Finish::ContextFull);
             return Ok(Emit::End(text + &self.flush(), None));
+        }
+        if let Some((prefix, texts)) = &mut self.json {
+            prefix.push_str(texts.get(id as usize).and_then(Option::as_deref).unwrap_or(""));
+            if prefix.complete() {
+                // The object is whole: the answer ends here.
+                self.finish = Some(Finish::Stop);
+                return Ok(Emit::End(text + &self.flush(), self.params.close_turn));
+            }
         }
         Ok(Emit::Continue(text))
     }

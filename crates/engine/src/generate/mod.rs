@@ -36,6 +36,9 @@ pub struct GenerateParams {
     /// K3: keep what the model writes inside `think` apart from the answer, for
     /// [`Decoder::take_reasoning`] (a server's `reasoning_content`).
     pub reasoning_apart: bool,
+    /// The answer is one JSON object: tokens that cannot continue one are never sampled, and the
+    /// turn ends when it is complete (`response_format: json_object`). Needs a tokenizer.
+    pub json_object: bool,
     /// K3: the prompt ends inside an open `think` element (generation starts thinking).
     pub starts_in_think: bool,
     /// Leave the session ready for the next turn: the end-of-message id is in it however the
@@ -59,6 +62,7 @@ impl Default for GenerateParams {
             stop_strings: Vec::new(),
             show_thinking: false,
             reasoning_apart: false,
+            json_object: false,
             starts_in_think: false,
             close_turn: None,
             cancel: None,
