@@ -1,38 +1,13 @@
 //! Chat prompts built exactly as models.md spells the formats.
 
+mod common;
+
 use std::path::Path;
 
+use common::kimi_tokenizer as tokenizer;
 use k3_engine::chat::{ChatFormat, Message, Role, python_json};
 use k3_engine::config::Family;
 use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
-
-fn tokenizer() -> Tokenizer {
-    let ranks =
-        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizer/o200k_base.tiktoken"))
-            .unwrap();
-    let names = [
-        "[BOS]",
-        "[EOS]",
-        "<|end_of_msg|>",
-        "<|open|>",
-        "<|close|>",
-        "<|sep|>",
-        "<|im_user|>",
-        "<|im_assistant|>",
-        "<|im_system|>",
-        "<|im_middle|>",
-        "<|im_end|>",
-        "<|tool_calls_section_begin|>",
-        "<|tool_calls_section_end|>",
-        "<|tool_call_begin|>",
-        "<|tool_call_argument_begin|>",
-        "<|tool_call_end|>",
-    ];
-    let added: serde_json::Map<String, serde_json::Value> =
-        names.iter().enumerate().map(|(i, n)| ((200_000 + i).to_string(), serde_json::json!({"content": n}))).collect();
-    let cfg = serde_json::to_vec(&serde_json::json!({"added_tokens_decoder": added})).unwrap();
-    Tokenizer::from_tiktoken(&ranks, Some(&cfg), KIMI_PATTERN).unwrap()
-}
 
 #[test]
 fn k3_xtml_turns_and_generation_prompt() {

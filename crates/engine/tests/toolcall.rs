@@ -1,29 +1,11 @@
 //! Tool calls read out of a reply token by token (K2 / `im_` markup): calls whole at their end
 //! marker, text around them streamed, malformed or cut-off markup shown as the text it was.
 
-use std::path::Path;
+mod common;
 
+use common::kimi_tokenizer as tokenizer;
 use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
 use k3_engine::toolcall::{Piece, ToolCall, ToolCallReader};
-
-/// o200k ranks with Kimi's chat and tool-call markers as specials.
-fn tokenizer() -> Tokenizer {
-    let ranks =
-        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizer/o200k_base.tiktoken"))
-            .unwrap();
-    let names = [
-        "<|im_end|>",
-        "<|tool_calls_section_begin|>",
-        "<|tool_calls_section_end|>",
-        "<|tool_call_begin|>",
-        "<|tool_call_argument_begin|>",
-        "<|tool_call_end|>",
-    ];
-    let added: serde_json::Map<String, serde_json::Value> =
-        names.iter().enumerate().map(|(i, n)| ((200_000 + i).to_string(), serde_json::json!({"content": n}))).collect();
-    let cfg = serde_json::to_vec(&serde_json::json!({"added_tokens_decoder": added})).unwrap();
-    Tokenizer::from_tiktoken(&ranks, Some(&cfg), KIMI_PATTERN).unwrap()
-}
 
 /// Feeds `reply` (markup as special tokens) token by token: the pieces, text runs merged.
 fn read(tok: &Tokenizer, reply: &str) -> Vec<Piece> {
