@@ -300,11 +300,15 @@ impl ChatRequest {
 
 impl CompletionRequest {
     /// The prompt as plain text (no special tokens from text) or as token ids.
-    pub fn prepare(&self, tok: &Tokenizer, info: &ModelInfo) -> Result<Prepared, ApiError> {
+    pub fn prepare(&self, tok: Option<&Tokenizer>, info: &ModelInfo) -> Result<Prepared, ApiError> {
         check_model(self.model.as_deref(), info)?;
+        let encode = |t: &str| {
+            tok.map(|k| k.encode(t))
+                .ok_or_else(|| ApiError::bad("prompt", "this model embeds no tokenizer: send the prompt as token ids"))
+        };
         let prompt = match &self.prompt {
-            Prompt::Text(t) => tok.encode(t),
-            Prompt::Texts(v) if v.len() == 1 => tok.encode(&v[0]),
+            Prompt::Text(t) => encode(t)?,
+            Prompt::Texts(v) if v.len() == 1 => encode(&v[0])?,
             Prompt::Texts(v) => {
                 return Err(ApiError::bad("prompt", format!("{} prompts: this server takes one per request", v.len())));
             }

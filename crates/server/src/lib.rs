@@ -117,14 +117,11 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
         Ok(e) => e,
         Err(e) => return fail(status, format!("the model at {} did not load: {e}", opts.model.display())),
     };
-    let load_tok = || match Tokenizer::from_model(owned.model()) {
-        Some(Ok(t)) => Ok(t),
-        Some(Err(e)) => Err(format!("the model's tokenizer did not load: {e}")),
-        None => Err(format!("{} embeds no tokenizer: a chat server needs one", opts.model.display())),
-    };
+    // A model without a tokenizer is served token ids in, token ids out (`/v1/completions`).
+    let load_tok = || Tokenizer::from_model(owned.model()).transpose();
     let (tok, shared_tok) = match (load_tok(), load_tok()) {
         (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return fail(status, e),
+        (Err(e), _) | (_, Err(e)) => return fail(status, format!("the model's tokenizer did not load: {e}")),
     };
     let engine = owned.engine();
     let id = opts
@@ -140,12 +137,14 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
         hidden: engine.hidden(),
         eos: engine.config().eos.clone(),
     };
-    let _ = state.tok.set(shared_tok);
+    if let Some(t) = shared_tok {
+        let _ = state.tok.set(t);
+    }
     let _ = state.info.set(info);
     status.ready.store(true, Ordering::SeqCst);
     let mut cache = prefix::PrefixCache::new(opts.prefix_cache);
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        scheduler::run(engine, &tok, jobs, opts.max_batch.max(1), &mut cache, status, &state.metrics)
+        scheduler::run(engine, tok.as_ref(), jobs, opts.max_batch.max(1), &mut cache, status, &state.metrics)
     }));
     if let Err(p) = ran {
         // A bug, not an input: /health and every later request say so; nothing hangs.

@@ -41,9 +41,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    fn ready(&self) -> Result<(&ModelInfo, &Tokenizer), ApiError> {
-        match (self.info.get(), self.tok.get()) {
-            (Some(i), Some(t)) if self.handle.status.ready.load(Ordering::SeqCst) => Ok((i, t)),
+    /// The model's shape and its tokenizer (`None`: the model is served token ids).
+    fn ready(&self) -> Result<(&ModelInfo, Option<&Tokenizer>), ApiError> {
+        match self.info.get() {
+            Some(i) if self.handle.status.ready.load(Ordering::SeqCst) => Ok((i, self.tok.get())),
             _ => Err(self.unavailable()),
         }
     }
@@ -141,6 +142,9 @@ enum Kind {
 pub async fn chat(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(body)?;
     let (info, tok) = s.ready()?;
+    let tok = tok.ok_or_else(|| {
+        ApiError::bad("messages", "this model embeds no tokenizer: send token ids to /v1/completions")
+    })?;
     let p = req.prepare(tok, info)?;
     run(&s, p, Kind::Chat).await
 }

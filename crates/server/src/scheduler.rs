@@ -85,6 +85,8 @@ struct Active<'t> {
     /// The token to feed next (after the prompt).
     next: Option<u32>,
     events: tmpsc::UnboundedSender<Event>,
+    /// No tokenizer: each token's id is its text.
+    ids_out: bool,
 }
 
 impl Active<'_> {
@@ -117,7 +119,7 @@ impl Active<'_> {
 /// streams what each sequence says.
 pub fn run(
     engine: &Engine<'_>,
-    tok: &Tokenizer,
+    tok: Option<&Tokenizer>,
     jobs: &mpsc::Receiver<Job>,
     max_batch: usize,
     cache: &mut PrefixCache,
@@ -155,14 +157,14 @@ pub fn run(
 
 fn admit<'t>(
     engine: &Engine<'_>,
-    tok: &'t Tokenizer,
+    tok: Option<&'t Tokenizer>,
     job: Job,
     active: &mut Vec<Active<'t>>,
     cache: &mut PrefixCache,
     status: &Status,
 ) {
     status.queued.fetch_sub(1, Ordering::Relaxed);
-    match Decoder::new(Some(tok), job.params) {
+    match Decoder::new(tok, job.params) {
         Ok(decoder) => {
             let session = cache.lookup(engine, &job.prompt).unwrap_or_else(|| engine.session());
             let cached = session.tokens();
@@ -174,6 +176,7 @@ fn admit<'t>(
                 cached,
                 next: None,
                 events: job.events,
+                ids_out: tok.is_none(),
             })
         }
         Err(e) => {
@@ -235,11 +238,15 @@ fn step(
         metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
         match a.decoder.emit(id, a.session.tokens(), context) {
             Ok(Emit::Continue(text)) => {
+                // Without a tokenizer, the ids are the text (as `k3-cli generate` prints them).
+                let text = if a.ids_out { format!("{id} ") } else { text };
                 let reasoning = a.decoder.take_reasoning();
                 a.send(Event::Delta { text, reasoning, token: id });
                 a.next = Some(id);
             }
             Ok(Emit::End(text, _)) => {
+                let text =
+                    if a.ids_out && !a.decoder.params().stop_ids.contains(&id) { format!("{id} ") } else { text };
                 let reasoning = a.decoder.take_reasoning();
                 if !text.is_empty() || !reasoning.is_empty() {
                     a.send(Event::Delta { text, reasoning, token: id });

@@ -405,3 +405,22 @@ async fn a_json_object_answer_is_json() {
     let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
     assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("response_format")));
 }
+
+/// A model without a tokenizer (the golden tiny K3) is served token ids: completions take ids and
+/// answer ids; chat and text prompts are refused, naming why.
+#[tokio::test]
+async fn a_model_without_a_tokenizer_is_served_token_ids() {
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny-k3.waste");
+    let router = server(ServerOptions::new(tiny)).await;
+    let body = json!({"prompt": [37, 246, 205], "max_tokens": 4, "temperature": 0});
+    let (s, v) = json_call(&router, post("/v1/completions", &body)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let ids: Vec<u32> =
+        v["choices"][0]["text"].as_str().unwrap().split_whitespace().map(|t| t.parse().unwrap()).collect();
+    assert_eq!(ids.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap(), "{v}");
+    let (s, v) = json_call(&router, post("/v1/completions", &json!({"prompt": "text", "max_tokens": 2}))).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("prompt")), "{v}");
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &chat_body("hi", 2))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("no tokenizer"), "{v}");
+}

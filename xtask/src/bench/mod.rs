@@ -65,6 +65,9 @@ pub enum Bench {
         /// Repetitions, interleaved (medians are reported).
         #[arg(long, default_value_t = 3, value_parser = reps)]
         reps: usize,
+        /// Memory budget for the engine (e.g. 3G, for a model larger than memory).
+        #[arg(long, value_name = "SIZE")]
+        mem: Option<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -123,9 +126,10 @@ pub fn run(what: Bench) -> Result<()> {
             (io::run(&o, json)?, json)
         }
         Bench::Attn { reps, json } => (attn::run(reps, json), json),
-        Bench::Serve { model, clients, tokens, reps, json } => {
+        Bench::Serve { model, clients, tokens, reps, mem, json } => {
             let clients = crate::thread_list(Some(&clients))?;
-            (serve::run(&serve::Options { model, clients, tokens, reps }, json)?, json)
+            let mem = mem.map(|m| k3_engine::budget::parse_size(&m)).transpose().map_err(anyhow::Error::msg)?;
+            (serve::run(&serve::Options { model, clients, tokens, reps, mem }, json)?, json)
         }
         Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
         Bench::Kernels { reps, threads: Some(n), json } => (threads::run(n, reps, json), json),

@@ -19,6 +19,8 @@ pub struct Options {
     pub clients: Vec<usize>,
     pub tokens: usize,
     pub reps: usize,
+    /// Memory budget for the engine (e.g. for a model larger than memory).
+    pub mem: Option<u64>,
 }
 
 /// A server on its own runtime, listening on a free port, once `/health` says ok.
@@ -84,14 +86,19 @@ fn first_token(addr: SocketAddr, body: &Value) -> Result<(f64, f64)> {
 }
 
 /// `clients` concurrent greedy completions of `tokens`: completion tokens per second in all.
-fn aggregate(addr: SocketAddr, clients: usize, tokens: usize, rep: usize) -> Result<f64> {
+/// Prompts are text, or (a model without a tokenizer) 4 random ids below `vocab`.
+fn aggregate(addr: SocketAddr, clients: usize, tokens: usize, rep: usize, ids: Option<u32>) -> Result<f64> {
     let t0 = Instant::now();
     let handles: Vec<_> = (0..clients)
         .map(|i| {
-            let body = json!({
-                "prompt": format!("And it came to pass on day {} of month {rep}, that", i + 1),
-                "max_tokens": tokens, "temperature": 0,
-            });
+            let prompt = match ids {
+                Some(vocab) => {
+                    let mut rng = k3_quant::rng::XorShift::new((rep * 1000 + i) as u64 + 1);
+                    json!((0..4).map(|_| (rng.next_u64() % u64::from(vocab)) as u32).collect::<Vec<_>>())
+                }
+                None => json!(format!("And it came to pass on day {} of month {rep}, that", i + 1)),
+            };
+            let body = json!({"prompt": prompt, "max_tokens": tokens, "temperature": 0});
             std::thread::spawn(move || http(addr, "POST", "/v1/completions", Some(&body)))
         })
         .collect();
@@ -120,18 +127,50 @@ fn conversation(rep: usize) -> Vec<Value> {
 }
 
 pub fn run(o: &Options, json_out: bool) -> Result<Value> {
-    let batched = start(ServerOptions::new(o.model.clone()))?;
+    let model = k3_engine::Model::open(&o.model)?;
+    let ids = match k3_engine::tokenizer::Tokenizer::from_model(&model) {
+        Some(_) => None,
+        None => Some(model.manifest().architecture.vocab as u32),
+    };
+    drop(model);
+    let mut opts = ServerOptions::new(o.model.clone());
+    opts.engine.mem_budget = o.mem;
+    let batched = start(opts.clone())?;
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); o.clients.len()];
     for rep in 0..o.reps {
         for k in 0..o.clients.len() {
             let i = (k + rep) % o.clients.len();
             eprintln!("  rep {rep}: {} clients", o.clients[i]);
-            rates[i].push(aggregate(batched.addr, o.clients[i], o.tokens, rep)?);
+            rates[i].push(aggregate(batched.addr, o.clients[i], o.tokens, rep, ids)?);
         }
+    }
+    let one = median(rates[o.clients.iter().position(|&c| c == 1).unwrap_or(0)].clone());
+    let mut by_clients = serde_json::Map::new();
+    for (c, r) in o.clients.iter().zip(&rates) {
+        let m = median(r.clone());
+        by_clients.insert(c.to_string(), json!({"tok_per_s": m, "vs_one": m / one.max(1e-12)}));
+    }
+    if !json_out {
+        println!("concurrent clients, {} tokens each, greedy ({} reps, medians):", o.tokens, o.reps);
+        for (c, v) in &by_clients {
+            println!(
+                "  {c:>3} clients: {:>9.3} tok/s in all ({:.2}x one client)",
+                v["tok_per_s"].as_f64().unwrap_or(0.0),
+                v["vs_one"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    let mut report = json!({
+        "model": o.model.display().to_string(), "tokens_per_client": o.tokens, "reps": o.reps,
+        "clients": by_clients,
+    });
+    if ids.is_some() {
+        // No chat without a tokenizer: the follow-up turn is not measured.
+        return Ok(report);
     }
     // Time to first token of a follow-up turn: the first turn answered, then the next one
     // streamed, on a server with the prefix cache and one without.
-    let cold = start(ServerOptions { prefix_cache: 0, ..ServerOptions::new(o.model.clone()) })?;
+    let cold = start(ServerOptions { prefix_cache: 0, ..opts })?;
     let (mut with, mut without, mut prompt_tokens, mut cached) = (Vec::new(), Vec::new(), 0, 0);
     for rep in 0..o.reps {
         for (server, out) in [(&batched, &mut with), (&cold, &mut without)] {
@@ -158,28 +197,10 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
             .parse::<f64>()
             .unwrap_or(0.0) as u64;
     }
-    let one = median(rates[o.clients.iter().position(|&c| c == 1).unwrap_or(0)].clone());
-    let mut by_clients = serde_json::Map::new();
-    for (c, r) in o.clients.iter().zip(&rates) {
-        let m = median(r.clone());
-        by_clients.insert(c.to_string(), json!({"tok_per_s": m, "vs_one": m / one.max(1e-12)}));
-    }
     let (w, wo) = (median(with), median(without));
-    let report = json!({
-        "model": o.model.display().to_string(), "tokens_per_client": o.tokens, "reps": o.reps,
-        "clients": by_clients,
-        "follow_up_ttft_s": {"prefix_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
-                             "first_turn_prompt_tokens": prompt_tokens, "tokens_saved_total": cached},
-    });
+    report["follow_up_ttft_s"] = json!({"prefix_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
+                                        "first_turn_prompt_tokens": prompt_tokens, "tokens_saved_total": cached});
     if !json_out {
-        println!("concurrent clients, {} tokens each, greedy ({} reps, medians):", o.tokens, o.reps);
-        for (c, v) in &by_clients {
-            println!(
-                "  {c:>3} clients: {:>9.1} tok/s in all ({:.2}x one client)",
-                v["tok_per_s"].as_f64().unwrap_or(0.0),
-                v["vs_one"].as_f64().unwrap_or(0.0)
-            );
-        }
         println!(
             "follow-up turn after a {prompt_tokens}-token first turn: first token in {:.1} ms with the prefix cache, {:.1} ms without ({:.3}x)",
             w * 1e3,
