@@ -221,6 +221,50 @@ pub struct ModelConfig {
     pub text: TextConfig,
 }
 
+/// A required size field, or the error naming it.
+fn required(v: Option<u64>, field: &str) -> Result<usize, String> {
+    v.map(|x| x as usize).ok_or_else(|| format!("missing field `{field}`"))
+}
+
+impl TextConfig {
+    fn mla_dims(&self) -> Result<MlaDims, String> {
+        Ok(MlaDims {
+            heads: required(self.num_attention_heads.map(u64::from), "num_attention_heads")?,
+            q_lora: self.q_lora_rank.map(|q| q as usize),
+            kv_lora: required(self.kv_lora_rank, "kv_lora_rank")?,
+            nope: required(self.qk_nope_head_dim, "qk_nope_head_dim")?,
+            rope: required(self.qk_rope_head_dim, "qk_rope_head_dim")?,
+            v_dim: required(self.v_head_dim, "v_head_dim")?,
+            output_gate: self.mla_use_output_gate,
+        })
+    }
+
+    fn moe_dims(&self) -> Result<MoeDims, String> {
+        Ok(MoeDims {
+            experts: self.num_experts as usize,
+            top_k: self.num_experts_per_token as usize,
+            inter: required(self.moe_intermediate_size, "moe_intermediate_size")?,
+            latent: self.routed_expert_hidden_size.map(|z| z as usize),
+            shared: self.num_shared_experts as usize,
+            groups: self.num_expert_group.max(1) as usize,
+            top_groups: self.topk_group.max(1) as usize,
+            renormalize: self.moe_renormalize,
+            scaling: self.routed_scaling_factor as f32,
+        })
+    }
+
+    fn activation(&self) -> Result<Activation, String> {
+        match self.hidden_act.as_deref() {
+            Some("situ") => Ok(Activation::Situ {
+                beta: self.activation_situ_beta.unwrap_or(4.0) as f32,
+                lin_beta: self.activation_situ_linear_beta.unwrap_or(25.0) as f32,
+            }),
+            Some("silu") | None => Ok(Activation::Silu),
+            Some(other) => Err(format!("hidden_act `{other}` is not supported (situ, silu)")),
+        }
+    }
+}
+
 impl ModelConfig {
     pub fn parse(path: &Path, bytes: &[u8]) -> Result<ModelConfig, ConfigError> {
         let err = |reason: String| ConfigError { path: path.to_path_buf(), reason };
@@ -234,8 +278,7 @@ impl ModelConfig {
         };
         let text_value = root.text_config.clone().unwrap_or(root_value);
         let text: TextConfig = serde_json::from_value(text_value).map_err(|e| err(e.to_string()))?;
-        let need =
-            |v: Option<u64>, field: &str| v.map(|x| x as usize).ok_or_else(|| err(format!("missing field `{field}`")));
+        let need = |v: Option<u64>, field: &str| required(v, field).map_err(err);
         let lac = text.linear_attn_config.clone();
         let kda_layers: Vec<u32> =
             lac.iter().flat_map(|l| l.kda_layers.iter()).filter_map(|&l| l.checked_sub(1)).collect();
@@ -250,42 +293,9 @@ impl ModelConfig {
             _ => None,
         };
         let has_mla = (0..text.num_hidden_layers).any(|i| !kda_layers.contains(&i));
-        let mla = if has_mla {
-            Some(MlaDims {
-                heads: need(text.num_attention_heads.map(u64::from), "num_attention_heads")?,
-                q_lora: text.q_lora_rank.map(|q| q as usize),
-                kv_lora: need(text.kv_lora_rank, "kv_lora_rank")?,
-                nope: need(text.qk_nope_head_dim, "qk_nope_head_dim")?,
-                rope: need(text.qk_rope_head_dim, "qk_rope_head_dim")?,
-                v_dim: need(text.v_head_dim, "v_head_dim")?,
-                output_gate: text.mla_use_output_gate,
-            })
-        } else {
-            None
-        };
-        let moe = if text.num_experts > 0 {
-            Some(MoeDims {
-                experts: text.num_experts as usize,
-                top_k: text.num_experts_per_token as usize,
-                inter: need(text.moe_intermediate_size, "moe_intermediate_size")?,
-                latent: text.routed_expert_hidden_size.map(|z| z as usize),
-                shared: text.num_shared_experts as usize,
-                groups: text.num_expert_group.max(1) as usize,
-                top_groups: text.topk_group.max(1) as usize,
-                renormalize: text.moe_renormalize,
-                scaling: text.routed_scaling_factor as f32,
-            })
-        } else {
-            None
-        };
-        let activation = match text.hidden_act.as_deref() {
-            Some("situ") => Activation::Situ {
-                beta: text.activation_situ_beta.unwrap_or(4.0) as f32,
-                lin_beta: text.activation_situ_linear_beta.unwrap_or(25.0) as f32,
-            },
-            Some("silu") | None => Activation::Silu,
-            Some(other) => return Err(err(format!("hidden_act `{other}` is not supported (situ, silu)"))),
-        };
+        let mla = if has_mla { Some(text.mla_dims().map_err(err)?) } else { None };
+        let moe = if text.num_experts > 0 { Some(text.moe_dims().map_err(err)?) } else { None };
+        let activation = text.activation().map_err(err)?;
         let attn_res_block = match (family, text.attn_res_block_size) {
             (Family::KimiK3, None) => return Err(err("missing field `attn_res_block_size` (K3's AttnRes)".into())),
             (Family::KimiK3, Some(b)) => Some(b.max(1) as usize),

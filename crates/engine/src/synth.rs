@@ -167,17 +167,13 @@ pub enum SynthExperts {
     Vq3,
 }
 
-/// Writes preset `p` to `out` (resumable like any conversion).
-pub fn synth(
-    p: &Preset,
-    experts: SynthExperts,
-    out: &Path,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<(), EngineError> {
-    let d = p.hidden;
-    let config = serde_json::to_vec_pretty(&config_json(p)).expect("config serializes");
-    let moe_layers: Vec<u32> = (1..p.layers).collect();
-    let mats = [("w1", p.expert_width, p.latent), ("w2", p.latent, p.expert_width), ("w3", p.expert_width, p.latent)];
+/// The expert matrices: (name, rows, columns).
+fn expert_mats(p: &Preset) -> [(&'static str, usize, usize); 3] {
+    [("w1", p.expert_width, p.latent), ("w2", p.latent, p.expert_width), ("w3", p.expert_width, p.latent)]
+}
+
+/// What the writer is told: the architecture, the expert record layout, provenance.
+fn writer_spec(p: &Preset, experts: SynthExperts) -> Result<WriterSpec, EngineError> {
     let enc = |cols: usize| match experts {
         SynthExperts::Mxfp4 => Encoding::Mxfp4,
         SynthExperts::Vq3 => Encoding::Vq {
@@ -191,125 +187,195 @@ pub fn synth(
         },
     };
     let layout_mats: Vec<(&str, Encoding, Vec<u64>)> =
-        mats.iter().map(|(n, r, c)| (*n, enc(*c), vec![*r as u64, *c as u64])).collect();
+        expert_mats(p).iter().map(|(n, r, c)| (*n, enc(*c), vec![*r as u64, *c as u64])).collect();
     let layout = ExpertLayout::build(4096, &layout_mats).map_err(EngineError::Shape)?;
-    let spec = WriterSpec {
+    Ok(WriterSpec {
         architecture: Architecture {
             name: "kimi_k3".into(),
             layers: p.layers,
-            hidden: d as u64,
+            hidden: p.hidden as u64,
             vocab: p.vocab as u64,
             experts: p.experts,
             experts_per_token: p.top_k,
-            moe_layers: moe_layers.clone(),
+            moe_layers: (1..p.layers).collect(),
         },
         alignment: 4096,
         shards: 1,
         shard_dirs: Vec::new(),
-        expert_layouts: vec![layout.clone()],
         encodings: BTreeMap::from([
             ("experts".to_string(), layout.matrices[0].encoding.label()),
             ("trunk".to_string(), "bf16".to_string()),
         ]),
+        expert_layouts: vec![layout],
         provenance: serde_json::json!({"synthetic": p.name, "experts": format!("{experts:?}")}),
-    };
+    })
+}
+
+/// Writes preset `p` to `out` (resumable like any conversion).
+pub fn synth(
+    p: &Preset,
+    experts: SynthExperts,
+    out: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), EngineError> {
+    let config = serde_json::to_vec_pretty(&config_json(p)).expect("config serializes");
+    let spec = writer_spec(p, experts)?;
+    let layout = spec.expert_layouts[0].clone();
     let mut w = match ModelWriter::open(out, spec)? {
         Opened::Complete => return Ok(()),
         Opened::Writer(w) => w,
     };
     let mut g = Gen(XorShift::new(0x5EED));
-    let total = u64::from(p.experts) * moe_layers.len() as u64 * layout.record_bytes;
-    let put = |w: &mut ModelWriter, name: &str, e: Encoding, shape: &[u64], data: Vec<u8>| -> Result<(), EngineError> {
-        if !w.has_tensor(name) {
-            w.write_tensor(name, e, shape, &[&data])?;
+    Trunk { w: &mut w, g: &mut g, p, branch: if p.predictable_routing { 0.1 } else { 1.0 } }.write()?;
+    write_experts(&mut w, &mut g, p, experts, &layout, progress)?;
+    w.finish(&[("config.json", &config)])?;
+    Ok(())
+}
+
+/// Writes the trunk's tensors (those not yet written), weights scaled about `1/sqrt(fan_in)`.
+struct Trunk<'a> {
+    w: &'a mut ModelWriter,
+    g: &'a mut Gen,
+    p: &'a Preset,
+    /// Scale of the matrices writing into the residual stream (small: predictable routing).
+    branch: f32,
+}
+
+fn fan_in_scale(fan_in: usize) -> f32 {
+    1.0 / (fan_in as f32).sqrt()
+}
+
+impl Trunk<'_> {
+    fn put(&mut self, name: &str, e: Encoding, shape: &[u64], data: Vec<u8>) -> Result<(), EngineError> {
+        if !self.w.has_tensor(name) {
+            self.w.write_tensor(name, e, shape, &[&data])?;
         }
         Ok(())
-    };
-    let s = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
-    let (vocab, h, hd) = (p.vocab, p.kda_heads, p.head_dim);
-    put(&mut w, names::EMBED, Encoding::Bf16, &[vocab as u64, d as u64], g.bf16(vocab * d, 1.0))?;
-    put(&mut w, names::LM_HEAD, Encoding::Bf16, &[vocab as u64, d as u64], g.bf16(vocab * d, s(d)))?;
-    let ones = |n: usize| -> Vec<u8> { (0..n).flat_map(|_| bf16::ONE.to_le_bytes()).collect() };
-    for n in [names::NORM, names::OUT_RES_NORM] {
-        put(&mut w, n, Encoding::Bf16, &[d as u64], ones(d))?;
     }
-    put(&mut w, names::OUT_RES_PROJ, Encoding::Bf16, &[1, d as u64], g.bf16(d, s(d)))?;
-    // Predictable routing: one router for all MoE layers, residual updates scaled down.
-    let shared_router = p.predictable_routing.then(|| g.bf16(p.experts as usize * d, s(d)));
-    let branch = if p.predictable_routing { 0.1 } else { 1.0 };
-    for i in 0..p.layers {
-        let ln = LayerNames::of(i);
-        for n in [&ln.input_norm, &ln.post_norm, &ln.att_res_norm, &ln.mlp_res_norm] {
-            put(&mut w, n, Encoding::Bf16, &[d as u64], ones(d))?;
-        }
-        for n in [&ln.att_res_proj, &ln.mlp_res_proj] {
-            put(&mut w, n, Encoding::Bf16, &[1, d as u64], g.bf16(d, s(d)))?;
-        }
-        let mat = |w: &mut ModelWriter, g: &mut Gen, n: &str, r: usize, c: usize| {
-            put(w, n, Encoding::Bf16, &[r as u64, c as u64], g.bf16(r * c, s(c)))
-        };
-        // A matrix writing into the residual stream.
-        let out_mat = |w: &mut ModelWriter, g: &mut Gen, n: &str, r: usize, c: usize| {
-            put(w, n, Encoding::Bf16, &[r as u64, c as u64], g.bf16(r * c, branch * s(c)))
-        };
-        if is_mla(p, i) {
-            let (q, kv, heads) = (p.q_lora, p.kv_lora, p.mla_heads);
-            let n = MlaNames::of(i);
-            mat(&mut w, &mut g, &n.q_a, q, d)?;
-            mat(&mut w, &mut g, &n.q_b, heads * 192, q)?;
-            mat(&mut w, &mut g, &n.kv_a, kv + 64, d)?;
-            mat(&mut w, &mut g, &n.kv_b, heads * 256, kv)?;
-            mat(&mut w, &mut g, &n.g_proj, heads * 128, d)?;
-            out_mat(&mut w, &mut g, &n.o_proj, d, heads * 128)?;
-            put(&mut w, &n.q_a_norm, Encoding::Bf16, &[q as u64], ones(q))?;
-            put(&mut w, &n.kv_a_norm, Encoding::Bf16, &[kv as u64], ones(kv))?;
-        } else {
-            let c = h * hd;
-            let n = KdaNames::of(i);
-            for m in [&n.q_proj, &n.k_proj, &n.v_proj, &n.g_proj] {
-                mat(&mut w, &mut g, m, c, d)?;
-            }
-            out_mat(&mut w, &mut g, &n.o_proj, d, c)?;
-            mat(&mut w, &mut g, &n.f_a, hd, d)?;
-            mat(&mut w, &mut g, &n.f_b, c, hd)?;
-            mat(&mut w, &mut g, &n.b_proj, h, d)?;
-            for conv in [&n.q_conv, &n.k_conv, &n.v_conv] {
-                let v = g.f32s(c * 4, |r| r.gaussian() * 0.5);
-                put(&mut w, conv, Encoding::F32, &[c as u64, 1, 4], v)?;
-            }
-            let a = g.f32s(h, |r| (1.0 + 15.0 * r.uniform() as f32).ln());
-            put(&mut w, &n.a_log, Encoding::F32, &[h as u64], a)?;
-            let dt = g.f32s(c, |r| r.gaussian() * 0.1);
-            put(&mut w, &n.dt_bias, Encoding::F32, &[c as u64], dt)?;
-            let on = g.f32s(hd, |_| 1.0);
-            put(&mut w, &n.o_norm, Encoding::F32, &[hd as u64], on)?;
-        }
-        if i == 0 {
-            let n = MlpNames::dense(i);
-            mat(&mut w, &mut g, &n.gate, p.dense_width, d)?;
-            mat(&mut w, &mut g, &n.up, p.dense_width, d)?;
-            out_mat(&mut w, &mut g, &n.down, d, p.dense_width)?;
-        } else {
-            let n = MoeNames::of(i);
-            match &shared_router {
-                Some(r) => put(&mut w, &n.gate, Encoding::Bf16, &[u64::from(p.experts), d as u64], r.clone())?,
-                None => mat(&mut w, &mut g, &n.gate, p.experts as usize, d)?,
-            }
-            put(&mut w, &n.bias, Encoding::F32, &[u64::from(p.experts)], vec![0; p.experts as usize * 4])?;
-            mat(&mut w, &mut g, &n.latent_down, p.latent, d)?;
-            put(&mut w, &n.latent_norm, Encoding::Bf16, &[p.latent as u64], ones(p.latent))?;
-            out_mat(&mut w, &mut g, &n.latent_up, d, p.latent)?;
-            mat(&mut w, &mut g, &n.shared.gate, 2 * p.expert_width, d)?;
-            mat(&mut w, &mut g, &n.shared.up, 2 * p.expert_width, d)?;
-            out_mat(&mut w, &mut g, &n.shared.down, d, 2 * p.expert_width)?;
-        }
+
+    fn ones(&mut self, name: &str, n: usize) -> Result<(), EngineError> {
+        self.put(name, Encoding::Bf16, &[n as u64], (0..n).flat_map(|_| bf16::ONE.to_le_bytes()).collect())
     }
+
+    fn mat(&mut self, name: &str, r: usize, c: usize) -> Result<(), EngineError> {
+        let data = self.g.bf16(r * c, fan_in_scale(c));
+        self.put(name, Encoding::Bf16, &[r as u64, c as u64], data)
+    }
+
+    /// A matrix writing into the residual stream.
+    fn out_mat(&mut self, name: &str, r: usize, c: usize) -> Result<(), EngineError> {
+        let data = self.g.bf16(r * c, self.branch * fan_in_scale(c));
+        self.put(name, Encoding::Bf16, &[r as u64, c as u64], data)
+    }
+
+    fn f32s(&mut self, name: &str, shape: &[u64], f: impl Fn(&mut XorShift) -> f32) -> Result<(), EngineError> {
+        let data = self.g.f32s(shape.iter().product::<u64>() as usize, f);
+        self.put(name, Encoding::F32, shape, data)
+    }
+
+    fn write(mut self) -> Result<(), EngineError> {
+        let p = self.p;
+        let (d, vocab) = (p.hidden, p.vocab);
+        let embed = self.g.bf16(vocab * d, 1.0);
+        self.put(names::EMBED, Encoding::Bf16, &[vocab as u64, d as u64], embed)?;
+        self.mat(names::LM_HEAD, vocab, d)?;
+        self.ones(names::NORM, d)?;
+        self.ones(names::OUT_RES_NORM, d)?;
+        self.mat(names::OUT_RES_PROJ, 1, d)?;
+        // Predictable routing: one router for all MoE layers, residual updates scaled down.
+        let shared_router = p.predictable_routing.then(|| self.g.bf16(p.experts as usize * d, fan_in_scale(d)));
+        for i in 0..p.layers {
+            let ln = LayerNames::of(i);
+            for n in [&ln.input_norm, &ln.post_norm, &ln.att_res_norm, &ln.mlp_res_norm] {
+                self.ones(n, d)?;
+            }
+            for n in [&ln.att_res_proj, &ln.mlp_res_proj] {
+                self.mat(n, 1, d)?;
+            }
+            if is_mla(p, i) {
+                self.mla(i)?
+            } else {
+                self.kda(i)?
+            }
+            if i == 0 {
+                let n = MlpNames::dense(i);
+                self.mat(&n.gate, p.dense_width, d)?;
+                self.mat(&n.up, p.dense_width, d)?;
+                self.out_mat(&n.down, d, p.dense_width)?;
+            } else {
+                self.moe(i, shared_router.as_ref())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn mla(&mut self, i: u32) -> Result<(), EngineError> {
+        let (d, q, kv, heads) = (self.p.hidden, self.p.q_lora, self.p.kv_lora, self.p.mla_heads);
+        let n = MlaNames::of(i);
+        self.mat(&n.q_a, q, d)?;
+        self.mat(&n.q_b, heads * 192, q)?;
+        self.mat(&n.kv_a, kv + 64, d)?;
+        self.mat(&n.kv_b, heads * 256, kv)?;
+        self.mat(&n.g_proj, heads * 128, d)?;
+        self.out_mat(&n.o_proj, d, heads * 128)?;
+        self.ones(&n.q_a_norm, q)?;
+        self.ones(&n.kv_a_norm, kv)
+    }
+
+    fn kda(&mut self, i: u32) -> Result<(), EngineError> {
+        let (d, h, hd) = (self.p.hidden, self.p.kda_heads, self.p.head_dim);
+        let c = h * hd;
+        let n = KdaNames::of(i);
+        for m in [&n.q_proj, &n.k_proj, &n.v_proj, &n.g_proj] {
+            self.mat(m, c, d)?;
+        }
+        self.out_mat(&n.o_proj, d, c)?;
+        self.mat(&n.f_a, hd, d)?;
+        self.mat(&n.f_b, c, hd)?;
+        self.mat(&n.b_proj, h, d)?;
+        for conv in [&n.q_conv, &n.k_conv, &n.v_conv] {
+            self.f32s(conv, &[c as u64, 1, 4], |r| r.gaussian() * 0.5)?;
+        }
+        self.f32s(&n.a_log, &[h as u64], |r| (1.0 + 15.0 * r.uniform() as f32).ln())?;
+        self.f32s(&n.dt_bias, &[c as u64], |r| r.gaussian() * 0.1)?;
+        self.f32s(&n.o_norm, &[hd as u64], |_| 1.0)
+    }
+
+    fn moe(&mut self, i: u32, shared_router: Option<&Vec<u8>>) -> Result<(), EngineError> {
+        let p = self.p;
+        let (d, e) = (p.hidden, p.experts as usize);
+        let n = MoeNames::of(i);
+        match shared_router {
+            Some(r) => self.put(&n.gate, Encoding::Bf16, &[e as u64, d as u64], r.clone())?,
+            None => self.mat(&n.gate, e, d)?,
+        }
+        self.put(&n.bias, Encoding::F32, &[e as u64], vec![0; e * 4])?;
+        self.mat(&n.latent_down, p.latent, d)?;
+        self.ones(&n.latent_norm, p.latent)?;
+        self.out_mat(&n.latent_up, d, p.latent)?;
+        self.mat(&n.shared.gate, 2 * p.expert_width, d)?;
+        self.mat(&n.shared.up, 2 * p.expert_width, d)?;
+        self.out_mat(&n.shared.down, d, 2 * p.expert_width)
+    }
+}
+
+/// Writes every routed expert record not yet written.
+fn write_experts(
+    w: &mut ModelWriter,
+    g: &mut Gen,
+    p: &Preset,
+    experts: SynthExperts,
+    layout: &ExpertLayout,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), EngineError> {
+    let moe_layers: Vec<u32> = (1..p.layers).collect();
+    let total = u64::from(p.experts) * moe_layers.len() as u64 * layout.record_bytes;
     let mut done = 0u64;
     for &layer in &moe_layers {
         for e in 0..p.experts {
             if !w.has_expert(layer, e) {
                 let mut parts = Vec::new();
-                for (m, (_, r, c)) in layout.matrices.iter().zip(mats) {
+                for (m, (_, r, c)) in layout.matrices.iter().zip(expert_mats(p)) {
                     match experts {
                         SynthExperts::Mxfp4 => {
                             parts.push(g.bytes(r * c / 2));
@@ -334,6 +400,5 @@ pub fn synth(
             progress(done, total);
         }
     }
-    w.finish(&[("config.json", &config)])?;
     Ok(())
 }

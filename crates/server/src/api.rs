@@ -180,70 +180,107 @@ impl Sampling {
     }
 }
 
+impl ChatMessage {
+    /// The engine's message for `messages[i]`: text parts only (nothing is fetched), tool calls
+    /// with their arguments as written.
+    fn to_message(&self, i: usize) -> Result<Message, ApiError> {
+        let role = match self.role.as_str() {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            other => {
+                return Err(ApiError::bad(
+                    &format!("messages[{i}].role"),
+                    format!("role `{other}` is not supported (system, developer, user, assistant, tool)"),
+                ));
+            }
+        };
+        let content = match &self.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        (kind, _) => {
+                            return Err(ApiError::bad(
+                                &format!("messages[{i}].content[{j}]"),
+                                format!("content part `{kind}` is not supported: this model reads text"),
+                            ));
+                        }
+                    }
+                }
+                text
+            }
+        };
+        let mut msg = Message::new(role, content);
+        msg.thinking = self.reasoning_content.clone();
+        msg.name = self.name.clone();
+        for t in self.tool_calls.iter().flatten() {
+            let args = match &t.function.arguments {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            msg.tool_calls.push((t.function.name.clone(), args));
+        }
+        Ok(msg)
+    }
+}
+
+fn include_usage(o: &Option<StreamOptions>) -> bool {
+    o.as_ref().is_some_and(|o| o.include_usage)
+}
+
 impl ChatRequest {
     /// Renders the conversation in the model's own chat format: structural markup as special
     /// tokens, every message's text tokenized on its own as plain text, so content can never
     /// forge a turn.
     pub fn prepare(&self, tok: &Tokenizer, info: &ModelInfo) -> Result<Prepared, ApiError> {
         check_model(self.model.as_deref(), info)?;
-        let json_object = match self.response_format.as_ref().map(|f| f.kind.as_str()) {
-            None | Some("text") => false,
-            Some("json_object") => true,
-            Some(other) => {
-                return Err(ApiError::bad(
-                    "response_format",
-                    format!("response_format `{other}` is not supported yet (`text` and `json_object` are)"),
-                ));
-            }
-        };
+        let json_object = self.json_object()?;
         if self.messages.is_empty() {
             return Err(ApiError::bad("messages", "messages is empty"));
         }
-        let mut messages = Vec::with_capacity(self.messages.len());
-        for (i, m) in self.messages.iter().enumerate() {
-            let role = match m.role.as_str() {
-                "system" | "developer" => Role::System,
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
-                "tool" => Role::Tool,
-                other => {
-                    return Err(ApiError::bad(
-                        &format!("messages[{i}].role"),
-                        format!("role `{other}` is not supported (system, developer, user, assistant, tool)"),
-                    ));
-                }
-            };
-            let content = match &m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => {
-                    let mut text = String::new();
-                    for (j, p) in parts.iter().enumerate() {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => text.push_str(t),
-                            (kind, _) => {
-                                return Err(ApiError::bad(
-                                    &format!("messages[{i}].content[{j}]"),
-                                    format!("content part `{kind}` is not supported: this model reads text"),
-                                ));
-                            }
-                        }
-                    }
-                    text
-                }
-            };
-            let mut msg = Message::new(role, content);
-            msg.thinking = m.reasoning_content.clone();
-            msg.name = m.name.clone();
-            for t in m.tool_calls.iter().flatten() {
-                let args = match &t.function.arguments {
-                    serde_json::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                msg.tool_calls.push((t.function.name.clone(), args));
-            }
-            messages.push(msg);
+        let messages = self.messages.iter().enumerate().map(|(i, m)| m.to_message(i)).collect::<Result<Vec<_>, _>>()?;
+        let tools_text = self.tools_text(&messages, tok, info)?;
+        let think = self.think(info)?;
+        let format = ChatFormat::new(tok, info.family);
+        let internal = |e: k3_engine::tokenizer::TokenizerError| {
+            ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        };
+        let prompt = format.prompt_with_tools(&messages, tools_text.as_deref(), think).map_err(internal)?;
+        let end = format.end_of_turn().map_err(internal)?;
+        let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
+        let mut params = self.sampling.params(info, prompt.len(), stop_ids)?;
+        params.starts_in_think = think;
+        params.reasoning_apart = think;
+        params.json_object = json_object;
+        Ok(Prepared {
+            prompt,
+            params,
+            stream: self.stream,
+            include_usage: include_usage(&self.stream_options),
+            tools: tools_text.is_some(),
+        })
+    }
+
+    /// Whether the answer must be one JSON object (`response_format`).
+    fn json_object(&self) -> Result<bool, ApiError> {
+        match self.response_format.as_ref().map(|f| f.kind.as_str()) {
+            None | Some("text") => Ok(false),
+            Some("json_object") => Ok(true),
+            Some(other) => Err(ApiError::bad(
+                "response_format",
+                format!("response_format `{other}` is not supported yet (`text` and `json_object` are)"),
+            )),
         }
+    }
+
+    /// The declared tools as the template writes them, when any are declared and not turned off;
+    /// refused for a model that cannot call tools.
+    fn tools_text(&self, messages: &[Message], tok: &Tokenizer, info: &ModelInfo) -> Result<Option<String>, ApiError> {
         let declared = match (&self.tools, &self.tool_choice) {
             (Some(_), Some(serde_json::Value::String(c))) if c == "none" => None,
             (Some(t), _) if t.get().trim() != "[]" => Some(t.get()),
@@ -262,39 +299,23 @@ impl ChatRequest {
                 ));
             }
         }
-        let tools_text = declared
+        declared
             .map(k3_engine::chat::python_json)
             .transpose()
-            .map_err(|e| ApiError::bad("tools", format!("tools is not valid JSON: {e}")))?;
-        let think = match (info.family, self.reasoning_effort.as_deref()) {
-            (Family::KimiK3, None | Some("low" | "high" | "max")) => true,
-            (Family::KimiK3, Some("none")) => false,
-            (Family::KimiK3, Some(other)) => {
-                return Err(ApiError::bad(
-                    "reasoning_effort",
-                    format!("reasoning_effort `{other}`: K3 takes low, high, max, or none (thinking off)"),
-                ));
-            }
-            _ => false,
-        };
-        let format = ChatFormat::new(tok, info.family);
-        let internal = |e: k3_engine::tokenizer::TokenizerError| {
-            ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-        };
-        let prompt = format.prompt_with_tools(&messages, tools_text.as_deref(), think).map_err(internal)?;
-        let end = format.end_of_turn().map_err(internal)?;
-        let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
-        let mut params = self.sampling.params(info, prompt.len(), stop_ids)?;
-        params.starts_in_think = think;
-        params.reasoning_apart = think;
-        params.json_object = json_object;
-        Ok(Prepared {
-            prompt,
-            params,
-            stream: self.stream,
-            include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
-            tools: tools_text.is_some(),
-        })
+            .map_err(|e| ApiError::bad("tools", format!("tools is not valid JSON: {e}")))
+    }
+
+    /// K3 thinks unless `reasoning_effort` is `none`; other families have no thinking channel.
+    fn think(&self, info: &ModelInfo) -> Result<bool, ApiError> {
+        match (info.family, self.reasoning_effort.as_deref()) {
+            (Family::KimiK3, None | Some("low" | "high" | "max")) => Ok(true),
+            (Family::KimiK3, Some("none")) => Ok(false),
+            (Family::KimiK3, Some(other)) => Err(ApiError::bad(
+                "reasoning_effort",
+                format!("reasoning_effort `{other}`: K3 takes low, high, max, or none (thinking off)"),
+            )),
+            _ => Ok(false),
+        }
     }
 }
 
@@ -330,7 +351,7 @@ impl CompletionRequest {
             prompt,
             params,
             stream: self.stream,
-            include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            include_usage: include_usage(&self.stream_options),
             tools: false,
         })
     }

@@ -205,87 +205,94 @@ fn prompts(vocab: u32, len: usize, batch: usize, given: Option<&[u32]>) -> Vec<V
         .collect()
 }
 
-pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> {
-    let model = Model::open(o.model).with_context(|| format!("opening {}", o.model.display()))?;
-    let vocab = model.manifest().architecture.vocab as u32;
-    // Every (variant, threads, batch, speculate), interleaved: a rep runs each once, in a
-    // rotating order.
+/// Every (variant, threads, batch, speculate) asked for; drafts run one sequence at a time.
+fn runs(o: &Options<'_>) -> Vec<Run> {
     let mut runs = Vec::new();
     for v in &o.variants {
         for &threads in &o.threads {
             for &batch in &o.batches {
-                for &speculate in &o.speculate {
-                    if batch > 1 && speculate > 0 {
-                        continue;
-                    }
+                for &speculate in o.speculate.iter().filter(|&&k| batch == 1 || k == 0) {
                     runs.push(Run { variant: v.clone(), threads, batch, speculate });
                 }
             }
         }
     }
-    let label = |r: &Run| {
-        let mut l = r.variant.clone();
+    runs
+}
+
+impl Run {
+    /// The variant, with the dimensions that vary in this benchmark.
+    fn label(&self, o: &Options<'_>) -> String {
+        let mut l = self.variant.clone();
         if o.threads.len() > 1 {
-            l += &format!(" @{}t", r.threads);
+            l += &format!(" @{}t", self.threads);
         }
         if o.batches.len() > 1 {
-            l += &format!(" x{}", r.batch);
+            l += &format!(" x{}", self.batch);
         }
         if o.speculate.len() > 1 {
-            l += &format!(" spec{}", r.speculate);
+            l += &format!(" spec{}", self.speculate);
         }
         l
-    };
+    }
+}
+
+/// What the report keeps of each run, as medians over its repetitions.
+const MEDIAN_KEYS: [&str; 17] = [
+    "tok_per_s",
+    "prefill_tok_per_s",
+    "bytes_per_token",
+    "hit_rate",
+    "io_wait_s_per_token",
+    "compute_s_per_token",
+    "overlap_efficiency",
+    "lookahead_recall",
+    "prefetch_used",
+    "prefetch_wasted",
+    "experts_per_step",
+    "tokens_per_step",
+    "acceptance_rate",
+    "switched_off",
+    "warm_tok_per_s",
+    "warm_hit_rate",
+    "warm_prefill_tok_per_s",
+];
+
+/// One run's medians, with its I/O bound at `ceiling_gbps`.
+fn summarize(run: &Run, samples: &[Value], ceiling_gbps: f64, rss: Option<u64>) -> Value {
+    let med = |key: &str| median(samples.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect());
+    let mut v: serde_json::Map<String, Value> = MEDIAN_KEYS.iter().map(|k| (k.to_string(), json!(med(k)))).collect();
+    let (tps, bpt) = (med("tok_per_s"), med("bytes_per_token"));
+    let bound = if bpt > 0.0 { ceiling_gbps * 1e9 / bpt } else { f64::INFINITY };
+    v.insert("variant".into(), json!(run.variant));
+    v.insert("threads".into(), json!(run.threads));
+    v.insert("batch".into(), json!(run.batch));
+    v.insert("speculate".into(), json!(run.speculate));
+    v.insert("io_bound_tok_per_s".into(), json!(bound));
+    v.insert("io_bound_ratio".into(), json!(tps / bound));
+    v.insert("peak_rss_bytes".into(), json!(rss));
+    v.insert("cache_slots".into(), samples[0]["cache_slots"].clone());
+    Value::Object(v)
+}
+
+pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> {
+    let model = Model::open(o.model).with_context(|| format!("opening {}", o.model.display()))?;
+    let vocab = model.manifest().architecture.vocab as u32;
+    // Interleaved: a rep runs each configuration once, in a rotating order.
+    let runs = runs(o);
     let prompt_len = o.prompt_ids.map_or(o.prompt, <[u32]>::len);
     let context = (prompt_len + o.tokens + o.speculate.iter().max().unwrap_or(&0) + 1) as u64;
     let mut samples: Vec<Vec<Value>> = vec![Vec::new(); runs.len()];
     for rep in 0..o.reps {
         for k in 0..runs.len() {
             let i = (k + rep) % runs.len();
-            eprintln!("  rep {rep}: {}", label(&runs[i]));
+            eprintln!("  rep {rep}: {}", runs[i].label(o));
             let p = prompts(vocab, o.prompt, runs[i].batch, o.prompt_ids);
             samples[i].push(run_once(&model, &runs[i], o, &p, context)?);
         }
     }
     let rss = k3_engine::budget::peak_rss_bytes();
-    let medians: Vec<Value> = runs
-        .iter()
-        .zip(&samples)
-        .map(|(run, samples)| {
-            let med = |key: &str| median(samples.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect());
-            let keys = [
-                "tok_per_s",
-                "prefill_tok_per_s",
-                "bytes_per_token",
-                "hit_rate",
-                "io_wait_s_per_token",
-                "compute_s_per_token",
-                "overlap_efficiency",
-                "lookahead_recall",
-                "prefetch_used",
-                "prefetch_wasted",
-                "experts_per_step",
-                "tokens_per_step",
-                "acceptance_rate",
-                "switched_off",
-                "warm_tok_per_s",
-                "warm_hit_rate",
-                "warm_prefill_tok_per_s",
-            ];
-            let mut v: serde_json::Map<String, Value> = keys.iter().map(|k| (k.to_string(), json!(med(k)))).collect();
-            let (tps, bpt) = (med("tok_per_s"), med("bytes_per_token"));
-            let bound = if bpt > 0.0 { ceiling_gbps * 1e9 / bpt } else { f64::INFINITY };
-            v.insert("variant".into(), json!(run.variant));
-            v.insert("threads".into(), json!(run.threads));
-            v.insert("batch".into(), json!(run.batch));
-            v.insert("speculate".into(), json!(run.speculate));
-            v.insert("io_bound_tok_per_s".into(), json!(bound));
-            v.insert("io_bound_ratio".into(), json!(tps / bound));
-            v.insert("peak_rss_bytes".into(), json!(rss));
-            v.insert("cache_slots".into(), samples[0]["cache_slots"].clone());
-            Value::Object(v)
-        })
-        .collect();
+    let medians: Vec<Value> = runs.iter().zip(&samples).map(|(r, s)| summarize(r, s, ceiling_gbps, rss)).collect();
     // Against the same configuration one sequence at a time, without drafts: the union factor
     // (distinct experts computed per token produced, over a lone token's) and the speed-up.
     let mut variants = serde_json::Map::new();
@@ -301,7 +308,7 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
             v["union_factor"] = json!(per_token / lone.max(1e-9));
             v["speedup"] = json!(f("tok_per_s", &v) / f("tok_per_s", &medians[j]).max(1e-12));
         }
-        variants.insert(label(run), v);
+        variants.insert(run.label(o), v);
     }
     let report = json!({
         "model": o.model.display().to_string(), "ceiling_gbps": ceiling_gbps, "decode_tokens": o.tokens,

@@ -154,6 +154,16 @@ fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
             run: Box::new(move |i| int4::matvec(&q4[i].0, &q4[i].1, 32, &x, &mut y)),
         });
     }
+    out.extend(vq_cases(rows, cols, cold));
+    out
+}
+
+/// The VQ codecs: one vector, and batches of 2 and 4 (fast-scan scans the codes once per pair).
+fn vq_cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
+    let n = rows * cols;
+    let count = |bytes: usize| if cold { COLD_BYTES.div_ceil(bytes) } else { 1 };
+    let tag = format!("{rows}x{cols}");
+    let mut out = Vec::new();
     for codec in Codec::ALL {
         let vq_bytes = n * 3 / 8 + rows * 2;
         let k = count(vq_bytes);

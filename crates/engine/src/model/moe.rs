@@ -52,6 +52,7 @@ impl Clock<'_> {
 }
 
 /// The reads of one layer's experts: waiting to be requested, in flight, landed.
+#[derive(Default)]
 struct Reads {
     queue: VecDeque<Key>,
     inflight: Vec<Key>,
@@ -104,6 +105,24 @@ struct ExpertDone {
     span: (f64, f64),
 }
 
+/// Applies a finished expert's outputs (`zd` wide, per (token, rank) slot) and frees its slot.
+fn land(
+    d: ExpertDone,
+    zd: usize,
+    io: &mut ExpertIo,
+    ys: &mut [f32],
+    stats: &mut RunStats,
+    clock: &mut Clock<'_>,
+) -> Result<(), EngineError> {
+    io.cache.release(d.key);
+    stats.expert_compute_seconds += d.span.1 - d.span.0;
+    clock.push(SpanKind::Expert(d.key.1), d.span.0, d.span.1);
+    for (slot, v) in d.outputs? {
+        ys[slot * zd..(slot + 1) * zd].copy_from_slice(&v);
+    }
+    Ok(())
+}
+
 impl<'m> Engine<'m> {
     /// A MoE layer over a chunk of tokens (`xs` normed inputs `[n, d]`, `outs` `[n, d]`).
     #[allow(clippy::too_many_arguments)]
@@ -126,7 +145,7 @@ impl<'m> Engine<'m> {
         io.cache.set_layer(layer.index);
         io.cache.protect(&keys);
         stats.experts_computed += keys.len() as u64;
-        let mut reads = Reads { queue: keys.iter().copied().collect(), inflight: Vec::new(), ready: Vec::new() };
+        let mut reads = Reads { queue: keys.iter().copied().collect(), ..Reads::default() };
         let t_io = Instant::now();
         reads.fill(io, self.model)?;
         let prep = self.prepare(moe, xs);
@@ -140,17 +159,6 @@ impl<'m> Engine<'m> {
         let result = self.compute.pool().in_place_scope(|scope| -> Result<(), EngineError> {
             let mut prefetched = !self.opts.lookahead;
             let (mut done, mut working) = (0usize, 0usize);
-            // Applies a finished expert's outputs and frees its slot.
-            let land =
-                |d: ExpertDone, io: &mut ExpertIo, ys: &mut [f32], stats: &mut RunStats, clock: &mut Clock<'_>| {
-                    io.cache.release(d.key);
-                    stats.expert_compute_seconds += d.span.1 - d.span.0;
-                    clock.push(SpanKind::Expert(d.key.1), d.span.0, d.span.1);
-                    for (slot, v) in d.outputs? {
-                        ys[slot * prep_ref.zd..(slot + 1) * prep_ref.zd].copy_from_slice(&v);
-                    }
-                    Ok::<(), EngineError>(())
-                };
             loop {
                 if !prefetched && reads.queue.is_empty() && reads.inflight.is_empty() {
                     lookahead::prefetch(self, io, moe, layer.index + 1, predicted)?;
@@ -172,7 +180,7 @@ impl<'m> Engine<'m> {
                 }
                 while let Ok(d) = rx.try_recv() {
                     (working, done) = (working - 1, done + 1);
-                    land(d, io, &mut ys, stats, clock)?;
+                    land(d, prep_ref.zd, io, &mut ys, stats, clock)?;
                 }
                 if done == keys.len() {
                     return Ok(());
@@ -188,7 +196,7 @@ impl<'m> Engine<'m> {
                     // Every demand read has landed (or waits for a slot a worker still uses).
                     let d = rx.recv().map_err(|_| k3_io::IoError::Closed)?;
                     (working, done) = (working - 1, done + 1);
-                    land(d, io, &mut ys, stats, clock)?;
+                    land(d, prep_ref.zd, io, &mut ys, stats, clock)?;
                     continue;
                 } else {
                     // Every slot holds an in-flight prefetch: let one land, then ask again. A
