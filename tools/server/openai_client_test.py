@@ -1,10 +1,14 @@
 """The k3 server through the official `openai` Python client (from PyPI): model list, a chat
 completion whole and streamed (the same greedy text both ways), a text completion, usage, and an
-error the client raises as OpenAI's. Run by .ci/run in a venv it makes:
+error the client raises as OpenAI's; with a second model that calls tools (`cargo xtask synth
+--preset tool-caller`), a tool-call round trip streamed the way agents consume it. Run by .ci/run
+in a venv it makes:
 
-    python tools/server/openai_client_test.py target/debug/k3-cli fixtures/default.waste
+    python tools/server/openai_client_test.py target/debug/k3-cli fixtures/default.waste [TOOL_CALLER]
 """
 
+import contextlib
+import json
 import socket
 import subprocess
 import sys
@@ -20,8 +24,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> None:
-    cli, model = sys.argv[1], sys.argv[2]
+@contextlib.contextmanager
+def serve(cli: str, model: str):
+    """A server on `model`, once ready: its base URL."""
     port = free_port()
     server = subprocess.Popen([cli, "serve", "--model", model, "--port", str(port), "--api-key", "sesame"])
     try:
@@ -35,7 +40,54 @@ def main() -> None:
                 time.sleep(0.05)
         else:
             raise SystemExit("the server did not become ready")
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def tool_round_trip(cli: str, model: str) -> None:
+    """Streams a turn with tools as an agent does (tool-call deltas merged by index), runs the
+    tool, sends the call and its result back, and gets the next turn."""
+    with serve(cli, model) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="sesame")
+        name = client.models.list().data[0].id
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        stream = client.chat.completions.create(
+            model=name, messages=messages, tools=WEATHER, max_tokens=32, temperature=0, stream=True)
+        content, calls, finish = "", {}, None
+        for chunk in stream:
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            for c in delta.tool_calls or []:
+                slot = calls.setdefault(c.index, {"id": "", "name": "", "arguments": ""})
+                slot["id"] += c.id or ""
+                slot["name"] += (c.function.name or "") if c.function else ""
+                slot["arguments"] += (c.function.arguments or "") if c.function else ""
+            finish = chunk.choices[0].finish_reason or finish
+        assert finish == "tool_calls", finish
+        assert len(calls) == 1 and calls[0]["name"] == "get_weather", calls
+        args = json.loads(calls[0]["arguments"])
+        assert args == {"city": "Paris"}, args
+        messages.append({"role": "assistant", "content": content, "tool_calls": [
+            {"id": calls[0]["id"], "type": "function",
+             "function": {"name": "get_weather", "arguments": calls[0]["arguments"]}}]})
+        messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": "18 C, clear"})
+        second = client.chat.completions.create(
+            model=name, messages=messages, tools=WEATHER, max_tokens=32, temperature=0)
+        assert second.usage.prompt_tokens_details.cached_tokens > 0, second.usage
+        assert second.choices[0].message.tool_calls[0].function.name == "get_weather", second
+    print(f"openai {openai.__version__}: tool-call round trip (streamed calls, results sent back) ok")
+
+
+def main() -> None:
+    cli, model = sys.argv[1], sys.argv[2]
+    with serve(cli, model) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="sesame")
         ids = [m.id for m in client.models.list().data]
         assert ids == ["default"], ids
@@ -74,9 +126,8 @@ def main() -> None:
         except openai.AuthenticationError:
             pass
         print(f"openai {openai.__version__}: models, chat (whole and streamed), completions and errors ok")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    if len(sys.argv) > 3:
+        tool_round_trip(cli, sys.argv[3])
 
 
 if __name__ == "__main__":

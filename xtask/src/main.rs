@@ -55,7 +55,8 @@ enum Task {
     /// Write a random-weight WASTE model with K3's architecture (presets k3-tiny, k3-proxy,
     /// k3-proxy-routed: k3-proxy with routing a lookahead can predict).
     Synth {
-        /// k3-tiny (seconds), k3-proxy (27 GB, larger than memory) or k3-proxy-routed.
+        /// k3-tiny (seconds), k3-proxy (27 GB, larger than memory), k3-proxy-routed, or tool-caller (a tiny
+        /// Kimi-Linear scripted to call a tool, for testing clients).
         #[arg(long)]
         preset: String,
         /// The model directory to create (must not exist, or be empty).

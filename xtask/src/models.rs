@@ -137,8 +137,11 @@ pub fn export(model: &Path, out: &Path) -> Result<()> {
 }
 
 pub fn synth(preset: &str, out: &PathBuf, experts: Experts) -> Result<()> {
+    if preset == TOOL_CALLER {
+        return tool_caller(out);
+    }
     let p = k3_engine::synth::preset(preset).with_context(|| {
-        let names: Vec<&str> = k3_engine::synth::PRESETS.iter().map(|p| p.name).collect();
+        let names: Vec<&str> = k3_engine::synth::PRESETS.iter().map(|p| p.name).chain([TOOL_CALLER]).collect();
         format!("unknown preset `{preset}` (one of {})", names.join(", "))
     })?;
     let e = match experts {
@@ -162,5 +165,29 @@ pub fn synth(preset: &str, out: &PathBuf, experts: Experts) -> Result<()> {
         m.manifest().trunk.bytes as f64 / 1e6,
         shard as f64 / 1e9
     );
+    Ok(())
+}
+
+const TOOL_CALLER: &str = "tool-caller";
+
+/// The scripted Kimi-Linear model that answers every turn with a `get_weather` call
+/// (`k3_engine::synth::scripted`), made from the golden tiny Kimi-Linear's shapes and converted.
+fn tool_caller(out: &Path) -> Result<()> {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/golden/tiny-kimi-linear");
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let hf = tempfile::tempdir_in(parent).with_context(|| format!("a scratch directory in {}", parent.display()))?;
+    k3_engine::synth::scripted::tool_caller(&base, hf.path())?;
+    let opts = ConvertOptions {
+        hf_dir: hf.path().to_path_buf(),
+        out_dir: out.to_path_buf(),
+        experts: ExpertFormat::Keep,
+        trunk: TrunkFormat::Keep,
+        alignment: 4096,
+        shards: 1,
+        shard_dirs: Vec::new(),
+    };
+    run_convert(&opts, &mut |_| {})?;
+    println!("wrote {TOOL_CALLER} to {}", out.display());
     Ok(())
 }

@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 
 use common::kimi_tokenizer as tokenizer;
-use k3_engine::chat::{ChatFormat, Message, Role, python_json};
+use k3_engine::chat::{Call, ChatFormat, Message, PromptOptions, Role, ToolChoice, python_json};
 use k3_engine::config::Family;
 use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
 
@@ -44,18 +44,29 @@ fn k3_xtml_turns_and_generation_prompt() {
     assert_eq!(f.end_of_turn().unwrap(), sp("<|end_of_msg|>"));
 }
 
+/// As K3's template writes history: an assistant turn's reasoning in `think` when the prompt
+/// thinks, and no `think` element at all when it does not.
 #[test]
 fn k3_prior_assistant_turns_wrap_think_and_response() {
     let tok = tokenizer();
     let f = ChatFormat::new(&tok, Family::KimiK3);
     let mut a = Message::new(Role::Assistant, "Hello!");
     a.thinking = Some("greet".into());
-    let ids = f.prompt(&[Message::new(Role::User, "Hi"), a], false).unwrap();
-    let text = String::from_utf8_lossy(&tok.decode_bytes(&ids).unwrap()).into_owned();
+    let conversation = [Message::new(Role::User, "Hi"), a];
+    let text = |think| {
+        let ids = f.prompt(&conversation, think).unwrap();
+        String::from_utf8_lossy(&tok.decode_bytes(&ids).unwrap()).into_owned()
+    };
+    let (thinking, not) = (text(true), text(false));
     assert!(
-        text.contains("<|open|>think<|sep|>greet<|close|>think<|sep|><|open|>response<|sep|>Hello!<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"),
-        "{text}"
+        thinking.contains("<|open|>think<|sep|>greet<|close|>think<|sep|><|open|>response<|sep|>Hello!<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"),
+        "{thinking}"
     );
+    assert!(
+        not.contains("role=\"assistant\"<|sep|><|open|>response<|sep|>Hello!<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"),
+        "{not}"
+    );
+    assert!(!not.contains("greet"), "{not}");
 }
 
 #[test]
@@ -78,6 +89,50 @@ fn a_tokenizer_without_the_markers_is_a_clear_error() {
     assert!(e.contains("<|open|>"), "{e}");
 }
 
+/// A reference case's messages as the engine's (tool-call arguments as the client's JSON text,
+/// `arguments_text` when the template was given a mapping).
+fn messages_of(case: &serde_json::Value) -> Vec<Message> {
+    case["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let role = match m["role"].as_str().unwrap() {
+                "system" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                _ => Role::Tool,
+            };
+            let mut msg = Message::new(role, m["content"].as_str().unwrap_or(""));
+            msg.name = m["name"].as_str().map(str::to_string);
+            msg.thinking = m["reasoning_content"].as_str().map(str::to_string);
+            msg.tool_call_id = m["tool_call_id"].as_str().map(str::to_string);
+            msg.tool_calls = m["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| {
+                    let func = &t["function"];
+                    let arguments = func["arguments_text"].as_str().or(func["arguments"].as_str()).unwrap();
+                    Call {
+                        id: t["id"].as_str().map(str::to_string),
+                        name: func["name"].as_str().unwrap().to_string(),
+                        arguments: arguments.to_string(),
+                    }
+                })
+                .collect();
+            msg
+        })
+        .collect()
+}
+
+fn cases(file: &str) -> Vec<serde_json::Value> {
+    serde_json::from_slice(
+        &std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/chat").join(file)).unwrap(),
+    )
+    .unwrap()
+}
+
 /// Tool declarations, assistant tool calls and tool results as Kimi K2's own chat template renders
 /// them (fixtures/chat/k2-tools.json: Python jinja2 with transformers' `tojson`, made by
 /// tools/golden/k2_tool_renderings.py), compared as text: the declarations come in as a client
@@ -86,40 +141,47 @@ fn a_tokenizer_without_the_markers_is_a_clear_error() {
 fn tool_turns_render_as_kimis_template_renders_them() {
     let tok = tokenizer();
     let f = ChatFormat::new(&tok, Family::KimiLinear);
-    let cases: Vec<serde_json::Value> = serde_json::from_slice(
-        &std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/chat/k2-tools.json")).unwrap(),
-    )
-    .unwrap();
-    for (i, c) in cases.iter().enumerate() {
-        let messages: Vec<Message> = c["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| {
-                let role = match m["role"].as_str().unwrap() {
-                    "system" => Role::System,
-                    "user" => Role::User,
-                    "assistant" => Role::Assistant,
-                    _ => Role::Tool,
-                };
-                let mut msg = Message::new(role, m["content"].as_str().unwrap_or(""));
-                msg.name = m["name"].as_str().map(str::to_string);
-                msg.tool_calls = m["tool_calls"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|t| {
-                        let func = &t["function"];
-                        (func["name"].as_str().unwrap().to_string(), func["arguments"].as_str().unwrap().to_string())
-                    })
-                    .collect();
-                msg
-            })
-            .collect();
-        let tools = python_json(c["tools_text"].as_str().unwrap()).unwrap();
-        let ids = f.prompt_with_tools(&messages, Some(&tools), false).unwrap();
+    for (i, c) in cases("k2-tools.json").iter().enumerate() {
+        let options = PromptOptions { tools: c["tools_text"].as_str(), ..PromptOptions::default() };
+        let ids = f.prompt_with(&messages_of(c), &options).unwrap();
         let text = String::from_utf8(tok.decode_bytes(&ids).unwrap()).unwrap();
         assert_eq!(text, c["rendered"].as_str().unwrap(), "case {i}");
     }
     assert!(python_json("{\"a\": [1, 2,").is_err(), "invalid JSON is refused");
+}
+
+/// K3's tools, thinking effort, tool_choice and response_format as K3's template renders them
+/// (fixtures/chat/k3-tools.json, made by tools/golden/k3_tool_renderings.py with jinja2): tool
+/// declarations with sorted keys, calls as typed `argument` elements (attribute values escaped),
+/// results matched to calls by id or by position, reasoning dropped from the history when not
+/// thinking. Compared as text, the declarations given as a client sends them.
+#[test]
+fn k3_tool_turns_render_as_k3s_template_renders_them() {
+    let tok = tokenizer();
+    let f = ChatFormat::new(&tok, Family::KimiK3);
+    for (i, c) in cases("k3-tools.json").iter().enumerate() {
+        let tools = serde_json::to_string(&c["tools"]).unwrap();
+        let o = &c["options"];
+        let think = o["thinking"].as_bool().unwrap_or(true);
+        let options = PromptOptions {
+            think,
+            effort: think.then(|| o["thinking_effort"].as_str().unwrap_or("max")),
+            tools: Some(&tools),
+            tool_choice: match o["tool_choice"].as_str() {
+                Some("required") => ToolChoice::Required,
+                Some("none") => ToolChoice::None,
+                _ => ToolChoice::Auto,
+            },
+            json_object: o["response_format"]["type"] == "json_object",
+        };
+        let ids = f.prompt_with(&messages_of(c), &options).unwrap();
+        let text = String::from_utf8(tok.decode_bytes(&ids).unwrap()).unwrap();
+        assert_eq!(text, c["rendered"].as_str().unwrap(), "case {i}");
+    }
+    // A result that names no tool and answers no call is refused, naming it.
+    let orphan = [Message::new(Role::User, "hi"), Message::new(Role::Tool, "42")];
+    let e = f.prompt(&orphan, true).unwrap_err().to_string();
+    assert!(e.contains("messages[1]"), "{e}");
+    let bad = PromptOptions { think: true, effort: Some("medium"), ..PromptOptions::default() };
+    assert!(f.prompt_with(&orphan[..1], &bad).unwrap_err().to_string().contains("medium"));
 }

@@ -4,21 +4,22 @@
 mod common;
 
 use common::kimi_tokenizer as tokenizer;
+use k3_engine::config::Family;
 use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
 use k3_engine::toolcall::{Piece, ToolCall, ToolCallReader};
 
 /// Feeds `reply` (markup as special tokens) token by token: the pieces, text runs merged.
 fn read(tok: &Tokenizer, reply: &str) -> Vec<Piece> {
-    let mut r = ToolCallReader::new(tok).unwrap();
+    read_as(tok, reply, Family::KimiLinear)
+}
+
+fn read_as(tok: &Tokenizer, reply: &str, family: Family) -> Vec<Piece> {
+    let mut r = ToolCallReader::new(tok, family).unwrap();
     let mut out: Vec<Piece> = Vec::new();
     let ids = tok.encode_with_specials(reply);
     let pieces = ids.iter().flat_map(|&id| {
-        let text = if tok.special_name(id).is_some() {
-            String::new()
-        } else {
-            String::from_utf8(tok.decode_bytes(&[id]).unwrap()).unwrap()
-        };
-        r.push(id, &text)
+        let raw = if tok.special_name(id).is_some() { Vec::new() } else { tok.decode_bytes(&[id]).unwrap() };
+        r.push(id, &raw, &String::from_utf8(raw.clone()).unwrap())
     });
     let mut all: Vec<Piece> = pieces.collect();
     all.extend(r.finish());
@@ -48,17 +49,19 @@ fn calls_come_out_whole_and_text_streams_around_them() {
         ]
     );
     // The same characters as ordinary tokens (a model spelling the markup out) are text.
-    let mut r = ToolCallReader::new(&tok).unwrap();
+    let mut r = ToolCallReader::new(&tok, Family::KimiLinear).unwrap();
     let mut shown = String::new();
     for id in tok.encode(reply) {
-        for p in r.push(id, &String::from_utf8(tok.decode_bytes(&[id]).unwrap()).unwrap()) {
+        let raw = tok.decode_bytes(&[id]).unwrap();
+        for p in r.push(id, &raw, &String::from_utf8(raw.clone()).unwrap()) {
             let Piece::Text(t) = p else { panic!("a call from plain text: {p:?}") };
             shown.push_str(&t);
         }
     }
     assert_eq!(shown, reply);
     assert_eq!(
-        ToolCallReader::new(&Tokenizer::from_tiktoken(b"IQ== 0\n", None, KIMI_PATTERN).unwrap()).map(|_| ()),
+        ToolCallReader::new(&Tokenizer::from_tiktoken(b"IQ== 0\n", None, KIMI_PATTERN).unwrap(), Family::KimiLinear)
+            .map(|_| ()),
         None
     );
 }
@@ -84,4 +87,73 @@ fn malformed_or_cut_off_markup_ends_as_text() {
     // A complete call, then the section left open: the call stands, nothing is owed.
     let open = "<|tool_calls_section_begin|><|tool_call_begin|>now:3<|tool_call_argument_begin|>{}<|tool_call_end|>";
     assert_eq!(read(&tok, open), vec![call("now:3", "now", "{}")]);
+}
+
+/// K3's calls read back out of the `tools` element K3's own template writes
+/// (fixtures/chat/k3-tools.json, case 1: jinja2's rendering of an assistant turn with two calls):
+/// each call's name and its arguments as the JSON object the template was given.
+#[test]
+fn k3_calls_are_read_from_the_markup_k3s_template_writes() {
+    let tok = tokenizer();
+    let cases: Vec<serde_json::Value> = serde_json::from_slice(
+        &std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/chat/k3-tools.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let rendered = cases[1]["rendered"].as_str().unwrap();
+    let reply = &rendered[rendered.find("<|open|>response<|sep|>").unwrap() + "<|open|>response<|sep|>".len()..];
+    let reply = &reply[..reply.find("<|end_of_msg|>").unwrap()];
+    let pieces = read_as(&tok, reply, Family::KimiK3);
+    let want = cases[1]["messages"][1]["tool_calls"].as_array().unwrap();
+    let calls: Vec<_> = pieces.iter().filter_map(|p| if let Piece::Call(c) = p { Some(c) } else { None }).collect();
+    assert_eq!(calls.len(), want.len(), "{pieces:?}");
+    for (got, want) in calls.iter().zip(want) {
+        assert_eq!(got.name, want["function"]["name"].as_str().unwrap());
+        let args: serde_json::Value = serde_json::from_str(&got.arguments).unwrap();
+        assert_eq!(args, want["function"]["arguments"], "{}", got.arguments);
+    }
+    // The answer's text streams; the markup around it is not text.
+    let text: String =
+        pieces.iter().filter_map(|p| if let Piece::Text(t) = p { Some(t.as_str()) } else { None }).collect();
+    assert_eq!(text, "Checking.");
+}
+
+#[test]
+fn k3_malformed_or_cut_off_calls_end_as_text() {
+    let tok = tokenizer();
+    let call = "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>";
+    for bad in [
+        // A value that is not of its declared type.
+        format!(
+            "{call}<|open|>argument key=\"n\" type=\"number\"<|sep|>many<|close|>argument<|sep|><|close|>call<|sep|>"
+        ),
+        // Cut off inside a call.
+        format!("{call}<|open|>argument key=\"q\" type=\"string\"<|sep|>half"),
+        // An element out of place.
+        format!("{call}<|close|>tools<|sep|>"),
+        // A call without a tool.
+        "<|open|>tools<|sep|><|open|>call index=\"1\"<|sep|><|close|>call<|sep|>".to_string(),
+    ] {
+        let pieces = read_as(&tok, &bad, Family::KimiK3);
+        assert!(
+            matches!(pieces.as_slice(), [Piece::Text(t)] if bad.starts_with(t.as_str()) && t.len() > 20),
+            "{bad}: {pieces:?}"
+        );
+    }
+    // The markup's characters as ordinary tokens are text, never a call.
+    let spelled = "<|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|close|>call<|sep|>";
+    let mut r = ToolCallReader::new(&tok, Family::KimiK3).unwrap();
+    for id in tok.encode(spelled) {
+        let raw = tok.decode_bytes(&[id]).unwrap();
+        assert!(r.push(id, &raw, &String::from_utf8_lossy(&raw)).iter().all(|p| matches!(p, Piece::Text(_))));
+    }
+    // A whole call with a `json` child and typed values.
+    let ok = format!(
+        "{call}<|open|>argument key=\"a&quot;b\" type=\"array\"<|sep|>[1, \"x\"]<|close|>argument<|sep|><|open|>argument key=\"s\" type=\"string\"<|sep|>say \"hi\"<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool=\"g\" index=\"2\"<|sep|><|open|>json type=\"object\"<|sep|>{{\"k\": null}}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
+    );
+    let pieces = read_as(&tok, &ok, Family::KimiK3);
+    assert_eq!(
+        pieces,
+        vec![crate::call("", "f", r#"{"a\"b":[1, "x"],"s":"say \"hi\""}"#), crate::call("", "g", r#"{"k": null}"#)]
+    );
 }

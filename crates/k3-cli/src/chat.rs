@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use k3_engine::chat::{ChatFormat, Message, Role};
+use k3_engine::chat::{ChatFormat, Message, PromptOptions, Role};
 use k3_engine::generate::{Finish, GenerateParams, Generator};
 use k3_engine::sample::SamplerConfig;
 use k3_engine::speculate::SpecStats;
@@ -144,17 +144,19 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     };
     let mut session = engine.session();
     let mut speculation = SpecStats::default();
-    let mut pending: Vec<u32> = match &a.system {
-        Some(s) => format.turn(&Message::new(Role::System, s))?,
-        None => Vec::new(),
-    };
+    // K3's template states the thinking effort first (`max` unless told otherwise).
+    let mut pending =
+        format.preamble(&PromptOptions { think, effort: think.then_some("max"), ..PromptOptions::default() })?;
+    if let Some(s) = &a.system {
+        pending.extend(format.turn(&Message::new(Role::System, s), think)?);
+    }
     let mut input = Input::open()?;
     let mut out = std::io::stdout().lock();
     while let Some(text) = input.line()? {
         if text.trim().is_empty() {
             continue;
         }
-        pending.extend(format.turn(&Message::new(Role::User, &text))?);
+        pending.extend(format.turn(&Message::new(Role::User, &text), think)?);
         pending.extend(format.generation_prompt(think)?);
         // Room for the turn and at least one answer token.
         if session.tokens() + pending.len() >= context {

@@ -2,11 +2,12 @@
 //! validated (a 400 naming the field), unknown ones ignored (clients send `user`,
 //! `frequency_penalty` and more; refusing them breaks clients).
 
-use k3_engine::chat::{ChatFormat, Message, Role};
+use k3_engine::chat::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
 use k3_engine::config::Family;
 use k3_engine::generate::{Finish, GenerateParams};
 use k3_engine::sample::{SamplerConfig, check_temperature, check_top_p};
 use k3_engine::tokenizer::Tokenizer;
+use k3_engine::toolcall::ToolCallReader;
 use serde::Deserialize;
 
 use crate::error::ApiError;
@@ -68,18 +69,21 @@ pub struct ChatMessage {
     pub reasoning_content: Option<String>,
     pub name: Option<String>,
     pub tool_calls: Option<Vec<RequestToolCall>>,
+    /// A tool result: the call it answers.
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct RequestToolCall {
+    pub id: Option<String>,
     pub function: RequestFunction,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct RequestFunction {
     pub name: String,
-    /// A JSON text (OpenAI's shape), or an object some clients send.
-    pub arguments: serde_json::Value,
+    /// A JSON text (OpenAI's shape), or an object some clients send (kept as written).
+    pub arguments: Box<serde_json::value::RawValue>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -218,12 +222,11 @@ impl ChatMessage {
         let mut msg = Message::new(role, content);
         msg.thinking = self.reasoning_content.clone();
         msg.name = self.name.clone();
+        msg.tool_call_id = self.tool_call_id.clone();
         for t in self.tool_calls.iter().flatten() {
-            let args = match &t.function.arguments {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            msg.tool_calls.push((t.function.name.clone(), args));
+            let raw = t.function.arguments.get();
+            let arguments = serde_json::from_str::<String>(raw).unwrap_or_else(|_| raw.to_string());
+            msg.tool_calls.push(Call { id: t.id.clone(), name: t.function.name.clone(), arguments });
         }
         Ok(msg)
     }
@@ -244,13 +247,24 @@ impl ChatRequest {
             return Err(ApiError::bad("messages", "messages is empty"));
         }
         let messages = self.messages.iter().enumerate().map(|(i, m)| m.to_message(i)).collect::<Result<Vec<_>, _>>()?;
-        let tools_text = self.tools_text(&messages, tok, info)?;
+        let (tools, tool_choice) = self.tools(&messages, tok, info)?;
         let think = self.think(info)?;
         let format = ChatFormat::new(tok, info.family);
         let internal = |e: k3_engine::tokenizer::TokenizerError| {
             ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
         };
-        let prompt = format.prompt_with_tools(&messages, tools_text.as_deref(), think).map_err(internal)?;
+        let options = PromptOptions {
+            think,
+            // K3's template says `max` unless told otherwise.
+            effort: think.then(|| self.reasoning_effort.as_deref().unwrap_or("max")),
+            tools,
+            tool_choice,
+            json_object,
+        };
+        let prompt = format.prompt_with(&messages, &options).map_err(|e| match e {
+            ChatError::Invalid { what, reason } => ApiError::bad(&what, reason),
+            ChatError::Tokenizer(e) => internal(e),
+        })?;
         let end = format.end_of_turn().map_err(internal)?;
         let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
         let mut params = self.sampling.params(info, prompt.len(), stop_ids)?;
@@ -262,7 +276,7 @@ impl ChatRequest {
             params,
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
-            tools: tools_text.is_some(),
+            tools: tools.is_some() && tool_choice != ToolChoice::None,
         })
     }
 
@@ -278,31 +292,41 @@ impl ChatRequest {
         }
     }
 
-    /// The declared tools as the template writes them, when any are declared and not turned off;
-    /// refused for a model that cannot call tools.
-    fn tools_text(&self, messages: &[Message], tok: &Tokenizer, info: &ModelInfo) -> Result<Option<String>, ApiError> {
-        let declared = match (&self.tools, &self.tool_choice) {
-            (Some(_), Some(serde_json::Value::String(c))) if c == "none" => None,
-            (Some(t), _) if t.get().trim() != "[]" => Some(t.get()),
-            _ => None,
+    /// The declared tools (as the client wrote them) and `tool_choice`; refused for a model that
+    /// cannot call tools.
+    fn tools(
+        &self,
+        messages: &[Message],
+        tok: &Tokenizer,
+        info: &ModelInfo,
+    ) -> Result<(Option<&str>, ToolChoice), ApiError> {
+        let choice = match &self.tool_choice {
+            None => ToolChoice::Auto,
+            Some(serde_json::Value::String(c)) => match c.as_str() {
+                "auto" => ToolChoice::Auto,
+                "none" => ToolChoice::None,
+                "required" => ToolChoice::Required,
+                other => {
+                    return Err(ApiError::bad(
+                        "tool_choice",
+                        format!("`{other}`: tool_choice is auto, none, required or {{\"type\": \"function\", ...}}"),
+                    ));
+                }
+            },
+            // A named function: the model must call a tool (the templates cannot name which).
+            Some(serde_json::Value::Object(_)) => ToolChoice::Required,
+            Some(_) => return Err(ApiError::bad("tool_choice", "tool_choice is a string or an object")),
         };
+        let declared = self.tools.as_ref().map(|t| t.get()).filter(|t| t.trim() != "[]");
         let uses_tools =
             declared.is_some() || messages.iter().any(|m| m.role == Role::Tool || !m.tool_calls.is_empty());
-        if uses_tools {
-            if info.family != Family::KimiLinear {
-                return Err(ApiError::bad("tools", "tool calls for this model's chat format are not supported yet"));
-            }
-            if tok.special("<|tool_calls_section_begin|>").is_none() {
-                return Err(ApiError::bad(
-                    "tools",
-                    "this model's tokenizer has no tool-call markers: it cannot call tools",
-                ));
-            }
+        if uses_tools && ToolCallReader::new(tok, info.family).is_none() {
+            return Err(ApiError::bad(
+                "tools",
+                "this model's tokenizer has no tool-call markers: it cannot call tools",
+            ));
         }
-        declared
-            .map(k3_engine::chat::python_json)
-            .transpose()
-            .map_err(|e| ApiError::bad("tools", format!("tools is not valid JSON: {e}")))
+        Ok((declared, choice))
     }
 
     /// K3 thinks unless `reasoning_effort` is `none`; other families have no thinking channel.

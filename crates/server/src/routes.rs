@@ -161,8 +161,11 @@ pub async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRej
 async fn run(s: &AppState, p: Prepared, kind: Kind) -> Result<Response, ApiError> {
     let (tx, rx) = tmpsc::unbounded_channel();
     let (stream, include_usage) = (p.stream, p.include_usage);
-    let calls = if p.tools { s.tok.get().and_then(ToolCallReader::new) } else { None };
-    let reply = Reply { calls, made: Vec::new() };
+    let family = s.info.get().map(|i| i.family);
+    let calls = match (p.tools, s.tok.get(), family) {
+        (true, Some(tok), Some(family)) => ToolCallReader::new(tok, family),
+        _ => None,
+    };
     match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx }) {
         Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
         Err(Refused::Busy) => {
@@ -176,6 +179,7 @@ async fn run(s: &AppState, p: Prepared, kind: Kind) -> Result<Response, ApiError
     };
     let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, next_id());
     let model = s.info.get().map(|i| i.id.clone()).unwrap_or_default();
+    let reply = Reply { calls, made: Vec::new(), tok: s.tok.clone(), call_prefix: format!("call-{id}") };
     let shape = Shape { id, model, created: unix_now(), kind };
     if stream { Ok(streamed(shape, rx, reply, include_usage)) } else { whole(shape, rx, reply).await }
 }
@@ -185,13 +189,23 @@ async fn run(s: &AppState, p: Prepared, kind: Kind) -> Result<Response, ApiError
 struct Reply {
     calls: Option<ToolCallReader>,
     made: Vec<ToolCall>,
+    tok: Arc<OnceLock<Tokenizer>>,
+    /// Calls the markup leaves unnamed (K3's) are named this and their number.
+    call_prefix: String,
 }
 
 impl Reply {
     fn feed(&mut self, token: u32, text: &str) -> Vec<Piece> {
-        match &mut self.calls {
+        match (&mut self.calls, self.tok.get()) {
             // A flushed remainder (no token of its own) is text.
-            Some(r) if token != u32::MAX => r.push(token, text),
+            (Some(r), Some(tok)) if token != u32::MAX => {
+                let raw = if tok.special_name(token).is_some() {
+                    Vec::new()
+                } else {
+                    tok.decode_bytes(&[token]).unwrap_or_default()
+                };
+                r.push(token, &raw, text)
+            }
             _ if text.is_empty() => Vec::new(),
             _ => vec![Piece::Text(text.to_string())],
         }
@@ -207,7 +221,8 @@ impl Reply {
     }
 
     fn call_json(&self, index: usize, c: &ToolCall) -> Value {
-        json!({"index": index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+        let id = if c.id.is_empty() { format!("{}-{index}", self.call_prefix) } else { c.id.clone() };
+        json!({"index": index, "id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
     }
 }
 

@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -17,41 +16,11 @@ use k3_server::{ServerOptions, app};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
+mod common;
+use common::{call, get, json_call, post, server, sse_data};
+
 fn default_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/default.waste")
-}
-
-/// A server on the default model, once it answers `/health` with 200.
-async fn server(opts: ServerOptions) -> Router {
-    let (router, _) = app(opts);
-    for _ in 0..600 {
-        let r = router.clone().oneshot(get("/health")).await.unwrap();
-        if r.status() == StatusCode::OK {
-            return router;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the server did not become ready");
-}
-
-fn get(uri: &str) -> Request<Body> {
-    Request::get(uri).body(Body::empty()).unwrap()
-}
-
-fn post(uri: &str, body: &Value) -> Request<Body> {
-    Request::post(uri).header("content-type", "application/json").body(Body::from(body.to_string())).unwrap()
-}
-
-async fn call(router: &Router, req: Request<Body>) -> (StatusCode, String) {
-    let r = router.clone().oneshot(req).await.unwrap();
-    let status = r.status();
-    let bytes = r.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8(bytes.to_vec()).unwrap())
-}
-
-async fn json_call(router: &Router, req: Request<Body>) -> (StatusCode, Value) {
-    let (s, body) = call(router, req).await;
-    (s, serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}")))
 }
 
 fn chat_body(user: &str, max_tokens: u64) -> Value {
@@ -77,11 +46,6 @@ fn alone(user: &str, max_tokens: u64) -> String {
         text.push_str(&t.text);
     }
     text + &g.flush()
-}
-
-/// The `data:` payloads of an SSE body.
-fn sse_data(body: &str) -> Vec<String> {
-    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
 }
 
 #[tokio::test]

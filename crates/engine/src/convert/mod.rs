@@ -43,7 +43,7 @@ pub enum ConvertError {
 }
 
 impl ConvertError {
-    fn io(path: &Path, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
         ConvertError::Io { path: path.to_path_buf(), source }
     }
 }

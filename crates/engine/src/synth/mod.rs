@@ -8,6 +8,8 @@
 //! router, and the attention and MoE branches write 0.1x-scaled updates to the residual stream, so
 //! consecutive layers' routers see nearly the same input.
 
+pub mod scripted;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 

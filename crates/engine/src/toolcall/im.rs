@@ -1,29 +1,10 @@
-//! Kimi's tool-call markup in a reply (K2 and the `im_` chat family): after the text,
+//! Kimi's `im_` tool-call markup (K2, Kimi-Linear): after the text,
 //! `<|tool_calls_section_begin|>`, then per call
 //! `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|>`,
-//! then `<|tool_calls_section_end|>`. Read token by token, so text streams as it comes and each
-//! call is whole at its end marker. Markup is recognized by token id only (a model that writes
-//! the characters `<|tool_call_begin|>` wrote text); markup that is malformed or cut off ends as
-//! text, never as an error.
+//! then `<|tool_calls_section_end|>`.
 
+use super::{Piece, ToolCall};
 use crate::tokenizer::Tokenizer;
-
-/// One call the model made.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolCall {
-    /// As the model wrote it (`functions.NAME:IDX`): what its result is returned under.
-    pub id: String,
-    pub name: String,
-    /// The arguments as the model wrote them (JSON, unchecked).
-    pub arguments: String,
-}
-
-/// What a token adds to the reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
-    Text(String),
-    Call(ToolCall),
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -44,7 +25,7 @@ const CALL_END: &str = "<|tool_call_end|>";
 
 /// Reads tool calls out of a reply's tokens.
 #[derive(Debug, Clone)]
-pub struct ToolCallReader {
+pub struct ImReader {
     markers: [u32; 5],
     state: State,
     id: String,
@@ -53,19 +34,13 @@ pub struct ToolCallReader {
     raw: String,
 }
 
-impl ToolCallReader {
+impl ImReader {
     /// A reader for `tok`'s markers; `None` when the tokenizer has no tool-call markers (the model
     /// cannot call tools).
     pub fn new(tok: &Tokenizer) -> Option<Self> {
         let m = |name| tok.special(name);
         let markers = [m(SECTION_BEGIN)?, m(SECTION_END)?, m(CALL_BEGIN)?, m(ARGUMENTS)?, m(CALL_END)?];
-        Some(ToolCallReader {
-            markers,
-            state: State::Text,
-            id: String::new(),
-            arguments: String::new(),
-            raw: String::new(),
-        })
+        Some(ImReader { markers, state: State::Text, id: String::new(), arguments: String::new(), raw: String::new() })
     }
 
     /// Token `id`, whose text is `text` (empty for special tokens).

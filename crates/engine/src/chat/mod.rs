@@ -1,0 +1,187 @@
+//! Chat prompts in the model's own format, token by token: structural markup as special tokens,
+//! every piece of text tokenized on its own as plain text, so content can never forge a turn.
+//!
+//! - Kimi K3 ("XTML", [`xtml`]): only `<|open|>`, `<|close|>`, `<|sep|>` and `<|end_of_msg|>`
+//!   are special tokens; tag names and attributes are ordinary text, each encoded as its own
+//!   segment (segment boundaries are token boundaries).
+//! - Kimi-Linear and K2 (`im_` turns, [`im`]): `<|im_system|>`/`<|im_user|>`/`<|im_assistant|>`
+//!   NAME `<|im_middle|>` TEXT `<|im_end|>`, tool calls between Kimi's tool-call markers.
+//!
+//! Both are checked against Python jinja2 renderings of the releases' own chat templates
+//! (fixtures/chat/).
+
+mod im;
+mod json;
+mod xtml;
+
+pub use json::{object_entries, python_json, sorted_json};
+
+use crate::config::Family;
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    /// A tool's result.
+    Tool,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// A tool call in an assistant turn of the history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The id the client knows it by (results answer it by this id).
+    pub id: Option<String>,
+    pub name: String,
+    /// The arguments as JSON text, as written.
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub role: Role,
+    pub content: String,
+    /// An assistant turn's reasoning, kept in the history when the model produced one.
+    pub thinking: Option<String>,
+    /// The name the turn is written under (a tool result: the tool's).
+    pub name: Option<String>,
+    /// An assistant turn's tool calls.
+    pub tool_calls: Vec<Call>,
+    /// A tool result: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: content.into(),
+            thinking: None,
+            name: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+/// OpenAI's `tool_choice`, as far as a template renders it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    #[default]
+    Auto,
+    /// The model must call a tool.
+    Required,
+    /// The model must not call one.
+    None,
+}
+
+/// What a prompt carries besides the messages.
+#[derive(Debug, Clone, Default)]
+pub struct PromptOptions<'a> {
+    /// Open the assistant's turn in the thinking channel (K3).
+    pub think: bool,
+    /// K3's `thinking_effort` (low, high, max) when thinking; `None` leaves it unsaid.
+    pub effort: Option<&'a str>,
+    /// The declared tools: a JSON array of OpenAI tool objects, as the client sent it.
+    pub tools: Option<&'a str>,
+    pub tool_choice: ToolChoice,
+    /// The answer must be a JSON object (`response_format: json_object`).
+    pub json_object: bool,
+}
+
+/// Why a conversation cannot be written in the model's format.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// Part of the conversation is malformed: `what` names the part (as a request field).
+    #[error("{what}: {reason}")]
+    Invalid { what: String, reason: String },
+}
+
+impl ChatError {
+    fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
+        ChatError::Invalid { what: what.into(), reason: reason.into() }
+    }
+}
+
+/// Builds token sequences for one model family.
+#[derive(Debug)]
+pub struct ChatFormat<'t> {
+    tok: &'t Tokenizer,
+    family: Family,
+}
+
+impl<'t> ChatFormat<'t> {
+    pub fn new(tok: &'t Tokenizer, family: Family) -> Self {
+        ChatFormat { tok, family }
+    }
+
+    fn special(&self, name: &str) -> Result<u32, TokenizerError> {
+        self.tok.special(name).ok_or_else(|| TokenizerError::Config {
+            file: "tokenizer_config.json".into(),
+            reason: format!("the chat format needs the special token `{name}`, which the tokenizer does not have"),
+        })
+    }
+
+    /// The whole conversation, ending with the prompt for the assistant's next turn (with a
+    /// thinking section first when `think`).
+    pub fn prompt(&self, messages: &[Message], think: bool) -> Result<Vec<u32>, ChatError> {
+        self.prompt_with(messages, &PromptOptions { think, ..PromptOptions::default() })
+    }
+
+    /// The whole conversation with its options: declarations and system notes first, the
+    /// messages (tool calls and results in the model's markup), the format's closing notes, and
+    /// the prompt for the assistant's next turn.
+    pub fn prompt_with(&self, messages: &[Message], o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
+        match self.family {
+            Family::KimiK3 => self.xtml_prompt(messages, o),
+            Family::KimiLinear => self.im_prompt(messages, o),
+        }
+    }
+
+    /// What comes before the first message: tool declarations and (K3) the thinking effort.
+    pub fn preamble(&self, o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
+        match self.family {
+            Family::KimiK3 => self.xtml_preamble(o),
+            Family::KimiLinear => self.im_preamble(o),
+        }
+    }
+
+    /// What opens the assistant's turn.
+    pub fn generation_prompt(&self, think: bool) -> Result<Vec<u32>, TokenizerError> {
+        match self.family {
+            Family::KimiK3 => self.xtml_generation_prompt(think),
+            Family::KimiLinear => self.im_generation_prompt(),
+        }
+    }
+
+    /// One complete turn with no tool calls or results (those need the conversation around them:
+    /// use [`prompt_with`](Self::prompt_with)).
+    pub fn turn(&self, m: &Message, think: bool) -> Result<Vec<u32>, ChatError> {
+        match self.family {
+            Family::KimiK3 => self.xtml_turn(m, think),
+            Family::KimiLinear => self.im_turn(m, &mut im::Numbering::default()),
+        }
+    }
+
+    /// The id that ends the assistant's turn.
+    pub fn end_of_turn(&self) -> Result<u32, TokenizerError> {
+        match self.family {
+            Family::KimiK3 => self.special("<|end_of_msg|>"),
+            Family::KimiLinear => self.special("<|im_end|>"),
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! Tool calls read out of a reply token by token, in the model's own markup: Kimi's `im_`
+//! markers (K2, Kimi-Linear; [`im`]) or K3's XTML `tools` element ([`xtml`]). Text streams as it
+//! comes and each call is whole at its end. Markup is recognized by token id only (a model that
+//! writes the characters `<|tool_call_begin|>` or `<|open|>` wrote text); markup that is
+//! malformed or cut off ends as the text it was, never as an error.
+
+mod im;
+mod xtml;
+
+use crate::config::Family;
+use crate::tokenizer::Tokenizer;
+
+/// One call the model made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// As the model wrote it (`functions.NAME:IDX`), what its result is returned under; empty
+    /// when the markup has none (K3: the caller names the call).
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text (`im_`: as the model wrote them, unchecked; K3: an object built
+    /// from the typed arguments, each checked).
+    pub arguments: String,
+}
+
+/// What a token adds to the reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Text(String),
+    Call(ToolCall),
+}
+
+/// Reads tool calls out of a reply's tokens.
+#[derive(Debug, Clone)]
+pub enum ToolCallReader {
+    Im(im::ImReader),
+    Xtml(xtml::XtmlReader),
+}
+
+impl ToolCallReader {
+    /// A reader for `family`'s markup; `None` when `tok` lacks the markers (the model cannot call
+    /// tools).
+    pub fn new(tok: &Tokenizer, family: Family) -> Option<Self> {
+        match family {
+            Family::KimiK3 => xtml::XtmlReader::new(tok).map(ToolCallReader::Xtml),
+            Family::KimiLinear => im::ImReader::new(tok).map(ToolCallReader::Im),
+        }
+    }
+
+    /// Token `id`: `raw` its bytes as the tokenizer decodes it (empty for special tokens),
+    /// `visible` the text the decoder showed for it.
+    pub fn push(&mut self, id: u32, raw: &[u8], visible: &str) -> Vec<Piece> {
+        match self {
+            ToolCallReader::Im(r) => r.push(id, visible),
+            ToolCallReader::Xtml(r) => r.push(id, raw, visible),
+        }
+    }
+
+    /// The reply ended: a section left open comes out as the text it was.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        match self {
+            ToolCallReader::Im(r) => r.finish(),
+            ToolCallReader::Xtml(r) => r.finish(),
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! A tool-call round trip over HTTP in Kimi's `im_` markup, on a model whose weights make it call
+//! a tool (`k3_engine::synth::scripted`: every answer is a sentence and a `get_weather` call):
+//! the call comes back as OpenAI `tool_calls`, whole and streamed, with `finish_reason:
+//! tool_calls`; the client's next request (the call and its result in the history) is rendered as
+//! an extension of the first prompt, so the prefix cache resumes it.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use axum::http::StatusCode;
+use k3_engine::convert::{ConvertOptions, ExpertFormat, TrunkFormat, convert};
+use k3_engine::synth::scripted::{ARGUMENTS, CALL_ID, REPLY, tool_caller};
+use k3_server::ServerOptions;
+use serde_json::{Value, json};
+
+mod common;
+use common::{call, json_call, post, server, sse_data};
+
+/// The scripted model, converted once per test binary.
+fn model() -> PathBuf {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden/tiny-kimi-linear");
+        tool_caller(&base, &dir.path().join("hf")).unwrap();
+        let opts = ConvertOptions {
+            hf_dir: dir.path().join("hf"),
+            out_dir: dir.path().join("tool-caller"),
+            experts: ExpertFormat::Keep,
+            trunk: TrunkFormat::Keep,
+            alignment: 4096,
+            shards: 1,
+            shard_dirs: Vec::new(),
+        };
+        convert(&opts, &mut |_| {}).unwrap();
+        dir
+    });
+    dir.path().join("tool-caller")
+}
+
+fn weather_tool() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])
+}
+
+fn request(messages: Value, stream: bool) -> Value {
+    json!({"messages": messages, "tools": weather_tool(), "max_tokens": 32, "temperature": 0, "stream": stream})
+}
+
+#[tokio::test]
+async fn a_tool_call_round_trip_in_kimis_markup() {
+    let router = server(ServerOptions::new(model())).await;
+    let user = json!([{"role": "user", "content": "Weather in Paris?"}]);
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &request(user.clone(), false))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(choice["message"]["content"], REPLY, "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(
+        (&calls[0]["id"], &calls[0]["type"], &calls[0]["function"]["name"], &calls[0]["function"]["arguments"]),
+        (&json!(CALL_ID), &json!("function"), &json!("get_weather"), &json!(ARGUMENTS))
+    );
+    let first_prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+
+    // Streamed: the text as content deltas, the call whole in one tool_calls delta.
+    let (s, body) = call(&router, post("/v1/chat/completions", &request(user.clone(), true))).await;
+    assert_eq!(s, StatusCode::OK);
+    let chunks: Vec<Value> =
+        sse_data(&body).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+    let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, REPLY);
+    let streamed: Vec<&Value> =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+    assert_eq!(streamed, [&calls[0]], "{body}");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+
+    // The client runs the tool and sends the result back.
+    let mut history = user.as_array().unwrap().clone();
+    history.push(json!({"role": "assistant", "content": REPLY, "tool_calls": calls}));
+    history.push(json!({"role": "tool", "tool_call_id": CALL_ID, "name": "get_weather", "content": "18 C, clear"}));
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &request(json!(history), false))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > first_prompt, "{v}");
+    // The first prompt is a prefix of the second, token for token: its kept state is resumed.
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(first_prompt), "{v}");
+    assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather", "{v}");
+}
+
+#[tokio::test]
+async fn tool_choice_none_reads_no_calls() {
+    let router = server(ServerOptions::new(model())).await;
+    let mut body = request(json!([{"role": "user", "content": "Weather?"}]), false);
+    body["tool_choice"] = json!("none");
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
+    body["tool_choice"] = json!("sometimes");
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("tool_choice")), "{v}");
+}
