@@ -1,4 +1,5 @@
-//! Gated multi-head latent attention without positions (NoPE), decoded in the absorbed form.
+//! Multi-head latent attention, decoded in the absorbed form: without positions (NoPE: K3,
+//! Kimi-Linear, optionally gated) or with RoPE on the rope dims (DeepSeek-V3 / Kimi K2, YaRN).
 //!
 //! Per token t (x = the normed layer input):
 //! `q = q_b(RMSNorm(q_a x; q_a_layernorm))` (K3) or `q_proj x` (Kimi-Linear), per head
@@ -8,6 +9,13 @@
 //! `qabs = W_UK^T q_nope`, `s_t = (qabs . c_t + q_ext . k_ext_t) / sqrt(nope + rope)`, causal
 //! softmax, `ctx = W_UV sum_t p_t c_t`, times `sigmoid(g_proj x)` when gated, then `o_proj`.
 //! The low-rank norms use their own eps (1e-6 in Moonshot's code).
+//!
+//! With RoPE, `k_ext_t` is rotated by its position when appended to the cache (the cache keeps it
+//! rotated) and `q_ext` by the query's position; the `nope` part never rotates. DeepSeek stores the
+//! rope dims interleaved, so pair `(2i, 2i+1)` turns by `pos * inv_freq[i]` (transformers
+//! de-interleaves first and rotates halves: the same dot products). YaRN blends interpolated and
+//! extrapolated frequencies, scales cos/sin by its attention factor and the softmax by
+//! `mscale(factor, mscale_all_dim)^2`.
 //!
 //! The softmax runs online over fixed blocks of cached positions (one pass over the cache for all
 //! heads); block boundaries do not depend on how tokens were batched, so prefill and decode agree
@@ -24,13 +32,96 @@ use crate::state_io;
 /// Positions within a block of the online softmax.
 const BLOCK: usize = 32;
 
-/// How positions enter attention. Kimi K3 and Kimi-Linear use none. Kimi K2 (DeepSeek-V3) will
-/// add `Rope { theta, yarn }` here: rotate each token's `k_ext` by its position when it is
-/// appended to the cache and `q_ext` by the query's position before scoring; nothing else in the
-/// absorbed decode changes (the `nope` part never rotates).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How positions enter attention: none (Kimi K3, Kimi-Linear) or RoPE (DeepSeek-V3, Kimi K2).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum PositionEmbedding {
     None,
+    Rope(Rope),
+}
+
+/// Rotary embedding of the rope dims (interleaved pairs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN context extension, as `rope_scaling` spells it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub mscale: Option<f64>,
+    pub mscale_all_dim: Option<f64>,
+    pub original_max_positions: u64,
+}
+
+/// `0.1 m ln(scale) + 1` above scale 1.
+fn yarn_mscale(scale: f64, m: f64) -> f64 {
+    if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 }
+}
+
+/// A rope's tables: per pair its inverse frequency, the factor on cos/sin, and the factor on
+/// the softmax scale.
+#[derive(Debug, Clone, PartialEq)]
+struct RopeTable {
+    inv_freq: Vec<f64>,
+    attention_factor: f64,
+    softmax_factor: f64,
+}
+
+impl RopeTable {
+    /// As transformers' `_compute_yarn_parameters` (truncated correction range) and
+    /// `DeepseekV3Attention` (the softmax factor) compute them, in f64.
+    fn new(rope: &Rope, dim: usize) -> Self {
+        let d = dim as f64;
+        let pos_freqs: Vec<f64> = (0..dim / 2).map(|i| rope.theta.powf((2 * i) as f64 / d)).collect();
+        let Some(y) = rope.yarn else {
+            return RopeTable {
+                inv_freq: pos_freqs.iter().map(|p| 1.0 / p).collect(),
+                attention_factor: 1.0,
+                softmax_factor: 1.0,
+            };
+        };
+        let correction = |rotations: f64| {
+            d * (y.original_max_positions as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * rope.theta.ln())
+        };
+        let low = correction(y.beta_fast).floor().max(0.0);
+        let mut high = correction(y.beta_slow).ceil().min(d - 1.0);
+        if low == high {
+            high += 0.001;
+        }
+        let inv_freq = pos_freqs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let extrapolate = 1.0 - ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                (1.0 / (y.factor * p)) * (1.0 - extrapolate) + (1.0 / p) * extrapolate
+            })
+            .collect();
+        let attention_factor = match (y.mscale.filter(|m| *m != 0.0), y.mscale_all_dim.filter(|m| *m != 0.0)) {
+            (Some(m), Some(all)) => yarn_mscale(y.factor, m) / yarn_mscale(y.factor, all),
+            _ => yarn_mscale(y.factor, 1.0),
+        };
+        let softmax_factor = match y.mscale_all_dim.filter(|m| *m != 0.0) {
+            Some(all) => yarn_mscale(y.factor, all).powi(2),
+            None => 1.0,
+        };
+        RopeTable { inv_freq, attention_factor, softmax_factor }
+    }
+
+    /// Turns interleaved pairs of `v` by position `pos`.
+    fn rotate(&self, v: &mut [f32], pos: usize) {
+        for (pair, f) in v.chunks_exact_mut(2).zip(&self.inv_freq) {
+            let (sin, cos) = (pos as f64 * f).sin_cos();
+            let (c, s) = ((cos * self.attention_factor) as f32, (sin * self.attention_factor) as f32);
+            let (a, b) = (pair[0], pair[1]);
+            pair[0] = a * c - b * s;
+            pair[1] = b * c + a * s;
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +165,7 @@ pub struct Mla<'a> {
     name: String,
     cfg: MlaConfig,
     w: MlaWeights<'a>,
+    rope: Option<RopeTable>,
 }
 
 /// One sequence's consecutive rows of a batched chunk, and its cache.
@@ -186,7 +278,17 @@ impl<'a> Mla<'a> {
             check_matrix(&name, "g_proj", g, h * cfg.v_dim, d)?;
         }
         check_matrix(&name, "o_proj", &w.o_proj, d, h * cfg.v_dim)?;
-        Ok(Mla { name, cfg, w })
+        let rope = match &cfg.positions {
+            PositionEmbedding::None => None,
+            PositionEmbedding::Rope(_) if !cfg.rope.is_multiple_of(2) => {
+                return Err(AttnError::Unsupported {
+                    layer: name,
+                    reason: format!("RoPE needs an even number of rope dims, not {}", cfg.rope),
+                });
+            }
+            PositionEmbedding::Rope(r) => Some(RopeTable::new(r, cfg.rope)),
+        };
+        Ok(Mla { name, cfg, w, rope })
     }
 
     pub fn name(&self) -> &str {
@@ -225,7 +327,7 @@ impl<'a> Mla<'a> {
             self.name
         );
         let (h, l, r) = (cfg.heads, cfg.kv_lora, cfg.rope);
-        let q = self.queries(xs, n);
+        let mut q = self.queries(xs, n);
         let mut ckv = vec![0f32; n * (l + r)];
         par::matmul(&self.w.kv_a, xs, &mut ckv);
         // Each row: its sequence's cache and how many positions it sees.
@@ -236,9 +338,21 @@ impl<'a> Mla<'a> {
             for (_, row) in (0..seq.rows).zip(entries.by_ref()) {
                 rms_norm(&row[..l], &self.w.kv_a_norm, cfg.lowrank_eps, &mut normed);
                 seq.cache.c.extend_from_slice(&normed);
+                let at = seq.cache.kext.len();
                 seq.cache.kext.extend_from_slice(&row[l..]);
+                if let Some(rope) = &self.rope {
+                    rope.rotate(&mut seq.cache.kext[at..], seq.cache.len);
+                }
                 seq.cache.len += 1;
                 rows.push((i, seq.cache.len));
+            }
+        }
+        if let Some(rope) = &self.rope {
+            let qh = cfg.nope + r;
+            for (t, qt) in q.chunks_exact_mut(h * qh).enumerate() {
+                for head in qt.chunks_exact_mut(qh) {
+                    rope.rotate(&mut head[cfg.nope..], rows[t].1 - 1);
+                }
             }
         }
         let mut gate = Vec::new();
@@ -313,7 +427,10 @@ impl<'a> Mla<'a> {
             wuk.matvec_transposed(&qhd[..cfg.nope], &mut qabs[i * l..(i + 1) * l]).expect("dense kv_b");
             qext[i * r..(i + 1) * r].copy_from_slice(&qhd[cfg.nope..]);
         }
-        let scale = 1.0 / (qh as f32).sqrt();
+        let scale = match &self.rope {
+            Some(rope) => (rope.softmax_factor / (qh as f64).sqrt()) as f32,
+            None => 1.0 / (qh as f32).sqrt(),
+        };
         attend(&qabs, &qext, &cache.c, &cache.kext, len, l, r, scale, &mut lat);
         for i in 0..heads {
             let hd = h0 + i;

@@ -1,6 +1,7 @@
 //! Both attention kinds against plain f64 oracles written from the equations (models.md), and
 //! prefill against stepping, and saved state against continuing.
 
+use k3_attn::mla::{Rope, Yarn};
 use k3_attn::{
     AttnError, Kda, KdaConfig, KdaGate, KdaState, KdaWeights, Mla, MlaConfig, MlaWeights, OutputGate,
     PositionEmbedding, QPath,
@@ -272,6 +273,10 @@ impl MlaData {
     }
 
     fn layer(&self, lowrank: bool, gated: bool) -> Mla<'_> {
+        self.layer_at(lowrank, gated, PositionEmbedding::None)
+    }
+
+    fn layer_at(&self, lowrank: bool, gated: bool, positions: PositionEmbedding) -> Mla<'_> {
         let w = &self.w;
         let qd = H * (NOPE + ROPE);
         let norm = |v: &[f32]| v.iter().map(|x| 1.0 + x).collect::<Vec<f32>>();
@@ -295,34 +300,59 @@ impl MlaData {
             rope: ROPE,
             v_dim: V,
             lowrank_eps: 1e-6,
-            positions: PositionEmbedding::None,
+            positions,
         };
         Mla::new("layer 3 (MLA)", cfg, weights).unwrap()
     }
 
     /// Non-absorbed attention in f64: per-head keys and values materialized from the cache.
     fn oracle(&self, lowrank: bool, gated: bool, xs: &[f32]) -> Vec<f64> {
+        self.oracle_at(lowrank, gated, false, xs)
+    }
+
+    /// With `k2_rope`: K2's RoPE as transformers applies it (rope dims de-interleaved, then
+    /// `x cos + rotate_half(x) sin`), with the frequencies and softmax scale transformers 5.24
+    /// computes for K2's YaRN (theta 50000, factor 32, beta 1/1, mscale 1/1, original 4096) at 8
+    /// rope dims and a 24-dim query head (printed from `DeepseekV3ForCausalLM`).
+    fn oracle_at(&self, lowrank: bool, gated: bool, k2_rope: bool, xs: &[f32]) -> Vec<f64> {
+        const INV_FREQ: [f64; 4] = [1.0, 0.06687403470277786, 0.004472136031836271, 9.345930266135838e-06];
+        let rotate = |v: &[f64], pos: usize| -> Vec<f64> {
+            if !k2_rope {
+                return v.to_vec();
+            }
+            let half = v.len() / 2;
+            let de: Vec<f64> = (0..half).map(|i| v[2 * i]).chain((0..half).map(|i| v[2 * i + 1])).collect();
+            (0..v.len())
+                .map(|j| {
+                    let (c, s) = ((pos as f64 * INV_FREQ[j % half]).cos(), (pos as f64 * INV_FREQ[j % half]).sin());
+                    let rot = if j < half { -de[j + half] } else { de[j - half] };
+                    de[j] * c + rot * s
+                })
+                .collect()
+        };
+        let scale = if k2_rope { 0.37013023618119323 } else { 1.0 / ((NOPE + ROPE) as f64).sqrt() };
         let w = &self.w;
         let norm = |v: &[f32]| v.iter().map(|x| 1.0 + x).collect::<Vec<f32>>();
         let mut keys: Vec<Vec<Vec<f64>>> = Vec::new(); // [t][h] = [nope + rope]
         let mut vals: Vec<Vec<Vec<f64>>> = Vec::new(); // [t][h] = [v]
         let mut out = Vec::new();
-        for x in xs.chunks(D) {
+        for (pos, x) in xs.chunks(D).enumerate() {
             let x: Vec<f64> = x.iter().map(|v| f64::from(*v)).collect();
             let q = if lowrank { mv(&w[2], &rms(&mv(&w[0], &x), &norm(&w[1]), 1e-6)) } else { mv(&w[3], &x) };
+            let q: Vec<f64> =
+                q.chunks(NOPE + ROPE).flat_map(|qh| [&qh[..NOPE], &rotate(&qh[NOPE..], pos)[..]].concat()).collect();
             let ckv = mv(&w[4], &x);
             let c = rms(&ckv[..L], &norm(&w[5]), 1e-6);
             let kb = mv(&w[6], &c); // [H * (nope + v)]
-            keys.push((0..H).map(|h| [&kb[h * (NOPE + V)..h * (NOPE + V) + NOPE], &ckv[L..]].concat()).collect());
+            let kpe = rotate(&ckv[L..], pos);
+            keys.push((0..H).map(|h| [&kb[h * (NOPE + V)..h * (NOPE + V) + NOPE], &kpe[..]].concat()).collect());
             vals.push((0..H).map(|h| kb[h * (NOPE + V) + NOPE..(h + 1) * (NOPE + V)].to_vec()).collect());
             let gate = mv(&w[7], &x);
             let mut ctx = vec![0f64; H * V];
             for h in 0..H {
                 let qh = &q[h * (NOPE + ROPE)..(h + 1) * (NOPE + ROPE)];
-                let scores: Vec<f64> = keys
-                    .iter()
-                    .map(|k| k[h].iter().zip(qh).map(|(a, b)| a * b).sum::<f64>() / ((NOPE + ROPE) as f64).sqrt())
-                    .collect();
+                let scores: Vec<f64> =
+                    keys.iter().map(|k| k[h].iter().zip(qh).map(|(a, b)| a * b).sum::<f64>() * scale).collect();
                 let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
                 let z: f64 = e.iter().sum();
@@ -356,6 +386,39 @@ fn mla_absorbed_decode_matches_the_materialized_f64_oracle() {
         let e = rel(&out, &data.oracle(lowrank, gated, &xs));
         assert!(e < 1e-4, "lowrank={lowrank} gated={gated}: relative error {e}");
     }
+}
+
+/// K2's RoPE + YaRN (interleaved rope dims, rotated keys cached) against the oracle with
+/// transformers' own frequencies and scale, past one softmax block; prefill equals stepping bit
+/// for bit.
+#[test]
+fn mla_with_k2_rope_matches_the_oracle_and_prefill_equals_stepping() {
+    let data = MlaData::new(13);
+    let yarn = Yarn {
+        factor: 32.0,
+        beta_fast: 1.0,
+        beta_slow: 1.0,
+        mscale: Some(1.0),
+        mscale_all_dim: Some(1.0),
+        original_max_positions: 4096,
+    };
+    let layer = data.layer_at(true, false, PositionEmbedding::Rope(Rope { theta: 50_000.0, yarn: Some(yarn) }));
+    let n = 70;
+    let xs = rand(n * D, 14, 1.0);
+    let mut cache = layer.cache();
+    let mut out = vec![0f32; n * D];
+    layer.prefill(&mut cache, &xs, &mut out);
+    let e = rel(&out, &data.oracle_at(true, false, true, &xs));
+    assert!(e < 1e-4, "relative error {e}");
+    // Positions matter: without RoPE the answer differs.
+    assert!(rel(&out, &data.oracle(true, false, &xs)) > 1e-2);
+    let mut stepped = vec![0f32; n * D];
+    let mut b = layer.cache();
+    for t in 0..n {
+        layer.step(&mut b, &xs[t * D..(t + 1) * D], &mut stepped[t * D..(t + 1) * D]);
+    }
+    assert_eq!(bits(&out), bits(&stepped));
+    assert_eq!(cache, b);
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use k3_attn::mla::{PositionEmbedding, Rope, Yarn};
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +20,9 @@ pub struct ConfigError {
 pub enum Family {
     KimiK3,
     KimiLinear,
+    /// Kimi K2 (`kimi_k2`) and DeepSeek-V3 (`deepseek_v3`): MLA with RoPE on every layer, a dense
+    /// prefix, sigmoid-scored MoE.
+    DeepseekV3,
 }
 
 impl Family {
@@ -26,8 +30,23 @@ impl Family {
         match self {
             Family::KimiK3 => "kimi_k3",
             Family::KimiLinear => "kimi_linear",
+            Family::DeepseekV3 => "deepseek_v3",
         }
     }
+}
+
+/// `rope_scaling` (the releases' config.json) or `rope_parameters` (transformers 5).
+#[derive(Debug, Clone, Deserialize)]
+pub struct RopeScaling {
+    #[serde(alias = "type")]
+    pub rope_type: Option<String>,
+    pub rope_theta: Option<f64>,
+    pub factor: Option<f64>,
+    pub beta_fast: Option<f64>,
+    pub beta_slow: Option<f64>,
+    pub mscale: Option<f64>,
+    pub mscale_all_dim: Option<f64>,
+    pub original_max_position_embeddings: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -101,14 +120,16 @@ pub struct TextConfig {
     pub moe_intermediate_size: Option<u64>,
     /// LatentMoE (K3): the width routed experts work in.
     pub routed_expert_hidden_size: Option<u64>,
-    #[serde(default)]
+    #[serde(default, alias = "n_shared_experts")]
     pub num_shared_experts: u32,
-    #[serde(default = "one")]
+    #[serde(default = "one", alias = "n_group")]
     pub num_expert_group: u32,
     #[serde(default = "one")]
     pub topk_group: u32,
-    #[serde(default = "yes")]
+    #[serde(default = "yes", alias = "norm_topk_prob")]
     pub moe_renormalize: bool,
+    /// DeepSeek's expert scoring: only `sigmoid` is supported.
+    pub scoring_func: Option<String>,
     #[serde(default = "one_f")]
     pub routed_scaling_factor: f64,
     pub num_attention_heads: Option<u32>,
@@ -130,6 +151,12 @@ pub struct TextConfig {
     pub eos_token_id: Option<TokenIds>,
     #[serde(alias = "model_max_length")]
     pub max_position_embeddings: Option<u64>,
+    pub rope_theta: Option<f64>,
+    #[serde(alias = "rope_parameters")]
+    pub rope_scaling: Option<RopeScaling>,
+    /// DeepSeek-V3's multi-token-prediction layers (after the model's own): not run.
+    #[serde(default)]
+    pub num_nextn_predict_layers: u32,
 }
 
 /// The root object: the family, and where the text model's fields are.
@@ -217,6 +244,8 @@ pub struct ModelConfig {
     pub eos: Vec<u32>,
     /// The longest context the model was built for, if the config says.
     pub max_positions: Option<u64>,
+    /// How positions enter MLA: none (Kimi) or RoPE, with YaRN when configured (DeepSeek-V3).
+    pub positions: PositionEmbedding,
     /// The text model's fields as read.
     pub text: TextConfig,
 }
@@ -253,6 +282,34 @@ impl TextConfig {
         })
     }
 
+    /// DeepSeek-V3's RoPE: `rope_theta` (or `rope_parameters.rope_theta`), YaRN when
+    /// `rope_scaling` says so; other scalings are refused by name.
+    fn rope(&self) -> Result<PositionEmbedding, String> {
+        let s = self.rope_scaling.as_ref();
+        let theta = self.rope_theta.or(s.and_then(|s| s.rope_theta)).unwrap_or(10_000.0);
+        let yarn = match s.and_then(|s| s.rope_type.as_deref()) {
+            None | Some("default") => None,
+            Some("yarn") => {
+                let s = s.expect("a rope type comes from a rope_scaling");
+                let factor = s.factor.ok_or("rope_scaling: yarn needs `factor`")?;
+                let original = s
+                    .original_max_position_embeddings
+                    .or(self.max_position_embeddings)
+                    .ok_or("rope_scaling: yarn needs `original_max_position_embeddings`")?;
+                Some(Yarn {
+                    factor,
+                    beta_fast: s.beta_fast.unwrap_or(32.0),
+                    beta_slow: s.beta_slow.unwrap_or(1.0),
+                    mscale: s.mscale,
+                    mscale_all_dim: s.mscale_all_dim,
+                    original_max_positions: original,
+                })
+            }
+            Some(other) => return Err(format!("rope_scaling type `{other}` is not supported (yarn, default)")),
+        };
+        Ok(PositionEmbedding::Rope(Rope { theta, yarn }))
+    }
+
     fn activation(&self) -> Result<Activation, String> {
         match self.hidden_act.as_deref() {
             Some("situ") => Ok(Activation::Situ {
@@ -274,7 +331,12 @@ impl ModelConfig {
         let family = match root.model_type.as_str() {
             "kimi_k3" => Family::KimiK3,
             "kimi_linear" => Family::KimiLinear,
-            other => return Err(err(format!("model_type `{other}` is not a model k3 runs (kimi_k3, kimi_linear)"))),
+            "kimi_k2" | "deepseek_v3" => Family::DeepseekV3,
+            other => {
+                return Err(err(format!(
+                    "model_type `{other}` is not a model k3 runs (kimi_k3, kimi_linear, kimi_k2, deepseek_v3)"
+                )));
+            }
         };
         let text_value = root.text_config.clone().unwrap_or(root_value);
         let text: TextConfig = serde_json::from_value(text_value).map_err(|e| err(e.to_string()))?;
@@ -299,8 +361,15 @@ impl ModelConfig {
         let attn_res_block = match (family, text.attn_res_block_size) {
             (Family::KimiK3, None) => return Err(err("missing field `attn_res_block_size` (K3's AttnRes)".into())),
             (Family::KimiK3, Some(b)) => Some(b.max(1) as usize),
-            (Family::KimiLinear, _) => None,
+            (Family::KimiLinear | Family::DeepseekV3, _) => None,
         };
+        let positions = match family {
+            Family::DeepseekV3 => text.rope().map_err(err)?,
+            Family::KimiK3 | Family::KimiLinear => PositionEmbedding::None,
+        };
+        if let Some(f) = text.scoring_func.as_deref().filter(|f| *f != "sigmoid") {
+            return Err(err(format!("scoring_func `{f}` is not supported (sigmoid)")));
+        }
         let mut eos: Vec<u32> = root.eos_token_id.iter().chain(&text.eos_token_id).flat_map(TokenIds::ids).collect();
         eos.dedup();
         let cfg = ModelConfig {
@@ -322,6 +391,7 @@ impl ModelConfig {
             moe,
             eos,
             max_positions: text.max_position_embeddings,
+            positions,
             text,
         };
         if cfg.experts_per_token > cfg.experts {

@@ -30,6 +30,36 @@ pub fn parse_expert(name: &str) -> Option<(u32, u32)> {
     Some((layer.parse().ok()?, expert.parse().ok()?))
 }
 
+/// The layer a `model.layers.L.*` tensor belongs to.
+pub fn layer_of(name: &str) -> Option<u32> {
+    name.strip_prefix("model.layers.")?.split_once('.')?.0.parse().ok()
+}
+
+/// A checkpoint tensor's name as k3 stores it. DeepSeek-V3 and Kimi K2 name a MoE layer's tensors
+/// `mlp.gate`, `mlp.experts.E.{gate,up,down}_proj` and `mlp.shared_experts`; Kimi's names (used
+/// throughout) are `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}` and
+/// `block_sparse_moe.shared_experts`. Other names are kept.
+pub fn canonical(name: &str) -> String {
+    let Some((head, rest)) = name.split_once(".mlp.") else { return name.to_string() };
+    if let Some(rest) = rest.strip_prefix("experts.") {
+        let renamed = rest.split_once('.').and_then(|(e, m)| {
+            let (w, tail) = m.split_once('.').unwrap_or((m, ""));
+            let w = match w {
+                "gate_proj" => "w1",
+                "down_proj" => "w2",
+                "up_proj" => "w3",
+                _ => return None,
+            };
+            Some(format!("{head}.block_sparse_moe.experts.{e}.{w}{}{tail}", if tail.is_empty() { "" } else { "." }))
+        });
+        return renamed.unwrap_or_else(|| name.to_string());
+    }
+    if rest.starts_with("gate.") || rest.starts_with("shared_experts.") {
+        return format!("{head}.block_sparse_moe.{rest}");
+    }
+    name.to_string()
+}
+
 /// What every layer has: its norms and (K3) its AttnRes score vectors.
 #[derive(Debug, Clone)]
 pub struct LayerNames {
@@ -180,5 +210,39 @@ impl MoeNames {
             latent_up: m("routed_expert_up_proj.weight"),
             shared: MlpNames::under(m("shared_experts")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deepseek_moe_names_become_kimis() {
+        let c = |n: &str| canonical(n);
+        assert_eq!(
+            c("model.layers.3.mlp.experts.17.gate_proj.weight"),
+            "model.layers.3.block_sparse_moe.experts.17.w1.weight"
+        );
+        assert_eq!(
+            c("model.layers.3.mlp.experts.17.up_proj.weight_packed"),
+            "model.layers.3.block_sparse_moe.experts.17.w3.weight_packed"
+        );
+        assert_eq!(
+            c("model.layers.3.mlp.experts.0.down_proj.weight_scale_inv"),
+            "model.layers.3.block_sparse_moe.experts.0.w2.weight_scale_inv"
+        );
+        assert_eq!(
+            c("model.layers.3.mlp.gate.e_score_correction_bias"),
+            "model.layers.3.block_sparse_moe.gate.e_score_correction_bias"
+        );
+        assert_eq!(
+            c("model.layers.3.mlp.shared_experts.up_proj.weight"),
+            "model.layers.3.block_sparse_moe.shared_experts.up_proj.weight"
+        );
+        // A dense layer's MLP and everything else keep their names.
+        assert_eq!(c("model.layers.0.mlp.gate_proj.weight"), "model.layers.0.mlp.gate_proj.weight");
+        assert_eq!(c("model.layers.0.self_attn.q_a_proj.weight"), "model.layers.0.self_attn.q_a_proj.weight");
+        assert_eq!(layer_of("model.layers.61.embed_tokens.weight"), Some(61));
     }
 }

@@ -63,6 +63,53 @@ fn kimi_linear_logits_match_transformers() {
     assert!(e < 1e-4, "logits relative L2 error {e}");
 }
 
+/// A tiny Kimi K2 / DeepSeek-V3 (fixtures/golden/deepseek-v3, made by tools/golden/deepseek_v3.py)
+/// converted from its checkpoint, against transformers 5.24's `DeepseekV3ForCausalLM`: MLA with
+/// interleaved RoPE and YaRN, grouped sigmoid routing with a correction bias, DeepSeek's tensor
+/// names. The trace is the residual stream after every layer but the last.
+fn deepseek_matches_transformers(variant: &str) {
+    let g = fixtures().join("golden/deepseek-v3").join(variant);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = k3_engine::convert::ConvertOptions {
+        hf_dir: g.clone(),
+        out_dir: dir.path().join("m"),
+        experts: k3_engine::convert::ExpertFormat::Keep,
+        trunk: k3_engine::convert::TrunkFormat::Keep,
+        alignment: 4096,
+        shards: 1,
+        shard_dirs: Vec::new(),
+    };
+    k3_engine::convert::convert(&opts, &mut |_| {}).unwrap();
+    let model = Model::open(dir.path().join("m")).unwrap();
+    let engine = Engine::load(&model).unwrap();
+    let ids = ids(&g.join("golden/ids.txt"));
+    let mut trace = Vec::new();
+    let logits = engine.forward(&mut engine.session(), &ids, Some(&mut trace)).unwrap();
+    let hidden = 192;
+    let layers = trace.len() / ids.len() / hidden;
+    let trace: Vec<f32> = trace.chunks(layers * hidden).flat_map(|t| t[..(layers - 1) * hidden].to_vec()).collect();
+    let (et, el) =
+        (rel_l2(&trace, &f32s(&g.join("golden/trace.f32"))), rel_l2(&logits, &f32s(&g.join("golden/logits.f32"))));
+    eprintln!("DeepSeek-V3 {variant}: trace relative L2 error {et:.3e}, logits {el:.3e}");
+    assert!(et < 1e-4, "trace relative L2 error {et}");
+    assert!(el < 1e-4, "logits relative L2 error {el}");
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(g.join("golden/meta.json")).unwrap()).unwrap();
+    let want: Vec<usize> = meta["argmax"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    assert_eq!(logits.chunks(512).map(argmax).collect::<Vec<_>>(), want);
+    // Prefill in chunks equals one token at a time, bit for bit (RoPE positions across chunks).
+    let mut s = engine.session();
+    let mut last = Vec::new();
+    for &id in &ids {
+        last = engine.forward(&mut s, &[id], None).unwrap();
+    }
+    assert_eq!(last, logits[logits.len() - 512..]);
+}
+
+#[test]
+fn deepseek_v3_bf16_matches_transformers() {
+    deepseek_matches_transformers("bf16");
+}
+
 #[test]
 fn chunked_prefill_equals_one_token_at_a_time() {
     for name in ["tiny-k3", "tiny-kimi-linear"] {

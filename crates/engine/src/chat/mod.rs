@@ -148,7 +148,7 @@ impl<'t> ChatFormat<'t> {
     pub fn prompt_with(&self, messages: &[Message], o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
         match self.family {
             Family::KimiK3 => self.xtml_prompt(messages, o),
-            Family::KimiLinear => self.im_prompt(messages, o),
+            Family::KimiLinear | Family::DeepseekV3 => self.im_prompt(messages, o),
         }
     }
 
@@ -156,7 +156,7 @@ impl<'t> ChatFormat<'t> {
     pub fn preamble(&self, o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
         match self.family {
             Family::KimiK3 => self.xtml_preamble(o),
-            Family::KimiLinear => self.im_preamble(o),
+            Family::KimiLinear | Family::DeepseekV3 => self.im_preamble(o),
         }
     }
 
@@ -164,7 +164,7 @@ impl<'t> ChatFormat<'t> {
     pub fn generation_prompt(&self, think: bool) -> Result<Vec<u32>, TokenizerError> {
         match self.family {
             Family::KimiK3 => self.xtml_generation_prompt(think),
-            Family::KimiLinear => self.im_generation_prompt(),
+            Family::KimiLinear | Family::DeepseekV3 => self.im_generation_prompt(),
         }
     }
 
@@ -173,7 +173,7 @@ impl<'t> ChatFormat<'t> {
     pub fn turn(&self, m: &Message, think: bool) -> Result<Vec<u32>, ChatError> {
         match self.family {
             Family::KimiK3 => self.xtml_turn(m, think),
-            Family::KimiLinear => self.im_turn(m, &mut im::Numbering::default()),
+            Family::KimiLinear | Family::DeepseekV3 => self.im_turn(m, &mut im::Numbering::default()),
         }
     }
 
@@ -181,7 +181,7 @@ impl<'t> ChatFormat<'t> {
     pub fn end_of_turn(&self) -> Result<u32, TokenizerError> {
         match self.family {
             Family::KimiK3 => self.special("<|end_of_msg|>"),
-            Family::KimiLinear => self.special("<|im_end|>"),
+            Family::KimiLinear | Family::DeepseekV3 => self.special("<|im_end|>"),
         }
     }
 }

@@ -106,7 +106,7 @@ fn sort_tensors(
 ) -> Result<(Vec<String>, Vec<String>), ConvertError> {
     let (mut trunk, mut ignored) = (Vec::new(), Vec::new());
     for name in src.names() {
-        match role(name) {
+        match role(name, arch.layers) {
             Role::Expert { layer, expert } => {
                 if arch.moe_layers.binary_search(&layer).is_err() || expert >= arch.experts {
                     return Err(ConvertError::Source {
@@ -172,8 +172,12 @@ enum Role {
     Ignored,
 }
 
-fn role(name: &str) -> Role {
-    if let Some((layer, expert)) = crate::names::parse_expert(name) {
+/// `layers`: the model's own; DeepSeek-V3's multi-token-prediction layers come after them and are
+/// not part of the model k3 runs.
+fn role(name: &str, layers: u32) -> Role {
+    if crate::names::layer_of(name).is_some_and(|l| l >= layers) {
+        Role::Ignored
+    } else if let Some((layer, expert)) = crate::names::parse_expert(name) {
         Role::Expert { layer, expert }
     } else if name.starts_with("model.") || name.starts_with("lm_head.") {
         Role::Trunk

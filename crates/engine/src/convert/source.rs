@@ -45,7 +45,7 @@ const LM_PREFIX: &str = "language_model.";
 impl Source {
     /// A WASTE model directory, or a Hugging Face checkpoint: `model.safetensors.index.json` if
     /// present (every shard it names), else every `*.safetensors` file in `dir`. Names lose the
-    /// `language_model.` prefix.
+    /// `language_model.` prefix and take Kimi's spelling of MoE tensors (`names::canonical`).
     pub fn open(dir: &Path) -> Result<Source, ConvertError> {
         if dir.join(k3_format::HEADER_FILE).exists() {
             return Self::open_waste(dir);
@@ -92,7 +92,7 @@ impl Source {
             let base = 8 + n;
             let fi = files.len();
             for (tname, info) in meta.tensors() {
-                let clean = tname.strip_prefix(LM_PREFIX).unwrap_or(&tname).to_string();
+                let clean = crate::names::canonical(tname.strip_prefix(LM_PREFIX).unwrap_or(&tname));
                 let t = SourceTensor {
                     dtype: info.dtype,
                     shape: info.shape.iter().map(|&d| d as u64).collect(),

@@ -2,7 +2,7 @@
 //! names of `crate::names`, shaped by the typed config.
 
 use k3_attn::kda::a_log_per_head;
-use k3_attn::{Kda, KdaConfig, KdaGate, KdaWeights, Mla, MlaConfig, MlaWeights, OutputGate, PositionEmbedding, QPath};
+use k3_attn::{Kda, KdaConfig, KdaGate, KdaWeights, Mla, MlaConfig, MlaWeights, OutputGate, QPath};
 use k3_format::Model;
 use k3_quant::vecops::sigmoid;
 use k3_quant::{Matrix, par};
@@ -224,7 +224,7 @@ fn mla<'m>(model: &'m Model, cfg: &ModelConfig, i: u32, m: MlaDims) -> Result<Ml
         v_dim: m.v_dim,
         // Moonshot's modeling code builds the low-rank norms with the default 1e-6.
         lowrank_eps: 1e-6,
-        positions: PositionEmbedding::None,
+        positions: cfg.positions,
     };
     Ok(Mla::new(format!("layer {i} (MLA)"), mc, w)?)
 }

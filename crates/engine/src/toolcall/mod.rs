@@ -42,7 +42,7 @@ impl ToolCallReader {
     pub fn new(tok: &Tokenizer, family: Family) -> Option<Self> {
         match family {
             Family::KimiK3 => xtml::XtmlReader::new(tok).map(ToolCallReader::Xtml),
-            Family::KimiLinear => im::ImReader::new(tok).map(ToolCallReader::Im),
+            Family::KimiLinear | Family::DeepseekV3 => im::ImReader::new(tok).map(ToolCallReader::Im),
         }
     }
 
