@@ -14,6 +14,8 @@ pub enum Experts {
     Mxfp4,
     Bf16,
     Vq3,
+    /// Exact f32: for checking an FP8 or INT4 checkpoint's parity (8x the size of INT4).
+    F32,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -62,6 +64,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         Experts::Mxfp4 => ExpertFormat::Mxfp4,
         Experts::Bf16 => ExpertFormat::Bf16,
         Experts::Vq3 => ExpertFormat::Vq3,
+        Experts::F32 => ExpertFormat::F32,
     };
     let trunk = match trunk {
         Trunk::Keep => TrunkFormat::Keep,
@@ -147,7 +150,7 @@ pub fn synth(preset: &str, out: &PathBuf, experts: Experts) -> Result<()> {
     let e = match experts {
         Experts::Vq3 => k3_engine::synth::SynthExperts::Vq3,
         Experts::Mxfp4 | Experts::Keep => k3_engine::synth::SynthExperts::Mxfp4,
-        Experts::Bf16 => bail!("synthetic models have MXFP4 or vq3 experts"),
+        Experts::Bf16 | Experts::F32 => bail!("synthetic models have MXFP4 or vq3 experts"),
     };
     let pb = bar(0);
     pb.set_message("synth");

@@ -129,6 +129,7 @@ pub enum ExpertTarget {
     Mxfp4,
     Bf16,
     Vq(Codec),
+    F32,
 }
 
 /// Encodes one expert matrix `[rows, cols]` of f32 weights. Returns the encoding and its parts.
@@ -141,6 +142,7 @@ pub fn expert(
 ) -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
     match target {
         ExpertTarget::Bf16 => Ok((Encoding::Bf16, vec![le(w, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())])),
+        ExpertTarget::F32 => Ok((Encoding::F32, vec![le(w, |x: f32| x.to_le_bytes().to_vec())])),
         ExpertTarget::Mxfp4 => {
             if !cols.is_multiple_of(32) {
                 return Err(ConvertError::Unsupported(format!(
@@ -190,6 +192,7 @@ pub fn codec_of(enc: &Encoding) -> Option<Codec> {
 pub fn planned(target: ExpertTarget, cols: usize) -> Encoding {
     match target {
         ExpertTarget::Bf16 => Encoding::Bf16,
+        ExpertTarget::F32 => Encoding::F32,
         ExpertTarget::Mxfp4 => Encoding::Mxfp4,
         ExpertTarget::Vq(codec) => {
             let o = EncodeOptions::default();

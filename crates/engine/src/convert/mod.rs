@@ -2,6 +2,7 @@
 //! every other text tensor goes to the trunk. Resumable (the writer's journal), refuses to touch a
 //! directory it did not start, verifies everything at the end.
 
+mod dequant;
 mod encode;
 mod export;
 mod plan;
@@ -56,6 +57,8 @@ pub enum ExpertFormat {
     Mxfp4,
     Bf16,
     Vq3,
+    /// Exact f32 (4 bytes a weight): for checking a quantized checkpoint's parity, not for use.
+    F32,
 }
 
 impl ExpertFormat {
@@ -65,6 +68,7 @@ impl ExpertFormat {
             ExpertFormat::Mxfp4 => "mxfp4",
             ExpertFormat::Bf16 => "bf16",
             ExpertFormat::Vq3 => "vq3",
+            ExpertFormat::F32 => "f32",
         }
     }
 }

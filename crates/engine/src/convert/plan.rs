@@ -32,6 +32,8 @@ pub(super) struct Plan {
     pub ignored: Vec<String>,
     pub layouts: Vec<ExpertLayout>,
     pub layers: Vec<LayerPlan>,
+    /// FP8 checkpoints' block size.
+    pub fp8_block: u32,
 }
 
 impl Plan {
@@ -47,7 +49,8 @@ impl Plan {
         let arch = config.architecture();
         let (trunk_names, ignored) = sort_tensors(opts, src, &arch)?;
         check_trunk(&table, src, &trunk_names, config.family.name())?;
-        let (layouts, layers) = plan_experts(opts, src, &arch, &table.experts)?;
+        let fp8_block = fp8_block(&config_path, &config_bytes)?;
+        let (layouts, layers) = plan_experts(opts, src, &arch, &table.experts, fp8_block)?;
         // Every expert tensor's dtype and shape, before anything is written.
         for p in &layers {
             for expert in 0..arch.experts {
@@ -65,7 +68,7 @@ impl Plan {
             )));
         }
         k3_format::manifest::check_alignment(opts.alignment).map_err(ConvertError::Unsupported)?;
-        Ok(Plan { table, arch, trunk_names, ignored, layouts, layers })
+        Ok(Plan { table, arch, trunk_names, ignored, layouts, layers, fp8_block })
     }
 
     /// The writer's spec: the layout, the encodings in words, and where the model came from.
@@ -116,6 +119,7 @@ fn sort_tensors(
                 }
             }
             Role::Trunk => trunk.push(name.to_string()),
+            Role::Companion => {}
             Role::Ignored => ignored.push(name.to_string()),
         }
     }
@@ -129,16 +133,29 @@ fn plan_experts(
     src: &Source,
     arch: &Architecture,
     expert_shapes_of: &ExpertShapes,
+    fp8_block: u32,
 ) -> Result<(Vec<ExpertLayout>, Vec<LayerPlan>), ConvertError> {
     let mut layouts: Vec<ExpertLayout> = Vec::new();
     let mut layers = Vec::new();
     let mut keys: Vec<(SourceExperts, Vec<Vec<u64>>)> = Vec::new();
     for &layer in &arch.moe_layers {
-        let (kind, shapes) = expert_shapes(src, layer, expert_shapes_of)?;
+        let (kind, shapes) = expert_shapes(src, layer, expert_shapes_of, fp8_block)?;
         let target = match (kind, opts.experts) {
             (SourceExperts::Mxfp4, ExpertFormat::Keep | ExpertFormat::Mxfp4) => None,
             (SourceExperts::Bf16, ExpertFormat::Keep | ExpertFormat::Bf16) => None,
-            (SourceExperts::F32, ExpertFormat::Keep) => None,
+            (SourceExperts::F32, ExpertFormat::Keep | ExpertFormat::F32) => None,
+            (SourceExperts::Fp8 { .. } | SourceExperts::Int4 { .. }, ExpertFormat::Keep) => {
+                return Err(ConvertError::Unsupported(format!(
+                    "layer {layer}'s experts are {}, which k3 does not store as is yet: choose --experts mxfp4, \
+                     vq3, bf16 or f32",
+                    if matches!(kind, SourceExperts::Fp8 { .. }) {
+                        "FP8 block-scaled"
+                    } else {
+                        "INT4 (compressed-tensors)"
+                    }
+                )));
+            }
+            (_, ExpertFormat::F32) => Some(ExpertTarget::F32),
             (_, ExpertFormat::Mxfp4) => Some(ExpertTarget::Mxfp4),
             (_, ExpertFormat::Bf16) => Some(ExpertTarget::Bf16),
             (_, ExpertFormat::Vq3) => Some(ExpertTarget::Vq(k3_quant::vq::DEFAULT_CODEC)),
@@ -150,7 +167,7 @@ fn plan_experts(
                 let stored = |s: &[u64]| match (target, kind) {
                     (None, SourceExperts::Mxfp4) => Encoding::Mxfp4,
                     (None, SourceExperts::Bf16) => Encoding::Bf16,
-                    (None, SourceExperts::F32) => Encoding::F32,
+                    (None, _) => Encoding::F32,
                     (Some(t), _) => encode::planned(t, s[1] as usize),
                 };
                 let mats: Vec<(&str, Encoding, Vec<u64>)> =
@@ -165,10 +182,31 @@ fn plan_experts(
     Ok((layouts, layers))
 }
 
+/// FP8 checkpoints' `quantization_config.weight_block_size` (128 when absent); square only.
+fn fp8_block(path: &std::path::Path, config: &[u8]) -> Result<u32, ConvertError> {
+    let v: serde_json::Value = serde_json::from_slice(config)
+        .map_err(|e| ConvertError::Source { path: path.to_path_buf(), reason: e.to_string() })?;
+    let Some(sizes) = v.pointer("/quantization_config/weight_block_size").and_then(|b| b.as_array()) else {
+        return Ok(128);
+    };
+    match sizes.iter().map(serde_json::Value::as_u64).collect::<Option<Vec<u64>>>().as_deref() {
+        Some([a, b]) if a == b && *a > 0 && *a <= u64::from(u32::MAX) => Ok(*a as u32),
+        _ => Err(ConvertError::Unsupported(format!(
+            "{}: quantization_config.weight_block_size {sizes:?}: only square FP8 blocks are supported",
+            path.display()
+        ))),
+    }
+}
+
 /// What one source tensor name means.
 enum Role {
-    Expert { layer: u32, expert: u32 },
+    Expert {
+        layer: u32,
+        expert: u32,
+    },
     Trunk,
+    /// Read with the tensor it scales (an FP8 trunk matrix's `weight_scale_inv`).
+    Companion,
     Ignored,
 }
 
@@ -179,6 +217,8 @@ fn role(name: &str, layers: u32) -> Role {
         Role::Ignored
     } else if let Some((layer, expert)) = crate::names::parse_expert(name) {
         Role::Expert { layer, expert }
+    } else if name.ends_with(".weight_scale_inv") {
+        Role::Companion
     } else if name.starts_with("model.") || name.starts_with("lm_head.") {
         Role::Trunk
     } else {
@@ -192,6 +232,14 @@ pub(super) enum SourceExperts {
     Mxfp4,
     Bf16,
     F32,
+    /// FP8 e4m3 with square blocks of f32 `weight_scale_inv`.
+    Fp8 {
+        block: u32,
+    },
+    /// compressed-tensors INT4 in groups along a row.
+    Int4 {
+        group: u32,
+    },
 }
 
 /// How a layer's experts are stored, and their logical shapes (from the config, so a misshaped
@@ -200,17 +248,34 @@ fn expert_shapes(
     src: &Source,
     layer: u32,
     shapes: &ExpertShapes,
+    fp8_block: u32,
 ) -> Result<(SourceExperts, Vec<Vec<u64>>), ConvertError> {
     let first = expert_name(layer, 0, "w1");
-    let kind = if src.get(&format!("{first}.weight_packed")).is_ok() {
-        SourceExperts::Mxfp4
+    let kind = if let Ok(t) = src.get(&format!("{first}.weight_packed")) {
+        if t.dtype == StDtype::I32 {
+            // compressed-tensors INT4: the group size from the scales' shape.
+            let scale = src.get(&format!("{first}.weight_scale"))?;
+            let k = shapes.w1[1];
+            let group = k / scale.shape.get(1).copied().unwrap_or(0).max(1);
+            if group == 0 || !k.is_multiple_of(group) || !k.is_multiple_of(8) {
+                return Err(ConvertError::Unsupported(format!(
+                    "`{first}.weight_scale` is {:?}: not INT4 groups of a {k}-column row",
+                    scale.shape
+                )));
+            }
+            SourceExperts::Int4 { group: group as u32 }
+        } else {
+            SourceExperts::Mxfp4
+        }
     } else if let Ok(t) = src.get(&format!("{first}.weight")) {
         match t.dtype {
             StDtype::BF16 => SourceExperts::Bf16,
             StDtype::F32 => SourceExperts::F32,
+            StDtype::F8_E4M3 => SourceExperts::Fp8 { block: fp8_block },
             other => {
                 return Err(ConvertError::Unsupported(format!(
-                    "`{first}.weight` is {other:?}; routed experts must be BF16, F32 or MXFP4"
+                    "`{first}.weight` is {other:?}; routed experts must be BF16, F32, FP8 e4m3 (block-scaled), \
+                     MXFP4 or INT4 (compressed-tensors)"
                 )));
             }
         }
@@ -258,6 +323,17 @@ fn expert_sources(kind: SourceExperts, base: &str, shape: &[u64]) -> Vec<(String
         ],
         SourceExperts::Bf16 => vec![(format!("{base}.weight"), StDtype::BF16, shape.to_vec())],
         SourceExperts::F32 => vec![(format!("{base}.weight"), StDtype::F32, shape.to_vec())],
+        SourceExperts::Fp8 { block } => {
+            let b = u64::from(block);
+            vec![
+                (format!("{base}.weight"), StDtype::F8_E4M3, shape.to_vec()),
+                (format!("{base}.weight_scale_inv"), StDtype::F32, vec![shape[0].div_ceil(b), shape[1].div_ceil(b)]),
+            ]
+        }
+        SourceExperts::Int4 { group } => vec![
+            (format!("{base}.weight_packed"), StDtype::I32, vec![shape[0], shape[1] / 8]),
+            (format!("{base}.weight_scale"), StDtype::BF16, vec![shape[0], shape[1] / u64::from(group)]),
+        ],
     }
 }
 

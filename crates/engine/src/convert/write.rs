@@ -5,9 +5,9 @@ use k3_format::{Model, ModelWriter, OpenOptions};
 use rayon::prelude::*;
 use safetensors::Dtype as StDtype;
 
-use super::encode;
 use super::plan::{LayerPlan, Plan, SourceExperts, expert_parts};
 use super::{ConvertError, ConvertOptions, ConvertReport, Progress, Source, TrunkFormat};
+use super::{dequant, encode};
 use crate::names::{EXPERT_MATRICES, expert as expert_name};
 use crate::tensors::Storage;
 
@@ -33,7 +33,14 @@ pub(super) fn trunk(
         let bytes = src.bytes(t);
         if !w.has_tensor(name) {
             let storage = plan.table.get(name).map_or(Storage::Exact, |e| e.storage);
-            let (enc, parts) = encode::trunk(name, t.dtype, &t.shape, bytes, trunk, storage)?;
+            let (enc, parts) = if t.dtype == StDtype::F8_E4M3 {
+                // FP8 is widened with its block scales; kept "as stored" means bf16.
+                let f = fp8_trunk(src, name, &t.shape, bytes, plan.fp8_block)?;
+                let fmt = if trunk == TrunkFormat::Keep { TrunkFormat::Bf16 } else { trunk };
+                encode::trunk(name, StDtype::F32, &t.shape, &f, fmt, storage)?
+            } else {
+                encode::trunk(name, t.dtype, &t.shape, bytes, trunk, storage)?
+            };
             let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
             w.write_tensor(name, enc, &t.shape, &refs)?;
             report.written_items += 1;
@@ -44,6 +51,18 @@ pub(super) fn trunk(
         progress(Progress { phase: "trunk", done, total });
     }
     Ok(())
+}
+
+/// An FP8 trunk matrix as f32 bytes, through its `weight_scale_inv`.
+fn fp8_trunk(src: &Source, name: &str, shape: &[u64], bytes: &[u8], block: u32) -> Result<Vec<u8>, ConvertError> {
+    let [rows, cols] = shape else {
+        return Err(ConvertError::Unsupported(format!("`{name}` is FP8 but not a matrix: {shape:?}")));
+    };
+    let b = u64::from(block);
+    let scale_name = format!("{}_scale_inv", name);
+    let scale = src.expect(&scale_name, StDtype::F32, &[rows.div_ceil(b), cols.div_ceil(b)])?;
+    let f = dequant::fp8_blocks(bytes, scale, *rows as usize, *cols as usize, block as usize);
+    Ok(f.iter().flat_map(|x| x.to_le_bytes()).collect())
 }
 
 /// Every expert record the writer does not have yet, in (layer, expert) order.
@@ -97,6 +116,8 @@ fn record(src: &Source, p: &LayerPlan, expert: u32) -> Result<Vec<Vec<u8>>, Conv
             SourceExperts::Mxfp4 => encode::mxfp4_to_f32(raw[0], raw[1], rows, cols),
             SourceExperts::Bf16 => encode::to_f32(&base, StDtype::BF16, raw[0])?,
             SourceExperts::F32 => encode::to_f32(&base, StDtype::F32, raw[0])?,
+            SourceExperts::Fp8 { block } => dequant::fp8_blocks(raw[0], raw[1], rows, cols, block as usize),
+            SourceExperts::Int4 { group } => dequant::int4_groups(raw[0], raw[1], rows, cols, group as usize),
         };
         let (enc, encoded) = encode::expert(&base, &f, rows, cols, t)?;
         if enc != encode::planned(t, cols) {

@@ -1,0 +1,79 @@
+//! Checkpoint encodings k3 reads but does not store, widened to f32 at conversion:
+//! - FP8 e4m3 (`float8_e4m3fn`) with a per-block f32 `weight_scale_inv` (K2-Instruct,
+//!   DeepSeek-V3/R1: blocks of 128x128, edge blocks partial): `w = fp8 * scale_inv[r/B][c/B]`;
+//! - compressed-tensors `pack-quantized` INT4 (K2-Thinking's routed experts): `weight_packed`
+//!   int32 `[N, K/8]`, nibble = q + 8, least significant first; `weight_scale` bf16 `[N, K/G]`:
+//!   `w = (nibble - 8) * scale`.
+
+use half::bf16;
+
+/// The value of an e4m3fn byte: bias 7, no infinities, `S.1111.111` is NaN.
+pub fn e4m3(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = (i32::from((b >> 3) & 0xF), f32::from(b & 7));
+    if e == 15 && m == 7.0 {
+        return f32::NAN;
+    }
+    sign * if e == 0 { m / 8.0 * 2f32.powi(-6) } else { (1.0 + m / 8.0) * 2f32.powi(e - 7) }
+}
+
+/// `[rows, cols]` FP8 weights times their `[ceil(rows/B), ceil(cols/B)]` block scales.
+pub fn fp8_blocks(weight: &[u8], scale_inv: &[u8], rows: usize, cols: usize, block: usize) -> Vec<f32> {
+    let table: Vec<f32> = (0..=255u8).map(e4m3).collect();
+    let bc = cols.div_ceil(block);
+    let scale = |r: usize, c: usize| {
+        let i = (r / block * bc + c / block) * 4;
+        f32::from_le_bytes(scale_inv[i..i + 4].try_into().expect("4 bytes"))
+    };
+    let mut out = vec![0f32; rows * cols];
+    for (r, row) in out.chunks_exact_mut(cols).enumerate() {
+        for (c, v) in row.iter_mut().enumerate() {
+            *v = table[usize::from(weight[r * cols + c])] * scale(r, c);
+        }
+    }
+    out
+}
+
+/// `[rows, cols]` INT4 weights from their packed int32 words and bf16 group scales.
+pub fn int4_groups(packed: &[u8], scale: &[u8], rows: usize, cols: usize, group: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * cols];
+    for (r, row) in out.chunks_exact_mut(cols).enumerate() {
+        for (c, v) in row.iter_mut().enumerate() {
+            let w = (r * cols + c) / 8;
+            let word = u32::from_le_bytes(packed[w * 4..w * 4 + 4].try_into().expect("4 bytes"));
+            let q = ((word >> (4 * (c % 8))) & 0xF) as i32 - 8;
+            let s = (r * (cols / group) + c / group) * 2;
+            *v = q as f32 * bf16::from_le_bytes([scale[s], scale[s + 1]]).to_f32();
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_values_are_the_standards() {
+        // OCP FP8 e4m3fn: max 448, min normal 2^-6, min subnormal 2^-9, NaN at 0x7F / 0xFF.
+        assert_eq!(e4m3(0x7E), 448.0);
+        assert_eq!(e4m3(0xFE), -448.0);
+        assert_eq!(e4m3(0x08), 2f32.powi(-6));
+        assert_eq!(e4m3(0x01), 2f32.powi(-9));
+        assert_eq!(e4m3(0x38), 1.0);
+        assert_eq!(e4m3(0x00), 0.0);
+        assert!(e4m3(0x7F).is_nan() && e4m3(0xFF).is_nan());
+    }
+
+    #[test]
+    fn edge_blocks_take_their_own_scale_and_nibbles_unpack_lsb_first() {
+        // 3x3 weights of 1.0 in blocks of 2: four scales 1, 2, 3, 4.
+        let scales: Vec<u8> = [1f32, 2.0, 3.0, 4.0].iter().flat_map(|s| s.to_le_bytes()).collect();
+        let w = fp8_blocks(&[0x38; 9], &scales, 3, 3, 2);
+        assert_eq!(w, [1.0, 1.0, 2.0, 1.0, 1.0, 2.0, 3.0, 3.0, 4.0]);
+        // One row of 8: q = -8..7 by twos (nibbles 0, 2, ..., 14), scale 0.5.
+        let word: u32 = (0..8).map(|i| (2 * i as u32) << (4 * i)).sum();
+        let w = int4_groups(&word.to_le_bytes(), &bf16::from_f32(0.5).to_le_bytes(), 1, 8, 8);
+        assert_eq!(w, [-4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0]);
+    }
+}
