@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use k3_engine::Engine;
+use k3_engine::convert::{ExpertFormat, TrunkFormat};
 use k3_format::Model;
 
 fn fixtures() -> PathBuf {
@@ -68,17 +69,17 @@ fn kimi_linear_logits_match_transformers() {
 /// interleaved RoPE and YaRN, grouped sigmoid routing with a correction bias, DeepSeek's tensor
 /// names. The trace is the residual stream after every layer but the last.
 ///
-/// FP8 and INT4 checkpoints are converted to exact f32 for the comparison: the reference ran on
-/// exactly the dequantized weights, so any other target would measure its own rounding.
-fn deepseek_matches_transformers(variant: &str, exact: bool) {
-    use k3_engine::convert::{ExpertFormat, TrunkFormat};
+/// The trunk of an FP8 checkpoint is converted to exact f32 for the comparison (the reference ran
+/// on exactly the dequantized weights, so bf16 would measure its own rounding); so are FP8
+/// experts, which k3 does not store as they are. INT4 experts are kept as stored.
+fn deepseek_matches_transformers(variant: &str, experts: ExpertFormat, trunk: TrunkFormat) {
     let g = fixtures().join("golden/deepseek-v3").join(variant);
     let dir = tempfile::tempdir().unwrap();
     let opts = k3_engine::convert::ConvertOptions {
         hf_dir: g.clone(),
         out_dir: dir.path().join("m"),
-        experts: if exact { ExpertFormat::F32 } else { ExpertFormat::Keep },
-        trunk: if exact { TrunkFormat::F32 } else { TrunkFormat::Keep },
+        experts,
+        trunk,
         alignment: 4096,
         shards: 1,
         shard_dirs: Vec::new(),
@@ -111,25 +112,27 @@ fn deepseek_matches_transformers(variant: &str, exact: bool) {
 
 #[test]
 fn deepseek_v3_bf16_matches_transformers() {
-    deepseek_matches_transformers("bf16", false);
+    deepseek_matches_transformers("bf16", ExpertFormat::Keep, TrunkFormat::Keep);
 }
 
 /// K2-Instruct's encoding: FP8 e4m3 in 128x128 blocks (partial edge blocks: hidden 192).
 #[test]
 fn kimi_k2_fp8_blocks_match_transformers() {
-    deepseek_matches_transformers("fp8", true);
+    deepseek_matches_transformers("fp8", ExpertFormat::F32, TrunkFormat::F32);
 }
 
-/// K2-Thinking's encoding: compressed-tensors INT4 routed experts, groups of 32.
+/// K2-Thinking's encoding: compressed-tensors INT4 routed experts, groups of 32, kept byte for
+/// byte as k3's int4 (run by its int4 kernels), and widened to f32: both exact.
 #[test]
 fn kimi_k2_int4_experts_match_transformers() {
-    deepseek_matches_transformers("int4", true);
+    deepseek_matches_transformers("int4", ExpertFormat::Keep, TrunkFormat::Keep);
+    deepseek_matches_transformers("int4", ExpertFormat::F32, TrunkFormat::Keep);
 }
 
-/// FP8 / INT4 experts cannot be kept as stored (k3 has no such encoding yet): the conversion says
-/// so and names the choices; re-encoded to MXFP4 the model runs and stays close.
+/// INT4 experts re-encoded to MXFP4 run and stay close; FP8 experts "as stored" become MXFP4
+/// (k3 has no FP8 kernel) and run.
 #[test]
-fn quantized_k2_experts_are_re_encoded_on_request() {
+fn quantized_k2_experts_re_encode_to_mxfp4() {
     use k3_engine::convert::{ConvertOptions, ExpertFormat, TrunkFormat, convert};
     let dir = tempfile::tempdir().unwrap();
     let g = fixtures().join("golden/deepseek-v3/int4");
@@ -142,8 +145,6 @@ fn quantized_k2_experts_are_re_encoded_on_request() {
         shards: 1,
         shard_dirs: Vec::new(),
     };
-    let e = convert(&opts(ExpertFormat::Keep, "keep"), &mut |_| {}).unwrap_err().to_string();
-    assert!(e.contains("INT4") && e.contains("--experts mxfp4"), "{e}");
     convert(&opts(ExpertFormat::Mxfp4, "mxfp4"), &mut |_| {}).unwrap();
     let model = Model::open(dir.path().join("mxfp4")).unwrap();
     let engine = Engine::load(&model).unwrap();
@@ -154,6 +155,14 @@ fn quantized_k2_experts_are_re_encoded_on_request() {
     // the bound catches a wrong decode (a garbled nibble order gives errors near 1).
     let err = rel_l2(&logits, &f32s(&g.join("golden/logits.f32")));
     assert!(err < 0.3, "MXFP4 re-encoding error {err}");
+    let fp8 = ConvertOptions { hf_dir: fixtures().join("golden/deepseek-v3/fp8"), ..opts(ExpertFormat::Keep, "fp8") };
+    convert(&fp8, &mut |_| {}).unwrap();
+    let model = Model::open(dir.path().join("fp8")).unwrap();
+    let e = &model.manifest().expert_layouts[0].matrices[0].encoding;
+    assert_eq!(e.label(), k3_format::Encoding::Mxfp4.label());
+    let engine = Engine::load(&model).unwrap();
+    let logits = engine.forward(&mut engine.session(), &ids, None).unwrap();
+    assert!(logits.iter().all(|v| v.is_finite()));
 }
 
 #[test]

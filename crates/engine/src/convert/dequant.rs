@@ -5,7 +5,9 @@
 //!   int32 `[N, K/8]`, nibble = q + 8, least significant first; `weight_scale` bf16 `[N, K/G]`:
 //!   `w = (nibble - 8) * scale`.
 
-use half::bf16;
+use half::{bf16, f16};
+
+use super::ConvertError;
 
 /// The value of an e4m3fn byte: bias 7, no infinities, `S.1111.111` is NaN.
 pub fn e4m3(b: u8) -> f32 {
@@ -49,6 +51,22 @@ pub fn int4_groups(packed: &[u8], scale: &[u8], rows: usize, cols: usize, group:
     out
 }
 
+/// bf16 group scales as f16 (k3's int4 scale type), each checked to convert exactly.
+pub fn bf16_scales_to_f16(name: &str, scale: &[u8]) -> Result<Vec<u8>, ConvertError> {
+    let mut out = Vec::with_capacity(scale.len());
+    for (i, c) in scale.chunks_exact(2).enumerate() {
+        let v = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+        let h = f16::from_f32(v);
+        if h.to_f32() != v {
+            return Err(ConvertError::Unsupported(format!(
+                "`{name}`: scale {i} ({v:e}) has no exact f16; convert with --experts mxfp4, vq3, bf16 or f32"
+            )));
+        }
+        out.extend(h.to_le_bytes());
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +93,11 @@ mod tests {
         let word: u32 = (0..8).map(|i| (2 * i as u32) << (4 * i)).sum();
         let w = int4_groups(&word.to_le_bytes(), &bf16::from_f32(0.5).to_le_bytes(), 1, 8, 8);
         assert_eq!(w, [-4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0]);
+        // The same word is k3's int4 layout (low nibble = even column) with the scale as f16.
+        let scale = bf16_scales_to_f16("s", &bf16::from_f32(0.5).to_le_bytes()).unwrap();
+        let mut y = [0f32];
+        k3_quant::int4::matvec(&word.to_le_bytes(), &[f16::from_le_bytes([scale[0], scale[1]])], 8, &[1.0; 8], &mut y);
+        assert_eq!(y[0], w.iter().sum::<f32>());
+        assert!(bf16_scales_to_f16("s", &bf16::from_f32(1e-9).to_le_bytes()).is_err(), "below f16's range");
     }
 }

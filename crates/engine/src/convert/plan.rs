@@ -144,17 +144,10 @@ fn plan_experts(
             (SourceExperts::Mxfp4, ExpertFormat::Keep | ExpertFormat::Mxfp4) => None,
             (SourceExperts::Bf16, ExpertFormat::Keep | ExpertFormat::Bf16) => None,
             (SourceExperts::F32, ExpertFormat::Keep | ExpertFormat::F32) => None,
-            (SourceExperts::Fp8 { .. } | SourceExperts::Int4 { .. }, ExpertFormat::Keep) => {
-                return Err(ConvertError::Unsupported(format!(
-                    "layer {layer}'s experts are {}, which k3 does not store as is yet: choose --experts mxfp4, \
-                     vq3, bf16 or f32",
-                    if matches!(kind, SourceExperts::Fp8 { .. }) {
-                        "FP8 block-scaled"
-                    } else {
-                        "INT4 (compressed-tensors)"
-                    }
-                )));
-            }
+            // INT4 groups are k3's own int4 layout byte for byte (scales bf16 -> f16, checked exact).
+            (SourceExperts::Int4 { .. }, ExpertFormat::Keep) => None,
+            // k3 has no FP8 kernel: "as stored" is the nearest compact encoding it runs.
+            (SourceExperts::Fp8 { .. }, ExpertFormat::Keep) => Some(ExpertTarget::Mxfp4),
             (_, ExpertFormat::F32) => Some(ExpertTarget::F32),
             (_, ExpertFormat::Mxfp4) => Some(ExpertTarget::Mxfp4),
             (_, ExpertFormat::Bf16) => Some(ExpertTarget::Bf16),
@@ -167,6 +160,7 @@ fn plan_experts(
                 let stored = |s: &[u64]| match (target, kind) {
                     (None, SourceExperts::Mxfp4) => Encoding::Mxfp4,
                     (None, SourceExperts::Bf16) => Encoding::Bf16,
+                    (None, SourceExperts::Int4 { group }) => Encoding::Int4Group { group },
                     (None, _) => Encoding::F32,
                     (Some(t), _) => encode::planned(t, s[1] as usize),
                 };

@@ -108,7 +108,14 @@ fn record(src: &Source, p: &LayerPlan, expert: u32) -> Result<Vec<Vec<u8>>, Conv
         let base = expert_name(p.layer, expert, m);
         let raw = expert_parts(src, p.kind, &base, shape)?;
         let Some(t) = p.target else {
-            parts.extend(raw.iter().map(|b| b.to_vec()));
+            match p.kind {
+                // The packed words are k3's int4 bytes as they are; the scales become f16.
+                SourceExperts::Int4 { .. } => {
+                    parts.push(raw[0].to_vec());
+                    parts.push(dequant::bf16_scales_to_f16(&format!("{base}.weight_scale"), raw[1])?);
+                }
+                _ => parts.extend(raw.iter().map(|b| b.to_vec())),
+            }
             continue;
         };
         let (rows, cols) = (shape[0] as usize, shape[1] as usize);
