@@ -55,16 +55,17 @@ enum Task {
     /// Write a random-weight WASTE model with K3's architecture (presets k3-tiny, k3-proxy,
     /// k3-proxy-routed: k3-proxy with routing a lookahead can predict).
     Synth {
-        /// k3-tiny (seconds), k3-proxy (27 GB, larger than memory), k3-proxy-routed, or tool-caller (a tiny
-        /// Kimi-Linear scripted to call a tool, for testing clients).
+        /// k3-tiny (seconds), k3-proxy (27 GB, larger than memory), k3-proxy-routed, k3-medium, k2-proxy
+        /// (K2-Thinking's INT4 expert records, 19 GB), or tool-caller (a tiny Kimi-Linear scripted to call
+        /// a tool, for testing clients).
         #[arg(long)]
         preset: String,
         /// The model directory to create (must not exist, or be empty).
         #[arg(long)]
         out: PathBuf,
-        /// Routed expert encoding.
-        #[arg(long, value_enum, default_value = "mxfp4")]
-        experts: models::Experts,
+        /// Routed expert encoding [default: the preset's: int4 for k2-proxy, else mxfp4].
+        #[arg(long, value_enum)]
+        experts: Option<models::Experts>,
     },
     /// Encoding error of MXFP4, RTN 3-bit and the VQ codecs on real and K3-shaped weights.
     Quality {

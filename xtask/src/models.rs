@@ -16,6 +16,8 @@ pub enum Experts {
     Vq3,
     /// Exact f32: for checking an FP8 or INT4 checkpoint's parity (8x the size of INT4).
     F32,
+    /// Round-to-nearest INT4 in groups of 32 (K2-Thinking's encoding; INT4 checkpoints keep theirs).
+    Int4,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -65,6 +67,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         Experts::Bf16 => ExpertFormat::Bf16,
         Experts::Vq3 => ExpertFormat::Vq3,
         Experts::F32 => ExpertFormat::F32,
+        Experts::Int4 => ExpertFormat::Int4,
     };
     let trunk = match trunk {
         Trunk::Keep => TrunkFormat::Keep,
@@ -139,7 +142,7 @@ pub fn export(model: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn synth(preset: &str, out: &PathBuf, experts: Experts) -> Result<()> {
+pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>) -> Result<()> {
     if preset == TOOL_CALLER {
         return tool_caller(out);
     }
@@ -148,9 +151,11 @@ pub fn synth(preset: &str, out: &PathBuf, experts: Experts) -> Result<()> {
         format!("unknown preset `{preset}` (one of {})", names.join(", "))
     })?;
     let e = match experts {
-        Experts::Vq3 => k3_engine::synth::SynthExperts::Vq3,
-        Experts::Mxfp4 | Experts::Keep => k3_engine::synth::SynthExperts::Mxfp4,
-        Experts::Bf16 | Experts::F32 => bail!("synthetic models have MXFP4 or vq3 experts"),
+        None | Some(Experts::Keep) => p.experts_default,
+        Some(Experts::Vq3) => k3_engine::synth::SynthExperts::Vq3,
+        Some(Experts::Mxfp4) => k3_engine::synth::SynthExperts::Mxfp4,
+        Some(Experts::Int4) => k3_engine::synth::SynthExperts::Int4,
+        Some(Experts::Bf16 | Experts::F32) => bail!("synthetic models have MXFP4, INT4 or vq3 experts"),
     };
     let pb = bar(0);
     pb.set_message("synth");

@@ -150,12 +150,17 @@ fn statistics_count_what_happened() {
 }
 
 #[test]
-fn synthetic_k3_tiny_runs_in_both_expert_encodings() {
+fn synthetic_k3_and_k2_tiny_run_in_every_expert_encoding() {
     use k3_engine::synth::{SynthExperts, preset, synth};
-    for experts in [SynthExperts::Mxfp4, SynthExperts::Vq3] {
+    for (name, experts) in [
+        ("k3-tiny", SynthExperts::Mxfp4),
+        ("k3-tiny", SynthExperts::Vq3),
+        ("k2-tiny", SynthExperts::Int4),
+        ("k2-tiny", SynthExperts::Mxfp4),
+    ] {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().join("m");
-        synth(&preset("k3-tiny").unwrap(), experts, &dir, &mut |_, _| {}).unwrap();
+        synth(&preset(name).unwrap(), experts, &dir, &mut |_, _| {}).unwrap();
         let model = Model::open(&dir).unwrap();
         assert!(model.verify(&mut |_| {}).is_empty());
         let engine = Engine::load(&model).unwrap();
@@ -163,6 +168,13 @@ fn synthetic_k3_tiny_runs_in_both_expert_encodings() {
         assert_eq!(logits.len(), 5 * 512);
         assert!(logits.iter().all(|v| v.is_finite()), "{experts:?}");
         let spread = logits.iter().fold(0f32, |m, v| m.max(v.abs()));
-        assert!(spread > 1e-3 && spread < 1e3, "{experts:?}: logits of magnitude {spread}");
+        assert!(spread > 1e-3 && spread < 1e3, "{name} {experts:?}: logits of magnitude {spread}");
+        // Token by token (RoPE positions for K2) gives the chunk's last row bit for bit.
+        let mut s = engine.session();
+        let mut last = Vec::new();
+        for id in 1..=5 {
+            last = engine.forward(&mut s, &[id], None).unwrap();
+        }
+        assert_eq!(last, logits[4 * 512..], "{name} {experts:?}");
     }
 }

@@ -130,6 +130,7 @@ pub enum ExpertTarget {
     Bf16,
     Vq(Codec),
     F32,
+    Int4,
 }
 
 /// Encodes one expert matrix `[rows, cols]` of f32 weights. Returns the encoding and its parts.
@@ -143,6 +144,15 @@ pub fn expert(
     match target {
         ExpertTarget::Bf16 => Ok((Encoding::Bf16, vec![le(w, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())])),
         ExpertTarget::F32 => Ok((Encoding::F32, vec![le(w, |x: f32| x.to_le_bytes().to_vec())])),
+        ExpertTarget::Int4 => {
+            if !cols.is_multiple_of(INT4_GROUP) {
+                return Err(ConvertError::Unsupported(format!(
+                    "{name}: {cols} columns cannot be int4 groups of {INT4_GROUP}"
+                )));
+            }
+            let (q, s) = int4::quantize(w, cols, INT4_GROUP);
+            Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
+        }
         ExpertTarget::Mxfp4 => {
             if !cols.is_multiple_of(32) {
                 return Err(ConvertError::Unsupported(format!(
@@ -193,6 +203,7 @@ pub fn planned(target: ExpertTarget, cols: usize) -> Encoding {
     match target {
         ExpertTarget::Bf16 => Encoding::Bf16,
         ExpertTarget::F32 => Encoding::F32,
+        ExpertTarget::Int4 => Encoding::Int4Group { group: INT4_GROUP as u32 },
         ExpertTarget::Mxfp4 => Encoding::Mxfp4,
         ExpertTarget::Vq(codec) => {
             let o = EncodeOptions::default();

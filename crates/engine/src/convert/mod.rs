@@ -59,6 +59,8 @@ pub enum ExpertFormat {
     Vq3,
     /// Exact f32 (4 bytes a weight): for checking a quantized checkpoint's parity, not for use.
     F32,
+    /// k3's int4 in groups of 32 (round to nearest; INT4 checkpoints' own groups are kept).
+    Int4,
 }
 
 impl ExpertFormat {
@@ -69,6 +71,7 @@ impl ExpertFormat {
             ExpertFormat::Bf16 => "bf16",
             ExpertFormat::Vq3 => "vq3",
             ExpertFormat::F32 => "f32",
+            ExpertFormat::Int4 => "int4",
         }
     }
 }

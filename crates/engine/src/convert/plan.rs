@@ -149,6 +149,8 @@ fn plan_experts(
             // k3 has no FP8 kernel: "as stored" is the nearest compact encoding it runs.
             (SourceExperts::Fp8 { .. }, ExpertFormat::Keep) => Some(ExpertTarget::Mxfp4),
             (_, ExpertFormat::F32) => Some(ExpertTarget::F32),
+            (SourceExperts::Int4 { group: 32 }, ExpertFormat::Int4) => None,
+            (_, ExpertFormat::Int4) => Some(ExpertTarget::Int4),
             (_, ExpertFormat::Mxfp4) => Some(ExpertTarget::Mxfp4),
             (_, ExpertFormat::Bf16) => Some(ExpertTarget::Bf16),
             (_, ExpertFormat::Vq3) => Some(ExpertTarget::Vq(k3_quant::vq::DEFAULT_CODEC)),

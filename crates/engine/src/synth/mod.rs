@@ -21,9 +21,22 @@ use k3_quant::vq::{Codec, Rotation};
 use crate::EngineError;
 use crate::names::{self, KdaNames, LayerNames, MlaNames, MlpNames, MoeNames};
 
+/// The architecture a preset has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthArch {
+    /// K3: KDA with MLA every fourth layer, AttnRes, LatentMoE.
+    K3,
+    /// Kimi K2 / DeepSeek-V3: MLA with RoPE on every layer, experts on the hidden state, one
+    /// shared expert.
+    K2,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Preset {
     pub name: &'static str,
+    pub arch: SynthArch,
+    /// The expert encoding the preset is written with unless told otherwise.
+    pub experts_default: SynthExperts,
     pub layers: u32,
     pub hidden: usize,
     pub vocab: usize,
@@ -45,6 +58,8 @@ pub struct Preset {
 /// 896 experts, 16 active, like K3; 6 MoE layers of 5.0 MB MXFP4 records = 27 GB of shards.
 const K3_PROXY: Preset = Preset {
     name: "k3-proxy",
+    arch: SynthArch::K3,
+    experts_default: SynthExperts::Mxfp4,
     layers: 7,
     hidden: 2048,
     vocab: 4096,
@@ -65,6 +80,8 @@ const K3_PROXY: Preset = Preset {
 /// is compute-bound: what threads buy, measured without the drive in the way.
 const K3_MEDIUM: Preset = Preset {
     name: "k3-medium",
+    arch: SynthArch::K3,
+    experts_default: SynthExperts::Mxfp4,
     layers: 8,
     hidden: 2048,
     vocab: 32768,
@@ -81,9 +98,52 @@ const K3_MEDIUM: Preset = Preset {
     predictable_routing: false,
 };
 
-pub const PRESETS: [Preset; 4] = [
+/// Kimi K2-Thinking's routed experts (384, 8 active, hidden 7168, width 2048, INT4 in groups of
+/// 32: 24.8 MB records, as K2-Thinking's own) in 2 MoE layers = 19 GB of shards; its MLA
+/// (64 heads, q_lora 1536, kv_lora 512) and one shared expert. The dense first layer is narrower
+/// than K2's 18432 to keep the trunk small.
+const K2_PROXY: Preset = Preset {
+    name: "k2-proxy",
+    arch: SynthArch::K2,
+    experts_default: SynthExperts::Int4,
+    layers: 3,
+    hidden: 7168,
+    vocab: 4096,
+    experts: 384,
+    top_k: 8,
+    latent: 7168,
+    expert_width: 2048,
+    dense_width: 2048,
+    kda_heads: 0,
+    head_dim: 0,
+    mla_heads: 64,
+    q_lora: 1536,
+    kv_lora: 512,
+    predictable_routing: false,
+};
+
+/// K2's architecture in seconds, for tests.
+const K2_TINY: Preset = Preset {
+    name: "k2-tiny",
+    layers: 3,
+    hidden: 256,
+    vocab: 512,
+    experts: 32,
+    top_k: 4,
+    latent: 256,
+    expert_width: 64,
+    dense_width: 384,
+    mla_heads: 4,
+    q_lora: 96,
+    kv_lora: 64,
+    ..K2_PROXY
+};
+
+pub const PRESETS: [Preset; 6] = [
     Preset {
         name: "k3-tiny",
+        arch: SynthArch::K3,
+        experts_default: SynthExperts::Mxfp4,
         layers: 4,
         hidden: 256,
         vocab: 512,
@@ -103,6 +163,8 @@ pub const PRESETS: [Preset; 4] = [
     // The same sizes and I/O per token, with routing a lookahead can predict (module docs).
     Preset { name: "k3-proxy-routed", predictable_routing: true, ..K3_PROXY },
     K3_MEDIUM,
+    K2_TINY,
+    K2_PROXY,
 ];
 
 pub fn preset(name: &str) -> Option<Preset> {
@@ -110,11 +172,38 @@ pub fn preset(name: &str) -> Option<Preset> {
 }
 
 fn is_mla(p: &Preset, i: u32) -> bool {
-    (i + 1).is_multiple_of(4) || i + 1 == p.layers
+    p.arch == SynthArch::K2 || (i + 1).is_multiple_of(4) || i + 1 == p.layers
 }
 
-/// The model's `config.json` (K3 layout, `text_config` inside).
+/// The model's `config.json`.
 pub fn config_json(p: &Preset) -> serde_json::Value {
+    match p.arch {
+        SynthArch::K3 => k3_config_json(p),
+        SynthArch::K2 => k2_config_json(p),
+    }
+}
+
+/// K2's config.json layout (DeepSeek-V3 fields, K2's RoPE and routing constants).
+fn k2_config_json(p: &Preset) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+        "bos_token_id": p.vocab - 4, "eos_token_id": p.vocab - 2, "pad_token_id": p.vocab - 1,
+        "hidden_size": p.hidden, "num_hidden_layers": p.layers, "vocab_size": p.vocab,
+        "intermediate_size": p.dense_width, "moe_intermediate_size": p.expert_width, "first_k_dense_replace": 1,
+        "moe_layer_freq": 1, "n_routed_experts": p.experts, "num_experts_per_tok": p.top_k, "n_shared_experts": 1,
+        "n_group": 1, "topk_group": 1, "norm_topk_prob": true, "routed_scaling_factor": 2.827,
+        "scoring_func": "sigmoid", "topk_method": "noaux_tc", "num_attention_heads": p.mla_heads,
+        "num_key_value_heads": p.mla_heads, "q_lora_rank": p.q_lora, "kv_lora_rank": p.kv_lora,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "hidden_act": "silu",
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 50000.0,
+        "rope_scaling": {"type": "yarn", "factor": 32.0, "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0,
+            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096},
+        "synthetic": {"preset": p.name, "note": "random weights from `cargo xtask synth`"},
+    })
+}
+
+/// K3's config.json layout (`text_config` inside).
+fn k3_config_json(p: &Preset) -> serde_json::Value {
     let kda: Vec<u32> = (0..p.layers).filter(|&i| !is_mla(p, i)).map(|i| i + 1).collect();
     let mla: Vec<u32> = (0..p.layers).filter(|&i| is_mla(p, i)).map(|i| i + 1).collect();
     serde_json::json!({
@@ -165,6 +254,8 @@ impl Gen {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SynthExperts {
     Mxfp4,
+    /// k3's int4 in groups of 32 (f16 scales): K2-Thinking's experts.
+    Int4,
     /// Random codes and codebooks in the default VQ layout (3 bits per weight).
     Vq3,
 }
@@ -178,6 +269,7 @@ fn expert_mats(p: &Preset) -> [(&'static str, usize, usize); 3] {
 fn writer_spec(p: &Preset, experts: SynthExperts) -> Result<WriterSpec, EngineError> {
     let enc = |cols: usize| match experts {
         SynthExperts::Mxfp4 => Encoding::Mxfp4,
+        SynthExperts::Int4 => Encoding::Int4Group { group: 32 },
         SynthExperts::Vq3 => Encoding::Vq {
             stages: 3,
             entries: 16,
@@ -193,7 +285,10 @@ fn writer_spec(p: &Preset, experts: SynthExperts) -> Result<WriterSpec, EngineEr
     let layout = ExpertLayout::build(4096, &layout_mats).map_err(EngineError::Shape)?;
     Ok(WriterSpec {
         architecture: Architecture {
-            name: "kimi_k3".into(),
+            name: match p.arch {
+                SynthArch::K3 => "kimi_k3".into(),
+                SynthArch::K2 => "deepseek_v3".into(),
+            },
             layers: p.layers,
             hidden: p.hidden as u64,
             vocab: p.vocab as u64,
@@ -282,17 +377,25 @@ impl Trunk<'_> {
         self.put(names::EMBED, Encoding::Bf16, &[vocab as u64, d as u64], embed)?;
         self.mat(names::LM_HEAD, vocab, d)?;
         self.ones(names::NORM, d)?;
-        self.ones(names::OUT_RES_NORM, d)?;
-        self.mat(names::OUT_RES_PROJ, 1, d)?;
+        let k3 = p.arch == SynthArch::K3;
+        if k3 {
+            self.ones(names::OUT_RES_NORM, d)?;
+            self.mat(names::OUT_RES_PROJ, 1, d)?;
+        }
         // Predictable routing: one router for all MoE layers, residual updates scaled down.
         let shared_router = p.predictable_routing.then(|| self.g.bf16(p.experts as usize * d, fan_in_scale(d)));
         for i in 0..p.layers {
             let ln = LayerNames::of(i);
-            for n in [&ln.input_norm, &ln.post_norm, &ln.att_res_norm, &ln.mlp_res_norm] {
+            for n in [&ln.input_norm, &ln.post_norm] {
                 self.ones(n, d)?;
             }
-            for n in [&ln.att_res_proj, &ln.mlp_res_proj] {
-                self.mat(n, 1, d)?;
+            if k3 {
+                for n in [&ln.att_res_norm, &ln.mlp_res_norm] {
+                    self.ones(n, d)?;
+                }
+                for n in [&ln.att_res_proj, &ln.mlp_res_proj] {
+                    self.mat(n, 1, d)?;
+                }
             }
             if is_mla(p, i) {
                 self.mla(i)?
@@ -318,7 +421,9 @@ impl Trunk<'_> {
         self.mat(&n.q_b, heads * 192, q)?;
         self.mat(&n.kv_a, kv + 64, d)?;
         self.mat(&n.kv_b, heads * 256, kv)?;
-        self.mat(&n.g_proj, heads * 128, d)?;
+        if self.p.arch == SynthArch::K3 {
+            self.mat(&n.g_proj, heads * 128, d)?;
+        }
         self.out_mat(&n.o_proj, d, heads * 128)?;
         self.ones(&n.q_a_norm, q)?;
         self.ones(&n.kv_a_norm, kv)
@@ -352,12 +457,20 @@ impl Trunk<'_> {
             None => self.mat(&n.gate, e, d)?,
         }
         self.put(&n.bias, Encoding::F32, &[e as u64], vec![0; e * 4])?;
-        self.mat(&n.latent_down, p.latent, d)?;
-        self.ones(&n.latent_norm, p.latent)?;
-        self.out_mat(&n.latent_up, d, p.latent)?;
-        self.mat(&n.shared.gate, 2 * p.expert_width, d)?;
-        self.mat(&n.shared.up, 2 * p.expert_width, d)?;
-        self.out_mat(&n.shared.down, d, 2 * p.expert_width)
+        // K3's experts work in a latent width with two shared experts; K2's on the hidden state
+        // with one.
+        let shared = match p.arch {
+            SynthArch::K3 => {
+                self.mat(&n.latent_down, p.latent, d)?;
+                self.ones(&n.latent_norm, p.latent)?;
+                self.out_mat(&n.latent_up, d, p.latent)?;
+                2 * p.expert_width
+            }
+            SynthArch::K2 => p.expert_width,
+        };
+        self.mat(&n.shared.gate, shared, d)?;
+        self.mat(&n.shared.up, shared, d)?;
+        self.out_mat(&n.shared.down, d, shared)
     }
 }
 
@@ -384,6 +497,12 @@ fn write_experts(
                             // Scales near 2^-7 keep E2M1 values (up to 6) about 1/sqrt(fan_in).
                             let e8 = (127.0 - (3.0 * (c as f64).sqrt()).log2()).round() as u8;
                             parts.push(g.bytes(r * c / 32).iter().map(|b| e8 - 1 + b % 3).collect());
+                        }
+                        SynthExperts::Int4 => {
+                            parts.push(g.bytes(r * c / 2));
+                            // Levels -8..7 (RMS about 4.6) times scales about 1/(4.6 sqrt(fan_in)).
+                            let s = half::f16::from_f32(1.0 / (4.6 * (c as f32).sqrt()));
+                            parts.push((0..r * c / 32).flat_map(|_| s.to_le_bytes()).collect());
                         }
                         SynthExperts::Vq3 => {
                             debug_assert!(matches!(m.encoding, Encoding::Vq { .. }));
