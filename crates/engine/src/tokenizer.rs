@@ -57,6 +57,25 @@ pub struct Tokenizer {
     /// Each id's text alone (`None`: a special token, or bytes that are not whole characters),
     /// computed when first asked for.
     texts: std::sync::OnceLock<Vec<Option<String>>>,
+    /// The model's own Jinja chat template, when it ships one.
+    chat_template: Option<String>,
+}
+
+/// A model's chat template: `chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`
+/// (a string, or a list of named templates of which `default` or the first is taken).
+fn chat_template_of(m: &k3_format::Model) -> Option<String> {
+    if let Some(t) = m.blob("chat_template.jinja") {
+        return Some(String::from_utf8_lossy(t).into_owned());
+    }
+    let cfg: serde_json::Value = serde_json::from_slice(m.blob("tokenizer_config.json")?).ok()?;
+    match cfg.get("chat_template")? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(named) => {
+            let pick = named.iter().find(|t| t["name"] == "default").or(named.first())?;
+            pick["template"].as_str().map(str::to_string)
+        }
+        _ => None,
+    }
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -109,7 +128,14 @@ impl Tokenizer {
         let special_fx: rustc_hash::FxHashMap<String, u32> = specials.iter().map(|(k, v)| (k.clone(), *v)).collect();
         let vocab = vocab.max(specials.values().map(|v| *v as usize + 1).max().unwrap_or(0));
         let bpe = CoreBPE::new(encoder, special_fx, pattern).map_err(|e| TokenizerError::Build(e.to_string()))?;
-        Ok(Tokenizer { bpe: Backend::Tiktoken(bpe), specials, special_names, vocab, texts: Default::default() })
+        Ok(Tokenizer {
+            bpe: Backend::Tiktoken(bpe),
+            specials,
+            special_names,
+            vocab,
+            texts: Default::default(),
+            chat_template: None,
+        })
     }
 
     /// From a Hugging Face `tokenizer.json` (its added tokens are the specials).
@@ -128,16 +154,29 @@ impl Tokenizer {
         let mut plain = t.clone();
         plain.set_encode_special_tokens(true);
         let bpe = Backend::HuggingFace { plain: Box::new(plain), specials: Box::new(t) };
-        Ok(Tokenizer { bpe, specials, special_names, vocab, texts: Default::default() })
+        Ok(Tokenizer { bpe, specials, special_names, vocab, texts: Default::default(), chat_template: None })
     }
 
     /// The tokenizer a WASTE model embeds (`tiktoken.model` with `tokenizer_config.json`, or a
     /// Hugging Face `tokenizer.json`); `None` when it embeds neither.
     pub fn from_model(m: &k3_format::Model) -> Option<Result<Tokenizer, TokenizerError>> {
-        if let Some(ranks) = m.blob("tiktoken.model") {
-            return Some(Tokenizer::from_tiktoken(ranks, m.blob("tokenizer_config.json"), KIMI_PATTERN));
-        }
-        m.blob("tokenizer.json").map(Tokenizer::from_hf_json)
+        let tok = match m.blob("tiktoken.model") {
+            Some(ranks) => Tokenizer::from_tiktoken(ranks, m.blob("tokenizer_config.json"), KIMI_PATTERN),
+            None => Tokenizer::from_hf_json(m.blob("tokenizer.json")?),
+        };
+        Some(tok.map(|t| t.with_chat_template(chat_template_of(m))))
+    }
+
+    /// The same tokenizer with `template` as its chat template.
+    pub fn with_chat_template(mut self, template: Option<String>) -> Self {
+        self.chat_template = template;
+        self
+    }
+
+    /// The model's own Jinja chat template (`chat_template.jinja`, or `tokenizer_config.json`'s
+    /// `chat_template`), if it ships one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
     }
 
     pub fn vocab(&self) -> usize {
@@ -186,6 +225,11 @@ impl Tokenizer {
 
     pub fn special_name(&self, id: u32) -> Option<&str> {
         self.special_names.get(&id).map(String::as_str)
+    }
+
+    /// Every special token's text.
+    pub fn special_names(&self) -> impl Iterator<Item = &str> {
+        self.specials.keys().map(String::as_str)
     }
 
     /// The bytes of `ids` (may end inside a UTF-8 character).

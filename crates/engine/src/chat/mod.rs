@@ -7,11 +7,15 @@
 //! - Kimi-Linear and K2 (`im_` turns, [`im`]): `<|im_system|>`/`<|im_user|>`/`<|im_assistant|>`
 //!   NAME `<|im_middle|>` TEXT `<|im_end|>`, tool calls between Kimi's tool-call markers.
 //!
-//! Both are checked against Python jinja2 renderings of the releases' own chat templates
+//! - K2 / DeepSeek-V3 models that ship a Jinja template: that template ([`template`]); without
+//!   one, K2's `im_` turns.
+//!
+//! All are checked against Python jinja2 renderings of the releases' own chat templates
 //! (fixtures/chat/).
 
 mod im;
 mod json;
+mod template;
 mod xtml;
 
 pub use json::{object_entries, python_json, sorted_json};
@@ -122,11 +126,22 @@ impl ChatError {
 pub struct ChatFormat<'t> {
     tok: &'t Tokenizer,
     family: Family,
+    /// K2 / DeepSeek-V3: the model's own template, when it ships one (else K2's `im_` turns).
+    template: Option<Result<template::Template, String>>,
 }
 
 impl<'t> ChatFormat<'t> {
     pub fn new(tok: &'t Tokenizer, family: Family) -> Self {
-        ChatFormat { tok, family }
+        let template = match (family, tok.chat_template()) {
+            (Family::DeepseekV3, Some(source)) => Some(template::Template::new(source).map_err(|e| e.to_string())),
+            _ => None,
+        };
+        ChatFormat { tok, family, template }
+    }
+
+    /// The model's template, or why it cannot be used.
+    fn template(&self) -> Option<Result<&template::Template, ChatError>> {
+        self.template.as_ref().map(|t| t.as_ref().map_err(|e| ChatError::invalid("chat_template", e.clone())))
     }
 
     fn special(&self, name: &str) -> Result<u32, TokenizerError> {
@@ -146,6 +161,9 @@ impl<'t> ChatFormat<'t> {
     /// messages (tool calls and results in the model's markup), the format's closing notes, and
     /// the prompt for the assistant's next turn.
     pub fn prompt_with(&self, messages: &[Message], o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
+        if let Some(t) = self.template() {
+            return t?.render(self.tok, messages, o, true);
+        }
         match self.family {
             Family::KimiK3 => self.xtml_prompt(messages, o),
             Family::KimiLinear | Family::DeepseekV3 => self.im_prompt(messages, o),
@@ -154,10 +172,28 @@ impl<'t> ChatFormat<'t> {
 
     /// What comes before the first message: tool declarations and (K3) the thinking effort.
     pub fn preamble(&self, o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
+        if let Some(t) = self.template() {
+            return t?.render(self.tok, &[], o, false);
+        }
         match self.family {
             Family::KimiK3 => self.xtml_preamble(o),
             Family::KimiLinear | Family::DeepseekV3 => self.im_preamble(o),
         }
+    }
+
+    /// What comes before the first user turn of a conversation that starts with `system` (if
+    /// any): the preamble and the system turn (a template's default system message only when
+    /// there is no system turn of one's own).
+    pub fn opening(&self, o: &PromptOptions<'_>, system: Option<&str>) -> Result<Vec<u32>, ChatError> {
+        let system = system.map(|s| Message::new(Role::System, s));
+        if let Some(t) = self.template() {
+            return t?.render(self.tok, system.as_slice(), o, false);
+        }
+        let mut out = self.preamble(o)?;
+        if let Some(m) = &system {
+            out.extend(self.turn(m, o.think)?);
+        }
+        Ok(out)
     }
 
     /// What opens the assistant's turn.

@@ -12,8 +12,8 @@ use crate::names::{EXPERT_MATRICES, expert as expert_name};
 use crate::tensors::Storage;
 
 /// Files copied into the header verbatim when the checkpoint has them.
-pub(super) const EMBEDDED_FILES: [&str; 4] =
-    ["config.json", "tiktoken.model", "tokenizer_config.json", "tokenizer.json"];
+pub(super) const EMBEDDED_FILES: [&str; 5] =
+    ["config.json", "tiktoken.model", "tokenizer_config.json", "tokenizer.json", "chat_template.jinja"];
 
 /// Every trunk tensor the writer does not have yet, encoded as `trunk` asks.
 pub(super) fn trunk(

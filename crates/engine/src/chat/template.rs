@@ -1,0 +1,299 @@
+//! A model's own Jinja chat template (K2, DeepSeek-V3: `tokenizer_config.json`'s `chat_template`),
+//! rendered with minijinja configured as transformers' `apply_chat_template` configures jinja2:
+//! `trim_blocks`, `lstrip_blocks`, loop controls, its `tojson` (Python's `json.dumps`: `", "` and
+//! `": "`, key order kept, no ASCII escaping), `raise_exception`, Python's str/dict methods, and
+//! lists in a `namespace` that `append` and `pop` (K2's templates queue tool-call ids that way).
+//!
+//! Content never passes through the tokenizer with the markup: every client string (message
+//! text, reasoning, names, call arguments) enters the template as a placeholder; the rendering is
+//! split at the placeholders, the template's own text tokenized with special tokens recognized,
+//! each client string tokenized on its own as plain text.
+
+use std::sync::{Arc, Mutex};
+
+use minijinja::value::{Kwargs, Object, ObjectRepr, Value};
+use minijinja::{Environment, Error, ErrorKind, State};
+
+use super::json::object_entries;
+use super::{ChatError, Message, PromptOptions, Role};
+use crate::tokenizer::Tokenizer;
+
+/// Brackets a placeholder's index: code points of a private-use plane no template or tokenizer
+/// uses. A placeholder the template passed through `tojson` opens with `JSON_OPEN` instead and
+/// stands for its string JSON-escaped.
+const OPEN: char = '\u{F0000}';
+const CLOSE: char = '\u{F0001}';
+const JSON_OPEN: char = '\u{F0002}';
+
+/// A compiled chat template.
+#[derive(Debug)]
+pub struct Template {
+    env: Environment<'static>,
+}
+
+impl Template {
+    pub fn new(source: &str) -> Result<Self, ChatError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("namespace", namespace);
+        env.add_template_owned("chat", source.to_string()).map_err(|e| {
+            ChatError::invalid("chat_template", format!("the model's chat template does not parse: {e}"))
+        })?;
+        Ok(Template { env })
+    }
+
+    /// The conversation's token ids: `messages` and `o` as the template renders them, with the
+    /// prompt for the assistant's turn when `generation_prompt`.
+    pub fn render(
+        &self,
+        tok: &Tokenizer,
+        messages: &[Message],
+        o: &PromptOptions<'_>,
+        generation_prompt: bool,
+    ) -> Result<Vec<u32>, ChatError> {
+        let mut strings = Strings::default();
+        let msgs: Vec<Value> = messages.iter().map(|m| strings.message(m)).collect();
+        let tools = match o.tools {
+            Some(t) => {
+                let v = json_value(t).ok_or_else(|| ChatError::invalid("tools", "not valid JSON"))?;
+                check_declarations(tok, t)?;
+                v
+            }
+            None => Value::from(()),
+        };
+        let ctx = minijinja::context! {
+            messages => msgs,
+            tools => tools,
+            add_generation_prompt => generation_prompt,
+            thinking => o.think,
+        };
+        let t = self.env.get_template("chat").expect("added at construction");
+        let text =
+            t.render(ctx).map_err(|e| ChatError::invalid("messages", format!("the model's chat template: {e}")))?;
+        Ok(strings.tokenize(tok, &text))
+    }
+}
+
+/// The client strings standing in the template as placeholders.
+#[derive(Debug, Default)]
+struct Strings(Vec<String>);
+
+impl Strings {
+    /// A placeholder for `s` (the empty string stands for itself: templates test for it).
+    fn put(&mut self, s: &str) -> Value {
+        if s.is_empty() {
+            return Value::from("");
+        }
+        self.0.push(s.to_string());
+        Value::from(format!("{OPEN}{}{CLOSE}", self.0.len() - 1))
+    }
+
+    fn message(&mut self, m: &Message) -> Value {
+        let mut fields: Vec<(&str, Value)> =
+            vec![("role", Value::from(m.role.name())), ("content", self.put(&m.content))];
+        if let Some(n) = &m.name {
+            fields.push(("name", self.put(n)));
+        }
+        if let Some(r) = &m.thinking {
+            fields.push(("reasoning_content", self.put(r)));
+        }
+        if let Some(id) = &m.tool_call_id {
+            fields.push(("tool_call_id", Value::from(id.as_str())));
+        }
+        if m.role == Role::Assistant && !m.tool_calls.is_empty() {
+            let calls: Vec<Value> = m
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    let function =
+                        Value::from_iter([("name", self.put(&c.name)), ("arguments", self.put(&c.arguments))]);
+                    let mut call = vec![("type", Value::from("function")), ("function", function)];
+                    if let Some(id) = &c.id {
+                        call.push(("id", Value::from(id.as_str())));
+                    }
+                    Value::from_iter(call)
+                })
+                .collect();
+            fields.push(("tool_calls", Value::from(calls)));
+        }
+        Value::from_iter(fields)
+    }
+
+    /// The rendering's token ids: the template's text with special tokens, each client string
+    /// on its own as plain text.
+    fn tokenize(&self, tok: &Tokenizer, text: &str) -> Vec<u32> {
+        let mut ids = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find([OPEN, JSON_OPEN]) {
+            let json = rest[at..].starts_with(JSON_OPEN);
+            let after = &rest[at + OPEN.len_utf8()..];
+            let placeholder = after.find(CLOSE).and_then(|end| Some((after[..end].parse::<usize>().ok()?, end)));
+            match placeholder.and_then(|(i, end)| Some((self.0.get(i)?, end))) {
+                Some((s, end)) => {
+                    ids.extend(tok.encode_with_specials(&rest[..at]));
+                    if json {
+                        let quoted = serde_json::to_string(s).expect("a string serializes");
+                        ids.extend(tok.encode(&quoted[1..quoted.len() - 1]));
+                    } else {
+                        ids.extend(tok.encode(s));
+                    }
+                    rest = &after[end + CLOSE.len_utf8()..];
+                }
+                // Not one of ours (it cannot be: declarations carrying these are refused).
+                None => {
+                    ids.extend(tok.encode_with_specials(&rest[..at + OPEN.len_utf8()]));
+                    rest = after;
+                }
+            }
+        }
+        ids.extend(tok.encode_with_specials(rest));
+        ids
+    }
+}
+
+/// Tool declarations are rendered as the template writes them (the template may sort or reshape
+/// them), so they must not carry markup: a special token's text or a placeholder mark in them is
+/// refused rather than let them forge a turn.
+fn check_declarations(tok: &Tokenizer, tools: &str) -> Result<(), ChatError> {
+    let text: String = serde_json::from_str::<serde_json::Value>(tools)
+        .map(|v| v.to_string())
+        .map_err(|e| ChatError::invalid("tools", format!("not valid JSON: {e}")))?;
+    if text.contains([OPEN, CLOSE, JSON_OPEN]) {
+        return Err(ChatError::invalid("tools", "the declarations contain private-use marks k3 reserves"));
+    }
+    match tok.special_names().find(|name| text.contains(*name)) {
+        Some(name) => Err(ChatError::invalid("tools", format!("the declarations contain the special token `{name}`"))),
+        None => Ok(()),
+    }
+}
+
+/// JSON text as a template value, objects in their written key order.
+fn json_value(text: &str) -> Option<Value> {
+    if let Some(entries) = object_entries(text) {
+        let fields: Option<Vec<(String, Value)>> =
+            entries.into_iter().map(|(k, v)| Some((k, json_value(v.get())?))).collect();
+        return Some(Value::from_iter(fields?));
+    }
+    if let Ok(items) = serde_json::from_str::<Vec<Box<serde_json::value::RawValue>>>(text) {
+        return Some(Value::from(items.iter().map(|r| json_value(r.get())).collect::<Option<Vec<Value>>>()?));
+    }
+    Some(Value::from_serialize(serde_json::from_str::<serde_json::Value>(text).ok()?))
+}
+
+/// transformers' `tojson`: Python's `json.dumps(x, ensure_ascii=False, indent=None,
+/// separators=None, sort_keys=False)` (its keyword arguments accepted; `sort_keys` honoured).
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let sort: Option<bool> = kwargs.get("sort_keys")?;
+    let _: Option<Value> = kwargs.get("ensure_ascii")?;
+    let _: Option<Value> = kwargs.get("indent")?;
+    let _: Option<Value> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    python_dumps(value, sort.unwrap_or(false), &mut out)?;
+    Ok(Value::from_safe_string(out))
+}
+
+fn python_dumps(v: &Value, sort: bool, out: &mut String) -> Result<(), Error> {
+    use minijinja::value::ValueKind;
+    let json = |e: serde_json::Error| Error::new(ErrorKind::InvalidOperation, e.to_string());
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        // A placeholder inside stands for its string JSON-escaped.
+        ValueKind::String => out.push_str(
+            &serde_json::to_string(v.as_str().unwrap_or("")).map_err(json)?.replace(OPEN, &JSON_OPEN.to_string()),
+        ),
+        ValueKind::Number => out.push_str(&serde_json::to_string(v).map_err(json)?),
+        ValueKind::Map => {
+            let mut keys: Vec<Value> = v.try_iter()?.collect();
+            if sort {
+                keys.sort();
+            }
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&serde_json::to_string(&k.to_string()).map_err(json)?);
+                out.push_str(": ");
+                python_dumps(&v.get_item(k)?, sort, out)?;
+            }
+            out.push('}');
+        }
+        _ => {
+            out.push('[');
+            for (i, x) in v.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                python_dumps(&x, sort, out)?;
+            }
+            out.push(']');
+        }
+    }
+    Ok(())
+}
+
+/// jinja2's `namespace`, with every list in it one that `append` and `pop` change in place.
+fn namespace(defaults: Option<Value>) -> Result<Value, Error> {
+    let Some(defaults) = defaults else { return minijinja::functions::namespace(None) };
+    let fields: Vec<(Value, Value)> = defaults
+        .try_iter()?
+        .map(|k| {
+            let v = defaults.get_item(&k)?;
+            let v = match v.kind() {
+                minijinja::value::ValueKind::Seq => Value::from_object(List(Mutex::new(v.try_iter()?.collect()))),
+                _ => v,
+            };
+            Ok((k, v))
+        })
+        .collect::<Result<_, Error>>()?;
+    minijinja::functions::namespace(Some(Value::from_iter(fields)))
+}
+
+/// A list that templates change in place.
+#[derive(Debug)]
+struct List(Mutex<Vec<Value>>);
+
+impl Object for List {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let items = self.0.lock().expect("not poisoned");
+        let i = key.as_i64()?;
+        let i = if i < 0 { items.len() as i64 + i } else { i };
+        items.get(usize::try_from(i).ok()?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> minijinja::value::Enumerator {
+        minijinja::value::Enumerator::Values(self.0.lock().expect("not poisoned").clone())
+    }
+
+    fn call_method(self: &Arc<Self>, _: &State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+        let mut items = self.0.lock().expect("not poisoned");
+        match (method, args) {
+            ("append", [x]) => {
+                items.push(x.clone());
+                Ok(Value::from(()))
+            }
+            ("pop", []) => items.pop().ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "pop from empty list")),
+            ("pop", [i]) => {
+                let i = i.as_i64().unwrap_or(-1);
+                let i = if i < 0 { items.len() as i64 + i } else { i };
+                match usize::try_from(i).ok().filter(|&i| i < items.len()) {
+                    Some(i) => Ok(items.remove(i)),
+                    None => Err(Error::new(ErrorKind::InvalidOperation, "pop index out of range")),
+                }
+            }
+            _ => Err(Error::from(ErrorKind::UnknownMethod)),
+        }
+    }
+}
