@@ -307,3 +307,39 @@ fn perplexity_scores_text_and_refuses_too_little() {
     assert!(!ok);
     assert!(err.contains("too short"), "{err}");
 }
+
+/// A Kimi K2 model (the golden tiny DeepSeek-V3 checkpoint with a byte-level tokenizer carrying
+/// K2's special tokens and K2-Instruct's own chat template) converted, then `generate` and a
+/// two-turn `chat` run on it: the template supplies the default system message.
+#[test]
+fn a_k2_model_generates_and_chats_with_its_own_template() {
+    use k3_engine::convert::{ConvertOptions, ExpertFormat, TrunkFormat, convert};
+    use k3_engine::synth::scripted::{SPECIALS, byte_tokenizer};
+    let d = tempfile::tempdir().unwrap();
+    let hf = d.path().join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture("golden/deepseek-v3/bf16").join(f), hf.join(f)).unwrap();
+    }
+    let template = std::fs::read_to_string(fixture("chat/templates/Kimi-K2-Instruct.jinja")).unwrap();
+    byte_tokenizer(&hf, &[], &SPECIALS, Some(&template)).unwrap();
+    let out = d.path().join("k2");
+    let opts = ConvertOptions {
+        hf_dir: hf,
+        out_dir: out.clone(),
+        experts: ExpertFormat::Keep,
+        trunk: TrunkFormat::Keep,
+        alignment: 4096,
+        shards: 1,
+        shard_dirs: Vec::new(),
+    };
+    convert(&opts, &mut |_| {}).unwrap();
+    let m = out.to_str().unwrap();
+    let (ok, out_text, err) = k3(&["generate", "--model", m, "Once upon a time", "--max-tokens", "8"]);
+    assert!(ok, "{err}");
+    assert!(!out_text.is_empty(), "{err}");
+    let (ok, out_text, err) =
+        k3_stdin(&["chat", "--model", m, "--max-tokens", "6", "--temperature", "0"], "Hi\nAnd again?\n");
+    assert!(ok, "{err}");
+    assert_eq!(out_text.lines().count(), 2, "one answer per turn: {out_text:?}");
+}

@@ -23,7 +23,8 @@ pub const CALL_ID: &str = "functions.get_weather:0";
 /// The call's arguments.
 pub const ARGUMENTS: &str = "{\"city\": \"Paris\"}";
 
-const SPECIALS: [&str; 12] = [
+/// Kimi's `im_` chat and tool-call special tokens (and `[BOS]`, `[EOS]`).
+pub const SPECIALS: [&str; 12] = [
     "[BOS]",
     "[EOS]",
     "<|im_end|>",
@@ -37,6 +38,36 @@ const SPECIALS: [&str; 12] = [
     "<|tool_call_argument_begin|>",
     "<|tool_call_end|>",
 ];
+
+/// Writes a byte-level tokenizer into checkpoint directory `dir` (`tiktoken.model`,
+/// `tokenizer_config.json`): ids 0-255 the bytes, then `words` as whole tokens, then `specials`,
+/// and the chat template if given: enough for text in and out of a tiny test model.
+pub fn byte_tokenizer(
+    dir: &Path,
+    words: &[&str],
+    specials: &[&str],
+    chat_template: Option<&str>,
+) -> Result<(), ConvertError> {
+    use base64::Engine as _;
+    let write = |name: &str, bytes: &[u8]| {
+        std::fs::write(dir.join(name), bytes).map_err(|e| ConvertError::io(&dir.join(name), e))
+    };
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let mut ranks: Vec<String> = (0..=255u8).map(|b| format!("{} {b}", b64(&[b]))).collect();
+    ranks.extend(words.iter().enumerate().map(|(i, w)| format!("{} {}", b64(w.as_bytes()), 256 + i)));
+    write("tiktoken.model", (ranks.join("\n") + "\n").as_bytes())?;
+    let first = 256 + words.len();
+    let added: serde_json::Map<String, serde_json::Value> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ((first + i).to_string(), serde_json::json!({"content": s, "special": true})))
+        .collect();
+    let mut cfg = serde_json::json!({"added_tokens_decoder": added});
+    if let Some(t) = chat_template {
+        cfg["chat_template"] = t.into();
+    }
+    write("tokenizer_config.json", cfg.to_string().as_bytes())
+}
 
 /// Writes the checkpoint (config.json, model.safetensors, tiktoken.model,
 /// tokenizer_config.json) into `out`, from the Kimi-Linear checkpoint `base`.
@@ -68,15 +99,7 @@ pub fn tool_caller(base: &Path, out: &Path) -> Result<(), ConvertError> {
         std::fs::write(out.join(name), bytes).map_err(|e| ConvertError::io(&out.join(name), e))
     };
 
-    // The tokenizer: the bytes, the words, the specials.
-    use base64::Engine as _;
-    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    let mut ranks: Vec<String> = (0..=255u8).map(|b| format!("{} {b}", b64(&[b]))).collect();
-    ranks.extend(words.iter().map(|w| format!("{} {}", b64(w.as_bytes()), id_of(w))));
-    write("tiktoken.model", (ranks.join("\n") + "\n").as_bytes())?;
-    let added: serde_json::Map<String, serde_json::Value> =
-        SPECIALS.iter().map(|s| (id_of(s).to_string(), serde_json::json!({"content": s, "special": true}))).collect();
-    write("tokenizer_config.json", serde_json::json!({"added_tokens_decoder": added}).to_string().as_bytes())?;
+    byte_tokenizer(out, &words, &SPECIALS, None)?;
 
     let bad = |reason: String| ConvertError::Source { path: base.to_path_buf(), reason };
     let mut config: serde_json::Value =
