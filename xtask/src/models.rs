@@ -117,7 +117,11 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         report.verified_bytes as f64 / 1e6
     );
     if !report.ignored.is_empty() {
-        println!("ignored {} non-text tensors (e.g. {})", report.ignored.len(), report.ignored[0]);
+        println!(
+            "ignored {} tensors k3 does not run (a vision tower, multi-token-prediction layers; e.g. {})",
+            report.ignored.len(),
+            report.ignored[0]
+        );
     }
     Ok(())
 }

@@ -11,7 +11,22 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
 
-const MODELS: [&str; 2] = ["tiny-k3", "tiny-kimi-linear"];
+/// The golden K3 and Kimi-Linear, and a synthetic K2 (MLA with RoPE on every layer, INT4 experts).
+const MODELS: [&str; 3] = ["tiny-k3", "tiny-kimi-linear", "k2-tiny"];
+
+fn model_path(name: &str) -> PathBuf {
+    if name != "k2-tiny" {
+        return fixtures().join(format!("{name}.waste"));
+    }
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        let p = k3_engine::synth::preset("k2-tiny").unwrap();
+        k3_engine::synth::synth(&p, p.experts_default, &d.path().join("m"), &mut |_, _| {}).unwrap();
+        d
+    });
+    dir.path().join("m")
+}
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
@@ -34,7 +49,7 @@ fn batch_step(engine: &Engine<'_>, sessions: &mut [Session], ids: &[&[u32]], out
 #[test]
 fn a_batch_of_sequences_gives_each_the_bits_it_gets_alone() {
     for name in MODELS {
-        let model = Model::open(fixtures().join(format!("{name}.waste"))).unwrap();
+        let model = Model::open(model_path(name)).unwrap();
         for threads in [1, 2] {
             let engine = Engine::load_with(&model, EngineOptions { threads, ..EngineOptions::default() }).unwrap();
             // Three prompts of different lengths, then four decode steps of one token each.
@@ -77,7 +92,7 @@ fn a_batch_of_sequences_gives_each_the_bits_it_gets_alone() {
 #[test]
 fn accepting_part_of_a_verified_chunk_is_running_only_that_part() {
     for name in MODELS {
-        let model = Model::open(fixtures().join(format!("{name}.waste"))).unwrap();
+        let model = Model::open(model_path(name)).unwrap();
         let engine = Engine::load(&model).unwrap();
         let v = engine.vocab();
         let prompt = tokens(&engine, 7, 6);

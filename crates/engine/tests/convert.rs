@@ -117,7 +117,14 @@ fn refuses_to_write_into_a_directory_it_did_not_start() {
 fn broken_checkpoint(
     edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
 ) -> tempfile::TempDir {
-    let hf = golden("tiny-k3");
+    edited_checkpoint(golden("tiny-k3"), edit)
+}
+
+/// A copy of checkpoint `hf` (its config and every tensor) with `edit` applied to the tensors.
+fn edited_checkpoint(
+    hf: PathBuf,
+    edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+) -> tempfile::TempDir {
     let src = Source::open(&hf).unwrap();
     let mut tensors: Vec<_> = src
         .names()
@@ -172,6 +179,20 @@ fn vision_tensors_are_ignored_and_the_prefix_stripped() {
     let report = convert(&opts(hf.path(), &out.path().join("m")), &mut |_| {}).unwrap();
     assert_eq!(report.ignored, vec!["vision_tower.patch_embed.weight".to_string()]);
     assert!(Model::open(out.path().join("m")).unwrap().has_tensor("model.norm.weight"));
+}
+
+/// DeepSeek-V3's multi-token-prediction layer (after the model's own layers, under DeepSeek's MoE
+/// names) is not part of the model k3 runs: ignored and reported, the rest converted.
+#[test]
+fn deepseek_mtp_layers_are_ignored() {
+    let hf = edited_checkpoint(golden("deepseek-v3/bf16"), |t| {
+        t.push(("model.layers.3.eh_proj.weight".into(), safetensors::Dtype::BF16, vec![4, 4], vec![0; 32]));
+        t.push(("model.layers.3.mlp.experts.0.gate_proj.weight".into(), safetensors::Dtype::BF16, vec![4], vec![0; 8]));
+    });
+    let out = tempfile::tempdir().unwrap();
+    let report = convert(&opts(hf.path(), &out.path().join("m")), &mut |_| {}).unwrap();
+    assert_eq!(report.ignored.len(), 2, "{:?}", report.ignored);
+    assert!(report.ignored.iter().all(|n| n.starts_with("model.layers.3.")), "{:?}", report.ignored);
 }
 
 /// The committed fixtures are what today's converter makes from the golden checkpoints (all but

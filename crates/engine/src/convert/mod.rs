@@ -103,7 +103,7 @@ pub struct ConvertReport {
     pub resumed_items: usize,
     pub written_items: usize,
     pub written_bytes: u64,
-    /// Checkpoint tensors that are not part of the text model (the vision tower).
+    /// Checkpoint tensors k3 does not run: a vision tower, DeepSeek-V3's multi-token-prediction layers.
     pub ignored: Vec<String>,
     pub verified_bytes: u64,
 }

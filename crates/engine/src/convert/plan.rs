@@ -28,7 +28,7 @@ pub(super) struct Plan {
     pub table: TensorTable,
     pub arch: Architecture,
     pub trunk_names: Vec<String>,
-    /// Checkpoint tensors that are not part of the text model (the vision tower).
+    /// Checkpoint tensors k3 does not run: a vision tower, DeepSeek-V3's multi-token-prediction layers.
     pub ignored: Vec<String>,
     pub layouts: Vec<ExpertLayout>,
     pub layers: Vec<LayerPlan>,
