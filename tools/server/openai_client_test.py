@@ -60,10 +60,12 @@ def tool_round_trip(cli: str, model: str) -> None:
         messages = [{"role": "user", "content": "Weather in Paris?"}]
         stream = client.chat.completions.create(
             model=name, messages=messages, tools=WEATHER, max_tokens=32, temperature=0, stream=True)
-        content, calls, finish = "", {}, None
+        content, reasoning, calls, finish = "", "", {}, None
         for chunk in stream:
             delta = chunk.choices[0].delta
             content += delta.content or ""
+            # Not in OpenAI's types: the client keeps it as an extra field.
+            reasoning += getattr(delta, "reasoning_content", None) or ""
             for c in delta.tool_calls or []:
                 slot = calls.setdefault(c.index, {"id": "", "name": "", "arguments": ""})
                 slot["id"] += c.id or ""
@@ -71,6 +73,7 @@ def tool_round_trip(cli: str, model: str) -> None:
                 slot["arguments"] += (c.function.arguments or "") if c.function else ""
             finish = chunk.choices[0].finish_reason or finish
         assert finish == "tool_calls", finish
+        assert reasoning and reasoning not in content, (reasoning, content)
         assert len(calls) == 1 and calls[0]["name"] == "get_weather", calls
         args = json.loads(calls[0]["arguments"])
         assert args == {"city": "Paris"}, args

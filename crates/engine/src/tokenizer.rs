@@ -227,6 +227,20 @@ impl Tokenizer {
         self.special_names.get(&id).map(String::as_str)
     }
 
+    /// The id of `text` when it is one token (a special token, or a single vocabulary entry).
+    pub fn single_token(&self, text: &str) -> Option<u32> {
+        self.special(text).or_else(|| match self.encode(text).as_slice() {
+            [id] => Some(*id),
+            _ => None,
+        })
+    }
+
+    /// `<think>` and `</think>` when both are single tokens: a model that reasons between them
+    /// (K2-Thinking).
+    pub fn think_tags(&self) -> Option<[u32; 2]> {
+        Some([self.single_token("<think>")?, self.single_token("</think>")?])
+    }
+
     /// Every special token's text.
     pub fn special_names(&self) -> impl Iterator<Item = &str> {
         self.specials.keys().map(String::as_str)

@@ -136,6 +136,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         stop_ids: vec![end],
         show_thinking: a.show_thinking,
         starts_in_think: think,
+        think_tags: if family == k3_engine::config::Family::KimiK3 { None } else { tok.think_tags() },
         close_turn: Some(end),
         cancel: Some(cancel.clone()),
         chunk: CHUNK,

@@ -269,7 +269,9 @@ impl ChatRequest {
         let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
         let mut params = self.sampling.params(info, prompt.len(), stop_ids)?;
         params.starts_in_think = think;
-        params.reasoning_apart = think;
+        // K2-Thinking and its kind reason between `<think>` tokens: that text is the reasoning.
+        params.think_tags = if info.family == Family::KimiK3 { None } else { tok.think_tags() };
+        params.reasoning_apart = think || params.think_tags.is_some();
         params.json_object = json_object;
         Ok(Prepared {
             prompt,

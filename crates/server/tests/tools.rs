@@ -1,5 +1,6 @@
 //! A tool-call round trip over HTTP in Kimi's `im_` markup, on a model whose weights make it call
-//! a tool (`k3_engine::synth::scripted`: every answer is a sentence and a `get_weather` call):
+//! a tool (`k3_engine::synth::scripted`: every answer is a thought between `<think>` tokens, a
+//! sentence and a `get_weather` call): the thought comes back as `reasoning_content`,
 //! the call comes back as OpenAI `tool_calls`, whole and streamed, with `finish_reason:
 //! tool_calls`; the client's next request (the call and its result in the history) is rendered as
 //! an extension of the first prompt, so the prefix cache resumes it.
@@ -9,7 +10,7 @@ use std::sync::OnceLock;
 
 use axum::http::StatusCode;
 use k3_engine::convert::{ConvertOptions, ExpertFormat, TrunkFormat, convert};
-use k3_engine::synth::scripted::{ARGUMENTS, CALL_ID, REPLY, tool_caller};
+use k3_engine::synth::scripted::{ARGUMENTS, CALL_ID, REASONING, REPLY, tool_caller};
 use k3_server::ServerOptions;
 use serde_json::{Value, json};
 
@@ -56,6 +57,8 @@ async fn a_tool_call_round_trip_in_kimis_markup() {
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
     assert_eq!(choice["message"]["content"], REPLY, "{v}");
+    // The thought between `<think>` tokens is the reasoning, apart from the answer.
+    assert_eq!(choice["message"]["reasoning_content"], REASONING, "{v}");
     let calls = choice["message"]["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 1, "{v}");
     assert_eq!(
@@ -71,6 +74,9 @@ async fn a_tool_call_round_trip_in_kimis_markup() {
         sse_data(&body).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
     let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(content, REPLY);
+    let reasoning: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str()).collect();
+    assert_eq!(reasoning, REASONING);
     let streamed: Vec<&Value> =
         chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
     assert_eq!(streamed, [&calls[0]], "{body}");

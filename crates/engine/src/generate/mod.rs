@@ -41,6 +41,9 @@ pub struct GenerateParams {
     pub json_object: bool,
     /// K3: the prompt ends inside an open `think` element (generation starts thinking).
     pub starts_in_think: bool,
+    /// K2-Thinking and its kind: the `<think>` and `</think>` token ids between which the model
+    /// reasons (shown, hidden or kept apart as K3's `think` is).
+    pub think_tags: Option<[u32; 2]>,
     /// Leave the session ready for the next turn: the end-of-message id is in it however the
     /// turn ended (`chat`).
     pub close_turn: Option<u32>,
@@ -64,6 +67,7 @@ impl Default for GenerateParams {
             reasoning_apart: false,
             json_object: false,
             starts_in_think: false,
+            think_tags: None,
             close_turn: None,
             cancel: None,
             chunk: 32,

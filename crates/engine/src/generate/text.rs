@@ -24,7 +24,7 @@ impl<'t> TextOut<'t> {
         TextOut {
             tok,
             decoder: StreamDecoder::default(),
-            visibility: Visibility::new(p.show_thinking, p.reasoning_apart, p.starts_in_think),
+            visibility: Visibility::new(p.show_thinking, p.reasoning_apart, p.starts_in_think, p.think_tags),
             stops: p.stop_strings.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
             reasoning: String::new(),
@@ -88,12 +88,15 @@ enum Shown {
 }
 
 /// Decides what of K3's output a person sees: text inside `think` only when asked, text inside
-/// `response` always, markup and special tokens never. (Kimi-Linear has no such markup: all its
+/// `response` always, markup and special tokens never. The same for text between a model's
+/// `<think>` and `</think>` tokens (K2-Thinking). (Kimi-Linear has no such markup: all its
 /// ordinary text is visible.)
 #[derive(Debug)]
 struct Visibility {
     /// Where text inside `think` goes.
     thinking: Shown,
+    /// `<think>` and `</think>` ids, for models that reason between them.
+    tags: Option<[u32; 2]>,
     /// Inside the tag name after `<|open|>` / `<|close|>`: the bytes so far, and whether opening.
     tag: Option<(Vec<u8>, bool)>,
     /// Where ordinary text goes now.
@@ -101,17 +104,28 @@ struct Visibility {
 }
 
 impl Visibility {
-    fn new(show_thinking: bool, reasoning_apart: bool, starts_in_think: bool) -> Self {
+    fn new(show_thinking: bool, reasoning_apart: bool, starts_in_think: bool, tags: Option<[u32; 2]>) -> Self {
         let thinking = match (show_thinking, reasoning_apart) {
             (true, _) => Shown::Content,
             (false, true) => Shown::Reasoning,
             (false, false) => Shown::Hidden,
         };
-        Visibility { thinking, tag: None, state: if starts_in_think { thinking } else { Shown::Content } }
+        Visibility { thinking, tags, tag: None, state: if starts_in_think { thinking } else { Shown::Content } }
     }
 
     /// Where token `id`'s text goes.
     fn show(&mut self, tok: &Tokenizer, id: u32) -> Result<Shown, EngineError> {
+        match self.tags {
+            Some([open, _]) if id == open => {
+                self.state = self.thinking;
+                return Ok(Shown::Hidden);
+            }
+            Some([_, close]) if id == close => {
+                self.state = Shown::Content;
+                return Ok(Shown::Hidden);
+            }
+            _ => {}
+        }
         match tok.special_name(id) {
             Some("<|open|>") => self.tag = Some((Vec::new(), true)),
             Some("<|close|>") => self.tag = Some((Vec::new(), false)),
@@ -194,6 +208,30 @@ mod tests {
         }
         answer.push_str(&out.flush());
         assert_eq!((answer.as_str(), out.reasoning.as_str()), ("Let there be light.", "hmm, light"));
+    }
+
+    /// K2-Thinking's `<think>` / `</think>` tokens: the reasoning between them hidden, shown or
+    /// kept apart, the tags themselves never shown.
+    #[test]
+    fn think_tags_split_reasoning_from_the_answer() {
+        let ranks = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/tokenizer/o200k_base.tiktoken"))
+            .expect("the tokenizer fixture");
+        let added = serde_json::json!({"200000": {"content": "<think>"}, "200001": {"content": "</think>"}});
+        let cfg = serde_json::to_vec(&serde_json::json!({"added_tokens_decoder": added})).expect("json");
+        let tok = Tokenizer::from_tiktoken(&ranks, Some(&cfg), KIMI_PATTERN).expect("tokenizer");
+        let tags = Some([200_000, 200_001]);
+        let answer = "<think>weigh it</think>Yes.";
+        let hidden = GenerateParams { think_tags: tags, ..GenerateParams::default() };
+        assert_eq!(visible(&tok, &hidden, answer).0, "Yes.");
+        let shown = GenerateParams { think_tags: tags, show_thinking: true, ..GenerateParams::default() };
+        assert_eq!(visible(&tok, &shown, answer).0, "weigh itYes.");
+        let apart = GenerateParams { think_tags: tags, reasoning_apart: true, ..GenerateParams::default() };
+        let mut out = TextOut::new(&tok, &apart);
+        let mut text = String::new();
+        for id in tok.encode_with_specials(answer) {
+            text.push_str(&out.push(id).expect("decodes").0);
+        }
+        assert_eq!((text.as_str(), out.reasoning.as_str()), ("Yes.", "weigh it"));
     }
 
     #[test]

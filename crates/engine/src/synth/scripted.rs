@@ -1,5 +1,6 @@
 //! A Kimi-Linear checkpoint whose weights make it say a script: answer any chat turn with a
-//! sentence and a call of the tool `get_weather`, in Kimi's tool-call markup, then end the turn.
+//! thought between `<think>` tokens (as K2-Thinking does), a sentence and a call of the tool
+//! `get_weather` in Kimi's tool-call markup, then end the turn.
 //! It is how a tool-call round trip is tested end to end (server, reply parser, the `openai`
 //! client) without a trained model that knows the markers.
 //!
@@ -16,6 +17,8 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use crate::convert::ConvertError;
 
+/// What the model reasons, between `<think>` and `</think>`, first.
+pub const REASONING: &str = "The user wants the weather.";
 /// What the model says before calling.
 pub const REPLY: &str = "Let me check the weather.";
 /// The call's id as Kimi's markup writes it.
@@ -24,7 +27,7 @@ pub const CALL_ID: &str = "functions.get_weather:0";
 pub const ARGUMENTS: &str = "{\"city\": \"Paris\"}";
 
 /// Kimi's `im_` chat and tool-call special tokens (and `[BOS]`, `[EOS]`).
-pub const SPECIALS: [&str; 12] = [
+pub const SPECIALS: [&str; 14] = [
     "[BOS]",
     "[EOS]",
     "<|im_end|>",
@@ -37,6 +40,8 @@ pub const SPECIALS: [&str; 12] = [
     "<|tool_call_begin|>",
     "<|tool_call_argument_begin|>",
     "<|tool_call_end|>",
+    "<think>",
+    "</think>",
 ];
 
 /// Writes a byte-level tokenizer into checkpoint directory `dir` (`tiktoken.model`,
@@ -72,7 +77,7 @@ pub fn byte_tokenizer(
 /// Writes the checkpoint (config.json, model.safetensors, tiktoken.model,
 /// tokenizer_config.json) into `out`, from the Kimi-Linear checkpoint `base`.
 pub fn tool_caller(base: &Path, out: &Path) -> Result<(), ConvertError> {
-    let words = [REPLY, CALL_ID, ARGUMENTS];
+    let words = [REASONING, REPLY, CALL_ID, ARGUMENTS];
     let id_of = |s: &str| -> u32 {
         match words.iter().position(|w| *w == s) {
             Some(i) => 256 + i as u32,
@@ -81,6 +86,9 @@ pub fn tool_caller(base: &Path, out: &Path) -> Result<(), ConvertError> {
     };
     let chain: Vec<u32> = [
         "<|im_middle|>",
+        "<think>",
+        REASONING,
+        "</think>",
         REPLY,
         "<|tool_calls_section_begin|>",
         "<|tool_call_begin|>",
