@@ -49,14 +49,26 @@ fn random_vq(codec: Codec, rows: usize, cols: usize, seed: u64) -> VqMatrix {
 }
 
 fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
-    let n = rows * cols;
-    let count = |bytes: usize| if cold { COLD_BYTES.div_ceil(bytes) } else { 1 };
     let x = noise(cols, 7, 1.0);
+    let mut out = mxfp4_cases(rows, cols, cold, &x);
+    out.extend(trunk_cases(rows, cols, cold, &x));
+    out.extend(vq_cases(rows, cols, cold));
+    out
+}
+
+/// Instances of a matrix of `bytes` to cycle through: enough to leave the caches when `cold`.
+fn instances(bytes: usize, cold: bool) -> usize {
+    if cold { COLD_BYTES.div_ceil(bytes) } else { 1 }
+}
+
+/// MXFP4 experts: exact, int8-activation and 32-vector batched kernels.
+fn mxfp4_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
+    let n = rows * cols;
+    let x = x.to_vec();
     let mut out = Vec::new();
     let tag = format!("{rows}x{cols}");
-
     let mx_bytes = n / 2 + n / 32;
-    let k = count(mx_bytes);
+    let k = instances(mx_bytes, cold);
     let mats: Vec<(Vec<u8>, Vec<u8>)> = (0..k)
         .map(|i| (bytes_of(i as u64, n / 2), bytes_of(i as u64 + 99, n / 32).iter().map(|b| 112 + b % 16).collect()))
         .collect();
@@ -105,6 +117,16 @@ fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
             run: Box::new(move |i| mxfp4::matmul(&m[i].0, &m[i].1, cols, &xs, &mut ys)),
         });
     }
+    out
+}
+
+/// Trunk encodings: bf16, int8 rows, int4 groups.
+fn trunk_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
+    let n = rows * cols;
+    let x = x.to_vec();
+    let mut out = Vec::new();
+    let tag = format!("{rows}x{cols}");
+    let count = |bytes: usize| instances(bytes, cold);
     let bf_bytes = n * 2;
     let k = count(bf_bytes);
     let w: Vec<Vec<bf16>> =
@@ -154,14 +176,13 @@ fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
             run: Box::new(move |i| int4::matvec(&q4[i].0, &q4[i].1, 32, &x, &mut y)),
         });
     }
-    out.extend(vq_cases(rows, cols, cold));
     out
 }
 
 /// The VQ codecs: one vector, and batches of 2 and 4 (fast-scan scans the codes once per pair).
 fn vq_cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
     let n = rows * cols;
-    let count = |bytes: usize| if cold { COLD_BYTES.div_ceil(bytes) } else { 1 };
+    let count = |bytes: usize| instances(bytes, cold);
     let tag = format!("{rows}x{cols}");
     let mut out = Vec::new();
     for codec in Codec::ALL {
