@@ -190,16 +190,7 @@ fn tool_caller(out: &Path) -> Result<()> {
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     let hf = tempfile::tempdir_in(parent).with_context(|| format!("a scratch directory in {}", parent.display()))?;
     k3_engine::synth::scripted::tool_caller(&base, hf.path())?;
-    let opts = ConvertOptions {
-        hf_dir: hf.path().to_path_buf(),
-        out_dir: out.to_path_buf(),
-        experts: ExpertFormat::Keep,
-        trunk: TrunkFormat::Keep,
-        alignment: 4096,
-        shards: 1,
-        shard_dirs: Vec::new(),
-    };
-    run_convert(&opts, &mut |_| {})?;
+    run_convert(&ConvertOptions::new(hf.path(), out), &mut |_| {})?;
     println!("wrote {TOOL_CALLER} to {}", out.display());
     Ok(())
 }

@@ -76,13 +76,9 @@ fn deepseek_matches_transformers(variant: &str, experts: ExpertFormat, trunk: Tr
     let g = fixtures().join("golden/deepseek-v3").join(variant);
     let dir = tempfile::tempdir().unwrap();
     let opts = k3_engine::convert::ConvertOptions {
-        hf_dir: g.clone(),
-        out_dir: dir.path().join("m"),
         experts,
         trunk,
-        alignment: 4096,
-        shards: 1,
-        shard_dirs: Vec::new(),
+        ..k3_engine::convert::ConvertOptions::new(&g, dir.path().join("m"))
     };
     k3_engine::convert::convert(&opts, &mut |_| {}).unwrap();
     let model = Model::open(dir.path().join("m")).unwrap();
@@ -133,18 +129,10 @@ fn kimi_k2_int4_experts_match_transformers() {
 /// (k3 has no FP8 kernel) and run.
 #[test]
 fn quantized_k2_experts_re_encode_to_mxfp4() {
-    use k3_engine::convert::{ConvertOptions, ExpertFormat, TrunkFormat, convert};
+    use k3_engine::convert::{ConvertOptions, convert};
     let dir = tempfile::tempdir().unwrap();
     let g = fixtures().join("golden/deepseek-v3/int4");
-    let opts = |experts, out: &str| ConvertOptions {
-        hf_dir: g.clone(),
-        out_dir: dir.path().join(out),
-        experts,
-        trunk: TrunkFormat::Keep,
-        alignment: 4096,
-        shards: 1,
-        shard_dirs: Vec::new(),
-    };
+    let opts = |experts, out: &str| ConvertOptions { experts, ..ConvertOptions::new(&g, dir.path().join(out)) };
     convert(&opts(ExpertFormat::Mxfp4, "mxfp4"), &mut |_| {}).unwrap();
     let model = Model::open(dir.path().join("mxfp4")).unwrap();
     let engine = Engine::load(&model).unwrap();

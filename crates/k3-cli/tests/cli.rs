@@ -313,7 +313,7 @@ fn perplexity_scores_text_and_refuses_too_little() {
 /// two-turn `chat` run on it: the template supplies the default system message.
 #[test]
 fn a_k2_model_generates_and_chats_with_its_own_template() {
-    use k3_engine::convert::{ConvertOptions, ExpertFormat, TrunkFormat, convert};
+    use k3_engine::convert::{ConvertOptions, convert};
     use k3_engine::synth::scripted::{SPECIALS, byte_tokenizer};
     let d = tempfile::tempdir().unwrap();
     let hf = d.path().join("hf");
@@ -324,16 +324,7 @@ fn a_k2_model_generates_and_chats_with_its_own_template() {
     let template = std::fs::read_to_string(fixture("chat/templates/Kimi-K2-Instruct.jinja")).unwrap();
     byte_tokenizer(&hf, &[], &SPECIALS, Some(&template)).unwrap();
     let out = d.path().join("k2");
-    let opts = ConvertOptions {
-        hf_dir: hf,
-        out_dir: out.clone(),
-        experts: ExpertFormat::Keep,
-        trunk: TrunkFormat::Keep,
-        alignment: 4096,
-        shards: 1,
-        shard_dirs: Vec::new(),
-    };
-    convert(&opts, &mut |_| {}).unwrap();
+    convert(&ConvertOptions::new(hf, &out), &mut |_| {}).unwrap();
     let m = out.to_str().unwrap();
     let (ok, out_text, err) = k3(&["generate", "--model", m, "Once upon a time", "--max-tokens", "8"]);
     assert!(ok, "{err}");

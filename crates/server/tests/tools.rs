@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use axum::http::StatusCode;
-use k3_engine::convert::{ConvertOptions, ExpertFormat, TrunkFormat, convert};
+use k3_engine::convert::{ConvertOptions, convert};
 use k3_engine::synth::scripted::{ARGUMENTS, CALL_ID, REASONING, REPLY, tool_caller};
 use k3_server::ServerOptions;
 use serde_json::{Value, json};
@@ -24,16 +24,7 @@ fn model() -> PathBuf {
         let dir = tempfile::tempdir().unwrap();
         let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden/tiny-kimi-linear");
         tool_caller(&base, &dir.path().join("hf")).unwrap();
-        let opts = ConvertOptions {
-            hf_dir: dir.path().join("hf"),
-            out_dir: dir.path().join("tool-caller"),
-            experts: ExpertFormat::Keep,
-            trunk: TrunkFormat::Keep,
-            alignment: 4096,
-            shards: 1,
-            shard_dirs: Vec::new(),
-        };
-        convert(&opts, &mut |_| {}).unwrap();
+        convert(&ConvertOptions::new(dir.path().join("hf"), dir.path().join("tool-caller")), &mut |_| {}).unwrap();
         dir
     });
     dir.path().join("tool-caller")

@@ -89,6 +89,21 @@ pub struct ConvertOptions {
     pub shard_dirs: Vec<PathBuf>,
 }
 
+impl ConvertOptions {
+    /// `hf_dir` to `out_dir`, experts and trunk as stored, one shard, the default alignment.
+    pub fn new(hf_dir: impl Into<PathBuf>, out_dir: impl Into<PathBuf>) -> Self {
+        ConvertOptions {
+            hf_dir: hf_dir.into(),
+            out_dir: out_dir.into(),
+            experts: ExpertFormat::Keep,
+            trunk: TrunkFormat::Keep,
+            alignment: k3_format::DEFAULT_ALIGNMENT,
+            shards: 1,
+            shard_dirs: Vec::new(),
+        }
+    }
+}
+
 /// Progress of a conversion, by phase (`trunk`, `experts`, `verify`), each with its own total.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {
