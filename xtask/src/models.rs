@@ -57,10 +57,24 @@ pub struct ConvertArgs {
     /// Stripe the shards over these directories (one per drive; created if missing); repeat the flag.
     #[arg(long = "shard-dir")]
     pub shard_dirs: Vec<PathBuf>,
+    /// Calibrate VQ experts on this text: the source model (a WASTE model) reads it, each expert's
+    /// inputs are sampled, and its matrices are encoded to minimize the error on them.
+    #[arg(long)]
+    pub calibrate: Option<PathBuf>,
+    /// Tokens of the calibration text to run (in 256-token windows).
+    #[arg(long, default_value_t = 16384, requires = "calibrate")]
+    pub calibrate_tokens: usize,
+    /// Inputs sampled per expert.
+    #[arg(long, default_value_t = 1024, requires = "calibrate")]
+    pub calibrate_samples: usize,
 }
 
 pub fn convert(args: ConvertArgs) -> Result<()> {
-    let ConvertArgs { hf, out, experts, trunk, align, shards, shard_dirs } = args;
+    let calibration = match &args.calibrate {
+        Some(text) => Some(std::sync::Arc::new(calibrate(&args, text)?)),
+        None => None,
+    };
+    let ConvertArgs { hf, out, experts, trunk, align, shards, shard_dirs, .. } = args;
     let experts = match experts {
         Experts::Keep => ExpertFormat::Keep,
         Experts::Mxfp4 => ExpertFormat::Mxfp4,
@@ -77,13 +91,13 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         Trunk::Int4 => TrunkFormat::Int4,
     };
     let opts = ConvertOptions {
-        hf_dir: hf.clone(),
-        out_dir: out.clone(),
         experts,
         trunk,
         alignment: align,
         shards,
         shard_dirs,
+        calibration,
+        ..ConvertOptions::new(&hf, &out)
     };
     let pb = bar(0);
     let mut phase = "";
@@ -193,4 +207,35 @@ fn tool_caller(out: &Path) -> Result<()> {
     run_convert(&ConvertOptions::new(hf.path(), out), &mut |_| {})?;
     println!("wrote {TOOL_CALLER} to {}", out.display());
     Ok(())
+}
+
+/// The calibration pass: the source model reads the text and its experts' inputs are sampled.
+fn calibrate(args: &ConvertArgs, text: &Path) -> Result<k3_engine::calibrate::Calibration> {
+    if !matches!(args.experts, Experts::Vq3) {
+        bail!("--calibrate weights VQ encodings: use it with --experts vq3");
+    }
+    let model = k3_format::Model::open(&args.hf).with_context(|| {
+        format!(
+            "--calibrate runs the source model: {} must be a WASTE model (convert the checkpoint as stored first, \
+             then re-encode it with --from)",
+            args.hf.display()
+        )
+    })?;
+    let tok = k3_engine::tokenizer::Tokenizer::from_model(&model)
+        .with_context(|| format!("{} embeds no tokenizer to read the calibration text with", args.hf.display()))??;
+    let words = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
+    let mut ids = tok.encode(&words);
+    ids.truncate(args.calibrate_tokens);
+    if ids.is_empty() {
+        bail!("{} has no text to calibrate on", text.display());
+    }
+    let pb = bar(ids.len() as u64);
+    pb.set_message("calibrate");
+    let cal = k3_engine::calibrate::collect(&model, &ids, 256, args.calibrate_samples, &mut |done, _| {
+        pb.set_position(done as u64)
+    })?;
+    pb.finish_and_clear();
+    let (experts, inputs) = cal.coverage();
+    println!("calibrated on {} tokens of {}: {experts} experts saw {inputs} inputs", ids.len(), text.display());
+    Ok(cal)
 }

@@ -5,6 +5,7 @@
 //! Kimi forward pass ([`model::Engine`]) over a WASTE model.
 
 pub mod budget;
+pub mod calibrate;
 pub mod chat;
 pub mod config;
 pub mod convert;

@@ -12,15 +12,7 @@ fn golden(name: &str) -> PathBuf {
 }
 
 fn opts(hf: &Path, out: &Path) -> ConvertOptions {
-    ConvertOptions {
-        hf_dir: hf.to_path_buf(),
-        out_dir: out.to_path_buf(),
-        experts: ExpertFormat::Keep,
-        trunk: TrunkFormat::Keep,
-        alignment: 4096,
-        shards: 2,
-        shard_dirs: Vec::new(),
-    }
+    ConvertOptions { shards: 2, ..ConvertOptions::new(hf, out) }
 }
 
 fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {

@@ -26,15 +26,7 @@ fn run(name: &str, experts: ExpertFormat, trunk: TrunkFormat) -> (Vec<f32>, Vec<
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("m");
     let hf = fixtures().join("golden").join(name);
-    let opts = ConvertOptions {
-        hf_dir: hf.clone(),
-        out_dir: dir.clone(),
-        experts,
-        trunk,
-        alignment: 4096,
-        shards: 1,
-        shard_dirs: vec![],
-    };
+    let opts = ConvertOptions { experts, trunk, ..ConvertOptions::new(&hf, &dir) };
     convert(&opts, &mut |_| {}).unwrap();
     let model = Model::open(&dir).unwrap();
     let engine = Engine::load(&model).unwrap();

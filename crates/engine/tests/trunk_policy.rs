@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use k3_engine::config::ModelConfig;
-use k3_engine::convert::{ConvertOptions, ExpertFormat, Source, TrunkFormat, convert};
+use k3_engine::convert::{ConvertOptions, Source, TrunkFormat, convert};
 use k3_engine::tensors::{Storage, table};
 use k3_engine::{Engine, RoutedToken};
 use k3_format::{Encoding, Model};
@@ -113,15 +113,7 @@ struct Converted {
 fn converted(hf: &Path, trunk: TrunkFormat) -> Converted {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m");
-    let opts = ConvertOptions {
-        hf_dir: hf.to_path_buf(),
-        out_dir: path.clone(),
-        experts: ExpertFormat::Keep,
-        trunk,
-        alignment: 4096,
-        shards: 1,
-        shard_dirs: vec![],
-    };
+    let opts = ConvertOptions { trunk, ..ConvertOptions::new(hf, &path) };
     convert(&opts, &mut |_| {}).unwrap();
     Converted { _dir: dir, path }
 }

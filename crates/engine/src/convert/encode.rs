@@ -134,12 +134,14 @@ pub enum ExpertTarget {
 }
 
 /// Encodes one expert matrix `[rows, cols]` of f32 weights. Returns the encoding and its parts.
+/// `calibration` (`[n, cols]`: inputs the matrix sees) weights a VQ encoding's error by them.
 pub fn expert(
     name: &str,
     w: &[f32],
     rows: usize,
     cols: usize,
     target: ExpertTarget,
+    calibration: Option<&[f32]>,
 ) -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
     match target {
         ExpertTarget::Bf16 => Ok((Encoding::Bf16, vec![le(w, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())])),
@@ -163,8 +165,8 @@ pub fn expert(
             Ok((Encoding::Mxfp4, vec![p, s]))
         }
         ExpertTarget::Vq(codec) => {
-            let m = vq::encode(codec, w, cols, &EncodeOptions::default())
-                .map_err(|e| ConvertError::Unsupported(format!("{name}: {e}")))?;
+            let opts = EncodeOptions { calibration: calibration.map(<[f32]>::to_vec), ..EncodeOptions::default() };
+            let m = vq::encode(codec, w, cols, &opts).map_err(|e| ConvertError::Unsupported(format!("{name}: {e}")))?;
             let (block, seed) = m.rotation.as_ref().map_or((0, 0), |r| (r.block as u32, r.seed));
             let enc = Encoding::Vq {
                 stages: codec.stages() as u32,

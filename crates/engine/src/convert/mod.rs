@@ -87,6 +87,8 @@ pub struct ConvertOptions {
     pub shards: u16,
     /// Directories (one per drive) the shards are striped over; empty = the output directory.
     pub shard_dirs: Vec<PathBuf>,
+    /// Re-encoded VQ experts minimize the error on these inputs (`crate::calibrate`).
+    pub calibration: Option<std::sync::Arc<crate::calibrate::Calibration>>,
 }
 
 impl ConvertOptions {
@@ -100,6 +102,7 @@ impl ConvertOptions {
             alignment: k3_format::DEFAULT_ALIGNMENT,
             shards: 1,
             shard_dirs: Vec::new(),
+            calibration: None,
         }
     }
 }
@@ -152,7 +155,7 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
     };
     report.resumed_items = w.resumed_items();
     write::trunk(&mut w, &plan, &src, opts.trunk, &mut report, progress)?;
-    write::experts(&mut w, &plan, &src, &mut report, progress)?;
+    write::experts(&mut w, &plan, &src, opts.calibration.as_deref(), &mut report, progress)?;
     report.verified_bytes = write::finish(*w, &src, opts, progress)?;
     Ok(report)
 }

@@ -34,6 +34,8 @@ pub(super) struct Plan {
     pub layers: Vec<LayerPlan>,
     /// FP8 checkpoints' block size.
     pub fp8_block: u32,
+    /// The experts' activation (calibration computes w2's inputs with it).
+    pub activation: crate::config::Activation,
 }
 
 impl Plan {
@@ -68,7 +70,7 @@ impl Plan {
             )));
         }
         k3_format::manifest::check_alignment(opts.alignment).map_err(ConvertError::Unsupported)?;
-        Ok(Plan { table, arch, trunk_names, ignored, layouts, layers, fp8_block })
+        Ok(Plan { table, arch, trunk_names, ignored, layouts, layers, fp8_block, activation: config.activation })
     }
 
     /// The writer's spec: the layout, the encodings in words, and where the model came from.

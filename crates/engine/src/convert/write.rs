@@ -8,6 +8,7 @@ use safetensors::Dtype as StDtype;
 use super::plan::{LayerPlan, Plan, SourceExperts, expert_parts};
 use super::{ConvertError, ConvertOptions, ConvertReport, Progress, Source, TrunkFormat};
 use super::{dequant, encode};
+use crate::calibrate::Calibration;
 use crate::names::{EXPERT_MATRICES, expert as expert_name};
 use crate::tensors::Storage;
 
@@ -70,6 +71,7 @@ pub(super) fn experts(
     w: &mut ModelWriter,
     plan: &Plan,
     src: &Source,
+    calibration: Option<&Calibration>,
     report: &mut ConvertReport,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<(), ConvertError> {
@@ -86,7 +88,7 @@ pub(super) fn experts(
         let batch = if p.target.is_some() { rayon::current_num_threads().max(1) * 2 } else { 1 };
         for chunk in todo.chunks(batch) {
             let encoded: Vec<Result<Vec<Vec<u8>>, ConvertError>> =
-                chunk.par_iter().map(|&expert| record(src, p, expert)).collect();
+                chunk.par_iter().map(|&expert| record(src, plan, p, expert, calibration)).collect();
             for (&expert, parts) in chunk.iter().zip(encoded) {
                 let parts = parts?;
                 let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
@@ -101,13 +103,21 @@ pub(super) fn experts(
     Ok(())
 }
 
-/// One expert's record parts: its matrices as stored, or re-encoded to the layer's target.
-fn record(src: &Source, p: &LayerPlan, expert: u32) -> Result<Vec<Vec<u8>>, ConvertError> {
+/// One expert's record parts: its matrices as stored, or re-encoded to the layer's target (VQ
+/// weighted by the inputs calibration saw: the expert's own for w1 and w3, their activations
+/// through the source weights for w2).
+fn record(
+    src: &Source,
+    plan: &Plan,
+    p: &LayerPlan,
+    expert: u32,
+    calibration: Option<&Calibration>,
+) -> Result<Vec<Vec<u8>>, ConvertError> {
     let mut parts = Vec::with_capacity(9);
-    for (m, shape) in EXPERT_MATRICES.iter().zip(&p.shapes) {
-        let base = expert_name(p.layer, expert, m);
-        let raw = expert_parts(src, p.kind, &base, shape)?;
-        let Some(t) = p.target else {
+    let Some(t) = p.target else {
+        for (m, shape) in EXPERT_MATRICES.iter().zip(&p.shapes) {
+            let base = expert_name(p.layer, expert, m);
+            let raw = expert_parts(src, p.kind, &base, shape)?;
             match p.kind {
                 // The packed words are k3's int4 bytes as they are; the scales become f16.
                 SourceExperts::Int4 { .. } => {
@@ -116,8 +126,13 @@ fn record(src: &Source, p: &LayerPlan, expert: u32) -> Result<Vec<Vec<u8>>, Conv
                 }
                 _ => parts.extend(raw.iter().map(|b| b.to_vec())),
             }
-            continue;
-        };
+        }
+        return Ok(parts);
+    };
+    let mut mats = Vec::with_capacity(3);
+    for (m, shape) in EXPERT_MATRICES.iter().zip(&p.shapes) {
+        let base = expert_name(p.layer, expert, m);
+        let raw = expert_parts(src, p.kind, &base, shape)?;
         let (rows, cols) = (shape[0] as usize, shape[1] as usize);
         let f = match p.kind {
             SourceExperts::Mxfp4 => encode::mxfp4_to_f32(raw[0], raw[1], rows, cols),
@@ -126,8 +141,17 @@ fn record(src: &Source, p: &LayerPlan, expert: u32) -> Result<Vec<Vec<u8>>, Conv
             SourceExperts::Fp8 { block } => dequant::fp8_blocks(raw[0], raw[1], rows, cols, block as usize),
             SourceExperts::Int4 { group } => dequant::int4_groups(raw[0], raw[1], rows, cols, group as usize),
         };
-        let (enc, encoded) = encode::expert(&base, &f, rows, cols, t)?;
-        if enc != encode::planned(t, cols) {
+        mats.push((base, rows, cols, f));
+    }
+    let inputs = match (t, calibration) {
+        (encode::ExpertTarget::Vq(_), Some(c)) => expert_inputs(c, plan, p, expert, &mats)?,
+        _ => None,
+    };
+    for (i, (base, rows, cols, f)) in mats.iter().enumerate() {
+        // w1 and w3 see the expert's input, w2 the activation.
+        let calib = inputs.as_ref().map(|(x, h)| if EXPERT_MATRICES[i] == "w2" { h.as_slice() } else { x.as_slice() });
+        let (enc, encoded) = encode::expert(base, f, *rows, *cols, t, calib)?;
+        if enc != encode::planned(t, *cols) {
             return Err(ConvertError::Unsupported(format!(
                 "{base}: encoder produced {} not the planned layout",
                 enc.label()
@@ -136,6 +160,38 @@ fn record(src: &Source, p: &LayerPlan, expert: u32) -> Result<Vec<Vec<u8>>, Conv
         parts.extend(encoded);
     }
     Ok(parts)
+}
+
+/// Fewest inputs of its own an expert needs to be weighted by them (else its layer's are used).
+const MIN_OWN_INPUTS: usize = 16;
+
+/// The calibration inputs of one expert's matrices: `x` for w1 and w3, and
+/// `act(w1 x, w3 x)` for w2, from the source weights `mats` (w1, w2, w3).
+#[allow(clippy::type_complexity)]
+fn expert_inputs(
+    c: &Calibration,
+    plan: &Plan,
+    p: &LayerPlan,
+    expert: u32,
+    mats: &[(String, usize, usize, Vec<f32>)],
+) -> Result<Option<(Vec<f32>, Vec<f32>)>, ConvertError> {
+    let Some(sample) = c.inputs(p.layer, expert, MIN_OWN_INPUTS) else { return Ok(None) };
+    let (w1, w3) = (&mats[0], &mats[2]);
+    if sample.dim != w1.2 {
+        return Err(ConvertError::Unsupported(format!(
+            "calibration inputs of layer {} are {}-wide, but `{}` takes {}: calibrated on another model?",
+            p.layer, sample.dim, w1.0, w1.2
+        )));
+    }
+    let inter = w1.1;
+    let (mut g, mut u) = (vec![0f32; inter], vec![0f32; inter]);
+    let mut h = Vec::with_capacity(sample.len() * inter);
+    for x in sample.vectors.chunks_exact(sample.dim) {
+        k3_quant::dense::matvec_f32(&w1.3, x, &mut g);
+        k3_quant::dense::matvec_f32(&w3.3, x, &mut u);
+        h.extend(g.iter().zip(&u).map(|(g, u)| crate::model::activate(plan.activation, *g, *u)));
+    }
+    Ok(Some((sample.vectors.clone(), h)))
 }
 
 /// Embeds the checkpoint's config and tokenizer files, seals the model, then reads every byte

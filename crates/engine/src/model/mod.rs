@@ -19,6 +19,7 @@ mod session;
 mod stats;
 
 pub use forward::{Logits, Seq};
+pub(crate) use layers::activate;
 pub use options::EngineOptions;
 pub use session::{LayerState, RoutedToken, Session};
 pub use stats::{RunStats, Span, SpanKind};

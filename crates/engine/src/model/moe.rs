@@ -287,6 +287,9 @@ impl<'m> Engine<'m> {
             .filter_map(|(t, rt)| rt.experts.iter().position(|&e| e == key.1).map(|rank| (t, t * k + rank)))
             .collect();
         let xs: Vec<f32> = slots.iter().flat_map(|(t, _)| prep.zs[t * zd..(t + 1) * zd].iter().copied()).collect();
+        if let Some(c) = &self.opts.calibrate {
+            c.record(key, &xs, zd);
+        }
         let mut ys = vec![0f32; slots.len() * zd];
         if slots.len() == 1 {
             mlp.forward(self.cfg.activation, &xs, &mut ys);

@@ -34,6 +34,8 @@ pub struct EngineOptions {
     /// Check every trunk tensor's checksum when loading (on every core). Off only for a model
     /// that was verified before (`k3-cli verify`) and has not been touched since.
     pub verify_trunk: bool,
+    /// When set, every routed expert's inputs are sampled into it (a calibration run).
+    pub calibrate: Option<std::sync::Arc<crate::calibrate::ExpertInputs>>,
     #[doc(hidden)]
     pub fault: Option<k3_io::reader::FaultHook>,
 }
@@ -54,6 +56,7 @@ impl Default for EngineOptions {
             reserved_bytes: 0,
             threads: 0,
             verify_trunk: true,
+            calibrate: None,
             fault: None,
         }
     }

@@ -1,0 +1,153 @@
+//! Calibration: the inputs each routed expert actually sees while the model reads text, kept as a
+//! uniform sample per expert (reservoir sampling, seeded), so a re-encoding can minimize the
+//! error that reaches the outputs instead of the plain weight error. Attach an [`ExpertInputs`]
+//! to `EngineOptions::calibrate` and run text through the engine.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k3_quant::rng::XorShift;
+
+/// One expert's sampled inputs.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub dim: usize,
+    /// Up to the cap, `[n, dim]`.
+    pub vectors: Vec<f32>,
+    /// Inputs seen (sampled or not).
+    pub seen: u64,
+}
+
+impl Sample {
+    pub fn len(&self) -> usize {
+        self.vectors.len() / self.dim.max(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.vectors.is_empty()
+    }
+}
+
+/// The sampled inputs of every routed expert, filled while the engine runs.
+#[derive(Debug)]
+pub struct ExpertInputs {
+    cap: usize,
+    state: Mutex<(HashMap<(u32, u32), Sample>, XorShift)>,
+}
+
+impl ExpertInputs {
+    /// Keeps up to `cap` inputs per expert.
+    pub fn new(cap: usize) -> Self {
+        ExpertInputs { cap: cap.max(1), state: Mutex::new((HashMap::new(), XorShift::new(0xCA11B))) }
+    }
+
+    /// `xs` (`[n, dim]`): inputs expert `key` (layer, expert) was applied to.
+    pub fn record(&self, key: (u32, u32), xs: &[f32], dim: usize) {
+        let mut guard = self.state.lock().expect("not poisoned");
+        let (map, rng) = &mut *guard;
+        let s = map.entry(key).or_insert_with(|| Sample { dim, vectors: Vec::new(), seen: 0 });
+        for x in xs.chunks_exact(dim) {
+            s.seen += 1;
+            if s.len() < self.cap {
+                s.vectors.extend_from_slice(x);
+            } else {
+                // Reservoir sampling: every input seen so far equally likely to be kept.
+                let j = (rng.next_u64() % s.seen) as usize;
+                if j < self.cap {
+                    s.vectors[j * dim..(j + 1) * dim].copy_from_slice(x);
+                }
+            }
+        }
+    }
+
+    /// The samples, by (layer, expert).
+    pub fn take(&self) -> HashMap<(u32, u32), Sample> {
+        std::mem::take(&mut self.state.lock().expect("not poisoned").0)
+    }
+}
+
+/// Calibration for a conversion: each expert's sampled inputs, and per layer a pool for experts
+/// the text never routed to.
+#[derive(Debug, Default)]
+pub struct Calibration {
+    experts: HashMap<(u32, u32), Sample>,
+    layers: HashMap<u32, Sample>,
+}
+
+impl Calibration {
+    /// From the samples of a run; each layer's pool takes up to `cap` inputs across its experts.
+    pub fn new(experts: HashMap<(u32, u32), Sample>, cap: usize) -> Self {
+        let mut layers: HashMap<u32, Sample> = HashMap::new();
+        let mut keys: Vec<&(u32, u32)> = experts.keys().collect();
+        keys.sort();
+        for key in keys {
+            let s = &experts[key];
+            let pool = layers.entry(key.0).or_insert_with(|| Sample { dim: s.dim, vectors: Vec::new(), seen: 0 });
+            let room = cap.saturating_sub(pool.len()).min(s.len().div_ceil(4).max(1)).min(s.len());
+            pool.vectors.extend_from_slice(&s.vectors[..room * s.dim]);
+            pool.seen += s.seen;
+        }
+        Calibration { experts, layers }
+    }
+
+    /// The inputs to weight expert `(layer, expert)` with: its own when the text routed at least
+    /// `min` inputs to it, else its layer's.
+    pub fn inputs(&self, layer: u32, expert: u32, min: usize) -> Option<&Sample> {
+        match self.experts.get(&(layer, expert)) {
+            Some(s) if s.len() >= min => Some(s),
+            _ => self.layers.get(&layer).filter(|s| !s.is_empty()),
+        }
+    }
+
+    /// Experts with a sample of their own, and inputs sampled in all.
+    pub fn coverage(&self) -> (usize, u64) {
+        (self.experts.len(), self.experts.values().map(|s| s.seen).sum())
+    }
+}
+
+/// Runs `ids` through `model` in windows of `window` tokens (each from an empty state, as
+/// `k3-cli perplexity` scores), sampling up to `cap` inputs of every routed expert on every core.
+/// `progress(done, total)` after each window.
+pub fn collect(
+    model: &k3_format::Model,
+    ids: &[u32],
+    window: usize,
+    cap: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Calibration, crate::EngineError> {
+    let inputs = std::sync::Arc::new(ExpertInputs::new(cap));
+    let window = window.max(1);
+    let opts = crate::EngineOptions {
+        calibrate: Some(inputs.clone()),
+        context: window as u64,
+        chunk: window as u64,
+        ..crate::EngineOptions::default()
+    };
+    let engine = crate::Engine::load_with(model, opts)?;
+    for (i, w) in ids.chunks(window).enumerate() {
+        engine.forward_last(&mut engine.session(), w)?;
+        progress(((i + 1) * window).min(ids.len()), ids.len());
+    }
+    Ok(Calibration::new(inputs.take(), cap))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reservoir_keeps_the_cap_and_samples_the_whole_stream() {
+        let inputs = ExpertInputs::new(10);
+        let xs: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+        inputs.record((1, 2), &xs, 1);
+        let s = inputs.take().remove(&(1, 2)).unwrap();
+        assert_eq!((s.len(), s.seen), (10, 1000));
+        // Not just the first ten: a uniform sample of a 0..1000 stream has mean near 500.
+        let mean = s.vectors.iter().sum::<f32>() / 10.0;
+        assert!(mean > 150.0, "{:?}", s.vectors);
+        let cal = Calibration::new(HashMap::from([((1, 2), s)]), 100);
+        assert_eq!(cal.inputs(1, 2, 4).unwrap().len(), 10);
+        assert_eq!(cal.inputs(1, 5, 4).unwrap().len(), 3, "an unrouted expert falls back to its layer's pool");
+        assert!(cal.inputs(2, 0, 4).is_none());
+    }
+}

@@ -1,0 +1,72 @@
+//! Calibration: the trained default model reads text, every routed expert's inputs are sampled,
+//! and VQ3 experts encoded with them reproduce the experts' outputs on those inputs better than
+//! experts encoded for the plain weight error (the point of calibrating).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k3_engine::calibrate::collect;
+use k3_engine::convert::{ConvertOptions, ExpertFormat, convert};
+use k3_engine::tokenizer::Tokenizer;
+use k3_engine::weights::{Rotations, expert_matrix};
+use k3_format::Model;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+/// `sum ||W x - W' x||^2` over `xs`, matrix `w` of expert (layer, expert) in models `a` and `b`.
+fn output_error(a: &Model, b: &Model, layer: u32, expert: u32, w: &str, xs: &[f32], cols: usize) -> f64 {
+    let (ra, rb) = (Rotations::for_model(a), Rotations::for_model(b));
+    let (mut ba, mut bb) = (Vec::new(), Vec::new());
+    let (la, lb) = (a.expert(layer, expert).unwrap(), b.expert(layer, expert).unwrap());
+    a.read_expert(&la, &mut ba).unwrap();
+    b.read_expert(&lb, &mut bb).unwrap();
+    let (va, vb) = (la.parse(&ba, true).unwrap(), lb.parse(&bb, true).unwrap());
+    let ma = expert_matrix(w, va.matrix(w).unwrap(), &ra).unwrap();
+    let mb = expert_matrix(w, vb.matrix(w).unwrap(), &rb).unwrap();
+    let rows = ma.rows();
+    let (mut ya, mut yb) = (vec![0f32; rows], vec![0f32; rows]);
+    let mut err = 0f64;
+    for x in xs.chunks_exact(cols) {
+        ma.matvec(x, &mut ya);
+        mb.matvec(x, &mut yb);
+        err += ya.iter().zip(&yb).map(|(p, q)| f64::from(p - q).powi(2)).sum::<f64>();
+    }
+    err
+}
+
+#[test]
+fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
+    let source = fixtures().join("default.waste");
+    let model = Model::open(&source).unwrap();
+    let tok = Tokenizer::from_model(&model).unwrap().unwrap();
+    let text = std::fs::read_to_string(fixtures().join("default-model/heldout.txt")).unwrap();
+    let ids: Vec<u32> = tok.encode(&text).into_iter().take(2048).collect();
+    let cal = Arc::new(collect(&model, &ids, 256, 256, &mut |_, _| {}).unwrap());
+    let (experts, inputs) = cal.coverage();
+    assert!(experts > 0 && inputs >= 2048 * 4, "{experts} experts, {inputs} inputs");
+
+    let d = tempfile::tempdir().unwrap();
+    let plain = ConvertOptions { experts: ExpertFormat::Vq3, ..ConvertOptions::new(&source, d.path().join("plain")) };
+    convert(&plain, &mut |_| {}).unwrap();
+    let calibrated = ConvertOptions {
+        experts: ExpertFormat::Vq3,
+        calibration: Some(cal.clone()),
+        ..ConvertOptions::new(&source, d.path().join("calibrated"))
+    };
+    convert(&calibrated, &mut |_| {}).unwrap();
+    let (p, c) = (Model::open(d.path().join("plain")).unwrap(), Model::open(d.path().join("calibrated")).unwrap());
+
+    // w1's error on the inputs each expert saw, summed over the experts the text routed to.
+    let (mut err_plain, mut err_cal) = (0f64, 0f64);
+    for &layer in &model.manifest().architecture.moe_layers {
+        for e in 0..model.manifest().architecture.experts {
+            let Some(s) = cal.inputs(layer, e, 16) else { continue };
+            err_plain += output_error(&model, &p, layer, e, "w1", &s.vectors, s.dim);
+            err_cal += output_error(&model, &c, layer, e, "w1", &s.vectors, s.dim);
+        }
+    }
+    eprintln!("w1 output error on the calibration inputs: plain {err_plain:.4e}, calibrated {err_cal:.4e}");
+    assert!(err_cal < 0.9 * err_plain, "calibrated {err_cal} vs plain {err_plain}");
+}
