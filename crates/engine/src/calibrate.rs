@@ -28,11 +28,15 @@ impl Sample {
     }
 }
 
+/// Samples by (layer, expert).
+type Samples = HashMap<(u32, u32), Sample>;
+
 /// The sampled inputs of every routed expert, filled while the engine runs.
 #[derive(Debug)]
 pub struct ExpertInputs {
     cap: usize,
-    state: Mutex<(HashMap<(u32, u32), Sample>, XorShift)>,
+    /// The samples and the reservoir's random numbers.
+    state: Mutex<(Samples, XorShift)>,
 }
 
 impl ExpertInputs {
@@ -61,7 +65,7 @@ impl ExpertInputs {
     }
 
     /// The samples, by (layer, expert).
-    pub fn take(&self) -> HashMap<(u32, u32), Sample> {
+    pub fn take(&self) -> Samples {
         std::mem::take(&mut self.state.lock().expect("not poisoned").0)
     }
 }
@@ -70,13 +74,13 @@ impl ExpertInputs {
 /// the text never routed to.
 #[derive(Debug, Default)]
 pub struct Calibration {
-    experts: HashMap<(u32, u32), Sample>,
+    experts: Samples,
     layers: HashMap<u32, Sample>,
 }
 
 impl Calibration {
     /// From the samples of a run; each layer's pool takes up to `cap` inputs across its experts.
-    pub fn new(experts: HashMap<(u32, u32), Sample>, cap: usize) -> Self {
+    pub fn new(experts: Samples, cap: usize) -> Self {
         let mut layers: HashMap<u32, Sample> = HashMap::new();
         let mut keys: Vec<&(u32, u32)> = experts.keys().collect();
         keys.sort();
