@@ -2,6 +2,7 @@
 
 pub mod attn;
 pub mod decode;
+pub mod encode;
 pub mod io;
 pub mod kernels;
 pub mod serve;
@@ -94,6 +95,16 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// The VQ3 encoder on a K3-shaped expert matrix: core-seconds, error, and the full K3 and K2
+    /// conversions that rate implies per core count.
+    Encode {
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 3, value_parser = reps)]
+        reps: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every k3-quant kernel on K3's expert shapes, hot and cold, next to memory bandwidth; with
     /// --threads, trunk and expert matvecs split over 1..N threads against the bandwidth.
     Kernels {
@@ -132,6 +143,7 @@ pub fn run(what: Bench) -> Result<()> {
             (serve::run(&serve::Options { model, clients, tokens, reps, mem }, json)?, json)
         }
         Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
+        Bench::Encode { reps, json } => (encode::run(reps, json)?, json),
         Bench::Kernels { reps, threads: Some(n), json } => (threads::run(n, reps, json), json),
         Bench::Kernels { reps, threads: None, json } => (kernels::run(reps, json), json),
     };

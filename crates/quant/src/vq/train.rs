@@ -165,12 +165,49 @@ struct Beam {
     codes: [u16; MAX_STAGES],
 }
 
-/// Reusable memory of the beam search.
-#[derive(Debug, Default)]
+/// Reusable memory of the beam search, for one set of codebooks.
+#[derive(Debug)]
 pub struct Search {
     cand: Vec<(f32, u32, u32)>,
     beams: Vec<Beam>,
     next: Vec<Beam>,
+    /// The codebooks transposed, `[stage][dim][entry]`: a stage's distances to all entries are
+    /// then loops over contiguous entries (vectorized by the compiler).
+    soa: Vec<f32>,
+    dists: Vec<f32>,
+}
+
+impl Search {
+    /// Memory for searching `cb` (which must not change while this is used).
+    pub fn for_codebooks(cb: &Codebooks) -> Self {
+        let (s_n, e_n, d) = (cb.stages, cb.entries, cb.dim);
+        let mut soa = vec![0f32; s_n * d * e_n];
+        for s in 0..s_n {
+            for e in 0..e_n {
+                for (j, v) in cb.entry(s, e).iter().enumerate() {
+                    soa[(s * d + j) * e_n + e] = *v;
+                }
+            }
+        }
+        Search { cand: Vec::new(), beams: Vec::new(), next: Vec::new(), soa, dists: vec![0f32; e_n] }
+    }
+}
+
+/// `dists[e] = sum_j w_j (r_j - c_j)^2` over one stage's entries (`soa`: `[dim][entry]`), summed
+/// over `j` in order with the same operations as [`dist`], so the same bits.
+fn stage_dists(r: &[f32], w: Option<&[f32]>, soa: &[f32], dists: &mut [f32]) {
+    let e_n = dists.len();
+    dists.fill(0.0);
+    for (j, rj) in r.iter().enumerate() {
+        let col = &soa[j * e_n..(j + 1) * e_n];
+        match w {
+            None => dists.iter_mut().zip(col).for_each(|(acc, c)| *acc += (rj - c) * (rj - c)),
+            Some(w) => {
+                let wj = w[j];
+                dists.iter_mut().zip(col).for_each(|(acc, c)| *acc += wj * (rj - c) * (rj - c));
+            }
+        }
+    }
 }
 
 /// Beam search over the stages in order for one vector `v` (weights `w`), keeping the `beam` best
@@ -179,22 +216,30 @@ pub fn encode_vec(v: &[f32], w: Option<&[f32]>, cb: &Codebooks, beam: usize, sea
     let (s_n, d) = (cb.stages, cb.dim);
     assert!(d <= MAX_DIM && s_n <= MAX_STAGES, "encoder handles up to {MAX_DIM} dims and {MAX_STAGES} stages");
     let beam = beam.max(1);
-    let Search { cand, beams, next } = search;
+    let Search { cand, beams, next, soa, dists } = search;
+    debug_assert_eq!(soa.len(), s_n * d * cb.entries, "a Search is for its codebooks");
     let mut start = Beam { err: 0.0, res: [0.0; MAX_DIM], codes: [0; MAX_STAGES] };
     start.res[..d].copy_from_slice(v);
     beams.clear();
     beams.push(start);
     for s in 0..s_n {
         cand.clear();
+        let stage = &soa[s * d * cb.entries..(s + 1) * d * cb.entries];
         for (b, bm) in beams.iter().enumerate() {
-            for e in 0..cb.entries {
-                cand.push((dist(&bm.res[..d], cb.entry(s, e), w), b as u32, e as u32));
+            stage_dists(&bm.res[..d], w, stage, dists);
+            // Keep only the `beam` best as they come (a handful of comparisons per candidate).
+            for (e, &err) in dists.iter().enumerate() {
+                if cand.len() == beam && err >= cand[beam - 1].0 {
+                    continue;
+                }
+                let at = cand.partition_point(|c| c.0 <= err);
+                if cand.len() == beam {
+                    cand.pop();
+                }
+                cand.insert(at, (err, b as u32, e as u32));
             }
         }
         let keep = beam.min(cand.len());
-        if keep < cand.len() {
-            cand.select_nth_unstable_by(keep - 1, |a, b| a.0.total_cmp(&b.0));
-        }
         next.clear();
         for &(err, b, e) in &cand[..keep] {
             let mut nb = beams[b as usize];
@@ -215,9 +260,10 @@ pub fn encode_vec(v: &[f32], w: Option<&[f32]>, cb: &Codebooks, beam: usize, sea
 /// per vector.
 pub fn encode(data: Data<'_>, cb: &Codebooks, beam: usize, codes: &mut Vec<u16>) {
     codes.resize(data.len() * cb.stages, 0);
-    codes.par_chunks_exact_mut(cb.stages).enumerate().for_each_init(Search::default, |search, (i, out)| {
-        encode_vec(data.vec(i), data.weight(i), cb, beam, search, out)
-    });
+    codes.par_chunks_exact_mut(cb.stages).enumerate().for_each_init(
+        || Search::for_codebooks(cb),
+        |search, (i, out)| encode_vec(data.vec(i), data.weight(i), cb, beam, search, out),
+    );
 }
 
 /// Refits all codebooks jointly for fixed codes: per dimension, weighted least squares over the
@@ -386,7 +432,7 @@ pub fn gptq_encode(
     w.par_chunks_exact_mut(cols).zip(codes.par_chunks_exact_mut(chunks * s_n)).for_each(|(row, out)| {
         let mut q = vec![0f32; d];
         let mut one = vec![0u16; s_n];
-        let mut search = Search::default();
+        let mut search = Search::for_codebooks(cb);
         let mut e = vec![0f64; d];
         for k in 0..chunks {
             let c0 = k * d;
@@ -415,6 +461,37 @@ pub fn gptq_encode(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn codebooks(seed: u64) -> Codebooks {
+        let values = crate::rng::noise(2 * 16 * 4, seed, 1.0);
+        Codebooks { stages: 2, entries: 16, dim: 4, values }
+    }
+
+    /// The transposed distances are `dist`'s bits, and a beam as wide as the entries finds the
+    /// best of all 256 two-stage codes (an exhaustive reference).
+    #[test]
+    fn the_search_matches_exhaustive_search() {
+        let cb = codebooks(3);
+        let mut search = Search::for_codebooks(&cb);
+        let vs = crate::rng::noise(200 * 4, 4, 1.5);
+        let ws = crate::rng::noise(200 * 4, 5, 1.0).iter().map(|v| v.abs() + 0.1).collect::<Vec<f32>>();
+        let mut dists = vec![0f32; 16];
+        let mut out = [0u16; 2];
+        for (i, v) in vs.chunks_exact(4).enumerate() {
+            let w = &ws[i * 4..(i + 1) * 4];
+            stage_dists(v, Some(w), &search.soa[..64], &mut dists);
+            for e in 0..16 {
+                assert_eq!(dists[e].to_bits(), dist(v, cb.entry(0, e), Some(w)).to_bits());
+            }
+            encode_vec(v, Some(w), &cb, 16, &mut search, &mut out);
+            let err = |a: usize, b: usize| {
+                let r: Vec<f32> = (0..4).map(|j| v[j] - cb.entry(0, a)[j] - cb.entry(1, b)[j]).collect();
+                dist(&r, &[0.0; 4], Some(w))
+            };
+            let best = (0..256).map(|c| err(c / 16, c % 16)).fold(f32::INFINITY, f32::min);
+            assert!(err(out[0] as usize, out[1] as usize) <= best * (1.0 + 1e-5) + 1e-7, "vector {i}");
+        }
+    }
 
     #[test]
     fn gptq_factor_inverts_the_damped_matrix() {

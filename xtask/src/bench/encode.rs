@@ -1,0 +1,80 @@
+//! `cargo xtask bench encode`: the VQ3 encoder on one K3-shaped expert matrix (3072 x 3584,
+//! weights on MXFP4's grid, as K3's experts arrive), in core-seconds (a one-thread pool), with the
+//! encoding's relative weight error, and the full-model conversions that rate implies.
+
+use k3_quant::mxfp4;
+use k3_quant::rng::noise;
+use k3_quant::vq::{self, Codec, EncodeOptions};
+use serde_json::{Value, json};
+
+use super::{median, time};
+
+const ROWS: usize = 3072;
+const COLS: usize = 3584;
+/// K3: 82,432 routed experts (92 MoE layers x 896), K2: 23,040 (60 x 384); three matrices each.
+const K3_MATRICES: f64 = 82_432.0 * 3.0;
+const K2_MATRICES: f64 = 23_040.0 * 3.0;
+/// A K2 expert matrix (2048 x 7168) against the K3 one measured.
+const K2_SIZE: f64 = (2048.0 * 7168.0) / (ROWS as f64 * COLS as f64);
+
+/// Gaussian weights of about K3's scale, rounded to the MXFP4 grid.
+fn k3_like() -> Vec<f32> {
+    let w: Vec<f32> = noise(ROWS * COLS, 11, 0.02);
+    let (packed, scale) = mxfp4::quantize(&w, COLS);
+    let mut out = vec![0f32; ROWS * COLS];
+    for (r, o) in out.chunks_exact_mut(COLS).enumerate() {
+        mxfp4::decode_row(&packed[r * COLS / 2..][..COLS / 2], &scale[r * COLS / 32..][..COLS / 32], o);
+    }
+    out
+}
+
+fn rel_error(w: &[f32], m: &vq::VqMatrix) -> f64 {
+    let d = m.decode();
+    let num: f64 = w.iter().zip(&d).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+    let den: f64 = w.iter().map(|a| f64::from(*a).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+pub fn run(reps: usize, json: bool) -> anyhow::Result<Value> {
+    let w = k3_like();
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
+    let mut secs = Vec::new();
+    let mut err = 0.0;
+    for rep in 0..reps {
+        if !json {
+            eprintln!("  rep {rep}");
+        }
+        let mut m = None;
+        secs.push(time(|| m = Some(one.install(|| vq::encode(Codec::FastScan, &w, COLS, &EncodeOptions::default())))));
+        err = rel_error(&w, &m.expect("ran").map_err(anyhow::Error::msg)?);
+    }
+    let t = median(secs);
+    let project = |matrices: f64, size: f64, cores: f64| matrices * size * t / cores / 3600.0;
+    let cores = [2.0, 8.0, 16.0, 64.0];
+    let report = json!({
+        "matrix": format!("{ROWS}x{COLS}"),
+        "codec": Codec::FastScan.name(),
+        "core_seconds": t,
+        "relative_weight_error": err,
+        "hours": cores.iter().map(|&c| json!({
+            "cores": c, "k3": project(K3_MATRICES, 1.0, c), "k2": project(K2_MATRICES, K2_SIZE, c),
+        })).collect::<Vec<Value>>(),
+    });
+    if json {
+        return Ok(report);
+    }
+    let mut out = format!(
+        "VQ3 ({}) encode of one {ROWS}x{COLS} matrix: {t:.2} core-seconds (median of {reps}), relative weight error {err:.4}\n",
+        Codec::FastScan.name()
+    );
+    out.push_str("full conversion, hours:   cores      K3 (247,296 matrices)   K2 (69,120 matrices)\n");
+    for c in cores {
+        out.push_str(&format!(
+            "                         {c:>5}      {:>10.1}              {:>10.1}\n",
+            project(K3_MATRICES, 1.0, c),
+            project(K2_MATRICES, K2_SIZE, c)
+        ));
+    }
+    print!("{out}");
+    Ok(report)
+}
