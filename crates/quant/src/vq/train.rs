@@ -480,8 +480,8 @@ mod tests {
         for (i, v) in vs.chunks_exact(4).enumerate() {
             let w = &ws[i * 4..(i + 1) * 4];
             stage_dists(v, Some(w), &search.soa[..64], &mut dists);
-            for e in 0..16 {
-                assert_eq!(dists[e].to_bits(), dist(v, cb.entry(0, e), Some(w)).to_bits());
+            for (e, got) in dists.iter().enumerate() {
+                assert_eq!(got.to_bits(), dist(v, cb.entry(0, e), Some(w)).to_bits());
             }
             encode_vec(v, Some(w), &cb, 16, &mut search, &mut out);
             let err = |a: usize, b: usize| {
