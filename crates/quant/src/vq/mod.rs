@@ -218,7 +218,6 @@ pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Res
         train::refit(data, &codes, &mut cb);
         train::encode(data, &cb, opts.beam.max(1), &mut codes);
     }
-    let chunks = cols / d;
     if let (true, Some(xs)) = (opts.gptq, &opts.calibration) {
         let mut h = second_moment(xs, cols, rotation.as_ref());
         if let Some(u) = train::gptq_factor(&mut h, cols, 0.01) {
@@ -234,16 +233,31 @@ pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Res
             return Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation));
         }
     }
-    // Refit each row's scale by (weighted) least squares against its reconstruction.
+    refit_scales(&mut scale, &work, &codes, &cb, importance.as_deref(), cols);
+    Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation))
+}
+
+/// Refits each row's scale by (importance-weighted) least squares of its reconstruction against
+/// `target` (the normalized rows).
+fn refit_scales(
+    scale: &mut [f32],
+    target: &[f32],
+    codes: &[u16],
+    cb: &train::Codebooks,
+    importance: Option<&[f32]>,
+    cols: usize,
+) {
+    let (d, s_n) = (cb.dim, cb.stages);
+    let chunks = cols / d;
     let mut rec = vec![0f32; d];
     for (r, s) in scale.iter_mut().enumerate() {
         let (mut num, mut den) = (0f64, 0f64);
         for k in 0..chunks {
             let i = r * chunks + k;
-            train::reconstruct(&cb, &codes[i * s_n..][..s_n], &mut rec);
+            train::reconstruct(cb, &codes[i * s_n..][..s_n], &mut rec);
             for j in 0..d {
-                let imp = importance.as_ref().map_or(1.0, |m| f64::from(m[k * d + j]));
-                num += imp * f64::from(work[i * d + j]) * f64::from(rec[j]);
+                let imp = importance.map_or(1.0, |m| f64::from(m[k * d + j]));
+                num += imp * f64::from(target[i * d + j]) * f64::from(rec[j]);
                 den += imp * f64::from(rec[j]) * f64::from(rec[j]);
             }
         }
@@ -251,7 +265,6 @@ pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Res
             *s *= (num / den) as f32;
         }
     }
-    Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation))
 }
 
 /// `E[x x^T]` of the calibration vectors in the rotated basis, `cols x cols` f64.
