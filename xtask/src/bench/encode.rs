@@ -35,7 +35,7 @@ fn rel_error(w: &[f32], m: &vq::VqMatrix) -> f64 {
     (num / den).sqrt()
 }
 
-pub fn run(reps: usize, json: bool) -> anyhow::Result<Value> {
+pub fn run(reps: usize, opts: &EncodeOptions, json: bool) -> anyhow::Result<Value> {
     let w = k3_like();
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
     let mut secs = Vec::new();
@@ -45,7 +45,7 @@ pub fn run(reps: usize, json: bool) -> anyhow::Result<Value> {
             eprintln!("  rep {rep}");
         }
         let mut m = None;
-        secs.push(time(|| m = Some(one.install(|| vq::encode(Codec::FastScan, &w, COLS, &EncodeOptions::default())))));
+        secs.push(time(|| m = Some(one.install(|| vq::encode(Codec::FastScan, &w, COLS, opts)))));
         err = rel_error(&w, &m.expect("ran").map_err(anyhow::Error::msg)?);
     }
     let t = median(secs);
@@ -54,6 +54,7 @@ pub fn run(reps: usize, json: bool) -> anyhow::Result<Value> {
     let report = json!({
         "matrix": format!("{ROWS}x{COLS}"),
         "codec": Codec::FastScan.name(),
+        "beam": opts.beam, "refine_rounds": opts.refine_rounds, "kmeans_iters": opts.kmeans_iters,
         "core_seconds": t,
         "relative_weight_error": err,
         "hours": cores.iter().map(|&c| json!({
@@ -64,8 +65,12 @@ pub fn run(reps: usize, json: bool) -> anyhow::Result<Value> {
         return Ok(report);
     }
     let mut out = format!(
-        "VQ3 ({}) encode of one {ROWS}x{COLS} matrix: {t:.2} core-seconds (median of {reps}), relative weight error {err:.4}\n",
-        Codec::FastScan.name()
+        "VQ3 ({}, beam {}, {} refinement rounds, {} k-means iterations) encode of one {ROWS}x{COLS} matrix: \
+         {t:.2} core-seconds (median of {reps}), relative weight error {err:.4}\n",
+        Codec::FastScan.name(),
+        opts.beam,
+        opts.refine_rounds,
+        opts.kmeans_iters
     );
     out.push_str("full conversion, hours:   cores      K3 (247,296 matrices)   K2 (69,120 matrices)\n");
     for c in cores {

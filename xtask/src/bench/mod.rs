@@ -101,6 +101,15 @@ pub enum Bench {
         /// Repetitions (medians are reported).
         #[arg(long, default_value_t = 3, value_parser = reps)]
         reps: usize,
+        /// Beam width of the code search [default: the converter's].
+        #[arg(long, value_parser = |s: &str| bounded(s, 1, 256))]
+        beam: Option<usize>,
+        /// Rounds of re-encoding and codebook refitting [default: the converter's].
+        #[arg(long, value_parser = |s: &str| bounded(s, 0, 64))]
+        refine: Option<usize>,
+        /// k-means iterations per stage [default: the converter's].
+        #[arg(long, value_parser = |s: &str| bounded(s, 1, 1000))]
+        kmeans_iters: Option<usize>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -143,7 +152,16 @@ pub fn run(what: Bench) -> Result<()> {
             (serve::run(&serve::Options { model, clients, tokens, reps, mem }, json)?, json)
         }
         Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
-        Bench::Encode { reps, json } => (encode::run(reps, json)?, json),
+        Bench::Encode { reps, beam, refine, kmeans_iters, json } => {
+            let d = k3_quant::vq::EncodeOptions::default();
+            let opts = k3_quant::vq::EncodeOptions {
+                beam: beam.unwrap_or(d.beam),
+                refine_rounds: refine.unwrap_or(d.refine_rounds),
+                kmeans_iters: kmeans_iters.unwrap_or(d.kmeans_iters),
+                ..d
+            };
+            (encode::run(reps, &opts, json)?, json)
+        }
         Bench::Kernels { reps, threads: Some(n), json } => (threads::run(n, reps, json), json),
         Bench::Kernels { reps, threads: None, json } => (kernels::run(reps, json), json),
     };
