@@ -165,12 +165,16 @@ struct Beam {
     codes: [u16; MAX_STAGES],
 }
 
+/// The widest beam searched (wider requests are narrowed to it).
+pub const MAX_BEAM: usize = 64;
+
 /// Reusable memory of the beam search, for one set of codebooks.
 #[derive(Debug)]
 pub struct Search {
-    cand: Vec<(f32, u32, u32)>,
-    beams: Vec<Beam>,
-    next: Vec<Beam>,
+    /// The best candidates of a stage so far, best first: (error, beam, entry).
+    cand: [(f32, u32, u32); MAX_BEAM],
+    beams: [Beam; MAX_BEAM],
+    next: [Beam; MAX_BEAM],
     /// The codebooks transposed, `[stage][dim][entry]`: a stage's distances to all entries are
     /// then loops over contiguous entries (vectorized by the compiler).
     soa: Vec<f32>,
@@ -189,17 +193,42 @@ impl Search {
                 }
             }
         }
-        Search { cand: Vec::new(), beams: Vec::new(), next: Vec::new(), soa, dists: vec![0f32; e_n] }
+        let empty = Beam { err: 0.0, res: [0.0; MAX_DIM], codes: [0; MAX_STAGES] };
+        Search {
+            cand: [(0.0, 0, 0); MAX_BEAM],
+            beams: [empty; MAX_BEAM],
+            next: [empty; MAX_BEAM],
+            soa,
+            dists: vec![0f32; e_n],
+        }
     }
 }
 
 /// `dists[e] = sum_j w_j (r_j - c_j)^2` over one stage's entries (`soa`: `[dim][entry]`), summed
 /// over `j` in order with the same operations as [`dist`], so the same bits.
 fn stage_dists(r: &[f32], w: Option<&[f32]>, soa: &[f32], dists: &mut [f32]) {
+    // The fast-scan codec's 16 entries as a fixed-size array: the compiler keeps them in registers.
+    if let Ok(d16) = <&mut [f32; 16]>::try_from(&mut *dists) {
+        return stage_dists_n(r, w, soa, d16);
+    }
     let e_n = dists.len();
     dists.fill(0.0);
     for (j, rj) in r.iter().enumerate() {
         let col = &soa[j * e_n..(j + 1) * e_n];
+        match w {
+            None => dists.iter_mut().zip(col).for_each(|(acc, c)| *acc += (rj - c) * (rj - c)),
+            Some(w) => {
+                let wj = w[j];
+                dists.iter_mut().zip(col).for_each(|(acc, c)| *acc += wj * (rj - c) * (rj - c));
+            }
+        }
+    }
+}
+
+fn stage_dists_n<const N: usize>(r: &[f32], w: Option<&[f32]>, soa: &[f32], dists: &mut [f32; N]) {
+    *dists = [0.0; N];
+    for (j, rj) in r.iter().enumerate() {
+        let col: &[f32; N] = soa[j * N..(j + 1) * N].try_into().expect("N entries");
         match w {
             None => dists.iter_mut().zip(col).for_each(|(acc, c)| *acc += (rj - c) * (rj - c)),
             Some(w) => {
@@ -215,44 +244,46 @@ fn stage_dists(r: &[f32], w: Option<&[f32]>, soa: &[f32], dists: &mut [f32]) {
 pub fn encode_vec(v: &[f32], w: Option<&[f32]>, cb: &Codebooks, beam: usize, search: &mut Search, out: &mut [u16]) {
     let (s_n, d) = (cb.stages, cb.dim);
     assert!(d <= MAX_DIM && s_n <= MAX_STAGES, "encoder handles up to {MAX_DIM} dims and {MAX_STAGES} stages");
-    let beam = beam.max(1);
+    let beam = beam.clamp(1, MAX_BEAM);
     let Search { cand, beams, next, soa, dists } = search;
     debug_assert_eq!(soa.len(), s_n * d * cb.entries, "a Search is for its codebooks");
-    let mut start = Beam { err: 0.0, res: [0.0; MAX_DIM], codes: [0; MAX_STAGES] };
-    start.res[..d].copy_from_slice(v);
-    beams.clear();
-    beams.push(start);
+    beams[0] = Beam { err: 0.0, res: [0.0; MAX_DIM], codes: [0; MAX_STAGES] };
+    beams[0].res[..d].copy_from_slice(v);
+    let mut live = 1;
     for s in 0..s_n {
-        cand.clear();
         let stage = &soa[s * d * cb.entries..(s + 1) * d * cb.entries];
-        for (b, bm) in beams.iter().enumerate() {
+        // The `beam` best candidates as they come, best first; equal errors keep their order.
+        let mut n = 0;
+        for (b, bm) in beams[..live].iter().enumerate() {
             stage_dists(&bm.res[..d], w, stage, dists);
-            // Keep only the `beam` best as they come (a handful of comparisons per candidate).
             for (e, &err) in dists.iter().enumerate() {
-                if cand.len() == beam && err >= cand[beam - 1].0 {
-                    continue;
+                if n == beam {
+                    if err >= cand[beam - 1].0 {
+                        continue;
+                    }
+                    n -= 1;
                 }
-                let at = cand.partition_point(|c| c.0 <= err);
-                if cand.len() == beam {
-                    cand.pop();
+                let mut i = n;
+                while i > 0 && cand[i - 1].0 > err {
+                    cand[i] = cand[i - 1];
+                    i -= 1;
                 }
-                cand.insert(at, (err, b as u32, e as u32));
+                cand[i] = (err, b as u32, e as u32);
+                n += 1;
             }
         }
-        let keep = beam.min(cand.len());
-        next.clear();
-        for &(err, b, e) in &cand[..keep] {
-            let mut nb = beams[b as usize];
-            for (r, c) in nb.res[..d].iter_mut().zip(cb.entry(s, e as usize)) {
+        for (slot, &(err, b, e)) in next.iter_mut().zip(&cand[..n]) {
+            *slot = beams[b as usize];
+            for (r, c) in slot.res[..d].iter_mut().zip(cb.entry(s, e as usize)) {
                 *r -= c;
             }
-            nb.codes[s] = e as u16;
-            nb.err = err;
-            next.push(nb);
+            slot.codes[s] = e as u16;
+            slot.err = err;
         }
+        live = n;
         std::mem::swap(beams, next);
     }
-    let best = beams.iter().min_by(|a, b| a.err.total_cmp(&b.err)).expect("beam is never empty");
+    let best = beams[..live].iter().min_by(|a, b| a.err.total_cmp(&b.err)).expect("beam is never empty");
     out.copy_from_slice(&best.codes[..s_n]);
 }
 
