@@ -250,7 +250,7 @@ pub fn encode_vec(v: &[f32], w: Option<&[f32]>, cb: &Codebooks, beam: usize, sea
     beams[0] = Beam { err: 0.0, res: [0.0; MAX_DIM], codes: [0; MAX_STAGES] };
     beams[0].res[..d].copy_from_slice(v);
     let mut live = 1;
-    for s in 0..s_n {
+    for s in 0..s_n - 1 {
         let stage = &soa[s * d * cb.entries..(s + 1) * d * cb.entries];
         // The `beam` best candidates as they come, best first; equal errors keep their order.
         let mut n = 0;
@@ -283,8 +283,20 @@ pub fn encode_vec(v: &[f32], w: Option<&[f32]>, cb: &Codebooks, beam: usize, sea
         live = n;
         std::mem::swap(beams, next);
     }
-    let best = beams[..live].iter().min_by(|a, b| a.err.total_cmp(&b.err)).expect("beam is never empty");
-    out.copy_from_slice(&best.codes[..s_n]);
+    // The last stage needs only the best candidate over every beam (the first of equals).
+    let s = s_n - 1;
+    let stage = &soa[s * d * cb.entries..(s + 1) * d * cb.entries];
+    let (mut best, mut at) = (f32::INFINITY, (0, 0));
+    for (b, bm) in beams[..live].iter().enumerate() {
+        stage_dists(&bm.res[..d], w, stage, dists);
+        for (e, &err) in dists.iter().enumerate() {
+            if err < best {
+                (best, at) = (err, (b, e));
+            }
+        }
+    }
+    out.copy_from_slice(&beams[at.0].codes[..s_n]);
+    out[s] = at.1 as u16;
 }
 
 /// Encodes every vector of `data` with [`encode_vec`], in parallel. `codes` gets `stages` entries
