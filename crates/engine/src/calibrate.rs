@@ -31,25 +31,28 @@ impl Sample {
 /// Samples by (layer, expert).
 type Samples = HashMap<(u32, u32), Sample>;
 
-/// The sampled inputs of every routed expert, filled while the engine runs.
+/// The sampled inputs of every routed expert, filled while the engine runs. Each expert's
+/// reservoir draws from its own seeded generator, so its sample depends only on its own inputs
+/// (not on the order workers finish in): a calibration run is repeatable.
 #[derive(Debug)]
 pub struct ExpertInputs {
     cap: usize,
-    /// The samples and the reservoir's random numbers.
-    state: Mutex<(Samples, XorShift)>,
+    state: Mutex<HashMap<(u32, u32), (Sample, XorShift)>>,
 }
 
 impl ExpertInputs {
     /// Keeps up to `cap` inputs per expert.
     pub fn new(cap: usize) -> Self {
-        ExpertInputs { cap: cap.max(1), state: Mutex::new((HashMap::new(), XorShift::new(0xCA11B))) }
+        ExpertInputs { cap: cap.max(1), state: Mutex::new(HashMap::new()) }
     }
 
     /// `xs` (`[n, dim]`): inputs expert `key` (layer, expert) was applied to.
     pub fn record(&self, key: (u32, u32), xs: &[f32], dim: usize) {
-        let mut guard = self.state.lock().expect("not poisoned");
-        let (map, rng) = &mut *guard;
-        let s = map.entry(key).or_insert_with(|| Sample { dim, vectors: Vec::new(), seen: 0 });
+        let mut map = self.state.lock().expect("not poisoned");
+        let (s, rng) = map.entry(key).or_insert_with(|| {
+            let seed = 0xCA11B ^ (u64::from(key.0) << 32 | u64::from(key.1));
+            (Sample { dim, vectors: Vec::new(), seen: 0 }, XorShift::new(seed))
+        });
         for x in xs.chunks_exact(dim) {
             s.seen += 1;
             if s.len() < self.cap {
@@ -66,7 +69,7 @@ impl ExpertInputs {
 
     /// The samples, by (layer, expert).
     pub fn take(&self) -> Samples {
-        std::mem::take(&mut self.state.lock().expect("not poisoned").0)
+        std::mem::take(&mut *self.state.lock().expect("not poisoned")).into_iter().map(|(k, (s, _))| (k, s)).collect()
     }
 }
 

@@ -72,6 +72,74 @@ pub fn perplexity(
     Ok(out)
 }
 
+/// How closely a model's predictions follow a reference model's over a text.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Agreement {
+    /// Positions compared (each window's, but its last).
+    pub positions: usize,
+    /// Positions where both models' most likely next token is the same.
+    pub top1: usize,
+    /// Summed `KL(reference || model)` of the next-token distributions, nats.
+    pub kl: f64,
+}
+
+impl Agreement {
+    pub fn top1_rate(&self) -> f64 {
+        self.top1 as f64 / self.positions.max(1) as f64
+    }
+
+    pub fn mean_kl(&self) -> f64 {
+        self.kl / self.positions.max(1) as f64
+    }
+}
+
+/// Runs `ids` through `model` and `reference` in the same windows as [`perplexity`] and compares
+/// their next-token distributions at every scored position.
+pub fn agreement(
+    model: &Engine<'_>,
+    reference: &Engine<'_>,
+    ids: &[u32],
+    window: usize,
+    chunk: usize,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Agreement, EngineError> {
+    let v = model.vocab();
+    if reference.vocab() != v {
+        return Err(EngineError::Input(format!(
+            "the reference model has a vocabulary of {}, this one {v}: not comparable",
+            reference.vocab()
+        )));
+    }
+    let mut out = Agreement::default();
+    for (i, w) in ids.chunks(window.max(2)).filter(|w| w.len() >= 2).enumerate() {
+        let (mut sm, mut sr) = (model.session(), reference.session());
+        for (ci, c) in w.chunks(chunk.max(1)).enumerate() {
+            let (lm, lr) = (model.forward(&mut sm, c, None)?, reference.forward(&mut sr, c, None)?);
+            let first = ci * chunk.max(1);
+            // The window's last position predicts past it: not scored.
+            let rows = c.len().min(w.len() - 1 - first.min(w.len() - 1));
+            for (q, p) in lm.chunks_exact(v).zip(lr.chunks_exact(v)).take(rows) {
+                let (lq, lp) = (log_softmax(q), log_softmax(p));
+                out.kl += lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
+                out.top1 += usize::from(argmax(q) == argmax(p));
+                out.positions += 1;
+            }
+        }
+        progress(i + 1);
+    }
+    Ok(out)
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = f64::from(row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)));
+    let lse = row.iter().map(|&x| (f64::from(x) - max).exp()).sum::<f64>().ln() + max;
+    row.iter().map(|&x| f64::from(x) - lse).collect()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold(0, |b, (i, v)| if *v > row[b] { i } else { b })
+}
+
 /// `log softmax(row)[i]` in f64 (the max subtracted first, so no overflow).
 fn log_softmax_at(row: &[f32], i: usize) -> f64 {
     let max = f64::from(row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)));
@@ -82,6 +150,22 @@ fn log_softmax_at(row: &[f32], i: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kl_of_a_distribution_with_itself_is_zero_and_positive_otherwise() {
+        let (p, q) = ([1.0f32, 2.0, 3.0], [3.0f32, 2.0, 1.0]);
+        let kl = |a: &[f32], b: &[f32]| {
+            let (la, lb) = (log_softmax(a), log_softmax(b));
+            la.iter().zip(&lb).map(|(x, y)| x.exp() * (x - y)).sum::<f64>()
+        };
+        assert!(kl(&p, &p).abs() < 1e-12);
+        // By hand: p = softmax(1,2,3); KL(p || reverse(p)) = sum p_i (log p_i - log p_(2-i)).
+        let z: f64 = [1f64, 2.0, 3.0].iter().map(|x| x.exp()).sum();
+        let pr: Vec<f64> = [1f64, 2.0, 3.0].iter().map(|x| x.exp() / z).collect();
+        let want: f64 = (0..3).map(|i| pr[i] * (pr[i].ln() - pr[2 - i].ln())).sum();
+        assert!((kl(&p, &q) - want).abs() < 1e-12);
+        assert_eq!((argmax(&p), argmax(&q)), (2, 0));
+    }
 
     #[test]
     fn log_softmax_matches_the_definition() {

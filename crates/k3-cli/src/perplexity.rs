@@ -21,6 +21,10 @@ pub struct PerplexityArgs {
     /// Tokens per forward call (prefill chunk).
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     chunk: u32,
+    /// Also compare with this model's predictions (the same text and windows): how often both
+    /// models' most likely next token agree, and the mean KL divergence from it.
+    #[arg(long, value_name = "MODEL")]
+    against: Option<PathBuf>,
     /// Print one JSON object instead of a line.
     #[arg(long)]
     json: bool,
@@ -49,6 +53,17 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
     pb.finish_and_clear();
     a.engine.report(&engine, &r.stats, None)?;
     let window_nll: Vec<f64> = r.windows.iter().map(|w| w.nll).collect();
+    let agreement = match &a.against {
+        Some(reference) => {
+            let rm = open_model(reference, &a.engine.shard_dirs)?;
+            let re = a.engine.load(&rm, reference, Needs::exact(context, chunk))?;
+            let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
+            let g = k3_engine::eval::agreement(&engine, &re, &ids, window, chunk, &mut |d| pb.set_position(d as u64))?;
+            pb.finish_and_clear();
+            Some(g)
+        }
+        None => None,
+    };
     if a.json {
         println!(
             "{}",
@@ -56,6 +71,9 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
                 "perplexity": r.perplexity(), "mean_nll": r.mean_nll(), "tokens": ids.len(),
                 "scored_tokens": r.scored(), "window": window, "windows": r.windows.len(),
                 "window_nll": window_nll, "seconds": seconds, "tok_per_s": ids.len() as f64 / seconds,
+                "against": agreement.map(|g| serde_json::json!({
+                    "positions": g.positions, "top1_agreement": g.top1_rate(), "mean_kl": g.mean_kl(),
+                })),
             })
         );
     } else {
@@ -67,6 +85,14 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
             r.windows.len(),
             ids.len() as f64 / seconds
         );
+        if let Some(g) = agreement {
+            println!(
+                "against the reference: top-1 agreement {:.4}, mean KL {:.5} nats over {} positions",
+                g.top1_rate(),
+                g.mean_kl(),
+                g.positions
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

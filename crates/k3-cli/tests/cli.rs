@@ -303,6 +303,14 @@ fn perplexity_scores_text_and_refuses_too_little() {
     assert_eq!(scored, tokens - 1);
     let ppl = v["perplexity"].as_f64().unwrap();
     assert!(ppl > 1.0 && ppl < 50.0, "a uniform guess over 4,096 tokens would be 4096: {v}");
+    // Against itself: every top token agrees and the divergence is nothing.
+    let m = fixture("default.waste");
+    let (ok, out, err) = k3_stdin(&["perplexity", "--json", "--window", "64", "--against", m.to_str().unwrap()], verse);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["against"]["top1_agreement"].as_f64(), Some(1.0), "{v}");
+    assert!(v["against"]["mean_kl"].as_f64().unwrap().abs() < 1e-9, "{v}");
+    assert_eq!(v["against"]["positions"].as_u64(), Some(scored), "{v}");
     let (ok, _, err) = k3_stdin(&["perplexity"], "a");
     assert!(!ok);
     assert!(err.contains("too short"), "{err}");
