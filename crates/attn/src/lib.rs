@@ -13,6 +13,7 @@
 pub mod kda;
 pub mod mla;
 mod ops;
+pub mod rope;
 mod state_io;
 
 pub use kda::{Kda, KdaConfig, KdaGate, KdaRun, KdaSeq, KdaState, KdaTape, KdaWeights, OutputGate};
