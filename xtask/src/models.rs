@@ -57,8 +57,9 @@ pub struct ConvertArgs {
     /// Stripe the shards over these directories (one per drive; created if missing); repeat the flag.
     #[arg(long = "shard-dir")]
     pub shard_dirs: Vec<PathBuf>,
-    /// Calibrate VQ experts on this text: the source model (a WASTE model) reads it, each expert's
-    /// inputs are sampled, and its matrices are encoded to minimize the error on them.
+    /// Calibrate VQ experts on this text: the source model reads it (a checkpoint is converted as
+    /// stored first, beside the output), each expert's inputs are sampled, and its matrices are
+    /// encoded to minimize the error on them.
     #[arg(long)]
     pub calibrate: Option<PathBuf>,
     /// Tokens of the calibration text to run (in 256-token windows).
@@ -214,13 +215,22 @@ fn calibrate(args: &ConvertArgs, text: &Path) -> Result<k3_engine::calibrate::Ca
     if !matches!(args.experts, Experts::Vq3) {
         bail!("--calibrate weights VQ encodings: use it with --experts vq3");
     }
-    let model = k3_format::Model::open(&args.hf).with_context(|| {
-        format!(
-            "--calibrate runs the source model: {} must be a WASTE model (convert the checkpoint as stored first, \
-             then re-encode it with --from)",
-            args.hf.display()
-        )
-    })?;
+    // The engine runs WASTE models: a checkpoint is converted as stored first, into a scratch
+    // directory beside the output (removed afterwards).
+    let scratch;
+    let source = if args.hf.join(k3_format::HEADER_FILE).exists() {
+        args.hf.clone()
+    } else {
+        let parent = args.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        scratch =
+            tempfile::tempdir_in(parent).with_context(|| format!("a scratch directory in {}", parent.display()))?;
+        let as_stored = scratch.path().join("as-stored");
+        println!("calibration runs the model: converting {} as stored first", args.hf.display());
+        run_convert(&ConvertOptions::new(&args.hf, &as_stored), &mut |_| {})?;
+        as_stored
+    };
+    let model = k3_format::Model::open(&source)?;
     let tok = k3_engine::tokenizer::Tokenizer::from_model(&model)
         .with_context(|| format!("{} embeds no tokenizer to read the calibration text with", args.hf.display()))??;
     let words = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
