@@ -32,8 +32,8 @@ use crate::state_io;
 /// Positions within a block of the online softmax.
 const BLOCK: usize = 32;
 
-use crate::rope::RopeTable;
 pub use crate::rope::{Rope, Yarn};
+use crate::rope::{RopeTable, rotate};
 
 /// How positions enter attention: none (Kimi K3, Kimi-Linear) or RoPE (DeepSeek-V3, Kimi K2).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -252,6 +252,8 @@ impl<'a> Mla<'a> {
         let mut rows: Vec<(usize, usize)> = Vec::with_capacity(n);
         let mut normed = vec![0f32; l];
         let mut entries = ckv.chunks_exact(l + r);
+        // With RoPE: each row's (cos, sin) per pair, shared by its key and its heads' queries.
+        let mut turns: Vec<(f32, f32)> = Vec::new();
         for (i, seq) in seqs.iter_mut().enumerate() {
             for (_, row) in (0..seq.rows).zip(entries.by_ref()) {
                 rms_norm(&row[..l], &self.w.kv_a_norm, cfg.lowrank_eps, &mut normed);
@@ -259,17 +261,19 @@ impl<'a> Mla<'a> {
                 let at = seq.cache.kext.len();
                 seq.cache.kext.extend_from_slice(&row[l..]);
                 if let Some(rope) = &self.rope {
-                    rope.rotate(&mut seq.cache.kext[at..], seq.cache.len);
+                    let from = turns.len();
+                    rope.turns(seq.cache.len, &mut turns);
+                    rotate(&mut seq.cache.kext[at..], &turns[from..]);
                 }
                 seq.cache.len += 1;
                 rows.push((i, seq.cache.len));
             }
         }
-        if let Some(rope) = &self.rope {
-            let qh = cfg.nope + r;
+        if self.rope.is_some() {
+            let (qh, half) = (cfg.nope + r, r / 2);
             for (t, qt) in q.chunks_exact_mut(h * qh).enumerate() {
                 for head in qt.chunks_exact_mut(qh) {
-                    rope.rotate(&mut head[cfg.nope..], rows[t].1 - 1);
+                    rotate(&mut head[cfg.nope..], &turns[t * half..(t + 1) * half]);
                 }
             }
         }

@@ -77,14 +77,21 @@ impl RopeTable {
         RopeTable { inv_freq, attention_factor, softmax_factor }
     }
 
-    /// Turns interleaved pairs of `v` by position `pos`.
-    pub(crate) fn rotate(&self, v: &mut [f32], pos: usize) {
-        for (pair, f) in v.chunks_exact_mut(2).zip(&self.inv_freq) {
+    /// Each pair's `(cos, sin)` at position `pos`, scaled by the attention factor, appended to
+    /// `out`: computed once per position for its key and every head's query.
+    pub(crate) fn turns(&self, pos: usize, out: &mut Vec<(f32, f32)>) {
+        out.extend(self.inv_freq.iter().map(|f| {
             let (sin, cos) = (pos as f64 * f).sin_cos();
-            let (c, s) = ((cos * self.attention_factor) as f32, (sin * self.attention_factor) as f32);
-            let (a, b) = (pair[0], pair[1]);
-            pair[0] = a * c - b * s;
-            pair[1] = b * c + a * s;
-        }
+            ((cos * self.attention_factor) as f32, (sin * self.attention_factor) as f32)
+        }));
+    }
+}
+
+/// Turns interleaved pairs of `v` by `turns` (from [`RopeTable::turns`]).
+pub(crate) fn rotate(v: &mut [f32], turns: &[(f32, f32)]) {
+    for (pair, &(c, s)) in v.chunks_exact_mut(2).zip(turns) {
+        let (a, b) = (pair[0], pair[1]);
+        pair[0] = a * c - b * s;
+        pair[1] = b * c + a * s;
     }
 }
