@@ -19,7 +19,7 @@ fn read_as(tok: &Tokenizer, reply: &str, family: Family) -> Vec<Piece> {
     let ids = tok.encode_with_specials(reply);
     let pieces = ids.iter().flat_map(|&id| {
         let raw = if tok.special_name(id).is_some() { Vec::new() } else { tok.decode_bytes(&[id]).unwrap() };
-        r.push(id, &raw, &String::from_utf8(raw.clone()).unwrap())
+        r.push(tok, id, &String::from_utf8(raw).unwrap())
     });
     let mut all: Vec<Piece> = pieces.collect();
     all.extend(r.finish());
@@ -53,7 +53,7 @@ fn calls_come_out_whole_and_text_streams_around_them() {
     let mut shown = String::new();
     for id in tok.encode(reply) {
         let raw = tok.decode_bytes(&[id]).unwrap();
-        for p in r.push(id, &raw, &String::from_utf8(raw.clone()).unwrap()) {
+        for p in r.push(&tok, id, &String::from_utf8(raw).unwrap()) {
             let Piece::Text(t) = p else { panic!("a call from plain text: {p:?}") };
             shown.push_str(&t);
         }
@@ -145,7 +145,7 @@ fn k3_malformed_or_cut_off_calls_end_as_text() {
     let mut r = ToolCallReader::new(&tok, Family::KimiK3).unwrap();
     for id in tok.encode(spelled) {
         let raw = tok.decode_bytes(&[id]).unwrap();
-        assert!(r.push(id, &raw, &String::from_utf8_lossy(&raw)).iter().all(|p| matches!(p, Piece::Text(_))));
+        assert!(r.push(&tok, id, &String::from_utf8_lossy(&raw)).iter().all(|p| matches!(p, Piece::Text(_))));
     }
     // A whole call with a `json` child and typed values.
     let ok = format!(

@@ -198,14 +198,7 @@ impl Reply {
     fn feed(&mut self, token: u32, text: &str) -> Vec<Piece> {
         match (&mut self.calls, self.tok.get()) {
             // A flushed remainder (no token of its own) is text.
-            (Some(r), Some(tok)) if token != u32::MAX => {
-                let raw = if tok.special_name(token).is_some() {
-                    Vec::new()
-                } else {
-                    tok.decode_bytes(&[token]).unwrap_or_default()
-                };
-                r.push(token, &raw, text)
-            }
+            (Some(r), Some(tok)) if token != u32::MAX => r.push(tok, token, text),
             _ if text.is_empty() => Vec::new(),
             _ => vec![Piece::Text(text.to_string())],
         }

@@ -46,12 +46,19 @@ impl ToolCallReader {
         }
     }
 
-    /// Token `id`: `raw` its bytes as the tokenizer decodes it (empty for special tokens),
-    /// `visible` the text the decoder showed for it.
-    pub fn push(&mut self, id: u32, raw: &[u8], visible: &str) -> Vec<Piece> {
+    /// Token `id` of `tok`'s vocabulary, `visible` the text the decoder showed for it (K3's
+    /// markup is hidden there, so its reader decodes the token's bytes itself).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32, visible: &str) -> Vec<Piece> {
         match self {
             ToolCallReader::Im(r) => r.push(id, visible),
-            ToolCallReader::Xtml(r) => r.push(id, raw, visible),
+            ToolCallReader::Xtml(r) => {
+                let raw = if tok.special_name(id).is_some() {
+                    Vec::new()
+                } else {
+                    tok.decode_bytes(&[id]).unwrap_or_default()
+                };
+                r.push(id, &raw, visible)
+            }
         }
     }
 
