@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use minijinja::value::{Kwargs, Object, ObjectRepr, Value};
 use minijinja::{Environment, Error, ErrorKind, State};
 
-use super::json::object_entries;
+use super::json::{object_entries, python_json, sorted_json};
 use super::{ChatError, Message, PromptOptions, Role};
 use crate::tokenizer::Tokenizer;
 
@@ -194,50 +194,12 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     let _: Option<Value> = kwargs.get("indent")?;
     let _: Option<Value> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
-    let mut out = String::new();
-    python_dumps(value, sort.unwrap_or(false), &mut out)?;
-    Ok(Value::from_safe_string(out))
-}
-
-fn python_dumps(v: &Value, sort: bool, out: &mut String) -> Result<(), Error> {
-    use minijinja::value::ValueKind;
-    let json = |e: serde_json::Error| Error::new(ErrorKind::InvalidOperation, e.to_string());
-    match v.kind() {
-        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
-        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-        // A placeholder inside stands for its string JSON-escaped.
-        ValueKind::String => out.push_str(
-            &serde_json::to_string(v.as_str().unwrap_or("")).map_err(json)?.replace(OPEN, &JSON_OPEN.to_string()),
-        ),
-        ValueKind::Number => out.push_str(&serde_json::to_string(v).map_err(json)?),
-        ValueKind::Map => {
-            let mut keys: Vec<Value> = v.try_iter()?.collect();
-            if sort {
-                keys.sort();
-            }
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                out.push_str(&serde_json::to_string(&k.to_string()).map_err(json)?);
-                out.push_str(": ");
-                python_dumps(&v.get_item(k)?, sort, out)?;
-            }
-            out.push('}');
-        }
-        _ => {
-            out.push('[');
-            for (i, x) in v.try_iter()?.enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                python_dumps(&x, sort, out)?;
-            }
-            out.push(']');
-        }
-    }
-    Ok(())
+    let bad = |e: serde_json::Error| Error::new(ErrorKind::InvalidOperation, e.to_string());
+    let compact = serde_json::to_string(value).map_err(bad)?;
+    let compact = if sort.unwrap_or(false) { sorted_json(&compact).map_err(bad)? } else { compact };
+    // A placeholder inside a string now stands for its string JSON-escaped.
+    let text = python_json(&compact).map_err(bad)?.replace(OPEN, &JSON_OPEN.to_string());
+    Ok(Value::from_safe_string(text))
 }
 
 /// jinja2's `namespace`, with every list in it one that `append` and `pop` change in place.
