@@ -131,8 +131,7 @@ pub fn agreement(
 }
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = f64::from(row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)));
-    let lse = row.iter().map(|&x| (f64::from(x) - max).exp()).sum::<f64>().ln() + max;
+    let lse = log_sum_exp(row);
     row.iter().map(|&x| f64::from(x) - lse).collect()
 }
 
@@ -142,9 +141,13 @@ fn argmax(row: &[f32]) -> usize {
 
 /// `log softmax(row)[i]` in f64 (the max subtracted first, so no overflow).
 fn log_softmax_at(row: &[f32], i: usize) -> f64 {
+    f64::from(row[i]) - log_sum_exp(row)
+}
+
+/// `ln sum exp(row)` in f64, the max subtracted first.
+fn log_sum_exp(row: &[f32]) -> f64 {
     let max = f64::from(row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)));
-    let sum: f64 = row.iter().map(|&x| (f64::from(x) - max).exp()).sum();
-    f64::from(row[i]) - max - sum.ln()
+    row.iter().map(|&x| (f64::from(x) - max).exp()).sum::<f64>().ln() + max
 }
 
 #[cfg(test)]

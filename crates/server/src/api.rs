@@ -255,8 +255,7 @@ impl ChatRequest {
         };
         let options = PromptOptions {
             think,
-            // K3's template says `max` unless told otherwise.
-            effort: think.then(|| self.reasoning_effort.as_deref().unwrap_or("max")),
+            effort: think.then(|| self.reasoning_effort.as_deref().unwrap_or(k3_engine::chat::DEFAULT_EFFORT)),
             tools,
             tool_choice,
             json_object,

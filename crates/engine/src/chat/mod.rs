@@ -91,6 +91,9 @@ pub enum ToolChoice {
     None,
 }
 
+/// K3's `thinking_effort` when the caller names none: what its template assumes.
+pub const DEFAULT_EFFORT: &str = "max";
+
 /// What a prompt carries besides the messages.
 #[derive(Debug, Clone, Default)]
 pub struct PromptOptions<'a> {
