@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use k3_engine::chat::{ChatFormat, Message, PromptOptions, Role};
+use k3_engine::chat::{ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
 use k3_engine::generate::{Finish, GenerateParams, Generator};
 use k3_engine::sample::SamplerConfig;
 use k3_engine::speculate::SpecStats;
@@ -145,12 +145,10 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     };
     let mut session = engine.session();
     let mut speculation = SpecStats::default();
-    // K3's template states the thinking effort first (`max` unless told otherwise).
-    let mut pending =
-        format.preamble(&PromptOptions { think, effort: think.then_some("max"), ..PromptOptions::default() })?;
-    if let Some(s) = &a.system {
-        pending.extend(format.turn(&Message::new(Role::System, s), think)?);
-    }
+    // K3's template states the thinking effort first; a model's own template adds its default
+    // system message only when there is no system turn of one's own.
+    let opening = PromptOptions { think, effort: think.then_some(DEFAULT_EFFORT), ..PromptOptions::default() };
+    let mut pending = format.opening(&opening, a.system.as_deref())?;
     let mut input = Input::open()?;
     let mut out = std::io::stdout().lock();
     while let Some(text) = input.line()? {
