@@ -140,7 +140,7 @@ fn quantized_k2_experts_re_encode_to_mxfp4() {
     let logits = engine.forward(&mut engine.session(), &ids, None).unwrap();
     // MXFP4 cannot hold every INT4 level (E2M1 has no 5 or 7) and rounds group scales to powers
     // of two: on these random weights that is 0.17 of the logits (exact parity is checked above);
-    // the bound (twice that) is what this test can promise; exactness is checked above.
+    // the bound (0.3) is what this test can promise; exactness is checked above.
     let err = rel_l2(&logits, &f32s(&g.join("golden/logits.f32")));
     assert!(err < 0.3, "MXFP4 re-encoding error {err}");
     let fp8 = ConvertOptions { hf_dir: fixtures().join("golden/deepseek-v3/fp8"), ..opts(ExpertFormat::Keep, "fp8") };
