@@ -8,12 +8,14 @@
 //!   A matvec decodes each 8-chunk as the sum of three codewords (codebooks stay in L1) and FMAs.
 //!
 //! Both reconstruct a row as `scale[r] * sum_s C_s[code]` per chunk, in the basis of an optional
-//! randomized block-Hadamard rotation of the input dimension. Encoders: residual k-means, joint
-//! refinement (beam re-encode + least-squares codebook refit), optional activation-weighted
-//! distance, optional rotation; see [`train`].
+//! randomized block-Hadamard rotation of the input dimension. Encoders: residual k-means and joint
+//! refinement (re-encode + least-squares codebook refit) on a sample, then one encoding pass
+//! (fast-scan: [`joint`]'s search, otherwise a beam search); optional activation-weighted
+//! distance and GPTQ; see [`train`].
 
 pub mod fastscan;
 pub mod hadamard;
+pub mod joint;
 pub mod residual;
 pub mod train;
 
@@ -94,11 +96,13 @@ pub struct EncodeOptions {
     pub seed: u64,
     /// k-means iterations per stage.
     pub kmeans_iters: usize,
-    /// Vectors sampled to train k-means.
+    /// Vectors sampled to train the codebooks (k-means and the refinement rounds).
     pub sample: usize,
-    /// Rounds of joint refinement (re-encode, refit codebooks).
+    /// Rounds of joint refinement on the sample (re-encode, refit codebooks).
     pub refine_rounds: usize,
-    /// Beam width of the re-encoding search.
+    /// Width of the search: for 3 x 16-entry codebooks (fast-scan), the nearest first-stage
+    /// entries each searched with all 256 pairs of the other two stages (16 = exhaustive);
+    /// otherwise the beam of a stage-by-stage search.
     pub beam: usize,
     /// Calibration activations `[n, cols]` (original basis): when present, distances weigh each
     /// input column by `E[x^2]`, so the error that reaches the outputs is what gets minimized.
@@ -211,12 +215,15 @@ pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Res
     }
     let weights: Option<Vec<f32>> = importance.as_ref().map(|imp| imp.repeat(rows));
     let data = Data { dim: d, vecs: &work, weights: weights.as_deref() };
-    let mut cb = train::init_residual(data, s_n, codec.entries(), opts.kmeans_iters, opts.sample, opts.seed);
+    // Codebooks are trained on a sample (48 codewords need far fewer vectors than a matrix
+    // has), then every vector is encoded once.
+    let (sample, sample_weights) = train::subsample(data, opts.sample);
+    let sample = Data { dim: d, vecs: &sample, weights: sample_weights.as_deref() };
+    let mut cb = train::init_residual(sample, s_n, codec.entries(), opts.kmeans_iters, opts.seed);
     let mut codes = Vec::new();
-    train::encode(data, &cb, opts.beam.max(1), &mut codes);
     for _ in 0..opts.refine_rounds {
-        train::refit(data, &codes, &mut cb);
-        train::encode(data, &cb, opts.beam.max(1), &mut codes);
+        train::encode(sample, &cb, opts.beam.max(1), &mut codes);
+        train::refit(sample, &codes, &mut cb);
     }
     if let (true, Some(xs)) = (opts.gptq, &opts.calibration) {
         let mut h = second_moment(xs, cols, rotation.as_ref());
@@ -233,6 +240,7 @@ pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Res
             return Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation));
         }
     }
+    train::encode(data, &cb, opts.beam.max(1), &mut codes);
     refit_scales(&mut scale, &work, &codes, &cb, importance.as_deref(), cols);
     Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation))
 }

@@ -7,6 +7,8 @@
 
 use rayon::prelude::*;
 
+use super::joint::Joint;
+
 /// Vectors to encode: `n x dim` values, with optional per-value weights (same shape).
 #[derive(Debug, Clone, Copy)]
 pub struct Data<'a> {
@@ -112,7 +114,7 @@ fn kmeans(data: Data<'_>, k: usize, iters: usize, seed: u64) -> Vec<f32> {
 }
 
 /// A strided subsample of at most `max` vectors (with their weights).
-fn subsample(data: Data<'_>, max: usize) -> (Vec<f32>, Option<Vec<f32>>) {
+pub fn subsample(data: Data<'_>, max: usize) -> (Vec<f32>, Option<Vec<f32>>) {
     let n = data.len();
     let step = n.div_ceil(max).max(1);
     let pick = |src: &[f32]| -> Vec<f32> {
@@ -122,22 +124,15 @@ fn subsample(data: Data<'_>, max: usize) -> (Vec<f32>, Option<Vec<f32>>) {
 }
 
 /// Residual k-means: stage s is k-means on what stages before it left.
-pub fn init_residual(
-    data: Data<'_>,
-    stages: usize,
-    entries: usize,
-    iters: usize,
-    sample: usize,
-    seed: u64,
-) -> Codebooks {
-    let (mut res, w) = subsample(data, sample);
+pub fn init_residual(data: Data<'_>, stages: usize, entries: usize, iters: usize, seed: u64) -> Codebooks {
+    let (mut res, w) = (data.vecs.to_vec(), data.weights);
     let d = data.dim;
     let mut values = Vec::with_capacity(stages * entries * d);
     for s in 0..stages {
-        let sub = Data { dim: d, vecs: &res, weights: w.as_deref() };
+        let sub = Data { dim: d, vecs: &res, weights: w };
         let cent = kmeans(sub, entries, iters, seed.wrapping_add(s as u64));
         res.par_chunks_exact_mut(d).enumerate().for_each(|(i, r)| {
-            let wi = w.as_deref().map(|w| &w[i * d..][..d]);
+            let wi = w.map(|w| &w[i * d..][..d]);
             let best = cent
                 .chunks_exact(d)
                 .map(|c| dist(r, c, wi))
@@ -154,7 +149,7 @@ pub fn init_residual(
 }
 
 /// Largest vector dimension and stage count the encoder handles (codecs use 4 or 8 and 3).
-const MAX_DIM: usize = 8;
+pub(crate) const MAX_DIM: usize = 8;
 const MAX_STAGES: usize = 8;
 
 /// A partial encoding in the beam search.
@@ -303,6 +298,13 @@ pub fn encode_vec(v: &[f32], w: Option<&[f32]>, cb: &Codebooks, beam: usize, sea
 /// per vector.
 pub fn encode(data: Data<'_>, cb: &Codebooks, beam: usize, codes: &mut Vec<u16>) {
     codes.resize(data.len() * cb.stages, 0);
+    if let Some(joint) = Joint::new(cb) {
+        codes.par_chunks_exact_mut(cb.stages).enumerate().for_each_init(
+            || joint.clone(),
+            |joint, (i, out)| joint.encode(data.vec(i), data.weight(i), beam, out),
+        );
+        return;
+    }
     codes.par_chunks_exact_mut(cb.stages).enumerate().for_each_init(
         || Search::for_codebooks(cb),
         |search, (i, out)| encode_vec(data.vec(i), data.weight(i), cb, beam, search, out),
@@ -475,12 +477,16 @@ pub fn gptq_encode(
     w.par_chunks_exact_mut(cols).zip(codes.par_chunks_exact_mut(chunks * s_n)).for_each(|(row, out)| {
         let mut q = vec![0f32; d];
         let mut one = vec![0u16; s_n];
+        let mut joint = Joint::new(cb);
         let mut search = Search::for_codebooks(cb);
         let mut e = vec![0f64; d];
         for k in 0..chunks {
             let c0 = k * d;
             let weights = importance.map(|m| &m[c0..c0 + d]);
-            encode_vec(&row[c0..c0 + d], weights, cb, beam, &mut search, &mut one);
+            match &mut joint {
+                Some(joint) => joint.encode(&row[c0..c0 + d], weights, beam, &mut one),
+                None => encode_vec(&row[c0..c0 + d], weights, cb, beam, &mut search, &mut one),
+            }
             reconstruct(cb, &one, &mut q);
             out[k * s_n..(k + 1) * s_n].copy_from_slice(&one);
             // Solve e U_bb = (w_b - q_b) for the row vector e (U_bb upper triangular).

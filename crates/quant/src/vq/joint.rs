@@ -1,0 +1,395 @@
+//! The search for 3-stage, 16-entry codebooks (the fast-scan codec): the best few first-stage
+//! entries, then for each the last two stages jointly over all 256 pairs, through the expansion
+//! `|r - b - c|² = |r|² - 2 r·b - 2 r·c + |b + c|²` with `|b + c|²` tabulated once per codebook
+//! (per weight vector when distances are weighted). Searching the pairs jointly finds codes the
+//! stage-by-stage beam misses, and the table turns each pair into two adds and a compare: the
+//! 256 pairs run 8 or 16 at a time in SIMD lanes.
+//!
+//! With 16 first-stage picks the search is exhaustive (all 4096 codes).
+
+use super::train::{Codebooks, MAX_DIM};
+use crate::cpu::{Level, level, supported};
+
+const E: usize = 16;
+
+/// Reusable state of the joint search, for one set of codebooks.
+#[derive(Debug, Clone)]
+pub struct Joint {
+    dim: usize,
+    /// Codebooks transposed, `[stage][dim][entry]`.
+    soa: [f32; 3 * MAX_DIM * E],
+    /// `|b_j + c_k|²` (weighted by `norm_for`), index `j * 16 + k`.
+    pair_norm: [f32; E * E],
+    /// The weights `pair_norm` was computed with (`None`: unweighted).
+    norm_for: Option<[f32; MAX_DIM]>,
+    level: Level,
+}
+
+impl Joint {
+    /// The search for `cb`, if it has 3 stages of 16 entries of at most 8 dims.
+    pub fn new(cb: &Codebooks) -> Option<Self> {
+        Self::at(level(), cb)
+    }
+
+    /// [`new`](Self::new) with an explicit kernel level (tests compare levels).
+    pub fn at(level: Level, cb: &Codebooks) -> Option<Self> {
+        if cb.stages != 3 || cb.entries != E || cb.dim > MAX_DIM {
+            return None;
+        }
+        let d = cb.dim;
+        let mut soa = [0f32; 3 * MAX_DIM * E];
+        for s in 0..3 {
+            for e in 0..E {
+                for (j, v) in cb.entry(s, e).iter().enumerate() {
+                    soa[(s * d + j) * E + e] = *v;
+                }
+            }
+        }
+        let mut joint =
+            Joint { dim: d, soa, pair_norm: [0.0; E * E], norm_for: Some([f32::NAN; MAX_DIM]), level: supported(level) };
+        joint.tabulate(None);
+        Some(joint)
+    }
+
+    fn col(&self, stage: usize, j: usize) -> &[f32; E] {
+        self.soa[(stage * self.dim + j) * E..][..E].try_into().expect("16 entries")
+    }
+
+    /// `pair_norm` for weights `w`, unless it already holds them.
+    fn tabulate(&mut self, w: Option<&[f32]>) {
+        let key = w.map(|w| {
+            let mut k = [0f32; MAX_DIM];
+            k[..w.len()].copy_from_slice(w);
+            k
+        });
+        if key.map(|k| k.map(f32::to_bits)) == self.norm_for.map(|k| k.map(f32::to_bits)) {
+            return;
+        }
+        let mut table = [0f32; E * E];
+        for j in 0..self.dim {
+            let (b, c) = (*self.col(1, j), *self.col(2, j));
+            let wj = w.map_or(1.0, |w| w[j]);
+            for (bj, row) in b.iter().zip(table.chunks_exact_mut(E)) {
+                for (t, ck) in row.iter_mut().zip(&c) {
+                    *t += wj * (bj + ck) * (bj + ck);
+                }
+            }
+        }
+        self.pair_norm = table;
+        self.norm_for = key;
+    }
+
+    /// The best code for `v` (weights `w`) among the `picks` best first-stage entries, each with
+    /// all 256 pairs of the other two; codes to `out` (3 entries). On equal errors the first in
+    /// (pick, second, third) order wins, in every kernel.
+    pub fn encode(&mut self, v: &[f32], w: Option<&[f32]>, picks: usize, out: &mut [u16]) {
+        assert_eq!(v.len(), self.dim, "a {}-vector for {}-dim codebooks", v.len(), self.dim);
+        self.tabulate(w);
+        let code = match self.level {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Joint::at` stores a level `supported` vouched for: Avx2 only on CPUs with it.
+            Level::Avx2 => unsafe { avx2::search(self, v, w, picks) },
+            _ => self.search(v, w, picks, reference::KERNEL),
+        };
+        out.copy_from_slice(&code);
+    }
+
+    /// [`encode`](Self::encode)'s search, with the kernel's `minima` and `find` for the pairs;
+    /// inlined into each kernel, so its 16-entry loops are compiled for that kernel's instruction
+    /// set (the same operations in the same order: the same bits).
+    #[inline(always)]
+    fn search(
+        &self,
+        v: &[f32],
+        w: Option<&[f32]>,
+        picks: usize,
+        kernel: Kernel<impl Fn(&[f32; E], usize) -> [u8; E], impl Fn(&Table, &Rows, &Rows, usize) -> [f32; E], impl Fn(&Table, &[f32; E], &[f32; E], f32) -> usize>,
+    ) -> [u16; 3] {
+        let d = self.dim;
+        let weight = |j: usize| w.map_or(1.0, |w| w[j]);
+        // First-stage distances |v - a_i|², in the beam search's order of operations.
+        let mut d0 = [0f32; E];
+        for (j, vj) in v.iter().enumerate() {
+            let wj = weight(j);
+            for (acc, a) in d0.iter_mut().zip(self.col(0, j)) {
+                *acc += wj * (vj - a) * (vj - a);
+            }
+        }
+        let picks = picks.clamp(1, E);
+        let order = (kernel.order)(&d0, picks);
+        // Per pick, 2 w r with r = v - a_i, its dots with every b_j (rbs) and c_k, and the
+        // per-lane term: error = (|b+c|² - 2 r·b) - (2 r·c - |r|²).
+        let (mut rbs, mut qs) = ([[0f32; E]; E], [[0f32; E]; E]);
+        for (p, &i) in order[..picks].iter().enumerate() {
+            let i = usize::from(i);
+            let mut wr = [0f32; MAX_DIM];
+            for j in 0..d {
+                wr[j] = 2.0 * weight(j) * (v[j] - self.col(0, j)[i]);
+            }
+            let mut rc = [0f32; E];
+            for (j, wrj) in wr[..d].iter().enumerate() {
+                for (acc, b) in rbs[p].iter_mut().zip(self.col(1, j)) {
+                    *acc += wrj * b;
+                }
+                for (acc, c) in rc.iter_mut().zip(self.col(2, j)) {
+                    *acc += wrj * c;
+                }
+            }
+            qs[p] = std::array::from_fn(|k| rc[k] - d0[i]);
+        }
+        let leasts = (kernel.leasts)(&self.pair_norm, &rbs, &qs, picks);
+        let mut best = (f32::INFINITY, [0u16; 3]);
+        for (p, &least) in leasts[..picks].iter().enumerate() {
+            // A later pick must do strictly better: equal errors keep the earlier code.
+            if least < best.0 {
+                let jk = (kernel.find)(&self.pair_norm, &rbs[p], &qs[p], least);
+                best = (least, [u16::from(order[p]), (jk / E) as u16, (jk % E) as u16]);
+            }
+        }
+        best.1
+    }
+}
+
+/// `|b_j + c_k|²` at `j * 16 + k`.
+type Table = [f32; E * E];
+/// Sixteen 16-entry rows (one per first-stage pick).
+type Rows = [[f32; E]; E];
+
+/// A search's three kernels (scalar reference or SIMD), with the same results.
+struct Kernel<O, L, F> {
+    /// The first `picks` first-stage entries, nearest first (equal distances in entry order).
+    order: O,
+    /// Per pick `p`, the least error `min_jk (table[j][k] - rbs[p][j]) - qs[p][k]`.
+    leasts: L,
+    /// The first `j * 16 + k` where a pick's error is its least.
+    find: F,
+}
+
+mod reference {
+    use super::{E, Kernel, Rows, Table};
+
+    type Fns = Kernel<fn(&[f32; E], usize) -> [u8; E], fn(&Table, &Rows, &Rows, usize) -> [f32; E], fn(&Table, &[f32; E], &[f32; E], f32) -> usize>;
+    pub const KERNEL: Fns = Kernel { order, leasts, find };
+
+    fn order(d0: &[f32; E], picks: usize) -> [u8; E] {
+        let mut left = *d0;
+        let mut order = [0u8; E];
+        for o in order[..picks].iter_mut() {
+            let mut at = 0;
+            for (i, &d) in left.iter().enumerate() {
+                if d < left[at] {
+                    at = i;
+                }
+            }
+            *o = at as u8;
+            left[at] = f32::INFINITY;
+        }
+        order
+    }
+
+    /// `min_k (min_j (table[j][k] - rb[j]) - q[k])`: subtracting `q[k]` keeps order, so this is
+    /// the least of the pick's errors `(table[j][k] - rb[j]) - q[k]`.
+    fn leasts(table: &Table, rbs: &Rows, qs: &Rows, picks: usize) -> [f32; E] {
+        let mut out = [f32::INFINITY; E];
+        for ((rb, q), least) in rbs.iter().zip(qs).zip(out.iter_mut()).take(picks) {
+            let mut m = [f32::INFINITY; E];
+            for (j, row) in table.chunks_exact(E).enumerate() {
+                for k in 0..E {
+                    let part = row[k] - rb[j];
+                    if part < m[k] {
+                        m[k] = part;
+                    }
+                }
+            }
+            for k in 0..E {
+                let err = m[k] - q[k];
+                if err < *least {
+                    *least = err;
+                }
+            }
+        }
+        out
+    }
+
+    fn find(table: &Table, rb: &[f32; E], q: &[f32; E], least: f32) -> usize {
+        (0..E * E).find(|&jk| (table[jk] - rb[jk / E]) - q[jk % E] == least).unwrap_or(0)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{E, Joint, Kernel, Rows, Table};
+    use std::arch::x86_64::*;
+
+    /// [`Joint::search`] compiled for AVX2, with its kernels.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn search(joint: &Joint, v: &[f32], w: Option<&[f32]>, picks: usize) -> [u16; 3] {
+        // SAFETY: this function runs only where AVX2 is present, which is all the kernels need.
+        let kernel = Kernel {
+            order: |d: &[f32; E], p| unsafe { order(d, p) },
+            leasts: |t: &Table, r: &Rows, q: &Rows, p| unsafe { leasts(t, r, q, p) },
+            find: |t: &Table, r: &[f32; E], q: &[f32; E], l| unsafe { find(t, r, q, l) },
+        };
+        joint.search(v, w, picks, kernel)
+    }
+
+    /// The least of 16 values (in every lane).
+    #[target_feature(enable = "avx2")]
+    fn hmin(lo: __m256, hi: __m256) -> __m256 {
+        let m = _mm256_min_ps(lo, hi);
+        let m = _mm256_min_ps(m, _mm256_permute2f128_ps::<1>(m, m));
+        let m = _mm256_min_ps(m, _mm256_shuffle_ps::<0b01_00_11_10>(m, m));
+        _mm256_min_ps(m, _mm256_shuffle_ps::<0b10_11_00_01>(m, m))
+    }
+
+    /// The reference's order: the least left, its first lane, marked taken; `picks` times.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn order(d0: &[f32; E], picks: usize) -> [u8; E] {
+        // SAFETY: loads of 8 lanes at offsets 0 and 8 of a 16-entry array.
+        let mut v = unsafe { [_mm256_loadu_ps(d0.as_ptr()), _mm256_loadu_ps(d0.as_ptr().add(8))] };
+        let lanes = [_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)];
+        let mut order = [0u8; E];
+        for o in order[..picks].iter_mut() {
+            let m = hmin(v[0], v[1]);
+            let hit = |h: usize| _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v[h], m)) as u32;
+            let bits = hit(0) | hit(1) << 8;
+            // NaN distances are never least; all-NaN leaves entry 0, as the reference does.
+            let at = if bits == 0 { 0 } else { bits.trailing_zeros() };
+            *o = at as u8;
+            let at = _mm256_set1_epi32(at as i32);
+            for (h, lane) in lanes.iter().enumerate() {
+                let taken = _mm256_castsi256_ps(_mm256_cmpeq_epi32(*lane, at));
+                v[h] = _mm256_blendv_ps(v[h], _mm256_set1_ps(f32::INFINITY), taken);
+            }
+        }
+        order
+    }
+
+    /// The reference's leasts, four picks at a time: each table row is loaded once for the
+    /// four, and their eight chains of minima run side by side. Rows past `picks` are computed
+    /// too (from zeros) and not read.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn leasts(table: &Table, rbs: &Rows, qs: &Rows, picks: usize) -> [f32; E] {
+        let mut out = [f32::INFINITY; E];
+        // SAFETY: loads of 8 lanes at offsets 0 and 8 of 16-entry rows of fixed-size arrays;
+        // `p0 + 3 <= 15` indexes `rbs` and `qs` (16 rows) in bounds. Unaligned.
+        unsafe {
+            for p0 in (0..picks).step_by(4) {
+                let mut acc = [[_mm256_set1_ps(f32::INFINITY); 2]; 4];
+                for j in 0..E {
+                    let t = [_mm256_loadu_ps(table.as_ptr().add(j * E)), _mm256_loadu_ps(table.as_ptr().add(j * E + 8))];
+                    for (pp, a) in acc.iter_mut().enumerate() {
+                        let r = _mm256_set1_ps(rbs[p0 + pp][j]);
+                        a[0] = _mm256_min_ps(a[0], _mm256_sub_ps(t[0], r));
+                        a[1] = _mm256_min_ps(a[1], _mm256_sub_ps(t[1], r));
+                    }
+                }
+                for (pp, a) in acc.iter().enumerate() {
+                    let q = &qs[p0 + pp];
+                    let lo = _mm256_sub_ps(a[0], _mm256_loadu_ps(q.as_ptr()));
+                    let hi = _mm256_sub_ps(a[1], _mm256_loadu_ps(q.as_ptr().add(8)));
+                    out[p0 + pp] = _mm256_cvtss_f32(hmin(lo, hi));
+                }
+            }
+        }
+        out
+    }
+
+    /// The reference's `find`, 8 lanes at a time.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn find(table: &Table, rb: &[f32; E], q: &[f32; E], least: f32) -> usize {
+        // SAFETY: loads of 8 lanes at offsets 0 and 8 of 16-entry rows of fixed-size arrays.
+        unsafe {
+            let qv = [_mm256_loadu_ps(q.as_ptr()), _mm256_loadu_ps(q.as_ptr().add(8))];
+            let l = _mm256_set1_ps(least);
+            for j in 0..E {
+                let r = _mm256_set1_ps(rb[j]);
+                for (h, qh) in qv.iter().enumerate() {
+                    let part = _mm256_sub_ps(_mm256_loadu_ps(table.as_ptr().add(j * E + 8 * h)), r);
+                    let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_sub_ps(part, *qh), l));
+                    if hit != 0 {
+                        return j * E + 8 * h + hit.trailing_zeros() as usize;
+                    }
+                }
+            }
+            0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::detect;
+    use crate::rng::noise;
+    use proptest::prelude::*;
+
+    fn codebooks(seed: u64, dim: usize) -> Codebooks {
+        Codebooks { stages: 3, entries: 16, dim, values: noise(3 * 16 * dim, seed, 1.0) }
+    }
+
+    fn error(cb: &Codebooks, v: &[f32], w: Option<&[f32]>, code: [usize; 3]) -> f64 {
+        (0..cb.dim)
+            .map(|j| {
+                let r = f64::from(v[j])
+                    - (0..3).map(|s| f64::from(cb.entry(s, code[s])[j])).sum::<f64>();
+                f64::from(w.map_or(1.0, |w| w[j])) * r * r
+            })
+            .sum()
+    }
+
+    /// With 16 picks the search finds the least error over all 4096 codes (to f32 rounding of
+    /// the expansion: 1e-5 relative plus 1e-6 absolute on errors of order 1).
+    #[test]
+    fn sixteen_picks_are_exhaustive() {
+        for (seed, dim) in [(1, 4), (2, 8), (3, 3)] {
+            let cb = codebooks(seed, dim);
+            let mut joint = Joint::new(&cb).unwrap();
+            let vs = noise(300 * dim, seed + 10, 2.0);
+            let ws: Vec<f32> = noise(300 * dim, seed + 20, 1.0).iter().map(|v| v.abs() + 0.05).collect();
+            for (i, v) in vs.chunks_exact(dim).enumerate() {
+                let w = (i % 2 == 0).then(|| &ws[i * dim..(i + 1) * dim]);
+                let mut out = [0u16; 3];
+                joint.encode(v, w, 16, &mut out);
+                let got = error(&cb, v, w, out.map(usize::from));
+                let best = (0..4096).map(|c| error(&cb, v, w, [c / 256, c / 16 % 16, c % 16])).fold(f64::INFINITY, f64::min);
+                assert!(got <= best * (1.0 + 1e-5) + 1e-6, "vector {i}: {got} against {best}");
+            }
+        }
+    }
+
+    proptest! {
+        /// The AVX2 kernel returns the scalar reference's codes, bit for bit, at any pick count.
+        #[test]
+        fn avx2_matches_the_reference(seed in 0u64..1000, picks in 1usize..=16, weighted: bool) {
+            if detect() != Level::Avx2 {
+                return Ok(());
+            }
+            let cb = codebooks(seed, 4);
+            let mut scalar = Joint::at(Level::Scalar, &cb).unwrap();
+            let mut simd = Joint::at(Level::Avx2, &cb).unwrap();
+            let vs = noise(64 * 4, seed + 1, 1.5);
+            let ws: Vec<f32> = noise(64 * 4, seed + 2, 1.0).iter().map(|v| v.abs() + 0.05).collect();
+            for (i, v) in vs.chunks_exact(4).enumerate() {
+                let w = weighted.then(|| &ws[i * 4..(i + 1) * 4]);
+                let (mut a, mut b) = ([0u16; 3], [0u16; 3]);
+                scalar.encode(v, w, picks, &mut a);
+                simd.encode(v, w, picks, &mut b);
+                prop_assert_eq!(a, b, "vector {}", i);
+            }
+        }
+    }
+
+    /// Ties go to the first code in search order in both kernels: a vector equidistant from
+    /// several codes (all-zero codebooks make every code equal).
+    #[test]
+    fn ties_go_to_the_first_code() {
+        let cb = Codebooks { stages: 3, entries: 16, dim: 4, values: vec![0.0; 192] };
+        for lvl in [Level::Scalar, detect()] {
+            let mut joint = Joint::at(lvl, &cb).unwrap();
+            let mut out = [9u16; 3];
+            joint.encode(&[0.5, -1.0, 0.25, 2.0], None, 16, &mut out);
+            assert_eq!(out, [0, 0, 0], "{lvl:?}");
+        }
+    }
+}
