@@ -18,6 +18,8 @@ pub enum Experts {
     F32,
     /// Round-to-nearest INT4 in groups of 32 (K2-Thinking's encoding; INT4 checkpoints keep theirs).
     Int4,
+    /// 3-bit round-to-nearest in groups of 32 stored as int4: the baseline VQ3 is measured against.
+    Rtn3,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -83,6 +85,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         Experts::Vq3 => ExpertFormat::Vq3,
         Experts::F32 => ExpertFormat::F32,
         Experts::Int4 => ExpertFormat::Int4,
+        Experts::Rtn3 => ExpertFormat::Rtn3,
     };
     let trunk = match trunk {
         Trunk::Keep => TrunkFormat::Keep,
@@ -174,7 +177,7 @@ pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>) -> Result<()
         Some(Experts::Vq3) => k3_engine::synth::SynthExperts::Vq3,
         Some(Experts::Mxfp4) => k3_engine::synth::SynthExperts::Mxfp4,
         Some(Experts::Int4) => k3_engine::synth::SynthExperts::Int4,
-        Some(Experts::Bf16 | Experts::F32) => bail!("synthetic models have MXFP4, INT4 or vq3 experts"),
+        Some(Experts::Bf16 | Experts::F32 | Experts::Rtn3) => bail!("synthetic models have MXFP4, INT4 or vq3 experts"),
     };
     let pb = bar(0);
     pb.set_message("synth");

@@ -9,13 +9,20 @@ use crate::simd::with_nibble_order;
 
 /// Round-to-nearest 4-bit quantization in groups of `group` along each row.
 pub fn quantize(w: &[f32], cols: usize, group: usize) -> (Vec<u8>, Vec<f16>) {
+    quantize_bits(w, cols, group, 4)
+}
+
+/// Round-to-nearest to `bits` (2..=4) signed levels in groups, stored in the int4 layout (levels
+/// `[-2^(bits-1), 2^(bits-1) - 1]` are int4 levels): the 3-bit baseline runs on the int4 kernels.
+pub fn quantize_bits(w: &[f32], cols: usize, group: usize, bits: u32) -> (Vec<u8>, Vec<f16>) {
+    assert!((2..=4).contains(&bits), "{bits}-bit levels do not fit the int4 layout");
     assert!(group >= 2 && group.is_multiple_of(2) && cols.is_multiple_of(group), "{cols} columns in groups of {group}");
     assert!(w.len().is_multiple_of(cols), "weights are not whole rows of {cols}");
     let mut q = vec![0u8; w.len() / 2];
     let mut scale = Vec::with_capacity(w.len() / group);
     let mut levels = vec![0i8; group];
     for (g, src) in w.chunks_exact(group).enumerate() {
-        scale.push(quantize_group(src, 4, &mut levels));
+        scale.push(quantize_group(src, bits, &mut levels));
         for (i, pair) in levels.chunks_exact(2).enumerate() {
             let lo = (pair[0] + 8) as u8;
             let hi = (pair[1] + 8) as u8;

@@ -64,6 +64,21 @@ proptest! {
         }).collect();
         assert_close(&a, &b, &tol);
     }
+
+    /// 3-bit levels stored as int4 decode to exactly the 3-bit round-to-nearest reference, and
+    /// use only the 3-bit levels -4..=3.
+    #[test]
+    fn rtn3_in_the_int4_layout(rows in 1usize..4, groups in 1usize..4, seed in any::<u64>()) {
+        let cols = groups * 32;
+        let w = matrix(rows, cols, seed);
+        let (q, s) = int4::quantize_bits(&w, cols, 32, 3);
+        let back = rtn::roundtrip(&w, cols, 3, 32);
+        for (i, want) in back.iter().enumerate() {
+            let nib = if i % 2 == 0 { q[i / 2] & 15 } else { q[i / 2] >> 4 };
+            prop_assert!((4..=11).contains(&nib), "value {i}: level {}", i32::from(nib) - 8);
+            prop_assert_eq!((f32::from(nib) - 8.0) * s[i / 32].to_f32(), *want);
+        }
+    }
 }
 
 #[test]

@@ -131,6 +131,8 @@ pub enum ExpertTarget {
     Vq(Codec),
     F32,
     Int4,
+    /// 3-bit levels in int4's layout.
+    Rtn3,
 }
 
 /// Encodes one expert matrix `[rows, cols]` of f32 weights. Returns the encoding and its parts.
@@ -146,13 +148,14 @@ pub fn expert(
     match target {
         ExpertTarget::Bf16 => Ok((Encoding::Bf16, vec![le(w, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())])),
         ExpertTarget::F32 => Ok((Encoding::F32, vec![le(w, |x: f32| x.to_le_bytes().to_vec())])),
-        ExpertTarget::Int4 => {
+        ExpertTarget::Int4 | ExpertTarget::Rtn3 => {
             if !cols.is_multiple_of(INT4_GROUP) {
                 return Err(ConvertError::Unsupported(format!(
                     "{name}: {cols} columns cannot be int4 groups of {INT4_GROUP}"
                 )));
             }
-            let (q, s) = int4::quantize(w, cols, INT4_GROUP);
+            let bits = if target == ExpertTarget::Rtn3 { 3 } else { 4 };
+            let (q, s) = int4::quantize_bits(w, cols, INT4_GROUP, bits);
             Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
         }
         ExpertTarget::Mxfp4 => {
@@ -205,7 +208,7 @@ pub fn planned(target: ExpertTarget, cols: usize) -> Encoding {
     match target {
         ExpertTarget::Bf16 => Encoding::Bf16,
         ExpertTarget::F32 => Encoding::F32,
-        ExpertTarget::Int4 => Encoding::Int4Group { group: INT4_GROUP as u32 },
+        ExpertTarget::Int4 | ExpertTarget::Rtn3 => Encoding::Int4Group { group: INT4_GROUP as u32 },
         ExpertTarget::Mxfp4 => Encoding::Mxfp4,
         ExpertTarget::Vq(codec) => {
             let o = EncodeOptions::default();

@@ -61,6 +61,9 @@ pub enum ExpertFormat {
     F32,
     /// k3's int4 in groups of 32 (round to nearest; INT4 checkpoints' own groups are kept).
     Int4,
+    /// 3-bit round to nearest in groups of 32, stored as int4: the baseline VQ3 is measured
+    /// against (int4's bytes; for quality comparisons, not for use).
+    Rtn3,
 }
 
 impl ExpertFormat {
@@ -72,6 +75,7 @@ impl ExpertFormat {
             ExpertFormat::Vq3 => "vq3",
             ExpertFormat::F32 => "f32",
             ExpertFormat::Int4 => "int4",
+            ExpertFormat::Rtn3 => "rtn3",
         }
     }
 }

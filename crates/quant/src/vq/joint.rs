@@ -45,8 +45,13 @@ impl Joint {
                 }
             }
         }
-        let mut joint =
-            Joint { dim: d, soa, pair_norm: [0.0; E * E], norm_for: Some([f32::NAN; MAX_DIM]), level: supported(level) };
+        let mut joint = Joint {
+            dim: d,
+            soa,
+            pair_norm: [0.0; E * E],
+            norm_for: Some([f32::NAN; MAX_DIM]),
+            level: supported(level),
+        };
         joint.tabulate(None);
         Some(joint)
     }
@@ -103,7 +108,11 @@ impl Joint {
         v: &[f32],
         w: Option<&[f32]>,
         picks: usize,
-        kernel: Kernel<impl Fn(&[f32; E], usize) -> [u8; E], impl Fn(&Table, &Rows, &Rows, usize) -> [f32; E], impl Fn(&Table, &[f32; E], &[f32; E], f32) -> usize>,
+        kernel: Kernel<
+            impl Fn(&[f32; E], usize) -> [u8; E],
+            impl Fn(&Table, &Rows, &Rows, usize) -> [f32; E],
+            impl Fn(&Table, &[f32; E], &[f32; E], f32) -> usize,
+        >,
     ) -> [u16; 3] {
         let d = self.dim;
         let weight = |j: usize| w.map_or(1.0, |w| w[j]);
@@ -168,7 +177,11 @@ struct Kernel<O, L, F> {
 mod reference {
     use super::{E, Kernel, Rows, Table};
 
-    type Fns = Kernel<fn(&[f32; E], usize) -> [u8; E], fn(&Table, &Rows, &Rows, usize) -> [f32; E], fn(&Table, &[f32; E], &[f32; E], f32) -> usize>;
+    type Fns = Kernel<
+        fn(&[f32; E], usize) -> [u8; E],
+        fn(&Table, &Rows, &Rows, usize) -> [f32; E],
+        fn(&Table, &[f32; E], &[f32; E], f32) -> usize,
+    >;
     pub const KERNEL: Fns = Kernel { order, leasts, find };
 
     fn order(d0: &[f32; E], picks: usize) -> [u8; E] {
@@ -224,10 +237,13 @@ mod avx2 {
     /// [`Joint::search`] compiled for AVX2, with its kernels.
     #[target_feature(enable = "avx2")]
     pub unsafe fn search(joint: &Joint, v: &[f32], w: Option<&[f32]>, picks: usize) -> [u16; 3] {
-        // SAFETY: this function runs only where AVX2 is present, which is all the kernels need.
+        // The kernels need only AVX2, which this function's callers have checked for.
         let kernel = Kernel {
+            // SAFETY: AVX2 is present (above).
             order: |d: &[f32; E], p| unsafe { order(d, p) },
+            // SAFETY: AVX2 is present (above).
             leasts: |t: &Table, r: &Rows, q: &Rows, p| unsafe { leasts(t, r, q, p) },
+            // SAFETY: AVX2 is present (above).
             find: |t: &Table, r: &[f32; E], q: &[f32; E], l| unsafe { find(t, r, q, l) },
         };
         joint.search(v, w, picks, kernel)
@@ -276,8 +292,8 @@ mod avx2 {
         unsafe {
             for p0 in (0..picks).step_by(4) {
                 let mut acc = [[_mm256_set1_ps(f32::INFINITY); 2]; 4];
-                for j in 0..E {
-                    let t = [_mm256_loadu_ps(table.as_ptr().add(j * E)), _mm256_loadu_ps(table.as_ptr().add(j * E + 8))];
+                for (j, row) in table.chunks_exact(E).enumerate() {
+                    let t = [_mm256_loadu_ps(row.as_ptr()), _mm256_loadu_ps(row.as_ptr().add(8))];
                     for (pp, a) in acc.iter_mut().enumerate() {
                         let r = _mm256_set1_ps(rbs[p0 + pp][j]);
                         a[0] = _mm256_min_ps(a[0], _mm256_sub_ps(t[0], r));
@@ -302,10 +318,10 @@ mod avx2 {
         unsafe {
             let qv = [_mm256_loadu_ps(q.as_ptr()), _mm256_loadu_ps(q.as_ptr().add(8))];
             let l = _mm256_set1_ps(least);
-            for j in 0..E {
-                let r = _mm256_set1_ps(rb[j]);
+            for (j, (row, &rbj)) in table.chunks_exact(E).zip(rb).enumerate() {
+                let r = _mm256_set1_ps(rbj);
                 for (h, qh) in qv.iter().enumerate() {
-                    let part = _mm256_sub_ps(_mm256_loadu_ps(table.as_ptr().add(j * E + 8 * h)), r);
+                    let part = _mm256_sub_ps(_mm256_loadu_ps(row.as_ptr().add(8 * h)), r);
                     let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_sub_ps(part, *qh), l));
                     if hit != 0 {
                         return j * E + 8 * h + hit.trailing_zeros() as usize;
@@ -331,8 +347,7 @@ mod tests {
     fn error(cb: &Codebooks, v: &[f32], w: Option<&[f32]>, code: [usize; 3]) -> f64 {
         (0..cb.dim)
             .map(|j| {
-                let r = f64::from(v[j])
-                    - (0..3).map(|s| f64::from(cb.entry(s, code[s])[j])).sum::<f64>();
+                let r = f64::from(v[j]) - (0..3).map(|s| f64::from(cb.entry(s, code[s])[j])).sum::<f64>();
                 f64::from(w.map_or(1.0, |w| w[j])) * r * r
             })
             .sum()
@@ -352,7 +367,8 @@ mod tests {
                 let mut out = [0u16; 3];
                 joint.encode(v, w, 16, &mut out);
                 let got = error(&cb, v, w, out.map(usize::from));
-                let best = (0..4096).map(|c| error(&cb, v, w, [c / 256, c / 16 % 16, c % 16])).fold(f64::INFINITY, f64::min);
+                let best =
+                    (0..4096).map(|c| error(&cb, v, w, [c / 256, c / 16 % 16, c % 16])).fold(f64::INFINITY, f64::min);
                 assert!(got <= best * (1.0 + 1e-5) + 1e-6, "vector {i}: {got} against {best}");
             }
         }

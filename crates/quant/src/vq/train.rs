@@ -299,10 +299,10 @@ pub fn encode_vec(v: &[f32], w: Option<&[f32]>, cb: &Codebooks, beam: usize, sea
 pub fn encode(data: Data<'_>, cb: &Codebooks, beam: usize, codes: &mut Vec<u16>) {
     codes.resize(data.len() * cb.stages, 0);
     if let Some(joint) = Joint::new(cb) {
-        codes.par_chunks_exact_mut(cb.stages).enumerate().for_each_init(
-            || joint.clone(),
-            |joint, (i, out)| joint.encode(data.vec(i), data.weight(i), beam, out),
-        );
+        codes
+            .par_chunks_exact_mut(cb.stages)
+            .enumerate()
+            .for_each_init(|| joint.clone(), |joint, (i, out)| joint.encode(data.vec(i), data.weight(i), beam, out));
         return;
     }
     codes.par_chunks_exact_mut(cb.stages).enumerate().for_each_init(
