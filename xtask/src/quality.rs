@@ -20,7 +20,7 @@ struct Method {
 }
 
 fn vq_with(codec: Codec, w: &[f32], cols: usize, calib: Option<&[f32]>) -> Vec<f32> {
-    let mut opts = EncodeOptions { calibration: calib.map(<[f32]>::to_vec), ..EncodeOptions::default() };
+    let mut opts = EncodeOptions::default();
     if let Some(b) = std::env::var("K3_VQ_BEAM").ok().and_then(|v| v.parse().ok()) {
         opts.beam = b;
     }
@@ -29,6 +29,9 @@ fn vq_with(codec: Codec, w: &[f32], cols: usize, calib: Option<&[f32]>) -> Vec<f
     }
     if let Some(r) = std::env::var("K3_VQ_ROUNDS").ok().and_then(|v| v.parse().ok()) {
         opts.refine_rounds = r;
+    }
+    if let Some(xs) = calib {
+        opts = opts.calibrated(xs, cols).expect("shapes were checked");
     }
     vq::encode(codec, w, cols, &opts).expect("shapes were checked").decode()
 }

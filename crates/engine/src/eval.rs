@@ -43,9 +43,7 @@ pub fn perplexity(
     chunk: usize,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Perplexity, EngineError> {
-    if window < 2 {
-        return Err(EngineError::Input(format!("a perplexity window needs at least 2 tokens, not {window}")));
-    }
+    check_window(window)?;
     let v = engine.vocab();
     let mut out = Perplexity::default();
     for (i, w) in ids.chunks(window).filter(|w| w.len() >= 2).enumerate() {
@@ -103,6 +101,7 @@ pub fn agreement(
     chunk: usize,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Agreement, EngineError> {
+    check_window(window)?;
     let v = model.vocab();
     if reference.vocab() != v {
         return Err(EngineError::Input(format!(
@@ -111,7 +110,7 @@ pub fn agreement(
         )));
     }
     let mut out = Agreement::default();
-    for (i, w) in ids.chunks(window.max(2)).filter(|w| w.len() >= 2).enumerate() {
+    for (i, w) in ids.chunks(window).filter(|w| w.len() >= 2).enumerate() {
         let (mut sm, mut sr) = (model.session(), reference.session());
         for (ci, c) in w.chunks(chunk.max(1)).enumerate() {
             let (lm, lr) = (model.forward(&mut sm, c, None)?, reference.forward(&mut sr, c, None)?);
@@ -119,8 +118,7 @@ pub fn agreement(
             // The window's last position predicts past it: not scored.
             let rows = c.len().min(w.len() - 1 - first.min(w.len() - 1));
             for (q, p) in lm.chunks_exact(v).zip(lr.chunks_exact(v)).take(rows) {
-                let (lq, lp) = (log_softmax(q), log_softmax(p));
-                out.kl += lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
+                out.kl += kl_divergence(p, q);
                 out.top1 += usize::from(argmax(q) == argmax(p));
                 out.positions += 1;
             }
@@ -128,6 +126,19 @@ pub fn agreement(
         progress(i + 1);
     }
     Ok(out)
+}
+
+fn check_window(window: usize) -> Result<(), EngineError> {
+    if window < 2 {
+        return Err(EngineError::Input(format!("a scoring window needs at least 2 tokens, not {window}")));
+    }
+    Ok(())
+}
+
+/// `KL(softmax(p) || softmax(q))` in nats, from logits.
+fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
@@ -157,10 +168,7 @@ mod tests {
     #[test]
     fn kl_of_a_distribution_with_itself_is_zero_and_positive_otherwise() {
         let (p, q) = ([1.0f32, 2.0, 3.0], [3.0f32, 2.0, 1.0]);
-        let kl = |a: &[f32], b: &[f32]| {
-            let (la, lb) = (log_softmax(a), log_softmax(b));
-            la.iter().zip(&lb).map(|(x, y)| x.exp() * (x - y)).sum::<f64>()
-        };
+        let kl = kl_divergence;
         assert!(kl(&p, &p).abs() < 1e-12);
         // By hand: p = softmax(1,2,3); KL(p || reverse(p)) = sum p_i (log p_i - log p_(2-i)).
         let z: f64 = [1f64, 2.0, 3.0].iter().map(|x| x.exp()).sum();

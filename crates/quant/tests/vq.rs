@@ -186,6 +186,22 @@ fn encoders_reach_three_bit_quality_on_gaussian_weights() {
     }
 }
 
+/// Row scales keep each row's energy (the rotation is orthogonal), so a row decodes as long as
+/// the original, to the f16 scale's rounding (relative 2^-11) and f32 sums.
+#[test]
+fn rows_keep_their_energy() {
+    let (rows, cols) = (64, 256);
+    let w = gaussian(rows * cols, 31);
+    for codec in Codec::ALL {
+        let d = vq::encode(codec, &w, cols, &EncodeOptions::fast()).unwrap().decode();
+        for (r, (a, b)) in w.chunks_exact(cols).zip(d.chunks_exact(cols)).enumerate() {
+            let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+            let ratio = norm(b) / norm(a);
+            assert!((ratio - 1.0).abs() < 1e-3, "{} row {r}: decoded norm / original {ratio}", codec.name());
+        }
+    }
+}
+
 #[test]
 fn activation_weighting_lowers_the_output_error() {
     // Activations with a few dominant channels: weighting by E[x^2] should protect them.
@@ -212,7 +228,7 @@ fn activation_weighting_lowers_the_output_error() {
         let plain =
             vq::encode(codec, &w, cols, &EncodeOptions { rotation_block: 0, ..EncodeOptions::default() }).unwrap();
         let calibrated =
-            |gptq| EncodeOptions { rotation_block: 0, calibration: Some(xs.clone()), gptq, ..EncodeOptions::default() };
+            |gptq| EncodeOptions { rotation_block: 0, gptq, ..EncodeOptions::default() }.calibrated(&xs, cols).unwrap();
         let weighted = vq::encode(codec, &w, cols, &calibrated(false)).unwrap();
         let gptq = vq::encode(codec, &w, cols, &calibrated(true)).unwrap();
         let (p, q, g) = (out_err(&plain), out_err(&weighted), out_err(&gptq));
@@ -225,4 +241,20 @@ fn activation_weighting_lowers_the_output_error() {
 fn bad_shapes_are_refused() {
     assert!(vq::encode(Codec::FastScan, &[0.0; 16 * 64], 64, &EncodeOptions::fast()).is_err(), "16 rows");
     assert!(vq::encode(Codec::Residual, &[0.0; 4 * 12], 12, &EncodeOptions::fast()).is_err(), "12 columns");
+}
+
+#[test]
+fn calibration_for_other_matrices_is_refused() {
+    let xs = gaussian(8 * 64, 41);
+    let w = gaussian(32 * 128, 42);
+    assert!(EncodeOptions::fast().calibrated(&xs[..100], 64).is_err(), "not whole inputs");
+    // Prepared for 64 columns, used on 128.
+    let opts = EncodeOptions::fast().calibrated(&xs, 64).unwrap();
+    let err = vq::encode(Codec::FastScan, &w, 128, &opts).unwrap_err();
+    assert!(err.contains("64 columns"), "{err}");
+    // Prepared under another rotation.
+    let xs = gaussian(8 * 128, 43);
+    let opts = EncodeOptions { seed: 7, ..EncodeOptions::fast() }.calibrated(&xs, 128).unwrap();
+    let opts = EncodeOptions { seed: 8, ..opts };
+    assert!(vq::encode(Codec::FastScan, &w, 128, &opts).is_err(), "another rotation seed");
 }

@@ -3,6 +3,8 @@
 
 use half::{bf16, f16};
 use k3_format::{CodebookSource, Encoding};
+use std::sync::Arc;
+
 use k3_quant::vq::{self, Codec, EncodeOptions};
 use k3_quant::{int4, int8, mxfp4};
 use safetensors::Dtype as StDtype;
@@ -136,14 +138,15 @@ pub enum ExpertTarget {
 }
 
 /// Encodes one expert matrix `[rows, cols]` of f32 weights. Returns the encoding and its parts.
-/// `calibration` (`[n, cols]`: inputs the matrix sees) weights a VQ encoding's error by them.
+/// `calibration` (the inputs the matrix sees, prepared by [`vq_calibration`]) weights a VQ
+/// encoding's error by them.
 pub fn expert(
     name: &str,
     w: &[f32],
     rows: usize,
     cols: usize,
     target: ExpertTarget,
-    calibration: Option<&[f32]>,
+    calibration: Option<&Arc<vq::Calibration>>,
 ) -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
     match target {
         ExpertTarget::Bf16 => Ok((Encoding::Bf16, vec![le(w, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())])),
@@ -168,7 +171,7 @@ pub fn expert(
             Ok((Encoding::Mxfp4, vec![p, s]))
         }
         ExpertTarget::Vq(codec) => {
-            let opts = EncodeOptions { calibration: calibration.map(<[f32]>::to_vec), ..EncodeOptions::default() };
+            let opts = EncodeOptions { calibration: calibration.cloned(), ..EncodeOptions::default() };
             let m = vq::encode(codec, w, cols, &opts).map_err(|e| ConvertError::Unsupported(format!("{name}: {e}")))?;
             let (block, seed) = m.rotation.as_ref().map_or((0, 0), |r| (r.block as u32, r.seed));
             let enc = Encoding::Vq {
@@ -200,6 +203,14 @@ pub fn codec_of(enc: &Encoding) -> Option<Codec> {
         Encoding::Vq { stages: 3, entries: 256, dim: 8, interleave: 1, .. } => Some(Codec::Residual),
         _ => None,
     }
+}
+
+/// Inputs `xs` (`[n, cols]`) prepared once for every VQ matrix of `cols` columns that reads them
+/// (an expert's w1 and w3 share theirs), with the settings [`expert`] encodes with.
+pub fn vq_calibration(name: &str, xs: &[f32], cols: usize) -> Result<Arc<vq::Calibration>, ConvertError> {
+    vq::Calibration::new(xs, cols, &EncodeOptions::default())
+        .map(Arc::new)
+        .map_err(|e| ConvertError::Unsupported(format!("{name}: {e}")))
 }
 
 /// The encoding an expert matrix of `cols` columns will get under `target` (known before any

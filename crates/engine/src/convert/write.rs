@@ -1,7 +1,10 @@
 //! Writing a planned conversion: the trunk tensor by tensor, then the experts record by record
 //! (re-encoded on every core a few at a time), the embedded files, and a full verification.
 
+use std::sync::Arc;
+
 use k3_format::{Model, ModelWriter, OpenOptions};
+use k3_quant::vq;
 use rayon::prelude::*;
 use safetensors::Dtype as StDtype;
 
@@ -149,7 +152,7 @@ fn record(
     };
     for (i, (base, rows, cols, f)) in mats.iter().enumerate() {
         // w1 and w3 see the expert's input, w2 the activation.
-        let calib = inputs.as_ref().map(|(x, h)| if EXPERT_MATRICES[i] == "w2" { h.as_slice() } else { x.as_slice() });
+        let calib = inputs.as_ref().map(|c| if EXPERT_MATRICES[i] == "w2" { &c.activation } else { &c.input });
         let (enc, encoded) = encode::expert(base, f, *rows, *cols, t, calib)?;
         if enc != encode::planned(t, *cols) {
             return Err(ConvertError::Unsupported(format!(
@@ -165,16 +168,21 @@ fn record(
 /// Fewest inputs of its own an expert needs to be weighted by them (else its layer's are used).
 const MIN_OWN_INPUTS: usize = 16;
 
-/// The calibration inputs of one expert's matrices: `x` for w1 and w3, and
-/// `act(w1 x, w3 x)` for w2, from the source weights `mats` (w1, w2, w3).
-#[allow(clippy::type_complexity)]
+/// One expert's calibration, prepared for encoding: what w1 and w3 read, and what w2 reads.
+struct ExpertCalibration {
+    input: Arc<vq::Calibration>,
+    activation: Arc<vq::Calibration>,
+}
+
+/// The calibration inputs of one expert's matrices, prepared for encoding: `x` for w1 and w3,
+/// and `act(w1 x, w3 x)` for w2, from the source weights `mats` (w1, w2, w3).
 fn expert_inputs(
     c: &Calibration,
     plan: &Plan,
     p: &LayerPlan,
     expert: u32,
     mats: &[(String, usize, usize, Vec<f32>)],
-) -> Result<Option<(Vec<f32>, Vec<f32>)>, ConvertError> {
+) -> Result<Option<ExpertCalibration>, ConvertError> {
     let Some(sample) = c.inputs(p.layer, expert, MIN_OWN_INPUTS) else { return Ok(None) };
     let (w1, w3) = (&mats[0], &mats[2]);
     if sample.dim != w1.2 {
@@ -191,7 +199,12 @@ fn expert_inputs(
         k3_quant::dense::matvec_f32(&w3.3, x, &mut u);
         h.extend(g.iter().zip(&u).map(|(g, u)| crate::model::activate(plan.activation, *g, *u)));
     }
-    Ok(Some((sample.vectors.clone(), h)))
+    // Prepared once each: w1 and w3 share their inputs' (costly) second-moment factor.
+    let (w2_name, w2_cols) = (&mats[1].0, mats[1].2);
+    Ok(Some(ExpertCalibration {
+        input: encode::vq_calibration(&w1.0, &sample.vectors, w1.2)?,
+        activation: encode::vq_calibration(w2_name, &h, w2_cols)?,
+    }))
 }
 
 /// Embeds the checkpoint's config and tokenizer files, seals the model, then reads every byte

@@ -7,21 +7,28 @@
 //!
 //! With 16 first-stage picks the search is exhaustive (all 4096 codes).
 
-use super::train::{Codebooks, MAX_DIM};
+use std::collections::HashMap;
+
+use super::train::{Codebooks, MAX_DIM, stage_dists_n};
 use crate::cpu::{Level, level, supported};
 
 const E: usize = 16;
+
+/// Weighted tables kept per search before the cache starts over (1 KiB each). Importance
+/// weights are per input column, so a matrix needs one table per chunk position (896 for K3's
+/// 3,584 columns): each is computed once per thread, not once per vector.
+const CACHED_TABLES: usize = 4096;
 
 /// Reusable state of the joint search, for one set of codebooks.
 #[derive(Debug, Clone)]
 pub struct Joint {
     dim: usize,
-    /// Codebooks transposed, `[stage][dim][entry]`.
+    /// Codebooks transposed, `[stage][dim][entry]` ([`Codebooks::transposed`]).
     soa: [f32; 3 * MAX_DIM * E],
-    /// `|b_j + c_k|²` (weighted by `norm_for`), index `j * 16 + k`.
-    pair_norm: [f32; E * E],
-    /// The weights `pair_norm` was computed with (`None`: unweighted).
-    norm_for: Option<[f32; MAX_DIM]>,
+    /// `|b_j + c_k|²` unweighted.
+    plain: Box<Table>,
+    /// `sum_d w_d (b_j + c_k)_d²` per weight vector seen (keyed by the weights' bits).
+    weighted: HashMap<[u32; MAX_DIM], Box<Table>>,
     level: Level,
 }
 
@@ -36,52 +43,15 @@ impl Joint {
         if cb.stages != 3 || cb.entries != E || cb.dim > MAX_DIM {
             return None;
         }
-        let d = cb.dim;
         let mut soa = [0f32; 3 * MAX_DIM * E];
-        for s in 0..3 {
-            for e in 0..E {
-                for (j, v) in cb.entry(s, e).iter().enumerate() {
-                    soa[(s * d + j) * E + e] = *v;
-                }
-            }
-        }
-        let mut joint = Joint {
-            dim: d,
-            soa,
-            pair_norm: [0.0; E * E],
-            norm_for: Some([f32::NAN; MAX_DIM]),
-            level: supported(level),
-        };
-        joint.tabulate(None);
-        Some(joint)
+        let t = cb.transposed();
+        soa[..t.len()].copy_from_slice(&t);
+        let plain = Box::new(pair_norms(&soa, cb.dim, None));
+        Some(Joint { dim: cb.dim, soa, plain, weighted: HashMap::new(), level: supported(level) })
     }
 
     fn col(&self, stage: usize, j: usize) -> &[f32; E] {
-        self.soa[(stage * self.dim + j) * E..][..E].try_into().expect("16 entries")
-    }
-
-    /// `pair_norm` for weights `w`, unless it already holds them.
-    fn tabulate(&mut self, w: Option<&[f32]>) {
-        let key = w.map(|w| {
-            let mut k = [0f32; MAX_DIM];
-            k[..w.len()].copy_from_slice(w);
-            k
-        });
-        if key.map(|k| k.map(f32::to_bits)) == self.norm_for.map(|k| k.map(f32::to_bits)) {
-            return;
-        }
-        let mut table = [0f32; E * E];
-        for j in 0..self.dim {
-            let (b, c) = (*self.col(1, j), *self.col(2, j));
-            let wj = w.map_or(1.0, |w| w[j]);
-            for (bj, row) in b.iter().zip(table.chunks_exact_mut(E)) {
-                for (t, ck) in row.iter_mut().zip(&c) {
-                    *t += wj * (bj + ck) * (bj + ck);
-                }
-            }
-        }
-        self.pair_norm = table;
-        self.norm_for = key;
+        col(&self.soa, self.dim, stage, j)
     }
 
     /// The best code for `v` (weights `w`) among the `picks` best first-stage entries, each with
@@ -89,12 +59,23 @@ impl Joint {
     /// (pick, second, third) order wins, in every kernel.
     pub fn encode(&mut self, v: &[f32], w: Option<&[f32]>, picks: usize, out: &mut [u16]) {
         assert_eq!(v.len(), self.dim, "a {}-vector for {}-dim codebooks", v.len(), self.dim);
-        self.tabulate(w);
+        let key = w.map(|w| {
+            let mut key = [0u32; MAX_DIM];
+            key.iter_mut().zip(w).for_each(|(k, w)| *k = w.to_bits());
+            if !self.weighted.contains_key(&key) {
+                if self.weighted.len() == CACHED_TABLES {
+                    self.weighted.clear();
+                }
+                self.weighted.insert(key, Box::new(pair_norms(&self.soa, self.dim, Some(w))));
+            }
+            key
+        });
+        let table: &Table = key.map_or(&self.plain, |k| &self.weighted[&k]);
         let code = match self.level {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Joint::at` stores a level `supported` vouched for: Avx2 only on CPUs with it.
-            Level::Avx2 => unsafe { avx2::search(self, v, w, picks) },
-            _ => self.search(v, w, picks, reference::KERNEL),
+            Level::Avx2 => unsafe { avx2::search(self, table, v, w, picks) },
+            _ => self.search(table, v, w, picks, reference::KERNEL),
         };
         out.copy_from_slice(&code);
     }
@@ -105,6 +86,7 @@ impl Joint {
     #[inline(always)]
     fn search(
         &self,
+        table: &Table,
         v: &[f32],
         w: Option<&[f32]>,
         picks: usize,
@@ -116,14 +98,9 @@ impl Joint {
     ) -> [u16; 3] {
         let d = self.dim;
         let weight = |j: usize| w.map_or(1.0, |w| w[j]);
-        // First-stage distances |v - a_i|², in the beam search's order of operations.
+        // First-stage distances |v - a_i|², as the beam search computes them.
         let mut d0 = [0f32; E];
-        for (j, vj) in v.iter().enumerate() {
-            let wj = weight(j);
-            for (acc, a) in d0.iter_mut().zip(self.col(0, j)) {
-                *acc += wj * (vj - a) * (vj - a);
-            }
-        }
+        stage_dists_n(v, w, &self.soa[..d * E], &mut d0);
         let picks = picks.clamp(1, E);
         let order = (kernel.order)(&d0, picks);
         // Per pick, 2 w r with r = v - a_i, its dots with every b_j (rbs) and c_k, and the
@@ -135,28 +112,50 @@ impl Joint {
             for j in 0..d {
                 wr[j] = 2.0 * weight(j) * (v[j] - self.col(0, j)[i]);
             }
-            let mut rc = [0f32; E];
+            // Local sums (kept in registers), stored once.
+            let (mut rb, mut rc) = ([0f32; E], [0f32; E]);
             for (j, wrj) in wr[..d].iter().enumerate() {
-                for (acc, b) in rbs[p].iter_mut().zip(self.col(1, j)) {
+                for (acc, b) in rb.iter_mut().zip(self.col(1, j)) {
                     *acc += wrj * b;
                 }
                 for (acc, c) in rc.iter_mut().zip(self.col(2, j)) {
                     *acc += wrj * c;
                 }
             }
+            rbs[p] = rb;
             qs[p] = std::array::from_fn(|k| rc[k] - d0[i]);
         }
-        let leasts = (kernel.leasts)(&self.pair_norm, &rbs, &qs, picks);
+        let leasts = (kernel.leasts)(table, &rbs, &qs, picks);
         let mut best = (f32::INFINITY, [0u16; 3]);
         for (p, &least) in leasts[..picks].iter().enumerate() {
             // A later pick must do strictly better: equal errors keep the earlier code.
             if least < best.0 {
-                let jk = (kernel.find)(&self.pair_norm, &rbs[p], &qs[p], least);
+                let jk = (kernel.find)(table, &rbs[p], &qs[p], least);
                 best = (least, [u16::from(order[p]), (jk / E) as u16, (jk % E) as u16]);
             }
         }
         best.1
     }
+}
+
+/// The 16 entries' values in dimension `j` of stage `stage`, from transposed codebooks.
+fn col(soa: &[f32], dim: usize, stage: usize, j: usize) -> &[f32; E] {
+    soa[(stage * dim + j) * E..][..E].try_into().expect("16 entries")
+}
+
+/// `sum_d w_d (b_j + c_k)_d²` at `j * 16 + k` (`w` = 1 when `None`).
+fn pair_norms(soa: &[f32], dim: usize, w: Option<&[f32]>) -> Table {
+    let mut table = [0f32; E * E];
+    for j in 0..dim {
+        let (b, c) = (col(soa, dim, 1, j), col(soa, dim, 2, j));
+        let wj = w.map_or(1.0, |w| w[j]);
+        for (bj, row) in b.iter().zip(table.chunks_exact_mut(E)) {
+            for (t, ck) in row.iter_mut().zip(c) {
+                *t += wj * (bj + ck) * (bj + ck);
+            }
+        }
+    }
+    table
 }
 
 /// `|b_j + c_k|²` at `j * 16 + k`.
@@ -236,7 +235,7 @@ mod avx2 {
 
     /// [`Joint::search`] compiled for AVX2, with its kernels.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn search(joint: &Joint, v: &[f32], w: Option<&[f32]>, picks: usize) -> [u16; 3] {
+    pub unsafe fn search(joint: &Joint, table: &Table, v: &[f32], w: Option<&[f32]>, picks: usize) -> [u16; 3] {
         // The kernels need only AVX2, which this function's callers have checked for.
         let kernel = Kernel {
             // SAFETY: AVX2 is present (above).
@@ -246,7 +245,7 @@ mod avx2 {
             // SAFETY: AVX2 is present (above).
             find: |t: &Table, r: &[f32; E], q: &[f32; E], l| unsafe { find(t, r, q, l) },
         };
-        joint.search(v, w, picks, kernel)
+        joint.search(table, v, w, picks, kernel)
     }
 
     /// The least of 16 values (in every lane).

@@ -13,6 +13,7 @@
 //! (fast-scan: [`joint`]'s search, otherwise a beam search); optional activation-weighted
 //! distance and GPTQ; see [`train`].
 
+mod encoder;
 pub mod fastscan;
 pub mod hadamard;
 pub mod joint;
@@ -22,8 +23,8 @@ pub mod train;
 use half::f16;
 
 use crate::cpu::{Level, level};
+pub use encoder::{Calibration, EncodeOptions, encode};
 pub use hadamard::Rotation;
-use train::Data;
 
 /// The VQ codec candidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,53 +88,6 @@ impl Codec {
     }
 }
 
-/// Encoder settings.
-#[derive(Debug, Clone)]
-pub struct EncodeOptions {
-    /// Block size of the randomized Hadamard rotation (0 = none); the largest power of two up to
-    /// this that divides the columns is used.
-    pub rotation_block: usize,
-    pub seed: u64,
-    /// k-means iterations per stage.
-    pub kmeans_iters: usize,
-    /// Vectors sampled to train the codebooks (k-means and the refinement rounds).
-    pub sample: usize,
-    /// Rounds of joint refinement on the sample (re-encode, refit codebooks).
-    pub refine_rounds: usize,
-    /// Width of the search: for 3 x 16-entry codebooks (fast-scan), the nearest first-stage
-    /// entries each searched with all 256 pairs of the other two stages (16 = exhaustive);
-    /// otherwise the beam of a stage-by-stage search.
-    pub beam: usize,
-    /// Calibration activations `[n, cols]` (original basis): when present, distances weigh each
-    /// input column by `E[x^2]`, so the error that reaches the outputs is what gets minimized.
-    pub calibration: Option<Vec<f32>>,
-    /// With calibration: encode rows GPTQ-style, pushing each chunk's error onto the columns not
-    /// yet encoded through the inverse second-moment matrix of the activations (output-aware).
-    pub gptq: bool,
-}
-
-impl Default for EncodeOptions {
-    fn default() -> Self {
-        EncodeOptions {
-            rotation_block: 128,
-            seed: 0x5EED,
-            kmeans_iters: 12,
-            sample: 1 << 16,
-            refine_rounds: 2,
-            beam: 4,
-            calibration: None,
-            gptq: true,
-        }
-    }
-}
-
-impl EncodeOptions {
-    /// Cheap settings for tests and benchmarks of the kernels (quality is not the point there).
-    pub fn fast() -> Self {
-        EncodeOptions { kmeans_iters: 4, sample: 1 << 12, refine_rounds: 0, beam: 1, ..Self::default() }
-    }
-}
-
 /// An encoded matrix, owning its parts.
 #[derive(Debug, Clone)]
 pub struct VqMatrix {
@@ -170,165 +124,6 @@ pub struct Scratch {
     /// A batch's rotated vectors and their tables.
     xs: Vec<f32>,
     luts: Vec<u8>,
-}
-
-/// Encodes `w` (`[rows, cols]`, row-major) with `codec`.
-pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Result<VqMatrix, String> {
-    let rows = w.len() / cols.max(1);
-    if rows * cols != w.len() {
-        return Err(format!("{} values are not whole rows of {cols}", w.len()));
-    }
-    codec.check_shape(rows, cols)?;
-    let (d, s_n) = (codec.dim(), codec.stages());
-    let rotation = (opts.rotation_block > 1)
-        .then(|| Rotation::new(cols, Rotation::block_for(cols, opts.rotation_block), opts.seed));
-    let mut work = w.to_vec();
-    if let Some(r) = &rotation {
-        work.chunks_exact_mut(cols).for_each(|row| r.apply(row));
-    }
-    // Importance per (rotated) input column, mean 1.
-    let importance: Option<Vec<f32>> = opts.calibration.as_ref().map(|xs| {
-        let mut imp = vec![0f64; cols];
-        let mut buf = vec![0f32; cols];
-        for x in xs.chunks_exact(cols) {
-            buf.copy_from_slice(x);
-            if let Some(r) = &rotation {
-                r.apply(&mut buf);
-            }
-            for (m, v) in imp.iter_mut().zip(&buf) {
-                *m += f64::from(*v) * f64::from(*v);
-            }
-        }
-        let mean = imp.iter().sum::<f64>() / cols as f64;
-        imp.iter().map(|v| ((v / mean.max(1e-30)) as f32).max(1e-4)).collect()
-    });
-    // Rows normalized to unit RMS: one codebook then fits every row.
-    let mut scale: Vec<f32> = work
-        .chunks_exact(cols)
-        .map(|r| {
-            let rms = (r.iter().map(|v| v * v).sum::<f32>() / cols as f32).sqrt();
-            if rms > 0.0 { rms } else { 1.0 }
-        })
-        .collect();
-    for (row, s) in work.chunks_exact_mut(cols).zip(&scale) {
-        row.iter_mut().for_each(|v| *v /= s);
-    }
-    let weights: Option<Vec<f32>> = importance.as_ref().map(|imp| imp.repeat(rows));
-    let data = Data { dim: d, vecs: &work, weights: weights.as_deref() };
-    // Codebooks are trained on a sample (48 codewords need far fewer vectors than a matrix
-    // has), then every vector is encoded once.
-    let (sample, sample_weights) = train::subsample(data, opts.sample);
-    let sample = Data { dim: d, vecs: &sample, weights: sample_weights.as_deref() };
-    let mut cb = train::init_residual(sample, s_n, codec.entries(), opts.kmeans_iters, opts.seed);
-    let mut codes = Vec::new();
-    for _ in 0..opts.refine_rounds {
-        train::encode(sample, &cb, opts.beam.max(1), &mut codes);
-        train::refit(sample, &codes, &mut cb);
-    }
-    if let (true, Some(xs)) = (opts.gptq, &opts.calibration) {
-        let mut h = second_moment(xs, cols, rotation.as_ref());
-        if let Some(u) = train::gptq_factor(&mut h, cols, 0.01) {
-            let original = work.clone();
-            train::gptq_encode(&mut work, cols, &u, importance.as_deref(), &cb, opts.beam.max(1), &mut codes);
-            for _ in 0..opts.refine_rounds {
-                // The compensated targets GPTQ actually quantized: refit the codebooks to them,
-                // then encode again from the original rows.
-                train::refit(Data { dim: d, vecs: &work, weights: weights.as_deref() }, &codes, &mut cb);
-                work.copy_from_slice(&original);
-                train::gptq_encode(&mut work, cols, &u, importance.as_deref(), &cb, opts.beam.max(1), &mut codes);
-            }
-            match_energy(&mut scale, &original, &codes, &cb, importance.as_deref(), cols);
-            return Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation));
-        }
-    }
-    train::encode(data, &cb, opts.beam.max(1), &mut codes);
-    match_energy(&mut scale, &work, &codes, &cb, importance.as_deref(), cols);
-    Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation))
-}
-
-/// Sets each row's scale so that its reconstruction keeps the (importance-weighted) energy of
-/// `target` (the normalized rows). Least-squares scales shrink a reconstruction (codewords are
-/// conditional means), and the model loses more to that shrinkage than it gains from the
-/// smaller weight error: on the default model, next-token KL 0.00144 against 0.00194 nats
-/// uncalibrated (docs/LEARNED.md).
-fn match_energy(
-    scale: &mut [f32],
-    target: &[f32],
-    codes: &[u16],
-    cb: &train::Codebooks,
-    importance: Option<&[f32]>,
-    cols: usize,
-) {
-    let (d, s_n) = (cb.dim, cb.stages);
-    let chunks = cols / d;
-    let mut rec = vec![0f32; d];
-    for (r, s) in scale.iter_mut().enumerate() {
-        let (mut num, mut den) = (0f64, 0f64);
-        for k in 0..chunks {
-            let i = r * chunks + k;
-            train::reconstruct(cb, &codes[i * s_n..][..s_n], &mut rec);
-            for j in 0..d {
-                let imp = importance.map_or(1.0, |m| f64::from(m[k * d + j]));
-                num += imp * f64::from(target[i * d + j]).powi(2);
-                den += imp * f64::from(rec[j]) * f64::from(rec[j]);
-            }
-        }
-        if den > 0.0 && num > 0.0 {
-            *s *= (num / den).sqrt() as f32;
-        }
-    }
-}
-
-/// `E[x x^T]` of the calibration vectors in the rotated basis, `cols x cols` f64.
-fn second_moment(xs: &[f32], cols: usize, rotation: Option<&Rotation>) -> Vec<f64> {
-    use rayon::prelude::*;
-    let n = xs.len() / cols;
-    let rotated: Vec<f32> = xs
-        .chunks_exact(cols)
-        .flat_map(|x| {
-            let mut v = x.to_vec();
-            if let Some(r) = rotation {
-                r.apply(&mut v);
-            }
-            v
-        })
-        .collect();
-    let mut h = vec![0f64; cols * cols];
-    h.par_chunks_exact_mut(cols).enumerate().for_each(|(i, row)| {
-        for x in rotated.chunks_exact(cols) {
-            let xi = f64::from(x[i]);
-            for (hv, xj) in row.iter_mut().zip(x) {
-                *hv += xi * f64::from(*xj);
-            }
-        }
-        row.iter_mut().for_each(|v| *v /= n as f64);
-    });
-    h
-}
-
-fn finish(
-    codec: Codec,
-    rows: usize,
-    cols: usize,
-    codes: &[u16],
-    scale: Vec<f32>,
-    codebooks: Vec<f32>,
-    rotation: Option<Rotation>,
-) -> VqMatrix {
-    let items = cols / codec.dim() * codec.stages();
-    let packed = match codec {
-        Codec::FastScan => fastscan::pack(codes, rows, items),
-        Codec::Residual => codes.iter().map(|&c| c as u8).collect(),
-    };
-    VqMatrix {
-        codec,
-        rows,
-        cols,
-        codes: packed,
-        scale: scale.iter().map(|&s| f16::from_f32(s)).collect(),
-        codebooks,
-        rotation,
-    }
 }
 
 impl VqMatrix {

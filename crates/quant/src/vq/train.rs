@@ -48,6 +48,21 @@ impl Codebooks {
     pub fn entry(&self, stage: usize, e: usize) -> &[f32] {
         &self.values[(stage * self.entries + e) * self.dim..][..self.dim]
     }
+
+    /// The values as `[stage][dim][entry]`: a stage's distances to all its entries are then
+    /// loops over contiguous entries (vectorized by the compiler).
+    pub fn transposed(&self) -> Vec<f32> {
+        let (s_n, e_n, d) = (self.stages, self.entries, self.dim);
+        let mut soa = vec![0f32; s_n * d * e_n];
+        for s in 0..s_n {
+            for e in 0..e_n {
+                for (j, v) in self.entry(s, e).iter().enumerate() {
+                    soa[(s * d + j) * e_n + e] = *v;
+                }
+            }
+        }
+        soa
+    }
 }
 
 #[inline]
@@ -170,8 +185,7 @@ pub struct Search {
     cand: [(f32, u32, u32); MAX_BEAM],
     beams: [Beam; MAX_BEAM],
     next: [Beam; MAX_BEAM],
-    /// The codebooks transposed, `[stage][dim][entry]`: a stage's distances to all entries are
-    /// then loops over contiguous entries (vectorized by the compiler).
+    /// The codebooks transposed ([`Codebooks::transposed`]).
     soa: Vec<f32>,
     dists: Vec<f32>,
 }
@@ -179,22 +193,13 @@ pub struct Search {
 impl Search {
     /// Memory for searching `cb` (which must not change while this is used).
     pub fn for_codebooks(cb: &Codebooks) -> Self {
-        let (s_n, e_n, d) = (cb.stages, cb.entries, cb.dim);
-        let mut soa = vec![0f32; s_n * d * e_n];
-        for s in 0..s_n {
-            for e in 0..e_n {
-                for (j, v) in cb.entry(s, e).iter().enumerate() {
-                    soa[(s * d + j) * e_n + e] = *v;
-                }
-            }
-        }
         let empty = Beam { err: 0.0, res: [0.0; MAX_DIM], codes: [0; MAX_STAGES] };
         Search {
             cand: [(0.0, 0, 0); MAX_BEAM],
             beams: [empty; MAX_BEAM],
             next: [empty; MAX_BEAM],
-            soa,
-            dists: vec![0f32; e_n],
+            soa: cb.transposed(),
+            dists: vec![0f32; cb.entries],
         }
     }
 }
@@ -220,7 +225,8 @@ fn stage_dists(r: &[f32], w: Option<&[f32]>, soa: &[f32], dists: &mut [f32]) {
     }
 }
 
-fn stage_dists_n<const N: usize>(r: &[f32], w: Option<&[f32]>, soa: &[f32], dists: &mut [f32; N]) {
+#[inline(always)]
+pub(super) fn stage_dists_n<const N: usize>(r: &[f32], w: Option<&[f32]>, soa: &[f32], dists: &mut [f32; N]) {
     *dists = [0.0; N];
     for (j, rj) in r.iter().enumerate() {
         let col: &[f32; N] = soa[j * N..(j + 1) * N].try_into().expect("N entries");
@@ -294,20 +300,36 @@ pub fn encode_vec(v: &[f32], w: Option<&[f32]>, cb: &Codebooks, beam: usize, sea
     out[s] = at.1 as u16;
 }
 
-/// Encodes every vector of `data` with [`encode_vec`], in parallel. `codes` gets `stages` entries
-/// per vector.
+/// The search one set of codebooks gets: [`Joint`] for 3 x 16-entry codebooks (fast-scan),
+/// the stage-by-stage beam ([`encode_vec`]) otherwise.
+#[derive(Debug)]
+pub enum Searcher {
+    Joint(Box<Joint>),
+    Beam(Box<Search>),
+}
+
+impl Searcher {
+    pub fn for_codebooks(cb: &Codebooks) -> Self {
+        Joint::new(cb)
+            .map_or_else(|| Searcher::Beam(Box::new(Search::for_codebooks(cb))), |j| Searcher::Joint(Box::new(j)))
+    }
+
+    /// The codes of `v` (weights `w`) into `out`; `width` is the joint search's first-stage
+    /// picks or the beam's width.
+    pub fn encode(&mut self, v: &[f32], w: Option<&[f32]>, cb: &Codebooks, width: usize, out: &mut [u16]) {
+        match self {
+            Searcher::Joint(joint) => joint.encode(v, w, width, out),
+            Searcher::Beam(search) => encode_vec(v, w, cb, width, search, out),
+        }
+    }
+}
+
+/// Encodes every vector of `data`, in parallel. `codes` gets `stages` entries per vector.
 pub fn encode(data: Data<'_>, cb: &Codebooks, beam: usize, codes: &mut Vec<u16>) {
     codes.resize(data.len() * cb.stages, 0);
-    if let Some(joint) = Joint::new(cb) {
-        codes
-            .par_chunks_exact_mut(cb.stages)
-            .enumerate()
-            .for_each_init(|| joint.clone(), |joint, (i, out)| joint.encode(data.vec(i), data.weight(i), beam, out));
-        return;
-    }
     codes.par_chunks_exact_mut(cb.stages).enumerate().for_each_init(
-        || Search::for_codebooks(cb),
-        |search, (i, out)| encode_vec(data.vec(i), data.weight(i), cb, beam, search, out),
+        || Searcher::for_codebooks(cb),
+        |searcher, (i, out)| searcher.encode(data.vec(i), data.weight(i), cb, beam, out),
     );
 }
 
@@ -474,21 +496,16 @@ pub fn gptq_encode(
     let (d, s_n) = (cb.dim, cb.stages);
     let chunks = cols / d;
     codes.resize(w.len() / d * s_n, 0);
-    w.par_chunks_exact_mut(cols).zip(codes.par_chunks_exact_mut(chunks * s_n)).for_each(|(row, out)| {
-        let mut q = vec![0f32; d];
-        let mut one = vec![0u16; s_n];
-        let mut joint = Joint::new(cb);
-        let mut search = Search::for_codebooks(cb);
-        let mut e = vec![0f64; d];
+    // One searcher per worker, kept across its rows (its weighted tables are per column).
+    let init = || (Searcher::for_codebooks(cb), vec![0f32; d], vec![0u16; s_n], vec![0f64; d]);
+    let rows = w.par_chunks_exact_mut(cols).zip(codes.par_chunks_exact_mut(chunks * s_n));
+    rows.for_each_init(init, |(searcher, q, one, e), (row, out)| {
         for k in 0..chunks {
             let c0 = k * d;
             let weights = importance.map(|m| &m[c0..c0 + d]);
-            match &mut joint {
-                Some(joint) => joint.encode(&row[c0..c0 + d], weights, beam, &mut one),
-                None => encode_vec(&row[c0..c0 + d], weights, cb, beam, &mut search, &mut one),
-            }
-            reconstruct(cb, &one, &mut q);
-            out[k * s_n..(k + 1) * s_n].copy_from_slice(&one);
+            searcher.encode(&row[c0..c0 + d], weights, cb, beam, one);
+            reconstruct(cb, one, q);
+            out[k * s_n..(k + 1) * s_n].copy_from_slice(one);
             // Solve e U_bb = (w_b - q_b) for the row vector e (U_bb upper triangular).
             for j in 0..d {
                 let mut v = f64::from(row[c0 + j] - q[j]);
