@@ -3,31 +3,55 @@
 use std::sync::OnceLock;
 
 /// The instruction-set level kernels may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Each level includes the ones below it; kernels without a wider version run their AVX2 code
+/// at `Avx512`. Dispatches match every level by name, so a new level cannot silently fall back to
+/// the scalar references.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
     Scalar,
     /// AVX2 + FMA + F16C (Haswell, Zen and later).
+    #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX2 plus AVX-512 F, BW, VL and VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later).
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
-/// The level in use: the best the CPU has, unless `K3_SIMD=scalar` forces the scalar references
-/// (for measuring what SIMD buys, and for debugging).
+/// The level in use: the best the CPU has, unless `K3_SIMD` caps it (`scalar` or `avx2`: for
+/// measuring what each level buys, and for debugging).
 pub fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        if std::env::var("K3_SIMD").is_ok_and(|v| v == "scalar") {
-            return Level::Scalar;
-        }
-        detect()
+    *LEVEL.get_or_init(|| match std::env::var("K3_SIMD").as_deref() {
+        Ok("scalar") => Level::Scalar,
+        #[cfg(target_arch = "x86_64")]
+        Ok("avx2") => detect().min(Level::Avx2),
+        _ => detect(),
     })
+}
+
+/// Every level this CPU runs, lowest first: what the property tests compare with each other.
+pub fn levels() -> Vec<Level> {
+    #[cfg(target_arch = "x86_64")]
+    let all = [Level::Scalar, Level::Avx2, Level::Avx512];
+    #[cfg(not(target_arch = "x86_64"))]
+    let all = [Level::Scalar];
+    all.into_iter().filter(|l| *l <= detect()).collect()
 }
 
 /// What the CPU supports, ignoring overrides.
 pub fn detect() -> Level {
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-            return Level::Avx2;
+        let avx2 =
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+        let avx512 = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni");
+        match (avx2, avx512) {
+            (true, true) => return Level::Avx512,
+            (true, false) => return Level::Avx2,
+            _ => {}
         }
     }
     Level::Scalar
@@ -38,6 +62,6 @@ pub fn detect() -> Level {
 /// to pick a kernel explicitly.
 #[track_caller]
 pub fn supported(want: Level) -> Level {
-    assert!(want == Level::Scalar || detect() == want, "this CPU does not support {want:?}");
+    assert!(want <= detect(), "this CPU does not support {want:?}");
     want
 }

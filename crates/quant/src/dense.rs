@@ -17,8 +17,8 @@ pub fn matvec_f32_at(level: Level, w: &[f32], x: &[f32], y: &mut [f32]) {
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA.
-        Level::Avx2 => unsafe { avx2::matvec_f32(w, x, y) },
-        _ => reference::matvec_f32(w, x, y),
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::matvec_f32(w, x, y) },
+        Level::Scalar => reference::matvec_f32(w, x, y),
     }
 }
 
@@ -34,8 +34,8 @@ pub fn matvec_bf16_at(level: Level, w: &[bf16], x: &[f32], y: &mut [f32]) {
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA.
-        Level::Avx2 => unsafe { avx2::matvec_bf16(w, x, y) },
-        _ => reference::matvec_bf16(w, x, y),
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::matvec_bf16(w, x, y) },
+        Level::Scalar => reference::matvec_bf16(w, x, y),
     }
 }
 
@@ -54,7 +54,7 @@ pub fn matmul_bf16_at(level: Level, w: &[bf16], cols: usize, xs: &[f32], ys: &mu
     assert!(w.len() == rows * cols && ys.len() == n * rows, "shapes do not match");
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => {
+        Level::Avx2 | Level::Avx512 => {
             for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
                 // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; `width`
                 // whole vectors.
@@ -68,7 +68,7 @@ pub fn matmul_bf16_at(level: Level, w: &[bf16], cols: usize, xs: &[f32], ys: &mu
                 }
             }
         }
-        _ => {
+        Level::Scalar => {
             for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {
                 reference::matvec_bf16(w, x, y);
             }

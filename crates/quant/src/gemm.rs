@@ -15,8 +15,8 @@ pub fn abt_at(level: Level, a: &[f32], b: &[f32], k: usize, out: &mut [f32], acc
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked.
-        Level::Avx2 => unsafe { avx2::abt(a, b, k, out, accumulate) },
-        _ => reference::abt(a, b, k, out, accumulate),
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::abt(a, b, k, out, accumulate) },
+        Level::Scalar => reference::abt(a, b, k, out, accumulate),
     }
 }
 
@@ -32,8 +32,8 @@ pub fn pb_acc_at(level: Level, p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) 
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `abt_at`.
-        Level::Avx2 => unsafe { avx2::pb_acc(p, b, k, acc) },
-        _ => reference::pb_acc(p, b, k, acc),
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::pb_acc(p, b, k, acc) },
+        Level::Scalar => reference::pb_acc(p, b, k, acc),
     }
 }
 

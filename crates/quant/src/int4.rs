@@ -50,10 +50,11 @@ pub fn matvec_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &[f32],
     check(q, scale, x.len(), group, y.len());
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 if group.is_multiple_of(32) => with_nibble_order(x, |xp| {
+        Level::Avx2 | Level::Avx512 if group.is_multiple_of(32) => with_nibble_order(x, |xp| {
             // SAFETY: `supported` returns Avx2 only when the CPU has AVX2, FMA and F16C; shapes checked.
             unsafe { avx2::matvec(q, scale, group, xp, y) }
         }),
+        // The scalar level, and groups the SIMD kernel does not take.
         _ => reference::matvec(q, scale, group, x, y),
     }
 }
@@ -73,7 +74,7 @@ pub fn matmul_at(level: Level, q: &[u8], scale: &[f16], group: usize, cols: usiz
     check(q, scale, cols, group, rows);
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 if group.is_multiple_of(32) => {
+        Level::Avx2 | Level::Avx512 if group.is_multiple_of(32) => {
             for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
                 if width == 1 {
                     matvec_at(level, q, scale, group, xb, yb);
@@ -92,6 +93,7 @@ pub fn matmul_at(level: Level, q: &[u8], scale: &[f16], group: usize, cols: usiz
                 });
             }
         }
+        // The scalar level, and groups the SIMD kernels do not take.
         _ => {
             for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {
                 matvec_at(level, q, scale, group, x, y);

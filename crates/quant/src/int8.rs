@@ -32,8 +32,8 @@ pub fn matvec_at(level: Level, q: &[i8], scale: &[f32], x: &[f32], y: &mut [f32]
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked above.
-        Level::Avx2 => unsafe { avx2::matvec(q, scale, x, y) },
-        _ => reference::matvec(q, scale, x, y),
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::matvec(q, scale, x, y) },
+        Level::Scalar => reference::matvec(q, scale, x, y),
     }
 }
 
@@ -51,7 +51,7 @@ pub fn matmul_at(level: Level, q: &[i8], scale: &[f32], cols: usize, xs: &[f32],
     assert!(q.len() == rows * cols && ys.len() == n * rows, "shapes do not match");
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => {
+        Level::Avx2 | Level::Avx512 => {
             for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
                 // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes
                 // checked, `width` whole vectors.
@@ -65,7 +65,7 @@ pub fn matmul_at(level: Level, q: &[i8], scale: &[f32], cols: usize, xs: &[f32],
                 }
             }
         }
-        _ => {
+        Level::Scalar => {
             for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {
                 reference::matvec(q, scale, x, y);
             }

@@ -113,11 +113,11 @@ pub fn matvec_at(level: Level, packed: &[u8], scale: &[u8], x: &[f32], y: &mut [
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => with_nibble_order(x, |xp| {
+        Level::Avx2 | Level::Avx512 => with_nibble_order(x, |xp| {
             // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked above.
             unsafe { avx2::matvec(packed, scale, xp, y) }
         }),
-        _ => reference::matvec(packed, scale, x, y),
+        Level::Scalar => reference::matvec(packed, scale, x, y),
     }
 }
 
@@ -137,13 +137,13 @@ pub fn matmul_at(level: Level, packed: &[u8], scale: &[u8], cols: usize, xs: &[f
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => with_nibble_order_padded(xs, cols, |xp, stride| {
+        Level::Avx2 | Level::Avx512 => with_nibble_order_padded(xs, cols, |xp, stride| {
             for (xb, yb) in xp.chunks(stride * avx2::MAX_BATCH).zip(ys.chunks_mut(rows * avx2::MAX_BATCH)) {
                 // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked above.
                 unsafe { avx2::matmul(packed, scale, cols, stride, xb, yb) }
             }
         }),
-        _ => reference::matmul(packed, scale, cols, xs, ys),
+        Level::Scalar => reference::matmul(packed, scale, cols, xs, ys),
     }
 }
 
@@ -158,8 +158,8 @@ pub fn matvec_q8_at(level: Level, packed: &[u8], scale: &[u8], x: &Q8, y: &mut [
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked above.
-        Level::Avx2 => unsafe { avx2::matvec_q8(packed, scale, x, y) },
-        _ => reference::matvec_q8(packed, scale, x, y),
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::matvec_q8(packed, scale, x, y) },
+        Level::Scalar => reference::matvec_q8(packed, scale, x, y),
     }
 }
 

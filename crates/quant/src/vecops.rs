@@ -25,8 +25,8 @@ pub fn dot_at(level: Level, a: &[f32], b: &[f32]) -> f32 {
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; lengths checked.
-        Level::Avx2 => unsafe { avx2::dot(a, b) },
-        _ => reference::dot(a, b),
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::dot(a, b) },
+        Level::Scalar => reference::dot(a, b),
     }
 }
 
@@ -40,8 +40,8 @@ pub fn axpby_at(level: Level, alpha: f32, y: &mut [f32], beta: f32, x: &[f32]) {
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_at`.
-        Level::Avx2 => unsafe { avx2::axpby(alpha, y, beta, x) },
-        _ => reference::axpby(alpha, y, beta, x),
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::axpby(alpha, y, beta, x) },
+        Level::Scalar => reference::axpby(alpha, y, beta, x),
     }
 }
 

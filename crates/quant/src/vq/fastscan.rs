@@ -7,7 +7,7 @@
 //! A matvec first builds the table `T[j][e] = C_{j%3}[e] . x_chunk(j/3)`, quantizes it to u8 with
 //! one step `delta` for all items and a per-item offset (`T ~ delta * L + min_j`), then sums
 //! `L[j][code(r, j)]` over items in integers, 32 rows per `pshufb`. The integer sums are exact in
-//! both the scalar reference and the AVX2 kernel, so their results are bit-identical.
+//! the scalar reference and the AVX2 and AVX-512 kernels, so their results are bit-identical.
 
 use super::{Scratch, VqRef};
 use crate::cpu::{Level, level, supported};
@@ -62,8 +62,8 @@ pub fn build_lut_at(level: Level, codebooks: &[f32], x: &[f32], table: &mut Vec<
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; sizes set above.
-        Level::Avx2 => unsafe { avx2::build_lut(&ct, x, table, lut) },
-        _ => reference::build_lut(&ct, x, table, lut),
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::build_lut(&ct, x, table, lut) },
+        Level::Scalar => reference::build_lut(&ct, x, table, lut),
     }
 }
 
@@ -122,14 +122,19 @@ pub fn sums2_at(level: Level, codes: &[u8], items: usize, luts: [&[u8]; 2], sums
     assert_eq!(sa.len(), sb.len(), "two sums of one matrix");
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => {
+        lvl @ (Level::Avx2 | Level::Avx512) => {
             assert!(items.is_multiple_of(2) && sa.len().is_multiple_of(32), "item pairs and 32-row blocks");
             assert_eq!(codes.len(), sa.len() * items / 2, "codes for {} rows of {items} items", sa.len());
             assert!(luts.iter().all(|l| l.len() == items * 16), "tables of {items} items");
-            // SAFETY: as for `sums`, checked above for both tables.
-            unsafe { avx2::sums2(codes, items, luts, [sa, sb]) }
+            if lvl == Level::Avx512 {
+                // SAFETY: as for `sums`, checked above for both tables; AVX-512 BW present.
+                unsafe { avx512::sums2(codes, items, luts, [sa, sb]) }
+            } else {
+                // SAFETY: as for `sums`, checked above for both tables.
+                unsafe { avx2::sums2(codes, items, luts, [sa, sb]) }
+            }
         }
-        _ => {
+        Level::Scalar => {
             sums_at(level, codes, items, luts[0], sa);
             sums_at(level, codes, items, luts[1], sb);
         }
@@ -149,7 +154,10 @@ pub fn sums_at(level: Level, codes: &[u8], items: usize, lut: &[u8], sums: &mut 
         // SAFETY: `supported` returns Avx2 only when the CPU has AVX2; the codes hold rows/32
         // blocks of items x 16 bytes and the table items x 16 bytes (items even: cols % 8 == 0).
         Level::Avx2 => unsafe { avx2::sums(codes, items, lut, sums) },
-        _ => reference::sums(codes, items, lut, sums),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, with AVX-512 BW (which `supported` vouched for) for the same loads.
+        Level::Avx512 => unsafe { avx512::sums(codes, items, lut, sums) },
+        Level::Scalar => reference::sums(codes, items, lut, sums),
     }
 }
 
@@ -231,6 +239,8 @@ mod avx2 {
 
     /// Steps between widenings: 256 u8 values summed per u16 lane stay below 65536.
     const FLUSH: usize = 256;
+    /// Row blocks scanned together (EFFICIENCY.md: one table load for several blocks).
+    const BLOCKS: usize = 4;
 
     #[target_feature(enable = "avx2")]
     fn flush(a: __m256i, b: __m256i, rows: &mut [u32]) {
@@ -295,40 +305,217 @@ mod avx2 {
         }
     }
 
+    /// One block's four accumulators (low-nibble rows: even, odd bytes; high-nibble rows).
+    struct Acc([__m256i; 4]);
+
+    impl Acc {
+        #[target_feature(enable = "avx2")]
+        fn new() -> Self {
+            Acc([_mm256_setzero_si256(); 4])
+        }
+
+        /// Looks the codes `c` up in `lut` and adds the entries.
+        #[target_feature(enable = "avx2")]
+        #[inline]
+        fn add(&mut self, lut: __m256i, c: __m256i) {
+            let m = _mm256_set1_epi8(15);
+            let rl = _mm256_shuffle_epi8(lut, _mm256_and_si256(c, m));
+            let rh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(c), m));
+            let a = &mut self.0;
+            a[0] = _mm256_add_epi16(a[0], rl);
+            a[1] = _mm256_add_epi16(a[1], _mm256_srli_epi16::<8>(rl));
+            a[2] = _mm256_add_epi16(a[2], rh);
+            a[3] = _mm256_add_epi16(a[3], _mm256_srli_epi16::<8>(rh));
+        }
+
+        #[target_feature(enable = "avx2")]
+        fn flush(&mut self, out: &mut [u32]) {
+            let (l, h) = out.split_at_mut(16);
+            flush(self.0[0], self.0[1], l);
+            flush(self.0[2], self.0[3], h);
+            *self = Acc::new();
+        }
+    }
+
+    /// `N` consecutive blocks (`codes` holds them, `out` their `32 N` rows) against one table:
+    /// each table load serves all `N`.
     #[target_feature(enable = "avx2")]
-    pub(super) fn sums(codes: &[u8], items: usize, lut: &[u8], sums: &mut [u32]) {
-        let m = _mm256_set1_epi8(15);
-        let zero = _mm256_setzero_si256();
-        for (b, out) in sums.chunks_exact_mut(32).enumerate() {
-            out.fill(0);
-            let base = &codes[b * items * 16..][..items * 16];
-            let (mut la, mut lb, mut ha, mut hb) = (zero, zero, zero, zero);
-            let mut steps = 0;
-            for p in 0..items / 2 {
-                // SAFETY: item pair p is 32 bytes inside the block's codes and inside the table.
-                let (c, l) = unsafe {
-                    (
-                        _mm256_loadu_si256(base.as_ptr().add(32 * p).cast()),
-                        _mm256_loadu_si256(lut.as_ptr().add(32 * p).cast()),
-                    )
-                };
-                let rl = _mm256_shuffle_epi8(l, _mm256_and_si256(c, m));
-                let rh = _mm256_shuffle_epi8(l, _mm256_and_si256(_mm256_srli_epi16::<4>(c), m));
-                la = _mm256_add_epi16(la, rl);
-                lb = _mm256_add_epi16(lb, _mm256_srli_epi16::<8>(rl));
-                ha = _mm256_add_epi16(ha, rh);
-                hb = _mm256_add_epi16(hb, _mm256_srli_epi16::<8>(rh));
-                steps += 1;
-                if steps == FLUSH {
-                    let (lo, hi) = out.split_at_mut(16);
-                    flush(la, lb, lo);
-                    flush(ha, hb, hi);
-                    (la, lb, ha, hb, steps) = (zero, zero, zero, zero, 0);
+    #[inline]
+    fn blocks<const N: usize>(codes: &[u8], lut: &[u8], out: &mut [u32]) {
+        let block = lut.len();
+        out.fill(0);
+        let mut acc: [Acc; N] = std::array::from_fn(|_| Acc::new());
+        for (step, at) in (0..block).step_by(32).enumerate() {
+            // SAFETY: `at + 32 <= block` (blocks are whole item pairs of 32 bytes), and `codes`
+            // holds N blocks.
+            let l = unsafe { _mm256_loadu_si256(lut.as_ptr().add(at).cast()) };
+            for (b, a) in acc.iter_mut().enumerate() {
+                // SAFETY: as above.
+                a.add(l, unsafe { _mm256_loadu_si256(codes.as_ptr().add(b * block + at).cast()) });
+            }
+            if step % FLUSH == FLUSH - 1 {
+                for (a, o) in acc.iter_mut().zip(out.chunks_exact_mut(32)) {
+                    a.flush(o);
                 }
             }
-            let (lo, hi) = out.split_at_mut(16);
-            flush(la, lb, lo);
-            flush(ha, hb, hi);
+        }
+        for (a, o) in acc.iter_mut().zip(out.chunks_exact_mut(32)) {
+            a.flush(o);
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn sums(codes: &[u8], items: usize, lut: &[u8], sums: &mut [u32]) {
+        const N: usize = BLOCKS;
+        let block = items * 16;
+        let whole = sums.len() / (32 * N) * (32 * N);
+        let (many, rest) = sums.split_at_mut(whole);
+        for (g, out) in many.chunks_exact_mut(32 * N).enumerate() {
+            blocks::<N>(&codes[g * N * block..][..N * block], lut, out);
+        }
+        for (b, out) in rest.chunks_exact_mut(32).enumerate() {
+            blocks::<1>(&codes[(whole / 32 + b) * block..][..block], lut, out);
+        }
+    }
+}
+
+/// The AVX2 kernels' loops on 64-byte vectors: a load holds four items of a block (`pshufb`
+/// looks up within 16-byte lanes, one item per lane), so each step covers twice the codes.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Steps between widenings: 256 u8 values summed per u16 lane stay below 65536.
+    const FLUSH: usize = 256;
+    /// Row blocks scanned together (EFFICIENCY.md: one table load for several blocks).
+    const BLOCKS: usize = 4;
+
+    /// Adds the u16 lanes of `a` (each the sum of an even row in its low byte and the odd row
+    /// shifted in) and `b` (the odd rows' sums) to the block's 16 rows.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn flush(a: __m512i, b: __m512i, rows: &mut [u32]) {
+        let even = _mm512_sub_epi16(a, _mm512_slli_epi16::<8>(b));
+        let (mut e, mut o) = ([0u16; 32], [0u16; 32]);
+        // SAFETY: each array is 64 bytes.
+        unsafe {
+            _mm512_storeu_si512(e.as_mut_ptr().cast(), even);
+            _mm512_storeu_si512(o.as_mut_ptr().cast(), b);
+        }
+        for k in 0..32 {
+            let r = 2 * (k % 8);
+            rows[r] += u32::from(e[k]);
+            rows[r + 1] += u32::from(o[k]);
+        }
+    }
+
+    /// 64 bytes at `at` of `bytes`, the last step's half-vector (two items) zero-filled.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn load(bytes: &[u8], at: usize) -> __m512i {
+        let mask = if bytes.len() - at >= 64 { u64::MAX } else { u64::from(u32::MAX) };
+        // SAFETY: the mask covers bytes `at..at + 32` at least, all of which are in `bytes`
+        // (items are even: a step has two or four items); masked-off bytes are not read.
+        unsafe { _mm512_maskz_loadu_epi8(mask, bytes.as_ptr().add(at).cast()) }
+    }
+
+    /// One block's four accumulators (low-nibble rows: even, odd bytes; high-nibble rows).
+    struct Acc([__m512i; 4]);
+
+    impl Acc {
+        #[target_feature(enable = "avx512f,avx512bw")]
+        fn new() -> Self {
+            Acc([_mm512_setzero_si512(); 4])
+        }
+
+        /// Looks the split codes up in `lut` and adds the entries.
+        #[target_feature(enable = "avx512f,avx512bw")]
+        #[inline]
+        fn add(&mut self, lut: __m512i, lo: __m512i, hi: __m512i) {
+            let rl = _mm512_shuffle_epi8(lut, lo);
+            let rh = _mm512_shuffle_epi8(lut, hi);
+            let a = &mut self.0;
+            a[0] = _mm512_add_epi16(a[0], rl);
+            a[1] = _mm512_add_epi16(a[1], _mm512_srli_epi16::<8>(rl));
+            a[2] = _mm512_add_epi16(a[2], rh);
+            a[3] = _mm512_add_epi16(a[3], _mm512_srli_epi16::<8>(rh));
+        }
+
+        #[target_feature(enable = "avx512f,avx512bw")]
+        fn flush(&mut self, out: &mut [u32]) {
+            let (l, h) = out.split_at_mut(16);
+            flush(self.0[0], self.0[1], l);
+            flush(self.0[2], self.0[3], h);
+            *self = Acc::new();
+        }
+    }
+
+    /// The codes of one step, split into low and high nibbles.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn nibbles(c: __m512i) -> (__m512i, __m512i) {
+        let m = _mm512_set1_epi8(15);
+        (_mm512_and_si512(c, m), _mm512_and_si512(_mm512_srli_epi16::<4>(c), m))
+    }
+
+    /// `N` consecutive blocks (`codes` holds them, `out` their `32 N` rows) against one table:
+    /// each table load serves all `N`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn blocks<const N: usize>(codes: &[u8], lut: &[u8], out: &mut [u32]) {
+        let block = lut.len();
+        out.fill(0);
+        let mut acc: [Acc; N] = std::array::from_fn(|_| Acc::new());
+        for (step, at) in (0..block).step_by(64).enumerate() {
+            let l = load(lut, at);
+            for (b, a) in acc.iter_mut().enumerate() {
+                let (lo, hi) = nibbles(load(&codes[b * block..][..block], at));
+                a.add(l, lo, hi);
+            }
+            if step % FLUSH == FLUSH - 1 {
+                for (a, o) in acc.iter_mut().zip(out.chunks_exact_mut(32)) {
+                    a.flush(o);
+                }
+            }
+        }
+        for (a, o) in acc.iter_mut().zip(out.chunks_exact_mut(32)) {
+            a.flush(o);
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) fn sums(codes: &[u8], items: usize, lut: &[u8], sums: &mut [u32]) {
+        const N: usize = BLOCKS;
+        let block = items * 16;
+        let whole = sums.len() / (32 * N) * (32 * N);
+        let (many, rest) = sums.split_at_mut(whole);
+        for (g, out) in many.chunks_exact_mut(32 * N).enumerate() {
+            blocks::<N>(&codes[g * N * block..][..N * block], lut, out);
+        }
+        for (b, out) in rest.chunks_exact_mut(32).enumerate() {
+            blocks::<1>(&codes[(whole / 32 + b) * block..][..block], lut, out);
+        }
+    }
+
+    /// [`sums`] for two tables: the codes' nibbles split once, looked up in both.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) fn sums2(codes: &[u8], items: usize, luts: [&[u8]; 2], sums: [&mut [u32]; 2]) {
+        let [sa, sb] = sums;
+        for (b, (oa, ob)) in sa.chunks_exact_mut(32).zip(sb.chunks_exact_mut(32)).enumerate() {
+            oa.fill(0);
+            ob.fill(0);
+            let base = &codes[b * items * 16..][..items * 16];
+            let (mut a, mut c) = (Acc::new(), Acc::new());
+            for (step, at) in (0..items * 16).step_by(64).enumerate() {
+                let (lo, hi) = nibbles(load(base, at));
+                a.add(load(luts[0], at), lo, hi);
+                c.add(load(luts[1], at), lo, hi);
+                if step % FLUSH == FLUSH - 1 {
+                    a.flush(oa);
+                    c.flush(ob);
+                }
+            }
+            a.flush(oa);
+            c.flush(ob);
         }
     }
 }

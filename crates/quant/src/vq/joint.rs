@@ -74,8 +74,8 @@ impl Joint {
         let code = match self.level {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Joint::at` stores a level `supported` vouched for: Avx2 only on CPUs with it.
-            Level::Avx2 => unsafe { avx2::search(self, table, v, w, picks) },
-            _ => self.search(table, v, w, picks, reference::KERNEL),
+            Level::Avx2 | Level::Avx512 => unsafe { avx2::search(self, table, v, w, picks) },
+            Level::Scalar => self.search(table, v, w, picks, reference::KERNEL),
         };
         out.copy_from_slice(&code);
     }
@@ -335,7 +335,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::detect;
+    use crate::cpu::levels;
     use crate::rng::noise;
     use proptest::prelude::*;
 
@@ -374,23 +374,23 @@ mod tests {
     }
 
     proptest! {
-        /// The AVX2 kernel returns the scalar reference's codes, bit for bit, at any pick count.
+        /// Every SIMD kernel this CPU runs returns the scalar reference's codes, bit for bit, at
+        /// any pick count.
         #[test]
-        fn avx2_matches_the_reference(seed in 0u64..1000, picks in 1usize..=16, weighted: bool) {
-            if detect() != Level::Avx2 {
-                return Ok(());
-            }
+        fn simd_matches_the_reference(seed in 0u64..1000, picks in 1usize..=16, weighted: bool) {
             let cb = codebooks(seed, 4);
             let mut scalar = Joint::at(Level::Scalar, &cb).unwrap();
-            let mut simd = Joint::at(Level::Avx2, &cb).unwrap();
             let vs = noise(64 * 4, seed + 1, 1.5);
             let ws: Vec<f32> = noise(64 * 4, seed + 2, 1.0).iter().map(|v| v.abs() + 0.05).collect();
-            for (i, v) in vs.chunks_exact(4).enumerate() {
-                let w = weighted.then(|| &ws[i * 4..(i + 1) * 4]);
-                let (mut a, mut b) = ([0u16; 3], [0u16; 3]);
-                scalar.encode(v, w, picks, &mut a);
-                simd.encode(v, w, picks, &mut b);
-                prop_assert_eq!(a, b, "vector {}", i);
+            for lvl in levels().into_iter().skip(1) {
+                let mut simd = Joint::at(lvl, &cb).unwrap();
+                for (i, v) in vs.chunks_exact(4).enumerate() {
+                    let w = weighted.then(|| &ws[i * 4..(i + 1) * 4]);
+                    let (mut a, mut b) = ([0u16; 3], [0u16; 3]);
+                    scalar.encode(v, w, picks, &mut a);
+                    simd.encode(v, w, picks, &mut b);
+                    prop_assert_eq!(a, b, "{:?}, vector {}", lvl, i);
+                }
             }
         }
     }
@@ -400,7 +400,7 @@ mod tests {
     #[test]
     fn ties_go_to_the_first_code() {
         let cb = Codebooks { stages: 3, entries: 16, dim: 4, values: vec![0.0; 192] };
-        for lvl in [Level::Scalar, detect()] {
+        for lvl in levels() {
             let mut joint = Joint::at(lvl, &cb).unwrap();
             let mut out = [9u16; 3];
             joint.encode(&[0.5, -1.0, 0.25, 2.0], None, 16, &mut out);

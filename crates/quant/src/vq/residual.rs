@@ -10,8 +10,8 @@ pub(super) fn matvec(level: Level, m: &VqRef<'_>, x: &[f32], y: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; every code is a u8
         // indexing one of 256 entries, and the codebooks hold 3 x 256 x 8 values.
-        Level::Avx2 => unsafe { avx2::matvec(m, x, y) },
-        _ => reference::matvec(m, x, y),
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::matvec(m, x, y) },
+        Level::Scalar => reference::matvec(m, x, y),
     }
 }
 

@@ -1,16 +1,24 @@
 //! Shared helpers for the kernel property tests.
 #![allow(dead_code)]
 
-use k3_quant::cpu::{Level, detect};
+use k3_quant::cpu::{Level, detect, levels};
 
-/// The fast level these tests compare against the references. On x86_64 CI machines this must be
-/// AVX2: a test run that silently compared the references with themselves would prove nothing.
+/// The fastest level, which these tests compare against the references. On x86_64 CI machines it
+/// must be at least AVX2: a test run that silently compared the references with themselves would
+/// prove nothing.
 pub fn fast() -> Level {
     let l = detect();
     if cfg!(target_arch = "x86_64") && std::env::var_os("K3_ALLOW_NO_SIMD").is_none() {
-        assert_eq!(l, Level::Avx2, "these tests need AVX2+FMA+F16C (set K3_ALLOW_NO_SIMD=1 to run without)");
+        assert!(levels().len() > 1, "these tests need AVX2+FMA+F16C (set K3_ALLOW_NO_SIMD=1 to run without)");
     }
     l
+}
+
+/// Every SIMD level this CPU runs (AVX2, and AVX-512 where present): kernels with a version
+/// per level are compared with the reference at each.
+pub fn simd_levels() -> Vec<Level> {
+    fast();
+    levels().into_iter().filter(|l| *l != Level::Scalar).collect()
 }
 
 /// Worst-case bound on the difference of two f32 sums of the same `n` terms in different orders:
