@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
     Scalar,
-    /// AVX2 + FMA + F16C (Haswell, Zen and later).
+    /// AVX2 + FMA + F16C + POPCNT (Haswell, Zen and later).
     #[cfg(target_arch = "x86_64")]
     Avx2,
     /// AVX2 plus AVX-512 F, BW, VL and VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later).
@@ -42,8 +42,10 @@ pub fn levels() -> Vec<Level> {
 pub fn detect() -> Level {
     #[cfg(target_arch = "x86_64")]
     {
-        let avx2 =
-            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+            && is_x86_feature_detected!("popcnt");
         let avx512 = is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl")

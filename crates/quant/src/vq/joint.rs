@@ -29,6 +29,8 @@ pub struct Joint {
     plain: Box<Table>,
     /// `sum_d w_d (b_j + c_k)_d²` per weight vector seen (keyed by the weights' bits).
     weighted: HashMap<[u32; MAX_DIM], Box<Table>>,
+    /// The per-pick rows of the last search, kept so a search does not zero 2 KiB per vector.
+    rows: Option<Box<(Rows, Rows)>>,
     level: Level,
 }
 
@@ -47,7 +49,7 @@ impl Joint {
         let t = cb.transposed();
         soa[..t.len()].copy_from_slice(&t);
         let plain = Box::new(pair_norms(&soa, cb.dim, None));
-        Some(Joint { dim: cb.dim, soa, plain, weighted: HashMap::new(), level: supported(level) })
+        Some(Joint { dim: cb.dim, soa, plain, weighted: HashMap::new(), rows: None, level: supported(level) })
     }
 
     fn col(&self, stage: usize, j: usize) -> &[f32; E] {
@@ -70,13 +72,17 @@ impl Joint {
             }
             key
         });
+        let mut rows = self.rows.take().unwrap_or_else(|| Box::new(([[0.0; E]; E], [[0.0; E]; E])));
         let table: &Table = key.map_or(&self.plain, |k| &self.weighted[&k]);
+        let r = &mut *rows;
         let code = match self.level {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Joint::at` stores a level `supported` vouched for: Avx2 only on CPUs with it.
-            Level::Avx2 | Level::Avx512 => unsafe { avx2::search(self, table, v, w, picks) },
-            Level::Scalar => self.search(table, v, w, picks, reference::KERNEL),
+            // (An AVX-512 version measured 1.03x on the whole encode: not kept, EFFICIENCY.md.)
+            Level::Avx2 | Level::Avx512 => unsafe { avx2::search(self, table, v, w, picks, r) },
+            Level::Scalar => self.search(table, v, w, picks, r, reference::KERNEL),
         };
+        self.rows = Some(rows);
         out.copy_from_slice(&code);
     }
 
@@ -90,6 +96,7 @@ impl Joint {
         v: &[f32],
         w: Option<&[f32]>,
         picks: usize,
+        (rbs, qs): &mut (Rows, Rows),
         kernel: Kernel<
             impl Fn(&[f32; E], usize) -> [u8; E],
             impl Fn(&Table, &Rows, &Rows, usize) -> [f32; E],
@@ -105,7 +112,6 @@ impl Joint {
         let order = (kernel.order)(&d0, picks);
         // Per pick, 2 w r with r = v - a_i, its dots with every b_j (rbs) and c_k, and the
         // per-lane term: error = (|b+c|² - 2 r·b) - (2 r·c - |r|²).
-        let (mut rbs, mut qs) = ([[0f32; E]; E], [[0f32; E]; E]);
         for (p, &i) in order[..picks].iter().enumerate() {
             let i = usize::from(i);
             let mut wr = [0f32; MAX_DIM];
@@ -125,7 +131,7 @@ impl Joint {
             rbs[p] = rb;
             qs[p] = std::array::from_fn(|k| rc[k] - d0[i]);
         }
-        let leasts = (kernel.leasts)(table, &rbs, &qs, picks);
+        let leasts = (kernel.leasts)(table, rbs, qs, picks);
         let mut best = (f32::INFINITY, [0u16; 3]);
         for (p, &least) in leasts[..picks].iter().enumerate() {
             // A later pick must do strictly better: equal errors keep the earlier code.
@@ -163,9 +169,16 @@ type Table = [f32; E * E];
 /// Sixteen 16-entry rows (one per first-stage pick).
 type Rows = [[f32; E]; E];
 
+/// `d` with NaN as +infinity: a NaN distance is never near.
+fn unnan(d: &[f32; E]) -> [f32; E] {
+    d.map(|v| if v.is_nan() { f32::INFINITY } else { v })
+}
+
 /// A search's three kernels (scalar reference or SIMD), with the same results.
 struct Kernel<O, L, F> {
-    /// The first `picks` first-stage entries, nearest first (equal distances in entry order).
+    /// The first `picks` first-stage entries, nearest first (equal distances in entry order,
+    /// NaN as +infinity): entry `i` goes to its rank, the count of entries before it in that
+    /// order, so the 16 ranks are independent compares rather than a chain of minima.
     order: O,
     /// Per pick `p`, the least error `min_jk (table[j][k] - rbs[p][j]) - qs[p][k]`.
     leasts: L,
@@ -183,18 +196,13 @@ mod reference {
     >;
     pub const KERNEL: Fns = Kernel { order, leasts, find };
 
-    fn order(d0: &[f32; E], picks: usize) -> [u8; E] {
-        let mut left = *d0;
+    fn order(d0: &[f32; E], _picks: usize) -> [u8; E] {
+        let d = super::unnan(d0);
         let mut order = [0u8; E];
-        for o in order[..picks].iter_mut() {
-            let mut at = 0;
-            for (i, &d) in left.iter().enumerate() {
-                if d < left[at] {
-                    at = i;
-                }
-            }
-            *o = at as u8;
-            left[at] = f32::INFINITY;
+        for i in 0..E {
+            let rank = (0..E).filter(|&j| d[j] < d[i] || (d[j] == d[i] && j < i)).count();
+            // Ranks are a permutation of 0..16: every entry has its slot (no branch).
+            order[rank] = i as u8;
         }
         order
     }
@@ -234,8 +242,15 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// [`Joint::search`] compiled for AVX2, with its kernels.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn search(joint: &Joint, table: &Table, v: &[f32], w: Option<&[f32]>, picks: usize) -> [u16; 3] {
+    #[target_feature(enable = "avx2,popcnt")]
+    pub unsafe fn search(
+        joint: &Joint,
+        table: &Table,
+        v: &[f32],
+        w: Option<&[f32]>,
+        picks: usize,
+        rows: &mut (Rows, Rows),
+    ) -> [u16; 3] {
         // The kernels need only AVX2, which this function's callers have checked for.
         let kernel = Kernel {
             // SAFETY: AVX2 is present (above).
@@ -245,7 +260,7 @@ mod avx2 {
             // SAFETY: AVX2 is present (above).
             find: |t: &Table, r: &[f32; E], q: &[f32; E], l| unsafe { find(t, r, q, l) },
         };
-        joint.search(table, v, w, picks, kernel)
+        joint.search(table, v, w, picks, rows, kernel)
     }
 
     /// The least of 16 values (in every lane).
@@ -257,25 +272,25 @@ mod avx2 {
         _mm256_min_ps(m, _mm256_shuffle_ps::<0b10_11_00_01>(m, m))
     }
 
-    /// The reference's order: the least left, its first lane, marked taken; `picks` times.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn order(d0: &[f32; E], picks: usize) -> [u8; E] {
+    /// The reference's order: each entry's rank from two 16-lane compares.
+    #[target_feature(enable = "avx2,popcnt")]
+    pub unsafe fn order(d0: &[f32; E], _picks: usize) -> [u8; E] {
+        let d = super::unnan(d0);
         // SAFETY: loads of 8 lanes at offsets 0 and 8 of a 16-entry array.
-        let mut v = unsafe { [_mm256_loadu_ps(d0.as_ptr()), _mm256_loadu_ps(d0.as_ptr().add(8))] };
-        let lanes = [_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)];
+        let v = unsafe { [_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(d.as_ptr().add(8))] };
+        let mask = |x: __m256, lt: bool| {
+            let m = |h: __m256| {
+                let c = if lt { _mm256_cmp_ps::<_CMP_LT_OQ>(h, x) } else { _mm256_cmp_ps::<_CMP_EQ_OQ>(h, x) };
+                _mm256_movemask_ps(c) as u32
+            };
+            m(v[0]) | m(v[1]) << 8
+        };
         let mut order = [0u8; E];
-        for o in order[..picks].iter_mut() {
-            let m = hmin(v[0], v[1]);
-            let hit = |h: usize| _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v[h], m)) as u32;
-            let bits = hit(0) | hit(1) << 8;
-            // NaN distances are never least; all-NaN leaves entry 0, as the reference does.
-            let at = if bits == 0 { 0 } else { bits.trailing_zeros() };
-            *o = at as u8;
-            let at = _mm256_set1_epi32(at as i32);
-            for (h, lane) in lanes.iter().enumerate() {
-                let taken = _mm256_castsi256_ps(_mm256_cmpeq_epi32(*lane, at));
-                v[h] = _mm256_blendv_ps(v[h], _mm256_set1_ps(f32::INFINITY), taken);
-            }
+        for (i, &di) in d.iter().enumerate() {
+            let x = _mm256_set1_ps(di);
+            let rank = (mask(x, true) | mask(x, false) & ((1 << i) - 1)).count_ones() as usize;
+            // Ranks are a permutation of 0..16: every entry has its slot (no branch).
+            order[rank] = i as u8;
         }
         order
     }
