@@ -242,19 +242,35 @@ mod avx2 {
     /// Row blocks scanned together (EFFICIENCY.md: one table load for several blocks).
     const BLOCKS: usize = 4;
 
+    /// Adds the u16 lanes of `a` (each the sum of an even row in its low byte and the odd row
+    /// shifted in) and `b` (the odd rows' sums) to the block's 16 rows: lane `k` of each
+    /// 16-byte half holds rows `2k` and `2k + 1`.
     #[target_feature(enable = "avx2")]
     fn flush(a: __m256i, b: __m256i, rows: &mut [u32]) {
         let even = _mm256_sub_epi16(a, _mm256_slli_epi16::<8>(b));
-        let (mut e, mut o) = ([0u16; 16], [0u16; 16]);
-        // SAFETY: each array is 32 bytes.
+        let halves = |v: __m256i| {
+            _mm256_add_epi32(
+                _mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)),
+                _mm256_cvtepu16_epi32(_mm256_extracti128_si256::<1>(v)),
+            )
+        };
+        add_rows(halves(even), halves(b), rows);
+    }
+
+    /// `rows[2k] += e[k]`, `rows[2k + 1] += o[k]` for `k < 8`, in registers.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) fn add_rows(e: __m256i, o: __m256i, rows: &mut [u32]) {
+        // Per 128-bit lane: [e0 o0 e1 o1 | e4 o4 e5 o5] and [e2 o2 e3 o3 | e6 o6 e7 o7].
+        let (lo, hi) = (_mm256_unpacklo_epi32(e, o), _mm256_unpackhi_epi32(e, o));
+        let first = _mm256_permute2x128_si256::<0x20>(lo, hi);
+        let second = _mm256_permute2x128_si256::<0x31>(lo, hi);
+        assert!(rows.len() >= 16, "a half-block of 16 rows");
+        // SAFETY: 16 u32 checked above, unaligned loads and stores.
         unsafe {
-            _mm256_storeu_si256(e.as_mut_ptr().cast(), even);
-            _mm256_storeu_si256(o.as_mut_ptr().cast(), b);
-        }
-        for k in 0..16 {
-            let r = 2 * (k % 8);
-            rows[r] += u32::from(e[k]);
-            rows[r + 1] += u32::from(o[k]);
+            let p = rows.as_mut_ptr().cast::<__m256i>();
+            _mm256_storeu_si256(p, _mm256_add_epi32(_mm256_loadu_si256(p), first));
+            _mm256_storeu_si256(p.add(1), _mm256_add_epi32(_mm256_loadu_si256(p.add(1)), second));
         }
     }
 
@@ -392,20 +408,18 @@ mod avx512 {
 
     /// Adds the u16 lanes of `a` (each the sum of an even row in its low byte and the odd row
     /// shifted in) and `b` (the odd rows' sums) to the block's 16 rows.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
     fn flush(a: __m512i, b: __m512i, rows: &mut [u32]) {
         let even = _mm512_sub_epi16(a, _mm512_slli_epi16::<8>(b));
-        let (mut e, mut o) = ([0u16; 32], [0u16; 32]);
-        // SAFETY: each array is 64 bytes.
-        unsafe {
-            _mm512_storeu_si512(e.as_mut_ptr().cast(), even);
-            _mm512_storeu_si512(o.as_mut_ptr().cast(), b);
-        }
-        for k in 0..32 {
-            let r = 2 * (k % 8);
-            rows[r] += u32::from(e[k]);
-            rows[r + 1] += u32::from(o[k]);
-        }
+        // The four 16-byte lanes (one item each) summed in u32: 8 rows' sums per register.
+        let quarters = |v: __m512i| {
+            let w = _mm512_add_epi32(
+                _mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)),
+                _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(v)),
+            );
+            _mm256_add_epi32(_mm512_castsi512_si256(w), _mm512_extracti64x4_epi64::<1>(w))
+        };
+        super::avx2::add_rows(quarters(even), quarters(b), rows);
     }
 
     /// 64 bytes at `at` of `bytes`, the last step's half-vector (two items) zero-filled.
