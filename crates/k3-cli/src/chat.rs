@@ -145,18 +145,21 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     };
     let mut session = engine.session();
     let mut speculation = SpecStats::default();
-    // K3's template states the thinking effort first; a model's own template adds its default
-    // system message only when there is no system turn of one's own.
+    // The first turn is the whole conversation so far as the format writes it (K3's thinking
+    // effort first; a model's own template's default system turn where it writes it, and only
+    // without a system turn of one's own); later turns follow the answers the model gave.
     let opening = PromptOptions { think, effort: think.then_some(DEFAULT_EFFORT), ..PromptOptions::default() };
-    let mut pending = format.opening(&opening, a.system.as_deref())?;
     let mut input = Input::open()?;
     let mut out = std::io::stdout().lock();
     while let Some(text) = input.line()? {
         if text.trim().is_empty() {
             continue;
         }
-        pending.extend(format.turn(&Message::new(Role::User, &text), think)?);
-        pending.extend(format.generation_prompt(think)?);
+        let pending = if session.tokens() == 0 {
+            format.first_turn(&opening, a.system.as_deref(), &text)?
+        } else {
+            format.next_turn(&Message::new(Role::User, &text), think)?
+        };
         // Room for the turn and at least one answer token.
         if session.tokens() + pending.len() >= context {
             eprintln!(
@@ -167,7 +170,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         cancel.store(false, std::sync::atomic::Ordering::SeqCst);
         let t0 = std::time::Instant::now();
         let turn = Generator::start(&engine, &mut session, &pending, Some(&tok), params.clone(), &mut |_, _| {})?;
-        let prompt_tokens = std::mem::take(&mut pending).len();
+        let prompt_tokens = pending.len();
         let (answered, finish, spec) = answer(&engine, turn, &mut out)?;
         speculation.add(&spec);
         match finish {

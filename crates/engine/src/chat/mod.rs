@@ -173,29 +173,32 @@ impl<'t> ChatFormat<'t> {
         }
     }
 
-    /// What comes before the first message: tool declarations and (K3) the thinking effort.
-    pub fn preamble(&self, o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
-        if let Some(t) = self.template() {
-            return t?.render(self.tok, &[], o, false);
-        }
-        match self.family {
-            Family::KimiK3 => self.xtml_preamble(o),
-            Family::KimiLinear | Family::DeepseekV3 => self.im_preamble(o),
-        }
+    /// A conversation's first user turn, after the system turn `system` (if any), and the prompt
+    /// for the answer: the whole conversation as [`prompt_with`](Self::prompt_with) writes it,
+    /// so a template's default system turn comes where and as the template writes it
+    /// (K2-Instruct's only together with the first message). What `k3-cli chat` feeds first.
+    pub fn first_turn(&self, o: &PromptOptions<'_>, system: Option<&str>, user: &str) -> Result<Vec<u32>, ChatError> {
+        let mut messages: Vec<Message> = system.map(|s| Message::new(Role::System, s)).into_iter().collect();
+        messages.push(Message::new(Role::User, user));
+        self.prompt_with(&messages, o)
     }
 
-    /// What comes before the first user turn of a conversation that starts with `system` (if
-    /// any): the preamble and the system turn (a template's default system message only when
-    /// there is no system turn of one's own).
-    pub fn opening(&self, o: &PromptOptions<'_>, system: Option<&str>) -> Result<Vec<u32>, ChatError> {
-        let system = system.map(|s| Message::new(Role::System, s));
+    /// A later user turn and the prompt for the answer, to follow the tokens of the previous
+    /// answer and its end-of-turn id. With a template, the template's own rendering of the turn
+    /// (it may differ from the family's: moonshotai-Kimi-K2's writes no names): what it adds
+    /// to a conversation of a system turn when `user` follows.
+    pub fn next_turn(&self, user: &Message, think: bool) -> Result<Vec<u32>, ChatError> {
         if let Some(t) = self.template() {
-            return t?.render(self.tok, system.as_slice(), o, false);
+            let (t, o) = (t?, PromptOptions { think, ..PromptOptions::default() });
+            let system = Message::new(Role::System, "");
+            let before = t.render(self.tok, std::slice::from_ref(&system), &o, false)?;
+            let after = t.render(self.tok, &[system, user.clone()], &o, true)?;
+            return after.strip_prefix(before.as_slice()).map(<[u32]>::to_vec).ok_or_else(|| {
+                ChatError::invalid("chat_template", "renders the conversation before a user turn differently with it")
+            });
         }
-        let mut out = self.preamble(o)?;
-        if let Some(m) = &system {
-            out.extend(self.turn(m, o.think)?);
-        }
+        let mut out = self.turn(user, think)?;
+        out.extend(self.generation_prompt(think)?);
         Ok(out)
     }
 
