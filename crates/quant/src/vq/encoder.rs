@@ -7,6 +7,7 @@ use half::f16;
 
 use super::train::{self, Data};
 use super::{Codec, Rotation, VqMatrix, fastscan};
+use super::{gptq, search};
 
 /// Encoder settings.
 #[derive(Debug, Clone)]
@@ -77,7 +78,7 @@ pub struct Calibration {
     rotation: Option<(usize, u64)>,
     /// Each column's `E[x^2]` relative to the mean column's, floored at 1e-4.
     importance: Vec<f32>,
-    /// GPTQ's `U` ([`train::gptq_factor`]); `None` without GPTQ, or when the damped matrix is
+    /// GPTQ's `U` ([`gptq::gptq_factor`]); `None` without GPTQ, or when the damped matrix is
     /// not positive definite (the encoder then only weighs by importance).
     factor: Option<Vec<f64>>,
 }
@@ -91,7 +92,7 @@ impl Calibration {
         }
         let rotation = opts.rotation(cols);
         let inputs = rotated_inputs(xs, cols, rotation.as_ref());
-        let factor = opts.gptq.then(|| train::gptq_factor(&mut second_moment(&inputs, cols), cols, 0.01)).flatten();
+        let factor = opts.gptq.then(|| gptq::gptq_factor(&mut second_moment(&inputs, cols), cols, 0.01)).flatten();
         Ok(Calibration {
             cols,
             rotation: rotation.map(|r| (r.block, r.seed)),
@@ -141,23 +142,23 @@ pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Res
     let mut cb = train::init_residual(sample, s_n, codec.entries(), opts.kmeans_iters, opts.seed);
     let mut codes = Vec::new();
     for _ in 0..opts.refine_rounds {
-        train::encode(sample, &cb, opts.beam.max(1), &mut codes);
+        search::encode(sample, &cb, opts.beam.max(1), &mut codes);
         train::refit(sample, &codes, &mut cb);
     }
     if let Some(u) = calibration.and_then(|c| c.factor.as_deref()).filter(|_| opts.gptq) {
         let original = work.clone();
-        train::gptq_encode(&mut work, cols, u, importance, &cb, opts.beam.max(1), &mut codes);
+        gptq::gptq_encode(&mut work, cols, u, importance, &cb, opts.beam.max(1), &mut codes);
         for _ in 0..opts.refine_rounds {
             // The compensated targets GPTQ actually quantized: refit the codebooks to them,
             // then encode again from the original rows.
             train::refit(Data { dim: d, vecs: &work, weights: weights.as_deref() }, &codes, &mut cb);
             work.copy_from_slice(&original);
-            train::gptq_encode(&mut work, cols, u, importance, &cb, opts.beam.max(1), &mut codes);
+            gptq::gptq_encode(&mut work, cols, u, importance, &cb, opts.beam.max(1), &mut codes);
         }
         match_energy(&mut scale, &original, &codes, &cb, importance, cols);
         return Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation));
     }
-    train::encode(data, &cb, opts.beam.max(1), &mut codes);
+    search::encode(data, &cb, opts.beam.max(1), &mut codes);
     match_energy(&mut scale, &work, &codes, &cb, importance, cols);
     Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation))
 }

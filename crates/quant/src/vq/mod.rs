@@ -15,9 +15,11 @@
 
 mod encoder;
 pub mod fastscan;
+pub mod gptq;
 pub mod hadamard;
 pub mod joint;
 pub mod residual;
+pub mod search;
 pub mod train;
 
 use half::f16;
