@@ -22,16 +22,22 @@ const CACHED_TABLES: usize = 4096;
 /// Reusable state of the joint search, for one set of codebooks.
 #[derive(Debug, Clone)]
 pub struct Joint {
-    dim: usize,
-    /// Codebooks transposed, `[stage][dim][entry]` ([`Codebooks::transposed`]).
-    soa: [f32; 3 * MAX_DIM * E],
+    books: Books,
     /// `|b_j + c_k|²` unweighted.
     plain: Box<Table>,
     /// `sum_d w_d (b_j + c_k)_d²` per weight vector seen (keyed by the weights' bits).
     weighted: HashMap<[u32; MAX_DIM], Box<Table>>,
-    /// The per-pick rows of the last search, kept so a search does not zero 2 KiB per vector.
-    rows: Option<Box<(Rows, Rows)>>,
+    /// Scratch: the per-pick rows, kept so a search does not zero 2 KiB per vector.
+    rows: (Rows, Rows),
     level: Level,
+}
+
+/// The codebooks as the search reads them.
+#[derive(Debug, Clone)]
+struct Books {
+    dim: usize,
+    /// Transposed, `[stage][dim][entry]` ([`Codebooks::transposed`]).
+    soa: [f32; 3 * MAX_DIM * E],
 }
 
 impl Joint {
@@ -49,44 +55,49 @@ impl Joint {
         let t = cb.transposed();
         soa[..t.len()].copy_from_slice(&t);
         let plain = Box::new(pair_norms(&soa, cb.dim, None));
-        Some(Joint { dim: cb.dim, soa, plain, weighted: HashMap::new(), rows: None, level: supported(level) })
-    }
-
-    fn col(&self, stage: usize, j: usize) -> &[f32; E] {
-        col(&self.soa, self.dim, stage, j)
+        Some(Joint {
+            books: Books { dim: cb.dim, soa },
+            plain,
+            weighted: HashMap::new(),
+            rows: ([[0.0; E]; E], [[0.0; E]; E]),
+            level: supported(level),
+        })
     }
 
     /// The best code for `v` (weights `w`) among the `picks` best first-stage entries, each with
     /// all 256 pairs of the other two; codes to `out` (3 entries). On equal errors the first in
     /// (pick, second, third) order wins, in every kernel.
     pub fn encode(&mut self, v: &[f32], w: Option<&[f32]>, picks: usize, out: &mut [u16]) {
-        assert_eq!(v.len(), self.dim, "a {}-vector for {}-dim codebooks", v.len(), self.dim);
-        let key = w.map(|w| {
-            let mut key = [0u32; MAX_DIM];
-            key.iter_mut().zip(w).for_each(|(k, w)| *k = w.to_bits());
-            if !self.weighted.contains_key(&key) {
-                if self.weighted.len() == CACHED_TABLES {
-                    self.weighted.clear();
+        let Joint { books, plain, weighted, rows, level } = self;
+        assert_eq!(v.len(), books.dim, "a {}-vector for {}-dim codebooks", v.len(), books.dim);
+        let table: &Table = match w {
+            None => plain,
+            Some(w) => {
+                let mut key = [0u32; MAX_DIM];
+                key.iter_mut().zip(w).for_each(|(k, w)| *k = w.to_bits());
+                if weighted.len() == CACHED_TABLES && !weighted.contains_key(&key) {
+                    weighted.clear();
                 }
-                self.weighted.insert(key, Box::new(pair_norms(&self.soa, self.dim, Some(w))));
+                weighted.entry(key).or_insert_with(|| Box::new(pair_norms(&books.soa, books.dim, Some(w))))
             }
-            key
-        });
-        let mut rows = self.rows.take().unwrap_or_else(|| Box::new(([[0.0; E]; E], [[0.0; E]; E])));
-        let table: &Table = key.map_or(&self.plain, |k| &self.weighted[&k]);
-        let r = &mut *rows;
-        let code = match self.level {
+        };
+        let code = match level {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Joint::at` stores a level `supported` vouched for: Avx2 only on CPUs with it.
             // (An AVX-512 version measured 1.03x on the whole encode: not kept, EFFICIENCY.md.)
-            Level::Avx2 | Level::Avx512 => unsafe { avx2::search(self, table, v, w, picks, r) },
-            Level::Scalar => self.search(table, v, w, picks, r, reference::KERNEL),
+            Level::Avx2 | Level::Avx512 => unsafe { avx2::search(books, table, v, w, picks, rows) },
+            Level::Scalar => books.search(table, v, w, picks, rows, reference::KERNEL),
         };
-        self.rows = Some(rows);
         out.copy_from_slice(&code);
     }
+}
 
-    /// [`encode`](Self::encode)'s search, with the kernel's `minima` and `find` for the pairs;
+impl Books {
+    fn col(&self, stage: usize, j: usize) -> &[f32; E] {
+        col(&self.soa, self.dim, stage, j)
+    }
+
+    /// [`Joint::encode`]'s search, with the kernel's `minima` and `find` for the pairs;
     /// inlined into each kernel, so its 16-entry loops are compiled for that kernel's instruction
     /// set (the same operations in the same order: the same bits).
     #[inline(always)]
@@ -98,7 +109,7 @@ impl Joint {
         picks: usize,
         (rbs, qs): &mut (Rows, Rows),
         kernel: Kernel<
-            impl Fn(&[f32; E], usize) -> [u8; E],
+            impl Fn(&[f32; E]) -> [u8; E],
             impl Fn(&Table, &Rows, &Rows, usize) -> [f32; E],
             impl Fn(&Table, &[f32; E], &[f32; E], f32) -> usize,
         >,
@@ -109,7 +120,7 @@ impl Joint {
         let mut d0 = [0f32; E];
         stage_dists_n(v, w, &self.soa[..d * E], &mut d0);
         let picks = picks.clamp(1, E);
-        let order = (kernel.order)(&d0, picks);
+        let order = (kernel.order)(&d0);
         // Per pick, 2 w r with r = v - a_i, its dots with every b_j (rbs) and c_k, and the
         // per-lane term: error = (|b+c|² - 2 r·b) - (2 r·c - |r|²).
         for (p, &i) in order[..picks].iter().enumerate() {
@@ -176,7 +187,7 @@ fn unnan(d: &[f32; E]) -> [f32; E] {
 
 /// A search's three kernels (scalar reference or SIMD), with the same results.
 struct Kernel<O, L, F> {
-    /// The first `picks` first-stage entries, nearest first (equal distances in entry order,
+    /// The 16 first-stage entries, nearest first (equal distances in entry order,
     /// NaN as +infinity): entry `i` goes to its rank, the count of entries before it in that
     /// order, so the 16 ranks are independent compares rather than a chain of minima.
     order: O,
@@ -190,13 +201,13 @@ mod reference {
     use super::{E, Kernel, Rows, Table};
 
     type Fns = Kernel<
-        fn(&[f32; E], usize) -> [u8; E],
+        fn(&[f32; E]) -> [u8; E],
         fn(&Table, &Rows, &Rows, usize) -> [f32; E],
         fn(&Table, &[f32; E], &[f32; E], f32) -> usize,
     >;
     pub const KERNEL: Fns = Kernel { order, leasts, find };
 
-    fn order(d0: &[f32; E], _picks: usize) -> [u8; E] {
+    fn order(d0: &[f32; E]) -> [u8; E] {
         let d = super::unnan(d0);
         let mut order = [0u8; E];
         for i in 0..E {
@@ -238,13 +249,13 @@ mod reference {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{E, Joint, Kernel, Rows, Table};
+    use super::{Books, E, Kernel, Rows, Table};
     use std::arch::x86_64::*;
 
-    /// [`Joint::search`] compiled for AVX2, with its kernels.
+    /// [`Books::search`] compiled for AVX2, with its kernels.
     #[target_feature(enable = "avx2,popcnt")]
     pub unsafe fn search(
-        joint: &Joint,
+        books: &Books,
         table: &Table,
         v: &[f32],
         w: Option<&[f32]>,
@@ -254,13 +265,13 @@ mod avx2 {
         // The kernels need only AVX2, which this function's callers have checked for.
         let kernel = Kernel {
             // SAFETY: AVX2 is present (above).
-            order: |d: &[f32; E], p| unsafe { order(d, p) },
+            order: |d: &[f32; E]| unsafe { order(d) },
             // SAFETY: AVX2 is present (above).
             leasts: |t: &Table, r: &Rows, q: &Rows, p| unsafe { leasts(t, r, q, p) },
             // SAFETY: AVX2 is present (above).
             find: |t: &Table, r: &[f32; E], q: &[f32; E], l| unsafe { find(t, r, q, l) },
         };
-        joint.search(table, v, w, picks, rows, kernel)
+        books.search(table, v, w, picks, rows, kernel)
     }
 
     /// The least of 16 values (in every lane).
@@ -274,7 +285,7 @@ mod avx2 {
 
     /// The reference's order: each entry's rank from two 16-lane compares.
     #[target_feature(enable = "avx2,popcnt")]
-    pub unsafe fn order(d0: &[f32; E], _picks: usize) -> [u8; E] {
+    pub unsafe fn order(d0: &[f32; E]) -> [u8; E] {
         let d = super::unnan(d0);
         // SAFETY: loads of 8 lanes at offsets 0 and 8 of a 16-entry array.
         let v = unsafe { [_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(d.as_ptr().add(8))] };
