@@ -212,12 +212,13 @@ fn vq_cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
 }
 
 /// Runs the benchmark; returns the JSON report and prints a table unless `json`.
-pub fn run(reps: usize, json_out: bool) -> Value {
+pub fn run(reps: usize, extra_rows: &[usize], json_out: bool) -> Value {
     let mem = mem_read_gbps(512 << 20, 5);
     let mhz = cpu_mhz();
     let level = k3_quant::cpu::level();
     let mut results = serde_json::Map::new();
-    for (rows, cols) in SHAPES {
+    let shapes = SHAPES.into_iter().chain(extra_rows.iter().map(|&r| (r, SHAPES[0].1)));
+    for (rows, cols) in shapes {
         for cold in [false, true] {
             let mut cs = cases(rows, cols, cold);
             // Calls per sample: enough weight bytes to take ~20 ms on a fast kernel.

@@ -123,10 +123,20 @@ pub enum Bench {
         /// Measure thread scaling on 1..N threads instead (the decode step's products).
         #[arg(long, value_name = "N", value_parser = |s: &str| bounded(s, 1, 1024))]
         threads: Option<usize>,
+        /// Also the gate/up shape cut to these row counts (multiples of 32, comma-separated): a
+        /// kernel's fixed cost per call against its rate per row.
+        #[arg(long, value_name = "ROWS", value_delimiter = ',', value_parser = whole_blocks)]
+        rows: Vec<usize>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A row count the fast-scan codec takes: a positive multiple of 32.
+fn whole_blocks(s: &str) -> Result<usize, String> {
+    let n = bounded(s, 32, 1 << 20)?;
+    if n % 32 == 0 { Ok(n) } else { Err(format!("{n} rows: the fast-scan codec needs a multiple of 32")) }
 }
 
 /// Runs one benchmark; with `json`, its report goes to standard output as one object.
@@ -162,8 +172,8 @@ pub fn run(what: Bench) -> Result<()> {
             };
             (encode::run(reps, &opts, json)?, json)
         }
-        Bench::Kernels { reps, threads: Some(n), json } => (threads::run(n, reps, json), json),
-        Bench::Kernels { reps, threads: None, json } => (kernels::run(reps, json), json),
+        Bench::Kernels { reps, threads: Some(n), json, .. } => (threads::run(n, reps, json), json),
+        Bench::Kernels { reps, threads: None, rows, json } => (kernels::run(reps, &rows, json), json),
     };
     if json {
         println!("{report}");
