@@ -277,48 +277,34 @@ mod avx2 {
     /// [`sums`] for two tables: the codes' nibbles split once, looked up in both.
     #[target_feature(enable = "avx2")]
     pub(super) fn sums2(codes: &[u8], items: usize, luts: [&[u8]; 2], sums: [&mut [u32]; 2]) {
-        let m = _mm256_set1_epi8(15);
-        let zero = _mm256_setzero_si256();
         let [sa, sb] = sums;
         for (b, (oa, ob)) in sa.chunks_exact_mut(32).zip(sb.chunks_exact_mut(32)).enumerate() {
             oa.fill(0);
             ob.fill(0);
             let base = &codes[b * items * 16..][..items * 16];
-            // Per table: low-nibble rows (even, odd bytes), high-nibble rows (even, odd bytes).
-            let mut acc = [[zero; 4]; 2];
-            let mut steps = 0;
-            for p in 0..items / 2 {
-                // SAFETY: item pair p is 32 bytes inside the block's codes and inside each table.
-                let c = unsafe { _mm256_loadu_si256(base.as_ptr().add(32 * p).cast()) };
-                let lo = _mm256_and_si256(c, m);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(c), m);
-                for (a, lut) in acc.iter_mut().zip(luts) {
-                    // SAFETY: as above.
-                    let l = unsafe { _mm256_loadu_si256(lut.as_ptr().add(32 * p).cast()) };
-                    let rl = _mm256_shuffle_epi8(l, lo);
-                    let rh = _mm256_shuffle_epi8(l, hi);
-                    a[0] = _mm256_add_epi16(a[0], rl);
-                    a[1] = _mm256_add_epi16(a[1], _mm256_srli_epi16::<8>(rl));
-                    a[2] = _mm256_add_epi16(a[2], rh);
-                    a[3] = _mm256_add_epi16(a[3], _mm256_srli_epi16::<8>(rh));
-                }
-                steps += 1;
-                if steps == FLUSH {
-                    for (a, out) in acc.iter_mut().zip([&mut *oa, &mut *ob]) {
-                        let (l, h) = out.split_at_mut(16);
-                        flush(a[0], a[1], l);
-                        flush(a[2], a[3], h);
-                        *a = [zero; 4];
-                    }
-                    steps = 0;
+            let (mut a, mut c) = (Acc::new(), Acc::new());
+            for (step, at) in (0..items * 16).step_by(32).enumerate() {
+                // SAFETY: `at + 32 <= items * 16`, the length of the block's codes and of each table.
+                let load = |bytes: &[u8]| unsafe { _mm256_loadu_si256(bytes.as_ptr().add(at).cast()) };
+                let (lo, hi) = nibbles(load(base));
+                a.add(load(luts[0]), lo, hi);
+                c.add(load(luts[1]), lo, hi);
+                if step % FLUSH == FLUSH - 1 {
+                    a.flush(oa);
+                    c.flush(ob);
                 }
             }
-            for (a, out) in acc.iter().zip([oa, ob]) {
-                let (l, h) = out.split_at_mut(16);
-                flush(a[0], a[1], l);
-                flush(a[2], a[3], h);
-            }
+            a.flush(oa);
+            c.flush(ob);
         }
+    }
+
+    /// The codes of one step, split into low and high nibbles.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn nibbles(c: __m256i) -> (__m256i, __m256i) {
+        let m = _mm256_set1_epi8(15);
+        (_mm256_and_si256(c, m), _mm256_and_si256(_mm256_srli_epi16::<4>(c), m))
     }
 
     /// One block's four accumulators (low-nibble rows: even, odd bytes; high-nibble rows).
@@ -330,13 +316,12 @@ mod avx2 {
             Acc([_mm256_setzero_si256(); 4])
         }
 
-        /// Looks the codes `c` up in `lut` and adds the entries.
+        /// Looks the split codes up in `lut` and adds the entries.
         #[target_feature(enable = "avx2")]
         #[inline]
-        fn add(&mut self, lut: __m256i, c: __m256i) {
-            let m = _mm256_set1_epi8(15);
-            let rl = _mm256_shuffle_epi8(lut, _mm256_and_si256(c, m));
-            let rh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(c), m));
+        fn add(&mut self, lut: __m256i, lo: __m256i, hi: __m256i) {
+            let rl = _mm256_shuffle_epi8(lut, lo);
+            let rh = _mm256_shuffle_epi8(lut, hi);
             let a = &mut self.0;
             a[0] = _mm256_add_epi16(a[0], rl);
             a[1] = _mm256_add_epi16(a[1], _mm256_srli_epi16::<8>(rl));
@@ -367,7 +352,8 @@ mod avx2 {
             let l = unsafe { _mm256_loadu_si256(lut.as_ptr().add(at).cast()) };
             for (b, a) in acc.iter_mut().enumerate() {
                 // SAFETY: as above.
-                a.add(l, unsafe { _mm256_loadu_si256(codes.as_ptr().add(b * block + at).cast()) });
+                let (lo, hi) = nibbles(unsafe { _mm256_loadu_si256(codes.as_ptr().add(b * block + at).cast()) });
+                a.add(l, lo, hi);
             }
             if step % FLUSH == FLUSH - 1 {
                 for (a, o) in acc.iter_mut().zip(out.chunks_exact_mut(32)) {
