@@ -12,7 +12,7 @@ pub enum Level {
     /// AVX2 + FMA + F16C + POPCNT (Haswell, Zen and later).
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// AVX2 plus AVX-512 F, BW, VL and VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later).
+    /// AVX2 plus AVX-512 F, BW, VL, VNNI and VBMI (Ice Lake, Sapphire Rapids, Zen 4 and later).
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
@@ -49,7 +49,8 @@ pub fn detect() -> Level {
         let avx512 = is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni");
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512vbmi");
         match (avx2, avx512) {
             (true, true) => return Level::Avx512,
             (true, false) => return Level::Avx2,

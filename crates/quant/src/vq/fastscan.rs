@@ -35,36 +35,47 @@ pub fn code(codes: &[u8], items: usize, r: usize, j: usize) -> usize {
 
 /// Builds the u8 table for `x` (already rotated) and returns its step `delta`:
 /// `T[j][e] ~ delta * (L[j][e] - 128)` with `delta = max|T| / 127`, so a row's dot product is
-/// `delta * (sum_j L[j][code] - 128 * items)`. One step for all items keeps the build a single
-/// vectorizable pass (no per-item minimum); codebooks are centred, so little range is lost.
-pub fn build_lut(codebooks: &[f32], x: &[f32], table: &mut Vec<f32>, lut: &mut Vec<u8>) -> f32 {
-    build_lut_at(level(), codebooks, x, table, lut)
+/// `delta * (sum_j L[j][code] - 128 * items)`. One step for all items keeps the build a
+/// vectorizable pass and a quantizing one (no per-item minimum); codebooks are centred, so little
+/// range is lost.
+/// `work` is working memory (the f32 table, where a kernel keeps it).
+pub fn build_lut(codebooks: &[f32], x: &[f32], work: &mut Vec<f32>, lut: &mut Vec<u8>) -> f32 {
+    build_lut_at(level(), codebooks, x, work, lut)
 }
 
 /// [`build_lut`] with an explicit kernel level.
-pub fn build_lut_at(level: Level, codebooks: &[f32], x: &[f32], table: &mut Vec<f32>, lut: &mut Vec<u8>) -> f32 {
+pub fn build_lut_at(level: Level, codebooks: &[f32], x: &[f32], work: &mut Vec<f32>, lut: &mut Vec<u8>) -> f32 {
     assert!(
         x.len().is_multiple_of(8) && codebooks.len() == 3 * 16 * 4,
         "fast-scan tables need 3 x 16 x 4 codebooks and 8k inputs"
     );
-    let items = x.len() / 4 * 3;
-    table.resize(items * 16, 0.0);
-    lut.resize(items * 16, 0);
-    // Codebooks transposed to [stage][dim][entry]: 16 entries of one dimension are contiguous.
-    let mut ct = [0f32; 192];
-    for s in 0..3 {
-        for e in 0..16 {
-            for d in 0..4 {
-                ct[(s * 4 + d) * 16 + e] = codebooks[(s * 16 + e) * 4 + d];
-            }
-        }
-    }
+    lut.resize(x.len() / 4 * 3 * 16, 0);
+    let ct = transposed(codebooks);
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; sizes set above.
-        Level::Avx2 | Level::Avx512 => unsafe { avx2::build_lut(&ct, x, table, lut) },
-        Level::Scalar => reference::build_lut(&ct, x, table, lut),
+        Level::Avx2 => {
+            work.resize(lut.len(), 0.0);
+            // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; sizes set here.
+            unsafe { avx2::build_lut(&ct, x, work, lut) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, with AVX-512 F and BW.
+        Level::Avx512 => unsafe { avx512::build_lut(&ct, x, lut) },
+        Level::Scalar => reference::build_lut(&ct, x, lut),
     }
+}
+
+/// The exact table `T` (f32, `items x 16`) that [`build_lut`] quantizes: for error bounds.
+pub fn table(codebooks: &[f32], x: &[f32]) -> Vec<f32> {
+    reference::table(&transposed(codebooks), x)
+}
+
+/// Codebooks transposed to `[stage][dim][entry]`: 16 entries of one dimension are contiguous.
+fn transposed(codebooks: &[f32]) -> [f32; 192] {
+    std::array::from_fn(|i| {
+        let (s, d, e) = (i / 64, i / 16 % 4, i % 16);
+        codebooks[(s * 16 + e) * 4 + d]
+    })
 }
 
 /// The step for a table whose largest magnitude is `amax`.
@@ -77,13 +88,19 @@ pub(super) fn matvec(level: Level, m: &VqRef<'_>, scratch: &mut Scratch, y: &mut
     let delta = build_lut_at(level, m.codebooks, &scratch.x, &mut scratch.table, &mut scratch.lut);
     scratch.sums.resize(m.rows, 0);
     sums_at(level, m.codes, items, &scratch.lut, &mut scratch.sums);
-    finish(m, items, delta, &scratch.sums, y);
+    finish(level, m, items, delta, &scratch.sums, y);
 }
 
-/// `y` from a row's integer sums: the table's step and offset undone, the row scale applied.
-fn finish(m: &VqRef<'_>, items: usize, delta: f32, sums: &[u32], y: &mut [f32]) {
+/// `y` from the rows' integer sums: the table's step and offset undone, the row scale applied.
+fn finish(level: Level, m: &VqRef<'_>, items: usize, delta: f32, sums: &[u32], y: &mut [f32]) {
     let offset = 128.0 * items as f32;
-    for ((out, s), sc) in y.iter_mut().zip(sums).zip(m.scale) {
+    let whole = match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `supported` returns Avx2 or above only when the CPU has AVX2 and F16C.
+        Level::Avx2 | Level::Avx512 => unsafe { avx2::finish(delta, offset, sums, m.scale, y) },
+        Level::Scalar => 0,
+    };
+    for ((out, s), sc) in y.iter_mut().zip(sums).zip(m.scale).skip(whole) {
         // Both terms are integers below 2^24, so the difference is exact.
         *out = sc.to_f32() * (delta * (*s as f32 - offset));
     }
@@ -112,7 +129,7 @@ pub(super) fn matmul(level: Level, m: &VqRef<'_>, scratch: &mut Scratch, ys: &mu
         sums_at(level, m.codes, items, &luts[pairs * items * 16..], &mut scratch.sums[pairs * rows..]);
     }
     for ((y, s), d) in ys.chunks_exact_mut(rows).zip(scratch.sums.chunks_exact(rows)).zip(deltas) {
-        finish(m, items, d, s, y);
+        finish(level, m, items, d, s, y);
     }
 }
 
@@ -127,7 +144,7 @@ pub fn sums2_at(level: Level, codes: &[u8], items: usize, luts: [&[u8]; 2], sums
             assert_eq!(codes.len(), sa.len() * items / 2, "codes for {} rows of {items} items", sa.len());
             assert!(luts.iter().all(|l| l.len() == items * 16), "tables of {items} items");
             if lvl == Level::Avx512 {
-                // SAFETY: as for `sums`, checked above for both tables; AVX-512 BW present.
+                // SAFETY: as for `sums`, checked above for both tables; AVX-512 BW/VBMI/VNNI present.
                 unsafe { avx512::sums2(codes, items, luts, [sa, sb]) }
             } else {
                 // SAFETY: as for `sums`, checked above for both tables.
@@ -155,15 +172,16 @@ pub fn sums_at(level: Level, codes: &[u8], items: usize, lut: &[u8], sums: &mut 
         // blocks of items x 16 bytes and the table items x 16 bytes (items even: cols % 8 == 0).
         Level::Avx2 => unsafe { avx2::sums(codes, items, lut, sums) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, with AVX-512 BW (which `supported` vouched for) for the same loads.
+        // SAFETY: as above, with AVX-512 BW, VBMI and VNNI (which `supported` vouched for).
         Level::Avx512 => unsafe { avx512::sums(codes, items, lut, sums) },
         Level::Scalar => reference::sums(codes, items, lut, sums),
     }
 }
 
 pub mod reference {
-    /// Table values from the transposed codebooks `ct[stage][dim][entry]`; returns delta.
-    pub fn build_lut(ct: &[f32; 192], x: &[f32], table: &mut [f32], lut: &mut [u8]) -> f32 {
+    /// Table values from the transposed codebooks `ct[stage][dim][entry]`.
+    pub fn table(ct: &[f32; 192], x: &[f32]) -> Vec<f32> {
+        let mut table = vec![0f32; x.len() / 4 * 3 * 16];
         for (k, xc) in x.chunks_exact(4).enumerate() {
             for s in 0..3 {
                 for e in 0..16 {
@@ -171,6 +189,12 @@ pub mod reference {
                 }
             }
         }
+        table
+    }
+
+    /// The u8 table; returns delta.
+    pub fn build_lut(ct: &[f32; 192], x: &[f32], lut: &mut [u8]) -> f32 {
+        let table = table(ct, x);
         let delta = super::step(table.iter().fold(0f32, |m, v| m.max(v.abs())));
         let inv = 1.0 / delta;
         for (t, l) in table.iter().zip(lut.iter_mut()) {
@@ -191,6 +215,8 @@ pub mod reference {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    /// The f32 table stored in `table`, then quantized: on 8-wide registers this beats computing
+    /// the products twice (EFFICIENCY.md), unlike on AVX-512.
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn build_lut(ct: &[f32; 192], x: &[f32], table: &mut [f32], lut: &mut [u8]) -> f32 {
         let sign = _mm256_set1_ps(-0.0);
@@ -237,6 +263,23 @@ mod avx2 {
         delta
     }
 
+    /// [`super::finish`] on 8 rows at a time, the same operations in the same order; returns how
+    /// many rows it did.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) fn finish(delta: f32, offset: f32, sums: &[u32], scale: &[half::f16], y: &mut [f32]) -> usize {
+        let n = y.len().min(sums.len()).min(scale.len()) / 8 * 8;
+        let (d, o) = (_mm256_set1_ps(delta), _mm256_set1_ps(offset));
+        for r in (0..n).step_by(8) {
+            // SAFETY: r + 8 <= n, within all three slices; f16 is 2 bytes, as the load assumes.
+            unsafe {
+                let s = _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().add(r).cast()));
+                let sc = _mm256_cvtph_ps(_mm_loadu_si128(scale.as_ptr().add(r).cast()));
+                _mm256_storeu_ps(y.as_mut_ptr().add(r), _mm256_mul_ps(sc, _mm256_mul_ps(d, _mm256_sub_ps(s, o))));
+            }
+        }
+        n
+    }
+
     /// Steps between widenings: 256 u8 values summed per u16 lane stay below 65536.
     const FLUSH: usize = 256;
     /// Row blocks scanned together (EFFICIENCY.md: one table load for several blocks).
@@ -260,7 +303,7 @@ mod avx2 {
     /// `rows[2k] += e[k]`, `rows[2k + 1] += o[k]` for `k < 8`, in registers.
     #[target_feature(enable = "avx2")]
     #[inline]
-    pub(super) fn add_rows(e: __m256i, o: __m256i, rows: &mut [u32]) {
+    fn add_rows(e: __m256i, o: __m256i, rows: &mut [u32]) {
         // Per 128-bit lane: [e0 o0 e1 o1 | e4 o4 e5 o5] and [e2 o2 e3 o3 | e6 o6 e7 o7].
         let (lo, hi) = (_mm256_unpacklo_epi32(e, o), _mm256_unpackhi_epi32(e, o));
         let first = _mm256_permute2x128_si256::<0x20>(lo, hi);
@@ -351,6 +394,9 @@ mod avx2 {
             // holds N blocks.
             let l = unsafe { _mm256_loadu_si256(lut.as_ptr().add(at).cast()) };
             for (b, a) in acc.iter_mut().enumerate() {
+                if step % 2 == 0 {
+                    crate::simd::prefetch_ahead(codes.as_ptr().wrapping_add(b * block + at));
+                }
                 // SAFETY: as above.
                 let (lo, hi) = nibbles(unsafe { _mm256_loadu_si256(codes.as_ptr().add(b * block + at).cast()) });
                 a.add(l, lo, hi);
@@ -381,32 +427,18 @@ mod avx2 {
     }
 }
 
-/// The AVX2 kernels' loops on 64-byte vectors: a load holds four items of a block (`pshufb`
-/// looks up within 16-byte lanes, one item per lane), so each step covers twice the codes.
+/// AVX-512 kernels: a step covers 64 code bytes (four items of a block, one per 16-byte lane).
+/// Rather than `pshufb` within lanes and widening u8 sums to u16 (as AVX2 must), the step's code
+/// bytes are transposed with one `vpermb` so that each dword holds one row's four items; the
+/// nibbles then index the step's 64-byte table (four items x 16 entries) with `vpermb`, and
+/// `vpdpbusd` against ones adds a row's four entries straight into its u32 sum. 8 operations per
+/// step instead of 11, and no periodic widening (EFFICIENCY.md, "vpermb + vpdpbusd").
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    /// Steps between widenings: 256 u8 values summed per u16 lane stay below 65536.
-    const FLUSH: usize = 256;
     /// Row blocks scanned together (EFFICIENCY.md: one table load for several blocks).
     const BLOCKS: usize = 4;
-
-    /// Adds the u16 lanes of `a` (each the sum of an even row in its low byte and the odd row
-    /// shifted in) and `b` (the odd rows' sums) to the block's 16 rows.
-    #[target_feature(enable = "avx2,avx512f,avx512bw")]
-    fn flush(a: __m512i, b: __m512i, rows: &mut [u32]) {
-        let even = _mm512_sub_epi16(a, _mm512_slli_epi16::<8>(b));
-        // The four 16-byte lanes (one item each) summed in u32: 8 rows' sums per register.
-        let quarters = |v: __m512i| {
-            let w = _mm512_add_epi32(
-                _mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)),
-                _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(v)),
-            );
-            _mm256_add_epi32(_mm512_castsi512_si256(w), _mm512_extracti64x4_epi64::<1>(w))
-        };
-        super::avx2::add_rows(quarters(even), quarters(b), rows);
-    }
 
     /// 64 bytes at `at` of `bytes`, the last step's half-vector (two items) zero-filled.
     #[target_feature(enable = "avx512f,avx512bw")]
@@ -418,104 +450,154 @@ mod avx512 {
         unsafe { _mm512_maskz_loadu_epi8(mask, bytes.as_ptr().add(at).cast()) }
     }
 
-    /// One block's four accumulators (low-nibble rows: even, odd bytes; high-nibble rows).
-    struct Acc([__m512i; 4]);
+    /// [`super::avx2::build_lut`] on 16 entries (one item) per register, in two passes (the
+    /// step, then the table) that compute the same products in the same order: recomputing is
+    /// cheaper than storing a 4-byte table larger than L1 and reading it back.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) fn build_lut(ct: &[f32; 192], x: &[f32], lut: &mut [u8]) -> f32 {
+        // SAFETY: i + 16 <= 192.
+        let c: [__m512; 12] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(ct.as_ptr().add(16 * i)) });
+        let item = |xc: &[f32], s: usize| {
+            let mut v = _mm512_mul_ps(c[s * 4], _mm512_set1_ps(xc[0]));
+            for d in 1..4 {
+                v = _mm512_fmadd_ps(c[s * 4 + d], _mm512_set1_ps(xc[d]), v);
+            }
+            v
+        };
+        let mut amax = [_mm512_setzero_ps(); 3];
+        for xc in x.chunks_exact(4) {
+            for (s, m) in amax.iter_mut().enumerate() {
+                *m = _mm512_max_ps(*m, _mm512_abs_ps(item(xc, s)));
+            }
+        }
+        let delta = super::step(_mm512_reduce_max_ps(_mm512_max_ps(amax[0], _mm512_max_ps(amax[1], amax[2]))));
+        let inv = _mm512_set1_ps(1.0 / delta);
+        let flip = _mm_set1_epi8(-128);
+        for (xc, l) in x.chunks_exact(4).zip(lut.chunks_exact_mut(48)) {
+            for s in 0..3 {
+                let q = _mm512_cvtps_epi32(_mm512_mul_ps(item(xc, s), inv));
+                // SAFETY: 48 table bytes per chunk, 16 per stage.
+                unsafe {
+                    _mm_storeu_si128(l.as_mut_ptr().add(16 * s).cast(), _mm_xor_si128(_mm512_cvtsepi32_epi8(q), flip))
+                };
+            }
+        }
+        delta
+    }
 
-    impl Acc {
+    /// The constants of a step: the transpose, the nibble mask, each byte's item offset in the
+    /// step's table, and the ones `vpdpbusd` multiplies by.
+    #[derive(Clone, Copy)]
+    struct Consts {
+        transpose: __m512i,
+        nibble: __m512i,
+        item: __m512i,
+        ones: __m512i,
+    }
+
+    impl Consts {
         #[target_feature(enable = "avx512f,avx512bw")]
         fn new() -> Self {
-            Acc([_mm512_setzero_si512(); 4])
+            // Byte 4i + k of the transposed step is byte 16k + i of the codes (row i, item k),
+            // and indexes item k's 16 entries at 16k.
+            let transpose: [u8; 64] = std::array::from_fn(|p| (16 * (p % 4) + p / 4) as u8);
+            let item: [u8; 64] = std::array::from_fn(|p| (16 * (p % 4)) as u8);
+            // SAFETY: 64-byte arrays, unaligned loads.
+            let (transpose, item) =
+                unsafe { (_mm512_loadu_si512(transpose.as_ptr().cast()), _mm512_loadu_si512(item.as_ptr().cast())) };
+            Consts { transpose, nibble: _mm512_set1_epi8(15), item, ones: _mm512_set1_epi8(1) }
         }
 
-        /// Looks the split codes up in `lut` and adds the entries.
-        #[target_feature(enable = "avx512f,avx512bw")]
+        /// A step's codes as table indices: rows 0..16 (low nibbles) and 16..32 (high nibbles),
+        /// one row per dword.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
         #[inline]
-        fn add(&mut self, lut: __m512i, lo: __m512i, hi: __m512i) {
-            let rl = _mm512_shuffle_epi8(lut, lo);
-            let rh = _mm512_shuffle_epi8(lut, hi);
-            let a = &mut self.0;
-            a[0] = _mm512_add_epi16(a[0], rl);
-            a[1] = _mm512_add_epi16(a[1], _mm512_srli_epi16::<8>(rl));
-            a[2] = _mm512_add_epi16(a[2], rh);
-            a[3] = _mm512_add_epi16(a[3], _mm512_srli_epi16::<8>(rh));
-        }
-
-        #[target_feature(enable = "avx512f,avx512bw")]
-        fn flush(&mut self, out: &mut [u32]) {
-            let (l, h) = out.split_at_mut(16);
-            flush(self.0[0], self.0[1], l);
-            flush(self.0[2], self.0[3], h);
-            *self = Acc::new();
+        fn indices(&self, codes: __m512i) -> (__m512i, __m512i) {
+            const AND_OR: i32 = 0xEA; // (a & b) | c
+            let t = _mm512_permutexvar_epi8(self.transpose, codes);
+            let lo = _mm512_ternarylogic_epi32::<AND_OR>(t, self.nibble, self.item);
+            let hi = _mm512_ternarylogic_epi32::<AND_OR>(_mm512_srli_epi16::<4>(t), self.nibble, self.item);
+            (lo, hi)
         }
     }
 
-    /// The codes of one step, split into low and high nibbles.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    #[inline]
-    fn nibbles(c: __m512i) -> (__m512i, __m512i) {
-        let m = _mm512_set1_epi8(15);
-        (_mm512_and_si512(c, m), _mm512_and_si512(_mm512_srli_epi16::<4>(c), m))
+    /// One block's sums: rows 0..16 and 16..32, one u32 per row.
+    struct Acc([__m512i; 2]);
+
+    impl Acc {
+        #[target_feature(enable = "avx512f")]
+        fn new() -> Self {
+            Acc([_mm512_setzero_si512(); 2])
+        }
+
+        /// Looks the step's indices up in its table and adds each row's four entries.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
+        #[inline]
+        fn add(&mut self, k: &Consts, lut: __m512i, (lo, hi): (__m512i, __m512i)) {
+            let a = &mut self.0;
+            a[0] = _mm512_dpbusd_epi32(a[0], _mm512_permutexvar_epi8(lo, lut), k.ones);
+            a[1] = _mm512_dpbusd_epi32(a[1], _mm512_permutexvar_epi8(hi, lut), k.ones);
+        }
+
+        #[target_feature(enable = "avx512f")]
+        fn store(&self, out: &mut [u32]) {
+            assert!(out.len() >= 32, "a block of 32 rows");
+            // SAFETY: 32 u32 checked above, unaligned stores.
+            unsafe {
+                _mm512_storeu_si512(out.as_mut_ptr().cast(), self.0[0]);
+                _mm512_storeu_si512(out.as_mut_ptr().add(16).cast(), self.0[1]);
+            }
+        }
     }
 
     /// `N` consecutive blocks (`codes` holds them, `out` their `32 N` rows) against one table:
     /// each table load serves all `N`.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
     #[inline]
-    fn blocks<const N: usize>(codes: &[u8], lut: &[u8], out: &mut [u32]) {
+    fn blocks<const N: usize>(k: &Consts, codes: &[u8], lut: &[u8], out: &mut [u32]) {
         let block = lut.len();
-        out.fill(0);
         let mut acc: [Acc; N] = std::array::from_fn(|_| Acc::new());
-        for (step, at) in (0..block).step_by(64).enumerate() {
+        for at in (0..block).step_by(64) {
             let l = load(lut, at);
             for (b, a) in acc.iter_mut().enumerate() {
-                let (lo, hi) = nibbles(load(&codes[b * block..][..block], at));
-                a.add(l, lo, hi);
-            }
-            if step % FLUSH == FLUSH - 1 {
-                for (a, o) in acc.iter_mut().zip(out.chunks_exact_mut(32)) {
-                    a.flush(o);
-                }
+                crate::simd::prefetch_ahead(codes[b * block..].as_ptr().wrapping_add(at));
+                a.add(k, l, k.indices(load(&codes[b * block..][..block], at)));
             }
         }
-        for (a, o) in acc.iter_mut().zip(out.chunks_exact_mut(32)) {
-            a.flush(o);
+        for (a, o) in acc.iter().zip(out.chunks_exact_mut(32)) {
+            a.store(o);
         }
     }
 
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
     pub(super) fn sums(codes: &[u8], items: usize, lut: &[u8], sums: &mut [u32]) {
         const N: usize = BLOCKS;
-        let block = items * 16;
+        let (k, block) = (Consts::new(), items * 16);
         let whole = sums.len() / (32 * N) * (32 * N);
         let (many, rest) = sums.split_at_mut(whole);
         for (g, out) in many.chunks_exact_mut(32 * N).enumerate() {
-            blocks::<N>(&codes[g * N * block..][..N * block], lut, out);
+            blocks::<N>(&k, &codes[g * N * block..][..N * block], lut, out);
         }
         for (b, out) in rest.chunks_exact_mut(32).enumerate() {
-            blocks::<1>(&codes[(whole / 32 + b) * block..][..block], lut, out);
+            blocks::<1>(&k, &codes[(whole / 32 + b) * block..][..block], lut, out);
         }
     }
 
-    /// [`sums`] for two tables: the codes' nibbles split once, looked up in both.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    /// [`sums`] for two tables: each step's codes transposed and split once, looked up in both.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
     pub(super) fn sums2(codes: &[u8], items: usize, luts: [&[u8]; 2], sums: [&mut [u32]; 2]) {
         let [sa, sb] = sums;
+        let (k, block) = (Consts::new(), items * 16);
         for (b, (oa, ob)) in sa.chunks_exact_mut(32).zip(sb.chunks_exact_mut(32)).enumerate() {
-            oa.fill(0);
-            ob.fill(0);
-            let base = &codes[b * items * 16..][..items * 16];
+            let base = &codes[b * block..][..block];
             let (mut a, mut c) = (Acc::new(), Acc::new());
-            for (step, at) in (0..items * 16).step_by(64).enumerate() {
-                let (lo, hi) = nibbles(load(base, at));
-                a.add(load(luts[0], at), lo, hi);
-                c.add(load(luts[1], at), lo, hi);
-                if step % FLUSH == FLUSH - 1 {
-                    a.flush(oa);
-                    c.flush(ob);
-                }
+            for at in (0..block).step_by(64) {
+                let ix = k.indices(load(base, at));
+                a.add(&k, load(luts[0], at), ix);
+                c.add(&k, load(luts[1], at), ix);
             }
-            a.flush(oa);
-            c.flush(ob);
+            a.store(oa);
+            c.store(ob);
         }
     }
 }
