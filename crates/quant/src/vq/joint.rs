@@ -84,7 +84,8 @@ impl Joint {
         let code = match level {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Joint::at` stores a level `supported` vouched for: Avx2 only on CPUs with it.
-            // (An AVX-512 version measured 1.03x on the whole encode: not kept, EFFICIENCY.md.)
+            // (AVX-512 versions measured 1.03x for the whole search, none for the order alone:
+            // EFFICIENCY.md.)
             Level::Avx2 | Level::Avx512 => unsafe { avx2::search(books, table, v, w, picks, rows) },
             Level::Scalar => books.search(table, v, w, picks, rows, reference::KERNEL),
         };
@@ -283,7 +284,8 @@ mod avx2 {
         _mm256_min_ps(m, _mm256_shuffle_ps::<0b10_11_00_01>(m, m))
     }
 
-    /// The reference's order: each entry's rank from two 16-lane compares.
+    /// The reference's order: each entry's rank is the count of entries below it (two 8-lane
+    /// compares); only if two ranks collide (equal distances) are the earlier equals counted too.
     #[target_feature(enable = "avx2,popcnt")]
     pub unsafe fn order(d0: &[f32; E]) -> [u8; E] {
         let d = super::unnan(d0);
@@ -297,11 +299,19 @@ mod avx2 {
             m(v[0]) | m(v[1]) << 8
         };
         let mut order = [0u8; E];
+        let mut seen = 0u32;
         for (i, &di) in d.iter().enumerate() {
-            let x = _mm256_set1_ps(di);
-            let rank = (mask(x, true) | mask(x, false) & ((1 << i) - 1)).count_ones() as usize;
-            // Ranks are a permutation of 0..16: every entry has its slot (no branch).
-            order[rank] = i as u8;
+            let rank = mask(_mm256_set1_ps(di), true).count_ones();
+            seen |= 1 << rank;
+            order[rank as usize] = i as u8;
+        }
+        if seen != 0xFFFF {
+            // Equal distances shared a rank: the earlier entry goes first.
+            for (i, &di) in d.iter().enumerate() {
+                let x = _mm256_set1_ps(di);
+                let rank = (mask(x, true) | mask(x, false) & ((1 << i) - 1)).count_ones() as usize;
+                order[rank] = i as u8;
+            }
         }
         order
     }
@@ -417,6 +427,21 @@ mod tests {
                     simd.encode(v, w, picks, &mut b);
                     prop_assert_eq!(a, b, "{:?}, vector {}", lvl, i);
                 }
+            }
+        }
+    }
+
+    proptest! {
+        /// The SIMD order is the reference's, with ties (distances from a small set) and NaNs.
+        #[test]
+        fn orders_match_the_reference(vals in proptest::collection::vec(0u8..6, 16)) {
+            let d: [f32; E] = std::array::from_fn(|i| if vals[i] == 5 { f32::NAN } else { f32::from(vals[i]) * 0.5 });
+            let want = (reference::KERNEL.order)(&d);
+            #[cfg(target_arch = "x86_64")]
+            if crate::cpu::detect() >= Level::Avx2 {
+                // SAFETY: the CPU has AVX2 (checked above).
+                let got = unsafe { avx2::order(&d) };
+                prop_assert_eq!(got, want, "on {:?}", d);
             }
         }
     }
