@@ -288,9 +288,18 @@ mod avx2 {
     /// compares); only if two ranks collide (equal distances) are the earlier equals counted too.
     #[target_feature(enable = "avx2,popcnt")]
     pub unsafe fn order(d0: &[f32; E]) -> [u8; E] {
-        let d = super::unnan(d0);
-        // SAFETY: loads of 8 lanes at offsets 0 and 8 of a 16-entry array.
-        let v = unsafe { [_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(d.as_ptr().add(8))] };
+        // NaN as +infinity (`unnan`), in registers.
+        let mut d = [0f32; E];
+        let v: [__m256; 2] = std::array::from_fn(|h| {
+            // SAFETY: loads and stores of 8 lanes at offsets 0 and 8 of 16-entry arrays.
+            unsafe {
+                let raw = _mm256_loadu_ps(d0.as_ptr().add(8 * h));
+                let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(raw, raw);
+                let v = _mm256_blendv_ps(raw, _mm256_set1_ps(f32::INFINITY), nan);
+                _mm256_storeu_ps(d.as_mut_ptr().add(8 * h), v);
+                v
+            }
+        });
         let mask = |x: __m256, lt: bool| {
             let m = |h: __m256| {
                 let c = if lt { _mm256_cmp_ps::<_CMP_LT_OQ>(h, x) } else { _mm256_cmp_ps::<_CMP_EQ_OQ>(h, x) };
