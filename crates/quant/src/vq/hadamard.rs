@@ -163,9 +163,9 @@ mod tests {
         assert_eq!(Rotation::block_for(96, 128), 32);
     }
 
-    /// The transform (each kernel the CPU runs) is the textbook butterfly loop, bit for bit (stored codes were encoded
-    /// against the rotation, and inputs are rotated at run time: both must stay the same), at
-    /// every block size the codecs use, including ones below the 8-group.
+    /// The transform, in each version the CPU runs, is the textbook butterfly loop bit for bit
+    /// (stored codes were encoded against the rotation, and inputs are rotated at run time: both
+    /// must stay the same), at every block size the codecs use, including ones below the 8-group.
     #[test]
     fn fwht_is_the_butterfly_loop() {
         for n in [2, 4, 8, 32, 128] {
