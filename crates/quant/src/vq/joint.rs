@@ -144,15 +144,21 @@ impl Books {
             qs[p] = std::array::from_fn(|k| rc[k] - d0[i]);
         }
         let leasts = (kernel.leasts)(table, rbs, qs, picks);
-        let mut best = (f32::INFINITY, [0u16; 3]);
+        // The first pick with the least error (a later pick must do strictly better: equal
+        // errors keep the earlier code); only its pair is looked for.
+        let mut best: Option<(f32, usize)> = None;
         for (p, &least) in leasts[..picks].iter().enumerate() {
-            // A later pick must do strictly better: equal errors keep the earlier code.
-            if least < best.0 {
-                let jk = (kernel.find)(table, &rbs[p], &qs[p], least);
-                best = (least, [u16::from(order[p]), (jk / E) as u16, (jk % E) as u16]);
+            if least < best.map_or(f32::INFINITY, |b| b.0) {
+                best = Some((least, p));
             }
         }
-        best.1
+        match best {
+            Some((least, p)) => {
+                let jk = (kernel.find)(table, &rbs[p], &qs[p], least);
+                [u16::from(order[p]), (jk / E) as u16, (jk % E) as u16]
+            }
+            None => [0; 3],
+        }
     }
 }
 
