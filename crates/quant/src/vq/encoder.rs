@@ -178,16 +178,16 @@ fn match_energy(
 ) {
     let (d, s_n) = (cb.dim, cb.stages);
     let chunks = cols / d;
-    let mut rec = vec![0f32; d];
     for (r, s) in scale.iter_mut().enumerate() {
         let (mut num, mut den) = (0f64, 0f64);
-        for k in 0..chunks {
-            let i = r * chunks + k;
-            train::reconstruct(cb, &codes[i * s_n..][..s_n], &mut rec);
-            for j in 0..d {
+        let row = &target[r * cols..][..cols];
+        for (k, (t, code)) in row.chunks_exact(d).zip(codes[r * chunks * s_n..].chunks_exact(s_n)).enumerate() {
+            for (j, t) in t.iter().enumerate() {
+                // The reconstruction as `train::reconstruct` sums it: stage by stage from zero.
+                let rec = code.iter().enumerate().fold(0f32, |acc, (st, &c)| acc + cb.entry(st, usize::from(c))[j]);
                 let imp = importance.map_or(1.0, |m| f64::from(m[k * d + j]));
-                num += imp * f64::from(target[i * d + j]).powi(2);
-                den += imp * f64::from(rec[j]) * f64::from(rec[j]);
+                num += imp * f64::from(*t).powi(2);
+                den += imp * f64::from(rec) * f64::from(rec);
             }
         }
         if den > 0.0 && num > 0.0 {
