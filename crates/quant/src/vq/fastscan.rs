@@ -45,11 +45,16 @@ pub fn build_lut(codebooks: &[f32], x: &[f32], work: &mut Vec<f32>, lut: &mut Ve
 
 /// [`build_lut`] with an explicit kernel level.
 pub fn build_lut_at(level: Level, codebooks: &[f32], x: &[f32], work: &mut Vec<f32>, lut: &mut Vec<u8>) -> f32 {
-    assert!(
-        x.len().is_multiple_of(8) && codebooks.len() == 3 * 16 * 4,
-        "fast-scan tables need 3 x 16 x 4 codebooks and 8k inputs"
-    );
     lut.resize(x.len() / 4 * 3 * 16, 0);
+    build_into(level, codebooks, x, work, lut)
+}
+
+/// [`build_lut_at`] into a table of the right size (`items x 16` bytes).
+fn build_into(level: Level, codebooks: &[f32], x: &[f32], work: &mut Vec<f32>, lut: &mut [u8]) -> f32 {
+    assert!(
+        x.len().is_multiple_of(8) && codebooks.len() == 3 * 16 * 4 && lut.len() == x.len() / 4 * 3 * 16,
+        "fast-scan tables need 3 x 16 x 4 codebooks, 8k inputs and 16 bytes per item"
+    );
     let ct = transposed(codebooks);
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
@@ -61,13 +66,15 @@ pub fn build_lut_at(level: Level, codebooks: &[f32], x: &[f32], work: &mut Vec<f
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, with AVX-512 F and BW.
         Level::Avx512 => unsafe { avx512::build_lut(&ct, x, lut) },
-        Level::Scalar => reference::build_lut(&ct, x, lut),
+        Level::Scalar => reference::build_lut(&ct, x, work, lut),
     }
 }
 
 /// The exact table `T` (f32, `items x 16`) that [`build_lut`] quantizes: for error bounds.
 pub fn table(codebooks: &[f32], x: &[f32]) -> Vec<f32> {
-    reference::table(&transposed(codebooks), x)
+    let mut table = Vec::new();
+    reference::table(&transposed(codebooks), x, &mut table);
+    table
 }
 
 /// Codebooks transposed to `[stage][dim][entry]`: 16 entries of one dimension are contiguous.
@@ -112,11 +119,10 @@ fn finish(level: Level, m: &VqRef<'_>, items: usize, delta: f32, sums: &[u32], y
 pub(super) fn matmul(level: Level, m: &VqRef<'_>, scratch: &mut Scratch, ys: &mut [f32]) {
     let (items, rows, cols) = (m.cols / 4 * 3, m.rows, m.cols);
     let n = scratch.xs.len() / cols;
-    let mut deltas = Vec::with_capacity(n);
     scratch.luts.resize(n * items * 16, 0);
+    scratch.deltas.clear();
     for (x, lut) in scratch.xs.chunks_exact(cols).zip(scratch.luts.chunks_exact_mut(items * 16)) {
-        deltas.push(build_lut_at(level, m.codebooks, x, &mut scratch.table, &mut scratch.lut));
-        lut.copy_from_slice(&scratch.lut);
+        scratch.deltas.push(build_into(level, m.codebooks, x, &mut scratch.table, lut));
     }
     scratch.sums.resize(n * rows, 0);
     let (pairs, luts) = (n / 2 * 2, &scratch.luts);
@@ -128,8 +134,8 @@ pub(super) fn matmul(level: Level, m: &VqRef<'_>, scratch: &mut Scratch, ys: &mu
     if n > pairs {
         sums_at(level, m.codes, items, &luts[pairs * items * 16..], &mut scratch.sums[pairs * rows..]);
     }
-    for ((y, s), d) in ys.chunks_exact_mut(rows).zip(scratch.sums.chunks_exact(rows)).zip(deltas) {
-        finish(level, m, items, d, s, y);
+    for ((y, s), d) in ys.chunks_exact_mut(rows).zip(scratch.sums.chunks_exact(rows)).zip(&scratch.deltas) {
+        finish(level, m, items, *d, s, y);
     }
 }
 
@@ -179,9 +185,9 @@ pub fn sums_at(level: Level, codes: &[u8], items: usize, lut: &[u8], sums: &mut 
 }
 
 pub mod reference {
-    /// Table values from the transposed codebooks `ct[stage][dim][entry]`.
-    pub fn table(ct: &[f32; 192], x: &[f32]) -> Vec<f32> {
-        let mut table = vec![0f32; x.len() / 4 * 3 * 16];
+    /// Table values from the transposed codebooks `ct[stage][dim][entry]`, into `table`.
+    pub fn table(ct: &[f32; 192], x: &[f32], table: &mut Vec<f32>) {
+        table.resize(x.len() / 4 * 3 * 16, 0.0);
         for (k, xc) in x.chunks_exact(4).enumerate() {
             for s in 0..3 {
                 for e in 0..16 {
@@ -189,12 +195,12 @@ pub mod reference {
                 }
             }
         }
-        table
     }
 
-    /// The u8 table; returns delta.
-    pub fn build_lut(ct: &[f32; 192], x: &[f32], lut: &mut [u8]) -> f32 {
-        let table = table(ct, x);
+    /// The u8 table, the f32 one kept in `work`; returns delta.
+    pub fn build_lut(ct: &[f32; 192], x: &[f32], work: &mut Vec<f32>, lut: &mut [u8]) -> f32 {
+        table(ct, x, work);
+        let table = &*work;
         let delta = super::step(table.iter().fold(0f32, |m, v| m.max(v.abs())));
         let inv = 1.0 / delta;
         for (t, l) in table.iter().zip(lut.iter_mut()) {

@@ -123,9 +123,10 @@ pub struct Scratch {
     table: Vec<f32>,
     lut: Vec<u8>,
     sums: Vec<u32>,
-    /// A batch's rotated vectors and their tables.
+    /// A batch's rotated vectors, their tables and the tables' steps.
     xs: Vec<f32>,
     luts: Vec<u8>,
+    deltas: Vec<f32>,
 }
 
 impl VqMatrix {
