@@ -125,7 +125,7 @@ pub enum Bench {
         threads: Option<usize>,
         /// Also the gate/up shape cut to these row counts (multiples of 32, comma-separated): a
         /// kernel's fixed cost per call against its rate per row.
-        #[arg(long, value_name = "ROWS", value_delimiter = ',', value_parser = whole_blocks)]
+        #[arg(long, value_name = "ROWS", value_delimiter = ',', value_parser = whole_blocks, conflicts_with = "threads")]
         rows: Vec<usize>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
