@@ -1,11 +1,18 @@
 //! The search for 3-stage, 16-entry codebooks (the fast-scan codec): the best few first-stage
 //! entries, then for each the last two stages jointly over all 256 pairs, through the expansion
-//! `|r - b - c|² = |r|² - 2 r·b - 2 r·c + |b + c|²` with `|b + c|²` tabulated once per codebook
-//! (per weight vector when distances are weighted). Searching the pairs jointly finds codes the
-//! stage-by-stage beam misses, and the table turns each pair into two adds and a compare: the
+//! `|r - b - c|² = |r|² - 2 r·b - 2 r·c + |b + c|²` with `r = v - a_i`. Everything that does not
+//! depend on the vector is tabulated once per codebook (per weight vector when distances are
+//! weighted): `|b_j + c_k|²`, and `2 a_i·b_j`, `2 a_i·c_k`, so a pick's `2 r·b` is `2 v·b_j`
+//! (shared by all picks) minus a table row. Searching the pairs jointly finds codes the
+//! stage-by-stage beam misses, and the table turns each pair into a subtract and a minimum: the
 //! 256 pairs run 8 or 16 at a time in SIMD lanes.
 //!
 //! With 16 first-stage picks the search is exhaustive (all 4096 codes).
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 use std::collections::HashMap;
 
@@ -14,21 +21,20 @@ use crate::cpu::{Level, level, supported};
 
 const E: usize = 16;
 
-/// Weighted tables kept per search before the cache starts over (1 KiB each). Importance
-/// weights are per input column, so a matrix needs one table per chunk position (896 for K3's
+/// Weighted tables kept per search before the cache starts over (4 KiB each). Importance
+/// weights are per input column, so a matrix needs one set per chunk position (896 for K3's
 /// 3,584 columns): each is computed once per thread, not once per vector.
-const CACHED_TABLES: usize = 4096;
+const CACHED_TABLES: usize = 2048;
 
 /// Reusable state of the joint search, for one set of codebooks.
 #[derive(Debug, Clone)]
 pub struct Joint {
     books: Books,
-    /// `|b_j + c_k|²` unweighted.
-    plain: Box<Table>,
-    /// `sum_d w_d (b_j + c_k)_d²` per weight vector seen (keyed by the weights' bits).
-    weighted: HashMap<[u32; MAX_DIM], Box<Table>>,
-    /// Scratch: the per-pick rows, kept so a search does not zero 2 KiB per vector.
-    rows: (Rows, Rows),
+    /// The tables with unit weights.
+    plain: Box<Tables>,
+    /// The tables per weight vector seen (keyed by the weights' bits).
+    weighted: HashMap<[u32; MAX_DIM], Box<Tables>>,
+    scratch: Scratch,
     level: Level,
 }
 
@@ -39,6 +45,36 @@ struct Books {
     /// Transposed, `[stage][dim][entry]` ([`Codebooks::transposed`]).
     soa: [f32; 3 * MAX_DIM * E],
 }
+
+/// What the search tabulates for one weight vector `w` (all ones when unweighted), with `a`,
+/// `b`, `c` the three stages' entries and sums over the dimensions `d` in order.
+#[derive(Debug, Clone)]
+struct Tables {
+    /// `sum_d w_d (b_j + c_k)_d²` at `j * 16 + k`.
+    pairs: Table,
+    /// The same at `k * 16 + j` (a column of `pairs` as a row).
+    pairs_t: Table,
+    /// `sum_d (2 w_d a_id) b_jd` at `i * 16 + j`.
+    ab: Table,
+    /// `sum_d (2 w_d a_id) c_kd` at `i * 16 + k`.
+    ac: Table,
+}
+
+/// Per-pick rows of up to [`BLOCK`] vectors (16 rows each), kept so a search does not zero
+/// 3 KiB per vector.
+#[derive(Debug, Clone)]
+struct Scratch {
+    /// `2 r·b_j` per pick.
+    rbs: Vec<[f32; E]>,
+    /// `2 r·c_k - |r|²` per pick.
+    qs: Vec<[f32; E]>,
+    /// Per pick and `k`, the least error over `j`.
+    es: Vec<[f32; E]>,
+}
+
+/// Vectors a SIMD kernel takes step by step together: each step's work for one vector is
+/// independent of the next one's, so the CPU overlaps them (one vector's steps are a chain).
+const BLOCK: usize = 8;
 
 impl Joint {
     /// The search for `cb`, if it has 3 stages of 16 entries of at most 8 dims.
@@ -54,12 +90,13 @@ impl Joint {
         let mut soa = [0f32; 3 * MAX_DIM * E];
         let t = cb.transposed();
         soa[..t.len()].copy_from_slice(&t);
-        let plain = Box::new(pair_norms(&soa, cb.dim, None));
+        let books = Books { dim: cb.dim, soa };
+        let zero = vec![[0.0; E]; BLOCK * E];
         Some(Joint {
-            books: Books { dim: cb.dim, soa },
-            plain,
+            plain: Box::new(books.tables(None)),
+            books,
             weighted: HashMap::new(),
-            rows: ([[0.0; E]; E], [[0.0; E]; E]),
+            scratch: Scratch { rbs: zero.clone(), qs: zero.clone(), es: zero },
             level: supported(level),
         })
     }
@@ -68,9 +105,9 @@ impl Joint {
     /// all 256 pairs of the other two; codes to `out` (3 entries). On equal errors the first in
     /// (pick, second, third) order wins, in every kernel.
     pub fn encode(&mut self, v: &[f32], w: Option<&[f32]>, picks: usize, out: &mut [u16]) {
-        let Joint { books, plain, weighted, rows, level } = self;
+        let Joint { books, plain, weighted, scratch, level } = self;
         assert_eq!(v.len(), books.dim, "a {}-vector for {}-dim codebooks", v.len(), books.dim);
-        let table: &Table = match w {
+        let tables: &Tables = match w {
             None => plain,
             Some(w) => {
                 let mut key = [0u32; MAX_DIM];
@@ -78,72 +115,130 @@ impl Joint {
                 if weighted.len() == CACHED_TABLES && !weighted.contains_key(&key) {
                     weighted.clear();
                 }
-                weighted.entry(key).or_insert_with(|| Box::new(pair_norms(&books.soa, books.dim, Some(w))))
+                weighted.entry(key).or_insert_with(|| Box::new(books.tables(Some(w))))
             }
         };
-        let code = match level {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Joint::at` stores a level `supported` vouched for: Avx2 only on CPUs with it.
-            // (AVX-512 versions measured 1.03x for the whole search, none for the order alone:
-            // EFFICIENCY.md.)
-            Level::Avx2 | Level::Avx512 => unsafe { avx2::search(books, table, v, w, picks, rows) },
-            Level::Scalar => books.search(table, v, w, picks, rows, reference::KERNEL),
-        };
-        out.copy_from_slice(&code);
+        run(*level, books, tables, v, w, picks, scratch, out);
+    }
+
+    /// [`encode`](Self::encode) for each vector of `vs` (unweighted), codes to `out` (3 per
+    /// vector): one kernel call for all of them.
+    pub fn encode_all(&mut self, vs: &[f32], picks: usize, out: &mut [u16]) {
+        let Joint { books, plain, scratch, level, .. } = self;
+        assert_eq!(vs.len() / books.dim * 3, out.len(), "3 codes per {}-vector", books.dim);
+        run(*level, books, plain, vs, None, picks, scratch, out);
+    }
+}
+
+/// The search of every `dim`-vector of `vs` at `level`, codes to `out`.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    level: Level,
+    books: &Books,
+    tables: &Tables,
+    vs: &[f32],
+    w: Option<&[f32]>,
+    picks: usize,
+    scratch: &mut Scratch,
+    out: &mut [u16],
+) {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Joint::at` stores a level `supported` vouched for: each only on CPUs with it.
+        Level::Avx2 => unsafe { avx2::search(books, tables, vs, w, picks, scratch, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Level::Avx512 => unsafe { avx512::search(books, tables, vs, w, picks, scratch, out) },
+        Level::Scalar => books.search_all(tables, vs, w, picks, scratch, out, reference::KERNEL),
     }
 }
 
 impl Books {
     fn col(&self, stage: usize, j: usize) -> &[f32; E] {
-        col(&self.soa, self.dim, stage, j)
+        self.soa[(stage * self.dim + j) * E..][..E].try_into().expect("16 entries")
     }
 
-    /// [`Joint::encode`]'s search, with the kernel's `minima` and `find` for the pairs;
-    /// inlined into each kernel, so its 16-entry loops are compiled for that kernel's instruction
-    /// set (the same operations in the same order: the same bits).
+    /// [`Tables`] for weights `w` (`None`: all ones).
+    fn tables(&self, w: Option<&[f32]>) -> Tables {
+        let weight = |j: usize| w.map_or(1.0, |w| w[j]);
+        let mut t = Tables { pairs: [0.0; E * E], pairs_t: [0.0; E * E], ab: [0.0; E * E], ac: [0.0; E * E] };
+        for j in 0..self.dim {
+            let (a, b, c, wj) = (self.col(0, j), self.col(1, j), self.col(2, j), weight(j));
+            for e in 0..E {
+                for f in 0..E {
+                    let bc = b[e] + c[f];
+                    t.pairs[e * E + f] += wj * bc * bc;
+                    let wa = 2.0 * wj * a[e];
+                    t.ab[e * E + f] += wa * b[f];
+                    t.ac[e * E + f] += wa * c[f];
+                }
+            }
+        }
+        for (jk, v) in t.pairs.iter().enumerate() {
+            t.pairs_t[jk % E * E + jk / E] = *v;
+        }
+        t
+    }
+
+    /// [`search`](Self::search) for each vector of `vs` (all with weights `w`).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn search_all(
+        &self,
+        tables: &Tables,
+        vs: &[f32],
+        w: Option<&[f32]>,
+        picks: usize,
+        scratch: &mut Scratch,
+        out: &mut [u16],
+        kernel: Kernel<impl Fn(&[f32; E], usize) -> [u8; E], impl LeastsFn, impl FindFn>,
+    ) {
+        for (v, out) in vs.chunks_exact(self.dim).zip(out.chunks_exact_mut(3)) {
+            out.copy_from_slice(&self.search(tables, v, w, picks, scratch, &kernel));
+        }
+    }
+
+    /// [`Joint::encode`]'s search, with the kernel's `order`, `leasts` and `find`; inlined into
+    /// each kernel, so its 16-entry loops are compiled for that kernel's instruction set (the
+    /// same operations in the same order: the same bits).
     #[inline(always)]
     fn search(
         &self,
-        table: &Table,
+        tables: &Tables,
         v: &[f32],
         w: Option<&[f32]>,
         picks: usize,
-        (rbs, qs): &mut (Rows, Rows),
-        kernel: Kernel<
-            impl Fn(&[f32; E]) -> [u8; E],
-            impl Fn(&Table, &Rows, &Rows, usize) -> [f32; E],
-            impl Fn(&Table, &[f32; E], &[f32; E], f32) -> usize,
-        >,
+        scratch: &mut Scratch,
+        kernel: &Kernel<impl Fn(&[f32; E], usize) -> [u8; E], impl LeastsFn, impl FindFn>,
     ) -> [u16; 3] {
         let d = self.dim;
         let weight = |j: usize| w.map_or(1.0, |w| w[j]);
+        let (rbs, qs, es) = (rows(&mut scratch.rbs), rows(&mut scratch.qs), rows(&mut scratch.es));
         // First-stage distances |v - a_i|², as the beam search computes them.
         let mut d0 = [0f32; E];
         stage_dists_n(v, w, &self.soa[..d * E], &mut d0);
         let picks = picks.clamp(1, E);
-        let order = (kernel.order)(&d0);
-        // Per pick, 2 w r with r = v - a_i, its dots with every b_j (rbs) and c_k, and the
-        // per-lane term: error = (|b+c|² - 2 r·b) - (2 r·c - |r|²).
+        let order = (kernel.order)(&d0, picks);
+        // 2 v·b_j and 2 v·c_k (weighted), shared by every pick.
+        let (mut vb, mut vc) = ([0f32; E], [0f32; E]);
+        for (j, &vj) in v.iter().enumerate() {
+            let wv = 2.0 * weight(j) * vj;
+            for e in 0..E {
+                vb[e] += wv * self.col(1, j)[e];
+                vc[e] += wv * self.col(2, j)[e];
+            }
+        }
+        // Per pick, with r = v - a_i: 2 r·b_j and the per-lane term, so that
+        // error = (|b+c|² - 2 r·b) - (2 r·c - |r|²).
         for (p, &i) in order[..picks].iter().enumerate() {
             let i = usize::from(i);
-            let mut wr = [0f32; MAX_DIM];
-            for j in 0..d {
-                wr[j] = 2.0 * weight(j) * (v[j] - self.col(0, j)[i]);
+            let (ab, ac) = (&tables.ab[i * E..][..E], &tables.ac[i * E..][..E]);
+            for e in 0..E {
+                rbs[p][e] = vb[e] - ab[e];
+                qs[p][e] = (vc[e] - ac[e]) - d0[i];
             }
-            // Local sums (kept in registers), stored once.
-            let (mut rb, mut rc) = ([0f32; E], [0f32; E]);
-            for (j, wrj) in wr[..d].iter().enumerate() {
-                for (acc, b) in rb.iter_mut().zip(self.col(1, j)) {
-                    *acc += wrj * b;
-                }
-                for (acc, c) in rc.iter_mut().zip(self.col(2, j)) {
-                    *acc += wrj * c;
-                }
-            }
-            rbs[p] = rb;
-            qs[p] = std::array::from_fn(|k| rc[k] - d0[i]);
         }
-        let leasts = (kernel.leasts)(table, rbs, qs, picks);
+        let leasts = (kernel.leasts)(&tables.pairs, rbs, qs, picks, es);
         // The first pick with the least error (a later pick must do strictly better: equal
         // errors keep the earlier code); only its pair is looked for.
         let mut best: Option<(f32, usize)> = None;
@@ -152,40 +247,28 @@ impl Books {
                 best = Some((least, p));
             }
         }
-        match best {
-            Some((least, p)) => {
-                let jk = (kernel.find)(table, &rbs[p], &qs[p], least);
-                [u16::from(order[p]), (jk / E) as u16, (jk % E) as u16]
-            }
-            None => [0; 3],
-        }
-    }
-}
-
-/// The 16 entries' values in dimension `j` of stage `stage`, from transposed codebooks.
-fn col(soa: &[f32], dim: usize, stage: usize, j: usize) -> &[f32; E] {
-    soa[(stage * dim + j) * E..][..E].try_into().expect("16 entries")
-}
-
-/// `sum_d w_d (b_j + c_k)_d²` at `j * 16 + k` (`w` = 1 when `None`).
-fn pair_norms(soa: &[f32], dim: usize, w: Option<&[f32]>) -> Table {
-    let mut table = [0f32; E * E];
-    for j in 0..dim {
-        let (b, c) = (col(soa, dim, 1, j), col(soa, dim, 2, j));
-        let wj = w.map_or(1.0, |w| w[j]);
-        for (bj, row) in b.iter().zip(table.chunks_exact_mut(E)) {
-            for (t, ck) in row.iter_mut().zip(c) {
-                *t += wj * (bj + ck) * (bj + ck);
+        let Some((least, p)) = best else { return [0; 3] };
+        // The first (j, k) in row order: per `k` whose least it is, the first `j`.
+        let mut jk = E * E;
+        for k in 0..E {
+            if es[p][k] == least {
+                jk = jk.min((kernel.find)(&tables.pairs_t, &rbs[p], qs[p][k], least, k) * E + k);
             }
         }
+        let jk = if jk == E * E { 0 } else { jk };
+        [u16::from(order[p]), (jk / E) as u16, (jk % E) as u16]
     }
-    table
 }
 
 /// `|b_j + c_k|²` at `j * 16 + k`.
 type Table = [f32; E * E];
 /// Sixteen 16-entry rows (one per first-stage pick).
 type Rows = [[f32; E]; E];
+
+/// The first 16 rows of a scratch buffer.
+fn rows(r: &mut [[f32; E]]) -> &mut Rows {
+    (&mut r[..E]).try_into().expect("16 rows")
+}
 
 /// `d` with NaN as +infinity: a NaN distance is never near.
 fn unnan(d: &[f32; E]) -> [f32; E] {
@@ -194,27 +277,32 @@ fn unnan(d: &[f32; E]) -> [f32; E] {
 
 /// A search's three kernels (scalar reference or SIMD), with the same results.
 struct Kernel<O, L, F> {
-    /// The 16 first-stage entries, nearest first (equal distances in entry order,
-    /// NaN as +infinity): entry `i` goes to its rank, the count of entries before it in that
-    /// order, so the 16 ranks are independent compares rather than a chain of minima.
+    /// The 16 first-stage entries, nearest first (equal distances in entry order, NaN as
+    /// +infinity); only the first `picks` are read.
     order: O,
-    /// Per pick `p`, the least error `min_jk (table[j][k] - rbs[p][j]) - qs[p][k]`.
+    /// Per pick `p`, the errors `es[p][k] = min_j (pairs[j][k] - rbs[p][j]) - qs[p][k]`, and
+    /// their least.
     leasts: L,
-    /// The first `j * 16 + k` where a pick's error is its least.
+    /// The first `j` with `(pairs_t[k][j] - rb[j]) - q == least`.
     find: F,
 }
+
+trait LeastsFn: Fn(&Table, &Rows, &Rows, usize, &mut Rows) -> [f32; E] {}
+impl<T: Fn(&Table, &Rows, &Rows, usize, &mut Rows) -> [f32; E]> LeastsFn for T {}
+trait FindFn: Fn(&Table, &[f32; E], f32, f32, usize) -> usize {}
+impl<T: Fn(&Table, &[f32; E], f32, f32, usize) -> usize> FindFn for T {}
 
 mod reference {
     use super::{E, Kernel, Rows, Table};
 
     type Fns = Kernel<
-        fn(&[f32; E]) -> [u8; E],
-        fn(&Table, &Rows, &Rows, usize) -> [f32; E],
-        fn(&Table, &[f32; E], &[f32; E], f32) -> usize,
+        fn(&[f32; E], usize) -> [u8; E],
+        fn(&Table, &Rows, &Rows, usize, &mut Rows) -> [f32; E],
+        fn(&Table, &[f32; E], f32, f32, usize) -> usize,
     >;
     pub const KERNEL: Fns = Kernel { order, leasts, find };
 
-    fn order(d0: &[f32; E]) -> [u8; E] {
+    pub fn order(d0: &[f32; E], _picks: usize) -> [u8; E] {
         let d = super::unnan(d0);
         let mut order = [0u8; E];
         for i in 0..E {
@@ -225,161 +313,30 @@ mod reference {
         order
     }
 
-    /// `min_k (min_j (table[j][k] - rb[j]) - q[k])`: subtracting `q[k]` keeps order, so this is
-    /// the least of the pick's errors `(table[j][k] - rb[j]) - q[k]`.
-    fn leasts(table: &Table, rbs: &Rows, qs: &Rows, picks: usize) -> [f32; E] {
+    fn leasts(table: &Table, rbs: &Rows, qs: &Rows, picks: usize, es: &mut Rows) -> [f32; E] {
         let mut out = [f32::INFINITY; E];
-        for ((rb, q), least) in rbs.iter().zip(qs).zip(out.iter_mut()).take(picks) {
+        for p in 0..picks {
             let mut m = [f32::INFINITY; E];
             for (j, row) in table.chunks_exact(E).enumerate() {
                 for k in 0..E {
-                    let part = row[k] - rb[j];
+                    let part = row[k] - rbs[p][j];
                     if part < m[k] {
                         m[k] = part;
                     }
                 }
             }
             for k in 0..E {
-                let err = m[k] - q[k];
-                if err < *least {
-                    *least = err;
+                es[p][k] = m[k] - qs[p][k];
+                if es[p][k] < out[p] {
+                    out[p] = es[p][k];
                 }
             }
         }
         out
     }
 
-    fn find(table: &Table, rb: &[f32; E], q: &[f32; E], least: f32) -> usize {
-        (0..E * E).find(|&jk| (table[jk] - rb[jk / E]) - q[jk % E] == least).unwrap_or(0)
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{Books, E, Kernel, Rows, Table};
-    use std::arch::x86_64::*;
-
-    /// [`Books::search`] compiled for AVX2, with its kernels.
-    #[target_feature(enable = "avx2,popcnt")]
-    pub unsafe fn search(
-        books: &Books,
-        table: &Table,
-        v: &[f32],
-        w: Option<&[f32]>,
-        picks: usize,
-        rows: &mut (Rows, Rows),
-    ) -> [u16; 3] {
-        // The kernels need only AVX2, which this function's callers have checked for.
-        let kernel = Kernel {
-            // SAFETY: AVX2 is present (above).
-            order: |d: &[f32; E]| unsafe { order(d) },
-            // SAFETY: AVX2 is present (above).
-            leasts: |t: &Table, r: &Rows, q: &Rows, p| unsafe { leasts(t, r, q, p) },
-            // SAFETY: AVX2 is present (above).
-            find: |t: &Table, r: &[f32; E], q: &[f32; E], l| unsafe { find(t, r, q, l) },
-        };
-        books.search(table, v, w, picks, rows, kernel)
-    }
-
-    /// The least of 16 values (in every lane).
-    #[target_feature(enable = "avx2")]
-    fn hmin(lo: __m256, hi: __m256) -> __m256 {
-        let m = _mm256_min_ps(lo, hi);
-        let m = _mm256_min_ps(m, _mm256_permute2f128_ps::<1>(m, m));
-        let m = _mm256_min_ps(m, _mm256_shuffle_ps::<0b01_00_11_10>(m, m));
-        _mm256_min_ps(m, _mm256_shuffle_ps::<0b10_11_00_01>(m, m))
-    }
-
-    /// The reference's order: each entry's rank is the count of entries below it (two 8-lane
-    /// compares); only if two ranks collide (equal distances) are the earlier equals counted too.
-    #[target_feature(enable = "avx2,popcnt")]
-    pub unsafe fn order(d0: &[f32; E]) -> [u8; E] {
-        // NaN as +infinity (`unnan`), in registers.
-        let mut d = [0f32; E];
-        let v: [__m256; 2] = std::array::from_fn(|h| {
-            // SAFETY: loads and stores of 8 lanes at offsets 0 and 8 of 16-entry arrays.
-            unsafe {
-                let raw = _mm256_loadu_ps(d0.as_ptr().add(8 * h));
-                let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(raw, raw);
-                let v = _mm256_blendv_ps(raw, _mm256_set1_ps(f32::INFINITY), nan);
-                _mm256_storeu_ps(d.as_mut_ptr().add(8 * h), v);
-                v
-            }
-        });
-        let mask = |x: __m256, lt: bool| {
-            let m = |h: __m256| {
-                let c = if lt { _mm256_cmp_ps::<_CMP_LT_OQ>(h, x) } else { _mm256_cmp_ps::<_CMP_EQ_OQ>(h, x) };
-                _mm256_movemask_ps(c) as u32
-            };
-            m(v[0]) | m(v[1]) << 8
-        };
-        let mut order = [0u8; E];
-        let mut seen = 0u32;
-        for (i, &di) in d.iter().enumerate() {
-            let rank = mask(_mm256_set1_ps(di), true).count_ones();
-            seen |= 1 << rank;
-            order[rank as usize] = i as u8;
-        }
-        if seen != 0xFFFF {
-            // Equal distances shared a rank: the earlier entry goes first.
-            for (i, &di) in d.iter().enumerate() {
-                let x = _mm256_set1_ps(di);
-                let rank = (mask(x, true) | mask(x, false) & ((1 << i) - 1)).count_ones() as usize;
-                order[rank] = i as u8;
-            }
-        }
-        order
-    }
-
-    /// The reference's leasts, four picks at a time: each table row is loaded once for the
-    /// four, and their eight chains of minima run side by side. Rows past `picks` are computed
-    /// too (from zeros) and not read.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn leasts(table: &Table, rbs: &Rows, qs: &Rows, picks: usize) -> [f32; E] {
-        let mut out = [f32::INFINITY; E];
-        // SAFETY: loads of 8 lanes at offsets 0 and 8 of 16-entry rows of fixed-size arrays;
-        // `p0 + 3 <= 15` indexes `rbs` and `qs` (16 rows) in bounds. Unaligned.
-        unsafe {
-            for p0 in (0..picks).step_by(4) {
-                let mut acc = [[_mm256_set1_ps(f32::INFINITY); 2]; 4];
-                for (j, row) in table.chunks_exact(E).enumerate() {
-                    let t = [_mm256_loadu_ps(row.as_ptr()), _mm256_loadu_ps(row.as_ptr().add(8))];
-                    for (pp, a) in acc.iter_mut().enumerate() {
-                        let r = _mm256_set1_ps(rbs[p0 + pp][j]);
-                        a[0] = _mm256_min_ps(a[0], _mm256_sub_ps(t[0], r));
-                        a[1] = _mm256_min_ps(a[1], _mm256_sub_ps(t[1], r));
-                    }
-                }
-                for (pp, a) in acc.iter().enumerate() {
-                    let q = &qs[p0 + pp];
-                    let lo = _mm256_sub_ps(a[0], _mm256_loadu_ps(q.as_ptr()));
-                    let hi = _mm256_sub_ps(a[1], _mm256_loadu_ps(q.as_ptr().add(8)));
-                    out[p0 + pp] = _mm256_cvtss_f32(hmin(lo, hi));
-                }
-            }
-        }
-        out
-    }
-
-    /// The reference's `find`, 8 lanes at a time.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn find(table: &Table, rb: &[f32; E], q: &[f32; E], least: f32) -> usize {
-        // SAFETY: loads of 8 lanes at offsets 0 and 8 of 16-entry rows of fixed-size arrays.
-        unsafe {
-            let qv = [_mm256_loadu_ps(q.as_ptr()), _mm256_loadu_ps(q.as_ptr().add(8))];
-            let l = _mm256_set1_ps(least);
-            for (j, (row, &rbj)) in table.chunks_exact(E).zip(rb).enumerate() {
-                let r = _mm256_set1_ps(rbj);
-                for (h, qh) in qv.iter().enumerate() {
-                    let part = _mm256_sub_ps(_mm256_loadu_ps(row.as_ptr().add(8 * h)), r);
-                    let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_sub_ps(part, *qh), l));
-                    if hit != 0 {
-                        return j * E + 8 * h + hit.trailing_zeros() as usize;
-                    }
-                }
-            }
-            0
-        }
+    fn find(table_t: &Table, rb: &[f32; E], q: f32, least: f32, k: usize) -> usize {
+        (0..E).find(|&j| (table_t[k * E + j] - rb[j]) - q == least).unwrap_or(0)
     }
 }
 
@@ -447,21 +404,49 @@ mod tests {
     }
 
     proptest! {
-        /// The SIMD order is the reference's: on distances that are (almost always) distinct, and
-        /// on ones from a small set with NaNs (every draw has ties).
+        /// Each SIMD order's first `picks` entries are the reference's: on distances that are
+        /// (almost always) distinct, and on ones from a small set with NaNs (every draw has
+        /// ties).
         #[test]
-        fn orders_match_the_reference(vals in proptest::collection::vec(0u16..10_000, 16), ties: bool) {
+        fn orders_match_the_reference(
+            vals in proptest::collection::vec(0u16..10_000, 16), ties: bool, picks in 1usize..=16,
+        ) {
             let d: [f32; E] = std::array::from_fn(|i| match (ties, vals[i] % 6) {
                 (true, 5) => f32::NAN,
                 (true, v) => f32::from(v) * 0.5,
                 (false, _) => f32::from(vals[i]) * 0.01,
             });
-            let want = (reference::KERNEL.order)(&d);
+            let want = reference::order(&d, picks);
             #[cfg(target_arch = "x86_64")]
-            if crate::cpu::detect() >= Level::Avx2 {
-                // SAFETY: the CPU has AVX2 (checked above).
-                let got = unsafe { avx2::order(&d) };
-                prop_assert_eq!(got, want, "on {:?}", d);
+            use std::arch::x86_64::_mm512_loadu_ps;
+            #[cfg(target_arch = "x86_64")]
+            for lvl in levels().into_iter().skip(1) {
+                // SAFETY: `levels` lists only levels this CPU has.
+                let got = unsafe {
+                    match lvl {
+                        Level::Avx2 => avx2::order(&d, picks),
+                        Level::Avx512 => avx512::order(_mm512_loadu_ps(d.as_ptr()), picks),
+                        Level::Scalar => unreachable!("skipped"),
+                    }
+                };
+                prop_assert_eq!(&got[..picks], &want[..picks], "{:?} on {:?}", lvl, d);
+            }
+        }
+
+        /// A batch's codes are each vector's own, at every level.
+        #[test]
+        fn a_batch_is_its_vectors(seed in 0u64..1000, picks in 1usize..=16) {
+            let cb = codebooks(seed, 4);
+            let vs = noise(40 * 4, seed + 3, 1.5);
+            for lvl in levels() {
+                let mut joint = Joint::at(lvl, &cb).unwrap();
+                let mut all = vec![0u16; 40 * 3];
+                joint.encode_all(&vs, picks, &mut all);
+                for (v, got) in vs.chunks_exact(4).zip(all.chunks_exact(3)) {
+                    let mut one = [0u16; 3];
+                    joint.encode(v, None, picks, &mut one);
+                    prop_assert_eq!(got, &one[..], "{:?}", lvl);
+                }
             }
         }
     }

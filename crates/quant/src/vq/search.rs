@@ -134,10 +134,17 @@ pub fn encode(data: Data<'_>, cb: &Codebooks, beam: usize, codes: &mut Vec<u16>)
     codes.resize(data.len() * cb.stages, 0);
     codes.par_chunks_mut(TASK * cb.stages).enumerate().for_each_init(
         || Searcher::for_codebooks(cb),
-        |searcher, (t, outs)| {
-            for (k, out) in outs.chunks_exact_mut(cb.stages).enumerate() {
-                let i = t * TASK + k;
-                searcher.encode(data.vec(i), data.weight(i), cb, beam, out);
+        |searcher, (t, outs)| match searcher {
+            // Unweighted, the joint search takes the task's vectors in one call.
+            Searcher::Joint(joint) if data.weights.is_none() => {
+                let n = outs.len() / cb.stages;
+                joint.encode_all(&data.vecs[t * TASK * cb.dim..][..n * cb.dim], beam, outs);
+            }
+            _ => {
+                for (k, out) in outs.chunks_exact_mut(cb.stages).enumerate() {
+                    let i = t * TASK + k;
+                    searcher.encode(data.vec(i), data.weight(i), cb, beam, out);
+                }
             }
         },
     );
