@@ -142,15 +142,15 @@ pub enum ExpertTarget {
 /// encoding's error by them.
 pub fn expert(
     name: &str,
-    w: &[f32],
+    w: Vec<f32>,
     rows: usize,
     cols: usize,
     target: ExpertTarget,
     calibration: Option<&Arc<vq::Calibration>>,
 ) -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
     match target {
-        ExpertTarget::Bf16 => Ok((Encoding::Bf16, vec![le(w, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())])),
-        ExpertTarget::F32 => Ok((Encoding::F32, vec![le(w, |x: f32| x.to_le_bytes().to_vec())])),
+        ExpertTarget::Bf16 => Ok((Encoding::Bf16, vec![le(&w, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())])),
+        ExpertTarget::F32 => Ok((Encoding::F32, vec![le(&w, |x: f32| x.to_le_bytes().to_vec())])),
         ExpertTarget::Int4 | ExpertTarget::Rtn3 => {
             if !cols.is_multiple_of(INT4_GROUP) {
                 return Err(ConvertError::Unsupported(format!(
@@ -158,7 +158,7 @@ pub fn expert(
                 )));
             }
             let bits = if target == ExpertTarget::Rtn3 { 3 } else { 4 };
-            let (q, s) = int4::quantize_bits(w, cols, INT4_GROUP, bits);
+            let (q, s) = int4::quantize_bits(&w, cols, INT4_GROUP, bits);
             Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
         }
         ExpertTarget::Mxfp4 => {
@@ -167,12 +167,13 @@ pub fn expert(
                     "{name}: {cols} columns cannot be MXFP4 (multiple of 32 needed)"
                 )));
             }
-            let (p, s) = mxfp4::quantize(w, cols);
+            let (p, s) = mxfp4::quantize(&w, cols);
             Ok((Encoding::Mxfp4, vec![p, s]))
         }
         ExpertTarget::Vq(codec) => {
             let opts = EncodeOptions { calibration: calibration.cloned(), ..EncodeOptions::default() };
-            let m = vq::encode(codec, w, cols, &opts).map_err(|e| ConvertError::Unsupported(format!("{name}: {e}")))?;
+            let m = vq::encode_owned(codec, w, cols, &opts)
+                .map_err(|e| ConvertError::Unsupported(format!("{name}: {e}")))?;
             let (block, seed) = m.rotation.as_ref().map_or((0, 0), |r| (r.block as u32, r.seed));
             let enc = Encoding::Vq {
                 stages: codec.stages() as u32,

@@ -150,11 +150,11 @@ fn record(
         (encode::ExpertTarget::Vq(_), Some(c)) => expert_inputs(c, plan, p, expert, &mats)?,
         _ => None,
     };
-    for (i, (base, rows, cols, f)) in mats.iter().enumerate() {
+    for (i, (base, rows, cols, f)) in mats.into_iter().enumerate() {
         // w1 and w3 see the expert's input, w2 the activation.
         let calib = inputs.as_ref().map(|c| if EXPERT_MATRICES[i] == "w2" { &c.activation } else { &c.input });
-        let (enc, encoded) = encode::expert(base, f, *rows, *cols, t, calib)?;
-        if enc != encode::planned(t, *cols) {
+        let (enc, encoded) = encode::expert(&base, f, rows, cols, t, calib)?;
+        if enc != encode::planned(t, cols) {
             return Err(ConvertError::Unsupported(format!(
                 "{base}: encoder produced {} not the planned layout",
                 enc.label()

@@ -104,6 +104,13 @@ impl Calibration {
 
 /// Encodes `w` (`[rows, cols]`, row-major) with `codec`.
 pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Result<VqMatrix, String> {
+    encode_owned(codec, w.to_vec(), cols, opts)
+}
+
+/// [`encode`], working in `w`'s own memory: a caller that has the weights as a vector of its
+/// own (a converter decoding them) saves a copy of the matrix and the first touch of new memory
+/// (~20 ms of a K3 matrix's encoding here: docs/EFFICIENCY.md).
+pub fn encode_owned(codec: Codec, w: Vec<f32>, cols: usize, opts: &EncodeOptions) -> Result<VqMatrix, String> {
     let rows = w.len() / cols.max(1);
     if rows * cols != w.len() {
         return Err(format!("{} values are not whole rows of {cols}", w.len()));
@@ -117,22 +124,22 @@ pub fn encode(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> Res
     {
         return Err(format!("calibration prepared for {} columns under another rotation, not these {cols}", c.cols));
     }
-    let mut work = w.to_vec();
-    if let Some(r) = &rotation {
-        work.chunks_exact_mut(cols).for_each(|row| r.apply(row));
-    }
-    let importance = calibration.map(|c| c.importance.as_slice());
-    // Rows normalized to unit RMS: one codebook then fits every row.
+    let mut work = w;
+    // Rows rotated and normalized to unit RMS (one codebook then fits every row), each while it
+    // is in cache.
     let mut scale: Vec<f32> = work
-        .chunks_exact(cols)
-        .map(|r| {
-            let rms = (r.iter().map(|v| v * v).sum::<f32>() / cols as f32).sqrt();
-            if rms > 0.0 { rms } else { 1.0 }
+        .chunks_exact_mut(cols)
+        .map(|row| {
+            if let Some(r) = &rotation {
+                r.apply(row);
+            }
+            let rms = (row.iter().map(|v| v * v).sum::<f32>() / cols as f32).sqrt();
+            let rms = if rms > 0.0 { rms } else { 1.0 };
+            row.iter_mut().for_each(|v| *v /= rms);
+            rms
         })
         .collect();
-    for (row, s) in work.chunks_exact_mut(cols).zip(&scale) {
-        row.iter_mut().for_each(|v| *v /= s);
-    }
+    let importance = calibration.map(|c| c.importance.as_slice());
     let weights: Option<Vec<f32>> = importance.map(|imp| imp.repeat(rows));
     let data = Data { dim: d, vecs: &work, weights: weights.as_deref() };
     // Codebooks are trained on a sample (48 codewords need far fewer vectors than a matrix
@@ -177,23 +184,81 @@ fn match_energy(
     cols: usize,
 ) {
     let (d, s_n) = (cb.dim, cb.stages);
-    let chunks = cols / d;
+    let per_row = cols / d * s_n;
+    // Unweighted, a chunk's energy depends on its code alone: with few codes (the fast-scan
+    // codec's 4,096), one table lookup per chunk instead of rebuilding the row.
+    let norms = (importance.is_none() && cb.entries.pow(s_n as u32) <= 4096).then(|| code_norms(cb));
+    let ones = vec![1f32; cols];
+    let importance = importance.unwrap_or(&ones);
+    let mut rec = vec![0f32; cols];
     for (r, s) in scale.iter_mut().enumerate() {
-        let (mut num, mut den) = (0f64, 0f64);
         let row = &target[r * cols..][..cols];
-        for (k, (t, code)) in row.chunks_exact(d).zip(codes[r * chunks * s_n..].chunks_exact(s_n)).enumerate() {
-            for (j, t) in t.iter().enumerate() {
-                // The reconstruction as `train::reconstruct` sums it: stage by stage from zero.
-                let rec = code.iter().enumerate().fold(0f32, |acc, (st, &c)| acc + cb.entry(st, usize::from(c))[j]);
-                let imp = importance.map_or(1.0, |m| f64::from(m[k * d + j]));
-                num += imp * f64::from(*t).powi(2);
-                den += imp * f64::from(rec) * f64::from(rec);
+        let row_codes = &codes[r * per_row..][..per_row];
+        let num = weighted_squares(row, importance);
+        let den = match &norms {
+            Some(norms) => {
+                rec.iter_mut().zip(row_codes.chunks_exact(s_n)).for_each(|(n, c)| *n = norms[code_index(cb, c)]);
+                lane_sum(&rec[..cols / d])
             }
-        }
+            None => {
+                for (out, code) in rec.chunks_exact_mut(d).zip(row_codes.chunks_exact(s_n)) {
+                    train::reconstruct(cb, code, out);
+                }
+                weighted_squares(&rec, importance)
+            }
+        };
         if den > 0.0 && num > 0.0 {
             *s *= (num / den).sqrt() as f32;
         }
     }
+}
+
+/// `sum_i m_i x_i²` in eight f32 running sums side by side, added in a fixed order (the same
+/// bits on every CPU). Each sums a row's ~450 terms of one sign at most (relative error ~1e-5
+/// at worst), far inside the f16 a scale is stored in.
+fn weighted_squares(x: &[f32], m: &[f32]) -> f64 {
+    let mut lanes = [0f32; 8];
+    let (xs, ms) = (x.chunks_exact(8), m.chunks_exact(8));
+    let tail = xs.remainder().iter().zip(ms.remainder()).map(|(x, m)| m * x * x).sum::<f32>();
+    for (x, m) in xs.zip(ms) {
+        for l in 0..8 {
+            lanes[l] += m[l] * x[l] * x[l];
+        }
+    }
+    lanes.iter().map(|v| f64::from(*v)).sum::<f64>() + f64::from(tail)
+}
+
+/// `sum_i x_i` as [`weighted_squares`] sums.
+fn lane_sum(x: &[f32]) -> f64 {
+    let mut lanes = [0f32; 8];
+    let xs = x.chunks_exact(8);
+    let tail = xs.remainder().iter().sum::<f32>();
+    for x in xs {
+        for l in 0..8 {
+            lanes[l] += x[l];
+        }
+    }
+    lanes.iter().map(|v| f64::from(*v)).sum::<f64>() + f64::from(tail)
+}
+
+/// A code's position in [`code_norms`]: its stages' entries as digits.
+fn code_index(cb: &train::Codebooks, code: &[u16]) -> usize {
+    code.iter().fold(0, |i, &c| i * cb.entries + usize::from(c))
+}
+
+/// `|reconstruction|²` of every code ([`train::reconstruct`]'s sums, then squares in order).
+fn code_norms(cb: &train::Codebooks) -> Vec<f32> {
+    let n = cb.entries.pow(cb.stages as u32);
+    let (mut code, mut rec) = (vec![0u16; cb.stages], vec![0f32; cb.dim]);
+    (0..n)
+        .map(|i| {
+            for (s, c) in code.iter_mut().enumerate() {
+                *c = (i / cb.entries.pow((cb.stages - 1 - s) as u32) % cb.entries) as u16;
+            }
+            train::reconstruct(cb, &code, &mut rec);
+            rec.iter().map(|v| v * v).sum()
+        })
+        .collect()
 }
 
 /// The calibration vectors (`[n, cols]`) rotated into the encoding's basis, as f64.

@@ -18,6 +18,7 @@ pub mod fastscan;
 pub mod gptq;
 pub mod hadamard;
 pub mod joint;
+mod nearest;
 pub mod residual;
 pub mod search;
 pub mod train;
@@ -25,7 +26,7 @@ pub mod train;
 use half::f16;
 
 use crate::cpu::{Level, level};
-pub use encoder::{Calibration, EncodeOptions, encode};
+pub use encoder::{Calibration, EncodeOptions, encode, encode_owned};
 pub use hadamard::Rotation;
 
 /// The VQ codec candidates.

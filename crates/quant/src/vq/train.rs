@@ -72,7 +72,7 @@ pub(super) fn dist(a: &[f32], b: &[f32], w: Option<&[f32]>) -> f32 {
 }
 
 /// The nearest centroid of `cent` (`[k, dim]`) to every vector (the first of equals), in tasks
-/// of 1,024 vectors. With 16 centroids the distances run as [`stage_dists_n`]'s 16-lane loops
+/// of 1,024 vectors. With 16 centroids, [`super::nearest`]: [`stage_dists_n`]'s 16-lane loops
 /// over transposed centroids (the same sums in the same order as [`dist`]: the same bits).
 fn nearest_all(data: Data<'_>, cent: &[f32], assign: &mut [u32]) {
     const TASK: usize = 1024;
@@ -87,21 +87,17 @@ fn nearest_all(data: Data<'_>, cent: &[f32], assign: &mut [u32]) {
         soa
     });
     assign.par_chunks_mut(TASK).enumerate().for_each(|(t, a)| {
+        if let Some(soa) = &soa {
+            return super::nearest::nearest16(data, t * TASK, soa, a);
+        }
         for (k, a) in a.iter_mut().enumerate() {
             let (v, w) = (data.vec(t * TASK + k), data.weight(t * TASK + k));
             let mut best = (f32::INFINITY, 0);
-            let mut pick = |c: usize, e: f32| {
+            for (c, cv) in cent.chunks_exact(d).enumerate() {
+                let e = dist(v, cv, w);
                 if e < best.0 {
                     best = (e, c);
                 }
-            };
-            match &soa {
-                Some(soa) => {
-                    let mut ds = [0f32; 16];
-                    stage_dists_n(v, w, soa, &mut ds);
-                    ds.iter().enumerate().for_each(|(c, e)| pick(c, *e));
-                }
-                None => cent.chunks_exact(d).enumerate().for_each(|(c, cv)| pick(c, dist(v, cv, w))),
             }
             *a = best.1 as u32;
         }
