@@ -425,7 +425,10 @@ mod tests {
                 let got = unsafe {
                     match lvl {
                         Level::Avx2 => avx2::order(&d, picks),
-                        Level::Avx512 => avx512::order(_mm512_loadu_ps(d.as_ptr()), picks),
+                        Level::Avx512 => {
+                            let order = avx512::order(_mm512_loadu_ps(d.as_ptr()), picks);
+                            std::array::from_fn(|p| if p < picks { avx512::entry(order, p) as u8 } else { 0 })
+                        }
                         Level::Scalar => unreachable!("skipped"),
                     }
                 };

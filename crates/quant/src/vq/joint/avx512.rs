@@ -26,16 +26,18 @@ pub unsafe fn search(
     let d = books.dim;
     for (vs, out) in vs.chunks(BLOCK * d).zip(out.chunks_mut(BLOCK * 3)) {
         let n = vs.len() / d;
-        let mut orders = [[0u8; E]; BLOCK];
+        let mut orders = [0u64; BLOCK];
         // Distances, order, and the per-pick rows.
         for (i, (v, order)) in vs.chunks_exact(d).zip(&mut orders).enumerate() {
             let (d0, vb, vc) = dots(books, v, w);
             *order = self::order(d0, picks);
-            for (p, &a) in order[..picks].iter().enumerate() {
-                let a = usize::from(a);
+            let mut dd = [0f32; E];
+            store(&mut dd, d0);
+            for p in 0..picks {
+                let a = entry(*order, p);
                 let (ab, ac) = (&tables.ab[a * E..][..E], &tables.ac[a * E..][..E]);
                 store(&mut rbs[i * E + p], _mm512_sub_ps(vb, load(ab.try_into().expect("16"))));
-                let q = _mm512_sub_ps(_mm512_sub_ps(vc, load(ac.try_into().expect("16"))), lane(d0, a));
+                let q = _mm512_sub_ps(_mm512_sub_ps(vc, load(ac.try_into().expect("16"))), _mm512_set1_ps(dd[a]));
                 store(&mut qs[i * E + p], q);
             }
         }
@@ -48,7 +50,7 @@ pub unsafe fn search(
         // The codes.
         for (i, out) in out.chunks_exact_mut(3).enumerate() {
             let at = i * E..i * E + picks;
-            let code = pick(tables, &rbs[at.clone()], &qs[at.clone()], &es[at], least[i], &orders[i]);
+            let code = pick(tables, &rbs[at.clone()], &qs[at.clone()], &es[at], least[i], orders[i]);
             out.copy_from_slice(&code);
         }
     }
@@ -68,13 +70,6 @@ fn load(row: &[f32; E]) -> __m512 {
 fn store(row: &mut [f32; E], x: __m512) {
     // SAFETY: a 16-lane store to a 16-entry array.
     unsafe { _mm512_storeu_ps(row.as_mut_ptr(), x) }
-}
-
-/// Lane `i` of `x` in every lane.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn lane(x: __m512, i: usize) -> __m512 {
-    _mm512_permutexvar_ps(_mm512_set1_epi32(i as i32), x)
 }
 
 /// The first-stage distances |v - a_i|² (`stage_dists_n`'s operations), and 2 v·b_j, 2 v·c_k.
@@ -102,7 +97,7 @@ fn dots(books: &Books, v: &[f32], w: Option<&[f32]>) -> (__m512, __m512, __m512)
 /// from the transposed table).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn pick(tables: &Tables, rbs: &[[f32; E]], qs: &[[f32; E]], es: &[[f32; E]], least: f32, order: &[u8; E]) -> [u16; 3] {
+fn pick(tables: &Tables, rbs: &[[f32; E]], qs: &[[f32; E]], es: &[[f32; E]], least: f32, order: u64) -> [u16; 3] {
     // Not below infinity (or NaN): no pick has an error (the reference's `None`).
     if least.partial_cmp(&f32::INFINITY) != Some(std::cmp::Ordering::Less) {
         return [0; 3];
@@ -129,21 +124,30 @@ fn pick(tables: &Tables, rbs: &[[f32; E]], qs: &[[f32; E]], es: &[[f32; E]], lea
         }
     }
     let jk = if jk == E * E { 0 } else { jk };
-    [u16::from(order[p]), (jk / E) as u16, (jk % E) as u16]
+    [entry(order, p) as u16, (jk / E) as u16, (jk % E) as u16]
 }
 
-/// The reference's order, its first `picks` entries: ranks counted in lanes by masked adds
-/// (one compare per entry); only if two of the first ranks collide (equal distances) are the
-/// earlier equals counted too.
+/// Entry `p` of an [`order`].
+pub fn entry(order: u64, p: usize) -> usize {
+    (order >> (4 * p) & 15) as usize
+}
+
+/// The reference's order, its first `picks` entries, as 4-bit fields of an integer (kept in a
+/// register: bytes stored one by one and read back as a row stalled store forwarding). Ranks
+/// are counted in lanes by masked adds (one compare per entry); only if two of the first ranks
+/// collide (equal distances) are the earlier equals counted too.
 #[target_feature(enable = "avx512f,popcnt")]
 #[inline]
-pub fn order(d0: __m512, picks: usize) -> [u8; E] {
+pub fn order(d0: __m512, picks: usize) -> u64 {
     // NaN as +infinity (`unnan`).
     let v = _mm512_mask_mov_ps(d0, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(d0, d0), _mm512_set1_ps(f32::INFINITY));
+    // Broadcasts from memory are loads, not shuffles competing with the compares.
+    let mut d = [0f32; E];
+    store(&mut d, v);
     let ranks = |ties: bool| {
         let (mut rank, one) = (_mm512_setzero_si512(), _mm512_set1_epi32(1));
         for j in 0..E {
-            let x = lane(v, j);
+            let x = _mm512_set1_ps(d[j]);
             // Lanes `i` with `d_j < d_i` (and, with ties, `d_j == d_i` for `j < i`).
             let mut below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, v);
             if ties {
@@ -153,21 +157,20 @@ pub fn order(d0: __m512, picks: usize) -> [u8; E] {
         }
         rank
     };
-    let slots = |rank: __m512i, order: &mut [u8; E]| {
-        let mut single = true;
-        for (p, o) in order.iter_mut().enumerate().take(picks) {
+    let slots = |rank: __m512i| {
+        let (mut order, mut single) = (0u64, true);
+        for p in 0..picks {
             let m = _mm512_cmpeq_epi32_mask(rank, _mm512_set1_epi32(p as i32));
             single &= m.count_ones() == 1;
-            *o = (m.trailing_zeros() & 15) as u8;
+            order |= u64::from(m.trailing_zeros() & 15) << (4 * p);
         }
-        single
+        (order, single)
     };
-    let mut order = [0u8; E];
-    if !slots(ranks(false), &mut order) {
+    match slots(ranks(false)) {
+        (order, true) => order,
         // Equal distances shared a rank: with the earlier equals counted, ranks are distinct.
-        slots(ranks(true), &mut order);
+        _ => slots(ranks(true)).0,
     }
-    order
 }
 
 /// The reference's per-pick errors into `es` (one row per pick), up to four picks at a time,
