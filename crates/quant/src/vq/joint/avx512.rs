@@ -146,8 +146,8 @@ pub fn order(d0: __m512, picks: usize) -> u64 {
     store(&mut d, v);
     let ranks = |ties: bool| {
         let (mut rank, one) = (_mm512_setzero_si512(), _mm512_set1_epi32(1));
-        for j in 0..E {
-            let x = _mm512_set1_ps(d[j]);
+        for (j, &dj) in d.iter().enumerate() {
+            let x = _mm512_set1_ps(dj);
             // Lanes `i` with `d_j < d_i` (and, with ties, `d_j == d_i` for `j < i`).
             let mut below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, v);
             if ties {
