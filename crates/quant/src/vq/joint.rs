@@ -74,7 +74,7 @@ struct Scratch {
 
 /// Vectors a SIMD kernel takes step by step together: each step's work for one vector is
 /// independent of the next one's, so the CPU overlaps them (one vector's steps are a chain).
-const BLOCK: usize = 8;
+const BLOCK: usize = 4;
 
 impl Joint {
     /// The search for `cb`, if it has 3 stages of 16 entries of at most 8 dims.
