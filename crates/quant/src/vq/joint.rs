@@ -118,7 +118,7 @@ impl Joint {
                 weighted.entry(key).or_insert_with(|| Box::new(books.tables(Some(w))))
             }
         };
-        run(*level, books, tables, v, w, picks, scratch, out);
+        run(*level, books, tables, Batch { vs: v, w, picks }, scratch, out);
     }
 
     /// [`encode`](Self::encode) for each vector of `vs` (unweighted), codes to `out` (3 per
@@ -126,30 +126,30 @@ impl Joint {
     pub fn encode_all(&mut self, vs: &[f32], picks: usize, out: &mut [u16]) {
         let Joint { books, plain, scratch, level, .. } = self;
         assert_eq!(vs.len() / books.dim * 3, out.len(), "3 codes per {}-vector", books.dim);
-        run(*level, books, plain, vs, None, picks, scratch, out);
+        run(*level, books, plain, Batch { vs, w: None, picks }, scratch, out);
     }
 }
 
-/// The search of every `dim`-vector of `vs` at `level`, codes to `out`.
-#[allow(clippy::too_many_arguments)]
-fn run(
-    level: Level,
-    books: &Books,
-    tables: &Tables,
-    vs: &[f32],
-    w: Option<&[f32]>,
+/// Vectors to search, all with the same weights.
+#[derive(Clone, Copy)]
+struct Batch<'a> {
+    /// `dim`-vectors, one after another.
+    vs: &'a [f32],
+    w: Option<&'a [f32]>,
+    /// First-stage entries searched per vector.
     picks: usize,
-    scratch: &mut Scratch,
-    out: &mut [u16],
-) {
+}
+
+/// The search of every vector of `batch` at `level`, codes to `out` (3 per vector).
+fn run(level: Level, books: &Books, tables: &Tables, batch: Batch<'_>, scratch: &mut Scratch, out: &mut [u16]) {
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Joint::at` stores a level `supported` vouched for: each only on CPUs with it.
-        Level::Avx2 => unsafe { avx2::search(books, tables, vs, w, picks, scratch, out) },
+        Level::Avx2 => unsafe { avx2::search(books, tables, batch, scratch, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Level::Avx512 => unsafe { avx512::search(books, tables, vs, w, picks, scratch, out) },
-        Level::Scalar => books.search_all(tables, vs, w, picks, scratch, out, reference::KERNEL),
+        Level::Avx512 => unsafe { avx512::search(books, tables, batch, scratch, out) },
+        Level::Scalar => books.search_all(tables, batch, scratch, out, reference::KERNEL),
     }
 }
 
@@ -180,15 +180,12 @@ impl Books {
         t
     }
 
-    /// [`search`](Self::search) for each vector of `vs` (all with weights `w`).
+    /// [`search`](Self::search) for each vector of `batch`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn search_all(
         &self,
         tables: &Tables,
-        vs: &[f32],
-        w: Option<&[f32]>,
-        picks: usize,
+        Batch { vs, w, picks }: Batch<'_>,
         scratch: &mut Scratch,
         out: &mut [u16],
         kernel: Kernel<impl Fn(&[f32; E], usize) -> [u8; E], impl LeastsFn, impl FindFn>,

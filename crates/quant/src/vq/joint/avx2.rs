@@ -2,20 +2,11 @@
 
 use std::arch::x86_64::*;
 
-use super::{Books, E, Kernel, Rows, Scratch, Table, Tables};
+use super::{Batch, Books, E, Kernel, Rows, Scratch, Table, Tables};
 
 /// [`Books::search_all`] compiled for AVX2, with its kernels.
 #[target_feature(enable = "avx2,popcnt")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn search(
-    books: &Books,
-    tables: &Tables,
-    vs: &[f32],
-    w: Option<&[f32]>,
-    picks: usize,
-    scratch: &mut Scratch,
-    out: &mut [u16],
-) {
+pub unsafe fn search(books: &Books, tables: &Tables, batch: Batch<'_>, scratch: &mut Scratch, out: &mut [u16]) {
     // The kernels need only AVX2, which this function's callers have checked for.
     let kernel = Kernel {
         // SAFETY: AVX2 is present (above).
@@ -25,7 +16,7 @@ pub unsafe fn search(
         // SAFETY: AVX2 is present (above).
         find: |t: &Table, r: &[f32; E], q, l, k| unsafe { find(t, r, q, l, k) },
     };
-    books.search_all(tables, vs, w, picks, scratch, out, kernel);
+    books.search_all(tables, batch, scratch, out, kernel);
 }
 
 /// The least of 16 values (in every lane).

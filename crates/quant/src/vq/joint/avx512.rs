@@ -5,20 +5,12 @@
 
 use std::arch::x86_64::*;
 
-use super::{BLOCK, Books, E, Scratch, Tables};
+use super::{BLOCK, Batch, Books, E, Scratch, Tables};
 
 /// [`Books::search_all`] on AVX-512, [`BLOCK`] vectors at a time step by step.
 #[target_feature(enable = "avx2,popcnt,avx512f")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn search(
-    books: &Books,
-    tables: &Tables,
-    vs: &[f32],
-    w: Option<&[f32]>,
-    picks: usize,
-    scratch: &mut Scratch,
-    out: &mut [u16],
-) {
+pub unsafe fn search(books: &Books, tables: &Tables, batch: Batch<'_>, scratch: &mut Scratch, out: &mut [u16]) {
+    let Batch { vs, w, picks } = batch;
     let picks = picks.clamp(1, E);
     let Scratch { rbs, qs, es } = scratch;
     // SAFETY: 16-lane loads of the table's 16-entry rows.
