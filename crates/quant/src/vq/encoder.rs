@@ -187,7 +187,8 @@ fn match_energy(
     let per_row = cols / d * s_n;
     // Unweighted, a chunk's energy depends on its code alone: with few codes (the fast-scan
     // codec's 4,096), one table lookup per chunk instead of rebuilding the row.
-    let norms = (importance.is_none() && cb.entries.pow(s_n as u32) <= 4096).then(|| code_norms(cb));
+    let few = cb.entries.checked_pow(s_n as u32).is_some_and(|n| n <= 4096);
+    let norms = (importance.is_none() && few).then(|| code_norms(cb));
     let ones = vec![1f32; cols];
     let importance = importance.unwrap_or(&ones);
     let mut rec = vec![0f32; cols];
