@@ -149,7 +149,7 @@ fn run(level: Level, books: &Books, tables: &Tables, batch: Batch<'_>, scratch: 
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Level::Avx512 => unsafe { avx512::search(books, tables, batch, scratch, out) },
-        Level::Scalar => books.search_all(tables, batch, scratch, out, reference::KERNEL),
+        Level::Scalar => books.search_all(tables, batch, scratch, out),
     }
 }
 
@@ -181,33 +181,15 @@ impl Books {
     }
 
     /// [`search`](Self::search) for each vector of `batch`.
-    #[inline(always)]
-    fn search_all(
-        &self,
-        tables: &Tables,
-        Batch { vs, w, picks }: Batch<'_>,
-        scratch: &mut Scratch,
-        out: &mut [u16],
-        kernel: Kernel<impl Fn(&[f32; E], usize) -> [u8; E], impl LeastsFn, impl FindFn>,
-    ) {
+    fn search_all(&self, tables: &Tables, Batch { vs, w, picks }: Batch<'_>, scratch: &mut Scratch, out: &mut [u16]) {
         for (v, out) in vs.chunks_exact(self.dim).zip(out.chunks_exact_mut(3)) {
-            out.copy_from_slice(&self.search(tables, v, w, picks, scratch, &kernel));
+            out.copy_from_slice(&self.search(tables, v, w, picks, scratch));
         }
     }
 
-    /// [`Joint::encode`]'s search, with the kernel's `order`, `leasts` and `find`; inlined into
-    /// each kernel, so its 16-entry loops are compiled for that kernel's instruction set (the
-    /// same operations in the same order: the same bits).
-    #[inline(always)]
-    fn search(
-        &self,
-        tables: &Tables,
-        v: &[f32],
-        w: Option<&[f32]>,
-        picks: usize,
-        scratch: &mut Scratch,
-        kernel: &Kernel<impl Fn(&[f32; E], usize) -> [u8; E], impl LeastsFn, impl FindFn>,
-    ) -> [u16; 3] {
+    /// [`Joint::encode`]'s search, the scalar reference: the SIMD searches (`avx2`, `avx512`)
+    /// do the same operations in the same order, so they return the same bits.
+    fn search(&self, tables: &Tables, v: &[f32], w: Option<&[f32]>, picks: usize, scratch: &mut Scratch) -> [u16; 3] {
         let d = self.dim;
         let weight = |j: usize| w.map_or(1.0, |w| w[j]);
         let (rbs, qs, es) = (rows(&mut scratch.rbs), rows(&mut scratch.qs), rows(&mut scratch.es));
@@ -215,7 +197,7 @@ impl Books {
         let mut d0 = [0f32; E];
         stage_dists_n(v, w, &self.soa[..d * E], &mut d0);
         let picks = picks.clamp(1, E);
-        let order = (kernel.order)(&d0, picks);
+        let order = reference::order(&d0);
         // 2 v·b_j and 2 v·c_k (weighted), shared by every pick.
         let (mut vb, mut vc) = ([0f32; E], [0f32; E]);
         for (j, &vj) in v.iter().enumerate() {
@@ -235,7 +217,7 @@ impl Books {
                 qs[p][e] = (vc[e] - ac[e]) - d0[i];
             }
         }
-        let leasts = (kernel.leasts)(&tables.pairs, rbs, qs, picks, es);
+        let leasts = reference::leasts(&tables.pairs, rbs, qs, picks, es);
         // The first pick with the least error (a later pick must do strictly better: equal
         // errors keep the earlier code); only its pair is looked for.
         let mut best: Option<(f32, usize)> = None;
@@ -249,7 +231,7 @@ impl Books {
         let mut jk = E * E;
         for k in 0..E {
             if es[p][k] == least {
-                jk = jk.min((kernel.find)(&tables.pairs_t, &rbs[p], qs[p][k], least, k) * E + k);
+                jk = jk.min(reference::find(&tables.pairs_t, &rbs[p], qs[p][k], least, k) * E + k);
             }
         }
         let jk = if jk == E * E { 0 } else { jk };
@@ -262,6 +244,12 @@ type Table = [f32; E * E];
 /// Sixteen 16-entry rows (one per first-stage pick).
 type Rows = [[f32; E]; E];
 
+/// Entry `p` of a SIMD order: the first-stage entries as 4-bit fields of an integer (kept in a
+/// register: bytes stored one by one and read back as a row stall store forwarding).
+fn entry(order: u64, p: usize) -> usize {
+    (order >> (4 * p) & 15) as usize
+}
+
 /// The first 16 rows of a scratch buffer.
 fn rows(r: &mut [[f32; E]]) -> &mut Rows {
     (&mut r[..E]).try_into().expect("16 rows")
@@ -272,34 +260,13 @@ fn unnan(d: &[f32; E]) -> [f32; E] {
     d.map(|v| if v.is_nan() { f32::INFINITY } else { v })
 }
 
-/// A search's three kernels (scalar reference or SIMD), with the same results.
-struct Kernel<O, L, F> {
-    /// The 16 first-stage entries, nearest first (equal distances in entry order, NaN as
-    /// +infinity); only the first `picks` are read.
-    order: O,
-    /// Per pick `p`, the errors `es[p][k] = min_j (pairs[j][k] - rbs[p][j]) - qs[p][k]`, and
-    /// their least.
-    leasts: L,
-    /// The first `j` with `(pairs_t[k][j] - rb[j]) - q == least`.
-    find: F,
-}
-
-trait LeastsFn: Fn(&Table, &Rows, &Rows, usize, &mut Rows) -> [f32; E] {}
-impl<T: Fn(&Table, &Rows, &Rows, usize, &mut Rows) -> [f32; E]> LeastsFn for T {}
-trait FindFn: Fn(&Table, &[f32; E], f32, f32, usize) -> usize {}
-impl<T: Fn(&Table, &[f32; E], f32, f32, usize) -> usize> FindFn for T {}
-
+/// The search's steps in scalar code.
 mod reference {
-    use super::{E, Kernel, Rows, Table};
+    use super::{E, Rows, Table};
 
-    type Fns = Kernel<
-        fn(&[f32; E], usize) -> [u8; E],
-        fn(&Table, &Rows, &Rows, usize, &mut Rows) -> [f32; E],
-        fn(&Table, &[f32; E], f32, f32, usize) -> usize,
-    >;
-    pub const KERNEL: Fns = Kernel { order, leasts, find };
-
-    pub fn order(d0: &[f32; E], _picks: usize) -> [u8; E] {
+    /// The 16 first-stage entries, nearest first (equal distances in entry order, NaN as
+    /// +infinity).
+    pub fn order(d0: &[f32; E]) -> [u8; E] {
         let d = super::unnan(d0);
         let mut order = [0u8; E];
         for i in 0..E {
@@ -310,7 +277,9 @@ mod reference {
         order
     }
 
-    fn leasts(table: &Table, rbs: &Rows, qs: &Rows, picks: usize, es: &mut Rows) -> [f32; E] {
+    /// Per pick `p`, the errors `es[p][k] = min_j (pairs[j][k] - rbs[p][j]) - qs[p][k]`, and
+    /// their least.
+    pub fn leasts(table: &Table, rbs: &Rows, qs: &Rows, picks: usize, es: &mut Rows) -> [f32; E] {
         let mut out = [f32::INFINITY; E];
         for p in 0..picks {
             let mut m = [f32::INFINITY; E];
@@ -332,7 +301,8 @@ mod reference {
         out
     }
 
-    fn find(table_t: &Table, rb: &[f32; E], q: f32, least: f32, k: usize) -> usize {
+    /// The first `j` with `(pairs_t[k][j] - rb[j]) - q == least`.
+    pub fn find(table_t: &Table, rb: &[f32; E], q: f32, least: f32, k: usize) -> usize {
         (0..E).find(|&j| (table_t[k * E + j] - rb[j]) - q == least).unwrap_or(0)
     }
 }
@@ -413,22 +383,20 @@ mod tests {
                 (true, v) => f32::from(v) * 0.5,
                 (false, _) => f32::from(vals[i]) * 0.01,
             });
-            let want = reference::order(&d, picks);
+            let want = reference::order(&d);
             #[cfg(target_arch = "x86_64")]
-            use std::arch::x86_64::_mm512_loadu_ps;
+            use std::arch::x86_64::{_mm256_loadu_ps, _mm512_loadu_ps};
             #[cfg(target_arch = "x86_64")]
             for lvl in levels().into_iter().skip(1) {
                 // SAFETY: `levels` lists only levels this CPU has.
-                let got = unsafe {
+                let order = unsafe {
                     match lvl {
-                        Level::Avx2 => avx2::order(&d, picks),
-                        Level::Avx512 => {
-                            let order = avx512::order(_mm512_loadu_ps(d.as_ptr()), picks);
-                            std::array::from_fn(|p| if p < picks { avx512::entry(order, p) as u8 } else { 0 })
-                        }
+                        Level::Avx2 => avx2::order([_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(d.as_ptr().add(8))], picks),
+                        Level::Avx512 => avx512::order(_mm512_loadu_ps(d.as_ptr()), picks),
                         Level::Scalar => unreachable!("skipped"),
                     }
                 };
+                let got: [u8; E] = std::array::from_fn(|p| if p < picks { entry(order, p) as u8 } else { 0 });
                 prop_assert_eq!(&got[..picks], &want[..picks], "{:?} on {:?}", lvl, d);
             }
         }

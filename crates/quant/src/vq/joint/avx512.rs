@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{BLOCK, Batch, Books, E, Scratch, Tables};
+use super::{BLOCK, Batch, Books, E, Scratch, Tables, entry};
 
 /// [`Books::search_all`] on AVX-512, [`BLOCK`] vectors at a time step by step.
 #[target_feature(enable = "avx2,popcnt,avx512f")]
@@ -117,11 +117,6 @@ fn pick(tables: &Tables, rbs: &[[f32; E]], qs: &[[f32; E]], es: &[[f32; E]], lea
     }
     let jk = if jk == E * E { 0 } else { jk };
     [entry(order, p) as u16, (jk / E) as u16, (jk % E) as u16]
-}
-
-/// Entry `p` of an [`order`].
-pub fn entry(order: u64, p: usize) -> usize {
-    (order >> (4 * p) & 15) as usize
 }
 
 /// The reference's order, its first `picks` entries, as 4-bit fields of an integer (kept in a
