@@ -16,6 +16,25 @@ pub(crate) fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The least of 16 values (two registers), in every lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn hmin16(lo: __m256, hi: __m256) -> __m256 {
+    let m = _mm256_min_ps(lo, hi);
+    let m = _mm256_min_ps(m, _mm256_permute2f128_ps::<1>(m, m));
+    let m = _mm256_min_ps(m, _mm256_shuffle_ps::<0b01_00_11_10>(m, m));
+    _mm256_min_ps(m, _mm256_shuffle_ps::<0b10_11_00_01>(m, m))
+}
+
+/// `x` with NaN lanes as +infinity (a NaN distance is never near).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn unnan(x: __m256) -> __m256 {
+    _mm256_blendv_ps(x, _mm256_set1_ps(f32::INFINITY), _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+}
+
 /// How far ahead of the weights being multiplied the kernels ask for more (bytes): enough to cover
 /// DRAM latency at one core's streaming rate, so a matrix far larger than the caches streams near
 /// the memory's bandwidth rather than its latency (cold MXFP4: 4.6 -> 8-10 Gw/s; EFFICIENCY.md).

@@ -44,6 +44,7 @@ fn at(level: Level, data: Data<'_>, first: usize, soa: &[f32], assign: &mut [u32
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::Data;
+    use crate::simd::{hmin16, unnan};
     use std::arch::x86_64::*;
 
     /// The distances in one register: `sum_j (w_j (v_j - c_j)) (v_j - c_j)` (unweighted
@@ -73,7 +74,6 @@ mod simd {
     /// [`avx512`] with two 8-lane halves.
     #[target_feature(enable = "avx2")]
     pub unsafe fn avx2(data: Data<'_>, first: usize, soa: &[f32], assign: &mut [u32]) {
-        let inf = _mm256_set1_ps(f32::INFINITY);
         for (k, a) in assign.iter_mut().enumerate() {
             let (v, w) = (data.vec(first + k), data.weight(first + k));
             let mut acc = [_mm256_setzero_ps(); 2];
@@ -89,11 +89,8 @@ mod simd {
                     *acc = _mm256_add_ps(*acc, _mm256_mul_ps(wd, diff));
                 }
             }
-            let d = acc.map(|x| _mm256_blendv_ps(x, inf, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x)));
-            let m = _mm256_min_ps(d[0], d[1]);
-            let m = _mm256_min_ps(m, _mm256_permute2f128_ps::<1>(m, m));
-            let m = _mm256_min_ps(m, _mm256_shuffle_ps::<0b01_00_11_10>(m, m));
-            let m = _mm256_min_ps(m, _mm256_shuffle_ps::<0b10_11_00_01>(m, m));
+            let d = acc.map(|x| unnan(x));
+            let m = hmin16(d[0], d[1]);
             let hit = |x: __m256| _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(x, m)) as u32;
             let least = _mm256_cvtss_f32(m);
             *a = if least < f32::INFINITY { (hit(d[0]) | hit(d[1]) << 8).trailing_zeros() } else { 0 };

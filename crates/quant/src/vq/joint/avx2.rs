@@ -5,7 +5,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{BLOCK, Batch, Books, E, Scratch, Table, Tables, entry};
+use super::{BLOCK, Batch, Books, E, Scratch, Table, Tables, entry, row};
+use crate::simd::{hmin16, unnan};
 
 /// A 16-entry row: lanes 0-7 and 8-15.
 type Row = [__m256; 2];
@@ -47,11 +48,6 @@ pub unsafe fn search(books: &Books, tables: &Tables, batch: Batch<'_>, scratch: 
             out.copy_from_slice(&code);
         }
     }
-}
-
-/// Row `i` of a 16 x 16 table.
-fn row(t: &Table, i: usize) -> &[f32; E] {
-    t[i * E..][..E].try_into().expect("16 entries")
 }
 
 #[target_feature(enable = "avx2")]
@@ -113,10 +109,7 @@ fn eq(x: Row, y: Row) -> u32 {
 #[target_feature(enable = "avx2")]
 #[inline]
 fn hmin(x: Row) -> f32 {
-    let m = _mm256_min_ps(x[0], x[1]);
-    let m = _mm256_min_ps(m, _mm256_permute2f128_ps::<1>(m, m));
-    let m = _mm256_min_ps(m, _mm256_shuffle_ps::<0b01_00_11_10>(m, m));
-    _mm256_cvtss_f32(_mm256_min_ps(m, _mm256_shuffle_ps::<0b10_11_00_01>(m, m)))
+    _mm256_cvtss_f32(hmin16(x[0], x[1]))
 }
 
 /// The first-stage distances |v - a_i|² (`stage_dists_n`'s operations), and 2 v·b_j, 2 v·c_k.
@@ -146,7 +139,7 @@ fn dots(books: &Books, v: &[f32], w: Option<&[f32]>) -> (Row, Row, Row) {
 #[inline]
 pub fn order(d0: Row, picks: usize) -> u64 {
     // NaN as +infinity (`unnan`).
-    let v = d0.map(|x| _mm256_blendv_ps(x, _mm256_set1_ps(f32::INFINITY), _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x)));
+    let v = d0.map(|x| unnan(x));
     let mut d = [0f32; E];
     store(&mut d, v);
     let ranks = |ties: bool| {

@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{BLOCK, Batch, Books, E, Scratch, Tables, entry};
+use super::{BLOCK, Batch, Books, E, Scratch, Tables, entry, row};
 
 /// [`Books::search_all`] on AVX-512, [`BLOCK`] vectors at a time step by step.
 #[target_feature(enable = "avx2,popcnt,avx512f")]
@@ -13,8 +13,7 @@ pub unsafe fn search(books: &Books, tables: &Tables, batch: Batch<'_>, scratch: 
     let Batch { vs, w, picks } = batch;
     let picks = picks.clamp(1, E);
     let Scratch { rbs, qs, es } = scratch;
-    // SAFETY: 16-lane loads of the table's 16-entry rows.
-    let t: [__m512; E] = std::array::from_fn(|j| unsafe { _mm512_loadu_ps(tables.pairs.as_ptr().add(j * E)) });
+    let t: [__m512; E] = std::array::from_fn(|j| load(row(&tables.pairs, j)));
     let d = books.dim;
     for (vs, out) in vs.chunks(BLOCK * d).zip(out.chunks_mut(BLOCK * 3)) {
         let n = vs.len() / d;
@@ -27,9 +26,8 @@ pub unsafe fn search(books: &Books, tables: &Tables, batch: Batch<'_>, scratch: 
             store(&mut dd, d0);
             for p in 0..picks {
                 let a = entry(*order, p);
-                let (ab, ac) = (&tables.ab[a * E..][..E], &tables.ac[a * E..][..E]);
-                store(&mut rbs[i * E + p], _mm512_sub_ps(vb, load(ab.try_into().expect("16"))));
-                let q = _mm512_sub_ps(_mm512_sub_ps(vc, load(ac.try_into().expect("16"))), _mm512_set1_ps(dd[a]));
+                store(&mut rbs[i * E + p], _mm512_sub_ps(vb, load(row(&tables.ab, a))));
+                let q = _mm512_sub_ps(_mm512_sub_ps(vc, load(row(&tables.ac, a))), _mm512_set1_ps(dd[a]));
                 store(&mut qs[i * E + p], q);
             }
         }
@@ -109,7 +107,7 @@ fn pick(tables: &Tables, rbs: &[[f32; E]], qs: &[[f32; E]], es: &[[f32; E]], lea
     while ks != 0 {
         let k = ks.trailing_zeros() as usize;
         ks &= ks - 1;
-        let part = _mm512_sub_ps(load(tables.pairs_t[k * E..][..E].try_into().expect("16")), rb);
+        let part = _mm512_sub_ps(load(row(&tables.pairs_t, k)), rb);
         let js = u32::from(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_sub_ps(part, _mm512_set1_ps(qs[p][k])), l));
         if js != 0 {
             jk = jk.min(js.trailing_zeros() as usize * E + k);
