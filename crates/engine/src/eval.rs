@@ -79,6 +79,10 @@ pub struct Agreement {
     pub top1: usize,
     /// Summed `KL(reference || model)` of the next-token distributions, nats.
     pub kl: f64,
+    /// Summed entropies of the model's and the reference's next-token distributions, nats: a
+    /// quantized model that comes out flatter (or sharper) than its reference shows here.
+    pub entropy: f64,
+    pub reference_entropy: f64,
 }
 
 impl Agreement {
@@ -88,6 +92,12 @@ impl Agreement {
 
     pub fn mean_kl(&self) -> f64 {
         self.kl / self.positions.max(1) as f64
+    }
+
+    /// Mean entropies of (the model, the reference), nats.
+    pub fn mean_entropies(&self) -> (f64, f64) {
+        let n = self.positions.max(1) as f64;
+        (self.entropy / n, self.reference_entropy / n)
     }
 }
 
@@ -119,6 +129,8 @@ pub fn agreement(
             let rows = c.len().min(w.len() - 1 - first.min(w.len() - 1));
             for (q, p) in lm.chunks_exact(v).zip(lr.chunks_exact(v)).take(rows) {
                 out.kl += kl_divergence(p, q);
+                out.entropy += entropy(q);
+                out.reference_entropy += entropy(p);
                 out.top1 += usize::from(argmax(q) == argmax(p));
                 out.positions += 1;
             }
@@ -139,6 +151,11 @@ fn check_window(window: usize) -> Result<(), EngineError> {
 fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
     let (lp, lq) = (log_softmax(p), log_softmax(q));
     lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
+}
+
+/// The entropy of `softmax(row)` in nats, from logits.
+fn entropy(row: &[f32]) -> f64 {
+    -log_softmax(row).iter().map(|l| l.exp() * l).sum::<f64>()
 }
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
@@ -176,6 +193,9 @@ mod tests {
         let want: f64 = (0..3).map(|i| pr[i] * (pr[i].ln() - pr[2 - i].ln())).sum();
         assert!((kl(&p, &q) - want).abs() < 1e-12);
         assert_eq!((argmax(&p), argmax(&q)), (2, 0));
+        // Equal logits: ln n; p's by hand.
+        assert!((entropy(&[0.5; 8]) - 8f64.ln()).abs() < 1e-12);
+        assert!((entropy(&p) + pr.iter().map(|x| x * x.ln()).sum::<f64>()).abs() < 1e-12);
     }
 
     #[test]

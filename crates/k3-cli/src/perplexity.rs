@@ -73,6 +73,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
                 "window_nll": window_nll, "seconds": seconds, "tok_per_s": ids.len() as f64 / seconds,
                 "against": agreement.map(|g| serde_json::json!({
                     "positions": g.positions, "top1_agreement": g.top1_rate(), "mean_kl": g.mean_kl(),
+                    "mean_entropy": g.mean_entropies().0, "reference_mean_entropy": g.mean_entropies().1,
                 })),
             })
         );
@@ -86,8 +87,9 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
             ids.len() as f64 / seconds
         );
         if let Some(g) = agreement {
+            let (h, hr) = g.mean_entropies();
             println!(
-                "against the reference: top-1 agreement {:.4}, mean KL {:.5} nats over {} positions",
+                "against the reference: top-1 agreement {:.4}, mean KL {:.5} nats, mean entropy {h:.5} nats (the reference's {hr:.5}) over {} positions",
                 g.top1_rate(),
                 g.mean_kl(),
                 g.positions

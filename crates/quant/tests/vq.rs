@@ -237,13 +237,19 @@ fn activation_weighting_lowers_the_output_error() {
     for codec in Codec::ALL {
         let plain =
             vq::encode(codec, &w, cols, &EncodeOptions { rotation_block: 0, ..EncodeOptions::default() }).unwrap();
-        let calibrated =
-            |gptq| EncodeOptions { rotation_block: 0, gptq, ..EncodeOptions::default() }.calibrated(&xs, cols).unwrap();
-        let weighted = vq::encode(codec, &w, cols, &calibrated(false)).unwrap();
-        let gptq = vq::encode(codec, &w, cols, &calibrated(true)).unwrap();
-        let (p, q, g) = (out_err(&plain), out_err(&weighted), out_err(&gptq));
+        let calibrated = |gptq, descent_rounds| {
+            EncodeOptions { rotation_block: 0, gptq, descent_rounds, ..EncodeOptions::default() }
+                .calibrated(&xs, cols)
+                .unwrap()
+        };
+        let weighted = vq::encode(codec, &w, cols, &calibrated(false, 0)).unwrap();
+        let gptq = vq::encode(codec, &w, cols, &calibrated(true, 0)).unwrap();
+        let descended = vq::encode(codec, &w, cols, &calibrated(true, 3)).unwrap();
+        let (p, q, g, e) = (out_err(&plain), out_err(&weighted), out_err(&gptq), out_err(&descended));
         assert!(q < p * 0.95, "{}: weighted {q} vs plain {p}", codec.name());
         assert!(g < q * 0.95, "{}: GPTQ {g} vs weighted {q}", codec.name());
+        // Measured 0.59x (VQ-A) and 0.74x (VQ-B) here.
+        assert!(e < g * 0.9, "{}: descent {e} vs GPTQ alone {g}", codec.name());
     }
 }
 

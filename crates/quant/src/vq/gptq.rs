@@ -14,7 +14,22 @@ pub fn gptq_factor(h: &mut [f64], n: usize, rel_damp: f64) -> Option<Vec<f64>> {
     for i in 0..n {
         h[i * n + i] += rel_damp * mean_diag.max(1e-12);
     }
-    let l = cholesky_lower(h, n)?;
+    let hi = spd_inverse(h, n)?;
+    let c = cholesky_lower(&hi, n)?;
+    // U = C^T (upper).
+    let mut u = vec![0f64; n * n];
+    for i in 0..n {
+        for j in 0..=i {
+            u[j * n + i] = c[i * n + j];
+        }
+    }
+    Some(u)
+}
+
+/// The inverse of a symmetric positive definite `n x n` matrix, as `L^-T L^-1` from its Cholesky
+/// factor `L`; `None` if it is not positive definite.
+pub(super) fn spd_inverse(a: &[f64], n: usize) -> Option<Vec<f64>> {
+    let l = cholesky_lower(a, n)?;
     // L^-1 by forward substitution, row by row (lower triangular).
     let mut li = vec![0f64; n * n];
     for i in 0..n {
@@ -27,27 +42,18 @@ pub fn gptq_factor(h: &mut [f64], n: usize, rel_damp: f64) -> Option<Vec<f64>> {
             li[i * n + j] = -s / l[i * n + i];
         }
     }
-    // H^-1 = L^-T L^-1.
-    let mut hi = vec![0f64; n * n];
+    let mut inv = vec![0f64; n * n];
     for i in 0..n {
         for j in 0..=i {
             let mut s = 0.0;
             for k in i..n {
                 s += li[k * n + i] * li[k * n + j];
             }
-            hi[i * n + j] = s;
-            hi[j * n + i] = s;
+            inv[i * n + j] = s;
+            inv[j * n + i] = s;
         }
     }
-    let c = cholesky_lower(&hi, n)?;
-    // U = C^T (upper).
-    let mut u = vec![0f64; n * n];
-    for i in 0..n {
-        for j in 0..=i {
-            u[j * n + i] = c[i * n + j];
-        }
-    }
-    Some(u)
+    Some(inv)
 }
 
 fn cholesky_lower(a: &[f64], n: usize) -> Option<Vec<f64>> {

@@ -11,8 +11,9 @@
 //! randomized block-Hadamard rotation of the input dimension. Encoders: residual k-means and joint
 //! refinement (re-encode + least-squares codebook refit) on a sample, then one encoding pass
 //! (fast-scan: [`joint`]'s search, otherwise a beam search); optional activation-weighted
-//! distance and GPTQ; see [`train`].
+//! distance, GPTQ and [`descent`] on the output error; see [`train`].
 
+pub mod descent;
 mod encoder;
 pub mod fastscan;
 pub mod gptq;
