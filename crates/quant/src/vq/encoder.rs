@@ -169,13 +169,13 @@ pub fn encode_owned(codec: Codec, w: Vec<f32>, cols: usize, opts: &EncodeOptions
         && let (Some(u), Some(h)) = (c.factor.as_deref(), c.moment.as_deref())
     {
         let original = work.clone();
-        gptq::gptq_encode(&mut work, cols, u, importance, &cb, opts.beam.max(1), &mut codes);
+        gptq::gptq_encode(&mut work, cols, u, &cb, opts.beam.max(1), &mut codes);
         for _ in 0..opts.refine_rounds {
             // The compensated targets GPTQ actually quantized: refit the codebooks to them,
             // then encode again from the original rows.
             train::refit(Data { dim: d, vecs: &work, weights: weights.as_deref() }, &codes, &mut cb);
             work.copy_from_slice(&original);
-            gptq::gptq_encode(&mut work, cols, u, importance, &cb, opts.beam.max(1), &mut codes);
+            gptq::gptq_encode(&mut work, cols, u, &cb, opts.beam.max(1), &mut codes);
         }
         descent::descend(&original, cols, h, &cb, opts.descent_width, opts.descent_rounds, &mut codes);
         match_output_energy(&mut scale, &original, &codes, &cb, h);

@@ -81,18 +81,13 @@ fn cholesky_lower(a: &[f64], n: usize) -> Option<Vec<f64>> {
 /// the error of a chunk, `E = (w_b - q_b) U_bb^-1`, is pushed onto the columns not yet encoded,
 /// `w_rest -= E U_b,rest`, so later chunks compensate for it in the output `W x`. `w` holds the
 /// rows (`cols` wide) and is overwritten; `u` comes from [`gptq_factor`]. Within a chunk the
-/// distance is weighted by `importance` (per column), when given.
-pub fn gptq_encode(
-    w: &mut [f32],
-    cols: usize,
-    u: &[f64],
-    importance: Option<&[f32]>,
-    cb: &Codebooks,
-    beam: usize,
-    codes: &mut Vec<u16>,
-) {
+/// distance weighs column `j` by `1 / U_jj^2`: the error feedback leaves a chunk's error costing
+/// `|(w_b - q_b) U_bb^-1|^2` at the outputs, whose diagonal this is (OBQ's loss; on the default
+/// model it gave KL 0.00066 against 0.00069 for weighing by `E[x_j^2]`, mean of four draws).
+pub fn gptq_encode(w: &mut [f32], cols: usize, u: &[f64], cb: &Codebooks, beam: usize, codes: &mut Vec<u16>) {
     let (d, s_n) = (cb.dim, cb.stages);
     let chunks = cols / d;
+    let weights: Vec<f32> = (0..cols).map(|j| (1.0 / u[j * cols + j].powi(2)) as f32).collect();
     codes.resize(w.len() / d * s_n, 0);
     // One searcher per worker, kept across its rows (its weighted tables are per column).
     let init = || (Searcher::for_codebooks(cb), vec![0f32; d], vec![0u16; s_n], vec![0f64; d]);
@@ -100,8 +95,7 @@ pub fn gptq_encode(
     rows.for_each_init(init, |(searcher, q, one, e), (row, out)| {
         for k in 0..chunks {
             let c0 = k * d;
-            let weights = importance.map(|m| &m[c0..c0 + d]);
-            searcher.encode(&row[c0..c0 + d], weights, cb, beam, one);
+            searcher.encode(&row[c0..c0 + d], Some(&weights[c0..c0 + d]), cb, beam, one);
             reconstruct(cb, one, q);
             out[k * s_n..(k + 1) * s_n].copy_from_slice(one);
             // Solve e U_bb = (w_b - q_b) for the row vector e (U_bb upper triangular).
