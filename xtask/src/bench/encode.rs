@@ -1,7 +1,8 @@
 //! `cargo xtask bench encode`: the VQ3 encoder on one K3-shaped expert matrix (3072 x 3584,
 //! weights on MXFP4's grid, as K3's experts arrive, handed over as the converter does), in
 //! core-seconds (a one-thread pool), with the encoding's relative weight error, and the
-//! full-model conversions that rate implies.
+//! full-model conversions that rate implies; with `--calibrated N`, as a calibrated conversion
+//! encodes it (N sampled inputs prepared, then GPTQ and descent).
 
 use k3_quant::mxfp4;
 use k3_quant::rng::noise;
@@ -29,6 +30,14 @@ fn k3_like() -> Vec<f32> {
     out
 }
 
+/// `n` inputs like an expert's: unit Gaussian channels, every 64th eight times larger (the few
+/// large channels of real hidden states), so the second moments are far from a multiple of I.
+fn inputs(n: usize) -> Vec<f32> {
+    let mut xs = noise(n * COLS, 12, 1.0);
+    xs.chunks_exact_mut(COLS).for_each(|x| x.iter_mut().step_by(64).for_each(|v| *v *= 8.0));
+    xs
+}
+
 fn rel_error(w: &[f32], m: &vq::VqMatrix) -> f64 {
     let d = m.decode();
     let num: f64 = w.iter().zip(&d).map(|(a, b)| f64::from(a - b).powi(2)).sum();
@@ -36,29 +45,41 @@ fn rel_error(w: &[f32], m: &vq::VqMatrix) -> f64 {
     (num / den).sqrt()
 }
 
-pub fn run(reps: usize, opts: &EncodeOptions, json: bool) -> anyhow::Result<Value> {
+pub fn run(reps: usize, opts: &EncodeOptions, calibrated: Option<usize>, json: bool) -> anyhow::Result<Value> {
     let w = k3_like();
+    let xs = calibrated.map(inputs);
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
-    let mut secs = Vec::new();
+    let (mut secs, mut prep_secs) = (Vec::new(), Vec::new());
     let mut err = 0.0;
     for rep in 0..reps {
         if !json {
             eprintln!("  rep {rep}");
         }
+        let mut opts = opts.clone();
+        if let Some(xs) = &xs {
+            let mut c = None;
+            prep_secs.push(time(|| c = Some(one.install(|| opts.clone().calibrated(xs, COLS)))));
+            opts = c.expect("ran").map_err(anyhow::Error::msg)?;
+        }
         // The matrix as a converter hands it over: decoded into memory of its own, which the
         // encoder works in (the copy is the decoder's, outside the timing).
         let (mut m, own) = (None, w.clone());
-        secs.push(time(|| m = Some(one.install(|| vq::encode_owned(Codec::FastScan, own, COLS, opts)))));
+        secs.push(time(|| m = Some(one.install(|| vq::encode_owned(Codec::FastScan, own, COLS, &opts)))));
         err = rel_error(&w, &m.expect("ran").map_err(anyhow::Error::msg)?);
     }
     let t = median(secs);
-    let project = |matrices: f64, size: f64, cores: f64| matrices * size * t / cores / 3600.0;
+    // An expert's inputs are prepared twice: once for w1 and w3, once for w2.
+    let prep = if prep_secs.is_empty() { 0.0 } else { median(prep_secs) };
+    let per_matrix = t + prep * 2.0 / 3.0;
+    let project = |matrices: f64, size: f64, cores: f64| matrices * size * per_matrix / cores / 3600.0;
     let cores = [2.0, 8.0, 16.0, 64.0];
     let report = json!({
         "matrix": format!("{ROWS}x{COLS}"),
         "codec": Codec::FastScan.name(),
         "beam": opts.beam, "refine_rounds": opts.refine_rounds, "kmeans_iters": opts.kmeans_iters,
+        "calibration_samples": calibrated,
         "core_seconds": t,
+        "prepare_core_seconds": prep,
         "relative_weight_error": err,
         "hours": cores.iter().map(|&c| json!({
             "cores": c, "k3": project(K3_MATRICES, 1.0, c), "k2": project(K2_MATRICES, K2_SIZE, c),
@@ -75,6 +96,11 @@ pub fn run(reps: usize, opts: &EncodeOptions, json: bool) -> anyhow::Result<Valu
         opts.refine_rounds,
         opts.kmeans_iters
     );
+    if let Some(n) = calibrated {
+        out.push_str(&format!(
+            "calibrated on {n} inputs: their preparation {prep:.2} core-seconds (one per w1+w3, one per w2)\n"
+        ));
+    }
     out.push_str("full conversion, hours:   cores      K3 (247,296 matrices)   K2 (69,120 matrices)\n");
     for c in cores {
         out.push_str(&format!(

@@ -110,6 +110,11 @@ pub enum Bench {
         /// k-means iterations per stage [default: the converter's].
         #[arg(long, value_parser = |s: &str| bounded(s, 1, 1000))]
         kmeans_iters: Option<usize>,
+        /// Encode as a calibrated conversion does, for this many sampled inputs (the converter's
+        /// `--calibrate-samples`, 1024 by default): their preparation (second moments, GPTQ's
+        /// factor) and GPTQ with descent are timed too. Slow: minutes a repetition.
+        #[arg(long, value_parser = |s: &str| bounded(s, 1, 1 << 20))]
+        calibrated: Option<usize>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -162,7 +167,7 @@ pub fn run(what: Bench) -> Result<()> {
             (serve::run(&serve::Options { model, clients, tokens, reps, mem }, json)?, json)
         }
         Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
-        Bench::Encode { reps, beam, refine, kmeans_iters, json } => {
+        Bench::Encode { reps, beam, refine, kmeans_iters, calibrated, json } => {
             let d = k3_quant::vq::EncodeOptions::default();
             let opts = k3_quant::vq::EncodeOptions {
                 beam: beam.unwrap_or(d.beam),
@@ -170,7 +175,7 @@ pub fn run(what: Bench) -> Result<()> {
                 kmeans_iters: kmeans_iters.unwrap_or(d.kmeans_iters),
                 ..d
             };
-            (encode::run(reps, &opts, json)?, json)
+            (encode::run(reps, &opts, calibrated, json)?, json)
         }
         Bench::Kernels { reps, threads: Some(n), json, .. } => (threads::run(n, reps, json), json),
         Bench::Kernels { reps, threads: None, rows, json } => (kernels::run(reps, &rows, json), json),

@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::gptq::spd_inverse;
+use super::gptq::{ROW_BLOCK, products, spd_inverse};
 use super::search::Searcher;
 use super::train::{Codebooks, reconstruct};
 
@@ -46,20 +46,52 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 pub fn descend(w: &[f32], cols: usize, h: &[f64], cb: &Codebooks, width: usize, rounds: usize, codes: &mut [u16]) {
     let (d, s_n) = (cb.dim, cb.stages);
     let chunks = cols / d;
-    let Some(blocks) = (0..chunks).map(|k| Block::new(h, cols, k * d, d)).collect::<Option<Vec<Block>>>() else {
+    let Some(diag) = (0..chunks).map(|k| Block::new(h, cols, k * d, d)).collect::<Option<Vec<Block>>>() else {
         return;
     };
     let ctx = Context { h, cb, width };
-    let init = || (Searcher::for_codebooks(cb), Row::new(cols, d, s_n));
-    let rows = w.par_chunks_exact(cols).zip(codes.par_chunks_exact_mut(chunks * s_n));
-    rows.for_each_init(init, |(searcher, m), (row, out)| {
-        m.start(row, out, &ctx);
+    // Rows go in blocks, chunk by chunk (as in GPTQ): the rows of `h` a step reads are then read
+    // once for a block's rows. Each row's own steps, and so its codes, are the same.
+    let init = || (Searcher::for_codebooks(cb), (0..ROW_BLOCK).map(|_| Row::new(cols, d, s_n)).collect::<Vec<Row>>());
+    let blocks = w.par_chunks(cols * ROW_BLOCK).zip(codes.par_chunks_mut(chunks * s_n * ROW_BLOCK));
+    blocks.for_each_init(init, |(searcher, states), (rows, outs)| {
+        let states = &mut states[..rows.len() / cols];
+        start(states, rows, outs, &ctx);
         for _ in 0..rounds {
-            for (k, blk) in blocks.iter().enumerate() {
-                m.step(k, blk, row, &mut out[k * s_n..][..s_n], &ctx, searcher);
+            for (k, blk) in diag.iter().enumerate() {
+                for (r, m) in states.iter_mut().enumerate() {
+                    let out = &mut outs[(r * chunks + k) * s_n..][..s_n];
+                    m.step(k, blk, &rows[r * cols..][..cols], out, &ctx, searcher);
+                }
             }
         }
     });
+}
+
+/// Each row's error `e = w - q` from its codes, then `g = H e` for all of them at once.
+fn start(states: &mut [Row], rows: &[f32], codes: &[u16], ctx: &Context<'_>) {
+    let cb = ctx.cb;
+    let cols = rows.len() / states.len().max(1);
+    let per_row = cols / cb.dim * cb.stages;
+    for (r, m) in states.iter_mut().enumerate() {
+        let row_codes = &codes[r * per_row..][..per_row];
+        for (q, c) in m.q.chunks_exact_mut(cb.dim).zip(row_codes.chunks_exact(cb.stages)) {
+            reconstruct(cb, c, q);
+        }
+        for ((e, w), q) in m.e.iter_mut().zip(&rows[r * cols..][..cols]).zip(&m.q) {
+            *e = f64::from(w - q);
+        }
+    }
+    let n = states.len();
+    let mut et = vec![0f64; n * cols];
+    for (r, m) in states.iter().enumerate() {
+        m.e.iter().enumerate().for_each(|(j, e)| et[j * n + r] = *e);
+    }
+    let mut g = vec![0f64; n * cols];
+    products(ctx.h, cols, &et, &mut g);
+    for (r, m) in states.iter_mut().enumerate() {
+        m.g.iter_mut().enumerate().for_each(|(i, v)| *v = g[i * n + r]);
+    }
 }
 
 /// What every row's descent reads.
@@ -69,7 +101,8 @@ struct Context<'a> {
     width: usize,
 }
 
-/// One row's working state: its error `e = w - q` and `g = H e`, and one chunk's scratch.
+/// One row's working state: its error `e = w - q` and `g = H e` ([`start`]), and one chunk's
+/// scratch.
 struct Row {
     e: Vec<f64>,
     g: Vec<f64>,
@@ -90,19 +123,6 @@ impl Row {
             target: vec![0.0; d],
             err: vec![0.0; d],
             code: vec![0; s_n],
-        }
-    }
-
-    fn start(&mut self, row: &[f32], codes: &[u16], ctx: &Context<'_>) {
-        let (cols, cb, h) = (row.len(), ctx.cb, ctx.h);
-        for (q, c) in self.q.chunks_exact_mut(cb.dim).zip(codes.chunks_exact(cb.stages)) {
-            reconstruct(cb, c, q);
-        }
-        for ((e, w), q) in self.e.iter_mut().zip(row).zip(&self.q) {
-            *e = f64::from(w - q);
-        }
-        for (i, g) in self.g.iter_mut().enumerate() {
-            *g = dot(&h[i * cols..][..cols], &self.e);
         }
     }
 
@@ -130,7 +150,7 @@ impl Row {
         if self.code[..] == code[..] {
             return;
         }
-        // The chunk's new reconstruction, in `q`'s first `d` (scratch once `start` is done).
+        // The chunk's new reconstruction, in `q`'s first `d` (scratch once [`start`] is done).
         reconstruct(cb, &self.code, &mut self.q[..d]);
         for a in 0..d {
             self.err[a] = f64::from(row[c0 + a] - self.q[a]);

@@ -26,8 +26,9 @@ pub struct EncodeOptions {
     /// entries each searched with all 256 pairs of the other two stages (16 = exhaustive);
     /// otherwise the beam of a stage-by-stage search.
     pub beam: usize,
-    /// The inputs the matrix sees ([`EncodeOptions::calibrated`]): distances weigh each input
-    /// column by `E[x^2]`, so the error that reaches the outputs is what gets minimized.
+    /// The inputs the matrix sees ([`EncodeOptions::calibrated`]): codebook training weighs each
+    /// input column by `E[x^2]` (and GPTQ's search by its own loss), so the error that reaches
+    /// the outputs is what gets minimized.
     pub calibration: Option<Arc<Calibration>>,
     /// With calibration: encode rows GPTQ-style, pushing each chunk's error onto the columns not
     /// yet encoded through the inverse second-moment matrix of the activations (output-aware).
@@ -238,19 +239,29 @@ fn match_output_energy(scale: &mut [f32], target: &[f32], codes: &[u16], cb: &tr
     use rayon::prelude::*;
     let cols = target.len() / scale.len().max(1);
     let per_row = cols / cb.dim * cb.stages;
-    let quad = |x: &[f32]| -> f64 {
-        let x: Vec<f64> = x.iter().map(|v| f64::from(*v)).collect();
-        (0..cols).map(|i| x[i] * h[i * cols..][..cols].iter().zip(&x).map(|(a, b)| a * b).sum::<f64>()).sum()
-    };
-    scale.par_iter_mut().enumerate().for_each(|(r, s)| {
-        let row = &target[r * cols..][..cols];
-        let mut rec = vec![0f32; cols];
-        for (out, code) in rec.chunks_exact_mut(cb.dim).zip(codes[r * per_row..][..per_row].chunks_exact(cb.stages)) {
+    let block = gptq::ROW_BLOCK;
+    // Rows in blocks, each row of `h` read once for a block (as GPTQ does).
+    scale.par_chunks_mut(block).enumerate().for_each(|(b, scales)| {
+        let n = scales.len();
+        let first = b * block;
+        let ws = &target[first * cols..][..n * cols];
+        let mut rec = vec![0f32; n * cols];
+        let row_codes = &codes[first * per_row..][..n * per_row];
+        for (out, code) in rec.chunks_exact_mut(cb.dim).zip(row_codes.chunks_exact(cb.stages)) {
             train::reconstruct(cb, code, out);
         }
-        let (num, den) = (quad(row), quad(&rec));
-        if den > 0.0 && num > 0.0 {
-            *s *= (num / den).sqrt() as f32;
+        // `x^T H x` of every row: its `H x` a block at a time, then summed in `i` order.
+        let quads = |rows: &[f32]| -> Vec<f64> {
+            let xt = gptq::transposed(rows, cols);
+            let mut hx = vec![0f64; n * cols];
+            gptq::products(h, cols, &xt, &mut hx);
+            (0..n).map(|r| (0..cols).map(|i| xt[i * n + r] * hx[i * n + r]).sum()).collect()
+        };
+        let (num, den) = (quads(ws), quads(&rec));
+        for ((s, num), den) in scales.iter_mut().zip(num).zip(den) {
+            if den > 0.0 && num > 0.0 {
+                *s *= (num / den).sqrt() as f32;
+            }
         }
     });
 }

@@ -4,6 +4,10 @@
 use rayon::prelude::*;
 
 use super::search::Searcher;
+
+/// Rows encoded side by side, so the `cols x cols` matrices they read are read once per block
+/// (K3's are 100 MB: streamed per row they bound the whole pass by memory).
+pub(super) const ROW_BLOCK: usize = 16;
 use super::train::{Codebooks, reconstruct};
 
 /// The GPTQ factor for a second-moment matrix `h` (`n x n`, row-major, overwritten): the upper
@@ -14,46 +18,76 @@ pub fn gptq_factor(h: &mut [f64], n: usize, rel_damp: f64) -> Option<Vec<f64>> {
     for i in 0..n {
         h[i * n + i] += rel_damp * mean_diag.max(1e-12);
     }
-    let hi = spd_inverse(h, n)?;
-    let c = cholesky_lower(&hi, n)?;
-    // U = C^T (upper).
-    let mut u = vec![0f64; n * n];
-    for i in 0..n {
-        for j in 0..=i {
-            u[j * n + i] = c[i * n + j];
-        }
-    }
+    // With J the order-reversing permutation, J H J = K K^T (K lower) gives H = R R^T for the
+    // upper R = J K J, so H^-1 = R^-T R^-1 and U = R^-1 = J K^-1 J: one Cholesky and one
+    // triangular inverse, both along rows (the inverse-then-Cholesky way walked columns of
+    // n x n matrices: 207 core-seconds for K3's 3,584 columns, docs/EFFICIENCY.md). `J A J` of
+    // a row-major matrix is its values in reverse order.
+    let reversed: Vec<f64> = h.iter().rev().copied().collect();
+    let k = cholesky_lower(&reversed, n)?;
+    let mut u = lower_inverse(&k, n);
+    u.reverse();
     Some(u)
 }
 
-/// The inverse of a symmetric positive definite `n x n` matrix, as `L^-T L^-1` from its Cholesky
-/// factor `L`; `None` if it is not positive definite.
-pub(super) fn spd_inverse(a: &[f64], n: usize) -> Option<Vec<f64>> {
-    let l = cholesky_lower(a, n)?;
-    // L^-1 by forward substitution, row by row (lower triangular).
-    let mut li = vec![0f64; n * n];
-    for i in 0..n {
-        li[i * n + i] = 1.0 / l[i * n + i];
-        for j in 0..i {
-            let mut s = 0.0;
-            for k in j..i {
-                s += l[i * n + k] * li[k * n + j];
-            }
-            li[i * n + j] = -s / l[i * n + i];
+/// `H x_r` for a block of vectors: `xt` holds them transposed (`xt[j * n + r]` is vector `r`'s
+/// entry `j`) and `out[i * n + r]` gets `sum_j h_ij x_rj`, summed in `j` order like a plain dot
+/// product. The vectors run side by side in the inner loop (independent sums the compiler puts
+/// in lanes), where one dot product at a time waits on each add.
+pub(super) fn products(h: &[f64], cols: usize, xt: &[f64], out: &mut [f64]) {
+    let n = xt.len() / cols.max(1);
+    for (hrow, o) in h.chunks_exact(cols).zip(out.chunks_exact_mut(n)) {
+        o.fill(0.0);
+        for (&hij, xj) in hrow.iter().zip(xt.chunks_exact(n)) {
+            o.iter_mut().zip(xj).for_each(|(o, x)| *o += hij * x);
         }
     }
+}
+
+/// Rows `[n, cols]` transposed to `[cols, n]`, as f64.
+pub(super) fn transposed(rows: &[f32], cols: usize) -> Vec<f64> {
+    let n = rows.len() / cols.max(1);
+    let mut t = vec![0f64; rows.len()];
+    for (r, row) in rows.chunks_exact(cols).enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            t[j * n + r] = f64::from(*v);
+        }
+    }
+    t
+}
+
+/// The inverse of a symmetric positive definite `n x n` matrix, as `L^-T L^-1` from its Cholesky
+/// factor `L`; `None` if it is not positive definite. For small blocks (it walks columns).
+pub(super) fn spd_inverse(a: &[f64], n: usize) -> Option<Vec<f64>> {
+    let li = lower_inverse(&cholesky_lower(a, n)?, n);
     let mut inv = vec![0f64; n * n];
     for i in 0..n {
         for j in 0..=i {
-            let mut s = 0.0;
-            for k in i..n {
-                s += li[k * n + i] * li[k * n + j];
-            }
+            let s: f64 = (i..n).map(|k| li[k * n + i] * li[k * n + j]).sum();
             inv[i * n + j] = s;
             inv[j * n + i] = s;
         }
     }
     Some(inv)
+}
+
+/// `L^-1` of a lower triangular `L` with a nonzero diagonal, row by row: row `i` of `L M = I`
+/// gives `M_i = (e_i - sum_{k<i} L_ik M_k) / L_ii`, and `M_k` is zero past column `k`.
+fn lower_inverse(l: &[f64], n: usize) -> Vec<f64> {
+    let mut m = vec![0f64; n * n];
+    for i in 0..n {
+        let (done, rest) = m.split_at_mut(i * n);
+        let row = &mut rest[..=i];
+        row[i] = 1.0;
+        for (k, &c) in l[i * n..i * n + i].iter().enumerate() {
+            if c != 0.0 {
+                row[..=k].iter_mut().zip(&done[k * n..=k * n + k]).for_each(|(r, v)| *r -= c * v);
+            }
+        }
+        let d = l[i * n + i];
+        row.iter_mut().for_each(|r| *r /= d);
+    }
+    m
 }
 
 fn cholesky_lower(a: &[f64], n: usize) -> Option<Vec<f64>> {
@@ -89,27 +123,35 @@ pub fn gptq_encode(w: &mut [f32], cols: usize, u: &[f64], cb: &Codebooks, beam: 
     let chunks = cols / d;
     let weights: Vec<f32> = (0..cols).map(|j| (1.0 / u[j * cols + j].powi(2)) as f32).collect();
     codes.resize(w.len() / d * s_n, 0);
-    // One searcher per worker, kept across its rows (its weighted tables are per column).
-    let init = || (Searcher::for_codebooks(cb), vec![0f32; d], vec![0u16; s_n], vec![0f64; d]);
-    let rows = w.par_chunks_exact_mut(cols).zip(codes.par_chunks_exact_mut(chunks * s_n));
-    rows.for_each_init(init, |(searcher, q, one, e), (row, out)| {
+    // One searcher per worker, kept across its rows (its weighted tables are per column). Rows
+    // go in blocks, chunk by chunk, so each row of `U` is read once for a block's rows and not
+    // streamed from memory per row (each row's arithmetic, and so its codes, are the same).
+    let init = || (Searcher::for_codebooks(cb), vec![0f32; d], vec![0u16; s_n], vec![0f64; d * ROW_BLOCK]);
+    let blocks = w.par_chunks_mut(cols * ROW_BLOCK).zip(codes.par_chunks_mut(chunks * s_n * ROW_BLOCK));
+    blocks.for_each_init(init, |(searcher, q, one, es), (rows, outs)| {
+        let n = rows.len() / cols;
         for k in 0..chunks {
             let c0 = k * d;
-            searcher.encode(&row[c0..c0 + d], Some(&weights[c0..c0 + d]), cb, beam, one);
-            reconstruct(cb, one, q);
-            out[k * s_n..(k + 1) * s_n].copy_from_slice(one);
-            // Solve e U_bb = (w_b - q_b) for the row vector e (U_bb upper triangular).
-            for j in 0..d {
-                let mut v = f64::from(row[c0 + j] - q[j]);
-                for i in 0..j {
-                    v -= e[i] * u[(c0 + i) * cols + c0 + j];
+            for r in 0..n {
+                let row = &rows[r * cols..][..cols];
+                searcher.encode(&row[c0..c0 + d], Some(&weights[c0..c0 + d]), cb, beam, one);
+                reconstruct(cb, one, q);
+                outs[(r * chunks + k) * s_n..][..s_n].copy_from_slice(one);
+                // Solve e U_bb = (w_b - q_b) for the row vector e (U_bb upper triangular).
+                let e = &mut es[r * d..][..d];
+                for j in 0..d {
+                    let mut v = f64::from(row[c0 + j] - q[j]);
+                    for i in 0..j {
+                        v -= e[i] * u[(c0 + i) * cols + c0 + j];
+                    }
+                    e[j] = v / u[(c0 + j) * cols + c0 + j];
                 }
-                e[j] = v / u[(c0 + j) * cols + c0 + j];
             }
-            for (i, ei) in e.iter().enumerate() {
-                let urow = &u[(c0 + i) * cols..(c0 + i + 1) * cols];
-                for (wv, uv) in row[c0 + d..].iter_mut().zip(&urow[c0 + d..]) {
-                    *wv -= (*ei * uv) as f32;
+            for i in 0..d {
+                let urow = &u[(c0 + i) * cols + c0 + d..(c0 + i + 1) * cols];
+                for (r, row) in rows.chunks_exact_mut(cols).enumerate() {
+                    let ei = es[r * d + i];
+                    row[c0 + d..].iter_mut().zip(urow).for_each(|(wv, uv)| *wv -= (ei * uv) as f32);
                 }
             }
         }
@@ -122,13 +164,29 @@ mod tests {
 
     #[test]
     fn gptq_factor_inverts_the_damped_matrix() {
+        // A Toeplitz matrix, and `A A^T + I` for a random A (not the same read backwards, so
+        // the factor's reversal is exercised).
         let n = 5;
-        let mut h = vec![0f64; n * n];
+        let mut toeplitz = vec![0f64; n * n];
         for i in 0..n {
             for j in 0..n {
-                h[i * n + j] = 1.0 / (1.0 + (i as f64 - j as f64).abs()) + if i == j { 1.0 } else { 0.0 };
+                toeplitz[i * n + j] = 1.0 / (1.0 + (i as f64 - j as f64).abs()) + if i == j { 1.0 } else { 0.0 };
             }
         }
+        check_factor(toeplitz, n);
+        let n = 13;
+        let a = crate::rng::noise(n * n, 9, 1.0);
+        let random: Vec<f64> = (0..n * n)
+            .map(|ij| {
+                let (i, j) = (ij / n, ij % n);
+                (0..n).map(|k| f64::from(a[i * n + k]) * f64::from(a[j * n + k])).sum::<f64>()
+                    + f64::from(u8::from(i == j))
+            })
+            .collect();
+        check_factor(random, n);
+    }
+
+    fn check_factor(mut h: Vec<f64>, n: usize) {
         let orig = h.clone();
         let u = gptq_factor(&mut h, n, 0.01).unwrap();
         let damp = 0.01 * (0..n).map(|i| orig[i * n + i]).sum::<f64>() / n as f64;
