@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::gptq::{ROW_BLOCK, products, spd_inverse};
+use super::linalg::{ROW_BLOCK, products, spd_inverse};
 use super::search::Searcher;
 use super::train::{Codebooks, reconstruct};
 

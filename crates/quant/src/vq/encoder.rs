@@ -7,7 +7,7 @@ use half::f16;
 
 use super::train::{self, Data};
 use super::{Codec, Rotation, VqMatrix, fastscan};
-use super::{descent, gptq, search};
+use super::{descent, gptq, linalg, search};
 
 /// Encoder settings.
 #[derive(Debug, Clone)]
@@ -239,7 +239,7 @@ fn match_output_energy(scale: &mut [f32], target: &[f32], codes: &[u16], cb: &tr
     use rayon::prelude::*;
     let cols = target.len() / scale.len().max(1);
     let per_row = cols / cb.dim * cb.stages;
-    let block = gptq::ROW_BLOCK;
+    let block = linalg::ROW_BLOCK;
     // Rows in blocks, each row of `h` read once for a block (as GPTQ does).
     scale.par_chunks_mut(block).enumerate().for_each(|(b, scales)| {
         let n = scales.len();
@@ -252,9 +252,9 @@ fn match_output_energy(scale: &mut [f32], target: &[f32], codes: &[u16], cb: &tr
         }
         // `x^T H x` of every row: its `H x` a block at a time, then summed in `i` order.
         let quads = |rows: &[f32]| -> Vec<f64> {
-            let xt = gptq::transposed(rows, cols);
+            let xt = linalg::transposed(rows, cols);
             let mut hx = vec![0f64; n * cols];
-            gptq::products(h, cols, &xt, &mut hx);
+            linalg::products(h, cols, &xt, &mut hx);
             (0..n).map(|r| (0..cols).map(|i| xt[i * n + r] * hx[i * n + r]).sum()).collect()
         };
         let (num, den) = (quads(ws), quads(&rec));

@@ -19,6 +19,7 @@ pub mod fastscan;
 pub mod gptq;
 pub mod hadamard;
 pub mod joint;
+mod linalg;
 mod nearest;
 pub mod residual;
 pub mod search;
