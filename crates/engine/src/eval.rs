@@ -128,9 +128,10 @@ pub fn agreement(
             // The window's last position predicts past it: not scored.
             let rows = c.len().min(w.len() - 1 - first.min(w.len() - 1));
             for (q, p) in lm.chunks_exact(v).zip(lr.chunks_exact(v)).take(rows) {
-                out.kl += kl_divergence(p, q);
-                out.entropy += entropy(q);
-                out.reference_entropy += entropy(p);
+                let (lp, lq) = (log_softmax(p), log_softmax(q));
+                out.kl += kl_divergence(&lp, &lq);
+                out.entropy += entropy(&lq);
+                out.reference_entropy += entropy(&lp);
                 out.top1 += usize::from(argmax(q) == argmax(p));
                 out.positions += 1;
             }
@@ -147,15 +148,15 @@ fn check_window(window: usize) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// `KL(softmax(p) || softmax(q))` in nats, from logits.
-fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
+/// `KL(p || q)` in nats, from log-probabilities ([`log_softmax`]: each position's computed once
+/// for the divergence and both entropies).
+fn kl_divergence(lp: &[f64], lq: &[f64]) -> f64 {
+    lp.iter().zip(lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
 
-/// The entropy of `softmax(row)` in nats, from logits.
-fn entropy(row: &[f32]) -> f64 {
-    -log_softmax(row).iter().map(|l| l.exp() * l).sum::<f64>()
+/// The entropy in nats, from log-probabilities.
+fn entropy(lp: &[f64]) -> f64 {
+    -lp.iter().map(|l| l.exp() * l).sum::<f64>()
 }
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
@@ -185,7 +186,7 @@ mod tests {
     #[test]
     fn kl_of_a_distribution_with_itself_is_zero_and_positive_otherwise() {
         let (p, q) = ([1.0f32, 2.0, 3.0], [3.0f32, 2.0, 1.0]);
-        let kl = kl_divergence;
+        let kl = |p: &[f32], q: &[f32]| kl_divergence(&log_softmax(p), &log_softmax(q));
         assert!(kl(&p, &p).abs() < 1e-12);
         // By hand: p = softmax(1,2,3); KL(p || reverse(p)) = sum p_i (log p_i - log p_(2-i)).
         let z: f64 = [1f64, 2.0, 3.0].iter().map(|x| x.exp()).sum();
@@ -194,6 +195,7 @@ mod tests {
         assert!((kl(&p, &q) - want).abs() < 1e-12);
         assert_eq!((argmax(&p), argmax(&q)), (2, 0));
         // Equal logits: ln n; p's by hand.
+        let entropy = |row: &[f32]| entropy(&log_softmax(row));
         assert!((entropy(&[0.5; 8]) - 8f64.ln()).abs() < 1e-12);
         assert!((entropy(&p) + pr.iter().map(|x| x * x.ln()).sum::<f64>()).abs() < 1e-12);
     }
