@@ -6,9 +6,9 @@
 
 use rayon::prelude::*;
 
-use super::linalg::{ROW_BLOCK, products, spd_inverse};
+use super::linalg::{ROW_BLOCK, products, spd_inverse, transposed};
 use super::search::Searcher;
-use super::train::{Codebooks, reconstruct};
+use super::train::{Codebooks, reconstruct, reconstruct_all};
 
 /// One chunk's diagonal block of the second-moment matrix: `H_kk`, its inverse, and its
 /// diagonal as the search's weights.
@@ -70,26 +70,15 @@ pub fn descend(w: &[f32], cols: usize, h: &[f64], cb: &Codebooks, width: usize, 
 
 /// Each row's error `e = w - q` from its codes, then `g = H e` for all of them at once.
 fn start(states: &mut [Row], rows: &[f32], codes: &[u16], ctx: &Context<'_>) {
-    let cb = ctx.cb;
-    let cols = rows.len() / states.len().max(1);
-    let per_row = cols / cb.dim * cb.stages;
-    for (r, m) in states.iter_mut().enumerate() {
-        let row_codes = &codes[r * per_row..][..per_row];
-        for (q, c) in m.q.chunks_exact_mut(cb.dim).zip(row_codes.chunks_exact(cb.stages)) {
-            reconstruct(cb, c, q);
-        }
-        for ((e, w), q) in m.e.iter_mut().zip(&rows[r * cols..][..cols]).zip(&m.q) {
-            *e = f64::from(w - q);
-        }
-    }
     let n = states.len();
-    let mut et = vec![0f64; n * cols];
-    for (r, m) in states.iter().enumerate() {
-        m.e.iter().enumerate().for_each(|(j, e)| et[j * n + r] = *e);
-    }
+    let cols = rows.len() / n.max(1);
+    let mut q = vec![0f32; rows.len()];
+    reconstruct_all(ctx.cb, codes, &mut q);
+    let e: Vec<f64> = rows.iter().zip(&q).map(|(w, q)| f64::from(w - q)).collect();
     let mut g = vec![0f64; n * cols];
-    products(ctx.h, cols, &et, &mut g);
+    products(ctx.h, cols, &transposed(&e, cols), &mut g);
     for (r, m) in states.iter_mut().enumerate() {
+        m.e.copy_from_slice(&e[r * cols..][..cols]);
         m.g.iter_mut().enumerate().for_each(|(i, v)| *v = g[i * n + r]);
     }
 }
@@ -102,11 +91,11 @@ struct Context<'a> {
 }
 
 /// One row's working state: its error `e = w - q` and `g = H e` ([`start`]), and one chunk's
-/// scratch.
+/// scratch (`qk` its new reconstruction).
 struct Row {
     e: Vec<f64>,
     g: Vec<f64>,
-    q: Vec<f32>,
+    qk: Vec<f32>,
     b: Vec<f64>,
     target: Vec<f32>,
     err: Vec<f64>,
@@ -118,7 +107,7 @@ impl Row {
         Row {
             e: vec![0.0; cols],
             g: vec![0.0; cols],
-            q: vec![0.0; cols],
+            qk: vec![0.0; d],
             b: vec![0.0; d],
             target: vec![0.0; d],
             err: vec![0.0; d],
@@ -150,10 +139,9 @@ impl Row {
         if self.code[..] == code[..] {
             return;
         }
-        // The chunk's new reconstruction, in `q`'s first `d` (scratch once [`start`] is done).
-        reconstruct(cb, &self.code, &mut self.q[..d]);
+        reconstruct(cb, &self.code, &mut self.qk);
         for a in 0..d {
-            self.err[a] = f64::from(row[c0 + a] - self.q[a]);
+            self.err[a] = f64::from(row[c0 + a] - self.qk[a]);
         }
         if blk.cost(&self.err, &self.b) >= blk.cost(&self.e[c0..c0 + d], &self.b) {
             return;
@@ -175,9 +163,7 @@ mod tests {
     /// `(w - q)^T H (w - q)` of every row, summed, computed directly.
     fn output_error(w: &[f32], codes: &[u16], h: &[f64], cb: &Codebooks, cols: usize) -> f64 {
         let mut q = vec![0f32; w.len()];
-        for (q, c) in q.chunks_exact_mut(cb.dim).zip(codes.chunks_exact(cb.stages)) {
-            reconstruct(cb, c, q);
-        }
+        reconstruct_all(cb, codes, &mut q);
         let e: Vec<f64> = w.iter().zip(&q).map(|(a, b)| f64::from(a - b)).collect();
         e.chunks_exact(cols)
             .map(|e| (0..cols).map(|i| e[i] * (0..cols).map(|j| h[i * cols + j] * e[j]).sum::<f64>()).sum::<f64>())

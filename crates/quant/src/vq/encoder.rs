@@ -85,12 +85,18 @@ pub struct Calibration {
     rotation: Option<(usize, u64)>,
     /// Each column's `E[x^2]` relative to the mean column's, floored at 1e-4.
     importance: Vec<f32>,
-    /// GPTQ's `U` ([`gptq::gptq_factor`]); `None` without GPTQ, or when the damped matrix is
-    /// not positive definite (the encoder then only weighs by importance).
-    factor: Option<Vec<f64>>,
-    /// The damped second-moment matrix itself (with `factor`): descent's objective and the
-    /// output energy the row scales keep.
-    moment: Option<Vec<f64>>,
+    /// The output metric; `None` without GPTQ, or when the damped second-moment matrix is not
+    /// positive definite (the encoder then only weighs by importance).
+    output: Option<OutputMetric>,
+}
+
+/// The inputs' damped second-moment matrix `H` and GPTQ's factor of it, both `cols x cols`.
+#[derive(Debug)]
+struct OutputMetric {
+    /// `H` itself: descent's objective and the output energy the row scales keep.
+    moment: Vec<f64>,
+    /// GPTQ's `U` ([`gptq::gptq_factor`]).
+    factor: Vec<f64>,
 }
 
 impl Calibration {
@@ -105,13 +111,12 @@ impl Calibration {
         let mut moment = second_moment(&inputs, cols);
         // `gptq_factor` damps `moment` in place.
         let factor = opts.gptq.then(|| gptq::gptq_factor(&mut moment, cols, 0.01)).flatten();
-        let moment = factor.is_some().then_some(moment);
+        let output = factor.map(|factor| OutputMetric { moment, factor });
         Ok(Calibration {
             cols,
             rotation: rotation.map(|r| (r.block, r.seed)),
             importance: importance(&inputs, cols),
-            factor,
-            moment,
+            output,
         })
     }
 }
@@ -167,7 +172,7 @@ pub fn encode_owned(codec: Codec, w: Vec<f32>, cols: usize, opts: &EncodeOptions
         train::refit(sample, &codes, &mut cb);
     }
     if let Some(c) = calibration.filter(|_| opts.gptq)
-        && let (Some(u), Some(h)) = (c.factor.as_deref(), c.moment.as_deref())
+        && let Some(OutputMetric { moment: h, factor: u }) = &c.output
     {
         let original = work.clone();
         gptq::gptq_encode(&mut work, cols, u, &cb, opts.beam.max(1), &mut codes);
@@ -219,9 +224,7 @@ fn match_energy(
                 lane_sum(&rec[..cols / d])
             }
             None => {
-                for (out, code) in rec.chunks_exact_mut(d).zip(row_codes.chunks_exact(s_n)) {
-                    train::reconstruct(cb, code, out);
-                }
+                train::reconstruct_all(cb, row_codes, &mut rec);
                 weighted_squares(&rec, importance)
             }
         };
@@ -246,10 +249,7 @@ fn match_output_energy(scale: &mut [f32], target: &[f32], codes: &[u16], cb: &tr
         let first = b * block;
         let ws = &target[first * cols..][..n * cols];
         let mut rec = vec![0f32; n * cols];
-        let row_codes = &codes[first * per_row..][..n * per_row];
-        for (out, code) in rec.chunks_exact_mut(cb.dim).zip(row_codes.chunks_exact(cb.stages)) {
-            train::reconstruct(cb, code, out);
-        }
+        train::reconstruct_all(cb, &codes[first * per_row..][..n * per_row], &mut rec);
         // `x^T H x` of every row: its `H x` a block at a time, then summed in `i` order.
         let quads = |rows: &[f32]| -> Vec<f64> {
             let xt = linalg::transposed(rows, cols);

@@ -21,12 +21,12 @@ pub(super) fn products(h: &[f64], cols: usize, xt: &[f64], out: &mut [f64]) {
 }
 
 /// Rows `[n, cols]` transposed to `[cols, n]`, as f64.
-pub(super) fn transposed(rows: &[f32], cols: usize) -> Vec<f64> {
+pub(super) fn transposed<T: Copy + Into<f64>>(rows: &[T], cols: usize) -> Vec<f64> {
     let n = rows.len() / cols.max(1);
     let mut t = vec![0f64; rows.len()];
     for (r, row) in rows.chunks_exact(cols).enumerate() {
         for (j, v) in row.iter().enumerate() {
-            t[j * n + r] = f64::from(*v);
+            t[j * n + r] = (*v).into();
         }
     }
     t

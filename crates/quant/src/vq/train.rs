@@ -297,3 +297,11 @@ pub fn reconstruct(cb: &Codebooks, codes: &[u16], out: &mut [f32]) {
         }
     }
 }
+
+/// [`reconstruct`] for consecutive vectors: `codes` has `stages` entries for each `dim` of `out`
+/// (whole rows of a matrix, in the encoder's layout).
+pub fn reconstruct_all(cb: &Codebooks, codes: &[u16], out: &mut [f32]) {
+    for (o, c) in out.chunks_exact_mut(cb.dim).zip(codes.chunks_exact(cb.stages)) {
+        reconstruct(cb, c, o);
+    }
+}
