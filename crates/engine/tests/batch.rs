@@ -18,14 +18,17 @@ fn model_path(name: &str) -> PathBuf {
     if name != "k2-tiny" {
         return fixtures().join(format!("{name}.waste"));
     }
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let d = tempfile::tempdir().unwrap();
+    // Built afresh once per run in cargo's per-target scratch directory, not in a `TempDir` held
+    // by a static: statics are never dropped, so that leaked a model into /tmp on every run.
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("batch-k2-tiny");
+        let _ = std::fs::remove_dir_all(&dir);
         let p = k3_engine::synth::preset("k2-tiny").unwrap();
-        k3_engine::synth::synth(&p, p.experts_default, &d.path().join("m"), &mut |_, _| {}).unwrap();
-        d
-    });
-    dir.path().join("m")
+        k3_engine::synth::synth(&p, p.experts_default, &dir, &mut |_, _| {}).unwrap();
+        dir
+    })
+    .clone()
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -19,15 +19,18 @@ use common::{call, json_call, post, server, sse_data};
 
 /// The scripted model, converted once per test binary.
 fn model() -> PathBuf {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    // Built afresh once per run in cargo's per-target scratch directory, not in a `TempDir` held
+    // by a static: statics are never dropped, so that leaked a model into /tmp on every run.
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("server-tool-caller");
+        let _ = std::fs::remove_dir_all(&dir);
         let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden/tiny-kimi-linear");
-        tool_caller(&base, &dir.path().join("hf")).unwrap();
-        convert(&ConvertOptions::new(dir.path().join("hf"), dir.path().join("tool-caller")), &mut |_| {}).unwrap();
+        tool_caller(&base, &dir.join("hf")).unwrap();
+        convert(&ConvertOptions::new(dir.join("hf"), dir.join("tool-caller")), &mut |_| {}).unwrap();
         dir
     });
-    dir.path().join("tool-caller")
+    dir.join("tool-caller")
 }
 
 fn weather_tool() -> Value {
