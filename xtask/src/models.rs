@@ -64,13 +64,17 @@ pub struct ConvertArgs {
     /// encoded to minimize the error on them.
     #[arg(long)]
     pub calibrate: Option<PathBuf>,
-    /// Tokens of the calibration text to run (in 256-token windows).
+    /// Tokens of the calibration text to run (in 256-token windows spread evenly over the text).
     #[arg(long, default_value_t = 16384, requires = "calibrate")]
     pub calibrate_tokens: usize,
-    /// Inputs sampled per expert.
-    #[arg(long, default_value_t = 1024, requires = "calibrate")]
+    /// Inputs sampled per expert (a larger sample estimates an expert's input statistics better;
+    /// memory is checked before the run).
+    #[arg(long, default_value_t = 4096, requires = "calibrate")]
     pub calibrate_samples: usize,
 }
+
+/// Tokens per calibration window, each read from an empty state (as `k3-cli perplexity` scores).
+const CALIBRATION_WINDOW: usize = 256;
 
 pub fn convert(args: ConvertArgs) -> Result<()> {
     let calibration = match &args.calibrate {
@@ -237,18 +241,35 @@ fn calibrate(args: &ConvertArgs, text: &Path) -> Result<k3_engine::calibrate::Ca
     let tok = k3_engine::tokenizer::Tokenizer::from_model(&model)
         .with_context(|| format!("{} embeds no tokenizer to read the calibration text with", args.hf.display()))??;
     let words = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
-    let mut ids = tok.encode(&words);
-    ids.truncate(args.calibrate_tokens);
+    let all = tok.encode(&words);
+    let ids = k3_engine::calibrate::spread(&all, args.calibrate_tokens, CALIBRATION_WINDOW);
+    let need = k3_engine::calibrate::sample_bytes(&model.manifest().architecture, ids.len(), args.calibrate_samples);
+    if let Some(total) = k3_engine::budget::total_memory_bytes().filter(|t| need > t / 2) {
+        bail!(
+            "calibrating on {} tokens keeping up to {} inputs per expert can hold {:.1} GiB of samples, more than half \
+             of this machine's {:.1} GiB: lower --calibrate-tokens or --calibrate-samples",
+            ids.len(),
+            args.calibrate_samples,
+            need as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64
+        );
+    }
     if ids.is_empty() {
         bail!("{} has no text to calibrate on", text.display());
     }
     let pb = bar(ids.len() as u64);
     pb.set_message("calibrate");
-    let cal = k3_engine::calibrate::collect(&model, &ids, 256, args.calibrate_samples, &mut |done, _| {
-        pb.set_position(done as u64)
-    })?;
+    let cal =
+        k3_engine::calibrate::collect(&model, &ids, CALIBRATION_WINDOW, args.calibrate_samples, &mut |done, _| {
+            pb.set_position(done as u64)
+        })?;
     pb.finish_and_clear();
     let (experts, inputs) = cal.coverage();
-    println!("calibrated on {} tokens of {}: {experts} experts saw {inputs} inputs", ids.len(), text.display());
+    println!(
+        "calibrated on {} of the {} tokens of {} (windows spread over it): {experts} experts saw {inputs} inputs",
+        ids.len(),
+        all.len(),
+        text.display()
+    );
     Ok(cal)
 }

@@ -1,7 +1,8 @@
 //! Calibration: the inputs each routed expert actually sees while the model reads text, kept as a
-//! uniform sample per expert (reservoir sampling, seeded), so a re-encoding can minimize the
-//! error that reaches the outputs instead of the plain weight error. Attach an [`ExpertInputs`]
-//! to `EngineOptions::calibrate` and run text through the engine.
+//! uniform sample per expert (reservoir sampling, seeded) with the routing weight each was mixed
+//! in with, so a re-encoding can minimize the error that reaches the outputs instead of the plain
+//! weight error. Attach an [`ExpertInputs`] to `EngineOptions::calibrate` and run text through
+//! the engine.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -14,6 +15,9 @@ pub struct Sample {
     pub dim: usize,
     /// Up to the cap, `[n, dim]`.
     pub vectors: Vec<f32>,
+    /// `[n]`: the routing weight the expert's output for each input was scaled by. An expert's
+    /// error reaches the residual stream scaled by it, so an input counts by its square.
+    pub gates: Vec<f32>,
     /// Inputs seen (sampled or not).
     pub seen: u64,
 }
@@ -46,22 +50,25 @@ impl ExpertInputs {
         ExpertInputs { cap: cap.max(1), state: Mutex::new(HashMap::new()) }
     }
 
-    /// `xs` (`[n, dim]`): inputs expert `key` (layer, expert) was applied to.
-    pub fn record(&self, key: (u32, u32), xs: &[f32], dim: usize) {
+    /// `xs` (`[n, dim]`): inputs expert `key` (layer, expert) was applied to, `gates` (`[n]`) the
+    /// routing weights of its outputs.
+    pub fn record(&self, key: (u32, u32), xs: &[f32], gates: &[f32], dim: usize) {
         let mut map = self.state.lock().expect("not poisoned");
         let (s, rng) = map.entry(key).or_insert_with(|| {
             let seed = 0xCA11B ^ (u64::from(key.0) << 32 | u64::from(key.1));
-            (Sample { dim, vectors: Vec::new(), seen: 0 }, XorShift::new(seed))
+            (Sample { dim, vectors: Vec::new(), gates: Vec::new(), seen: 0 }, XorShift::new(seed))
         });
-        for x in xs.chunks_exact(dim) {
+        for (x, &g) in xs.chunks_exact(dim).zip(gates) {
             s.seen += 1;
             if s.len() < self.cap {
                 s.vectors.extend_from_slice(x);
+                s.gates.push(g);
             } else {
                 // Reservoir sampling: every input seen so far equally likely to be kept.
                 let j = (rng.next_u64() % s.seen) as usize;
                 if j < self.cap {
                     s.vectors[j * dim..(j + 1) * dim].copy_from_slice(x);
+                    s.gates[j] = g;
                 }
             }
         }
@@ -89,9 +96,15 @@ impl Calibration {
         keys.sort();
         for key in keys {
             let s = &experts[key];
-            let pool = layers.entry(key.0).or_insert_with(|| Sample { dim: s.dim, vectors: Vec::new(), seen: 0 });
+            let pool = layers.entry(key.0).or_insert_with(|| Sample {
+                dim: s.dim,
+                vectors: Vec::new(),
+                gates: Vec::new(),
+                seen: 0,
+            });
             let room = cap.saturating_sub(pool.len()).min(s.len().div_ceil(4).max(1)).min(s.len());
             pool.vectors.extend_from_slice(&s.vectors[..room * s.dim]);
+            pool.gates.extend_from_slice(&s.gates[..room]);
             pool.seen += s.seen;
         }
         Calibration { experts, layers }
@@ -110,6 +123,37 @@ impl Calibration {
     pub fn coverage(&self) -> (usize, u64) {
         (self.experts.len(), self.experts.values().map(|s| s.seen).sum())
     }
+}
+
+/// The most memory a calibration run over `tokens` tokens keeping up to `cap` inputs per expert
+/// can hold in samples: per MoE layer, every token's routed inputs or every expert's cap, whichever
+/// is fewer, each `hidden` wide (an expert's input is no wider) with its gate.
+pub fn sample_bytes(arch: &k3_format::manifest::Architecture, tokens: usize, cap: usize) -> u64 {
+    let per_layer = (tokens as u64 * u64::from(arch.experts_per_token)).min(u64::from(arch.experts) * cap as u64);
+    arch.moe_layers.len() as u64 * per_layer * (arch.hidden + 1) * 4
+}
+
+/// `tokens` of `ids` for calibration, as whole windows of `window` tokens spread evenly over the
+/// whole text (its first and last window among them), not its first `tokens`: a text's opening
+/// is one kind of text (a book's first chapters), and each expert's sample should be the inputs
+/// the whole text gives it. All of `ids` when it is no longer than `tokens`.
+pub fn spread(ids: &[u32], tokens: usize, window: usize) -> Vec<u32> {
+    let window = window.max(1);
+    if ids.len() <= tokens {
+        return ids.to_vec();
+    }
+    let (count, whole) = (tokens.div_ceil(window), ids.len() / window);
+    if count >= whole {
+        return ids[..tokens].to_vec();
+    }
+    // Window starts at whole-window boundaries, evenly spaced from the first window to the last.
+    let mut out = Vec::with_capacity(count * window);
+    for i in 0..count {
+        let w = if count == 1 { 0 } else { i * (whole - 1) / (count - 1) };
+        out.extend_from_slice(&ids[w * window..(w + 1) * window]);
+    }
+    out.truncate(tokens);
+    out
 }
 
 /// Runs `ids` through `model` in windows of `window` tokens (each from an empty state, as
@@ -146,9 +190,12 @@ mod tests {
     fn the_reservoir_keeps_the_cap_and_samples_the_whole_stream() {
         let inputs = ExpertInputs::new(10);
         let xs: Vec<f32> = (0..1000).map(|i| i as f32).collect();
-        inputs.record((1, 2), &xs, 1);
+        let gates: Vec<f32> = xs.iter().map(|x| x / 1000.0).collect();
+        inputs.record((1, 2), &xs, &gates, 1);
         let s = inputs.take().remove(&(1, 2)).unwrap();
         assert_eq!((s.len(), s.seen), (10, 1000));
+        // Each kept input keeps its own gate through the reservoir's replacements.
+        assert!(s.vectors.iter().zip(&s.gates).all(|(x, g)| *g == x / 1000.0), "{:?} {:?}", s.vectors, s.gates);
         // Not just the first ten: a uniform sample of a 0..1000 stream has mean near 500.
         let mean = s.vectors.iter().sum::<f32>() / 10.0;
         assert!(mean > 150.0, "{:?}", s.vectors);
@@ -156,5 +203,41 @@ mod tests {
         assert_eq!(cal.inputs(1, 2, 4).unwrap().len(), 10);
         assert_eq!(cal.inputs(1, 5, 4).unwrap().len(), 3, "an unrouted expert falls back to its layer's pool");
         assert!(cal.inputs(2, 0, 4).is_none());
+    }
+
+    #[test]
+    fn sample_memory_is_bounded_by_tokens_or_caps() {
+        let arch = |name: &str, hidden, experts, k, moe: u32| k3_format::Architecture {
+            name: name.into(),
+            layers: moe + 1,
+            hidden,
+            vocab: 1,
+            experts,
+            experts_per_token: k,
+            moe_layers: (1..=moe).collect(),
+        };
+        // The default model (3 MoE layers of 16 experts, top-4, 256 wide): 16 K tokens route
+        // 65,536 inputs per layer, which 16 x 4,096 samples hold: 3 x 65,536 x 257 x 4 bytes.
+        assert_eq!(sample_bytes(&arch("kimi_linear", 256, 16, 4, 3), 16384, 4096), 3 * 65536 * 257 * 4);
+        // With 1,024 samples the caps bind: 3 x 16,384 inputs.
+        assert_eq!(sample_bytes(&arch("kimi_linear", 256, 16, 4, 3), 16384, 1024), 3 * 16384 * 257 * 4);
+        // K3 (92 MoE layers, 896 experts, top-16, 7,168 wide) over 16 K tokens: ~690 GiB.
+        let k3 = sample_bytes(&arch("kimi_k3", 7168, 896, 16, 92), 16384, 4096);
+        assert_eq!(k3, 92 * 16384 * 16 * 7169 * 4);
+    }
+
+    #[test]
+    fn calibration_windows_spread_over_the_whole_text() {
+        let ids: Vec<u32> = (0..1000).collect();
+        let got = spread(&ids, 40, 10);
+        // Four whole windows of ten, the first and the last of the text's 100 among them, evenly
+        // spaced (0, 33, 66, 99).
+        let want: Vec<u32> = [0, 330, 660, 990].iter().flat_map(|&s| s..s + 10).collect();
+        assert_eq!(got, want);
+        // A request for a partial window ends mid-window; a short text is taken whole.
+        assert_eq!(spread(&ids, 15, 10), [(0..10).collect::<Vec<u32>>(), (990..995).collect()].concat());
+        assert_eq!(spread(&ids[..30], 40, 10), ids[..30]);
+        // More windows than the text holds whole: its opening, as before.
+        assert_eq!(spread(&ids[..25], 20, 10), ids[..20]);
     }
 }

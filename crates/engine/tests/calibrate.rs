@@ -1,6 +1,7 @@
 //! Calibration: the trained default model reads text, every routed expert's inputs are sampled,
-//! and VQ3 experts encoded with them reproduce the experts' outputs on those inputs better than
-//! experts encoded for the plain weight error (the point of calibrating).
+//! and VQ3 experts encoded with them reproduce the experts' outputs on those inputs (each weighed
+//! by the routing weight its output is mixed in with) better than experts encoded for the plain
+//! weight error (the point of calibrating).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,8 +16,9 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
 
-/// `sum ||W x - W' x||^2` over `xs`, matrix `w` of expert (layer, expert) in models `a` and `b`.
-fn output_error(a: &Model, b: &Model, layer: u32, expert: u32, w: &str, xs: &[f32], cols: usize) -> f64 {
+/// `sum g^2 ||W x - W' x||^2` over `xs` and their gates `g`, matrix `w` of expert (layer, expert)
+/// in models `a` and `b`: the error as it reaches the residual stream.
+fn output_error(a: &Model, b: &Model, (layer, expert): (u32, u32), w: &str, xs: &[f32], gates: &[f32]) -> f64 {
     let (ra, rb) = (Rotations::for_model(a), Rotations::for_model(b));
     let (mut ba, mut bb) = (Vec::new(), Vec::new());
     let (la, lb) = (a.expert(layer, expert).unwrap(), b.expert(layer, expert).unwrap());
@@ -28,10 +30,10 @@ fn output_error(a: &Model, b: &Model, layer: u32, expert: u32, w: &str, xs: &[f3
     let rows = ma.rows();
     let (mut ya, mut yb) = (vec![0f32; rows], vec![0f32; rows]);
     let mut err = 0f64;
-    for x in xs.chunks_exact(cols) {
+    for (x, g) in xs.chunks_exact(xs.len() / gates.len()).zip(gates) {
         ma.matvec(x, &mut ya);
         mb.matvec(x, &mut yb);
-        err += ya.iter().zip(&yb).map(|(p, q)| f64::from(p - q).powi(2)).sum::<f64>();
+        err += f64::from(g * g) * ya.iter().zip(&yb).map(|(p, q)| f64::from(p - q).powi(2)).sum::<f64>();
     }
     err
 }
@@ -46,6 +48,12 @@ fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
     let cal = Arc::new(collect(&model, &ids, 256, 256, &mut |_, _| {}).unwrap());
     let (experts, inputs) = cal.coverage();
     assert!(experts > 0 && inputs >= 2048 * 4, "{experts} experts, {inputs} inputs");
+    // Every kept input has its routing weight: positive, and not one value for all (top-4 of a
+    // sigmoid router, renormalized, gives each token's experts different shares).
+    let s = cal.inputs(1, 0, 16).unwrap();
+    assert_eq!(s.gates.len(), s.len());
+    assert!(s.gates.iter().all(|g| g.is_finite() && *g > 0.0), "{:?}", s.gates);
+    assert!(s.gates.iter().any(|g| *g != s.gates[0]), "{:?}", s.gates);
 
     let d = tempfile::tempdir().unwrap();
     let plain = ConvertOptions { experts: ExpertFormat::Vq3, ..ConvertOptions::new(&source, d.path().join("plain")) };
@@ -63,8 +71,8 @@ fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
     for &layer in &model.manifest().architecture.moe_layers {
         for e in 0..model.manifest().architecture.experts {
             let Some(s) = cal.inputs(layer, e, 16) else { continue };
-            err_plain += output_error(&model, &p, layer, e, "w1", &s.vectors, s.dim);
-            err_cal += output_error(&model, &c, layer, e, "w1", &s.vectors, s.dim);
+            err_plain += output_error(&model, &p, (layer, e), "w1", &s.vectors, &s.gates);
+            err_cal += output_error(&model, &c, (layer, e), "w1", &s.vectors, &s.gates);
         }
     }
     eprintln!("w1 output error on the calibration inputs: plain {err_plain:.4e}, calibrated {err_cal:.4e}");

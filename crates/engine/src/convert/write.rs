@@ -174,8 +174,10 @@ struct ExpertCalibration {
     activation: Arc<vq::Calibration>,
 }
 
-/// The calibration inputs of one expert's matrices, prepared for encoding: `x` for w1 and w3,
-/// and `act(w1 x, w3 x)` for w2, from the source weights `mats` (w1, w2, w3).
+/// The calibration inputs of one expert's matrices, prepared for encoding: `g x` for w1 and w3,
+/// and `g act(w1 x, w3 x)` for w2, from the source weights `mats` (w1, w2, w3), where `g` is the
+/// routing weight the expert's output was mixed in with: the second moments the encoder weighs
+/// errors by are then `E[g^2 x x^T]`, the error's cost where it lands (in the residual stream).
 fn expert_inputs(
     c: &Calibration,
     plan: &Plan,
@@ -194,15 +196,17 @@ fn expert_inputs(
     let inter = w1.1;
     let (mut g, mut u) = (vec![0f32; inter], vec![0f32; inter]);
     let mut h = Vec::with_capacity(sample.len() * inter);
-    for x in sample.vectors.chunks_exact(sample.dim) {
+    let mut xs = Vec::with_capacity(sample.vectors.len());
+    for (x, gate) in sample.vectors.chunks_exact(sample.dim).zip(&sample.gates) {
         k3_quant::dense::matvec_f32(&w1.3, x, &mut g);
         k3_quant::dense::matvec_f32(&w3.3, x, &mut u);
-        h.extend(g.iter().zip(&u).map(|(g, u)| crate::model::activate(plan.activation, *g, *u)));
+        h.extend(g.iter().zip(&u).map(|(g, u)| gate * crate::model::activate(plan.activation, *g, *u)));
+        xs.extend(x.iter().map(|v| gate * v));
     }
     // Prepared once each: w1 and w3 share their inputs' (costly) second-moment factor.
     let (w2_name, w2_cols) = (&mats[1].0, mats[1].2);
     Ok(Some(ExpertCalibration {
-        input: encode::vq_calibration(&w1.0, &sample.vectors, w1.2)?,
+        input: encode::vq_calibration(&w1.0, &xs, w1.2)?,
         activation: encode::vq_calibration(w2_name, &h, w2_cols)?,
     }))
 }

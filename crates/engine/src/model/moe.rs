@@ -288,7 +288,8 @@ impl<'m> Engine<'m> {
             .collect();
         let xs: Vec<f32> = slots.iter().flat_map(|(t, _)| prep.zs[t * zd..(t + 1) * zd].iter().copied()).collect();
         if let Some(c) = &self.opts.calibrate {
-            c.record(key, &xs, zd);
+            let gates: Vec<f32> = slots.iter().map(|&(t, slot)| routings[t].weights[slot - t * k]).collect();
+            c.record(key, &xs, &gates, zd);
         }
         let mut ys = vec![0f32; slots.len() * zd];
         if slots.len() == 1 {
