@@ -221,7 +221,7 @@ mod tests {
         assert_eq!(sample_bytes(&arch("kimi_linear", 256, 16, 4, 3), 16384, 4096), 3 * 65536 * 257 * 4);
         // With 1,024 samples the caps bind: 3 x 16,384 inputs.
         assert_eq!(sample_bytes(&arch("kimi_linear", 256, 16, 4, 3), 16384, 1024), 3 * 16384 * 257 * 4);
-        // K3 (92 MoE layers, 896 experts, top-16, 7,168 wide) over 16 K tokens: ~690 GiB.
+        // K3 (92 MoE layers, 896 experts, top-16, 7,168 wide) over 16 K tokens: ~644 GiB.
         let k3 = sample_bytes(&arch("kimi_k3", 7168, 896, 16, 92), 16384, 4096);
         assert_eq!(k3, 92 * 16384 * 16 * 7169 * 4);
     }
