@@ -54,8 +54,9 @@ proptest! {
 
     /// The SIMD fast-scan kernels (AVX2, and AVX-512 where present) sum the same table entries
     /// as the reference: bit-identical integer sums for any codes and table, including tables of
-    /// an odd number of item pairs (AVX-512's last step is half a vector) and row counts on
-    /// either side of the kernels' groups of four blocks.
+    /// an odd number of item pairs (AVX-512's last step is half a vector), row counts on either
+    /// side of the kernels' groups of blocks (two on AVX2, four on AVX-512) and scans longer than
+    /// the AVX2 kernel's 256-step runs between widenings.
     #[test]
     fn fastscan_sums_are_bit_identical(blocks in 1usize..11, cols8 in 1usize..140, seed in any::<u64>()) {
         let (rows, cols) = (32 * blocks, 8 * cols8);
