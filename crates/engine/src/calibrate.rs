@@ -53,6 +53,7 @@ impl ExpertInputs {
     /// `xs` (`[n, dim]`): inputs expert `key` (layer, expert) was applied to, `gates` (`[n]`) the
     /// routing weights of its outputs.
     pub fn record(&self, key: (u32, u32), xs: &[f32], gates: &[f32], dim: usize) {
+        debug_assert_eq!(xs.len(), gates.len() * dim, "one gate per input");
         let mut map = self.state.lock().expect("not poisoned");
         let (s, rng) = map.entry(key).or_insert_with(|| {
             let seed = 0xCA11B ^ (u64::from(key.0) << 32 | u64::from(key.1));

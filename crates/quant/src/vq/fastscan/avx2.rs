@@ -110,6 +110,7 @@ fn add_rows(e: __m256i, o: __m256i, rows: &mut [u32]) {
 #[target_feature(enable = "avx2")]
 pub(super) fn sums2(codes: &[u8], items: usize, luts: [&[u8]; 2], sums: [&mut [u32]; 2]) {
     let [sa, sb] = sums;
+    let m = _mm256_set1_epi8(15);
     for (b, (oa, ob)) in sa.chunks_exact_mut(32).zip(sb.chunks_exact_mut(32)).enumerate() {
         oa.fill(0);
         ob.fill(0);
@@ -118,7 +119,7 @@ pub(super) fn sums2(codes: &[u8], items: usize, luts: [&[u8]; 2], sums: [&mut [u
         for (step, at) in (0..items * 16).step_by(32).enumerate() {
             // SAFETY: `at + 32 <= items * 16`, the length of the block's codes and of each table.
             let load = |bytes: &[u8]| unsafe { _mm256_loadu_si256(bytes.as_ptr().add(at).cast()) };
-            let (lo, hi) = nibbles(load(base));
+            let (lo, hi) = nibbles(load(base), m);
             a.add(load(luts[0]), lo, hi);
             c.add(load(luts[1]), lo, hi);
             if step % FLUSH == FLUSH - 1 {
@@ -131,11 +132,11 @@ pub(super) fn sums2(codes: &[u8], items: usize, luts: [&[u8]; 2], sums: [&mut [u
     }
 }
 
-/// The codes of one step, split into low and high nibbles.
+/// The codes of one step, split into low and high nibbles; `m` is 15 in every byte (the caller
+/// holds it, so a loop keeps it in a register).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn nibbles(c: __m256i) -> (__m256i, __m256i) {
-    let m = _mm256_set1_epi8(15);
+fn nibbles(c: __m256i, m: __m256i) -> (__m256i, __m256i) {
     (_mm256_and_si256(c, m), _mm256_and_si256(_mm256_srli_epi16::<4>(c), m))
 }
 
@@ -189,8 +190,8 @@ fn blocks<const N: usize>(codes: &[u8], lut: &[u8], out: &mut [u32]) {
             for (b, a) in acc.iter_mut().enumerate() {
                 crate::simd::prefetch_ahead(codes.as_ptr().wrapping_add(b * block + at));
                 // SAFETY: as above.
-                let c = unsafe { _mm256_loadu_si256(codes.as_ptr().add(b * block + at).cast()) };
-                a.add(l, _mm256_and_si256(c, m), _mm256_and_si256(_mm256_srli_epi16::<4>(c), m));
+                let (lo, hi) = nibbles(unsafe { _mm256_loadu_si256(codes.as_ptr().add(b * block + at).cast()) }, m);
+                a.add(l, lo, hi);
             }
         }
         for (a, o) in acc.iter_mut().zip(out.chunks_exact_mut(32)) {
