@@ -120,6 +120,24 @@ impl Calibration {
         }
     }
 
+    /// What a converted model records of its calibration: a hash of every expert's sample (and
+    /// so of the text, the windows and the cap that chose it) with the counts, so that a
+    /// conversion resumed with another calibration (or none) is refused, not mixed.
+    pub fn provenance(&self) -> serde_json::Value {
+        let mut keys: Vec<&(u32, u32)> = self.experts.keys().collect();
+        keys.sort();
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for key in keys {
+            let s = &self.experts[key];
+            for v in [u64::from(key.0), u64::from(key.1), s.dim as u64, s.seen] {
+                h.update(&v.to_le_bytes());
+            }
+            s.vectors.iter().chain(&s.gates).for_each(|v| h.update(&v.to_le_bytes()));
+        }
+        let (experts, inputs) = self.coverage();
+        serde_json::json!({ "experts": experts, "inputs": inputs, "xxh3": format!("{:016x}", h.digest()) })
+    }
+
     /// Experts with a sample of their own, and inputs sampled in all.
     pub fn coverage(&self) -> (usize, u64) {
         (self.experts.len(), self.experts.values().map(|s| s.seen).sum())

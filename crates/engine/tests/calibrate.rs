@@ -78,3 +78,33 @@ fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
     eprintln!("w1 output error on the calibration inputs: plain {err_plain:.4e}, calibrated {err_cal:.4e}");
     assert!(err_cal < 0.9 * err_plain, "calibrated {err_cal} vs plain {err_plain}");
 }
+
+/// A calibrated model says so, and which calibration: converting into its directory again with
+/// another calibration, or none, is refused (a resumed conversion is held to the same spec, so it
+/// cannot mix experts encoded for two samples); the same calibration finds the model complete.
+#[test]
+fn a_calibrated_conversion_is_held_to_its_calibration() {
+    let source = fixtures().join("default.waste");
+    let model = Model::open(&source).unwrap();
+    let tok = Tokenizer::from_model(&model).unwrap().unwrap();
+    let text = std::fs::read_to_string(fixtures().join("default-model/heldout.txt")).unwrap();
+    let ids = tok.encode(&text);
+    let sample = |from: usize| Arc::new(collect(&model, &ids[from..from + 512], 256, 256, &mut |_, _| {}).unwrap());
+    let (a, b) = (sample(0), sample(512));
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("m");
+    let opts = |cal: Option<&Arc<k3_engine::calibrate::Calibration>>| ConvertOptions {
+        experts: ExpertFormat::Vq3,
+        calibration: cal.cloned(),
+        ..ConvertOptions::new(&source, &out)
+    };
+    convert(&opts(Some(&a)), &mut |_| {}).unwrap();
+    let recorded = Model::open(&out).unwrap().manifest().provenance["options"]["calibration"].clone();
+    assert_eq!(recorded, a.provenance(), "the model records its calibration");
+    assert_ne!(a.provenance()["xxh3"], b.provenance()["xxh3"], "two samples, two fingerprints");
+    for other in [Some(&b), None] {
+        let err = convert(&opts(other), &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("converted with other options"), "{err}");
+    }
+    convert(&opts(Some(&a)), &mut |_| {}).unwrap();
+}

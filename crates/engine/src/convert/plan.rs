@@ -80,6 +80,16 @@ impl Plan {
             TrunkFormat::Keep => "as stored (bf16/f32)".to_string(),
             t => t.name().to_string(),
         };
+        let mut options = serde_json::json!({
+            "experts": opts.experts.name(),
+            "trunk": opts.trunk.name(),
+            "alignment": opts.alignment,
+            "shards": opts.shards,
+        });
+        // Only when calibrated: uncalibrated models keep the provenance (and header bytes) they had.
+        if let Some(c) = &opts.calibration {
+            options["calibration"] = c.provenance();
+        }
         WriterSpec {
             architecture: self.arch.clone(),
             alignment: opts.alignment,
@@ -91,12 +101,7 @@ impl Plan {
                 "source": opts.hf_dir.display().to_string(),
                 "source_files": src.file_sizes().into_iter().collect::<BTreeMap<_, _>>(),
                 "converter": concat!("k3 ", env!("CARGO_PKG_VERSION"), " convert"),
-                "options": {
-                    "experts": opts.experts.name(),
-                    "trunk": opts.trunk.name(),
-                    "alignment": opts.alignment,
-                    "shards": opts.shards,
-                },
+                "options": options,
             }),
         }
     }
