@@ -38,14 +38,21 @@ fn output_error(a: &Model, b: &Model, (layer, expert): (u32, u32), w: &str, xs: 
     err
 }
 
-#[test]
-fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
+/// The default model (its path and the opened model) and its held-out text's token ids.
+fn default_model() -> (PathBuf, Model, Vec<u32>) {
     let source = fixtures().join("default.waste");
     let model = Model::open(&source).unwrap();
     let tok = Tokenizer::from_model(&model).unwrap().unwrap();
     let text = std::fs::read_to_string(fixtures().join("default-model/heldout.txt")).unwrap();
-    let ids: Vec<u32> = tok.encode(&text).into_iter().take(2048).collect();
-    let cal = Arc::new(collect(&model, &ids, 256, 256, &mut |_, _| {}).unwrap());
+    let ids = tok.encode(&text);
+    (source, model, ids)
+}
+
+#[test]
+fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
+    let (source, model, ids) = default_model();
+    let ids = &ids[..2048];
+    let cal = Arc::new(collect(&model, ids, 256, 256, &mut |_, _| {}).unwrap());
     let (experts, inputs) = cal.coverage();
     assert!(experts > 0 && inputs >= 2048 * 4, "{experts} experts, {inputs} inputs");
     // Every kept input has its routing weight: positive, and not one value for all (top-4 of a
@@ -84,11 +91,7 @@ fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
 /// cannot mix experts encoded for two samples); the same calibration finds the model complete.
 #[test]
 fn a_calibrated_conversion_is_held_to_its_calibration() {
-    let source = fixtures().join("default.waste");
-    let model = Model::open(&source).unwrap();
-    let tok = Tokenizer::from_model(&model).unwrap().unwrap();
-    let text = std::fs::read_to_string(fixtures().join("default-model/heldout.txt")).unwrap();
-    let ids = tok.encode(&text);
+    let (source, model, ids) = default_model();
     let sample = |from: usize| Arc::new(collect(&model, &ids[from..from + 512], 256, 256, &mut |_, _| {}).unwrap());
     let (a, b) = (sample(0), sample(512));
     let d = tempfile::tempdir().unwrap();
