@@ -152,6 +152,13 @@ pub fn sample_bytes(arch: &k3_format::manifest::Architecture, tokens: usize, cap
     arch.moe_layers.len() as u64 * per_layer * (arch.hidden + 1) * 4
 }
 
+/// How many inputs per expert fit in `bytes` of samples when every expert keeps as many: below an
+/// expert's input width its second moments are singular, and calibration cannot weigh anything.
+pub fn inputs_that_fit(arch: &k3_format::manifest::Architecture, bytes: u64) -> u64 {
+    let per_input = arch.moe_layers.len() as u64 * u64::from(arch.experts) * (arch.hidden + 1) * 4;
+    bytes / per_input.max(1)
+}
+
 /// `tokens` of `ids` for calibration, as whole windows of `window` tokens spread evenly over the
 /// whole text (its first and last window among them), not its first `tokens`: a text's opening
 /// is one kind of text (a book's first chapters), and each expert's sample should be the inputs
@@ -241,8 +248,12 @@ mod tests {
         // With 1,024 samples the caps bind: 3 x 16,384 inputs.
         assert_eq!(sample_bytes(&arch("kimi_linear", 256, 16, 4, 3), 16384, 1024), 3 * 16384 * 257 * 4);
         // K3 (92 MoE layers, 896 experts, top-16, 7,168 wide) over 16 K tokens: ~644 GiB.
-        let k3 = sample_bytes(&arch("kimi_k3", 7168, 896, 16, 92), 16384, 4096);
-        assert_eq!(k3, 92 * 16384 * 16 * 7169 * 4);
+        let k3 = arch("kimi_k3", 7168, 896, 16, 92);
+        assert_eq!(sample_bytes(&k3, 16384, 4096), 92 * 16384 * 16 * 7169 * 4);
+        // Half of a 64 GiB machine holds 14 inputs for each of K3's 82,432 experts (each 7,169 x 4
+        // bytes): far below the 7,168 its second moments need.
+        assert_eq!(inputs_that_fit(&k3, 32 << 30), (32u64 << 30) / (92 * 896 * 7169 * 4));
+        assert_eq!(inputs_that_fit(&k3, 32 << 30), 14);
     }
 
     #[test]
