@@ -243,29 +243,6 @@ fn calibrate(args: &ConvertArgs, text: &Path) -> Result<k3_engine::calibrate::Ca
     let words = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
     let all = tok.encode(&words);
     let ids = k3_engine::calibrate::spread(&all, args.calibrate_tokens, CALIBRATION_WINDOW);
-    let arch = &model.manifest().architecture;
-    let need = k3_engine::calibrate::sample_bytes(arch, ids.len(), args.calibrate_samples);
-    if let Some(total) = k3_engine::budget::total_memory_bytes().filter(|t| need > t / 2) {
-        let fit = k3_engine::calibrate::inputs_that_fit(arch, total / 2);
-        let advice = if fit < arch.hidden {
-            format!(
-                "half of memory holds {fit} inputs per expert, fewer than the {} an expert's input statistics need: \
-                 convert this model without --calibrate (calibrating a model this size takes a pass per layer, \
-                 which k3 does not have)",
-                arch.hidden
-            )
-        } else {
-            "lower --calibrate-tokens or --calibrate-samples".to_string()
-        };
-        bail!(
-            "calibrating on {} tokens keeping up to {} inputs per expert can hold {:.1} GiB of samples, more than half \
-             of this machine's {:.1} GiB: {advice}",
-            ids.len(),
-            args.calibrate_samples,
-            need as f64 / (1u64 << 30) as f64,
-            total as f64 / (1u64 << 30) as f64
-        );
-    }
     if ids.is_empty() {
         bail!("{} has no text to calibrate on", text.display());
     }

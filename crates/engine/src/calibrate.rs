@@ -144,19 +144,52 @@ impl Calibration {
     }
 }
 
-/// The most memory a calibration run over `tokens` tokens keeping up to `cap` inputs per expert
-/// can hold in samples: per MoE layer, every token's routed inputs or every expert's cap, whichever
-/// is fewer, each `hidden` wide (an expert's input is no wider) with its gate.
-pub fn sample_bytes(arch: &k3_format::manifest::Architecture, tokens: usize, cap: usize) -> u64 {
-    let per_layer = (tokens as u64 * u64::from(arch.experts_per_token)).min(u64::from(arch.experts) * cap as u64);
-    arch.moe_layers.len() as u64 * per_layer * (arch.hidden + 1) * 4
+/// The widest input a routed expert reads: its w1's columns (K3's latent width, the hidden size
+/// elsewhere).
+fn input_width(m: &k3_format::Manifest) -> u64 {
+    let w1 = m.expert_layouts.iter().flat_map(|l| &l.matrices).filter(|t| t.name == "w1");
+    w1.filter_map(|t| t.shape.get(1).copied()).max().unwrap_or(m.architecture.hidden)
 }
 
-/// How many inputs per expert fit in `bytes` of samples when every expert keeps as many: below an
-/// expert's input width its second moments are singular, and calibration cannot weigh anything.
-pub fn inputs_that_fit(arch: &k3_format::manifest::Architecture, bytes: u64) -> u64 {
-    let per_input = arch.moe_layers.len() as u64 * u64::from(arch.experts) * (arch.hidden + 1) * 4;
-    bytes / per_input.max(1)
+/// The most memory a calibration run over `tokens` tokens keeping up to `cap` inputs per expert
+/// can hold in samples: per MoE layer, every token's routed inputs or every expert's cap, whichever
+/// is fewer, each `width` values and a gate.
+fn sample_bytes(arch: &k3_format::Architecture, width: u64, tokens: usize, cap: usize) -> u64 {
+    let per_layer = (tokens as u64 * u64::from(arch.experts_per_token)).min(u64::from(arch.experts) * cap as u64);
+    arch.moe_layers.len() as u64 * per_layer * (width + 1) * 4
+}
+
+/// Refuses a run whose samples could take more than `limit` bytes, saying what would help: fewer
+/// tokens or samples, or (when `limit` holds fewer inputs per expert than its input width, so its
+/// second moments would be singular however the run is cut) no calibration.
+fn check_memory(
+    arch: &k3_format::Architecture,
+    width: u64,
+    tokens: usize,
+    cap: usize,
+    limit: u64,
+) -> Result<(), String> {
+    let need = sample_bytes(arch, width, tokens, cap);
+    if need <= limit {
+        return Ok(());
+    }
+    let fit = limit / (arch.moe_layers.len() as u64 * u64::from(arch.experts) * (width + 1) * 4).max(1);
+    let advice = if fit < width {
+        format!(
+            "that holds {fit} inputs per expert, fewer than the {width} an expert's input statistics need: convert \
+             this model without calibration (a model this size needs a calibration pass per layer, which k3 does \
+             not have)"
+        )
+    } else {
+        "calibrate on fewer tokens or fewer samples per expert".to_string()
+    };
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    Err(format!(
+        "calibrating on {tokens} tokens keeping up to {cap} inputs per expert can hold {:.1} GiB of samples, more \
+         than the {:.1} GiB allowed (half of this machine's memory): {advice}",
+        gib(need),
+        gib(limit)
+    ))
 }
 
 /// `tokens` of `ids` for calibration, as whole windows of `window` tokens spread evenly over the
@@ -192,6 +225,10 @@ pub fn collect(
     cap: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Calibration, crate::EngineError> {
+    let m = model.manifest();
+    if let Some(total) = crate::budget::total_memory_bytes() {
+        check_memory(&m.architecture, input_width(m), ids.len(), cap, total / 2).map_err(crate::EngineError::Input)?;
+    }
     let inputs = std::sync::Arc::new(ExpertInputs::new(cap));
     let window = window.max(1);
     let opts = crate::EngineOptions {
@@ -232,11 +269,11 @@ mod tests {
     }
 
     #[test]
-    fn sample_memory_is_bounded_by_tokens_or_caps() {
-        let arch = |name: &str, hidden, experts, k, moe: u32| k3_format::Architecture {
+    fn sample_memory_is_bounded_and_checked() {
+        let arch = |name: &str, experts, k, moe: u32| k3_format::Architecture {
             name: name.into(),
             layers: moe + 1,
-            hidden,
+            hidden: 1,
             vocab: 1,
             experts,
             experts_per_token: k,
@@ -244,16 +281,30 @@ mod tests {
         };
         // The default model (3 MoE layers of 16 experts, top-4, 256 wide): 16 K tokens route
         // 65,536 inputs per layer, which 16 x 4,096 samples hold: 3 x 65,536 x 257 x 4 bytes.
-        assert_eq!(sample_bytes(&arch("kimi_linear", 256, 16, 4, 3), 16384, 4096), 3 * 65536 * 257 * 4);
+        let default = arch("kimi_linear", 16, 4, 3);
+        assert_eq!(sample_bytes(&default, 256, 16384, 4096), 3 * 65536 * 257 * 4);
         // With 1,024 samples the caps bind: 3 x 16,384 inputs.
-        assert_eq!(sample_bytes(&arch("kimi_linear", 256, 16, 4, 3), 16384, 1024), 3 * 16384 * 257 * 4);
-        // K3 (92 MoE layers, 896 experts, top-16, 7,168 wide) over 16 K tokens: ~644 GiB.
-        let k3 = arch("kimi_k3", 7168, 896, 16, 92);
-        assert_eq!(sample_bytes(&k3, 16384, 4096), 92 * 16384 * 16 * 7169 * 4);
-        // Half of a 64 GiB machine holds 14 inputs for each of K3's 82,432 experts (each 7,169 x 4
-        // bytes): far below the 7,168 its second moments need.
-        assert_eq!(inputs_that_fit(&k3, 32 << 30), (32u64 << 30) / (92 * 896 * 7169 * 4));
-        assert_eq!(inputs_that_fit(&k3, 32 << 30), 14);
+        assert_eq!(sample_bytes(&default, 256, 16384, 1024), 3 * 16384 * 257 * 4);
+        assert!(check_memory(&default, 256, 16384, 4096, 1 << 30).is_ok());
+        // Too little room for these settings but enough for a smaller run: lower them.
+        let err = check_memory(&default, 256, 16384, 4096, 100 << 20).unwrap_err();
+        assert!(err.contains("fewer tokens or fewer samples"), "{err}");
+        // K3 (92 MoE layers, 896 experts, top-16, experts reading the 3,584-wide latent) over
+        // 16 K tokens: ~322 GiB. Half of a 64 GiB machine holds 29 inputs per expert, far below
+        // the 3,584 its second moments need: no run of this design can calibrate it.
+        let k3 = arch("kimi_k3", 896, 16, 92);
+        assert_eq!(sample_bytes(&k3, 3584, 16384, 4096), 92 * 16384 * 16 * 3585 * 4);
+        let err = check_memory(&k3, 3584, 16384, 4096, 32 << 30).unwrap_err();
+        assert!(err.contains("holds 29 inputs per expert") && err.contains("without calibration"), "{err}");
+    }
+
+    /// The input width comes from the stored experts: tiny-k3's experts read its 128-wide latent,
+    /// not the 256-wide hidden state.
+    #[test]
+    fn the_input_width_is_the_experts_own() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/tiny-k3.waste");
+        let model = k3_format::Model::open(dir).unwrap();
+        assert_eq!((input_width(model.manifest()), model.manifest().architecture.hidden), (128, 256));
     }
 
     #[test]

@@ -111,7 +111,7 @@ pub enum Bench {
         #[arg(long, value_parser = |s: &str| bounded(s, 1, 1000))]
         kmeans_iters: Option<usize>,
         /// Encode as a calibrated conversion does, for this many sampled inputs (the converter's
-        /// `--calibrate-samples`, 1024 by default): their preparation (second moments, GPTQ's
+        /// `--calibrate-samples`, 4096 by default): their preparation (second moments, GPTQ's
         /// factor) and GPTQ with descent are timed too. Slow: minutes a repetition.
         #[arg(long, value_parser = |s: &str| bounded(s, 1, 1 << 20))]
         calibrated: Option<usize>,

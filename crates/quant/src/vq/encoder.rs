@@ -237,7 +237,7 @@ fn match_energy(
 /// [`match_energy`] in the output basis: each row's scale keeps `w^T H w`, its output energy
 /// over the calibration inputs (`h` their damped second moments). On the default model this
 /// took next-token KL from 0.00081 to 0.00074 nats against the per-column weighting
-/// (docs/LEARNED.md, "Calibrating VQ3").
+/// (docs/LEARNED.md, "Descent and output energy").
 fn match_output_energy(scale: &mut [f32], target: &[f32], codes: &[u16], cb: &train::Codebooks, h: &[f64]) {
     use rayon::prelude::*;
     let cols = target.len() / scale.len().max(1);
