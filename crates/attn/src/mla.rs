@@ -138,6 +138,11 @@ impl MlaCache {
         self.len * self.bytes_per_position()
     }
 
+    /// Bytes allocated for positions, used or reserved.
+    pub fn held_bytes(&self) -> usize {
+        4 * (self.c.capacity() + self.kext.capacity())
+    }
+
     /// Bytes held per cached position.
     pub fn bytes_per_position(&self) -> usize {
         (self.dims[0] + self.dims[1]) as usize * 4

@@ -31,7 +31,7 @@ pub fn run(args: ArrayArgs, trace: bool) -> Result<ExitCode> {
     let ids = parse_ids(&args.ids)?;
     // The output is checked (and its temporary made) before the run, not after it.
     let out = OutputFile::create(&args.out)?;
-    let model = open_model(&args.model, &args.engine.shard_dirs)?;
+    let model = open_model(&args.model, &args.engine.knobs.shard_dirs)?;
     let a = &model.manifest().architecture;
     let n = ids.len() as u64;
     let width = if trace { u64::from(a.layers) * a.hidden } else { a.vocab };

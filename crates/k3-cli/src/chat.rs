@@ -121,7 +121,7 @@ impl Input {
 pub fn run(a: ChatArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
     let sampler = a.sampling.config(SAMPLING);
-    let model = open_model(&path, &a.engine.shard_dirs)?;
+    let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
     let engine = a.engine.load(&model, &path, Needs { min_context: 0, ..Needs::exact(4096, CHUNK) })?;
     let family = engine.config().family;

@@ -46,11 +46,11 @@ const DEFAULT_CONTEXT: u64 = 4096;
 pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
     let sampler = a.sampling.config(SamplerConfig::default());
-    let model = open_model(&path, &a.engine.shard_dirs)?;
+    let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).transpose()?;
     let prompt = a.prompt.ids(tok.as_ref(), &path)?;
     let n = prompt.len() as u64;
-    if let Some(c) = a.engine.context.filter(|&c| n >= c) {
+    if let Some(c) = a.engine.knobs.context.filter(|&c| n >= c) {
         anyhow::bail!("the prompt is {n} tokens, which leaves no room in a context of {c} tokens: raise --context");
     }
     let needs = Needs {
@@ -65,7 +65,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         sampler,
         stop_ids: if a.ignore_eos { Vec::new() } else { engine.config().eos.clone() },
         stop_strings: a.stop.clone(),
-        cancel: Some(signals::ctrl_c_flag()),
+        cancel: Some(signals::end_flag()),
         chunk: a.chunk as usize,
         speculate: a.sampling.speculate as usize,
         ..GenerateParams::default()
@@ -84,12 +84,18 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let t1 = std::time::Instant::now();
     let mut out = std::io::stdout().lock();
     let mut per_token = Vec::new();
+    // A terminal that went away (SIGHUP) fails writes: generation stops, but the statistics
+    // are still written before the error is reported.
+    let mut lost = None;
     while let Some(t) = g.step(&engine)? {
-        match &tok {
-            Some(_) => write!(out, "{}", t.text)?,
-            None => write!(out, "{} ", t.id)?,
+        let wrote = match &tok {
+            Some(_) => write!(out, "{}", t.text),
+            None => write!(out, "{} ", t.id),
+        };
+        if let Err(e) = wrote.and_then(|()| out.flush()) {
+            lost = Some(e);
+            break;
         }
-        out.flush()?;
         if t.fed && !t.drafted {
             per_token.push(serde_json::json!({
                 "token": t.id, "seconds": t.stats.seconds, "bytes_read": t.stats.bytes_read,
@@ -97,7 +103,9 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
             }));
         }
     }
-    writeln!(out, "{}", g.flush())?;
+    if lost.is_none() {
+        lost = writeln!(out, "{}", g.flush()).err();
+    }
     drop(out);
     match g.finish() {
         Some(Finish::ContextFull) => eprintln!(
@@ -113,5 +121,8 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let decode = (produced, t1.elapsed().as_secs_f64());
     a.engine.report_split(&engine, &session.stats, prefill, decode, per_token, Some(&spec))?;
     a.engine.finish(&session)?;
-    Ok(ExitCode::SUCCESS)
+    match lost {
+        Some(e) => Err(anyhow::Error::new(e).context("writing the generated text")),
+        None => Ok(ExitCode::SUCCESS),
+    }
 }

@@ -33,7 +33,7 @@ pub struct LookaheadArgs {
 
 pub fn run(a: LookaheadArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model)?;
-    let m = open_model(&path, &a.engine.shard_dirs)?;
+    let m = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&m).transpose()?;
     let ids = a.prompt.ids(tok.as_ref(), &path)?;
     let mut engine = a.engine.load(&m, &path, Needs::exact(ids.len() as u64, a.chunk as usize))?;

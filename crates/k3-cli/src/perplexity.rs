@@ -38,7 +38,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
         Some(f) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
         None => crate::prompt::read_stdin()?,
     };
-    let model = open_model(&path, &a.engine.shard_dirs)?;
+    let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
     let ids = tok.encode(&text);
     let (window, chunk) = (a.window as usize, (a.chunk as usize).min(a.window as usize));
@@ -55,7 +55,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
     let window_nll: Vec<f64> = r.windows.iter().map(|w| w.nll).collect();
     let agreement = match &a.against {
         Some(reference) => {
-            let rm = open_model(reference, &a.engine.shard_dirs)?;
+            let rm = open_model(reference, &a.engine.knobs.shard_dirs)?;
             let re = a.engine.load(&rm, reference, Needs::exact(context, chunk))?;
             let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
             let g = k3_engine::eval::agreement(&engine, &re, &ids, window, chunk, &mut |d| pb.set_position(d as u64))?;

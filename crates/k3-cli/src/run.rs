@@ -9,8 +9,9 @@ use k3_engine::speculate::SpecStats;
 use k3_engine::{Engine, EngineOptions, RunStats};
 use k3_engine::{Model, OutputFile};
 
+/// How the engine runs: memory, context, threads, caching, where the shards are.
 #[derive(clap::Args, Debug, Clone)]
-pub struct EngineArgs {
+pub struct EngineKnobs {
     /// Memory to live within: trunk, attention state, activations, expert cache, I/O buffers (e.g.
     /// 48G, 512M; default: an expert cache of up to half the memory available at start).
     #[arg(long, value_name = "SIZE")]
@@ -37,6 +38,16 @@ pub struct EngineArgs {
     /// nothing has touched since; expert records are always checked as they are read).
     #[arg(long)]
     pub no_verify: bool,
+    /// Other directories holding expert shards (one per drive); repeat the flag.
+    #[arg(long = "shard-dir", value_name = "DIR")]
+    pub shard_dirs: Vec<PathBuf>,
+}
+
+/// The switches of a command that runs the model once: the engine's, and what to report.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    pub knobs: EngineKnobs,
     /// Print a summary of the run's statistics (to standard error).
     #[arg(long)]
     pub stats: bool,
@@ -46,13 +57,28 @@ pub struct EngineArgs {
     /// Print the memory plan and the load-time checks (to standard error).
     #[arg(long)]
     pub verbose: bool,
-    /// Other directories holding expert shards (one per drive); repeat the flag.
-    #[arg(long = "shard-dir", value_name = "DIR")]
-    pub shard_dirs: Vec<PathBuf>,
     /// Expert usage counts: the hottest experts in it are pinned in the cache, and this run's
     /// routing is added to it at the end (created if missing).
     #[arg(long, value_name = "FILE")]
     pub usage_history: Option<PathBuf>,
+}
+
+impl EngineKnobs {
+    pub fn options(&self, needs: Needs) -> Result<EngineOptions> {
+        let policy: Policy = self.cache_policy.parse().map_err(anyhow::Error::msg)?;
+        Ok(EngineOptions {
+            mem_budget: self.mem.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?,
+            overlap: !self.no_overlap,
+            lookahead: !self.no_lookahead,
+            policy,
+            context: self.context.unwrap_or(needs.context).max(needs.min_context),
+            chunk: needs.chunk as u64,
+            reserved_bytes: needs.reserved_bytes,
+            threads: self.threads.map_or(0, usize::from),
+            verify_trunk: !self.no_verify,
+            ..EngineOptions::default()
+        })
+    }
 }
 
 /// What a command asks of the memory plan beyond the switches.
@@ -90,28 +116,12 @@ impl EngineArgs {
         Ok(())
     }
 
-    pub fn options(&self, needs: Needs) -> Result<EngineOptions> {
-        let policy: Policy = self.cache_policy.parse().map_err(anyhow::Error::msg)?;
-        Ok(EngineOptions {
-            mem_budget: self.mem.as_deref().map(parse_size).transpose().map_err(anyhow::Error::msg)?,
-            overlap: !self.no_overlap,
-            lookahead: !self.no_lookahead,
-            policy,
-            context: self.context.unwrap_or(needs.context).max(needs.min_context),
-            chunk: needs.chunk as u64,
-            reserved_bytes: needs.reserved_bytes,
-            threads: self.threads.map_or(0, usize::from),
-            verify_trunk: !self.no_verify,
-            ..EngineOptions::default()
-        })
-    }
-
     /// Checks the outputs, loads the engine (verifying the trunk) and pins the usage history's
     /// hottest experts: what every model-running command does before its work.
     pub fn load<'m>(&self, model: &'m Model, path: &Path, needs: Needs) -> Result<Engine<'m>> {
         self.check_outputs()?;
-        let engine =
-            Engine::load_with(model, self.options(needs)?).with_context(|| format!("loading {}", path.display()))?;
+        let engine = Engine::load_with(model, self.knobs.options(needs)?)
+            .with_context(|| format!("loading {}", path.display()))?;
         self.start(&engine)?;
         Ok(engine)
     }

@@ -3,12 +3,15 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use k3_engine::OpenOptions;
 use k3_engine::budget::parse_size;
-use k3_server::ServerOptions;
+use std::time::Duration;
 
-use crate::run::{EngineArgs, Needs};
+use k3_server::boundary::Boundary;
+use k3_server::{Limits, ServerOptions};
+
+use crate::run::{EngineKnobs, Needs};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -22,9 +25,28 @@ pub struct ServeArgs {
     /// The port to listen on.
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Require `Authorization: Bearer KEY` on every route but /health; repeat for one key per
+    /// user or app (each key's prefix-cache entries are its own).
     #[arg(long, value_name = "KEY")]
-    api_key: Option<String>,
+    api_key: Vec<String>,
+    /// Read API keys from this file, one per line (blank lines and `#` comments skipped): keeps
+    /// them out of the process list.
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// A further name clients may reach the server by (the `Host` they send); repeat the flag.
+    /// Loopback names (and, on an address bind, the address) are always allowed; others are
+    /// refused, which stops DNS-rebinding pages. `*` turns the check off.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    allowed_hosts: Vec<String>,
+    /// Let web pages from ORIGIN (e.g. http://localhost:3000) call the API from a browser;
+    /// repeat the flag. `*` lets every site the user visits use the model. Off by default: pages
+    /// of other sites are refused.
+    #[arg(long = "cors", value_name = "ORIGIN")]
+    cors: Vec<String>,
+    /// Share the prefix cache between API keys: faster repeated prompts across users, but a
+    /// client can then tell from `cached_tokens` whether another client sent a prompt.
+    #[arg(long)]
+    prefix_cache_shared: bool,
     /// Requests decoded together in one step at most.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     max_batch: u16,
@@ -38,8 +60,58 @@ pub struct ServeArgs {
     /// turn prefills only what is new (0 = off), e.g. 2G.
     #[arg(long, value_name = "BYTES", default_value = "1G")]
     prefix_cache: String,
+    /// Seconds a client has to send a request's headers; also how long an idle keep-alive
+    /// connection stays open.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    header_timeout: u64,
+    /// Seconds a client has to send a request's body (408 beyond).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    body_timeout: u64,
+    /// Open connections at most; the next one is answered 503 and closed.
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_connections: u32,
+    /// Seconds answers under way may run on after SIGINT, SIGTERM or SIGHUP before they are
+    /// ended (each with its finish chunk and [DONE]); new requests get 503 meanwhile.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    drain_timeout: u64,
     #[command(flatten)]
-    engine: EngineArgs,
+    engine: EngineKnobs,
+}
+
+/// Raises the soft limit on open files to the hard one (as nginx-style servers do): each
+/// connection is a descriptor, and the usual soft limit of 1,024 would let idle sockets deny
+/// service. Returns the limit in force.
+fn raise_open_files() -> u64 {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed, which outlives the calls.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 0;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r = raised;
+            }
+        }
+    }
+    r.rlim_cur
+}
+
+/// The keys given on the command line and in the key file.
+fn api_keys(a: &ServeArgs) -> Result<Vec<String>> {
+    let mut keys = a.api_key.clone();
+    if let Some(p) = &a.api_key_file {
+        let text = std::fs::read_to_string(p).with_context(|| format!("reading the API keys in {}", p.display()))?;
+        keys.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from));
+        if keys.is_empty() {
+            bail!("{} holds no API key (one per line)", p.display());
+        }
+    }
+    if let Some(bad) = keys.iter().find(|k| k.is_empty() || k.chars().any(|c| c.is_whitespace() || c.is_control())) {
+        bail!("an API key must be non-empty and without spaces (got {:?})", bad.chars().take(4).collect::<String>());
+    }
+    Ok(keys)
 }
 
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
@@ -49,17 +121,35 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     let prefix_cache = usize::try_from(parse_size(&a.prefix_cache).map_err(anyhow::Error::msg)?)?;
     let needs = Needs { context: 4096, min_context: 0, chunk: k3_server::scheduler::PREFILL_CHUNK, reserved_bytes: 0 };
     let engine = a.engine.options(needs)?;
-    let opts = ServerOptions {
+    let mut opts = ServerOptions {
         model,
         model_id,
         open: OpenOptions { shard_dirs: a.engine.shard_dirs.clone() },
         engine,
         max_batch: usize::from(a.max_batch),
         queue: usize::from(a.queue),
-        api_key: a.api_key.clone(),
+        boundary: Boundary {
+            bind: None,
+            allowed_hosts: a.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            cors: a.cors.clone(),
+            api_keys: api_keys(&a)?,
+            shared_cache: a.prefix_cache_shared,
+        },
         body_limit,
         prefix_cache,
+        limits: Limits {
+            header_timeout: Duration::from_secs(a.header_timeout),
+            body_timeout: Duration::from_secs(a.body_timeout),
+            max_connections: a.max_connections as usize,
+            drain: Duration::from_secs(a.drain_timeout),
+        },
+        stop_bytes: 4096,
     };
+    let files = raise_open_files();
+    if files > 0 && (files as usize) < opts.limits.max_connections + 64 {
+        opts.limits.max_connections = (files as usize).saturating_sub(64).max(1);
+        eprintln!("warning: this process may open {files} files: at most {} connections", opts.limits.max_connections);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -67,14 +157,25 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
         .context("starting the server's runtime")?;
     rt.block_on(async {
         let addr = format!("{}:{}", a.host, a.port);
-        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("listening on {addr}"))?;
+        let listener =
+            tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await.with_context(|| format!("listening on {addr}"))?;
+        let local = listener.local_addr().context("the listening address")?;
+        opts.boundary.bind = Some(local.ip());
+        if opts.boundary.cors.iter().any(|c| c == "*") {
+            eprintln!("warning: --cors '*' lets every web page this machine's browsers open use the model");
+        }
+        if opts.boundary.bind.is_some_and(|ip| !ip.is_loopback()) && opts.boundary.api_keys.is_empty() {
+            eprintln!("warning: listening beyond this machine with no --api-key: anyone who can reach {addr} can use the model");
+        }
         eprintln!(
-            "serving {} at http://{addr}/v1 (OpenAI API; /health answers 503 until the model is loaded){}",
+            "serving {} at http://{local}/v1 (OpenAI API; /health answers 503 until the model is loaded){}",
             opts.model.display(),
-            if opts.api_key.is_some() { "; API key required" } else { "" }
+            if opts.boundary.api_keys.is_empty() { "" } else { "; API key required" }
         );
-        let (router, _) = k3_server::app(opts);
-        k3_server::serve(listener, router).await.context("serving")
+        let limits = opts.limits;
+        let (router, state) = k3_server::app(opts);
+        // A model that cannot load ends the server with the reason, not a server answering 503.
+        k3_server::serve(listener, router, state, limits).await.map_err(anyhow::Error::new)
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,7 +1,7 @@
 //! Signals, as a Unix tool should treat them: a closed standard output ends the program quietly
 //! (`k3-cli inspect --json | head -1`), and Ctrl-C sets the running command's cancellation flag,
 //! so it stops at the next token and keeps what it has (statistics are still written); a second
-//! Ctrl-C exits at once.
+//! Ctrl-C exits at once. `generate` treats SIGTERM and SIGHUP the same way.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -30,11 +30,23 @@ pub fn quiet_broken_pipe() {
 
 /// The flag Ctrl-C sets from now on (instead of killing the process).
 pub fn ctrl_c_flag() -> Arc<AtomicBool> {
+    stop_flag(&[libc::SIGINT])
+}
+
+/// The flag Ctrl-C, SIGTERM (what systemd and docker send) and SIGHUP (the terminal closed)
+/// set from now on: a run that ends on any of them still writes what it has.
+pub fn end_flag() -> Arc<AtomicBool> {
+    stop_flag(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
+}
+
+fn stop_flag(signals: &[libc::c_int]) -> Arc<AtomicBool> {
     let flag = CANCEL.get_or_init(|| Arc::new(AtomicBool::new(false))).clone();
-    // SAFETY: the handler only touches atomics (the flag is initialised before it is installed)
-    // and calls `_exit`, both async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+    for &sig in signals {
+        // SAFETY: the handler only touches atomics (the flag is initialised before it is
+        // installed) and calls `_exit`, both async-signal-safe.
+        unsafe {
+            libc::signal(sig, on_sigint as *const () as libc::sighandler_t);
+        }
     }
     flag
 }

@@ -150,7 +150,13 @@ fn check_model(asked: Option<&str>, info: &ModelInfo) -> Result<(), ApiError> {
 
 impl Sampling {
     /// The engine's parameters for a prompt of `prompt_len` tokens.
-    fn params(&self, info: &ModelInfo, prompt_len: usize, stop_ids: Vec<u32>) -> Result<GenerateParams, ApiError> {
+    fn params(
+        &self,
+        info: &ModelInfo,
+        prompt_len: usize,
+        stop_ids: Vec<u32>,
+        stop_bytes: usize,
+    ) -> Result<GenerateParams, ApiError> {
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ApiError::bad("n", format!("n = {n}: this server returns one choice per request (n = 1)")));
         }
@@ -174,6 +180,17 @@ impl Sampling {
             Some(Stop::Many(v)) if v.len() <= 16 => v.clone(),
             Some(Stop::Many(v)) => return Err(ApiError::bad("stop", format!("{} stop strings; at most 16", v.len()))),
         };
+        // Every step checks the held-back text against every stop string.
+        let total: usize = stop_strings.iter().map(String::len).sum();
+        if total > stop_bytes {
+            return Err(ApiError::bad(
+                "stop",
+                format!("the stop strings are {total} bytes; at most {stop_bytes} in all"),
+            ));
+        }
+        if stop_strings.iter().any(String::is_empty) {
+            return Err(ApiError::bad("stop", "a stop string is empty"));
+        }
         Ok(GenerateParams {
             max_tokens: asked.unwrap_or(room).min(room),
             sampler: SamplerConfig { temperature, top_k: self.top_k.unwrap_or(0), top_p, seed: self.seed.unwrap_or(0) },
@@ -184,7 +201,30 @@ impl Sampling {
     }
 }
 
+/// Refuses text that cannot fit the context whatever it tokenizes to (every token covers at most
+/// `max_token_bytes` bytes), before it is tokenized whole.
+fn check_fits(bytes: usize, info: &ModelInfo, field: &str) -> Result<(), ApiError> {
+    let most = (info.context as usize).saturating_mul(info.max_token_bytes.max(1));
+    if bytes > most {
+        return Err(ApiError::bad(
+            field,
+            format!("the prompt is {bytes} bytes of text, more than the context of {} tokens can hold", info.context),
+        ));
+    }
+    Ok(())
+}
+
 impl ChatMessage {
+    /// Bytes of client text in the message.
+    fn text_bytes(&self) -> usize {
+        let content = match &self.content {
+            None => 0,
+            Some(Content::Text(t)) => t.len(),
+            Some(Content::Parts(p)) => p.iter().filter_map(|p| p.text.as_ref()).map(String::len).sum(),
+        };
+        content + self.reasoning_content.as_ref().map_or(0, String::len)
+    }
+
     /// The engine's message for `messages[i]`: text parts only (nothing is fetched), tool calls
     /// with their arguments as written.
     fn to_message(&self, i: usize) -> Result<Message, ApiError> {
@@ -240,8 +280,10 @@ impl ChatRequest {
     /// Renders the conversation in the model's own chat format: structural markup as special
     /// tokens, every message's text tokenized on its own as plain text, so content can never
     /// forge a turn.
-    pub fn prepare(&self, tok: &Tokenizer, info: &ModelInfo) -> Result<Prepared, ApiError> {
+    pub fn prepare(&self, tok: &Tokenizer, info: &ModelInfo, stop_bytes: usize) -> Result<Prepared, ApiError> {
         check_model(self.model.as_deref(), info)?;
+        let text: usize = self.messages.iter().map(ChatMessage::text_bytes).sum();
+        check_fits(text, info, "messages")?;
         let json_object = self.json_object()?;
         if self.messages.is_empty() {
             return Err(ApiError::bad("messages", "messages is empty"));
@@ -266,7 +308,7 @@ impl ChatRequest {
         })?;
         let end = format.end_of_turn().map_err(internal)?;
         let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
-        let mut params = self.sampling.params(info, prompt.len(), stop_ids)?;
+        let mut params = self.sampling.params(info, prompt.len(), stop_ids, stop_bytes)?;
         params.starts_in_think = think;
         // K2-Thinking and its kind reason between `<think>` tokens: that text is the reasoning.
         params.think_tags = if info.family == Family::KimiK3 { None } else { tok.think_tags() };
@@ -346,8 +388,11 @@ impl ChatRequest {
 
 impl CompletionRequest {
     /// The prompt as plain text (no special tokens from text) or as token ids.
-    pub fn prepare(&self, tok: Option<&Tokenizer>, info: &ModelInfo) -> Result<Prepared, ApiError> {
+    pub fn prepare(&self, tok: Option<&Tokenizer>, info: &ModelInfo, stop_bytes: usize) -> Result<Prepared, ApiError> {
         check_model(self.model.as_deref(), info)?;
+        if let Prompt::Text(t) = &self.prompt {
+            check_fits(t.len(), info, "prompt")?;
+        }
         let encode = |t: &str| {
             tok.map(|k| k.encode(t))
                 .ok_or_else(|| ApiError::bad("prompt", "this model embeds no tokenizer: send the prompt as token ids"))
@@ -371,7 +416,7 @@ impl CompletionRequest {
         if prompt.is_empty() {
             return Err(ApiError::bad("prompt", "the prompt is empty"));
         }
-        let params = self.sampling.params(info, prompt.len(), info.eos.clone())?;
+        let params = self.sampling.params(info, prompt.len(), info.eos.clone(), stop_bytes)?;
         Ok(Prepared {
             prompt,
             params,

@@ -29,6 +29,7 @@ impl ApiError {
     fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
             StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",

@@ -7,7 +7,9 @@
 //! those events into JSON or SSE). `/health` answers 503 until the model is loaded.
 
 pub mod api;
+pub mod boundary;
 pub mod error;
+pub mod listen;
 pub mod metrics;
 pub mod prefix;
 pub mod routes;
@@ -23,6 +25,8 @@ use axum::routing::{get, post};
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{EngineOptions, OpenOptions, OwnedEngine};
 
+use crate::boundary::Boundary;
+pub use crate::listen::{Limits, ServeError, serve};
 use crate::metrics::Metrics;
 use crate::routes::AppState;
 use crate::scheduler::{Handle, Job, ModelInfo, Status};
@@ -39,12 +43,16 @@ pub struct ServerOptions {
     pub max_batch: usize,
     /// Requests waiting beyond the batch at most; more get a 429.
     pub queue: usize,
-    /// When set, every route but `/health` needs `Authorization: Bearer KEY`.
-    pub api_key: Option<String>,
+    /// Who may reach the server and from where: `Host` names, CORS origins, API keys.
+    pub boundary: Boundary,
     /// Largest request body accepted (413 beyond).
     pub body_limit: usize,
     /// Bytes of kept states the prefix cache may hold (0: off).
     pub prefix_cache: usize,
+    /// Timeouts, the connection cap, the drain at a stop.
+    pub limits: Limits,
+    /// Total bytes of a request's stop strings at most.
+    pub stop_bytes: usize,
 }
 
 impl ServerOptions {
@@ -56,9 +64,11 @@ impl ServerOptions {
             engine: EngineOptions::default(),
             max_batch: 8,
             queue: 64,
-            api_key: None,
+            boundary: Boundary::default(),
             body_limit: 4 << 20,
             prefix_cache: 1 << 30,
+            limits: Limits::default(),
+            stop_bytes: 4096,
         }
     }
 }
@@ -74,7 +84,10 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         info: Arc::new(OnceLock::new()),
         tok: Arc::new(OnceLock::new()),
         metrics: Arc::new(Metrics::default()),
-        api_key: opts.api_key.clone(),
+        boundary: Arc::new(opts.boundary.clone()),
+        body_limit,
+        body_timeout: opts.limits.body_timeout,
+        stop_bytes: opts.stop_bytes,
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
     let loader = state.clone();
@@ -90,8 +103,8 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/completions", post(routes::completions))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))
-        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), boundary::check))
+        .layer(DefaultBodyLimit::disable())
         .with_state(state.clone());
     (router, state)
 }
@@ -136,6 +149,10 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
         layers: engine.layers(),
         hidden: engine.hidden(),
         eos: engine.config().eos.clone(),
+        max_token_bytes: shared_tok
+            .as_ref()
+            .and_then(|t| t.token_texts().iter().flatten().map(String::len).max())
+            .unwrap_or(1),
     };
     if let Some(t) = shared_tok {
         let _ = state.tok.set(t);
@@ -152,13 +169,4 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
         status.ready.store(false, Ordering::SeqCst);
         fail(status, format!("the scheduler stopped on an internal error: {}", what.unwrap_or("a panic")));
     }
-}
-
-/// Serves `router` on `listener` until Ctrl-C.
-pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
 }

@@ -3,11 +3,18 @@
 //! from a fork of it and prefills only the rest — a conversation's next turn costs its new tokens,
 //! not the whole history. A recurrent state can only be resumed where it was kept, so states are
 //! kept at the two places a follow-up meets: the end of a prompt, and the end of an answer.
+//!
+//! Entries belong to a [`Scope`] (the API key that made them): a request sees only its own
+//! scope's, so `cached_tokens` cannot tell one client what another one asked. A kept state is a
+//! compact copy ([`Engine::keep`]), counted by what it holds in memory ([`Session::held_bytes`]).
 
 use k3_engine::{Engine, Session};
 
+use crate::boundary::Scope;
+
 #[derive(Debug)]
 struct Entry {
+    scope: Scope,
     session: Session,
     bytes: usize,
     last_use: u64,
@@ -34,7 +41,7 @@ impl PrefixCache {
 
     /// A fresh session holding the longest kept state whose tokens begin `prompt` and leave at
     /// least one of its tokens to run; `None` when nothing kept fits.
-    pub fn lookup(&mut self, engine: &Engine<'_>, prompt: &[u32]) -> Option<Session> {
+    pub fn lookup(&mut self, engine: &Engine<'_>, scope: Scope, prompt: &[u32]) -> Option<Session> {
         if self.budget == 0 {
             return None;
         }
@@ -43,7 +50,7 @@ impl PrefixCache {
         let best = self
             .entries
             .iter_mut()
-            .filter(|e| e.session.tokens() < prompt.len() && prompt.starts_with(e.session.ids()))
+            .filter(|e| e.scope == scope && e.session.tokens() < prompt.len() && prompt.starts_with(e.session.ids()))
             .max_by_key(|e| e.session.tokens())?;
         best.last_use = self.clock;
         let s = engine.fork(&best.session).ok()?;
@@ -54,14 +61,18 @@ impl PrefixCache {
 
     /// Keeps `session`'s state (a fork of it), dropping the least recently used to make room;
     /// a state larger than the whole budget, or one already kept, is not.
-    pub fn insert(&mut self, engine: &Engine<'_>, session: &Session) {
-        let bytes = session.state_bytes() + 4 * session.tokens();
-        if bytes > self.budget || session.tokens() == 0 {
+    pub fn insert(&mut self, engine: &Engine<'_>, scope: Scope, session: &Session) {
+        if self.budget == 0 || session.tokens() == 0 {
             return;
         }
         self.clock += 1;
-        if let Some(e) = self.entries.iter_mut().find(|e| e.session.ids() == session.ids()) {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.scope == scope && e.session.ids() == session.ids()) {
             e.last_use = self.clock;
+            return;
+        }
+        let Ok(kept) = engine.keep(session) else { return };
+        let bytes = kept.held_bytes();
+        if bytes > self.budget {
             return;
         }
         while self.used + bytes > self.budget {
@@ -70,10 +81,8 @@ impl PrefixCache {
             };
             self.used -= self.entries.swap_remove(oldest).bytes;
         }
-        if let Ok(s) = engine.fork(session) {
-            self.used += bytes;
-            self.entries.push(Entry { session: s, bytes, last_use: self.clock });
-        }
+        self.used += bytes;
+        self.entries.push(Entry { scope, session: kept, bytes, last_use: self.clock });
     }
 
     /// Bytes of state kept.

@@ -7,10 +7,8 @@ use std::sync::{Arc, OnceLock};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::{StatusCode, header};
-use axum::middleware::Next;
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use k3_engine::generate::Finish;
@@ -23,6 +21,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::api::{ChatRequest, CompletionRequest, Prepared, finish_reason};
+use crate::boundary::Scope;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::scheduler::{Event, Handle, Job, ModelInfo, Refused};
@@ -35,7 +34,13 @@ pub struct AppState {
     pub info: Arc<OnceLock<ModelInfo>>,
     pub tok: Arc<OnceLock<Tokenizer>>,
     pub metrics: Arc<Metrics>,
-    pub api_key: Option<String>,
+    pub boundary: Arc<crate::boundary::Boundary>,
+    /// Largest request body accepted (413 beyond).
+    pub body_limit: usize,
+    /// A request's body must arrive within this.
+    pub body_timeout: std::time::Duration,
+    /// Total bytes of a request's stop strings at most.
+    pub stop_bytes: usize,
     /// Unix seconds at start (the models' `created`).
     pub created: u64,
 }
@@ -93,41 +98,44 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
-/// Checks `Authorization: Bearer KEY` when the server has a key (every route but `/health`).
-pub async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &s.api_key
-        && req.uri().path() != "/health"
-    {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !same(given.as_bytes(), key.as_bytes()) {
-            return ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing API key (Authorization: Bearer KEY)")
-                .into_response();
-        }
+/// The body of `req`, read within the server's size and time limits: a declared length over the
+/// limit is a 413 before anything is read, a body that does not arrive in time a 408.
+async fn body(s: &AppState, req: Request) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than this server accepts ({} bytes)", s.body_limit),
+        )
+    };
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > s.body_limit as u64) {
+        return Err(too_large());
     }
-    next.run(req).await
+    match tokio::time::timeout(s.body_timeout, axum::body::to_bytes(req.into_body(), s.body_limit)).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body did not arrive within {} s", s.body_timeout.as_secs()),
+        )),
+        Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
+        Ok(Err(e)) => Err(ApiError::new(StatusCode::BAD_REQUEST, format!("reading the request body: {e}"))),
+        Ok(Ok(b)) => Ok(b),
+    }
 }
 
-/// Byte-string equality in time independent of where they differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
-}
-
-/// A JSON body, with OpenAI-shaped errors: 413 past the size limit, 400 naming what is wrong.
-fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = body.map_err(|e| {
-        let status = e.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(status, "the request body is larger than this server accepts")
-        } else {
-            ApiError::new(status, e.body_text())
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
         }
-    })?;
-    serde_json::from_slice(&bytes)
+        source = err.source();
+    }
+    false
+}
+
+/// A JSON request body, with a 400 naming what is wrong.
+fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad("body", format!("the request body is not a valid request: {e}")))
 }
 
@@ -138,27 +146,58 @@ enum Kind {
     Completion,
 }
 
+/// Reads, checks and tokenizes a request on a blocking thread (tokenizing a long prompt is
+/// CPU work that must not stall the async workers serving everyone else).
+async fn prepared<T, F>(s: &AppState, req: Request, prepare: F) -> Result<Prepared, ApiError>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: FnOnce(T, &ModelInfo, Option<&Tokenizer>) -> Result<Prepared, ApiError> + Send + 'static,
+{
+    if s.handle.status.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"));
+    }
+    let bytes = body(s, req).await?;
+    s.ready()?;
+    let state = s.clone();
+    tokio::task::spawn_blocking(move || {
+        let r: T = parse(&bytes)?;
+        let (info, tok) = state.ready()?;
+        prepare(r, info, tok)
+    })
+    .await
+    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "checking the request failed"))?
+}
+
 /// `POST /v1/chat/completions`.
-pub async fn chat(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: ChatRequest = parse(body)?;
-    let (info, tok) = s.ready()?;
-    let tok = tok.ok_or_else(|| {
-        ApiError::bad("messages", "this model embeds no tokenizer: send token ids to /v1/completions")
-    })?;
-    let p = req.prepare(tok, info)?;
-    run(&s, p, Kind::Chat).await
+pub async fn chat(
+    State(s): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let stop_bytes = s.stop_bytes;
+    let p = prepared(&s, req, move |r: ChatRequest, info, tok| {
+        let tok = tok.ok_or_else(|| {
+            ApiError::bad("messages", "this model embeds no tokenizer: send token ids to /v1/completions")
+        })?;
+        r.prepare(tok, info, stop_bytes)
+    })
+    .await?;
+    run(&s, p, Kind::Chat, scope).await
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: CompletionRequest = parse(body)?;
-    let (info, tok) = s.ready()?;
-    let p = req.prepare(tok, info)?;
-    run(&s, p, Kind::Completion).await
+pub async fn completions(
+    State(s): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let stop_bytes = s.stop_bytes;
+    let p = prepared(&s, req, move |r: CompletionRequest, info, tok| r.prepare(tok, info, stop_bytes)).await?;
+    run(&s, p, Kind::Completion, scope).await
 }
 
 /// Submits a prepared request and answers it, streamed or whole.
-async fn run(s: &AppState, p: Prepared, kind: Kind) -> Result<Response, ApiError> {
+async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<Response, ApiError> {
     let (tx, rx) = tmpsc::unbounded_channel();
     let (stream, include_usage) = (p.stream, p.include_usage);
     let family = s.info.get().map(|i| i.family);
@@ -166,7 +205,7 @@ async fn run(s: &AppState, p: Prepared, kind: Kind) -> Result<Response, ApiError
         (true, Some(tok), Some(family)) => ToolCallReader::new(tok, family),
         _ => None,
     };
-    match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx }) {
+    match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx, scope }) {
         Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
         Err(Refused::Busy) => {
             s.metrics.requests_refused.fetch_add(1, Ordering::Relaxed);

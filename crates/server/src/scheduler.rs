@@ -13,6 +13,7 @@ use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, Logits, Seq, Session};
 use tokio::sync::mpsc as tmpsc;
 
+use crate::boundary::Scope;
 use crate::metrics::Metrics;
 use crate::prefix::PrefixCache;
 
@@ -26,6 +27,8 @@ pub struct Job {
     pub prompt: Vec<u32>,
     pub params: GenerateParams,
     pub events: tmpsc::UnboundedSender<Event>,
+    /// Whose kept states it may start from and leave behind.
+    pub scope: Scope,
 }
 
 /// What a request hears back, in order: text deltas, then one `Done` or `Failed`.
@@ -57,6 +60,8 @@ pub struct ModelInfo {
     pub layers: usize,
     pub hidden: usize,
     pub eos: Vec<u32>,
+    /// The longest token's text in bytes (1 without a tokenizer).
+    pub max_token_bytes: usize,
 }
 
 /// The scheduler's state as the HTTP side sees it.
@@ -64,6 +69,10 @@ pub struct ModelInfo {
 pub struct Status {
     /// Set once the model is loaded.
     pub ready: AtomicBool,
+    /// The server is stopping: new requests are refused.
+    pub draining: AtomicBool,
+    /// The drain is over: answers still running end at the next step.
+    pub cut: AtomicBool,
     /// Why loading failed, if it did.
     pub failed: Mutex<Option<String>>,
     /// Jobs sent but not yet running.
@@ -87,6 +96,7 @@ struct Active<'t> {
     events: tmpsc::UnboundedSender<Event>,
     /// No tokenizer: each token's id is its text.
     ids_out: bool,
+    scope: Scope,
 }
 
 impl Active<'_> {
@@ -141,6 +151,13 @@ pub fn run(
                 Err(_) => break,
             }
         }
+        // The server's drain is over: what still runs ends now, each with its finish.
+        if status.cut.load(Ordering::SeqCst) {
+            for mut a in active.drain(..) {
+                a.decoder.stop(Finish::Cancelled);
+                a.done(Finish::Cancelled);
+            }
+        }
         // A client that disconnected stops costing tokens here.
         let before = active.len();
         active.retain(|a| !a.events.is_closed());
@@ -166,7 +183,7 @@ fn admit<'t>(
     status.queued.fetch_sub(1, Ordering::Relaxed);
     match Decoder::new(tok, job.params) {
         Ok(decoder) => {
-            let session = cache.lookup(engine, &job.prompt).unwrap_or_else(|| engine.session());
+            let session = cache.lookup(engine, job.scope, &job.prompt).unwrap_or_else(|| engine.session());
             let cached = session.tokens();
             active.push(Active {
                 session,
@@ -177,6 +194,7 @@ fn admit<'t>(
                 next: None,
                 events: job.events,
                 ids_out: tok.is_none(),
+                scope: job.scope,
             })
         }
         Err(e) => {
@@ -225,11 +243,11 @@ fn step(
                 continue;
             }
             // The state after the prompt: where the same conversation's next request resumes.
-            cache.insert(engine, &a.session);
+            cache.insert(engine, a.scope, &a.session);
         }
         if let Some(why) = a.decoder.limit() {
             a.decoder.stop(why);
-            cache.insert(engine, &a.session);
+            cache.insert(engine, a.scope, &a.session);
             a.done(why);
             *end = true;
             continue;
@@ -254,7 +272,7 @@ fn step(
                 let why = a.decoder.finish().unwrap_or(Finish::Stop);
                 // The state after the answer (its end marker unfed): where a follow-up that
                 // quotes the answer back token for token resumes.
-                cache.insert(engine, &a.session);
+                cache.insert(engine, a.scope, &a.session);
                 a.done(why);
                 *end = true;
             }

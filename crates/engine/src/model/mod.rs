@@ -198,19 +198,11 @@ impl<'m> Engine<'m> {
         self.lookahead_margin = margin;
     }
 
-    /// A fresh sequence (its MLA caches reserved to the planned context).
     /// A new session holding `from`'s tokens and recurrent state (none of its statistics), with
     /// the MLA caches' room reserved as for a fresh one: what a prefix cache hands a request that
     /// extends `from`'s tokens. Continuing it gives the bits continuing `from` would.
     pub fn fork(&self, from: &Session) -> Result<Session, EngineError> {
-        if from.pending.is_some() {
-            return Err(EngineError::Input("a session awaiting `accept` cannot be forked".into()));
-        }
-        if from.layers.len() != self.layers.len() {
-            return Err(EngineError::Input("the session does not belong to this model".into()));
-        }
-        let mut s = Session::new(from.layers.clone());
-        s.ids.clone_from(&from.ids);
+        let mut s = self.keep(from)?;
         for l in &mut s.layers {
             if let LayerState::Mla(c) = l {
                 c.reserve(self.plan.context as usize);
@@ -219,6 +211,23 @@ impl<'m> Engine<'m> {
         Ok(s)
     }
 
+    /// A compact copy of `from`'s state, with no room to grow: what a cache keeps (a [`fork`]
+    /// of it runs on).
+    ///
+    /// [`fork`]: Engine::fork
+    pub fn keep(&self, from: &Session) -> Result<Session, EngineError> {
+        if from.pending.is_some() {
+            return Err(EngineError::Input("a session awaiting `accept` cannot be forked".into()));
+        }
+        if from.layers.len() != self.layers.len() {
+            return Err(EngineError::Input("the session does not belong to this model".into()));
+        }
+        let mut s = Session::new(from.layers.clone());
+        s.ids.clone_from(&from.ids);
+        Ok(s)
+    }
+
+    /// A fresh sequence (its MLA caches reserved to the planned context).
     pub fn session(&self) -> Session {
         let layers = self
             .layers

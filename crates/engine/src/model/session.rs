@@ -84,6 +84,23 @@ impl Session {
             .sum()
     }
 
+    /// Bytes this session holds in memory: its states as allocated (an MLA cache's reserved room
+    /// included), its tokens, and the per-layer bookkeeping; what keeping it costs.
+    pub fn held_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let states: usize = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kda(s) => s.bytes(),
+                LayerState::Mla(c) => c.held_bytes(),
+            })
+            .sum();
+        let per_layer = size_of::<LayerState>() + size_of::<Vec<u32>>() + size_of::<(u64, u64)>() + 3 * 32;
+        let routing: usize = self.prev_routing.iter().map(|r| 4 * r.capacity()).sum();
+        size_of::<Session>() + states + 4 * self.ids.capacity() + self.layers.len() * per_layer + routing
+    }
+
     pub(crate) fn new(layers: Vec<LayerState>) -> Session {
         let n = layers.len();
         Session {
