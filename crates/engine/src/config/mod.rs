@@ -3,6 +3,8 @@
 //! family into the dimensions each kind of layer needs, so nothing downstream reads JSON or meets
 //! a missing field.
 
+mod check;
+
 use std::path::{Path, PathBuf};
 
 use k3_attn::mla::{PositionEmbedding, Rope, Yarn};
@@ -394,15 +396,10 @@ impl ModelConfig {
             positions,
             text,
         };
-        if cfg.experts_per_token > cfg.experts {
-            return Err(err(format!("{} experts per token but only {} experts", cfg.experts_per_token, cfg.experts)));
-        }
-        if let Some(l) = cfg.kda_layers.iter().find(|&&l| l >= cfg.layers) {
-            return Err(err(format!("KDA layer {} is past the model's {} layers", l + 1, cfg.layers)));
-        }
         if cfg.first_k_dense_replace > 0 && cfg.dense_inter.is_none() {
             return Err(err("missing field `intermediate_size` (the dense MLP's width)".into()));
         }
+        cfg.check().map_err(err)?;
         Ok(cfg)
     }
 
