@@ -63,11 +63,13 @@ pub struct Tokenizer {
 
 /// A model's chat template: `chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`
 /// (a string, or a list of named templates of which `default` or the first is taken).
-fn chat_template_of(m: &k3_format::Model) -> Option<String> {
-    if let Some(t) = m.blob("chat_template.jinja") {
+/// The chat template among a model's files: `chat_template.jinja`, else `tokenizer_config.json`'s
+/// `chat_template` (a string, or named templates: the `default` one).
+fn chat_template_of(jinja: Option<&[u8]>, tokenizer_config: Option<&[u8]>) -> Option<String> {
+    if let Some(t) = jinja {
         return Some(String::from_utf8_lossy(t).into_owned());
     }
-    let cfg: serde_json::Value = serde_json::from_slice(m.blob("tokenizer_config.json")?).ok()?;
+    let cfg: serde_json::Value = serde_json::from_slice(tokenizer_config?).ok()?;
     match cfg.get("chat_template")? {
         serde_json::Value::String(s) => Some(s.clone()),
         serde_json::Value::Array(named) => {
@@ -160,11 +162,19 @@ impl Tokenizer {
     /// The tokenizer a WASTE model embeds (`tiktoken.model` with `tokenizer_config.json`, or a
     /// Hugging Face `tokenizer.json`); `None` when it embeds neither.
     pub fn from_model(m: &k3_format::Model) -> Option<Result<Tokenizer, TokenizerError>> {
-        let tok = match m.blob("tiktoken.model") {
-            Some(ranks) => Tokenizer::from_tiktoken(ranks, m.blob("tokenizer_config.json"), KIMI_PATTERN),
-            None => Tokenizer::from_hf_json(m.blob("tokenizer.json")?),
+        Tokenizer::from_files(|name| m.blob(name))
+    }
+
+    /// The tokenizer (and chat template) among a model's files, as `file(name)` gives them:
+    /// `tiktoken.model` with `tokenizer_config.json`, else `tokenizer.json`; `None` when there
+    /// is neither.
+    pub fn from_files<'a>(file: impl Fn(&str) -> Option<&'a [u8]>) -> Option<Result<Tokenizer, TokenizerError>> {
+        let config = file("tokenizer_config.json");
+        let tok = match file("tiktoken.model") {
+            Some(ranks) => Tokenizer::from_tiktoken(ranks, config, KIMI_PATTERN),
+            None => Tokenizer::from_hf_json(file("tokenizer.json")?),
         };
-        Some(tok.map(|t| t.with_chat_template(chat_template_of(m))))
+        Some(tok.map(|t| t.with_chat_template(chat_template_of(file("chat_template.jinja"), config))))
     }
 
     /// The same tokenizer with `template` as its chat template.

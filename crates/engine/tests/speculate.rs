@@ -81,7 +81,7 @@ fn sampled_speculation_draws_the_same_tokens_for_a_seed() {
     let prompt = tok.encode(COPY);
     let mut total = SpecStats::default();
     for seed in 0..4 {
-        let sampler = SamplerConfig { temperature: 0.8, top_k: 40, top_p: 0.95, seed };
+        let sampler = SamplerConfig { temperature: 0.8, top_k: 40, top_p: 0.95, seed, ..SamplerConfig::default() };
         let s = same_either_way(
             &engine,
             Some(&tok),
@@ -154,7 +154,8 @@ fn a_draft_is_kept_with_its_probability_and_a_rejection_draws_the_residual() {
     let p: Vec<f64> = e.iter().map(|x| x / z).collect();
     let n = 60_000;
     for d in [3u32, 0, 5] {
-        let cfg = SamplerConfig { temperature: temperature as f32, top_k: 0, top_p: 1.0, seed: 17 + u64::from(d) };
+        let cfg =
+            SamplerConfig { temperature: temperature as f32, seed: 17 + u64::from(d), ..SamplerConfig::default() };
         let mut sampler = k3_engine::sample::Sampler::new(cfg).unwrap();
         let (mut kept, mut residual) = (0usize, [0usize; 8]);
         for _ in 0..n {

@@ -43,7 +43,9 @@ pub struct ChatArgs {
 }
 
 /// Chat's sampling defaults (the Kimi releases' recommended settings).
-const SAMPLING: SamplerConfig = SamplerConfig { temperature: 0.6, top_k: 0, top_p: 0.95, seed: 0 };
+fn sampling() -> SamplerConfig {
+    SamplerConfig { temperature: 0.6, top_p: 0.95, ..SamplerConfig::default() }
+}
 /// Prompt tokens per forward call.
 const CHUNK: usize = 32;
 
@@ -120,12 +122,14 @@ impl Input {
 
 pub fn run(a: ChatArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
-    let sampler = a.sampling.config(SAMPLING);
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
     let engine = a.engine.load(&model, &path, Needs { min_context: 0, ..Needs::exact(4096, CHUNK) })?;
+    let sampler = a.sampling.config(sampling(), engine.vocab())?;
+    a.sampling.say_seed(&sampler, a.engine.stats);
     let family = engine.config().family;
     let format = ChatFormat::new(&tok, family);
+    format.check().context("the model's chat template cannot be used")?;
     let end = format.end_of_turn()?;
     let think = !a.no_think && family == k3_engine::config::Family::KimiK3;
     let context = engine.plan().context as usize;

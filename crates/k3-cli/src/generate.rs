@@ -45,7 +45,6 @@ const DEFAULT_CONTEXT: u64 = 4096;
 
 pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
-    let sampler = a.sampling.config(SamplerConfig::default());
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).transpose()?;
     let prompt = a.prompt.ids(tok.as_ref(), &path)?;
@@ -60,6 +59,8 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         reserved_bytes: 0,
     };
     let engine = a.engine.load(&model, &path, needs)?;
+    let sampler = a.sampling.config(SamplerConfig::default(), engine.vocab())?;
+    a.sampling.say_seed(&sampler, a.engine.stats);
     let params = GenerateParams {
         max_tokens: a.max_tokens,
         sampler,

@@ -5,7 +5,9 @@
 use k3_engine::chat::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
 use k3_engine::config::Family;
 use k3_engine::generate::{Finish, GenerateParams};
-use k3_engine::sample::{SamplerConfig, check_temperature, check_top_p};
+use k3_engine::sample::{
+    PENALTY_LAST_N, SamplerConfig, check_min_p, check_penalty, check_repeat_penalty, check_temperature, check_top_p,
+};
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::toolcall::ToolCallReader;
 use serde::Deserialize;
@@ -21,9 +23,22 @@ pub struct Sampling {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
     pub n: Option<u32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    /// llama.cpp's.
+    pub repeat_penalty: Option<f32>,
+    /// llama.cpp's: the latest tokens the penalties look at (-1: all, 0: none).
+    pub repeat_last_n: Option<i64>,
+    /// Token id (as a string, OpenAI's shape) to a bias added to its logit, in [-100, 100].
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    /// Fields no answer here honours: refused by name rather than ignored.
+    pub best_of: Option<u32>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -49,6 +64,10 @@ pub struct ResponseFormat {
 pub struct ChatRequest {
     pub model: Option<String>,
     pub messages: Vec<ChatMessage>,
+    /// Return each token's log-probability (and `top_logprobs` alternatives).
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u32>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
@@ -104,6 +123,8 @@ pub struct Part {
 pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: Prompt,
+    /// Return each token's log-probability and this many alternatives (0..=5).
+    pub logprobs: Option<u32>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
@@ -128,6 +149,8 @@ pub struct Prepared {
     pub include_usage: bool,
     /// Tools were declared: the reply is read for tool calls.
     pub tools: bool,
+    /// Report each token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 /// OpenAI's `finish_reason` for how a turn ended.
@@ -191,13 +214,81 @@ impl Sampling {
         if stop_strings.iter().any(String::is_empty) {
             return Err(ApiError::bad("stop", "a stop string is empty"));
         }
+        self.refuse_unsupported()?;
+        let sampler = SamplerConfig {
+            temperature,
+            top_k: self.top_k.unwrap_or(0),
+            top_p,
+            seed: self.seed.unwrap_or_else(k3_engine::sample::fresh_seed),
+            min_p: check_min_p(self.min_p.unwrap_or(0.0)).map_err(|e| ApiError::bad("min_p", e))?,
+            repeat_penalty: check_repeat_penalty(self.repeat_penalty.unwrap_or(1.0))
+                .map_err(|e| ApiError::bad("repeat_penalty", e))?,
+            frequency_penalty: check_penalty("frequency_penalty", self.frequency_penalty.unwrap_or(0.0))
+                .map_err(|e| ApiError::bad("frequency_penalty", e))?,
+            presence_penalty: check_penalty("presence_penalty", self.presence_penalty.unwrap_or(0.0))
+                .map_err(|e| ApiError::bad("presence_penalty", e))?,
+            penalty_last_n: match self.repeat_last_n {
+                None => PENALTY_LAST_N,
+                Some(-1) => usize::MAX,
+                Some(n) if n >= 0 => n as usize,
+                Some(n) => return Err(ApiError::bad("repeat_last_n", format!("{n}: give -1 (all), 0 (off) or more"))),
+            },
+            logit_bias: self.logit_bias(info)?,
+        };
         Ok(GenerateParams {
             max_tokens: asked.unwrap_or(room).min(room),
-            sampler: SamplerConfig { temperature, top_k: self.top_k.unwrap_or(0), top_p, seed: self.seed.unwrap_or(0) },
+            sampler,
             stop_ids,
             stop_strings,
             ..GenerateParams::default()
         })
+    }
+
+    /// `logit_bias` as (id, bias): ids in the vocabulary, biases in OpenAI's [-100, 100].
+    fn logit_bias(&self, info: &ModelInfo) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(map) = &self.logit_bias else { return Ok(Vec::new()) };
+        if map.len() > 1024 {
+            return Err(ApiError::bad("logit_bias", format!("{} tokens; at most 1024", map.len())));
+        }
+        map.iter()
+            .map(|(k, &b)| {
+                let id: u32 = k.trim().parse().map_err(|_| {
+                    ApiError::bad("logit_bias", format!("`{k}` is not a token id (keys are ids as strings)"))
+                })?;
+                if id as usize >= info.vocab {
+                    return Err(ApiError::bad(
+                        "logit_bias",
+                        format!("token {id} is outside the vocabulary of {}", info.vocab),
+                    ));
+                }
+                if !(-100.0..=100.0).contains(&b) {
+                    return Err(ApiError::bad(
+                        "logit_bias",
+                        format!("the bias {b} of token {id} is outside [-100, 100]"),
+                    ));
+                }
+                // OpenAI: -100 bans the token, 100 makes it the only choice.
+                let b = if b <= -100.0 { f32::NEG_INFINITY } else { b };
+                Ok((id, b))
+            })
+            .collect()
+    }
+
+    /// What this server cannot do is refused by name, never accepted and then ignored.
+    fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        if let Some(b) = self.best_of.filter(|&b| b != 1) {
+            return Err(ApiError::bad(
+                "best_of",
+                format!("best_of = {b}: this server returns one sample (best_of = 1)"),
+            ));
+        }
+        if self.echo == Some(true) {
+            return Err(ApiError::bad("echo", "echo is not supported: the prompt is not returned with the answer"));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::bad("suffix", "suffix (fill in the middle) is not supported"));
+        }
+        Ok(())
     }
 }
 
@@ -320,7 +411,18 @@ impl ChatRequest {
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
             tools: tools.is_some() && tool_choice != ToolChoice::None,
+            logprobs: self.logprobs()?,
         })
+    }
+
+    /// `logprobs` / `top_logprobs`: how many alternatives to report per token, if any.
+    fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match (self.logprobs, self.top_logprobs) {
+            (_, Some(n)) if n > 20 => Err(ApiError::bad("top_logprobs", format!("top_logprobs = {n}; at most 20"))),
+            (false, Some(n)) if n > 0 => Err(ApiError::bad("top_logprobs", "top_logprobs needs logprobs: true")),
+            (true, n) => Ok(Some(n.unwrap_or(0) as usize)),
+            (false, _) => Ok(None),
+        }
     }
 
     /// Whether the answer must be one JSON object (`response_format`).
@@ -423,6 +525,11 @@ impl CompletionRequest {
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
             tools: false,
+            logprobs: match self.logprobs {
+                None => None,
+                Some(n) if n <= 5 => Some(n as usize),
+                Some(n) => return Err(ApiError::bad("logprobs", format!("logprobs = {n}; at most 5"))),
+            },
         })
     }
 }

@@ -6,10 +6,12 @@
 //! batched forward pass and streams each one's text back over its own channel ([`routes`] turns
 //! those events into JSON or SSE). `/health` answers 503 until the model is loaded.
 
+pub mod answer;
 pub mod api;
 pub mod boundary;
 pub mod error;
 pub mod listen;
+pub mod logprobs;
 pub mod metrics;
 pub mod prefix;
 pub mod routes;
@@ -137,6 +139,12 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
         (Err(e), _) | (_, Err(e)) => return fail(status, format!("the model's tokenizer did not load: {e}")),
     };
     let engine = owned.engine();
+    // A chat template that fails or runs past its limits is refused here, not at a request.
+    if let Some(t) = &tok
+        && let Err(e) = k3_engine::chat::ChatFormat::new(t, engine.config().family).check()
+    {
+        return fail(status, format!("the model's chat template cannot be used: {e}"));
+    }
     let id = opts
         .model_id
         .clone()

@@ -1,7 +1,6 @@
-//! The HTTP side: handlers that check a request, hand it to the scheduler and turn its events
-//! into OpenAI responses (one JSON body, or SSE chunks ending with `[DONE]`).
+//! The HTTP side: handlers that read and check a request and hand it to [`answer`], which
+//! submits it and turns the scheduler's events into the response.
 
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
@@ -9,22 +8,17 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, Request, State};
 use axum::http::{StatusCode, header};
-use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
-use k3_engine::generate::Finish;
 use k3_engine::tokenizer::Tokenizer;
-use k3_engine::toolcall::{Piece, ToolCall, ToolCallReader};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tokio::sync::mpsc as tmpsc;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::api::{ChatRequest, CompletionRequest, Prepared, finish_reason};
+use crate::answer::{self, Kind};
+use crate::api::{ChatRequest, CompletionRequest, Prepared};
 use crate::boundary::Scope;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::scheduler::{Event, Handle, Job, ModelInfo, Refused};
+use crate::scheduler::{Handle, ModelInfo};
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
@@ -54,7 +48,7 @@ impl AppState {
         }
     }
 
-    fn unavailable(&self) -> ApiError {
+    pub(crate) fn unavailable(&self) -> ApiError {
         let failed = self.handle.status.failed.lock().ok().and_then(|f| f.clone());
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, failed.unwrap_or_else(|| "Loading model".into()))
     }
@@ -139,13 +133,6 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         .map_err(|e| ApiError::bad("body", format!("the request body is not a valid request: {e}")))
 }
 
-/// Which endpoint's shapes a response takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Chat,
-    Completion,
-}
-
 /// Reads, checks and tokenizes a request on a blocking thread (tokenizing a long prompt is
 /// CPU work that must not stall the async workers serving everyone else).
 async fn prepared<T, F>(s: &AppState, req: Request, prepare: F) -> Result<Prepared, ApiError>
@@ -182,7 +169,7 @@ pub async fn chat(
         r.prepare(tok, info, stop_bytes)
     })
     .await?;
-    run(&s, p, Kind::Chat, scope).await
+    answer::run(&s, p, Kind::Chat, scope).await
 }
 
 /// `POST /v1/completions`.
@@ -193,228 +180,5 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let stop_bytes = s.stop_bytes;
     let p = prepared(&s, req, move |r: CompletionRequest, info, tok| r.prepare(tok, info, stop_bytes)).await?;
-    run(&s, p, Kind::Completion, scope).await
-}
-
-/// Submits a prepared request and answers it, streamed or whole.
-async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<Response, ApiError> {
-    let (tx, rx) = tmpsc::unbounded_channel();
-    let (stream, include_usage) = (p.stream, p.include_usage);
-    let family = s.info.get().map(|i| i.family);
-    let calls = match (p.tools, s.tok.get(), family) {
-        (true, Some(tok), Some(family)) => ToolCallReader::new(tok, family),
-        _ => None,
-    };
-    match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx, scope }) {
-        Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
-        Err(Refused::Busy) => {
-            s.metrics.requests_refused.fetch_add(1, Ordering::Relaxed);
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "the server is busy: its queue is full, retry later",
-            ));
-        }
-        Err(Refused::Gone) => return Err(s.unavailable()),
-    };
-    let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, next_id());
-    let model = s.info.get().map(|i| i.id.clone()).unwrap_or_default();
-    let reply = Reply { calls, made: Vec::new(), tok: s.tok.clone(), call_prefix: format!("call-{id}") };
-    let shape = Shape { id, model, created: unix_now(), kind };
-    if stream { Ok(streamed(shape, rx, reply, include_usage)) } else { whole(shape, rx, reply).await }
-}
-
-/// A reply's tokens into text and, when tools were declared, tool calls.
-#[derive(Debug)]
-struct Reply {
-    calls: Option<ToolCallReader>,
-    made: Vec<ToolCall>,
-    tok: Arc<OnceLock<Tokenizer>>,
-    /// Calls the markup leaves unnamed (K3's) are named this and their number.
-    call_prefix: String,
-}
-
-impl Reply {
-    fn feed(&mut self, token: u32, text: &str) -> Vec<Piece> {
-        match (&mut self.calls, self.tok.get()) {
-            // A flushed remainder (no token of its own) is text.
-            (Some(r), Some(tok)) if token != u32::MAX => r.push(tok, token, text),
-            _ if text.is_empty() => Vec::new(),
-            _ => vec![Piece::Text(text.to_string())],
-        }
-    }
-
-    fn finish(&mut self) -> Vec<Piece> {
-        self.calls.as_mut().map(ToolCallReader::finish).unwrap_or_default()
-    }
-
-    /// OpenAI's `finish_reason`: `tool_calls` when the turn ended by itself after calling.
-    fn reason(&self, f: Finish) -> &'static str {
-        if !self.made.is_empty() && matches!(f, Finish::Stop) { "tool_calls" } else { finish_reason(f) }
-    }
-
-    fn call_json(&self, index: usize, c: &ToolCall) -> Value {
-        let id = if c.id.is_empty() { format!("{}-{index}", self.call_prefix) } else { c.id.clone() };
-        json!({"index": index, "id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
-    }
-}
-
-/// What every chunk and body of one response repeats.
-#[derive(Debug, Clone)]
-struct Shape {
-    id: String,
-    model: String,
-    created: u64,
-    kind: Kind,
-}
-
-impl Shape {
-    fn object(&self, streaming: bool) -> &'static str {
-        match (self.kind, streaming) {
-            (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Completion, _) => "text_completion",
-        }
-    }
-
-    fn envelope(&self, streaming: bool, choices: Value) -> Value {
-        json!({"id": self.id, "object": self.object(streaming), "created": self.created, "model": self.model, "choices": choices})
-    }
-
-    /// One streamed piece of text, or the last chunk (`finish` set).
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>) -> Value {
-        let choice = match self.kind {
-            Kind::Chat => {
-                let delta = match text {
-                    Some(t) => json!({"content": t}),
-                    None if finish.is_none() => json!({"role": "assistant", "content": ""}),
-                    None => json!({}),
-                };
-                json!({"index": 0, "delta": delta, "finish_reason": finish})
-            }
-            Kind::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
-            }
-        };
-        self.envelope(true, json!([choice]))
-    }
-}
-
-fn usage(prompt: usize, cached: usize, completion: u64) -> Value {
-    json!({
-        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt as u64 + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    })
-}
-
-/// Collects every event into one response body.
-async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Reply) -> Result<Response, ApiError> {
-    let (mut text, mut reasoning) = (String::new(), String::new());
-    let take = |pieces: Vec<Piece>, text: &mut String, reply: &mut Reply| {
-        for p in pieces {
-            match p {
-                Piece::Text(t) => text.push_str(&t),
-                Piece::Call(c) => reply.made.push(c),
-            }
-        }
-    };
-    while let Some(e) = rx.recv().await {
-        match e {
-            Event::Delta { text: t, reasoning: r, token } => {
-                reasoning.push_str(&r);
-                let pieces = reply.feed(token, &t);
-                take(pieces, &mut text, &mut reply);
-            }
-            Event::Failed(msg) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg)),
-            Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
-                let pieces = reply.finish();
-                take(pieces, &mut text, &mut reply);
-                let reason = reply.reason(finish);
-                let mut choice = match shape.kind {
-                    Kind::Chat if !reply.made.is_empty() => {
-                        let calls: Vec<Value> =
-                            reply.made.iter().enumerate().map(|(i, c)| reply.call_json(i, c)).collect();
-                        let content = if text.is_empty() { Value::Null } else { json!(text) };
-                        json!({"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": calls}, "finish_reason": reason})
-                    }
-                    Kind::Chat => {
-                        json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason})
-                    }
-                    Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
-                };
-                if !reasoning.is_empty() && shape.kind == Kind::Chat {
-                    choice["message"]["reasoning_content"] = json!(reasoning);
-                }
-                let mut body = shape.envelope(false, json!([choice]));
-                body["usage"] = usage(prompt_tokens, cached_tokens, completion_tokens);
-                return Ok(Json(body).into_response());
-            }
-        }
-    }
-    Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the scheduler stopped before the request ended"))
-}
-
-/// Streams the events as SSE chunks; dropping the stream (the client left) drops the events'
-/// receiver, which cancels the sequence at the scheduler's next step.
-fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Reply, include_usage: bool) -> Response {
-    let (out, chunks) = tmpsc::unbounded_channel::<Sse>();
-    tokio::spawn(async move {
-        let send = |v: Value| out.send(Sse::default().data(v.to_string())).is_ok();
-        if shape.kind == Kind::Chat && !send(shape.chunk(None, None)) {
-            return;
-        }
-        // Text as a content delta, a finished call as a tool_calls delta.
-        let emit = |pieces: Vec<Piece>, reply: &mut Reply| {
-            pieces.into_iter().all(|p| match p {
-                Piece::Text(t) => send(shape.chunk(Some(&t), None)),
-                Piece::Call(c) => {
-                    let delta = json!({"tool_calls": [reply.call_json(reply.made.len(), &c)]});
-                    reply.made.push(c);
-                    send(shape.envelope(true, json!([{"index": 0, "delta": delta, "finish_reason": null}])))
-                }
-            })
-        };
-        while let Some(e) = rx.recv().await {
-            let alive = match e {
-                Event::Delta { text, reasoning, token } => {
-                    let thought = reasoning.is_empty()
-                        || send(shape.envelope(
-                            true,
-                            json!([{"index": 0, "delta": {"reasoning_content": reasoning}, "finish_reason": null}]),
-                        ));
-                    let pieces = reply.feed(token, &text);
-                    thought && emit(pieces, &mut reply)
-                }
-                Event::Failed(msg) => {
-                    send(json!({"error": {"message": msg, "type": "server_error", "param": null, "code": 500}}));
-                    break;
-                }
-                Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
-                    let pieces = reply.finish();
-                    emit(pieces, &mut reply);
-                    send(shape.chunk(None, Some(reply.reason(finish))));
-                    if include_usage {
-                        let mut u = shape.envelope(true, json!([]));
-                        u["usage"] = usage(prompt_tokens, cached_tokens, completion_tokens);
-                        send(u);
-                    }
-                    break;
-                }
-            };
-            if !alive {
-                return;
-            }
-        }
-        let _ = out.send(Sse::default().data("[DONE]"));
-    });
-    let stream = UnboundedReceiverStream::new(chunks).map(Ok::<_, Infallible>);
-    axum::response::Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
-}
-
-fn next_id() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    answer::run(&s, p, Kind::Completion, scope).await
 }

@@ -29,6 +29,16 @@ pub struct Job {
     pub events: tmpsc::UnboundedSender<Event>,
     /// Whose kept states it may start from and leave behind.
     pub scope: Scope,
+    /// Report each token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
+}
+
+/// A sampled token's log-probability under the model, and the most likely alternatives'.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 /// What a request hears back, in order: text deltas, then one `Done` or `Failed`.
@@ -40,6 +50,7 @@ pub enum Event {
         text: String,
         reasoning: String,
         token: u32,
+        logprob: Option<TokenLogprob>,
     },
     Done {
         finish: Finish,
@@ -97,6 +108,7 @@ struct Active<'t> {
     /// No tokenizer: each token's id is its text.
     ids_out: bool,
     scope: Scope,
+    logprobs: Option<usize>,
 }
 
 impl Active<'_> {
@@ -118,7 +130,7 @@ impl Active<'_> {
         let text = self.decoder.flush();
         let reasoning = self.decoder.take_reasoning();
         if !text.is_empty() || !reasoning.is_empty() {
-            self.send(Event::Delta { text, reasoning, token: u32::MAX });
+            self.send(Event::Delta { text, reasoning, token: u32::MAX, logprob: None });
         }
         let (prompt_tokens, completion_tokens) = (self.prompt.len(), self.decoder.produced());
         self.send(Event::Done { finish, prompt_tokens, cached_tokens: self.cached, completion_tokens });
@@ -182,7 +194,8 @@ fn admit<'t>(
 ) {
     status.queued.fetch_sub(1, Ordering::Relaxed);
     match Decoder::new(tok, job.params) {
-        Ok(decoder) => {
+        Ok(mut decoder) => {
+            decoder.observe(&job.prompt);
             let session = cache.lookup(engine, job.scope, &job.prompt).unwrap_or_else(|| engine.session());
             let cached = session.tokens();
             active.push(Active {
@@ -195,6 +208,7 @@ fn admit<'t>(
                 events: job.events,
                 ids_out: tok.is_none(),
                 scope: job.scope,
+                logprobs: job.logprobs,
             })
         }
         Err(e) => {
@@ -253,21 +267,27 @@ fn step(
             continue;
         }
         let id = a.decoder.sample(&row);
+        let logprob = a.logprobs.map(|top| {
+            let (logprob, top) = a.decoder.logprobs(&row, id, top);
+            TokenLogprob { id, logprob, top }
+        });
         metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
         match a.decoder.emit(id, a.session.tokens(), context) {
             Ok(Emit::Continue(text)) => {
                 // Without a tokenizer, the ids are the text (as `k3-cli generate` prints them).
                 let text = if a.ids_out { format!("{id} ") } else { text };
                 let reasoning = a.decoder.take_reasoning();
-                a.send(Event::Delta { text, reasoning, token: id });
+                a.send(Event::Delta { text, reasoning, token: id, logprob });
                 a.next = Some(id);
             }
             Ok(Emit::End(text, _)) => {
                 let text =
                     if a.ids_out && !a.decoder.params().stop_ids.contains(&id) { format!("{id} ") } else { text };
                 let reasoning = a.decoder.take_reasoning();
-                if !text.is_empty() || !reasoning.is_empty() {
-                    a.send(Event::Delta { text, reasoning, token: id });
+                // The end-of-turn id is no part of the answer: nor is its log-probability.
+                let logprob = logprob.filter(|_| !a.decoder.params().stop_ids.contains(&id));
+                if !text.is_empty() || !reasoning.is_empty() || logprob.is_some() {
+                    a.send(Event::Delta { text, reasoning, token: id, logprob });
                 }
                 let why = a.decoder.finish().unwrap_or(Finish::Stop);
                 // The state after the answer (its end marker unfed): where a follow-up that

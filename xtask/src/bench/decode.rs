@@ -100,7 +100,7 @@ fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], o: &Options<'_>, speculate:
     // last step).
     let mut before = sessions[0].stats;
     before.cache = sessions.last().map_or(before.cache, |s| s.stats.cache);
-    let mut sampler = Sampler::new(o.sampler)?;
+    let mut sampler = Sampler::new(o.sampler.clone())?;
     let t = Instant::now();
     for _ in 0..tokens {
         let next: Vec<[u32; 1]> = logits.iter().map(|l| [sampler.sample(l)]).collect();
@@ -127,7 +127,7 @@ fn speculative(engine: &Engine<'_>, prompt: &[u32], o: &Options<'_>, k: usize) -
         max_tokens: o.tokens as u64,
         chunk: prompt.len(),
         speculate: k,
-        sampler: o.sampler,
+        sampler: o.sampler.clone(),
         ..Default::default()
     };
     let mut g = Generator::start(engine, &mut s, prompt, None, params, &mut |_, _| {})?;

@@ -33,8 +33,9 @@ fn start(opts: ServerOptions) -> Result<Server> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let addr = listener.local_addr()?;
-    let (router, _) = k3_server::app(opts);
-    rt.spawn(async move { k3_server::serve(listener, router).await });
+    let limits = opts.limits;
+    let (router, state) = k3_server::app(opts);
+    rt.spawn(async move { k3_server::serve(listener, router, state, limits).await });
     for _ in 0..3000 {
         if http(addr, "GET", "/health", None).is_ok_and(|(s, _)| s == 200) {
             return Ok(Server { addr, _rt: rt });

@@ -19,6 +19,7 @@ mod template;
 mod xtml;
 
 pub use json::{object_entries, python_json, sorted_json};
+pub use template::{LIMITS as TEMPLATE_LIMITS, Limits as TemplateLimits};
 
 use crate::config::Family;
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -135,11 +136,49 @@ pub struct ChatFormat<'t> {
 
 impl<'t> ChatFormat<'t> {
     pub fn new(tok: &'t Tokenizer, family: Family) -> Self {
+        Self::with_limits(tok, family, TEMPLATE_LIMITS)
+    }
+
+    /// As [`new`](Self::new), the model's template run within `limits`.
+    pub fn with_limits(tok: &'t Tokenizer, family: Family, limits: TemplateLimits) -> Self {
         let template = match (family, tok.chat_template()) {
-            (Family::DeepseekV3, Some(source)) => Some(template::Template::new(source).map_err(|e| e.to_string())),
+            (Family::DeepseekV3, Some(source)) => {
+                Some(template::Template::with_limits(source, limits).map_err(|e| e.to_string()))
+            }
             _ => None,
         };
         ChatFormat { tok, family, template }
+    }
+
+    /// Renders a probe conversation (a system turn, tools declared, a user turn, an assistant
+    /// turn with reasoning and a tool call, its result, another user turn): a model whose chat
+    /// template fails or runs past its limits is refused when it is converted or loaded, not at
+    /// a user's first message.
+    pub fn check(&self) -> Result<(), ChatError> {
+        if self.template.is_none() {
+            return Ok(());
+        }
+        let tools = r#"[{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]"#;
+        let mut call = Message::new(Role::Assistant, "");
+        call.thinking = Some("The user wants the weather.".into());
+        call.tool_calls.push(Call {
+            id: Some("functions.get_weather:0".into()),
+            name: "get_weather".into(),
+            arguments: r#"{"city": "Paris"}"#.into(),
+        });
+        let mut result = Message::new(Role::Tool, "sunny");
+        result.tool_call_id = Some("functions.get_weather:0".into());
+        result.name = Some("get_weather".into());
+        let messages = [
+            Message::new(Role::System, "You are helpful."),
+            Message::new(Role::User, "Weather in Paris?"),
+            call,
+            result,
+            Message::new(Role::User, "Thanks."),
+        ];
+        let o = PromptOptions { tools: Some(tools), ..PromptOptions::default() };
+        self.prompt_with(&messages, &o).map(drop)
     }
 
     /// The model's template, or why it cannot be used.

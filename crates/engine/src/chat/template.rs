@@ -8,6 +8,12 @@
 //! text, reasoning, names, call arguments) enters the template as a placeholder; the rendering is
 //! split at the placeholders, the template's own text tokenized with special tokens recognized,
 //! each client string tokenized on its own as plain text.
+//!
+//! A template is code from the internet, so it runs within limits (see [`Limits`]): fuel (every
+//! instruction costs one: a nested loop cannot hang a server worker), recursion depth (a macro
+//! that calls itself cannot overflow the stack), the rendering's size (`'a' * 10**8` cannot
+//! grow into gigabytes of tokens), and lists that cannot be made to hold themselves (printing a
+//! cycle would recurse forever). Exceeding one is an error naming the limit.
 
 use std::sync::{Arc, Mutex};
 
@@ -25,15 +31,32 @@ const OPEN: char = '\u{F0000}';
 const CLOSE: char = '\u{F0001}';
 const JSON_OPEN: char = '\u{F0002}';
 
+/// What one rendering may spend. The releases' templates use a small part of each: the probe
+/// conversation of [`super::check_template`] takes under 1% of the fuel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Template instructions per rendering.
+    pub fuel: u64,
+    /// Nested calls (macros, includes, recursive loops).
+    pub depth: usize,
+    /// Bytes of rendered text (client strings stand in it as short placeholders).
+    pub output: usize,
+}
+
+pub const LIMITS: Limits = Limits { fuel: 20_000_000, depth: 64, output: 16 << 20 };
+
 /// A compiled chat template.
 #[derive(Debug)]
 pub struct Template {
     env: Environment<'static>,
+    limits: Limits,
 }
 
 impl Template {
-    pub fn new(source: &str) -> Result<Self, ChatError> {
+    pub fn with_limits(source: &str, limits: Limits) -> Result<Self, ChatError> {
         let mut env = Environment::new();
+        env.set_fuel(Some(limits.fuel));
+        env.set_recursion_limit(limits.depth);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -42,10 +65,11 @@ impl Template {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("namespace", namespace);
+        check_namespaces(source)?;
         env.add_template_owned("chat", source.to_string()).map_err(|e| {
             ChatError::invalid("chat_template", format!("the model's chat template does not parse: {e}"))
         })?;
-        Ok(Template { env })
+        Ok(Template { env, limits })
     }
 
     /// The conversation's token ids: `messages` and `o` as the template renders them, with the
@@ -73,10 +97,119 @@ impl Template {
             add_generation_prompt => generation_prompt,
             thinking => o.think,
         };
-        let t = self.env.get_template("chat").expect("added at construction");
-        let text =
-            t.render(ctx).map_err(|e| ChatError::invalid("messages", format!("the model's chat template: {e}")))?;
+        let t = self.env.get_template("chat").map_err(|e| ChatError::invalid("chat_template", e.to_string()))?;
+        let mut out = Bounded { text: Vec::new(), limit: self.limits.output };
+        if let Err(e) = t.render_captured_to(ctx, &mut out) {
+            let why = match e.kind() {
+                ErrorKind::OutOfFuel => format!(
+                    "the model's chat template ran more than {} instructions (a template that never ends?)",
+                    self.limits.fuel
+                ),
+                _ if out.text.len() > self.limits.output => {
+                    format!("the model's chat template wrote more than {} bytes", self.limits.output)
+                }
+                _ if e.to_string().contains("recursion") => {
+                    format!("the model's chat template nests calls deeper than {}", self.limits.depth)
+                }
+                _ => format!("the model's chat template: {e}"),
+            };
+            return Err(ChatError::invalid("chat_template", why));
+        }
+        let text = String::from_utf8(out.text)
+            .map_err(|_| ChatError::invalid("chat_template", "the model's chat template wrote invalid UTF-8"))?;
         Ok(strings.tokenize(tok, &text))
+    }
+}
+
+/// Refuses a template that stores a namespace inside a namespace (`{% set ns.a = ns %}`, or
+/// through a name bound to it): printing or serializing that cycle would recurse until the stack
+/// overflows, and minijinja's namespaces cannot refuse the assignment at run time as
+/// [`List`]s refuse theirs.
+fn check_namespaces(source: &str) -> Result<(), ChatError> {
+    let sets: Vec<(&str, &str)> = source
+        .split("{%")
+        .skip(1)
+        .filter_map(|tag| tag.split("%}").next())
+        .map(|tag| tag.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace()))
+        .filter_map(|tag| tag.strip_prefix("set "))
+        .filter_map(|rest| rest.split_once('='))
+        .map(|(lhs, rhs)| (lhs.trim(), rhs.trim()))
+        .collect();
+    let mut spaces: Vec<&str> = Vec::new();
+    loop {
+        let before = spaces.len();
+        for (lhs, rhs) in &sets {
+            let bound = rhs.starts_with("namespace(") || spaces.contains(rhs);
+            if !lhs.contains('.') && bound && !spaces.contains(lhs) {
+                spaces.push(lhs);
+            }
+        }
+        if spaces.len() == before {
+            break;
+        }
+    }
+    for (lhs, rhs) in sets.iter().filter(|(lhs, _)| lhs.contains('.')) {
+        if let Some(ns) = bare_names(rhs).find(|w| spaces.contains(w)) {
+            return Err(ChatError::invalid(
+                "chat_template",
+                format!(
+                    "the model's chat template stores the namespace `{ns}` inside one (`set {lhs} = ...`): a cycle"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The names an expression uses as whole values (not `x.attr`, `x[i]` or `x(...)`), outside
+/// string literals.
+fn bare_names(expr: &str) -> impl Iterator<Item = &str> {
+    let mut names = Vec::new();
+    let (b, mut i, mut quote) = (expr.as_bytes(), 0, None);
+    while i < b.len() {
+        let c = b[i];
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if c == b'"' || c == b'\'' => quote = Some(c),
+            None if c.is_ascii_alphabetic() || c == b'_' => {
+                let start = i;
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                    i += 1;
+                }
+                let after = expr[i..].trim_start().bytes().next();
+                let member = start > 0 && b[start - 1] == b'.';
+                if !member && !matches!(after, Some(b'.' | b'[' | b'(')) {
+                    names.push(&expr[start..i]);
+                }
+                continue;
+            }
+            None => {}
+        }
+        i += 1;
+    }
+    names.into_iter()
+}
+
+/// The rendering, refused past `limit` bytes.
+struct Bounded {
+    text: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > self.limit {
+            // Marks the overflow for the caller's message.
+            self.text.resize(self.limit + 1, 0);
+            return Err(std::io::Error::other("the rendering is too long"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -219,6 +352,36 @@ fn namespace(defaults: Option<Value>) -> Result<Value, Error> {
     minijinja::functions::namespace(Some(Value::from_iter(fields)))
 }
 
+/// Whether `v` is or holds `list` (looked for to a bounded depth: deeper is taken as yes).
+fn reaches(v: &Value, list: &Arc<List>, depth: usize) -> bool {
+    if depth > 64 {
+        return true;
+    }
+    if let Some(l) = v.downcast_object_ref::<List>() {
+        if std::ptr::eq(l, Arc::as_ptr(list)) {
+            return true;
+        }
+        let items = l.0.lock().map(|i| i.clone()).unwrap_or_default();
+        return items.iter().any(|x| reaches(x, list, depth + 1));
+    }
+    match v.kind() {
+        minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::Map => v
+            .try_iter()
+            .map(|it| {
+                it.collect::<Vec<_>>().iter().any(|k| {
+                    let item = if v.kind() == minijinja::value::ValueKind::Map {
+                        v.get_item(k).unwrap_or_default()
+                    } else {
+                        k.clone()
+                    };
+                    reaches(&item, list, depth + 1)
+                })
+            })
+            .unwrap_or(false),
+        _ => false,
+    }
+}
+
 /// A list that templates change in place.
 #[derive(Debug)]
 struct List(Mutex<Vec<Value>>);
@@ -243,6 +406,10 @@ impl Object for List {
         let mut items = self.0.lock().expect("not poisoned");
         match (method, args) {
             ("append", [x]) => {
+                // A list that held itself (or a list holding it) would print forever.
+                if reaches(x, self, 0) {
+                    return Err(Error::new(ErrorKind::InvalidOperation, "a list cannot be appended to itself"));
+                }
                 items.push(x.clone());
                 Ok(Value::from(()))
             }

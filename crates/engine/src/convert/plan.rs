@@ -47,6 +47,7 @@ impl Plan {
             reason: "no config.json: not a checkpoint or WASTE model directory".into(),
         })?;
         let config = ModelConfig::parse(&config_path, &config_bytes)?;
+        check_chat_template(src, config.family)?;
         let table = crate::tensors::table(&config);
         let arch = config.architecture();
         let (trunk_names, ignored) = sort_tensors(opts, src, &arch)?;
@@ -135,6 +136,24 @@ fn sort_tensors(
 
 /// One layout per distinct (source kind, shapes) — K3 and Kimi-Linear need one — and each MoE
 /// layer's plan.
+/// The checkpoint's chat template, if it ships one with a tokenizer, must render a probe
+/// conversation within its limits ([`crate::chat::ChatFormat::check`]).
+fn check_chat_template(src: &Source, family: crate::config::Family) -> Result<(), ConvertError> {
+    let mut files = std::collections::HashMap::new();
+    for name in super::write::EMBEDDED_FILES {
+        if let Some(bytes) = src.file(name)? {
+            files.insert(name, bytes);
+        }
+    }
+    let Some(Ok(tok)) = crate::tokenizer::Tokenizer::from_files(|n| files.get(n).map(Vec::as_slice)) else {
+        return Ok(());
+    };
+    let at = if files.contains_key("chat_template.jinja") { "chat_template.jinja" } else { "tokenizer_config.json" };
+    crate::chat::ChatFormat::new(&tok, family)
+        .check()
+        .map_err(|e| ConvertError::Source { path: src.path_of(at), reason: e.to_string() })
+}
+
 fn plan_experts(
     opts: &ConvertOptions,
     src: &Source,

@@ -37,7 +37,7 @@ pub struct Decoder<'t> {
 impl<'t> Decoder<'t> {
     /// A decoder for valid settings; `tok` (when given) turns ids into visible text.
     pub fn new(tok: Option<&'t Tokenizer>, params: GenerateParams) -> Result<Self, EngineError> {
-        let sampler = Sampler::new(params.sampler)?;
+        let sampler = Sampler::new(params.sampler.clone())?;
         let text = tok.map(|t| TextOut::new(t, &params));
         let json = match (params.json_object, tok) {
             (false, _) => None,
@@ -45,6 +45,17 @@ impl<'t> Decoder<'t> {
             (true, None) => return Err(EngineError::Input("a JSON answer needs the model's tokenizer".into())),
         };
         Ok(Decoder { params, sampler, text, produced: 0, finish: None, json })
+    }
+
+    /// Counts `ids` (the sequence so far: the prompt) for the repetition penalties.
+    pub fn observe(&mut self, ids: &[u32]) {
+        self.sampler.observe(ids);
+    }
+
+    /// The log-probability of `id` at a position whose logits are `logits`, and the `top` most
+    /// likely tokens' (under the model, before any sampling setting).
+    pub fn logprobs(&self, logits: &[f32], id: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+        crate::sample::logprobs(logits, id, top)
     }
 
     pub fn params(&self) -> &GenerateParams {
@@ -110,6 +121,7 @@ impl<'t> Decoder<'t> {
     /// Counts a sampled token at `position` and checks it against the stops.
     pub fn emit(&mut self, id: u32, position: usize, context: u64) -> Result<Emit, EngineError> {
         self.produced += 1;
+        self.sampler.observe(&[id]);
         if self.params.stop_ids.contains(&id) {
             self.finish = Some(Finish::Stop);
             // The end of the message belongs to the conversation.

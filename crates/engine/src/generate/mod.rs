@@ -168,9 +168,12 @@ impl<'s, 't> Generator<'s, 't> {
             )));
         }
         let chunk = params.chunk.max(1);
+        let mut decoder = Decoder::new(tok, params)?;
+        decoder.observe(session.ids());
+        decoder.observe(prompt);
         let mut g = Generator {
             session,
-            decoder: Decoder::new(tok, params)?,
+            decoder,
             logits: Vec::new(),
             next: None,
             ready: VecDeque::new(),
