@@ -85,6 +85,13 @@ impl Reply {
         match (&mut self.calls, self.tok.get()) {
             // A flushed remainder (no token of its own) is text.
             (Some(r), Some(tok)) if token != u32::MAX => r.push(tok, token, text),
+            // No tools to call (none declared, or `tool_choice: none`): a call the model writes
+            // anyway is returned as written, its markers included, not as its name and
+            // arguments run together.
+            (None, Some(tok)) if tok.special_name(token).is_some_and(is_call_marker) => {
+                let marker = tok.special_name(token).unwrap_or_default();
+                vec![Piece::Text(format!("{marker}{text}"))]
+            }
             _ if text.is_empty() => Vec::new(),
             _ => vec![Piece::Text(text.to_string())],
         }
@@ -113,6 +120,18 @@ impl Reply {
         let id = if c.id.is_empty() { format!("{}-{index}", self.call_prefix) } else { c.id.clone() };
         json!({"index": index, "id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
     }
+}
+
+/// Kimi's tool-call markers (K2, Kimi-Linear).
+fn is_call_marker(name: &str) -> bool {
+    matches!(
+        name,
+        "<|tool_calls_section_begin|>"
+            | "<|tool_calls_section_end|>"
+            | "<|tool_call_begin|>"
+            | "<|tool_call_argument_begin|>"
+            | "<|tool_call_end|>"
+    )
 }
 
 /// What every chunk and body of one response repeats.

@@ -89,6 +89,23 @@ async fn a_tool_call_round_trip_in_kimis_markup() {
 }
 
 #[tokio::test]
+async fn malformed_declarations_and_undeclared_choices_are_refused() {
+    let router = server(ServerOptions::new(model())).await;
+    let mut body = request(json!([{"role": "user", "content": "Weather?"}]), false);
+    for (tools, choice, param) in [
+        (json!({"a": 1}), json!("auto"), "tools"),
+        (json!([{"type": "function", "function": {"description": "no name"}}]), json!("auto"), "tools[0].function.name"),
+        (json!([{"type": "function", "function": {"name": "f", "parameters": "x"}}]), json!("auto"), "tools[0].function.parameters"),
+        (weather_tool(), json!({"type": "function", "function": {"name": "get_time"}}), "tool_choice"),
+    ] {
+        body["tools"] = tools.clone();
+        body["tool_choice"] = choice;
+        let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
+        assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some(param)), "{tools}: {v}");
+    }
+}
+
+#[tokio::test]
 async fn tool_choice_none_reads_no_calls() {
     let router = server(ServerOptions::new(model())).await;
     let mut body = request(json!([{"role": "user", "content": "Weather?"}]), false);
@@ -97,6 +114,12 @@ async fn tool_choice_none_reads_no_calls() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
+    // The call the scripted model makes anyway comes back as it wrote it, markers and all.
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        text.contains("<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"),
+        "the call is glued: {text}"
+    );
     body["tool_choice"] = json!("sometimes");
     let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
     assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("tool_choice")), "{v}");
