@@ -229,27 +229,37 @@ fn step(
     let result = {
         let mut seqs: Vec<Seq<'_>> =
             active.iter_mut().zip(&inputs).map(|(a, ids)| Seq::new(&mut a.session, ids, Logits::Last)).collect();
-        engine.forward_batch(&mut seqs)
+        guarded(|| engine.forward_batch(&mut seqs).map_err(|e| e.to_string()))
     };
     metrics.record_step(active.len(), inputs.iter().map(Vec::len).sum());
     if let (Some(a), Ok(mut c)) = (active.first(), status.cache.lock()) {
         *c = Some(a.session.stats.cache);
     }
-    let logits = match result {
-        Ok(l) => l,
+    let logits: Vec<Option<Vec<f32>>> = match result {
+        Ok(l) => l.into_iter().map(Some).collect(),
         Err(e) => {
-            // The step's sessions are now in an unknown state: every sequence in it fails.
-            let msg = format!("the model failed: {e}");
-            for a in active.drain(..) {
-                a.send(Event::Failed(msg.clone()));
-            }
             metrics.failed_steps.fetch_add(1, Ordering::Relaxed);
-            return;
+            eprintln!("a step of {} sequences failed: {e}", active.len());
+            // The step's sessions are now in an unknown state: each is rebuilt from its tokens
+            // and stepped alone, so only the sequences the failure concerns fail.
+            active
+                .iter_mut()
+                .zip(&inputs)
+                .map(|(a, ids)| match alone(engine, &mut a.session, ids) {
+                    Ok(row) => Some(row),
+                    Err(e) => {
+                        a.send(Event::Failed(client_message(&e)));
+                        None
+                    }
+                })
+                .collect()
         }
     };
     let context = engine.plan().context;
-    let mut ended = vec![false; active.len()];
-    for ((a, row), (ids, end)) in active.iter_mut().zip(logits).zip(inputs.iter().zip(ended.iter_mut())) {
+    let mut ended: Vec<bool> = logits.iter().map(Option::is_none).collect();
+    let rows = logits.into_iter().zip(inputs.iter().zip(ended.iter_mut()));
+    for (a, (row, (ids, end))) in active.iter_mut().zip(rows) {
+        let Some(row) = row else { continue };
         if a.fed < a.prompt.len() {
             a.fed += ids.len();
             metrics.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
@@ -307,6 +317,59 @@ fn step(
         i += 1;
         !ended[i - 1]
     });
+}
+
+/// Runs a step, a panic inside it turned into an error (the scheduler and the other sequences
+/// go on).
+fn guarded<T>(step: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)) {
+        Ok(r) => r,
+        Err(p) => {
+            let what = p.downcast_ref::<String>().map(String::as_str).or(p.downcast_ref::<&str>().copied());
+            Err(format!("an internal error: {}", what.unwrap_or("a panic")))
+        }
+    }
+}
+
+/// `session` rebuilt from the tokens it held before a failed step, then `input` fed to it
+/// alone: its last logits, or why this sequence cannot go on.
+fn alone(engine: &Engine<'_>, session: &mut Session, input: &[u32]) -> Result<Vec<f32>, String> {
+    let held = session.ids().to_vec();
+    let mut fresh = engine.session();
+    for chunk in held.chunks(PREFILL_CHUNK) {
+        guarded(|| engine.forward_last(&mut fresh, chunk).map_err(|e| e.to_string()))?;
+    }
+    let row = guarded(|| engine.forward_last(&mut fresh, input).map_err(|e| e.to_string()))?;
+    *session = fresh;
+    Ok(row)
+}
+
+/// What a client is told of a failure: the model's words without the server's paths.
+fn client_message(e: &str) -> String {
+    let words: Vec<String> = e
+        .split(' ')
+        .map(|w| {
+            let lead = w.find(|c: char| c.is_alphanumeric() || c == '/' || c == '.').unwrap_or(0);
+            let (open, path) = w.split_at(lead);
+            match path.rfind('/') {
+                Some(i) if path.starts_with('/') || path.starts_with("./") => format!("{open}{}", &path[i + 1..]),
+                _ => w.to_string(),
+            }
+        })
+        .collect();
+    format!("the model failed: {}", words.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn client_messages_carry_no_server_paths() {
+        let m = super::client_message(
+            "reading (/srv/models/k3.waste/experts-00001.waste): expert record (layer 3, expert 7)",
+        );
+        assert_eq!(m, "the model failed: reading (experts-00001.waste): expert record (layer 3, expert 7)");
+        assert!(!super::client_message("`/home/u/m/trunk.waste` bad").contains("/home"));
+    }
 }
 
 /// The scheduler's side of the channel, shared by the HTTP handlers.

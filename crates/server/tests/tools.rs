@@ -94,8 +94,16 @@ async fn malformed_declarations_and_undeclared_choices_are_refused() {
     let mut body = request(json!([{"role": "user", "content": "Weather?"}]), false);
     for (tools, choice, param) in [
         (json!({"a": 1}), json!("auto"), "tools"),
-        (json!([{"type": "function", "function": {"description": "no name"}}]), json!("auto"), "tools[0].function.name"),
-        (json!([{"type": "function", "function": {"name": "f", "parameters": "x"}}]), json!("auto"), "tools[0].function.parameters"),
+        (
+            json!([{"type": "function", "function": {"description": "no name"}}]),
+            json!("auto"),
+            "tools[0].function.name",
+        ),
+        (
+            json!([{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+            json!("auto"),
+            "tools[0].function.parameters",
+        ),
         (weather_tool(), json!({"type": "function", "function": {"name": "get_time"}}), "tool_choice"),
     ] {
         body["tools"] = tools.clone();

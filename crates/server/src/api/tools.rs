@@ -77,7 +77,10 @@ pub fn check(tools: Option<&RawValue>, tool_choice: Option<&Value>) -> Result<To
         Some(Value::Object(o)) => {
             let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
             let Some(name) = name.filter(|_| o.get("type").and_then(Value::as_str) == Some("function")) else {
-                return Err(bad("tool_choice", "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}"));
+                return Err(bad(
+                    "tool_choice",
+                    "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ));
             };
             let Some(i) = names.iter().position(|n| n == name) else {
                 return Err(bad("tool_choice", format!("`{name}` is not one of the declared tools")));
@@ -113,7 +116,10 @@ mod tests {
             (format!("[{}]", f("")), "tools[0].function.name"),
             (format!("[{}]", f("a b")), "tools[0].function.name"),
             (format!("[{}, {}]", f("ok"), f("x".repeat(65).as_str())), "tools[1].function.name"),
-            (r#"[{"type": "function", "function": {"name": "f", "parameters": [1]}}]"#.to_string(), "tools[0].function.parameters"),
+            (
+                r#"[{"type": "function", "function": {"name": "f", "parameters": [1]}}]"#.to_string(),
+                "tools[0].function.parameters",
+            ),
             (format!("[{}, {}]", f("f"), f("f")), "tools"),
         ] {
             let e = run(&tools, None).expect_err(&tools);
@@ -129,7 +135,10 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("tool_choice"));
         let t = run(tools, named("b")).unwrap();
         assert_eq!(t.choice, ToolChoice::Required);
-        assert_eq!(t.declared.as_deref(), Some(r#"[{"type": "function", "function": {"name": "b", "description": "B"}}]"#));
+        assert_eq!(
+            t.declared.as_deref(),
+            Some(r#"[{"type": "function", "function": {"name": "b", "description": "B"}}]"#)
+        );
         assert!(check(None, Some(&Value::from("required"))).is_err(), "required with no tools");
         assert_eq!(run(tools, None).unwrap().declared.as_deref(), Some(tools), "kept as written");
     }
