@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{FormatError, Result};
@@ -37,9 +38,14 @@ impl OutputFile {
         if !dir.is_dir() {
             return Err(invalid(format!("its directory {} does not exist", dir.display())));
         }
+        // As any other program's new file: 0666 less the umask (tempfile's own default is
+        // 0600, which would hide a shared model from its other users); a file replaced keeps
+        // its mode.
+        let mode = std::fs::metadata(&target).map_or(0o666, |m| m.permissions().mode() & 0o7777);
         let tmp = tempfile::Builder::new()
             .prefix(&format!(".{name}."))
             .suffix(".k3tmp")
+            .permissions(std::fs::Permissions::from_mode(mode))
             .tempfile_in(&dir)
             .map_err(|e| FormatError::io(&dir, e))?;
         Ok(OutputFile { target, tmp })
@@ -87,6 +93,20 @@ pub fn write_atomic(target: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_file_takes_the_umask_and_a_replaced_one_keeps_its_mode() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("out.json");
+        write_atomic(&p, b"1").unwrap();
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let mask = status.lines().find_map(|l| l.strip_prefix("Umask:")).unwrap().trim();
+        let mask = u32::from_str_radix(mask, 8).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o666 & !mask);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        write_atomic(&p, b"2").unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+    }
 
     fn names(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> =

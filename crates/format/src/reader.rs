@@ -63,8 +63,18 @@ pub struct Problem {
     pub error: FormatError,
 }
 
+/// A regular file's length: a FIFO, a device or a directory where a model file belongs is
+/// refused (reading a FIFO would wait forever for a writer).
 fn file_len(path: &Path) -> Result<u64> {
-    std::fs::metadata(path).map(|m| m.len()).map_err(|e| FormatError::io(path, e))
+    let m = std::fs::metadata(path).map_err(|e| FormatError::io(path, e))?;
+    if !m.is_file() {
+        return Err(FormatError::Invalid {
+            path: path.to_path_buf(),
+            place: Place::Header,
+            reason: "is not a regular file".into(),
+        });
+    }
+    Ok(m.len())
 }
 
 /// A data file shorter than the manifest says: name the first item that does not fit.
@@ -90,11 +100,16 @@ impl Model {
     pub fn open_with(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<Model> {
         let dir = dir.as_ref().to_path_buf();
         let header_path = dir.join(HEADER_FILE);
-        let bytes = match std::fs::read(&header_path) {
+        let bytes = match file_len(&header_path)
+            .and_then(|_| std::fs::read(&header_path).map_err(|e| FormatError::io(&header_path, e)))
+        {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(FormatError::Io { source: e, .. }) if e.kind() == std::io::ErrorKind::NotFound => {
                 let reason = if dir.join(JOURNAL_FILE).exists() {
                     "it holds an unfinished conversion (waste.journal); run the same convert command again to resume it"
+                } else if dir.join("config.json").is_file() {
+                    "this is a Hugging Face checkpoint, not a WASTE model: convert it first \
+                     (cargo xtask convert --hf DIR --out MODEL)"
                 } else if dir.is_dir() {
                     "there is no header.waste: this is not a WASTE model directory"
                 } else {
@@ -102,7 +117,7 @@ impl Model {
                 };
                 return Err(FormatError::Invalid { path: dir, place: Place::Header, reason: reason.into() });
             }
-            Err(e) => return Err(FormatError::io(&header_path, e)),
+            Err(e) => return Err(e),
         };
         let header = Header::parse(&header_path, &bytes)?;
         let m = &header.manifest;
@@ -129,6 +144,9 @@ impl Model {
         for (i, s) in m.shards.iter().enumerate() {
             let candidates: Vec<PathBuf> =
                 std::iter::once(&dir).chain(&opts.shard_dirs).map(|d| d.join(&s.file)).collect();
+            if let Some(odd) = candidates.iter().find(|p| p.exists() && !p.is_file()) {
+                file_len(odd)?;
+            }
             let Some(path) = candidates.iter().find(|p| p.is_file()).cloned() else {
                 let searched = std::iter::once(&dir).chain(&opts.shard_dirs).map(|d| d.display().to_string());
                 return Err(FormatError::MissingShard {

@@ -33,6 +33,11 @@ pub struct Source {
 
 /// Maps a file read-only.
 fn map(path: &Path) -> Result<Mmap, ConvertError> {
+    // A FIFO or a device would block the open or the map: only regular files are read.
+    let meta = std::fs::metadata(path).map_err(|e| ConvertError::io(path, e))?;
+    if !meta.is_file() {
+        return Err(ConvertError::Source { path: path.to_path_buf(), reason: "is not a regular file".into() });
+    }
     let f = File::open(path).map_err(|e| ConvertError::io(path, e))?;
     // SAFETY: read-only private map of a file the conversion does not modify; a concurrent
     // truncation by another program would fault, not corrupt the output.
@@ -210,6 +215,9 @@ impl Source {
         let path = self.dir.join(name);
         if !path.exists() {
             return Ok(None);
+        }
+        if !path.is_file() {
+            return Err(ConvertError::Source { path, reason: "is not a regular file".into() });
         }
         std::fs::read(&path).map(Some).map_err(|e| ConvertError::io(&path, e))
     }

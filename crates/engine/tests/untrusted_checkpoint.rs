@@ -1,6 +1,7 @@
-//! A checkpoint's `config.json` is checked whole before anything is written: each field a family
-//! uses, broken one at a time in the golden checkpoints, is refused by name — never a panic, a
-//! model that converts and then fails in the router, or NaN logits.
+//! A checkpoint is untrusted input. Its `config.json` is checked whole before anything is
+//! written: each field a family uses, broken one at a time in the golden checkpoints, is refused
+//! by name — never a panic, a model that converts and then fails in the router, or NaN logits.
+//! Its files must be regular files: a FIFO given as a shard is refused, not waited on.
 
 use std::path::{Path, PathBuf};
 
@@ -82,4 +83,24 @@ fn every_broken_field_is_refused_by_name_before_anything_is_written() {
         assert!(err.contains(field), "{name}: {pointer} = {value}: the error does not name `{field}`: {err}");
         assert!(err.contains("config.json"), "{name}: {pointer}: the error does not name the file: {err}");
     }
+}
+
+#[test]
+fn a_fifo_given_as_a_shard_is_refused_not_waited_on() {
+    let hf = golden("tiny-kimi-linear");
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("hf");
+    std::fs::create_dir(&src).unwrap();
+    for f in ["config.json", "model.safetensors.index.json"] {
+        std::fs::copy(hf.join(f), src.join(f)).unwrap();
+    }
+    assert!(std::process::Command::new("mkfifo").arg(src.join("model.safetensors")).status().unwrap().success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = dir.path().join("out");
+    let (s, o) = (src.clone(), out.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(convert(&ConvertOptions::new(&s, &o), &mut |_| {}).map(|_| ()).map_err(|e| e.to_string()));
+    });
+    let err = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("convert hung on a FIFO").unwrap_err();
+    assert!(err.contains("model.safetensors") && err.contains("not a regular file"), "{err}");
 }
