@@ -114,10 +114,10 @@ struct SamplingArgs {
     #[arg(long, value_parser = parse_repeat_penalty)]
     repeat_penalty: Option<f32>,
     /// Subtract this times a token's count among the last --repeat-last-n (0 = off; -2..2).
-    #[arg(long, value_parser = |s: &str| parse_penalty("frequency_penalty", s))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_penalty("frequency_penalty", s))]
     frequency_penalty: Option<f32>,
     /// Subtract this from every token among the last --repeat-last-n (0 = off; -2..2).
-    #[arg(long, value_parser = |s: &str| parse_penalty("presence_penalty", s))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_penalty("presence_penalty", s))]
     presence_penalty: Option<f32>,
     /// How many of the latest tokens (prompt included) the penalties look at (-1 = all).
     #[arg(long, value_name = "N", default_value_t = 64, allow_negative_numbers = true,
