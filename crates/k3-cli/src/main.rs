@@ -213,10 +213,26 @@ fn main() -> ExitCode {
     match real_main() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", tidy(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The chain of causes on one line, each said once: library errors often repeat their cause in
+/// their own message (`path: No such file (os error 2)`), which the chain would print again.
+fn tidy(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain().map(ToString::to_string) {
+        if out.contains(&cause) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&cause);
+    }
+    out
 }
 
 fn real_main() -> Result<ExitCode> {

@@ -304,6 +304,6 @@ impl EngineArgs {
 
 /// Opens a WASTE model, looking for shards in `shard_dirs` too.
 pub fn open_model(path: &Path, shard_dirs: &[PathBuf]) -> Result<Model> {
-    Model::open_with(path, &k3_engine::OpenOptions { shard_dirs: shard_dirs.to_vec() })
-        .with_context(|| format!("opening {}", path.display()))
+    // The format's errors name the file already.
+    Ok(Model::open_with(path, &k3_engine::OpenOptions { shard_dirs: shard_dirs.to_vec() })?)
 }

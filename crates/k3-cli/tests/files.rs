@@ -119,3 +119,14 @@ fn generation_ended_by_sigterm_or_sighup_still_writes_its_statistics() {
         assert!(v["tokens"].as_u64().unwrap() > 0, "{v}");
     }
 }
+
+#[test]
+fn an_os_error_is_said_once() {
+    // /proc takes no new files: the temporary beside the target cannot be made.
+    let (ok, _, err) = k3(&["generate", "In", "--max-tokens", "1", "--stats-json", "/proc/k3-stats.json"]);
+    assert!(!ok);
+    assert_eq!(err.matches("(os error").count(), 1, "{err}");
+    let (ok, _, err) = k3(&["generate", "--model", "/nonexistent/model", "In"]);
+    assert!(!ok);
+    assert_eq!(err.matches("/nonexistent/model").count(), 1, "the path said once: {err}");
+}
