@@ -445,3 +445,17 @@ fn a_waste_source_that_cannot_be_read_back_exactly_is_refused() {
     let err = convert(&opts(&damaged, &root.path().join("out2")), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("expert record (layer"), "{err}");
 }
+
+#[test]
+fn a_converted_model_is_readable_as_the_umask_allows() {
+    use std::os::unix::fs::PermissionsExt;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let mask = u32::from_str_radix(status.lines().find_map(|l| l.strip_prefix("Umask:")).unwrap().trim(), 8).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("m");
+    convert(&opts(&golden("tiny-kimi-linear"), &dir), &mut |_| {}).unwrap();
+    for f in ["header.waste", "trunk.waste", "experts-00000.waste"] {
+        let mode = std::fs::metadata(dir.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o666 & !mask, "{f}: {mode:o} (another user of a shared model must be able to read it)");
+    }
+}

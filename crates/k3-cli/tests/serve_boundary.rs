@@ -137,8 +137,12 @@ fn slow_idle_and_oversized_clients_are_cut_off() {
 fn sigterm_ends_streams_with_their_finish_and_the_server_cleanly() {
     let mut s = Server::start(&["--drain-timeout", "1"]);
     let mut c = s.connect();
+    // The end of the turn banned: the answer is still running when the signal comes.
+    let model = k3_engine::Model::open(common::fixture("default.waste")).unwrap();
+    let tok = k3_engine::tokenizer::Tokenizer::from_model(&model).unwrap().unwrap();
+    let end = tok.special("<|im_end|>").unwrap();
     let body = json!({"messages": [{"role": "user", "content": "Tell"}], "max_tokens": 100000, "stream": true,
-        "temperature": 1.0, "stop": []})
+        "temperature": 1.0, "logit_bias": {end.to_string(): -100}})
     .to_string();
     write!(
         c,
@@ -153,6 +157,7 @@ fn sigterm_ends_streams_with_their_finish_and_the_server_cleanly() {
     let t = Instant::now();
     let mut rest = String::new();
     let _ = c.read_to_string(&mut rest);
+    assert!(t.elapsed() >= Duration::from_millis(900), "the answer ended before the drain did: {:?}", t.elapsed());
     assert!(
         rest.contains("\"finish_reason\":\"stop\""),
         "no finish chunk: ...{}",
@@ -176,4 +181,10 @@ fn a_model_that_cannot_load_ends_serve_with_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("did not load"), "{err}");
+    // Switches of single runs that serve would only ignore are not its switches.
+    for flag in ["--stats", "--verbose"] {
+        let out =
+            common::bin().args(["serve", "--port", "0", flag]).stdin(std::process::Stdio::null()).output().unwrap();
+        assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unexpected argument"));
+    }
 }

@@ -36,10 +36,13 @@ pub async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<
     let (tx, rx) = tmpsc::unbounded_channel();
     let (stream, include_usage, seed) = (p.stream, p.include_usage, p.params.sampler.seed);
     let family = s.info.get().map(|i| i.family);
-    let calls = match (p.tools, s.tok.get(), family) {
-        (true, Some(tok), Some(family)) => ToolCallReader::new(tok, family),
+    // Calls are read whether or not tools may be called: one made when they may not comes back
+    // as the text the model wrote.
+    let calls = match (s.tok.get(), family) {
+        (Some(tok), Some(family)) => ToolCallReader::new(tok, family),
         _ => None,
     };
+    let calling = p.tools;
     let logprobs = p.logprobs;
     match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx, scope, logprobs }) {
         Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
@@ -56,6 +59,8 @@ pub async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<
     let model = s.info.get().map(|i| i.id.clone()).unwrap_or_default();
     let reply = Reply {
         calls,
+        calling,
+        raw: String::new(),
         made: Vec::new(),
         tok: s.tok.clone(),
         call_prefix: format!("call-{id}"),
@@ -72,6 +77,11 @@ pub async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<
 #[derive(Debug)]
 struct Reply {
     calls: Option<ToolCallReader>,
+    /// Tools may be called (declared, and `tool_choice` is not `none`): calls read are
+    /// `tool_calls`. Otherwise a call the model makes anyway is returned as the text it wrote.
+    calling: bool,
+    /// What the tokens since the last piece wrote, markup included: that text.
+    raw: String,
     made: Vec<ToolCall>,
     tok: Arc<OnceLock<Tokenizer>>,
     /// Calls the markup leaves unnamed (K3's) are named this and their number.
@@ -84,13 +94,24 @@ impl Reply {
     fn feed(&mut self, token: u32, text: &str) -> Vec<Piece> {
         match (&mut self.calls, self.tok.get()) {
             // A flushed remainder (no token of its own) is text.
-            (Some(r), Some(tok)) if token != u32::MAX => r.push(tok, token, text),
-            // No tools to call (none declared, or `tool_choice: none`): a call the model writes
-            // anyway is returned as written, its markers included, not as its name and
-            // arguments run together.
-            (None, Some(tok)) if tok.special_name(token).is_some_and(is_call_marker) => {
-                let marker = tok.special_name(token).unwrap_or_default();
-                vec![Piece::Text(format!("{marker}{text}"))]
+            (Some(r), Some(tok)) if token != u32::MAX => {
+                let pieces = r.push(tok, token, text);
+                if self.calling {
+                    return pieces;
+                }
+                match tok.special_name(token) {
+                    Some(marker) => self.raw.push_str(marker),
+                    None => {
+                        self.raw.push_str(&String::from_utf8_lossy(&tok.decode_bytes(&[token]).unwrap_or_default()))
+                    }
+                }
+                if pieces.iter().any(|p| matches!(p, Piece::Call(_))) {
+                    return vec![Piece::Text(std::mem::take(&mut self.raw))];
+                }
+                if !pieces.is_empty() {
+                    self.raw.clear();
+                }
+                pieces
             }
             _ if text.is_empty() => Vec::new(),
             _ => vec![Piece::Text(text.to_string())],
@@ -120,18 +141,6 @@ impl Reply {
         let id = if c.id.is_empty() { format!("{}-{index}", self.call_prefix) } else { c.id.clone() };
         json!({"index": index, "id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
     }
-}
-
-/// Kimi's tool-call markers (K2, Kimi-Linear).
-fn is_call_marker(name: &str) -> bool {
-    matches!(
-        name,
-        "<|tool_calls_section_begin|>"
-            | "<|tool_calls_section_end|>"
-            | "<|tool_call_begin|>"
-            | "<|tool_call_argument_begin|>"
-            | "<|tool_call_end|>"
-    )
 }
 
 /// What every chunk and body of one response repeats.
