@@ -19,10 +19,10 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::api::{Prepared, finish_reason};
-use crate::boundary::Scope;
 use crate::error::ApiError;
-use crate::routes::AppState;
+use crate::prefix::Scope;
 use crate::scheduler::{Event, Job, Refused, TokenLogprob};
+use crate::state::AppState;
 
 /// Which endpoint's shapes a response takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
-use crate::routes::AppState;
+use crate::prefix::Scope;
 
 /// Who may reach the server, and from where.
 #[derive(Debug, Clone, Default)]
@@ -40,10 +40,6 @@ pub struct Boundary {
     /// Every key's requests share one prefix cache (otherwise each key has its own).
     pub shared_cache: bool,
 }
-
-/// Whose prefix-cache entries a request may see and make.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Scope(pub u32);
 
 /// The host part of a `Host` header or an origin's authority: lowercase, without port or
 /// brackets.
@@ -132,8 +128,7 @@ fn cors_headers(headers: &mut HeaderMap, origin: &HeaderValue) {
 }
 
 /// The checks above, in order; `/health` needs no key (monitors probe it), but passes the rest.
-pub async fn check(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
-    let b = &s.boundary;
+pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, next: Next) -> Response {
     let headers = req.headers();
     if let Some(host) = headers.get(header::HOST) {
         let host = host.to_str().unwrap_or("");

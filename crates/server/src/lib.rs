@@ -16,6 +16,8 @@ pub mod metrics;
 pub mod prefix;
 pub mod routes;
 pub mod scheduler;
+pub mod state;
+pub mod status;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -30,8 +32,8 @@ use k3_engine::{EngineOptions, OpenOptions, OwnedEngine};
 use crate::boundary::Boundary;
 pub use crate::listen::{Limits, ServeError, serve};
 use crate::metrics::Metrics;
-use crate::routes::AppState;
 use crate::scheduler::{Handle, Job, ModelInfo, Status};
+use crate::state::AppState;
 
 /// How to serve.
 #[derive(Debug, Clone)]
@@ -105,7 +107,7 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/completions", post(routes::completions))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), boundary::check))
+        .layer(axum::middleware::from_fn_with_state(state.boundary.clone(), boundary::check))
         .layer(DefaultBodyLimit::disable())
         .with_state(state.clone());
     (router, state)

@@ -15,7 +15,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::routes::AppState;
+use crate::state::AppState;
 
 /// How long connections may take and how many there may be.
 #[derive(Debug, Clone, Copy)]
@@ -122,7 +122,7 @@ pub async fn serve(listener: TcpListener, router: Router, state: AppState, limit
 }
 
 /// Waits until the model's load has failed, with the reason.
-async fn model_failed(status: &crate::scheduler::Status) -> String {
+async fn model_failed(status: &crate::status::Status) -> String {
     loop {
         if let Some(why) = status.failed.lock().ok().and_then(|f| f.clone()) {
             return why;

@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::scheduler::Status;
+use crate::status::Status;
 
 /// Everything counted since the server started.
 #[derive(Debug)]

@@ -10,7 +10,10 @@
 
 use k3_engine::{Engine, Session};
 
-use crate::boundary::Scope;
+/// Whose entries a request may see and make: the API key it came with (0 when keys are shared
+/// or there are none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Scope(pub u32);
 
 #[derive(Debug)]
 struct Entry {

@@ -2,7 +2,6 @@
 //! submits it and turns the scheduler's events into the response.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
 
 use axum::Json;
 use axum::body::Bytes;
@@ -15,44 +14,10 @@ use serde_json::{Value, json};
 
 use crate::answer::{self, Kind};
 use crate::api::{ChatRequest, CompletionRequest, Prepared};
-use crate::boundary::Scope;
 use crate::error::ApiError;
-use crate::metrics::Metrics;
-use crate::scheduler::{Handle, ModelInfo};
-
-/// What every handler shares.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    pub handle: Handle,
-    /// Set by the loader once the model is ready.
-    pub info: Arc<OnceLock<ModelInfo>>,
-    pub tok: Arc<OnceLock<Tokenizer>>,
-    pub metrics: Arc<Metrics>,
-    pub boundary: Arc<crate::boundary::Boundary>,
-    /// Largest request body accepted (413 beyond).
-    pub body_limit: usize,
-    /// A request's body must arrive within this.
-    pub body_timeout: std::time::Duration,
-    /// Total bytes of a request's stop strings at most.
-    pub stop_bytes: usize,
-    /// Unix seconds at start (the models' `created`).
-    pub created: u64,
-}
-
-impl AppState {
-    /// The model's shape and its tokenizer (`None`: the model is served token ids).
-    fn ready(&self) -> Result<(&ModelInfo, Option<&Tokenizer>), ApiError> {
-        match self.info.get() {
-            Some(i) if self.handle.status.ready.load(Ordering::SeqCst) => Ok((i, self.tok.get())),
-            _ => Err(self.unavailable()),
-        }
-    }
-
-    pub(crate) fn unavailable(&self) -> ApiError {
-        let failed = self.handle.status.failed.lock().ok().and_then(|f| f.clone());
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, failed.unwrap_or_else(|| "Loading model".into()))
-    }
-}
+use crate::prefix::Scope;
+use crate::scheduler::ModelInfo;
+use crate::state::AppState;
 
 /// `GET /health`: 503 while the model loads (or if it failed to), then 200.
 pub async fn health(State(s): State<AppState>) -> Response {

@@ -5,17 +5,18 @@
 //! each sequence's logits are the bits it would get alone, so what a client receives does not
 //! depend on who else is being served.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
 
 use k3_engine::generate::{Decoder, Emit, Finish, GenerateParams};
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, Logits, Seq, Session};
 use tokio::sync::mpsc as tmpsc;
 
-use crate::boundary::Scope;
 use crate::metrics::Metrics;
 use crate::prefix::PrefixCache;
+use crate::prefix::Scope;
+pub use crate::status::Status;
 
 /// Prompt tokens a prefilling sequence feeds per step: long prompts advance a chunk at a time, so
 /// the sequences already decoding keep getting tokens.
@@ -73,25 +74,6 @@ pub struct ModelInfo {
     pub eos: Vec<u32>,
     /// The longest token's text in bytes (1 without a tokenizer).
     pub max_token_bytes: usize,
-}
-
-/// The scheduler's state as the HTTP side sees it.
-#[derive(Debug, Default)]
-pub struct Status {
-    /// Set once the model is loaded.
-    pub ready: AtomicBool,
-    /// The server is stopping: new requests are refused.
-    pub draining: AtomicBool,
-    /// The drain is over: answers still running end at the next step.
-    pub cut: AtomicBool,
-    /// Why loading failed, if it did.
-    pub failed: Mutex<Option<String>>,
-    /// Jobs sent but not yet running.
-    pub queued: AtomicUsize,
-    /// Sequences in the running batch.
-    pub active: AtomicUsize,
-    /// The engine's expert-cache counters after the latest step.
-    pub cache: Mutex<Option<k3_engine::CacheStats>>,
 }
 
 /// A sequence in the running batch.

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use k3_engine::{Engine, Model};
-use k3_server::boundary::Scope;
 use k3_server::prefix::PrefixCache;
+use k3_server::prefix::Scope;
 
 fn rss() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();

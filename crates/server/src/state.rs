@@ -1,0 +1,46 @@
+//! What every handler shares: the scheduler's handle, the model's shape and tokenizer once
+//! loaded, the counters, the boundary's settings and the request limits.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+
+use axum::http::StatusCode;
+use k3_engine::tokenizer::Tokenizer;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::{Handle, ModelInfo};
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub handle: Handle,
+    /// Set by the loader once the model is ready.
+    pub info: Arc<OnceLock<ModelInfo>>,
+    pub tok: Arc<OnceLock<Tokenizer>>,
+    pub metrics: Arc<Metrics>,
+    pub boundary: Arc<crate::boundary::Boundary>,
+    /// Largest request body accepted (413 beyond).
+    pub body_limit: usize,
+    /// A request's body must arrive within this.
+    pub body_timeout: std::time::Duration,
+    /// Total bytes of a request's stop strings at most.
+    pub stop_bytes: usize,
+    /// Unix seconds at start (the models' `created`).
+    pub created: u64,
+}
+
+impl AppState {
+    /// The model's shape and its tokenizer (`None`: the model is served token ids).
+    pub(crate) fn ready(&self) -> Result<(&ModelInfo, Option<&Tokenizer>), ApiError> {
+        match self.info.get() {
+            Some(i) if self.handle.status.ready.load(Ordering::SeqCst) => Ok((i, self.tok.get())),
+            _ => Err(self.unavailable()),
+        }
+    }
+
+    pub(crate) fn unavailable(&self) -> ApiError {
+        let failed = self.handle.status.failed.lock().ok().and_then(|f| f.clone());
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, failed.unwrap_or_else(|| "Loading model".into()))
+    }
+}

@@ -1,0 +1,24 @@
+//! The scheduler's state as the HTTP side sees it: whether the model is ready (or why it failed),
+//! whether the server is stopping, and the queue's and batch's sizes.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+/// The scheduler's state as the HTTP side sees it.
+#[derive(Debug, Default)]
+pub struct Status {
+    /// Set once the model is loaded.
+    pub ready: AtomicBool,
+    /// The server is stopping: new requests are refused.
+    pub draining: AtomicBool,
+    /// The drain is over: answers still running end at the next step.
+    pub cut: AtomicBool,
+    /// Why loading failed, if it did.
+    pub failed: Mutex<Option<String>>,
+    /// Jobs sent but not yet running.
+    pub queued: AtomicUsize,
+    /// Sequences in the running batch.
+    pub active: AtomicUsize,
+    /// The engine's expert-cache counters after the latest step.
+    pub cache: Mutex<Option<k3_engine::CacheStats>>,
+}
