@@ -16,7 +16,8 @@ use k3_engine::speculate::SpecStats;
 use k3_engine::tokenizer::Tokenizer;
 
 use crate::run::{EngineArgs, Needs, open_model};
-use crate::{SamplingArgs, signals};
+use crate::sampling::SamplingArgs;
+use crate::signals;
 
 #[derive(clap::Args)]
 pub struct ChatArgs {

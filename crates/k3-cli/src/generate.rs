@@ -13,7 +13,8 @@ use k3_engine::tokenizer::Tokenizer;
 
 use crate::prompt::PromptArgs;
 use crate::run::{EngineArgs, Needs, open_model};
-use crate::{SamplingArgs, signals};
+use crate::sampling::SamplingArgs;
+use crate::signals;
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
