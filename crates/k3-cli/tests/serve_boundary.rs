@@ -188,3 +188,14 @@ fn a_model_that_cannot_load_ends_serve_with_the_reason() {
         assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unexpected argument"));
     }
 }
+
+#[test]
+fn the_open_files_limit_is_raised_to_its_maximum() {
+    // A soft limit of 256, as a careful service manager might leave it.
+    let s = Server::wrapped(&["prlimit", "--nofile=256:"], &[]);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", s.child.id())).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let nums: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(nums[0], nums[1], "soft limit not raised: {line}");
+    assert_ne!(nums[0], "256", "{line}");
+}

@@ -61,6 +61,7 @@ pub async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<
         calls,
         calling,
         raw: String::new(),
+        as_text: false,
         made: Vec::new(),
         tok: s.tok.clone(),
         call_prefix: format!("call-{id}"),
@@ -82,6 +83,8 @@ struct Reply {
     calling: bool,
     /// What the tokens since the last piece wrote, markup included: that text.
     raw: String,
+    /// A call was returned as text: the markup that closes it is text too.
+    as_text: bool,
     made: Vec<ToolCall>,
     tok: Arc<OnceLock<Tokenizer>>,
     /// Calls the markup leaves unnamed (K3's) are named this and their number.
@@ -106,6 +109,7 @@ impl Reply {
                     }
                 }
                 if pieces.iter().any(|p| matches!(p, Piece::Call(_))) {
+                    self.as_text = true;
                     return vec![Piece::Text(std::mem::take(&mut self.raw))];
                 }
                 if !pieces.is_empty() {
@@ -119,7 +123,13 @@ impl Reply {
     }
 
     fn finish(&mut self) -> Vec<Piece> {
-        self.calls.as_mut().map(ToolCallReader::finish).unwrap_or_default()
+        let pieces = self.calls.as_mut().map(ToolCallReader::finish).unwrap_or_default();
+        if self.calling || !self.as_text {
+            return pieces;
+        }
+        // The markup after a call returned as text (the calls' closing tags) is part of it.
+        let raw = std::mem::take(&mut self.raw);
+        if raw.is_empty() { pieces } else { vec![Piece::Text(raw)] }
     }
 
     /// OpenAI's `finish_reason`: `tool_calls` when the turn ended by itself after calling.
@@ -326,4 +336,78 @@ fn next_id() -> u64 {
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k3_engine::config::Family;
+    use k3_engine::tokenizer::KIMI_PATTERN;
+
+    /// o200k's ranks with K3's markup as special tokens.
+    fn k3_tokenizer() -> Tokenizer {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+        let ranks = std::fs::read(dir.join("tokenizer/o200k_base.tiktoken")).unwrap();
+        let names = ["<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>"];
+        let added: serde_json::Map<String, Value> =
+            names.iter().enumerate().map(|(i, n)| ((200_000 + i).to_string(), json!({"content": n}))).collect();
+        let cfg = serde_json::to_vec(&json!({"added_tokens_decoder": added})).unwrap();
+        Tokenizer::from_tiktoken(&ranks, Some(&cfg), KIMI_PATTERN).unwrap()
+    }
+
+    /// A K3 reply (as K3's template writes calls) fed as the decoder shows it: the answer's text
+    /// visible, its markup hidden.
+    fn replied(calling: bool) -> (String, Vec<ToolCall>) {
+        let tok = k3_tokenizer();
+        let text = "Checking.";
+        let markup = "<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>\
+            <|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|>\
+            <|close|>tools<|sep|><|close|>message<|sep|>";
+        let cell = Arc::new(OnceLock::new());
+        let calls = ToolCallReader::new(&tok, Family::KimiK3);
+        let _ = cell.set(tok);
+        let tok = cell.get().unwrap();
+        let mut r = Reply {
+            calls,
+            calling,
+            raw: String::new(),
+            as_text: false,
+            made: Vec::new(),
+            tok: cell.clone(),
+            call_prefix: "c".into(),
+            want_logprobs: false,
+        };
+        let mut out = String::new();
+        let mut made = Vec::new();
+        let shown = tok.encode(text).into_iter().map(|id| (id, true));
+        let hidden = tok.encode_with_specials(markup).into_iter().map(|id| (id, false));
+        for (id, visible) in shown.chain(hidden) {
+            let t = if visible { String::from_utf8(tok.decode_bytes(&[id]).unwrap()).unwrap() } else { String::new() };
+            for p in r.feed(id, &t) {
+                match p {
+                    Piece::Text(t) => out.push_str(&t),
+                    Piece::Call(c) => made.push(c),
+                }
+            }
+        }
+        for p in r.finish() {
+            if let Piece::Text(t) = p {
+                out.push_str(&t);
+            }
+        }
+        (out, made)
+    }
+
+    #[test]
+    fn a_k3_call_made_when_tools_may_not_be_called_comes_back_as_written() {
+        let (text, made) = replied(true);
+        assert_eq!((text.as_str(), made.len()), ("Checking.", 1), "with tools: text and a call");
+        let (text, made) = replied(false);
+        assert!(made.is_empty());
+        assert!(
+            text.starts_with("Checking.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\""),
+            "{text}"
+        );
+        assert!(text.ends_with("<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"), "{text}");
+    }
 }

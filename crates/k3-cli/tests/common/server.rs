@@ -17,7 +17,18 @@ pub struct Server {
 impl Server {
     /// `k3-cli serve --port 0 ARGS`, once `/health` answers 200.
     pub fn start(args: &[&str]) -> Server {
-        let mut child = super::bin()
+        Self::spawn(super::bin(), args)
+    }
+
+    /// As [`start`](Self::start), run through `wrapper` (e.g. `prlimit --nofile=256:`).
+    pub fn wrapped(wrapper: &[&str], args: &[&str]) -> Server {
+        let mut c = std::process::Command::new(wrapper[0]);
+        c.args(&wrapper[1..]).arg(env!("CARGO_BIN_EXE_k3-cli")).env("K3_DATA_DIR", super::data_dir());
+        Self::spawn(c, args)
+    }
+
+    fn spawn(mut command: std::process::Command, args: &[&str]) -> Server {
+        let mut child = command
             .args(["serve", "--port", "0"])
             .args(args)
             .stdin(Stdio::null())
