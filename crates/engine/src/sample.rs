@@ -246,6 +246,23 @@ impl Sampler {
     }
 }
 
+/// A sampled token's log-probability under the model, and the most likely alternatives'.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// Highest first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprob {
+    /// `id`'s at a position whose logits are `logits`, with the `top` most likely tokens'.
+    pub fn of(logits: &[f32], id: u32, top: usize) -> Self {
+        let (logprob, top) = logprobs(logits, id, top);
+        TokenLogprob { id, logprob, top }
+    }
+}
+
 /// A position's log-probabilities under the model (log-softmax of the raw logits, before any
 /// sampling setting): `id`'s, and the `top` most likely tokens' (highest first, ties: lower id).
 pub fn logprobs(logits: &[f32], id: u32, top: usize) -> (f32, Vec<(u32, f32)>) {

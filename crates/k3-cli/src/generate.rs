@@ -34,6 +34,10 @@ pub struct GenerateArgs {
     ignore_eos: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
+    /// Write each generated token's log-probability, with the N most likely alternatives, into
+    /// --stats-json's `logprobs` (the model's log-softmax, before any sampling setting; 0..=20).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=20), requires = "stats_json")]
+    logprobs: Option<u16>,
     /// Prompt tokens per forward call (prefill chunk).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
     chunk: u32,
@@ -70,6 +74,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         cancel: Some(signals::end_flag()),
         chunk: a.chunk as usize,
         speculate: a.sampling.speculate as usize,
+        logprobs: a.logprobs.map(usize::from),
         ..GenerateParams::default()
     };
     let mut session = engine.session();
@@ -86,6 +91,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let t1 = std::time::Instant::now();
     let mut out = std::io::stdout().lock();
     let mut per_token = Vec::new();
+    let mut logprobs = Vec::new();
     // A terminal that went away (SIGHUP) fails writes: generation stops, but the statistics
     // are still written before the error is reported.
     let mut lost = None;
@@ -97,6 +103,12 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         if let Err(e) = wrote.and_then(|()| out.flush()) {
             lost = Some(e);
             break;
+        }
+        if let Some(l) = &t.logprob {
+            let top: Vec<serde_json::Value> =
+                l.top.iter().map(|&(id, lp)| serde_json::json!({"token": id, "logprob": lp})).collect();
+            logprobs
+                .push(serde_json::json!({"token": l.id, "text": t.text, "logprob": l.logprob, "top_logprobs": top}));
         }
         if t.fed && !t.drafted {
             per_token.push(serde_json::json!({
@@ -121,7 +133,8 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let (prefill, produced, spec) = (g.prefill, g.produced() as usize, g.spec);
     drop(g);
     let decode = (produced, t1.elapsed().as_secs_f64());
-    a.engine.report_split(&engine, &session.stats, prefill, decode, per_token, Some(&spec))?;
+    let logprobs = a.logprobs.is_some().then_some(logprobs);
+    a.engine.report_split(&engine, &session.stats, prefill, decode, per_token, Some(&spec), logprobs)?;
     a.engine.finish(&session)?;
     match lost {
         Some(e) => Err(anyhow::Error::new(e).context("writing the generated text")),

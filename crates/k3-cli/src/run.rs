@@ -197,13 +197,14 @@ impl EngineArgs {
         decode: (usize, f64),
         per_token: Vec<serde_json::Value>,
         spec: Option<&SpecStats>,
+        logprobs: Option<Vec<serde_json::Value>>,
     ) -> Result<()> {
-        self.report_with(engine, s, Some((prefill, decode, per_token)), spec)
+        self.report_with(engine, s, Some((prefill, decode, per_token)), spec, logprobs)
     }
 
     /// Prints and/or writes the statistics (with speculation's, when it ran), as asked.
     pub fn report(&self, engine: &Engine<'_>, s: &RunStats, spec: Option<&SpecStats>) -> Result<()> {
-        self.report_with(engine, s, None, spec)
+        self.report_with(engine, s, None, spec, None)
     }
 
     fn report_with(
@@ -212,6 +213,7 @@ impl EngineArgs {
         s: &RunStats,
         split: Option<Split>,
         spec: Option<&SpecStats>,
+        logprobs: Option<Vec<serde_json::Value>>,
     ) -> Result<()> {
         let rss = peak_rss_bytes();
         let step = s.seconds.max(1e-12);
@@ -249,6 +251,9 @@ impl EngineArgs {
                 "verify_steps": sp.verifies, "drafted": sp.drafted, "accepted": sp.accepted,
                 "acceptance_rate": sp.acceptance_rate(), "switched_off": sp.switched_off,
             });
+        }
+        if let Some(l) = logprobs {
+            json["logprobs"] = serde_json::Value::Array(l);
         }
         if let Some(path) = &self.stats_json {
             k3_engine::write_atomic(path, &serde_json::to_vec_pretty(&json)?)?;

@@ -68,3 +68,50 @@ fn a_sampled_run_draws_a_fresh_seed_that_repeats_it() {
     let (_, again, _) = k3(&[&args[..], &["--seed", &seed(&err_a)]].concat());
     assert_eq!(a, again);
 }
+
+#[test]
+fn logprobs_are_the_log_softmax_of_the_logits_command() {
+    let m = fixture("tiny-k3.waste");
+    let m = m.to_str().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let stats = d.path().join("s.json");
+    let (ok, out, err) = k3(&[
+        "generate",
+        "--model",
+        m,
+        "--ids",
+        "37 246 205",
+        "--max-tokens",
+        "4",
+        "--logprobs",
+        "2",
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let made = ids(&out);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let lps = v["logprobs"].as_array().unwrap();
+    assert_eq!(lps.len(), made.len(), "{v}");
+    // The reference: `k3-cli logits` over the prompt and the answer, log-softmax by hand.
+    let mut seq = vec![37u32, 246, 205];
+    seq.extend(&made[..made.len() - 1]);
+    let f = d.path().join("l.f32");
+    let text: Vec<String> = seq.iter().map(u32::to_string).collect();
+    let (ok, _, err) = k3(&["logits", "--model", m, "--ids", &text.join(" "), "--out", f.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let raw = std::fs::read(&f).unwrap();
+    let all: Vec<f32> = raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let vocab = all.len() / seq.len();
+    for (k, e) in lps.iter().enumerate() {
+        let row = &all[(2 + k) * vocab..(3 + k) * vocab];
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f64 = row.iter().map(|&x| f64::from(x - m).exp()).sum();
+        let want = f64::from(row[made[k] as usize] - m) - z.ln();
+        assert_eq!(e["token"].as_u64(), Some(u64::from(made[k])));
+        assert!((e["logprob"].as_f64().unwrap() - want).abs() < 1e-4, "token {k}: {e} vs {want}");
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2);
+    }
+    let (ok, _, err) = k3(&["generate", "--model", m, "--ids", "1", "--logprobs", "2"]);
+    assert!(!ok && err.contains("--stats-json"), "{err}");
+}

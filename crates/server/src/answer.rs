@@ -43,8 +43,8 @@ pub async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<
         _ => None,
     };
     let calling = p.tools;
-    let logprobs = p.logprobs;
-    match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx, scope, logprobs }) {
+    let logprobs = p.params.logprobs;
+    match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx, scope }) {
         Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
         Err(Refused::Busy) => {
             s.metrics.requests_refused.fetch_add(1, Ordering::Relaxed);

@@ -30,17 +30,9 @@ pub struct Job {
     pub events: tmpsc::UnboundedSender<Event>,
     /// Whose kept states it may start from and leave behind.
     pub scope: Scope,
-    /// Report each token's log-probability with this many alternatives.
-    pub logprobs: Option<usize>,
 }
 
-/// A sampled token's log-probability under the model, and the most likely alternatives'.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprob {
-    pub id: u32,
-    pub logprob: f32,
-    pub top: Vec<(u32, f32)>,
-}
+pub use k3_engine::sample::TokenLogprob;
 
 /// What a request hears back, in order: text deltas, then one `Done` or `Failed`.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,7 +82,6 @@ struct Active<'t> {
     /// No tokenizer: each token's id is its text.
     ids_out: bool,
     scope: Scope,
-    logprobs: Option<usize>,
 }
 
 impl Active<'_> {
@@ -190,7 +181,6 @@ fn admit<'t>(
                 events: job.events,
                 ids_out: tok.is_none(),
                 scope: job.scope,
-                logprobs: job.logprobs,
             })
         }
         Err(e) => {
@@ -259,10 +249,7 @@ fn step(
             continue;
         }
         let id = a.decoder.sample(&row);
-        let logprob = a.logprobs.map(|top| {
-            let (logprob, top) = a.decoder.logprobs(&row, id, top);
-            TokenLogprob { id, logprob, top }
-        });
+        let logprob = a.decoder.logprob(&row, id);
         metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
         match a.decoder.emit(id, a.session.tokens(), context) {
             Ok(Emit::Continue(text)) => {

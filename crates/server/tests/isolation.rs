@@ -27,8 +27,8 @@ fn routed(engine: &Engine<'_>, id: u32, layer: u32) -> Vec<u32> {
 
 fn job(prompt: u32) -> (Job, tmpsc::UnboundedReceiver<Event>) {
     let (tx, rx) = tmpsc::unbounded_channel();
-    let params = GenerateParams { max_tokens: 1, ..GenerateParams::default() };
-    (Job { prompt: vec![prompt], params, events: tx, scope: Scope::default(), logprobs: Some(0) }, rx)
+    let params = GenerateParams { max_tokens: 1, logprobs: Some(0), ..GenerateParams::default() };
+    (Job { prompt: vec![prompt], params, events: tx, scope: Scope::default() }, rx)
 }
 
 fn events(mut rx: tmpsc::UnboundedReceiver<Event>) -> Vec<Event> {

@@ -9,7 +9,7 @@ use super::text::TextOut;
 use super::{Finish, GenerateParams};
 use crate::EngineError;
 use crate::json_prefix::JsonPrefix;
-use crate::sample::Sampler;
+use crate::sample::{Sampler, TokenLogprob};
 use crate::tokenizer::Tokenizer;
 
 /// What a sampled token does to the turn.
@@ -52,10 +52,10 @@ impl<'t> Decoder<'t> {
         self.sampler.observe(ids);
     }
 
-    /// The log-probability of `id` at a position whose logits are `logits`, and the `top` most
-    /// likely tokens' (under the model, before any sampling setting).
-    pub fn logprobs(&self, logits: &[f32], id: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
-        crate::sample::logprobs(logits, id, top)
+    /// With `logprobs` asked: `id`'s log-probability at a position whose logits are `logits`,
+    /// and the most likely tokens' (under the model, before any sampling setting).
+    pub fn logprob(&self, logits: &[f32], id: u32) -> Option<TokenLogprob> {
+        self.params.logprobs.map(|top| TokenLogprob::of(logits, id, top))
     }
 
     pub fn params(&self) -> &GenerateParams {

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 pub use decoder::{Decoder, Emit};
 
-use crate::sample::SamplerConfig;
+use crate::sample::{SamplerConfig, TokenLogprob};
 use crate::speculate::{self, Governor, SpecStats};
 use crate::tokenizer::Tokenizer;
 use crate::{Engine, EngineError, RunStats, Session};
@@ -54,6 +54,8 @@ pub struct GenerateParams {
     /// Tokens to draft from the context and verify with each token fed (0 = off). The output is
     /// the same tokens either way; a governor turns drafting off while it does not pay.
     pub speculate: usize,
+    /// Report each token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateParams {
@@ -72,6 +74,7 @@ impl Default for GenerateParams {
             cancel: None,
             chunk: 32,
             speculate: 0,
+            logprobs: None,
         }
     }
 }
@@ -104,6 +107,8 @@ pub struct Token {
     /// A drafted token the step before verified: it cost no step of its own (`stats` are zero).
     pub drafted: bool,
     pub stats: StepStats,
+    /// Its log-probability, when `logprobs` was asked.
+    pub logprob: Option<TokenLogprob>,
 }
 
 /// What one decode step cost.
@@ -135,8 +140,9 @@ pub struct Generator<'s, 't> {
     decoder: Decoder<'t>,
     /// The next position's logits.
     logits: Vec<f32>,
-    /// The next token, when a verify step already sampled it (a draft it did not match).
-    next: Option<u32>,
+    /// The next token, when a verify step already sampled it (a draft it did not match), with
+    /// its log-probability.
+    next: Option<(u32, Option<TokenLogprob>)>,
     /// Tokens decided but not yet returned (a verify step decides several).
     ready: VecDeque<Token>,
     governor: Governor,
@@ -226,17 +232,22 @@ impl<'s, 't> Generator<'s, 't> {
             return self.feed_end(engine, feed);
         }
         let v = engine.vocab();
-        let id = match self.next.take() {
-            Some(id) => id,
-            None => self.decoder.sample(&self.logits[self.logits.len() - v..]),
+        let (id, logprob) = match self.next.take() {
+            Some(x) => x,
+            None => {
+                let row = &self.logits[self.logits.len() - v..];
+                let id = self.decoder.sample(row);
+                (id, self.decoder.logprob(row, id))
+            }
         };
         match self.decoder.emit(id, self.session.tokens(), engine.plan().context)? {
             Emit::End(text, feed) => {
                 self.feed_end(engine, feed)?;
-                self.ready.push_back(Token { id, text, fed: false, drafted: false, stats: StepStats::default() });
+                let stats = StepStats::default();
+                self.ready.push_back(Token { id, text, fed: false, drafted: false, stats, logprob });
                 Ok(())
             }
-            Emit::Continue(text) => self.feed(engine, id, text),
+            Emit::Continue(text) => self.feed(engine, id, text, logprob),
         }
     }
 
@@ -252,7 +263,13 @@ impl<'s, 't> Generator<'s, 't> {
     }
 
     /// Feeds `id` — alone, or followed by drafts verified in the same step.
-    fn feed(&mut self, engine: &Engine<'_>, id: u32, text: String) -> Result<(), EngineError> {
+    fn feed(
+        &mut self,
+        engine: &Engine<'_>,
+        id: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    ) -> Result<(), EngineError> {
         let (t0, before) = (Instant::now(), self.session.stats);
         let drafts = self.drafts(engine, id);
         if drafts.is_empty() {
@@ -260,14 +277,14 @@ impl<'s, 't> Generator<'s, 't> {
             let seconds = t0.elapsed().as_secs_f64();
             self.governor.plain_step(seconds);
             let stats = StepStats::between(seconds, &before, &self.session.stats);
-            self.ready.push_back(Token { id, text, fed: true, drafted: false, stats });
+            self.ready.push_back(Token { id, text, fed: true, drafted: false, stats, logprob });
             return Ok(());
         }
         let start = self.session.tokens();
         let chunk: Vec<u32> = std::iter::once(id).chain(drafts.iter().copied()).collect();
         let rows = engine.verify(self.session, &chunk)?;
         let stats = StepStats::between(t0.elapsed().as_secs_f64(), &before, &self.session.stats);
-        self.ready.push_back(Token { id, text, fed: true, drafted: false, stats });
+        self.ready.push_back(Token { id, text, fed: true, drafted: false, stats, logprob });
         // Row i's token, sampled as plain decoding would; a draft stays while it is that token.
         let v = engine.vocab();
         let mut kept = 1;
@@ -276,9 +293,11 @@ impl<'s, 't> Generator<'s, 't> {
             if self.decoder.limit().is_some() {
                 break;
             }
-            let x = self.decoder.sample(&rows[i * v..(i + 1) * v]);
+            let row = &rows[i * v..(i + 1) * v];
+            let x = self.decoder.sample(row);
+            let logprob = self.decoder.logprob(row, x);
             if x != d {
-                self.next = Some(x);
+                self.next = Some((x, logprob));
                 break;
             }
             self.spec.accepted += 1;
@@ -286,7 +305,7 @@ impl<'s, 't> Generator<'s, 't> {
             match self.decoder.emit(x, start + kept, engine.plan().context)? {
                 Emit::Continue(text) => {
                     kept += 1;
-                    self.ready.push_back(Token { id: x, text, fed: true, drafted: true, stats: zero });
+                    self.ready.push_back(Token { id: x, text, fed: true, drafted: true, stats: zero, logprob });
                 }
                 Emit::End(text, feed) => {
                     // A draft that ends the turn but belongs to the conversation is its own row.
@@ -297,7 +316,7 @@ impl<'s, 't> Generator<'s, 't> {
                         }
                         other => other,
                     };
-                    self.ready.push_back(Token { id: x, text, fed: false, drafted: true, stats: zero });
+                    self.ready.push_back(Token { id: x, text, fed: false, drafted: true, stats: zero, logprob });
                     break;
                 }
             }

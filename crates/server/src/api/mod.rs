@@ -119,8 +119,6 @@ pub struct Prepared {
     pub include_usage: bool,
     /// Tools were declared: the reply is read for tool calls.
     pub tools: bool,
-    /// Report each token's log-probability with this many alternatives.
-    pub logprobs: Option<usize>,
 }
 
 /// OpenAI's `finish_reason` for how a turn ended.
@@ -255,13 +253,13 @@ impl ChatRequest {
         params.think_tags = if info.family == Family::KimiK3 { None } else { tok.think_tags() };
         params.reasoning_apart = think || params.think_tags.is_some();
         params.json_object = json_object;
+        params.logprobs = self.logprobs()?;
         Ok(Prepared {
             prompt,
             params,
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
             tools: tools.is_some() && tool_choice != ToolChoice::None,
-            logprobs: self.logprobs()?,
         })
     }
 
@@ -346,18 +344,18 @@ impl CompletionRequest {
         if prompt.is_empty() {
             return Err(ApiError::bad("prompt", "the prompt is empty"));
         }
-        let params = self.sampling.params(info, prompt.len(), info.eos.clone(), stop_bytes)?;
+        let mut params = self.sampling.params(info, prompt.len(), info.eos.clone(), stop_bytes)?;
+        params.logprobs = match self.logprobs {
+            None => None,
+            Some(n) if n <= 5 => Some(n as usize),
+            Some(n) => return Err(ApiError::bad("logprobs", format!("logprobs = {n}; at most 5"))),
+        };
         Ok(Prepared {
             prompt,
             params,
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
             tools: false,
-            logprobs: match self.logprobs {
-                None => None,
-                Some(n) if n <= 5 => Some(n as usize),
-                Some(n) => return Err(ApiError::bad("logprobs", format!("logprobs = {n}; at most 5"))),
-            },
         })
     }
 }
