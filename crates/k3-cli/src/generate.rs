@@ -12,7 +12,7 @@ use k3_engine::sample::SamplerConfig;
 use k3_engine::tokenizer::Tokenizer;
 
 use crate::prompt::PromptArgs;
-use crate::run::{EngineArgs, Needs, open_model};
+use crate::run::{EngineArgs, Needs, Turn, open_model};
 use crate::sampling::SamplingArgs;
 use crate::signals;
 
@@ -134,7 +134,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     drop(g);
     let decode = (produced, t1.elapsed().as_secs_f64());
     let logprobs = a.logprobs.is_some().then_some(logprobs);
-    a.engine.report_split(&engine, &session.stats, prefill, decode, per_token, Some(&spec), logprobs)?;
+    a.engine.report_split(&engine, &session.stats, Turn { prefill, decode, per_token, logprobs }, Some(&spec))?;
     a.engine.finish(&session)?;
     match lost {
         Some(e) => Err(anyhow::Error::new(e).context("writing the generated text")),

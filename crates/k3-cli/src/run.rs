@@ -104,6 +104,16 @@ impl Needs {
 /// Prefill (tokens, seconds), decode (tokens, seconds) and each decode step's numbers.
 type Split = ((usize, f64), (usize, f64), Vec<serde_json::Value>);
 
+/// A generation's own figures: prefill and decode (tokens, seconds), each decode step's numbers,
+/// and each token's log-probabilities when they were asked for.
+#[derive(Debug)]
+pub struct Turn {
+    pub prefill: (usize, f64),
+    pub decode: (usize, f64),
+    pub per_token: Vec<serde_json::Value>,
+    pub logprobs: Option<Vec<serde_json::Value>>,
+}
+
 impl EngineArgs {
     /// Checks the files this run will write (`--stats-json`, `--usage-history`) before any work.
     fn check_outputs(&self) -> Result<()> {
@@ -189,17 +199,8 @@ impl EngineArgs {
 
     /// As [`report`](Self::report), with prefill and decode timed separately and each decode
     /// step's own numbers.
-    pub fn report_split(
-        &self,
-        engine: &Engine<'_>,
-        s: &RunStats,
-        prefill: (usize, f64),
-        decode: (usize, f64),
-        per_token: Vec<serde_json::Value>,
-        spec: Option<&SpecStats>,
-        logprobs: Option<Vec<serde_json::Value>>,
-    ) -> Result<()> {
-        self.report_with(engine, s, Some((prefill, decode, per_token)), spec, logprobs)
+    pub fn report_split(&self, engine: &Engine<'_>, s: &RunStats, t: Turn, spec: Option<&SpecStats>) -> Result<()> {
+        self.report_with(engine, s, Some((t.prefill, t.decode, t.per_token)), spec, t.logprobs)
     }
 
     /// Prints and/or writes the statistics (with speculation's, when it ran), as asked.
