@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
-use k3_engine::convert::{ConvertOptions, ExpertFormat, Progress, TrunkFormat, convert as run_convert};
+use k3_convert::{ConvertOptions, ExpertFormat, Progress, TrunkFormat, convert as run_convert};
 
 use crate::bar;
 
@@ -149,10 +149,10 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
 }
 
 pub fn export(model: &Path, out: &Path) -> Result<()> {
-    let src = k3_engine::convert::Source::open(model)?;
+    let src = k3_convert::Source::open(model)?;
     let pb = bar(0);
     pb.set_message("export");
-    let r = k3_engine::convert::export(&src, out, &mut |done, total| {
+    let r = k3_convert::export(&src, out, &mut |done, total| {
         pb.set_length(total);
         pb.set_position(done);
     })
@@ -172,20 +172,20 @@ pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>) -> Result<()
     if preset == TOOL_CALLER {
         return tool_caller(out);
     }
-    let p = k3_engine::synth::preset(preset).with_context(|| {
-        let names: Vec<&str> = k3_engine::synth::PRESETS.iter().map(|p| p.name).chain([TOOL_CALLER]).collect();
+    let p = k3_convert::synth::preset(preset).with_context(|| {
+        let names: Vec<&str> = k3_convert::synth::PRESETS.iter().map(|p| p.name).chain([TOOL_CALLER]).collect();
         format!("unknown preset `{preset}` (one of {})", names.join(", "))
     })?;
     let e = match experts {
         None | Some(Experts::Keep) => p.experts_default,
-        Some(Experts::Vq3) => k3_engine::synth::SynthExperts::Vq3,
-        Some(Experts::Mxfp4) => k3_engine::synth::SynthExperts::Mxfp4,
-        Some(Experts::Int4) => k3_engine::synth::SynthExperts::Int4,
+        Some(Experts::Vq3) => k3_convert::synth::SynthExperts::Vq3,
+        Some(Experts::Mxfp4) => k3_convert::synth::SynthExperts::Mxfp4,
+        Some(Experts::Int4) => k3_convert::synth::SynthExperts::Int4,
         Some(Experts::Bf16 | Experts::F32 | Experts::Rtn3) => bail!("synthetic models have MXFP4, INT4 or vq3 experts"),
     };
     let pb = bar(0);
     pb.set_message("synth");
-    k3_engine::synth::synth(&p, e, out, &mut |done, total| {
+    k3_convert::synth::synth(&p, e, out, &mut |done, total| {
         pb.set_length(total);
         pb.set_position(done);
     })?;
@@ -205,20 +205,20 @@ pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>) -> Result<()
 const TOOL_CALLER: &str = "tool-caller";
 
 /// The scripted Kimi-Linear model that answers every turn with a `get_weather` call
-/// (`k3_engine::synth::scripted`), made from the golden tiny Kimi-Linear's shapes and converted.
+/// (`k3_convert::synth::scripted`), made from the golden tiny Kimi-Linear's shapes and converted.
 fn tool_caller(out: &Path) -> Result<()> {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/golden/tiny-kimi-linear");
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     let hf = tempfile::tempdir_in(parent).with_context(|| format!("a scratch directory in {}", parent.display()))?;
-    k3_engine::synth::scripted::tool_caller(&base, hf.path())?;
+    k3_convert::synth::scripted::tool_caller(&base, hf.path())?;
     run_convert(&ConvertOptions::new(hf.path(), out), &mut |_| {})?;
     println!("wrote {TOOL_CALLER} to {}", out.display());
     Ok(())
 }
 
 /// The calibration pass: the source model reads the text and its experts' inputs are sampled.
-fn calibrate(args: &ConvertArgs, text: &Path) -> Result<k3_engine::calibrate::Calibration> {
+fn calibrate(args: &ConvertArgs, text: &Path) -> Result<k3_convert::calibrate::Calibration> {
     if !matches!(args.experts, Experts::Vq3) {
         bail!("--calibrate weights VQ encodings: use it with --experts vq3");
     }
@@ -242,14 +242,14 @@ fn calibrate(args: &ConvertArgs, text: &Path) -> Result<k3_engine::calibrate::Ca
         .with_context(|| format!("{} embeds no tokenizer to read the calibration text with", args.hf.display()))??;
     let words = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
     let all = tok.encode(&words);
-    let ids = k3_engine::calibrate::spread(&all, args.calibrate_tokens, CALIBRATION_WINDOW);
+    let ids = k3_convert::calibrate::spread(&all, args.calibrate_tokens, CALIBRATION_WINDOW);
     if ids.is_empty() {
         bail!("{} has no text to calibrate on", text.display());
     }
     let pb = bar(ids.len() as u64);
     pb.set_message("calibrate");
     let cal =
-        k3_engine::calibrate::collect(&model, &ids, CALIBRATION_WINDOW, args.calibrate_samples, &mut |done, _| {
+        k3_convert::calibrate::collect(&model, &ids, CALIBRATION_WINDOW, args.calibrate_samples, &mut |done, _| {
             pb.set_position(done as u64)
         })?;
     pb.finish_and_clear();

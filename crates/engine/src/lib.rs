@@ -1,14 +1,13 @@
 #![recursion_limit = "256"]
 //! # k3-engine
 //!
-//! The model side of k3: the model's config, converting Hugging Face checkpoints to WASTE, and the
-//! Kimi forward pass ([`model::Engine`]) over a WASTE model.
+//! The model side of k3: the model's config and the Kimi forward pass ([`model::Engine`]) over a
+//! WASTE model, generation, and the text around it (tokenizer, chat formats, tool calls).
+//! Conversion is `k3-convert`'s.
 
 pub mod budget;
-pub mod calibrate;
 pub mod chat;
 pub mod config;
-pub mod convert;
 pub mod eval;
 pub mod generate;
 pub mod json_prefix;
@@ -18,8 +17,6 @@ pub mod owned;
 pub mod plan;
 pub mod sample;
 pub mod speculate;
-pub mod synth;
-pub mod tensors;
 pub mod tokenizer;
 pub mod toolcall;
 pub mod verify;

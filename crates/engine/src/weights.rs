@@ -77,7 +77,7 @@ pub fn expert_matrix<'a>(name: &str, t: &TensorView<'a>, rot: &'a Rotations) -> 
         return view_matrix(name, t);
     };
     let (rows, cols) = dims2(name, t)?;
-    let codec = crate::convert::codec_of(t.encoding).ok_or_else(|| {
+    let codec = codec_of(t.encoding).ok_or_else(|| {
         EngineError::Shape(format!("matrix `{name}` uses a VQ layout k3 has no kernel for ({})", t.encoding.label()))
     })?;
     if *codebook != k3_format::CodebookSource::Inline {
@@ -125,4 +125,13 @@ pub fn vector_of(m: &Model, name: &str, len: usize) -> Result<Vec<f32>, EngineEr
         return Err(EngineError::Shape(format!("tensor `{name}` has shape {shape:?}, expected {len} values")));
     }
     Ok(v)
+}
+
+/// The codec a stored VQ encoding describes (the runtime reads it; conversion writes it).
+pub fn codec_of(enc: &Encoding) -> Option<k3_quant::vq::Codec> {
+    match enc {
+        Encoding::Vq { stages: 3, entries: 16, dim: 4, interleave: 32, .. } => Some(k3_quant::vq::Codec::FastScan),
+        Encoding::Vq { stages: 3, entries: 256, dim: 8, interleave: 1, .. } => Some(k3_quant::vq::Codec::Residual),
+        _ => None,
+    }
 }

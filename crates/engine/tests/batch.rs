@@ -24,8 +24,8 @@ fn model_path(name: &str) -> PathBuf {
     DIR.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("batch-k2-tiny");
         let _ = std::fs::remove_dir_all(&dir);
-        let p = k3_engine::synth::preset("k2-tiny").unwrap();
-        k3_engine::synth::synth(&p, p.experts_default, &dir, &mut |_, _| {}).unwrap();
+        let p = k3_convert::synth::preset("k2-tiny").unwrap();
+        k3_convert::synth::synth(&p, p.experts_default, &dir, &mut |_, _| {}).unwrap();
         dir
     })
     .clone()

@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
+use k3_convert::{ExpertFormat, TrunkFormat};
 use k3_engine::Engine;
-use k3_engine::convert::{ExpertFormat, TrunkFormat};
 use k3_format::Model;
 
 fn fixtures() -> PathBuf {
@@ -75,12 +75,9 @@ fn kimi_linear_logits_match_transformers() {
 fn deepseek_matches_transformers(variant: &str, experts: ExpertFormat, trunk: TrunkFormat) {
     let g = fixtures().join("golden/deepseek-v3").join(variant);
     let dir = tempfile::tempdir().unwrap();
-    let opts = k3_engine::convert::ConvertOptions {
-        experts,
-        trunk,
-        ..k3_engine::convert::ConvertOptions::new(&g, dir.path().join("m"))
-    };
-    k3_engine::convert::convert(&opts, &mut |_| {}).unwrap();
+    let opts =
+        k3_convert::ConvertOptions { experts, trunk, ..k3_convert::ConvertOptions::new(&g, dir.path().join("m")) };
+    k3_convert::convert(&opts, &mut |_| {}).unwrap();
     let model = Model::open(dir.path().join("m")).unwrap();
     let engine = Engine::load(&model).unwrap();
     let ids = ids(&g.join("golden/ids.txt"));
@@ -129,7 +126,7 @@ fn kimi_k2_int4_experts_match_transformers() {
 /// (k3 has no FP8 kernel) and run.
 #[test]
 fn quantized_k2_experts_re_encode_to_mxfp4() {
-    use k3_engine::convert::{ConvertOptions, convert};
+    use k3_convert::{ConvertOptions, convert};
     let dir = tempfile::tempdir().unwrap();
     let g = fixtures().join("golden/deepseek-v3/int4");
     let opts = |experts, out: &str| ConvertOptions { experts, ..ConvertOptions::new(&g, dir.path().join(out)) };

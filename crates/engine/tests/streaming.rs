@@ -151,7 +151,7 @@ fn statistics_count_what_happened() {
 
 #[test]
 fn synthetic_k3_and_k2_tiny_run_in_every_expert_encoding() {
-    use k3_engine::synth::{SynthExperts, preset, synth};
+    use k3_convert::synth::{SynthExperts, preset, synth};
     for (name, experts) in [
         ("k3-tiny", SynthExperts::Mxfp4),
         ("k3-tiny", SynthExperts::Vq3),

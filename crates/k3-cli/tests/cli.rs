@@ -321,8 +321,8 @@ fn perplexity_scores_text_and_refuses_too_little() {
 /// two-turn `chat` run on it: the template supplies the default system message.
 #[test]
 fn a_k2_model_generates_and_chats_with_its_own_template() {
-    use k3_engine::convert::{ConvertOptions, convert};
-    use k3_engine::synth::scripted::{SPECIALS, byte_tokenizer};
+    use k3_convert::synth::scripted::{SPECIALS, byte_tokenizer};
+    use k3_convert::{ConvertOptions, convert};
     let d = tempfile::tempdir().unwrap();
     let hf = d.path().join("hf");
     std::fs::create_dir_all(&hf).unwrap();

@@ -1,5 +1,5 @@
 //! A tool-call round trip over HTTP in Kimi's `im_` markup, on a model whose weights make it call
-//! a tool (`k3_engine::synth::scripted`: every answer is a thought between `<think>` tokens, a
+//! a tool (`k3_convert::synth::scripted`: every answer is a thought between `<think>` tokens, a
 //! sentence and a `get_weather` call): the thought comes back as `reasoning_content`,
 //! the call comes back as OpenAI `tool_calls`, whole and streamed, with `finish_reason:
 //! tool_calls`; the client's next request (the call and its result in the history) is rendered as
@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use axum::http::StatusCode;
-use k3_engine::convert::{ConvertOptions, convert};
-use k3_engine::synth::scripted::{ARGUMENTS, CALL_ID, REASONING, REPLY, tool_caller};
+use k3_convert::synth::scripted::{ARGUMENTS, CALL_ID, REASONING, REPLY, tool_caller};
+use k3_convert::{ConvertOptions, convert};
 use k3_server::ServerOptions;
 use serde_json::{Value, json};
 

@@ -14,7 +14,7 @@ use crate::names::{KdaNames, LayerNames, MlaNames, MlpNames, MoeNames};
 use crate::weights::{matrix, vector, vector_of};
 
 /// The gated activation `act(gate, up)` of an MLP.
-pub(crate) fn activate(act: Activation, g: f32, u: f32) -> f32 {
+pub fn activate(act: Activation, g: f32, u: f32) -> f32 {
     match act {
         Activation::Situ { beta, lin_beta } => beta * (g / beta).tanh() * sigmoid(g) * lin_beta * (u / lin_beta).tanh(),
         Activation::Silu => g * sigmoid(g) * u,

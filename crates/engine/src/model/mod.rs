@@ -17,9 +17,10 @@ mod moe;
 mod options;
 mod session;
 mod stats;
+pub mod tap;
 
 pub use forward::{Logits, Seq};
-pub(crate) use layers::activate;
+pub use layers::activate;
 pub use options::EngineOptions;
 pub use session::{LayerState, RoutedToken, Session};
 pub use stats::{RunStats, Span, SpanKind};

@@ -35,7 +35,7 @@ pub struct EngineOptions {
     /// that was verified before (`k3-cli verify`) and has not been touched since.
     pub verify_trunk: bool,
     /// When set, every routed expert's inputs are sampled into it (a calibration run).
-    pub calibrate: Option<std::sync::Arc<crate::calibrate::ExpertInputs>>,
+    pub calibrate: Option<std::sync::Arc<crate::model::tap::ExpertInputs>>,
     #[doc(hidden)]
     pub fault: Option<k3_io::reader::FaultHook>,
 }

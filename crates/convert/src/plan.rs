@@ -9,9 +9,9 @@ use safetensors::Dtype as StDtype;
 
 use super::encode::{self, ExpertTarget, TrunkFormat};
 use super::{ConvertError, ConvertOptions, ExpertFormat, Source};
-use crate::config::ModelConfig;
-use crate::names::{EXPERT_MATRICES, expert as expert_name};
 use crate::tensors::{ExpertShapes, TensorTable};
+use k3_engine::config::ModelConfig;
+use k3_engine::names::{EXPERT_MATRICES, expert as expert_name};
 
 /// One MoE layer's experts: how the source stores them, their shapes, the record layout they
 /// get, and what they are re-encoded to (`None`: copied as stored).
@@ -35,7 +35,7 @@ pub(super) struct Plan {
     /// FP8 checkpoints' block size.
     pub fp8_block: u32,
     /// The experts' activation (calibration computes w2's inputs with it).
-    pub activation: crate::config::Activation,
+    pub activation: k3_engine::config::Activation,
 }
 
 impl Plan {
@@ -137,19 +137,19 @@ fn sort_tensors(
 /// One layout per distinct (source kind, shapes) — K3 and Kimi-Linear need one — and each MoE
 /// layer's plan.
 /// The checkpoint's chat template, if it ships one with a tokenizer, must render a probe
-/// conversation within its limits ([`crate::chat::ChatFormat::check`]).
-fn check_chat_template(src: &Source, family: crate::config::Family) -> Result<(), ConvertError> {
+/// conversation within its limits ([`k3_engine::chat::ChatFormat::check`]).
+fn check_chat_template(src: &Source, family: k3_engine::config::Family) -> Result<(), ConvertError> {
     let mut files = std::collections::HashMap::new();
     for name in super::write::EMBEDDED_FILES {
         if let Some(bytes) = src.file(name)? {
             files.insert(name, bytes);
         }
     }
-    let Some(Ok(tok)) = crate::tokenizer::Tokenizer::from_files(|n| files.get(n).map(Vec::as_slice)) else {
+    let Some(Ok(tok)) = k3_engine::tokenizer::Tokenizer::from_files(|n| files.get(n).map(Vec::as_slice)) else {
         return Ok(());
     };
     let at = if files.contains_key("chat_template.jinja") { "chat_template.jinja" } else { "tokenizer_config.json" };
-    crate::chat::ChatFormat::new(&tok, family)
+    k3_engine::chat::ChatFormat::new(&tok, family)
         .check()
         .map_err(|e| ConvertError::Source { path: src.path_of(at), reason: e.to_string() })
 }
@@ -236,9 +236,9 @@ enum Role {
 /// `layers`: the model's own; DeepSeek-V3's multi-token-prediction layers come after them and are
 /// not part of the model k3 runs.
 fn role(name: &str, layers: u32) -> Role {
-    if crate::names::layer_of(name).is_some_and(|l| l >= layers) {
+    if k3_engine::names::layer_of(name).is_some_and(|l| l >= layers) {
         Role::Ignored
-    } else if let Some((layer, expert)) = crate::names::parse_expert(name) {
+    } else if let Some((layer, expert)) = k3_engine::names::parse_expert(name) {
         Role::Expert { layer, expert }
     } else if name.ends_with(".weight_scale_inv") {
         Role::Companion

@@ -97,7 +97,7 @@ impl Source {
             let base = 8 + n;
             let fi = files.len();
             for (tname, info) in meta.tensors() {
-                let clean = crate::names::canonical(tname.strip_prefix(LM_PREFIX).unwrap_or(&tname));
+                let clean = k3_engine::names::canonical(tname.strip_prefix(LM_PREFIX).unwrap_or(&tname));
                 let t = SourceTensor {
                     dtype: info.dtype,
                     shape: info.shape.iter().map(|&d| d as u64).collect(),
@@ -169,7 +169,7 @@ impl Source {
         for entry in &model.header().index {
             let layout = &m.expert_layouts[usize::from(entry.layout)];
             for mat in &layout.matrices {
-                let base = crate::names::expert(entry.layer, entry.expert, &mat.name);
+                let base = k3_engine::names::expert(entry.layer, entry.expert, &mat.name);
                 let file = 1 + usize::from(entry.shard);
                 let part = |name: &str| mat.parts.iter().find(|p| p.name == name);
                 match (&mat.encoding, part("data"), part("packed"), part("scale")) {

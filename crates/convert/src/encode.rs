@@ -197,15 +197,6 @@ pub fn expert(
     }
 }
 
-/// The codec a stored VQ encoding describes.
-pub fn codec_of(enc: &Encoding) -> Option<Codec> {
-    match enc {
-        Encoding::Vq { stages: 3, entries: 16, dim: 4, interleave: 32, .. } => Some(Codec::FastScan),
-        Encoding::Vq { stages: 3, entries: 256, dim: 8, interleave: 1, .. } => Some(Codec::Residual),
-        _ => None,
-    }
-}
-
 /// Inputs `xs` (`[n, cols]`) prepared once for every VQ matrix of `cols` columns that reads them
 /// (an expert's w1 and w3 share theirs), with the settings [`expert`] encodes with.
 pub fn vq_calibration(name: &str, xs: &[f32], cols: usize) -> Result<Arc<vq::Calibration>, ConvertError> {

@@ -1,11 +1,12 @@
 //! A checkpoint is untrusted input. Its `config.json` is checked whole before anything is
 //! written: each field a family uses, broken one at a time in the golden checkpoints, is refused
 //! by name — never a panic, a model that converts and then fails in the router, or NaN logits.
-//! Its files must be regular files: a FIFO given as a shard is refused, not waited on.
+//! Its files must be regular files: a FIFO given as a shard is refused, not waited on. Its chat
+//! template must render a probe conversation within its limits.
 
 use std::path::{Path, PathBuf};
 
-use k3_engine::convert::{ConvertOptions, convert};
+use k3_convert::{ConvertOptions, convert};
 use serde_json::{Value, json};
 
 fn golden(name: &str) -> PathBuf {
@@ -103,4 +104,23 @@ fn a_fifo_given_as_a_shard_is_refused_not_waited_on() {
     });
     let err = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("convert hung on a FIFO").unwrap_err();
     assert!(err.contains("model.safetensors") && err.contains("not a regular file"), "{err}");
+}
+
+#[test]
+fn conversion_refuses_a_checkpoint_whose_template_does_not_end() {
+    let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden/deepseek-v3/bf16");
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("hf");
+    std::fs::create_dir(&src).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(hf.join(f), src.join(f)).unwrap();
+    }
+    let ranks = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizer/o200k_base.tiktoken");
+    std::fs::copy(ranks, src.join("tiktoken.model")).unwrap();
+    let hang = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    std::fs::write(src.join("tokenizer_config.json"), serde_json::json!({"chat_template": hang}).to_string()).unwrap();
+    let out = dir.path().join("out");
+    let err = convert(&ConvertOptions::new(&src, &out), &mut |_| {}).expect_err("converted").to_string();
+    assert!(err.contains("tokenizer_config.json") && err.contains("instructions"), "{err}");
+    assert!(!out.exists(), "written before the refusal");
 }

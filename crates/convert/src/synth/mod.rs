@@ -23,8 +23,8 @@ use k3_format::{Architecture, CodebookSource, Encoding, ExpertLayout, ModelWrite
 use k3_quant::rng::XorShift;
 use k3_quant::vq::{Codec, Rotation};
 
-use crate::EngineError;
-use crate::names::{self, KdaNames, LayerNames, MlaNames, MlpNames, MoeNames};
+use k3_engine::EngineError;
+use k3_engine::names::{self, KdaNames, LayerNames, MlaNames, MlpNames, MoeNames};
 
 struct Gen(XorShift);
 

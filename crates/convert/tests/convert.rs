@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use k3_engine::convert::{ConvertOptions, ExpertFormat, Source, TrunkFormat, convert};
+use k3_convert::{ConvertOptions, ExpertFormat, Source, TrunkFormat, convert};
 use k3_format::Model;
 
 fn golden(name: &str) -> PathBuf {
@@ -409,7 +409,7 @@ fn a_waste_model_converts_and_exports_without_its_checkpoint() {
         convert(&ConvertOptions { shards: 1, ..opts(&original, &again) }, &mut |_| {}).unwrap();
         let exported = root.path().join("hf");
         let src = Source::open(&original).unwrap();
-        let report = k3_engine::convert::export(&src, &exported, &mut |_, _| {}).unwrap();
+        let report = k3_convert::export(&src, &exported, &mut |_, _| {}).unwrap();
         assert!(report.files.contains(&"config.json".to_string()), "{:?}", report.files);
         let round = root.path().join("round");
         convert(&ConvertOptions { shards: 1, ..opts(&exported, &round) }, &mut |_| {}).unwrap();

@@ -12,8 +12,8 @@ use super::plan::{LayerPlan, Plan, SourceExperts, expert_parts};
 use super::{ConvertError, ConvertOptions, ConvertReport, Progress, Source, TrunkFormat};
 use super::{dequant, encode};
 use crate::calibrate::Calibration;
-use crate::names::{EXPERT_MATRICES, expert as expert_name};
 use crate::tensors::Storage;
+use k3_engine::names::{EXPERT_MATRICES, expert as expert_name};
 
 /// Files copied into the header verbatim when the checkpoint has them.
 pub(super) const EMBEDDED_FILES: [&str; 5] =
@@ -200,7 +200,7 @@ fn expert_inputs(
     for (x, gate) in sample.vectors.chunks_exact(sample.dim).zip(&sample.gates) {
         k3_quant::dense::matvec_f32(&w1.3, x, &mut g);
         k3_quant::dense::matvec_f32(&w3.3, x, &mut u);
-        h.extend(g.iter().zip(&u).map(|(g, u)| gate * crate::model::activate(plan.activation, *g, *u)));
+        h.extend(g.iter().zip(&u).map(|(g, u)| gate * k3_engine::model::activate(plan.activation, *g, *u)));
         xs.extend(x.iter().map(|v| gate * v));
     }
     // Prepared once each: w1 and w3 share their inputs' (costly) second-moment factor.

@@ -1,85 +1,11 @@
-//! Calibration: the inputs each routed expert actually sees while the model reads text, kept as a
-//! uniform sample per expert (reservoir sampling, seeded) with the routing weight each was mixed
-//! in with, so a re-encoding can minimize the error that reaches the outputs instead of the plain
-//! weight error. Attach an [`ExpertInputs`] to `EngineOptions::calibrate` and run text through
-//! the engine.
+//! Calibration: the inputs each routed expert actually sees while the model reads text (the
+//! engine's sampling tap, `k3_engine::model::tap`, keeps a uniform sample per expert with the
+//! routing weight each was mixed in with), so a re-encoding can minimize the error that reaches
+//! the outputs instead of the plain weight error.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
-use k3_quant::rng::XorShift;
-
-/// One expert's sampled inputs.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    pub dim: usize,
-    /// Up to the cap, `[n, dim]`.
-    pub vectors: Vec<f32>,
-    /// `[n]`: the routing weight the expert's output for each input was scaled by. An expert's
-    /// error reaches the residual stream scaled by it, so an input counts by its square.
-    pub gates: Vec<f32>,
-    /// Inputs seen (sampled or not).
-    pub seen: u64,
-}
-
-impl Sample {
-    pub fn len(&self) -> usize {
-        self.vectors.len() / self.dim.max(1)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.vectors.is_empty()
-    }
-}
-
-/// Samples by (layer, expert).
-type Samples = HashMap<(u32, u32), Sample>;
-
-/// The sampled inputs of every routed expert, filled while the engine runs. Each expert's
-/// reservoir draws from its own seeded generator, so its sample depends only on its own inputs
-/// (not on the order workers finish in): a calibration run is repeatable.
-#[derive(Debug)]
-pub struct ExpertInputs {
-    cap: usize,
-    state: Mutex<HashMap<(u32, u32), (Sample, XorShift)>>,
-}
-
-impl ExpertInputs {
-    /// Keeps up to `cap` inputs per expert.
-    pub fn new(cap: usize) -> Self {
-        ExpertInputs { cap: cap.max(1), state: Mutex::new(HashMap::new()) }
-    }
-
-    /// `xs` (`[n, dim]`): inputs expert `key` (layer, expert) was applied to, `gates` (`[n]`) the
-    /// routing weights of its outputs.
-    pub fn record(&self, key: (u32, u32), xs: &[f32], gates: &[f32], dim: usize) {
-        debug_assert_eq!(xs.len(), gates.len() * dim, "one gate per input");
-        let mut map = self.state.lock().expect("not poisoned");
-        let (s, rng) = map.entry(key).or_insert_with(|| {
-            let seed = 0xCA11B ^ (u64::from(key.0) << 32 | u64::from(key.1));
-            (Sample { dim, vectors: Vec::new(), gates: Vec::new(), seen: 0 }, XorShift::new(seed))
-        });
-        for (x, &g) in xs.chunks_exact(dim).zip(gates) {
-            s.seen += 1;
-            if s.len() < self.cap {
-                s.vectors.extend_from_slice(x);
-                s.gates.push(g);
-            } else {
-                // Reservoir sampling: every input seen so far equally likely to be kept.
-                let j = (rng.next_u64() % s.seen) as usize;
-                if j < self.cap {
-                    s.vectors[j * dim..(j + 1) * dim].copy_from_slice(x);
-                    s.gates[j] = g;
-                }
-            }
-        }
-    }
-
-    /// The samples, by (layer, expert).
-    pub fn take(&self) -> Samples {
-        std::mem::take(&mut *self.state.lock().expect("not poisoned")).into_iter().map(|(k, (s, _))| (k, s)).collect()
-    }
-}
+use k3_engine::model::tap::{ExpertInputs, Sample, Samples};
 
 /// Calibration for a conversion: each expert's sampled inputs, and per layer a pool for experts
 /// the text never routed to.
@@ -224,20 +150,21 @@ pub fn collect(
     window: usize,
     cap: usize,
     progress: &mut dyn FnMut(usize, usize),
-) -> Result<Calibration, crate::EngineError> {
+) -> Result<Calibration, k3_engine::EngineError> {
     let m = model.manifest();
-    if let Some(total) = crate::budget::total_memory_bytes() {
-        check_memory(&m.architecture, input_width(m), ids.len(), cap, total / 2).map_err(crate::EngineError::Input)?;
+    if let Some(total) = k3_engine::budget::total_memory_bytes() {
+        check_memory(&m.architecture, input_width(m), ids.len(), cap, total / 2)
+            .map_err(k3_engine::EngineError::Input)?;
     }
     let inputs = std::sync::Arc::new(ExpertInputs::new(cap));
     let window = window.max(1);
-    let opts = crate::EngineOptions {
+    let opts = k3_engine::EngineOptions {
         calibrate: Some(inputs.clone()),
         context: window as u64,
         chunk: window as u64,
-        ..crate::EngineOptions::default()
+        ..k3_engine::EngineOptions::default()
     };
-    let engine = crate::Engine::load_with(model, opts)?;
+    let engine = k3_engine::Engine::load_with(model, opts)?;
     for (i, w) in ids.chunks(window).enumerate() {
         engine.forward_last(&mut engine.session(), w)?;
         progress(((i + 1) * window).min(ids.len()), ids.len());

@@ -1,6 +1,18 @@
-//! Hugging Face checkpoint -> WASTE model. Experts are grouped into one record per (layer, expert);
-//! every other text tensor goes to the trunk. Resumable (the writer's journal), refuses to touch a
-//! directory it did not start, verifies everything at the end.
+#![recursion_limit = "256"]
+// The engine's error is returned as the engine returns it: conversion fails once, not in a hot loop.
+#![allow(clippy::result_large_err)]
+//! # k3-convert
+//!
+//! Conversion, apart from the runtime (as llama.cpp keeps `convert_hf_to_gguf.py` outside its
+//! library): Hugging Face checkpoint -> WASTE model. Experts are grouped into one record per
+//! (layer, expert); every other text tensor goes to the trunk. Resumable (the writer's journal),
+//! refuses to touch a directory it did not start, verifies everything at the end. Also here: the
+//! table of tensors a config implies ([`tensors`]), calibration for VQ3 ([`calibrate`]) and the
+//! random-weight models of the benchmarks and tests ([`synth`]).
+
+pub mod calibrate;
+pub mod synth;
+pub mod tensors;
 
 mod dequant;
 mod encode;
@@ -13,9 +25,9 @@ use std::path::{Path, PathBuf};
 
 use k3_format::{FormatError, ModelWriter, Opened};
 
-use crate::config::ConfigError;
-pub use encode::{ExpertTarget, TrunkFormat, codec_of};
+pub use encode::{ExpertTarget, TrunkFormat};
 pub use export::{ExportReport, export};
+use k3_engine::config::ConfigError;
 use plan::Plan;
 pub use source::{Source, SourceTensor};
 
@@ -92,7 +104,7 @@ pub struct ConvertOptions {
     /// Directories (one per drive) the shards are striped over; empty = the output directory.
     pub shard_dirs: Vec<PathBuf>,
     /// Re-encoded VQ experts minimize the error on these inputs (`crate::calibrate`).
-    pub calibration: Option<std::sync::Arc<crate::calibrate::Calibration>>,
+    pub calibration: Option<std::sync::Arc<calibrate::Calibration>>,
 }
 
 impl ConvertOptions {

@@ -11,9 +11,9 @@
 
 use std::path::{Path, PathBuf};
 
+use k3_convert::tensors::{Storage, table};
+use k3_convert::{ConvertOptions, Source, TrunkFormat, convert};
 use k3_engine::config::ModelConfig;
-use k3_engine::convert::{ConvertOptions, Source, TrunkFormat, convert};
-use k3_engine::tensors::{Storage, table};
 use k3_engine::{Engine, RoutedToken};
 use k3_format::{Encoding, Model};
 

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k3_engine::calibrate::collect;
-use k3_engine::convert::{ConvertOptions, ExpertFormat, convert};
+use k3_convert::calibrate::collect;
+use k3_convert::{ConvertOptions, ExpertFormat, convert};
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::weights::{Rotations, expert_matrix};
 use k3_format::Model;
@@ -96,7 +96,7 @@ fn a_calibrated_conversion_is_held_to_its_calibration() {
     let (a, b) = (sample(0), sample(512));
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("m");
-    let opts = |cal: Option<&Arc<k3_engine::calibrate::Calibration>>| ConvertOptions {
+    let opts = |cal: Option<&Arc<k3_convert::calibrate::Calibration>>| ConvertOptions {
         experts: ExpertFormat::Vq3,
         calibration: cal.cloned(),
         ..ConvertOptions::new(&source, &out)

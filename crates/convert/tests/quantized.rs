@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use k3_convert::{ConvertOptions, ExpertFormat, TrunkFormat, convert};
 use k3_engine::Engine;
-use k3_engine::convert::{ConvertOptions, ExpertFormat, TrunkFormat, convert};
 use k3_format::Model;
 
 fn fixtures() -> PathBuf {

@@ -15,7 +15,7 @@ use std::path::Path;
 use half::bf16;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
-use crate::convert::ConvertError;
+use crate::ConvertError;
 
 /// What the model reasons, between `<think>` and `</think>`, first.
 pub const REASONING: &str = "The user wants the weather.";

@@ -3,8 +3,8 @@
 //! byte, naming the tensor that is wrong, and re-encodes only what may be re-encoded
 //! (`docs/FORMAT.md` §4.3 states the policy; `../shared/notes/models.md` lists the same names).
 
-use crate::config::{KdaDims, MlaDims, ModelConfig};
-use crate::names::{self, KdaNames, LayerNames, MlaNames, MlpNames, MoeNames};
+use k3_engine::config::{KdaDims, MlaDims, ModelConfig};
+use k3_engine::names::{self, KdaNames, LayerNames, MlaNames, MlpNames, MoeNames};
 
 /// What a tensor must look like.
 #[derive(Debug, Clone, PartialEq, Eq)]
