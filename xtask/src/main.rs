@@ -65,7 +65,7 @@ enum Task {
         out: PathBuf,
         /// Routed expert encoding [default: the preset's: int4 for k2-proxy, else mxfp4].
         #[arg(long, value_enum)]
-        experts: Option<models::Experts>,
+        experts: Option<k3_cli::convert::Experts>,
     },
     /// Encoding error of MXFP4, RTN 3-bit and the VQ codecs on real and K3-shaped weights.
     Quality {
@@ -98,7 +98,7 @@ enum Task {
         out: PathBuf,
     },
     /// Convert a Hugging Face checkpoint directory to a WASTE model directory (resumable).
-    Convert(models::ConvertArgs),
+    Convert(k3_cli::convert::ConvertArgs),
 }
 
 fn bar(total: u64) -> ProgressBar {
@@ -134,7 +134,7 @@ fn real_main() -> Result<()> {
         Task::Bench { what } => bench::run(what),
         Task::Synth { preset, out, experts } => models::synth(&preset, &out, experts),
         Task::Export { model, out } => models::export(&model, &out),
-        Task::Convert(args) => models::convert(args),
+        Task::Convert(args) => k3_cli::convert::run(args),
     }
 }
 

@@ -109,7 +109,7 @@ impl Model {
                     "it holds an unfinished conversion (waste.journal); run the same convert command again to resume it"
                 } else if dir.join("config.json").is_file() {
                     "this is a Hugging Face checkpoint, not a WASTE model: convert it first \
-                     (cargo xtask convert --hf DIR --out MODEL)"
+                     (k3-cli convert --hf DIR --out MODEL)"
                 } else if dir.is_dir() {
                     "there is no header.waste: this is not a WASTE model directory"
                 } else {

@@ -88,6 +88,9 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// How well the router lookahead would predict each MoE layer's experts on a prompt.
     Lookahead(lookahead::LookaheadArgs),
+    /// Convert a Hugging Face checkpoint (or re-encode a WASTE model) to a WASTE model directory:
+    /// everything checked first, resumable after an interruption, verified at the end.
+    Convert(k3_cli::convert::ConvertArgs),
     /// An OpenAI-compatible HTTP server (chat and text completions, streaming, concurrent
     /// requests decoded together); point the `openai` client or Open WebUI at http://HOST:PORT/v1.
     Serve(serve::ServeArgs),
@@ -142,6 +145,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Perplexity(a) => perplexity::run(a),
         Command::Lookahead(a) => lookahead::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Convert(a) => k3_cli::convert::run(a).map(|()| ExitCode::SUCCESS),
     }
 }
 

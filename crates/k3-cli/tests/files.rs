@@ -130,3 +130,21 @@ fn an_os_error_is_said_once() {
     assert!(!ok);
     assert_eq!(err.matches("/nonexistent/model").count(), 1, "the path said once: {err}");
 }
+
+#[test]
+fn the_installed_binary_converts_a_checkpoint_it_then_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("m.waste");
+    let (ok, said, err) =
+        k3(&["convert", "--hf", fixture("golden/tiny-kimi-linear").to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(said.contains("verified"), "{said}");
+    // The same tensors and records as the repository's own conversion of that checkpoint (the
+    // header differs only in the source path its provenance names).
+    for f in ["trunk.waste", "experts-00000.waste"] {
+        let ours = std::fs::read(out.join(f)).unwrap();
+        assert!(ours == std::fs::read(fixture("tiny-kimi-linear.waste").join(f)).unwrap(), "{f} differs");
+    }
+    let (ok, _, err) = k3(&["generate", "--model", out.to_str().unwrap(), "--ids", "1 2", "--max-tokens", "2"]);
+    assert!(ok, "{err}");
+}

@@ -1,0 +1,207 @@
+//! `k3-cli convert` (and `cargo xtask convert`, which runs this same code): a Hugging Face
+//! checkpoint or a WASTE model to a WASTE model, through `k3-convert`, with progress on standard
+//! error and a summary on standard output.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use indicatif::{ProgressBar, ProgressStyle};
+use k3_convert::{ConvertOptions, ExpertFormat, Progress, TrunkFormat, convert as run_convert};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Experts {
+    Keep,
+    Mxfp4,
+    Bf16,
+    Vq3,
+    /// Exact f32: for checking an FP8 or INT4 checkpoint's parity (8x the size of INT4).
+    F32,
+    /// Round-to-nearest INT4 in groups of 32 (K2-Thinking's encoding; INT4 checkpoints keep theirs).
+    Int4,
+    /// 3-bit round-to-nearest in groups of 32 stored as int4: the baseline VQ3 is measured against.
+    Rtn3,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Trunk {
+    Keep,
+    F32,
+    Bf16,
+    Int8,
+    Int4,
+}
+
+/// `k3-cli convert` / `cargo xtask convert`.
+#[derive(Debug, clap::Args)]
+pub struct ConvertArgs {
+    /// The source: a Hugging Face checkpoint (config.json, *.safetensors, perhaps
+    /// model.safetensors.index.json, tokenizer files), or a WASTE model to re-encode (f32 / bf16
+    /// trunk, BF16 or MXFP4 experts; checked whole first).
+    #[arg(long, visible_alias = "from")]
+    pub hf: PathBuf,
+    /// The WASTE model directory to create (or to resume).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Routed expert encoding; `keep` stores what the checkpoint has (MXFP4 for K3, BF16 for Kimi-Linear).
+    #[arg(long, value_enum, default_value = "keep")]
+    pub experts: Experts,
+    /// Trunk encoding; int8 / int4 quantize the projection matrices (not the embedding table,
+    /// the router gates or MLA's kv_b_proj) and keep the rest as stored.
+    #[arg(long, value_enum, default_value = "keep")]
+    pub trunk: Trunk,
+    /// Expert record alignment in bytes: a power of two from 4096 (the default) to 1 GiB
+    /// (2097152 for huge pages).
+    #[arg(long, default_value_t = k3_format::DEFAULT_ALIGNMENT)]
+    pub align: u64,
+    /// Number of expert shard files (at most one per expert record).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub shards: u16,
+    /// Stripe the shards over these directories (one per drive; created if missing); repeat the flag.
+    #[arg(long = "shard-dir")]
+    pub shard_dirs: Vec<PathBuf>,
+    /// Calibrate VQ experts on this text: the source model reads it (a checkpoint is converted as
+    /// stored first, beside the output), each expert's inputs are sampled, and its matrices are
+    /// encoded to minimize the error on them.
+    #[arg(long)]
+    pub calibrate: Option<PathBuf>,
+    /// Tokens of the calibration text to run (in 256-token windows spread evenly over the text).
+    #[arg(long, default_value_t = 16384, requires = "calibrate")]
+    pub calibrate_tokens: usize,
+    /// Inputs sampled per expert (a larger sample estimates an expert's input statistics better;
+    /// memory is checked before the run).
+    #[arg(long, default_value_t = 4096, requires = "calibrate")]
+    pub calibrate_samples: usize,
+}
+
+/// Tokens per calibration window, each read from an empty state (as `k3-cli perplexity` scores).
+const CALIBRATION_WINDOW: usize = 256;
+
+pub fn run(args: ConvertArgs) -> Result<()> {
+    let calibration = match &args.calibrate {
+        Some(text) => Some(std::sync::Arc::new(calibrate(&args, text)?)),
+        None => None,
+    };
+    let ConvertArgs { hf, out, experts, trunk, align, shards, shard_dirs, .. } = args;
+    let experts = match experts {
+        Experts::Keep => ExpertFormat::Keep,
+        Experts::Mxfp4 => ExpertFormat::Mxfp4,
+        Experts::Bf16 => ExpertFormat::Bf16,
+        Experts::Vq3 => ExpertFormat::Vq3,
+        Experts::F32 => ExpertFormat::F32,
+        Experts::Int4 => ExpertFormat::Int4,
+        Experts::Rtn3 => ExpertFormat::Rtn3,
+    };
+    let trunk = match trunk {
+        Trunk::Keep => TrunkFormat::Keep,
+        Trunk::F32 => TrunkFormat::F32,
+        Trunk::Bf16 => TrunkFormat::Bf16,
+        Trunk::Int8 => TrunkFormat::Int8,
+        Trunk::Int4 => TrunkFormat::Int4,
+    };
+    let opts = ConvertOptions {
+        experts,
+        trunk,
+        alignment: align,
+        shards,
+        shard_dirs,
+        calibration,
+        ..ConvertOptions::new(&hf, &out)
+    };
+    let pb = bar(0);
+    let mut phase = "";
+    let report = run_convert(&opts, &mut |p: Progress| {
+        if p.phase != phase {
+            // A new phase: its own total, and an ETA from its own rate (resumed work
+            // excluded).
+            phase = p.phase;
+            pb.reset();
+            pb.set_length(p.total);
+            pb.set_message(p.phase);
+            pb.set_position(p.done);
+            pb.reset_eta();
+        }
+        pb.set_position(p.done);
+    })
+    .with_context(|| format!("converting {} to {}", hf.display(), out.display()))?;
+    pb.finish_and_clear();
+    if report.already_complete {
+        println!("{} already holds this model, converted with these options; nothing to do.", out.display());
+        return Ok(());
+    }
+    if report.resumed_items > 0 {
+        println!("resumed: kept {} items written by the interrupted run", report.resumed_items);
+    }
+    println!(
+        "wrote {} items ({:.1} MB) to {}; verified {:.1} MB",
+        report.written_items,
+        report.written_bytes as f64 / 1e6,
+        out.display(),
+        report.verified_bytes as f64 / 1e6
+    );
+    if !report.ignored.is_empty() {
+        println!(
+            "ignored {} tensors k3 does not run (a vision tower, multi-token-prediction layers; e.g. {})",
+            report.ignored.len(),
+            report.ignored[0]
+        );
+    }
+    Ok(())
+}
+
+/// The calibration pass: the source model reads the text and its experts' inputs are sampled.
+fn calibrate(args: &ConvertArgs, text: &Path) -> Result<k3_convert::calibrate::Calibration> {
+    if !matches!(args.experts, Experts::Vq3) {
+        bail!("--calibrate weights VQ encodings: use it with --experts vq3");
+    }
+    // The engine runs WASTE models: a checkpoint is converted as stored first, into a scratch
+    // directory beside the output (removed afterwards).
+    let scratch;
+    let source = if args.hf.join(k3_format::HEADER_FILE).exists() {
+        args.hf.clone()
+    } else {
+        let parent = args.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        scratch =
+            tempfile::tempdir_in(parent).with_context(|| format!("a scratch directory in {}", parent.display()))?;
+        let as_stored = scratch.path().join("as-stored");
+        println!("calibration runs the model: converting {} as stored first", args.hf.display());
+        run_convert(&ConvertOptions::new(&args.hf, &as_stored), &mut |_| {})?;
+        as_stored
+    };
+    let model = k3_format::Model::open(&source)?;
+    let tok = k3_engine::tokenizer::Tokenizer::from_model(&model)
+        .with_context(|| format!("{} embeds no tokenizer to read the calibration text with", args.hf.display()))??;
+    let words = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
+    let all = tok.encode(&words);
+    let ids = k3_convert::calibrate::spread(&all, args.calibrate_tokens, CALIBRATION_WINDOW);
+    if ids.is_empty() {
+        bail!("{} has no text to calibrate on", text.display());
+    }
+    let pb = bar(ids.len() as u64);
+    pb.set_message("calibrate");
+    let cal =
+        k3_convert::calibrate::collect(&model, &ids, CALIBRATION_WINDOW, args.calibrate_samples, &mut |done, _| {
+            pb.set_position(done as u64)
+        })?;
+    pb.finish_and_clear();
+    let (experts, inputs) = cal.coverage();
+    println!(
+        "calibrated on {} of the {} tokens of {} (windows spread over it): {experts} experts saw {inputs} inputs",
+        ids.len(),
+        all.len(),
+        text.display()
+    );
+    Ok(cal)
+}
+
+/// A progress bar on standard error (hidden when it is not a terminal).
+fn bar(total: u64) -> ProgressBar {
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>9} [{bar:40}] {pos}/{len} ETA {eta}")
+            .expect("a constant template parses")
+            .progress_chars("=> "),
+    );
+    pb
+}
