@@ -1,5 +1,5 @@
 //! `cargo xtask` as a user runs it: every task with its options at 0 and at the largest integer,
-//! and with standard output closed early (issue #15).
+//! and with standard output closed early.
 
 #[path = "../../crates/k3-cli/tests/common/sweep.rs"]
 mod sweep;

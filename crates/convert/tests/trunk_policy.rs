@@ -1,4 +1,4 @@
-//! Issue #21: a quantized trunk keeps exact what must stay exact. Every `--trunk` option leaves the
+//! A quantized trunk keeps exact what must stay exact. Every `--trunk` option leaves the
 //! protected tensors (norms, router gates and biases, `A_log`, `dt_bias`, convolutions, AttnRes
 //! projections) bit for bit as the checkpoint has them, and a bf16 trunk gives the reference's
 //! logits within the cost of rounding the matrices alone, with the same experts chosen at every

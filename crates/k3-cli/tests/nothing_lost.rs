@@ -1,4 +1,4 @@
-//! Issue #15, item by item, on the real binary: a damaged model is never used silently, a user's
+//! Nothing lost, on the real binary: a damaged model is never used silently, a user's
 //! files are never touched, bad input is a clear error before any work, nothing panics, and what a
 //! user reaches for (long prompts, Ctrl-C, line editing, a default model wherever the binary goes)
 //! works.
