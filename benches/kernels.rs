@@ -36,7 +36,8 @@ fn kernels(c: &mut Criterion) {
     let (q4, s4) = int4::quantize(&w, COLS, 32);
     g.bench_function("int4_g32", |b| b.iter(|| int4::matvec(black_box(&q4), &s4, 32, &x, &mut y)));
     for codec in vq::Codec::ALL {
-        let m = vq::encode(codec, &w, COLS, &vq::EncodeOptions::fast()).expect("K3 shapes suit both codecs");
+        let m = k3_quant::encode::encode(codec, &w, COLS, &k3_quant::encode::EncodeOptions::fast())
+            .expect("K3 shapes suit both codecs");
         let mut scratch = vq::Scratch::default();
         g.bench_function(codec.name(), |b| b.iter(|| m.matvec(black_box(&x), &mut y, &mut scratch)));
     }

@@ -7,8 +7,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use k3_quant::encode::EncodeOptions;
 use k3_quant::rng::gaussian;
-use k3_quant::vq::{self, Codec, EncodeOptions};
+use k3_quant::vq::Codec;
 use k3_quant::{dense, mxfp4, rtn};
 use rayon::prelude::*;
 use serde_json::{Value, json};
@@ -33,7 +34,7 @@ fn vq_with(codec: Codec, w: &[f32], cols: usize, calib: Option<&[f32]>) -> Vec<f
     if let Some(xs) = calib {
         opts = opts.calibrated(xs, cols).expect("shapes were checked");
     }
-    vq::encode(codec, w, cols, &opts).expect("shapes were checked").decode()
+    k3_quant::encode::encode(codec, w, cols, &opts).expect("shapes were checked").decode()
 }
 
 fn mx(w: &[f32], cols: usize) -> Vec<f32> {

@@ -5,7 +5,8 @@ use half::{bf16, f16};
 use k3_format::{CodebookSource, Encoding};
 use std::sync::Arc;
 
-use k3_quant::vq::{self, Codec, EncodeOptions};
+use k3_quant::encode::EncodeOptions;
+use k3_quant::vq::{self, Codec};
 use k3_quant::{int4, int8, mxfp4};
 use safetensors::Dtype as StDtype;
 
@@ -146,7 +147,7 @@ pub fn expert(
     rows: usize,
     cols: usize,
     target: ExpertTarget,
-    calibration: Option<&Arc<vq::Calibration>>,
+    calibration: Option<&Arc<k3_quant::encode::Calibration>>,
 ) -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
     match target {
         ExpertTarget::Bf16 => Ok((Encoding::Bf16, vec![le(&w, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())])),
@@ -172,7 +173,7 @@ pub fn expert(
         }
         ExpertTarget::Vq(codec) => {
             let opts = EncodeOptions { calibration: calibration.cloned(), ..EncodeOptions::default() };
-            let m = vq::encode_owned(codec, w, cols, &opts)
+            let m = k3_quant::encode::encode_owned(codec, w, cols, &opts)
                 .map_err(|e| ConvertError::Unsupported(format!("{name}: {e}")))?;
             let (block, seed) = m.rotation.as_ref().map_or((0, 0), |r| (r.block as u32, r.seed));
             let enc = Encoding::Vq {
@@ -199,8 +200,8 @@ pub fn expert(
 
 /// Inputs `xs` (`[n, cols]`) prepared once for every VQ matrix of `cols` columns that reads them
 /// (an expert's w1 and w3 share theirs), with the settings [`expert`] encodes with.
-pub fn vq_calibration(name: &str, xs: &[f32], cols: usize) -> Result<Arc<vq::Calibration>, ConvertError> {
-    vq::Calibration::new(xs, cols, &EncodeOptions::default())
+pub fn vq_calibration(name: &str, xs: &[f32], cols: usize) -> Result<Arc<k3_quant::encode::Calibration>, ConvertError> {
+    k3_quant::encode::Calibration::new(xs, cols, &EncodeOptions::default())
         .map(Arc::new)
         .map_err(|e| ConvertError::Unsupported(format!("{name}: {e}")))
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use k3_format::{Model, ModelWriter, OpenOptions};
-use k3_quant::vq;
+
 use rayon::prelude::*;
 use safetensors::Dtype as StDtype;
 
@@ -170,8 +170,8 @@ const MIN_OWN_INPUTS: usize = 16;
 
 /// One expert's calibration, prepared for encoding: what w1 and w3 read, and what w2 reads.
 struct ExpertCalibration {
-    input: Arc<vq::Calibration>,
-    activation: Arc<vq::Calibration>,
+    input: Arc<k3_quant::encode::Calibration>,
+    activation: Arc<k3_quant::encode::Calibration>,
 }
 
 /// The calibration inputs of one expert's matrices, prepared for encoding: `g x` for w1 and w3,

@@ -11,6 +11,7 @@
 
 pub mod cpu;
 pub mod dense;
+pub mod encode;
 pub mod gemm;
 pub mod int4;
 pub mod int8;

@@ -5,8 +5,9 @@ mod common;
 use common::{assert_close, fast, simd_levels, sum_tolerance};
 use half::f16;
 use k3_quant::cpu::{Level, levels};
+use k3_quant::encode::EncodeOptions;
 use k3_quant::rng::gaussian;
-use k3_quant::vq::{self, Codec, EncodeOptions, Rotation, Scratch, fastscan};
+use k3_quant::vq::{self, Codec, Rotation, Scratch, fastscan};
 use proptest::prelude::*;
 
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
@@ -164,7 +165,7 @@ proptest! {
 }
 
 fn encode_err(codec: Codec, w: &[f32], cols: usize, opts: &EncodeOptions) -> (f64, vq::VqMatrix) {
-    let m = vq::encode(codec, w, cols, opts).unwrap();
+    let m = k3_quant::encode::encode(codec, w, cols, opts).unwrap();
     (rel_err(w, &m.decode()), m)
 }
 
@@ -204,7 +205,7 @@ fn rows_keep_their_energy() {
     let (rows, cols) = (64, 256);
     let w = gaussian(rows * cols, 31);
     for codec in Codec::ALL {
-        let d = vq::encode(codec, &w, cols, &EncodeOptions::fast()).unwrap().decode();
+        let d = k3_quant::encode::encode(codec, &w, cols, &EncodeOptions::fast()).unwrap().decode();
         for (r, (a, b)) in w.chunks_exact(cols).zip(d.chunks_exact(cols)).enumerate() {
             let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
             let ratio = norm(b) / norm(a);
@@ -237,15 +238,16 @@ fn activation_weighting_lowers_the_output_error() {
     };
     for codec in Codec::ALL {
         let plain =
-            vq::encode(codec, &w, cols, &EncodeOptions { rotation_block: 0, ..EncodeOptions::default() }).unwrap();
+            k3_quant::encode::encode(codec, &w, cols, &EncodeOptions { rotation_block: 0, ..EncodeOptions::default() })
+                .unwrap();
         let calibrated = |gptq, descent_rounds| {
             EncodeOptions { rotation_block: 0, gptq, descent_rounds, ..EncodeOptions::default() }
                 .calibrated(&xs, cols)
                 .unwrap()
         };
-        let weighted = vq::encode(codec, &w, cols, &calibrated(false, 0)).unwrap();
-        let gptq = vq::encode(codec, &w, cols, &calibrated(true, 0)).unwrap();
-        let descended = vq::encode(codec, &w, cols, &calibrated(true, 3)).unwrap();
+        let weighted = k3_quant::encode::encode(codec, &w, cols, &calibrated(false, 0)).unwrap();
+        let gptq = k3_quant::encode::encode(codec, &w, cols, &calibrated(true, 0)).unwrap();
+        let descended = k3_quant::encode::encode(codec, &w, cols, &calibrated(true, 3)).unwrap();
         let (p, q, g, e) = (out_err(&plain), out_err(&weighted), out_err(&gptq), out_err(&descended));
         assert!(q < p * 0.95, "{}: weighted {q} vs plain {p}", codec.name());
         assert!(g < q * 0.95, "{}: GPTQ {g} vs weighted {q}", codec.name());
@@ -256,8 +258,11 @@ fn activation_weighting_lowers_the_output_error() {
 
 #[test]
 fn bad_shapes_are_refused() {
-    assert!(vq::encode(Codec::FastScan, &[0.0; 16 * 64], 64, &EncodeOptions::fast()).is_err(), "16 rows");
-    assert!(vq::encode(Codec::Residual, &[0.0; 4 * 12], 12, &EncodeOptions::fast()).is_err(), "12 columns");
+    assert!(k3_quant::encode::encode(Codec::FastScan, &[0.0; 16 * 64], 64, &EncodeOptions::fast()).is_err(), "16 rows");
+    assert!(
+        k3_quant::encode::encode(Codec::Residual, &[0.0; 4 * 12], 12, &EncodeOptions::fast()).is_err(),
+        "12 columns"
+    );
 }
 
 #[test]
@@ -267,11 +272,11 @@ fn calibration_for_other_matrices_is_refused() {
     assert!(EncodeOptions::fast().calibrated(&xs[..100], 64).is_err(), "not whole inputs");
     // Prepared for 64 columns, used on 128.
     let opts = EncodeOptions::fast().calibrated(&xs, 64).unwrap();
-    let err = vq::encode(Codec::FastScan, &w, 128, &opts).unwrap_err();
+    let err = k3_quant::encode::encode(Codec::FastScan, &w, 128, &opts).unwrap_err();
     assert!(err.contains("64 columns"), "{err}");
     // Prepared under another rotation.
     let xs = gaussian(8 * 128, 43);
     let opts = EncodeOptions { seed: 7, ..EncodeOptions::fast() }.calibrated(&xs, 128).unwrap();
     let opts = EncodeOptions { seed: 8, ..opts };
-    assert!(vq::encode(Codec::FastScan, &w, 128, &opts).is_err(), "another rotation seed");
+    assert!(k3_quant::encode::encode(Codec::FastScan, &w, 128, &opts).is_err(), "another rotation seed");
 }

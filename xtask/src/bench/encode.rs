@@ -4,9 +4,10 @@
 //! full-model conversions that rate implies; with `--calibrated N`, as a calibrated conversion
 //! encodes it (N sampled inputs prepared, then GPTQ and descent).
 
+use k3_quant::encode::EncodeOptions;
 use k3_quant::mxfp4;
 use k3_quant::rng::noise;
-use k3_quant::vq::{self, Codec, EncodeOptions};
+use k3_quant::vq::{self, Codec};
 use serde_json::{Value, json};
 
 use super::{median, time};
@@ -64,7 +65,7 @@ pub fn run(reps: usize, opts: &EncodeOptions, calibrated: Option<usize>, json: b
         // The matrix as a converter hands it over: decoded into memory of its own, which the
         // encoder works in (the copy is the decoder's, outside the timing).
         let (mut m, own) = (None, w.clone());
-        secs.push(time(|| m = Some(one.install(|| vq::encode_owned(Codec::FastScan, own, COLS, &opts)))));
+        secs.push(time(|| m = Some(one.install(|| k3_quant::encode::encode_owned(Codec::FastScan, own, COLS, &opts)))));
         err = rel_error(&w, &m.expect("ran").map_err(anyhow::Error::msg)?);
     }
     let t = median(secs);

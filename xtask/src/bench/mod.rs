@@ -168,8 +168,8 @@ pub fn run(what: Bench) -> Result<()> {
         }
         Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
         Bench::Encode { reps, beam, refine, kmeans_iters, calibrated, json } => {
-            let d = k3_quant::vq::EncodeOptions::default();
-            let opts = k3_quant::vq::EncodeOptions {
+            let d = k3_quant::encode::EncodeOptions::default();
+            let opts = k3_quant::encode::EncodeOptions {
                 beam: beam.unwrap_or(d.beam),
                 refine_rounds: refine.unwrap_or(d.refine_rounds),
                 kmeans_iters: kmeans_iters.unwrap_or(d.kmeans_iters),

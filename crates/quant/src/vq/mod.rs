@@ -13,22 +13,13 @@
 //! (fast-scan: [`joint`]'s search, otherwise a beam search); optional activation-weighted
 //! distance, GPTQ and [`descent`] on the output error; see [`train`].
 
-pub mod descent;
-mod encoder;
 pub mod fastscan;
-pub mod gptq;
 pub mod hadamard;
-pub mod joint;
-mod linalg;
-mod nearest;
 pub mod residual;
-pub mod search;
-pub mod train;
 
 use half::f16;
 
 use crate::cpu::{Level, level};
-pub use encoder::{Calibration, EncodeOptions, encode, encode_owned};
 pub use hadamard::Rotation;
 
 /// The VQ codec candidates.

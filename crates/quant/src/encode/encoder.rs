@@ -6,8 +6,8 @@ use std::sync::Arc;
 use half::f16;
 
 use super::train::{self, Data};
-use super::{Codec, Rotation, VqMatrix, fastscan};
 use super::{descent, gptq, linalg, search};
+use crate::vq::{Codec, Rotation, VqMatrix, fastscan};
 
 /// Encoder settings.
 #[derive(Debug, Clone)]

@@ -152,8 +152,8 @@ pub fn encode(data: Data<'_>, cb: &Codebooks, beam: usize, codes: &mut Vec<u16>)
 
 #[cfg(test)]
 mod tests {
+    use super::super::train::dist;
     use super::*;
-    use crate::vq::train::dist;
 
     fn codebooks(seed: u64) -> Codebooks {
         let values = crate::rng::noise(2 * 16 * 4, seed, 1.0);

@@ -20,10 +20,6 @@ impl Data<'_> {
         self.vecs.len() / self.dim
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.vecs.is_empty()
-    }
-
     pub(super) fn vec(&self, i: usize) -> &[f32] {
         &self.vecs[i * self.dim..][..self.dim]
     }
