@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::{Read, Write};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::server::Server;
@@ -140,9 +141,14 @@ fn sigterm_ends_streams_with_their_finish_and_the_server_cleanly() {
     // The end of the turn banned: the answer is still running when the signal comes.
     let model = k3_engine::Model::open(common::fixture("default.waste")).unwrap();
     let tok = k3_engine::tokenizer::Tokenizer::from_model(&model).unwrap().unwrap();
-    let end = tok.special("<|im_end|>").unwrap();
+    let cfg =
+        k3_engine::config::ModelConfig::parse(Path::new("config.json"), model.blob("config.json").unwrap()).unwrap();
+    let mut banned = serde_json::Map::new();
+    for id in cfg.eos.iter().copied().chain([tok.special("<|im_end|>").unwrap()]) {
+        banned.insert(id.to_string(), json!(-100));
+    }
     let body = json!({"messages": [{"role": "user", "content": "Tell"}], "max_tokens": 100000, "stream": true,
-        "temperature": 1.0, "logit_bias": {end.to_string(): -100}})
+        "temperature": 0, "logit_bias": banned})
     .to_string();
     write!(
         c,
