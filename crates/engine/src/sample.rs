@@ -192,8 +192,7 @@ impl Sampler {
         };
         let l = &l[..];
         if self.cfg.temperature <= 0.0 {
-            let argmax = l.iter().enumerate().fold(0, |b, (i, v)| if *v > l[b] { i } else { b });
-            return vec![(argmax as u32, 1.0)];
+            return vec![(argmax(l), 1.0)];
         }
         // Candidates by logit, highest first (ties: lower id); banned tokens are none.
         let mut idx: Vec<u32> = (0..l.len() as u32).filter(|&i| l[i as usize] > f32::NEG_INFINITY).collect();
@@ -231,6 +230,10 @@ impl Sampler {
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.cfg.temperature <= 0.0 && self.cfg.logit_bias.is_empty() && !self.cfg.penalizes() {
+            // Plain greedy, the common case per decoded token: no copy, no candidate list.
+            return argmax(logits);
+        }
         let d = self.distribution(logits);
         if let [(id, _)] = d[..] {
             return id;
@@ -261,6 +264,11 @@ impl TokenLogprob {
         let (logprob, top) = logprobs(logits, id, top);
         TokenLogprob { id, logprob, top }
     }
+}
+
+/// The most likely token (the lower id on ties; 0 for no logits).
+fn argmax(l: &[f32]) -> u32 {
+    l.iter().enumerate().fold(0, |b, (i, v)| if *v > l[b] { i } else { b }) as u32
 }
 
 /// A position's log-probabilities under the model (log-softmax of the raw logits, before any

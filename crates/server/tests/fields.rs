@@ -121,7 +121,6 @@ async fn logit_bias_and_the_penalties_change_greedy_as_their_definitions_say() {
         assert!((g - log_softmax(logits, *id)).abs() < 1e-5, "biased token {k}");
     }
     assert_tokens(&v, &want);
-    assert_ne!(want[0].0, banned);
 
     // llama.cpp's repetition penalty and OpenAI's frequency / presence penalties, over the last
     // 64 tokens of prompt and answer.

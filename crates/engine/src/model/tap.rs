@@ -53,7 +53,8 @@ impl ExpertInputs {
     /// routing weights of its outputs.
     pub fn record(&self, key: (u32, u32), xs: &[f32], gates: &[f32], dim: usize) {
         debug_assert_eq!(xs.len(), gates.len() * dim, "one gate per input");
-        let mut map = self.state.lock().expect("not poisoned");
+        // A panic elsewhere while this lock was held leaves the samples as they were: still usable.
+        let mut map = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (s, rng) = map.entry(key).or_insert_with(|| {
             let seed = 0xCA11B ^ (u64::from(key.0) << 32 | u64::from(key.1));
             (Sample { dim, vectors: Vec::new(), gates: Vec::new(), seen: 0 }, XorShift::new(seed))
@@ -76,6 +77,9 @@ impl ExpertInputs {
 
     /// The samples, by (layer, expert).
     pub fn take(&self) -> Samples {
-        std::mem::take(&mut *self.state.lock().expect("not poisoned")).into_iter().map(|(k, (s, _))| (k, s)).collect()
+        std::mem::take(&mut *self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+            .into_iter()
+            .map(|(k, (s, _))| (k, s))
+            .collect()
     }
 }
