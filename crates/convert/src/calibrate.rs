@@ -1,11 +1,11 @@
 //! Calibration: the inputs each routed expert actually sees while the model reads text (the
-//! engine's sampling tap, `k3_engine::model::tap`, keeps a uniform sample per expert with the
+//! engine's sampling tap, `k3_engine::tap`, keeps a uniform sample per expert with the
 //! routing weight each was mixed in with), so a re-encoding can minimize the error that reaches
 //! the outputs instead of the plain weight error.
 
 use std::collections::HashMap;
 
-use k3_engine::model::tap::{ExpertInputs, Sample, Samples};
+use k3_engine::tap::{ExpertInputs, Sample, Samples};
 
 /// Calibration for a conversion: each expert's sampled inputs, and per layer a pool for experts
 /// the text never routed to.

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use k3_format::OutputFile;
 
-use super::write::EMBEDDED_FILES;
+use super::plan::EMBEDDED_FILES;
 use super::{ConvertError, Source};
 
 /// Shards are cut at this size, as Hugging Face checkpoints are.

@@ -13,6 +13,10 @@ use crate::tensors::{ExpertShapes, TensorTable};
 use k3_engine::config::ModelConfig;
 use k3_engine::names::{EXPERT_MATRICES, expert as expert_name};
 
+/// Files copied into the header verbatim when the checkpoint has them.
+pub(super) const EMBEDDED_FILES: [&str; 5] =
+    ["config.json", "tiktoken.model", "tokenizer_config.json", "tokenizer.json", "chat_template.jinja"];
+
 /// One MoE layer's experts: how the source stores them, their shapes, the record layout they
 /// get, and what they are re-encoded to (`None`: copied as stored).
 pub(super) struct LayerPlan {
@@ -70,7 +74,7 @@ impl Plan {
                 records.max(1)
             )));
         }
-        k3_format::manifest::check_alignment(opts.alignment).map_err(ConvertError::Unsupported)?;
+        k3_format::check_alignment(opts.alignment).map_err(ConvertError::Unsupported)?;
         Ok(Plan { table, arch, trunk_names, ignored, layouts, layers, fp8_block, activation: config.activation })
     }
 
@@ -140,7 +144,7 @@ fn sort_tensors(
 /// conversation within its limits ([`k3_engine::chat::ChatFormat::check`]).
 fn check_chat_template(src: &Source, family: k3_engine::config::Family) -> Result<(), ConvertError> {
     let mut files = std::collections::HashMap::new();
-    for name in super::write::EMBEDDED_FILES {
+    for name in EMBEDDED_FILES {
         if let Some(bytes) = src.file(name)? {
             files.insert(name, bytes);
         }

@@ -15,10 +15,6 @@ use crate::calibrate::Calibration;
 use crate::tensors::Storage;
 use k3_engine::names::{EXPERT_MATRICES, expert as expert_name};
 
-/// Files copied into the header verbatim when the checkpoint has them.
-pub(super) const EMBEDDED_FILES: [&str; 5] =
-    ["config.json", "tiktoken.model", "tokenizer_config.json", "tokenizer.json", "chat_template.jinja"];
-
 /// Every trunk tensor the writer does not have yet, encoded as `trunk` asks.
 pub(super) fn trunk(
     w: &mut ModelWriter,
@@ -200,7 +196,7 @@ fn expert_inputs(
     for (x, gate) in sample.vectors.chunks_exact(sample.dim).zip(&sample.gates) {
         k3_quant::dense::matvec_f32(&w1.3, x, &mut g);
         k3_quant::dense::matvec_f32(&w3.3, x, &mut u);
-        h.extend(g.iter().zip(&u).map(|(g, u)| gate * k3_engine::model::activate(plan.activation, *g, *u)));
+        h.extend(g.iter().zip(&u).map(|(g, u)| gate * k3_engine::activate(plan.activation, *g, *u)));
         xs.extend(x.iter().map(|v| gate * v));
     }
     // Prepared once each: w1 and w3 share their inputs' (costly) second-moment factor.
@@ -220,7 +216,7 @@ pub(super) fn finish(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<u64, ConvertError> {
     let mut blobs = Vec::new();
-    for name in EMBEDDED_FILES {
+    for name in super::plan::EMBEDDED_FILES {
         if let Some(bytes) = src.file(name)? {
             blobs.push((name, bytes));
         }

@@ -11,7 +11,7 @@ pub mod config;
 pub mod eval;
 pub mod generate;
 pub mod json_prefix;
-pub mod model;
+mod model;
 pub mod names;
 pub mod owned;
 pub mod plan;
@@ -22,7 +22,9 @@ pub mod toolcall;
 pub mod verify;
 pub mod weights;
 
-pub use model::{Engine, EngineOptions, LayerState, Logits, RoutedToken, RunStats, Seq, Session, Span, SpanKind};
+pub use model::{
+    Engine, EngineOptions, LayerState, Logits, RoutedToken, RunStats, Seq, Session, Span, SpanKind, activate, tap,
+};
 pub use owned::OwnedEngine;
 pub use plan::MemoryPlan;
 

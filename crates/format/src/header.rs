@@ -36,7 +36,7 @@ fn header_checksum(bytes: &[u8]) -> u64 {
     h.digest()
 }
 
-/// Recomputes and stores the checksum of a header of at least [`PROLOGUE_LEN`] bytes (for tools
+/// Recomputes and stores the checksum of a header of at least `PROLOGUE_LEN` bytes (for tools
 /// and tests that patch headers on purpose).
 pub fn seal(bytes: &mut [u8]) {
     let sum = header_checksum(bytes);

@@ -37,7 +37,7 @@ impl IndexEntry {
         out.extend_from_slice(&self.xxh3.to_le_bytes());
     }
 
-    /// Decodes one entry; `b` must hold exactly [`INDEX_ENTRY_LEN`] bytes.
+    /// Decodes one entry; `b` must hold exactly `INDEX_ENTRY_LEN` bytes.
     pub fn decode(b: &[u8; INDEX_ENTRY_LEN]) -> Self {
         let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);

@@ -11,23 +11,25 @@
 #[cfg(target_endian = "big")]
 compile_error!("WASTE files are little-endian and k3 views them in place: big-endian targets are not supported");
 
-pub mod encoding;
-pub mod error;
-pub mod header;
-pub mod index;
-pub mod lock;
-pub mod manifest;
-pub mod output;
-pub mod reader;
-pub mod record;
-pub mod view;
-pub mod writer;
+mod encoding;
+mod error;
+mod header;
+mod index;
+mod lock;
+mod manifest;
+mod output;
+mod reader;
+mod record;
+mod view;
+mod writer;
 
 pub use encoding::{CodebookSource, Dtype, Encoding, PartLayout};
 pub use error::{FormatError, Place, Result};
-pub use header::{Header, VERSION_MAJOR, VERSION_MINOR};
+pub use header::{Header, MAGIC, VERSION_MAJOR, VERSION_MINOR, seal};
 pub use index::IndexEntry;
-pub use manifest::{Architecture, BlobInfo, ExpertLayout, Hex64, Manifest, PartEntry, TensorEntry, TrunkTensor};
+pub use manifest::{
+    Architecture, BlobInfo, ExpertLayout, Hex64, Manifest, PartEntry, TensorEntry, TrunkTensor, check_alignment,
+};
 pub use output::{OutputFile, write_atomic};
 pub use reader::{ExpertLocation, Model, OpenOptions, Problem};
 pub use record::parse_record;

@@ -5,8 +5,8 @@ mod common;
 use std::path::Path;
 
 use common::{build, plan};
-use k3_format::header::{Header, seal};
 use k3_format::{FormatError, HEADER_FILE, Model, Place, TRUNK_FILE, shard_file_name};
+use k3_format::{Header, seal};
 use proptest::prelude::*;
 
 fn model(experts: u32, shards: u16) -> tempfile::TempDir {

@@ -4,7 +4,7 @@ mod common;
 
 use std::path::Path;
 
-use k3_format::header::{Header, MAGIC, seal};
+use k3_format::{Header, MAGIC, seal};
 use proptest::prelude::*;
 
 fn valid_header() -> Vec<u8> {

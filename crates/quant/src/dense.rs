@@ -42,12 +42,12 @@ pub fn matvec_bf16_at(level: Level, w: &[bf16], x: &[f32], y: &mut [f32]) {
 /// `Y = W X` for a batch of vectors (`xs` `[n, cols]`, `ys` `[n, rows]`): each weight is widened
 /// once for four vectors, and every (row, vector) is summed in exactly the order [`matvec_bf16`]
 /// sums it, so a batch gives the same bits as its vectors one by one.
-pub fn matmul_bf16(w: &[bf16], cols: usize, xs: &[f32], ys: &mut [f32]) {
+pub(crate) fn matmul_bf16(w: &[bf16], cols: usize, xs: &[f32], ys: &mut [f32]) {
     matmul_bf16_at(level(), w, cols, xs, ys)
 }
 
 /// [`matmul_bf16`] with an explicit kernel level (for tests and benchmarks).
-pub fn matmul_bf16_at(level: Level, w: &[bf16], cols: usize, xs: &[f32], ys: &mut [f32]) {
+pub(crate) fn matmul_bf16_at(level: Level, w: &[bf16], cols: usize, xs: &[f32], ys: &mut [f32]) {
     let n = xs.len() / cols.max(1);
     assert!(cols > 0 && xs.len() == n * cols, "xs is not whole {cols}-vectors");
     let rows = w.len() / cols;

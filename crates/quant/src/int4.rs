@@ -2,6 +2,7 @@
 //! nibble - 8), `scale` f16 `[rows, cols/group]`, `w = (nibble - 8) * scale`.
 
 use half::f16;
+use rayon::prelude::*;
 
 use crate::cpu::{Level, level, supported};
 use crate::rtn::quantize_group;
@@ -18,17 +19,18 @@ pub fn quantize_bits(w: &[f32], cols: usize, group: usize, bits: u32) -> (Vec<u8
     assert!((2..=4).contains(&bits), "{bits}-bit levels do not fit the int4 layout");
     assert!(group >= 2 && group.is_multiple_of(2) && cols.is_multiple_of(group), "{cols} columns in groups of {group}");
     assert!(w.len().is_multiple_of(cols), "weights are not whole rows of {cols}");
+    // Groups are independent: quantized on the pool, in runs long enough to pay for a task.
     let mut q = vec![0u8; w.len() / 2];
-    let mut scale = Vec::with_capacity(w.len() / group);
-    let mut levels = vec![0i8; group];
-    for (g, src) in w.chunks_exact(group).enumerate() {
-        scale.push(quantize_group(src, bits, &mut levels));
-        for (i, pair) in levels.chunks_exact(2).enumerate() {
-            let lo = (pair[0] + 8) as u8;
-            let hi = (pair[1] + 8) as u8;
-            q[g * group / 2 + i] = lo | hi << 4;
-        }
-    }
+    let mut scale = vec![f16::ZERO; w.len() / group];
+    q.par_chunks_mut(group / 2).zip(scale.par_iter_mut()).zip(w.par_chunks(group)).with_min_len(4096).for_each_init(
+        || vec![0i8; group],
+        |levels, ((q, scale), src)| {
+            *scale = quantize_group(src, bits, levels);
+            for (b, pair) in q.iter_mut().zip(levels.chunks_exact(2)) {
+                *b = (pair[0] + 8) as u8 | ((pair[1] + 8) as u8) << 4;
+            }
+        },
+    );
     (q, scale)
 }
 

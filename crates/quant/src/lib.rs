@@ -15,7 +15,7 @@ pub mod encode;
 pub mod gemm;
 pub mod int4;
 pub mod int8;
-pub mod matrix;
+mod matrix;
 pub mod mxfp4;
 pub mod par;
 pub mod rng;

@@ -10,7 +10,7 @@ use crate::simd::{with_nibble_order, with_nibble_order_padded};
 /// E2M1 nibble -> value; bit 3 is the sign.
 pub const E2M1: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
 /// Twice the E2M1 values: exact small integers.
-pub const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 /// Columns per scale block.
 pub const BLOCK: usize = 32;
 

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use crate::Matrix;
 
 /// Rows per task are a multiple of this (a cache line of f32 outputs, and the VQ codes' blocks).
-pub const ROW_BLOCK: usize = 32;
+const ROW_BLOCK: usize = 32;
 /// Below this many weights a product runs on the calling thread: waking others costs more.
 pub const MIN_PARALLEL_WEIGHTS: usize = 1 << 18;
 

@@ -6,7 +6,7 @@ use half::f16;
 
 /// Quantizes one group: returns the scale (rounded to f16, as stored) and the signed levels.
 /// Tries a few scales around `max|w| / qmax` and keeps the one with the least squared error.
-pub fn quantize_group(w: &[f32], bits: u32, levels: &mut [i8]) -> f16 {
+pub(crate) fn quantize_group(w: &[f32], bits: u32, levels: &mut [i8]) -> f16 {
     let qmin = -(1i32 << (bits - 1));
     let qmax = (1i32 << (bits - 1)) - 1;
     let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));

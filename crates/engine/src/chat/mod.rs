@@ -1,13 +1,13 @@
 //! Chat prompts in the model's own format, token by token: structural markup as special tokens,
 //! every piece of text tokenized on its own as plain text, so content can never forge a turn.
 //!
-//! - Kimi K3 ("XTML", [`xtml`]): only `<|open|>`, `<|close|>`, `<|sep|>` and `<|end_of_msg|>`
+//! - Kimi K3 ("XTML", `xtml`): only `<|open|>`, `<|close|>`, `<|sep|>` and `<|end_of_msg|>`
 //!   are special tokens; tag names and attributes are ordinary text, each encoded as its own
 //!   segment (segment boundaries are token boundaries).
-//! - Kimi-Linear and K2 (`im_` turns, [`im`]): `<|im_system|>`/`<|im_user|>`/`<|im_assistant|>`
+//! - Kimi-Linear and K2 (`im_` turns, `im`): `<|im_system|>`/`<|im_user|>`/`<|im_assistant|>`
 //!   NAME `<|im_middle|>` TEXT `<|im_end|>`, tool calls between Kimi's tool-call markers.
 //!
-//! - K2 / DeepSeek-V3 models that ship a Jinja template: that template ([`template`]); without
+//! - K2 / DeepSeek-V3 models that ship a Jinja template: that template (`template`); without
 //!   one, K2's `im_` turns.
 //!
 //! All are checked against Python jinja2 renderings of the releases' own chat templates

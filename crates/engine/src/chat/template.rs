@@ -32,7 +32,7 @@ const CLOSE: char = '\u{F0001}';
 const JSON_OPEN: char = '\u{F0002}';
 
 /// What one rendering may spend. The releases' templates use a small part of each: the probe
-/// conversation of [`super::check_template`] takes under 1% of the fuel.
+/// conversation of `super::check_template` takes under 1% of the fuel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Template instructions per rendering.

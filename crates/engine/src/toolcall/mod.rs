@@ -1,5 +1,5 @@
 //! Tool calls read out of a reply token by token, in the model's own markup: Kimi's `im_`
-//! markers (K2, Kimi-Linear; [`im`]) or K3's XTML `tools` element ([`xtml`]). Text streams as it
+//! markers (K2, Kimi-Linear; `im`) or K3's XTML `tools` element (`xtml`). Text streams as it
 //! comes and each call is whole at its end. Markup is recognized by token id only (a model that
 //! writes the characters `<|tool_call_begin|>` or `<|open|>` wrote text); markup that is
 //! malformed or cut off ends as the text it was, never as an error.

@@ -33,7 +33,7 @@ pub struct EncodeOptions {
     /// With calibration: encode rows GPTQ-style, pushing each chunk's error onto the columns not
     /// yet encoded through the inverse second-moment matrix of the activations (output-aware).
     pub gptq: bool,
-    /// After GPTQ: sweeps of coordinate descent on the output error ([`super::descent`]).
+    /// After GPTQ: sweeps of coordinate descent on the output error (`super::descent`).
     pub descent_rounds: usize,
     /// The search width of those sweeps (16: every first-stage entry of the fast-scan codec).
     pub descent_width: usize,

@@ -10,7 +10,7 @@
 //! the scalar reference and the AVX2 and AVX-512 kernels, so their results are bit-identical.
 
 use super::{Scratch, VqRef};
-use crate::cpu::{Level, level, supported};
+use crate::cpu::{Level, supported};
 
 /// Packs row-major codes (`rows x items`, each < 16) into the interleaved layout.
 pub fn pack(codes: &[u16], rows: usize, items: usize) -> Vec<u8> {
@@ -38,12 +38,7 @@ pub fn code(codes: &[u8], items: usize, r: usize, j: usize) -> usize {
 /// `delta * (sum_j L[j][code] - 128 * items)`. One step for all items keeps the build a
 /// vectorizable pass and a quantizing one (no per-item minimum); codebooks are centred, so little
 /// range is lost.
-/// `work` is working memory (the f32 table, where a kernel keeps it).
-pub fn build_lut(codebooks: &[f32], x: &[f32], work: &mut Vec<f32>, lut: &mut Vec<u8>) -> f32 {
-    build_lut_at(level(), codebooks, x, work, lut)
-}
-
-/// [`build_lut`] with an explicit kernel level.
+/// `work` is working memory (the f32 table, where a kernel keeps it); `level` picks the kernel.
 pub fn build_lut_at(level: Level, codebooks: &[f32], x: &[f32], work: &mut Vec<f32>, lut: &mut Vec<u8>) -> f32 {
     lut.resize(x.len() / 4 * 3 * 16, 0);
     build_into(level, codebooks, x, work, lut)
@@ -70,7 +65,7 @@ fn build_into(level: Level, codebooks: &[f32], x: &[f32], work: &mut Vec<f32>, l
     }
 }
 
-/// The exact table `T` (f32, `items x 16`) that [`build_lut`] quantizes: for error bounds.
+/// The exact table `T` (f32, `items x 16`) that [`build_lut_at`] quantizes: for error bounds.
 pub fn table(codebooks: &[f32], x: &[f32]) -> Vec<f32> {
     let mut table = Vec::new();
     reference::table(&transposed(codebooks), x, &mut table);

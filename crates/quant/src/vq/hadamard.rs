@@ -46,7 +46,7 @@ impl Rotation {
     }
 
     /// `v <- R^T v` (the inverse).
-    pub fn apply_inverse(&self, v: &mut [f32]) {
+    pub(crate) fn apply_inverse(&self, v: &mut [f32]) {
         self.run(v, false)
     }
 

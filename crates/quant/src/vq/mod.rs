@@ -8,10 +8,8 @@
 //!   A matvec decodes each 8-chunk as the sum of three codewords (codebooks stay in L1) and FMAs.
 //!
 //! Both reconstruct a row as `scale[r] * sum_s C_s[code]` per chunk, in the basis of an optional
-//! randomized block-Hadamard rotation of the input dimension. Encoders: residual k-means and joint
-//! refinement (re-encode + least-squares codebook refit) on a sample, then one encoding pass
-//! (fast-scan: [`joint`]'s search, otherwise a beam search); optional activation-weighted
-//! distance, GPTQ and [`descent`] on the output error; see [`train`].
+//! randomized block-Hadamard rotation of the input dimension. This folder is what the runtime
+//! reads; the encoder that makes codes and codebooks is [`crate::encode`].
 
 pub mod fastscan;
 pub mod hadamard;
@@ -68,7 +66,7 @@ impl Codec {
     }
 
     /// Why a `[rows, cols]` matrix cannot use this codec, if it cannot.
-    pub fn check_shape(self, rows: usize, cols: usize) -> Result<(), String> {
+    pub(crate) fn check_shape(self, rows: usize, cols: usize) -> Result<(), String> {
         let col_multiple = match self {
             Codec::FastScan => 8, // an even number of (chunk, stage) items per row
             Codec::Residual => 8,

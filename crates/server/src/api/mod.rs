@@ -1,6 +1,6 @@
 //! The OpenAI request bodies this server reads, checked into what the engine runs: every field
-//! it knows validated (a 400 naming the field), the sampling ones in [`sampling`], the tools in
-//! [`tools`]; fields it cannot honour (`echo`, `suffix`, `best_of`, `n` > 1) refused by name;
+//! it knows validated (a 400 naming the field), the sampling ones in `sampling`, the tools in
+//! `tools`; fields it cannot honour (`echo`, `suffix`, `best_of`, `n` > 1) refused by name;
 //! fields that ask nothing of the answer (`user`, `metadata`) ignored, as OpenAI's clients expect.
 
 mod sampling;
