@@ -16,6 +16,8 @@ use crate::error::{FormatError, Result};
 pub struct OutputFile {
     target: PathBuf,
     tmp: tempfile::NamedTempFile,
+    /// The mode the target gets.
+    mode: u32,
 }
 
 impl OutputFile {
@@ -48,7 +50,10 @@ impl OutputFile {
             .permissions(std::fs::Permissions::from_mode(mode))
             .tempfile_in(&dir)
             .map_err(|e| FormatError::io(&dir, e))?;
-        Ok(OutputFile { target, tmp })
+        // What the umask made of it, to restore if a writer replaces the temporary (safetensors
+        // renames its own 0600 temporary over the path it is given).
+        let mode = tmp.as_file().metadata().map_err(|e| FormatError::io(tmp.path(), e))?.permissions().mode() & 0o7777;
+        Ok(OutputFile { target, tmp, mode })
     }
 
     pub fn target(&self) -> &Path {
@@ -74,8 +79,14 @@ impl OutputFile {
 
     /// Makes what was written through [`file`](Self::file) durable and renames it over the target.
     pub fn finish(self) -> Result<()> {
-        let OutputFile { target, tmp } = self;
-        tmp.as_file().sync_all().map_err(|e| FormatError::io(tmp.path(), e))?;
+        let OutputFile { target, tmp, mode } = self;
+        let now = std::fs::metadata(tmp.path()).map_err(|e| FormatError::io(tmp.path(), e))?;
+        if now.permissions().mode() & 0o7777 != mode {
+            std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode))
+                .map_err(|e| FormatError::io(tmp.path(), e))?;
+        }
+        let file = File::open(tmp.path()).map_err(|e| FormatError::io(tmp.path(), e))?;
+        file.sync_all().map_err(|e| FormatError::io(tmp.path(), e))?;
         tmp.persist(&target).map_err(|e| FormatError::io(&target, e.error))?;
         if let Some(dir) = target.parent().filter(|p| !p.as_os_str().is_empty()) {
             // The rename is durable once the directory is; a failure here loses nothing.
@@ -94,18 +105,38 @@ pub fn write_atomic(target: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The process's umask, as the kernel reports it (reading it with umask(2) would change it).
+    fn umask() -> u32 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let mask = status.lines().find_map(|l| l.strip_prefix("Umask:")).unwrap().trim();
+        u32::from_str_radix(mask, 8).unwrap()
+    }
+
     #[test]
     fn a_new_file_takes_the_umask_and_a_replaced_one_keeps_its_mode() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("out.json");
         write_atomic(&p, b"1").unwrap();
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let mask = status.lines().find_map(|l| l.strip_prefix("Umask:")).unwrap().trim();
-        let mask = u32::from_str_radix(mask, 8).unwrap();
+        let mask = umask();
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o666 & !mask);
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         write_atomic(&p, b"2").unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_writer_that_renames_its_own_temporary_over_ours_still_gives_the_umask_mode() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("model.safetensors");
+        let o = OutputFile::create(&p).unwrap();
+        let theirs = d.path().join("theirs");
+        std::fs::write(&theirs, b"tensors").unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::rename(&theirs, o.temp_path()).unwrap();
+        o.finish().unwrap();
+        let mask = umask();
+        assert_eq!(std::fs::read(&p).unwrap(), b"tensors");
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o666 & !mask);
     }
 
     fn names(dir: &Path) -> Vec<String> {

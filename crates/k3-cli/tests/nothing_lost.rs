@@ -413,17 +413,39 @@ fn the_default_model_travels_with_the_binary() {
 #[test]
 fn the_readme_uses_only_options_that_exist() {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
-    let mut checked = 0;
-    for line in readme.lines().filter(|l| l.contains("k3-cli -- ")) {
-        let cmd = line.split("k3-cli -- ").nth(1).unwrap();
+    // Commands in code blocks (run or not) and in inline code spans.
+    let mut commands = Vec::new();
+    let mut in_block = false;
+    for line in readme.lines() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+            continue;
+        }
+        if in_block {
+            let code = line.split(" #").next().unwrap();
+            commands.extend(code.split("k3-cli ").skip(1).map(str::to_string));
+        } else {
+            commands.extend(line.split("`k3-cli ").skip(1).map(|c| c.split('`').next().unwrap().to_string()));
+        }
+    }
+    let (ok, top, err) = k3(&["--help"]);
+    assert!(ok, "{err}");
+    let (mut checked, mut subs) = (0, 0);
+    for cmd in &commands {
+        let cmd = cmd.strip_prefix("-- ").unwrap_or(cmd);
         let mut words = cmd.split_whitespace();
-        let sub = words.next().unwrap();
+        let Some(sub) = words.next().filter(|w| w.chars().all(|c| c.is_ascii_lowercase())) else { continue };
+        assert!(top.contains(&format!("  {sub} ")), "README: `k3-cli {sub}` is not a subcommand");
         let (ok, help, err) = k3(&[sub, "--help"]);
-        assert!(ok, "README: `{sub}` is not a subcommand: {err}");
-        for opt in words.take_while(|w| *w != "#").filter(|w| w.starts_with("--")) {
+        assert!(ok, "README: `{sub} --help`: {err}");
+        subs += 1;
+        for opt in
+            words.take_while(|w| !["#", "|", "&", ";"].contains(w)).filter(|w| w.starts_with("--") && w.len() > 2)
+        {
+            let opt = opt.split('=').next().unwrap();
             assert!(help.contains(opt), "README: `{sub} {opt}` is not an option");
             checked += 1;
         }
     }
-    assert!(checked > 10, "{checked}");
+    assert!(subs > 15 && checked > 30, "{subs} commands, {checked} options");
 }

@@ -78,7 +78,12 @@ fn run(script: &str, dir: &Path, path: &str, data: &Path, limit: Duration) -> (b
 }
 
 fn have(program: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {program}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 #[test]
@@ -87,7 +92,10 @@ fn every_sh_block_of_the_readme_runs_on_the_default_model() {
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
     let blocks = sh_blocks(&readme);
     for (skipped, why) in NOT_RUN {
-        assert!(blocks.iter().any(|b| b.trim() == *skipped), "NOT_RUN lists `{skipped}` ({why}), no longer in the README");
+        assert!(
+            blocks.iter().any(|b| b.trim() == *skipped),
+            "NOT_RUN lists `{skipped}` ({why}), no longer in the README"
+        );
     }
 
     // A fresh directory: the repository's fixtures visible, outputs land here, not in the tree.
