@@ -214,6 +214,7 @@ fn vq_cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
 /// Runs the benchmark; returns the JSON report and prints a table unless `json`.
 pub fn run(reps: usize, extra_rows: &[usize], json_out: bool) -> Value {
     let mem = mem_read_gbps(512 << 20, 5);
+    let peaks = super::peak::measure(1, 3);
     let mhz = cpu_mhz();
     let level = k3_quant::cpu::level();
     let mut results = serde_json::Map::new();
@@ -254,6 +255,13 @@ pub fn run(reps: usize, extra_rows: &[usize], json_out: bool) -> Value {
                 if let Some(mhz) = mhz {
                     entry[format!("{key}_weights_per_cycle")] = json!(gw * 1e3 / mhz);
                 }
+                // A weight times a vector is one multiply-add.
+                if let Some((ceiling, peak)) =
+                    super::peak::ceiling_of(&c.name).and_then(|n| peaks.iter().find(|(p, _)| *p == n))
+                {
+                    entry["ceiling"] = json!(ceiling);
+                    entry[format!("{key}_of_ceiling")] = json!(gw / peak);
+                }
             }
         }
     }
@@ -264,6 +272,7 @@ pub fn run(reps: usize, extra_rows: &[usize], json_out: bool) -> Value {
         "simd": format!("{level:?}"),
         "cpu_mhz": mhz,
         "mem_read_gbps": mem,
+        "peak_gmacs": super::peak::to_json(&peaks),
         "mxfp4_gweights_per_s": mx,
         "vq3_codec": default,
         "vq3_gweights_per_s": hot(&format!("{default} 3072x3584")),
@@ -274,13 +283,16 @@ pub fn run(reps: usize, extra_rows: &[usize], json_out: bool) -> Value {
             "SIMD {level:?}, one core, {} MHz nominal; memory read {mem:.1} GB/s (one core, 512 MiB)",
             mhz.unwrap_or(0.0)
         );
+        let ceilings: Vec<String> = peaks.iter().map(|(n, g)| format!("{n} {g:.1}")).collect();
+        println!("arithmetic ceilings, one core, G multiply-adds/s: {}", ceilings.join("; "));
         println!(
-            "{:<34} {:>9} {:>9} {:>9} {:>10} {:>8}",
-            "kernel", "hot Gw/s", "cold Gw/s", "cold GB/s", "bytes/w", "w/cycle"
+            "{:<34} {:>9} {:>9} {:>9} {:>10} {:>8} {:>12}",
+            "kernel", "hot Gw/s", "cold Gw/s", "cold GB/s", "bytes/w", "w/cycle", "hot/ceiling"
         );
         for (name, v) in report["kernels"].as_object().into_iter().flatten() {
+            let of = v["hot_of_ceiling"].as_f64().map_or("-".to_string(), |f| format!("{f:.2}"));
             println!(
-                "{name:<34} {:>9.2} {:>9.2} {:>9.2} {:>10.3} {:>8.2}",
+                "{name:<34} {:>9.2} {:>9.2} {:>9.2} {:>10.3} {:>8.2} {of:>12}",
                 v["hot_gweights_per_s"].as_f64().unwrap_or(0.0),
                 v["cold_gweights_per_s"].as_f64().unwrap_or(0.0),
                 v["cold_weight_gbps"].as_f64().unwrap_or(0.0),

@@ -5,6 +5,7 @@ pub mod decode;
 pub mod encode;
 pub mod io;
 pub mod kernels;
+pub mod peak;
 pub mod serve;
 pub mod threads;
 pub mod timeline;

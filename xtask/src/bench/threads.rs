@@ -136,16 +136,19 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
             kernels.insert(case.name.into(), json!({"weight_gbps": gbps, "of_bandwidth": gbps / bw}));
         }
         let hot_gmacs = median(hot_rate);
-        rows.push(
-            json!({"threads": threads, "mem_read_gbps": bw, "hot_bf16_matmul_gmacs": hot_gmacs, "kernels": kernels}),
-        );
+        let peaks = super::peak::measure(threads, reps.min(3));
+        let fma = peaks.iter().find(|(n, _)| *n == "f32 FMA (AVX2)").map_or(f64::NAN, |p| p.1);
+        rows.push(json!({
+            "threads": threads, "mem_read_gbps": bw, "peak_gmacs": super::peak::to_json(&peaks),
+            "hot_bf16_matmul_gmacs": hot_gmacs, "hot_bf16_of_fma_peak": hot_gmacs / fma, "kernels": kernels,
+        }));
     }
     let report = json!({"threads": rows});
     if !json_out {
         println!(
             "matvec over 1..{max_threads} threads, weights far beyond the caches (medians of {reps}): GB/s of weights (fraction of the read bandwidth on as many threads)"
         );
-        print!("{:>7} {:>10} {:>22}", "threads", "read GB/s", "hot bf16 x64 GMAC/s");
+        print!("{:>7} {:>10} {:>12} {:>30}", "threads", "read GB/s", "FMA GMAC/s", "hot bf16 x64 GMAC/s (of FMA)");
         for case in &cases {
             print!(" {:>26}", case.name);
         }
@@ -154,11 +157,13 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
             let hot = row["hot_bf16_matmul_gmacs"].as_f64().unwrap_or(0.0);
             let first = rows[0]["hot_bf16_matmul_gmacs"].as_f64().unwrap_or(1.0);
             print!(
-                "{:>7} {:>10.2} {:>13.2} ({:>4.2}x)",
+                "{:>7} {:>10.2} {:>12.1} {:>13.2} ({:>4.2}x, {:>4.2})",
                 row["threads"],
                 row["mem_read_gbps"].as_f64().unwrap_or(0.0),
+                row["peak_gmacs"]["f32 FMA (AVX2)"].as_f64().unwrap_or(0.0),
                 hot,
-                hot / first
+                hot / first,
+                row["hot_bf16_of_fma_peak"].as_f64().unwrap_or(0.0)
             );
             for case in &cases {
                 let k = &row["kernels"][case.name];
