@@ -161,7 +161,7 @@ pub fn collect(
     let opts = k3_engine::EngineOptions {
         calibrate: Some(inputs.clone()),
         context: window as u64,
-        chunk: window as u64,
+        chunk: Some(window as u64),
         ..k3_engine::EngineOptions::default()
     };
     let engine = k3_engine::Engine::load_with(model, opts)?;

@@ -57,7 +57,8 @@ pub(crate) struct Demand {
     pub budget: Option<u64>,
     pub context: u64,
     pub sequences: u64,
-    pub chunk: u64,
+    /// Tokens per forward call; `None`: the plan picks (`auto_chunk`).
+    pub chunk: Option<u64>,
     pub reserved_bytes: u64,
     pub trunk_bytes: u64,
     pub slot_bytes: u64,
@@ -69,11 +70,47 @@ pub(crate) struct Demand {
 
 pub(crate) const OVERHEAD_BYTES: u64 = 64 << 20;
 
+/// The prefill chunk of a model whose experts all fit in the cache: what the kernels like
+/// (`bench decode --chunk` on the in-memory `k3-medium`, docs/EFFICIENCY.md).
+pub const IN_MEMORY_CHUNK: u64 = 64;
+/// Chunks tried, largest first, for a model whose experts stream from disk: a chunk reads each
+/// expert its tokens route to once, so the larger the chunk, the fewer times the prompt reads
+/// the experts (a 4,096-token chunk of K3 routes to all of them).
+const STREAMING_CHUNKS: [u64; 6] = [4096, 2048, 1024, 512, 256, 128];
+
+/// The plan, choosing the chunk when the caller leaves it open (`d.chunk: None`): a model whose
+/// experts all fit in the cache gets `IN_MEMORY_CHUNK` per sequence planned; one that streams
+/// gets the largest chunk (at most the context of every sequence) whose activations take at most a quarter of the expert cache the small
+/// chunk would leave, so the chunk's reads are amortized and the cache stays three quarters.
 pub(crate) fn plan(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> {
+    if d.chunk.is_some() {
+        return plan_fixed(fp, d);
+    }
+    // A step of a batch carries a chunk for each sequence; none is longer than its context.
+    let most = d.context.max(1).saturating_mul(d.sequences.max(1));
+    let small = plan_fixed(fp, Demand { chunk: Some(IN_MEMORY_CHUNK.saturating_mul(d.sequences.max(1)).min(most)), ..d })?;
+    if small.cache_slots >= d.all_experts {
+        return Ok(small);
+    }
+    let cache = small.slot_bytes.saturating_mul(small.cache_slots);
+    for c in STREAMING_CHUNKS.into_iter().filter(|&c| c > small.chunk) {
+        let c = c.min(most);
+        if let Ok(p) = plan_fixed(fp, Demand { chunk: Some(c), ..d })
+            && p.activation_bytes - small.activation_bytes <= cache / 4
+            && p.cache_slots >= small.cache_slots.min(2 * d.top_k)
+        {
+            return Ok(p);
+        }
+    }
+    Ok(small)
+}
+
+fn plan_fixed(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> {
+    let chunk = d.chunk.unwrap_or(IN_MEMORY_CHUNK);
     if d.context == 0 {
         return Err(EngineError::Input("a context of 0 tokens cannot hold a prompt (--context)".into()));
     }
-    if d.chunk == 0 {
+    if chunk == 0 {
         return Err(EngineError::Input("a prefill chunk of 0 tokens makes no progress (--chunk)".into()));
     }
     let too_big = |what: &str, n: u64| {
@@ -89,7 +126,7 @@ pub(crate) fn plan(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> 
         .and_then(|b| b.checked_mul(d.sequences))
         .ok_or_else(|| too_big("a context (--context)", d.context))?;
     let activation_bytes =
-        fp.activation_per_token.checked_mul(d.chunk).ok_or_else(|| too_big("a prefill chunk (--chunk)", d.chunk))?;
+        fp.activation_per_token.checked_mul(chunk).ok_or_else(|| too_big("a prefill chunk (--chunk)", chunk))?;
     let fixed = [d.trunk_bytes, state_bytes, activation_bytes, d.reserved_bytes, OVERHEAD_BYTES]
         .into_iter()
         .try_fold(0u64, u64::checked_add)
@@ -110,7 +147,7 @@ pub(crate) fn plan(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> 
         human(d.trunk_bytes),
         d.context,
         human(state_bytes),
-        d.chunk,
+        chunk,
         human(activation_bytes),
         human(d.reserved_bytes),
         human(OVERHEAD_BYTES)
@@ -157,7 +194,7 @@ pub(crate) fn plan(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> 
         context: d.context,
         sequences: d.sequences,
         activation_bytes,
-        chunk: d.chunk,
+        chunk,
         reserved_bytes: d.reserved_bytes,
         slot_bytes: d.slot_bytes,
         cache_slots,
@@ -178,7 +215,7 @@ mod tests {
             budget: Some(256 << 20),
             context: 4096,
             sequences: 1,
-            chunk: 32,
+            chunk: Some(32),
             reserved_bytes: 0,
             trunk_bytes: 10 << 20,
             slot_bytes: 1 << 20,
@@ -203,7 +240,7 @@ mod tests {
     fn absurd_sizes_are_errors_not_wrapped_plans() {
         let e = plan(FP, Demand { context: u64::MAX, ..demand() }).unwrap_err().to_string();
         assert!(e.contains("--context"), "{e}");
-        let e = plan(FP, Demand { chunk: u64::MAX, ..demand() }).unwrap_err().to_string();
+        let e = plan(FP, Demand { chunk: Some(u64::MAX), ..demand() }).unwrap_err().to_string();
         assert!(e.contains("--chunk"), "{e}");
         let e = plan(FP, Demand { context: 0, ..demand() }).unwrap_err().to_string();
         assert!(e.contains("--context"), "{e}");
@@ -211,5 +248,35 @@ mod tests {
         assert!(e.contains("more than this machine has"), "{e}");
         let e = plan(FP, Demand { budget: Some(12 << 20), ..demand() }).unwrap_err().to_string();
         assert!(e.contains("too small") && e.contains("needs at least"), "{e}");
+    }
+
+    /// Activations wide enough that the largest chunks do not fit the test's budget.
+    const WIDE: Footprint = Footprint { activation_per_token: 64 << 10, ..FP };
+
+    #[test]
+    fn an_open_chunk_is_small_in_memory_and_large_when_experts_stream() {
+        // Every expert fits: the in-memory chunk.
+        let fits = plan(WIDE, Demand { chunk: None, all_experts: 100, ..demand() }).unwrap();
+        assert_eq!(fits.chunk, IN_MEMORY_CHUNK);
+        assert_eq!(fits.cache_slots, 100);
+        // 1,000 experts of 1 MiB in a 256 MiB budget stream: the largest chunk whose activations
+        // (64 KiB a token) take at most a quarter of the cache the small chunk leaves.
+        let small = plan(WIDE, Demand { chunk: Some(IN_MEMORY_CHUNK), ..demand() }).unwrap();
+        let big = plan(WIDE, Demand { chunk: None, ..demand() }).unwrap();
+        assert!(big.chunk > IN_MEMORY_CHUNK && small.cache_slots < 1000, "{big:?}");
+        let cache = small.slot_bytes * small.cache_slots;
+        assert!(big.activation_bytes - small.activation_bytes <= cache / 4, "{big:?}");
+        // The next larger chunk would have taken more.
+        let next = *STREAMING_CHUNKS.iter().rev().find(|&&c| c > big.chunk).unwrap();
+        let over = plan(WIDE, Demand { chunk: Some(next), ..demand() }).unwrap();
+        assert!(over.activation_bytes - small.activation_bytes > cache / 4, "{next} would have fit");
+        // Never more than the context.
+        let short = plan(WIDE, Demand { chunk: None, context: 300, ..demand() }).unwrap();
+        assert_eq!(short.chunk, 300);
+        // A batch of eight sequences in memory: a chunk for each.
+        let batch = plan(WIDE, Demand { chunk: None, all_experts: 20, sequences: 8, ..demand() }).unwrap();
+        assert_eq!(batch.chunk, 8 * IN_MEMORY_CHUNK);
+        // A chunk the caller fixes is kept.
+        assert_eq!(plan(WIDE, Demand { chunk: Some(32), ..demand() }).unwrap().chunk, 32);
     }
 }

@@ -47,8 +47,6 @@ pub struct ChatArgs {
 fn sampling() -> SamplerConfig {
     SamplerConfig { temperature: 0.6, top_p: 0.95, ..SamplerConfig::default() }
 }
-/// Prompt tokens per forward call.
-const CHUNK: usize = 32;
 
 /// Where the user's lines come from.
 enum Input {
@@ -125,7 +123,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
-    let engine = a.engine.load(&model, &path, Needs { min_context: 0, ..Needs::exact(4096, CHUNK) })?;
+    let engine = a.engine.load(&model, &path, Needs { min_context: 0, chunk: None, ..Needs::exact(4096, 1) })?;
     let sampler = a.sampling.config(sampling(), engine.vocab())?;
     a.sampling.say_seed(&sampler, a.engine.stats);
     let family = engine.config().family;
@@ -144,7 +142,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         think_tags: if family == k3_engine::config::Family::KimiK3 { None } else { tok.think_tags() },
         close_turn: Some(end),
         cancel: Some(cancel.clone()),
-        chunk: CHUNK,
+        chunk: None,
         speculate: a.sampling.speculate as usize,
         ..GenerateParams::default()
     };

@@ -38,9 +38,11 @@ pub struct GenerateArgs {
     /// --stats-json's `logprobs` (the model's log-softmax, before any sampling setting; 0..=20).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=20), requires = "stats_json")]
     logprobs: Option<u16>,
-    /// Prompt tokens per forward call (prefill chunk).
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
-    chunk: u32,
+    /// Prompt tokens per forward call (prefill chunk) [default: the engine's choice: small for a
+    /// model whose experts all fit in memory, up to 4096 for one whose experts stream from disk,
+    /// so each chunk reads its experts once for many tokens; --verbose prints it]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    chunk: Option<u32>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -60,7 +62,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let needs = Needs {
         context: DEFAULT_CONTEXT.max(n.saturating_add(a.max_tokens.min(DEFAULT_CONTEXT))),
         min_context: 0,
-        chunk: a.chunk as usize,
+        chunk: a.chunk.map(|c| c as usize),
         reserved_bytes: 0,
     };
     let engine = a.engine.load(&model, &path, needs)?;
@@ -72,14 +74,19 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         stop_ids: if a.ignore_eos { Vec::new() } else { engine.config().eos.clone() },
         stop_strings: a.stop.clone(),
         cancel: Some(signals::end_flag()),
-        chunk: a.chunk as usize,
+        chunk: Some(engine.prefill_chunk()),
         speculate: a.sampling.speculate as usize,
         logprobs: a.logprobs.map(usize::from),
         ..GenerateParams::default()
     };
     let mut session = engine.session();
-    let pb = (prompt.len() > 4 * a.chunk as usize)
-        .then(|| crate::progress_bar(n, "prompt [{bar:40}] {pos}/{len} tokens ETA {eta}"));
+    // A long prompt shows its progress; a chunk of a streaming model can take minutes, so the
+    // elapsed time ticks between chunks.
+    let pb = (prompt.len() > 256 || prompt.len() > 4 * engine.prefill_chunk()).then(|| {
+        let pb = crate::progress_bar(n, "prompt [{bar:40}] {pos}/{len} tokens, {elapsed} (ETA {eta})");
+        pb.enable_steady_tick(std::time::Duration::from_secs(1));
+        pb
+    });
     let mut g = Generator::start(&engine, &mut session, &prompt, tok.as_ref(), params, &mut |done, _| {
         if let Some(pb) = &pb {
             pb.set_position(done as u64);

@@ -72,7 +72,7 @@ impl EngineKnobs {
             lookahead: !self.no_lookahead,
             policy,
             context: self.context.unwrap_or(needs.context).max(needs.min_context),
-            chunk: needs.chunk as u64,
+            chunk: needs.chunk.map(|c| c as u64),
             reserved_bytes: needs.reserved_bytes,
             threads: self.threads.map_or(0, usize::from),
             verify_trunk: !self.no_verify,
@@ -88,8 +88,8 @@ pub struct Needs {
     pub context: u64,
     /// The context the command's work takes whatever `--context` says (a window, a prompt).
     pub min_context: u64,
-    /// Tokens per forward call.
-    pub chunk: usize,
+    /// Tokens per forward call (`None`: the engine picks for the model and budget).
+    pub chunk: Option<usize>,
     /// Bytes the command keeps itself (collected logits, say).
     pub reserved_bytes: u64,
 }
@@ -97,7 +97,7 @@ pub struct Needs {
 impl Needs {
     /// A command whose work takes exactly `context` tokens of context.
     pub fn exact(context: u64, chunk: usize) -> Self {
-        Needs { context, min_context: context, chunk, reserved_bytes: 0 }
+        Needs { context, min_context: context, chunk: Some(chunk), reserved_bytes: 0 }
     }
 }
 

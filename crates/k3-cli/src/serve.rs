@@ -119,7 +119,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     let model = crate::default_model::or_default(a.model.clone())?;
     let body_limit = usize::try_from(parse_size(&a.max_body).map_err(anyhow::Error::msg)?)?;
     let prefix_cache = usize::try_from(parse_size(&a.prefix_cache).map_err(anyhow::Error::msg)?)?;
-    let needs = Needs { context: 4096, min_context: 0, chunk: k3_server::scheduler::PREFILL_CHUNK, reserved_bytes: 0 };
+    let needs = Needs { context: 4096, min_context: 0, chunk: None, reserved_bytes: 0 };
     let engine = a.engine.options(needs)?;
     let mut opts = ServerOptions {
         model,

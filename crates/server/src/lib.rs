@@ -123,10 +123,11 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
     let status = &state.handle.status;
     // The memory plan holds a full batch (each request's state and a prompt chunk) and the
     // prefix cache's kept states; a budget too small for them is refused at load, naming them.
+    // Left open, the chunk is the plan's (at least a prompt chunk per sequence of the batch).
     let batch = opts.max_batch.max(1) as u64;
     let engine_opts = EngineOptions {
         sequences: opts.engine.sequences.max(batch),
-        chunk: opts.engine.chunk.max(scheduler::PREFILL_CHUNK as u64 * batch),
+        chunk: opts.engine.chunk.map(|c| c.max(scheduler::PREFILL_CHUNK as u64 * batch)),
         reserved_bytes: opts.engine.reserved_bytes.saturating_add(opts.prefix_cache as u64),
         ..opts.engine.clone()
     };

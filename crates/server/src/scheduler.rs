@@ -18,9 +18,25 @@ use crate::prefix::PrefixCache;
 use crate::prefix::Scope;
 pub use crate::status::Status;
 
-/// Prompt tokens a prefilling sequence feeds per step: long prompts advance a chunk at a time, so
-/// the sequences already decoding keep getting tokens.
+/// Prompt tokens a prefilling sequence feeds per step while others decode: long prompts advance
+/// a chunk at a time, so the sequences already decoding keep getting tokens.
 pub const PREFILL_CHUNK: usize = 64;
+
+/// Prompt rows each prefilling sequence feeds in the next step (`remaining[i]`: tokens of its
+/// prompt left), beside `decoding` sequences feeding one token each, in a step of at most
+/// `budget` rows (the engine's planned chunk: what the memory plan holds activations for).
+///
+/// The rule: while any sequence decodes, a prefilling one feeds at most `PREFILL_CHUNK` rows,
+/// so a decoding sequence waits at most that much prefill per prefilling sequence for its next
+/// token; with none decoding, the prefilling ones share the whole budget, so a long prompt on a
+/// model whose experts stream from disk is read in as few chunks as memory holds (each chunk
+/// reads its experts once). Every prefilling sequence feeds at least one row: each step makes
+/// progress.
+pub fn prefill_rows(budget: usize, decoding: usize, remaining: &[usize]) -> Vec<usize> {
+    let share = (budget.saturating_sub(decoding) / remaining.len().max(1)).max(1);
+    let cap = if decoding > 0 { share.min(PREFILL_CHUNK) } else { share };
+    remaining.iter().map(|&r| r.min(cap)).collect()
+}
 
 /// One request for the scheduler.
 #[derive(Debug)]
@@ -85,10 +101,14 @@ struct Active<'t> {
 }
 
 impl Active<'_> {
-    /// What this sequence feeds in the coming step.
-    fn input(&self) -> &[u32] {
-        if self.fed < self.prompt.len() {
-            &self.prompt[self.fed..(self.fed + PREFILL_CHUNK).min(self.prompt.len())]
+    fn prefilling(&self) -> bool {
+        self.fed < self.prompt.len()
+    }
+
+    /// What this sequence feeds in the coming step: `rows` of its prompt while it prefills.
+    fn input(&self, rows: usize) -> &[u32] {
+        if self.prefilling() {
+            &self.prompt[self.fed..(self.fed + rows.max(1)).min(self.prompt.len())]
         } else {
             std::slice::from_ref(self.next.as_ref().expect("a decoding sequence has its next token"))
         }
@@ -197,7 +217,11 @@ fn step(
     status: &Status,
     metrics: &Metrics,
 ) {
-    let inputs: Vec<Vec<u32>> = active.iter().map(|a| a.input().to_vec()).collect();
+    let decoding = active.iter().filter(|a| !a.prefilling()).count();
+    let remaining: Vec<usize> = active.iter().filter(|a| a.prefilling()).map(|a| a.prompt.len() - a.fed).collect();
+    let mut rows = prefill_rows(engine.prefill_chunk(), decoding, &remaining).into_iter();
+    let inputs: Vec<Vec<u32>> =
+        active.iter().map(|a| a.input(if a.prefilling() { rows.next().unwrap_or(1) } else { 1 }).to_vec()).collect();
     let result = {
         let mut seqs: Vec<Seq<'_>> =
             active.iter_mut().zip(&inputs).map(|(a, ids)| Seq::new(&mut a.session, ids, Logits::Last)).collect();
@@ -305,7 +329,7 @@ fn guarded<T>(step: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
 fn alone(engine: &Engine<'_>, session: &mut Session, input: &[u32]) -> Result<Vec<f32>, String> {
     let held = session.ids().to_vec();
     let mut fresh = engine.session();
-    for chunk in held.chunks(PREFILL_CHUNK) {
+    for chunk in held.chunks(engine.prefill_chunk().max(1)) {
         guarded(|| engine.forward_last(&mut fresh, chunk).map_err(|e| e.to_string()))?;
     }
     let row = guarded(|| engine.forward_last(&mut fresh, input).map_err(|e| e.to_string()))?;
@@ -338,6 +362,34 @@ mod tests {
         );
         assert_eq!(m, "the model failed: reading (experts-00001.waste): expert record (layer 3, expert 7)");
         assert!(!super::client_message("`/home/u/m/trunk.waste` bad").contains("/home"));
+    }
+
+    #[test]
+    fn a_prompt_alone_takes_the_whole_chunk_and_beside_decoders_at_most_a_shared_one() {
+        use super::{PREFILL_CHUNK, prefill_rows};
+        // Alone, a long prompt on a streaming model is fed as the plan's whole chunk.
+        assert_eq!(prefill_rows(2048, 0, &[5000]), [2048]);
+        assert_eq!(prefill_rows(2048, 0, &[300]), [300]);
+        // Two prompts alone share it.
+        assert_eq!(prefill_rows(2048, 0, &[5000, 5000]), [1024, 1024]);
+        // Beside sequences that decode, each prompt feeds at most PREFILL_CHUNK rows a step, so
+        // every decoding sequence gets its next token after that much prefill at most.
+        for decoding in 1..8 {
+            for prompts in 1..8 {
+                let rows = prefill_rows(2048, decoding, &vec![10_000; prompts]);
+                assert!(rows.iter().all(|&r| (1..=PREFILL_CHUNK).contains(&r)), "{rows:?}");
+            }
+        }
+        // A step never carries more rows than the plan holds, and every prompt moves.
+        for budget in [1, 7, 64, 512] {
+            for decoding in 0..10 {
+                let rows = prefill_rows(budget, decoding, &[10_000; 9]);
+                assert!(rows.iter().all(|&r| r >= 1));
+                if budget >= decoding + 9 {
+                    assert!(decoding + rows.iter().sum::<usize>() <= budget, "{budget} {decoding} {rows:?}");
+                }
+            }
+        }
     }
 }
 

@@ -31,6 +31,8 @@ pub struct Options<'a> {
     pub batches: Vec<usize>,
     /// Tokens drafted per step (0 = plain decoding).
     pub speculate: Vec<usize>,
+    /// Prompt tokens per forward call of the prefill (`None`: the engine's choice).
+    pub chunks: Vec<Option<usize>>,
     /// A prompt given as ids (instead of random ones).
     pub prompt_ids: Option<&'a [u32]>,
     /// How tokens are chosen (greedy by default).
@@ -44,7 +46,7 @@ pub(super) fn options(name: &str, mem: Option<u64>, context: u64, threads: usize
         mem_budget: mem,
         lookahead_stats: true,
         context,
-        chunk: context,
+        chunk: None,
         threads,
         ..EngineOptions::default()
     };
@@ -66,6 +68,7 @@ struct Run {
     threads: usize,
     batch: usize,
     speculate: usize,
+    chunk: Option<usize>,
 }
 
 /// What one decode measured: seconds of the decode, tokens it produced (every sequence's),
@@ -79,21 +82,31 @@ struct Decoded {
     recall: f64,
     prefill_seconds: f64,
     prefill_tokens: usize,
+    /// Expert bytes read during the prefill.
+    prefill_bytes: u64,
+    /// Prompt tokens per forward call of the prefill.
+    chunk: usize,
     spec: SpecStats,
 }
 
 /// Prefill each prompt, then `tokens` greedy steps: every sequence in each step, or (with
 /// `speculate`) one sequence through the generator with drafts.
-fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], o: &Options<'_>, speculate: usize) -> Result<Decoded> {
+/// `read_before`: the engine's expert bytes read so far (the prefill's are counted from there).
+fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], o: &Options<'_>, run: &Run, read_before: u64) -> Result<Decoded> {
     let tokens = o.tokens;
-    if speculate > 0 {
-        return speculative(engine, &prompts[0], o, speculate);
+    let chunk = run.chunk.unwrap_or_else(|| engine.prefill_chunk()).max(1);
+    if run.speculate > 0 {
+        return speculative(engine, &prompts[0], o, run.speculate, chunk, read_before);
     }
     let mut sessions: Vec<Session> = prompts.iter().map(|_| engine.session()).collect();
     let t0 = Instant::now();
     let mut logits = Vec::with_capacity(prompts.len());
     for (s, p) in sessions.iter_mut().zip(prompts) {
-        logits.push(engine.forward_last(s, p)?);
+        let mut last = Vec::new();
+        for c in p.chunks(chunk) {
+            last = engine.forward_last(s, c)?;
+        }
+        logits.push(last);
     }
     let prefill_seconds = t0.elapsed().as_secs_f64();
     // The engine's cache counters after the last prefill (each session holds them as of its own
@@ -116,16 +129,25 @@ fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], o: &Options<'_>, speculate:
         recall: sessions[0].lookahead.total(Predictor::AfterAttention).recall(),
         prefill_seconds,
         prefill_tokens: prompts.iter().map(Vec::len).sum(),
+        prefill_bytes: before.cache.bytes_read - read_before,
+        chunk,
         spec: SpecStats::default(),
     })
 }
 
 /// One sequence, `tokens` tokens with up to `k` drafts verified per step.
-fn speculative(engine: &Engine<'_>, prompt: &[u32], o: &Options<'_>, k: usize) -> Result<Decoded> {
+fn speculative(
+    engine: &Engine<'_>,
+    prompt: &[u32],
+    o: &Options<'_>,
+    k: usize,
+    chunk: usize,
+    read_before: u64,
+) -> Result<Decoded> {
     let mut s = engine.session();
     let params = GenerateParams {
         max_tokens: o.tokens as u64,
-        chunk: prompt.len(),
+        chunk: Some(chunk),
         speculate: k,
         sampler: o.sampler.clone(),
         ..Default::default()
@@ -147,16 +169,20 @@ fn speculative(engine: &Engine<'_>, prompt: &[u32], o: &Options<'_>, k: usize) -
         recall: s.lookahead.total(Predictor::AfterAttention).recall(),
         prefill_seconds,
         prefill_tokens: prompt.len(),
+        prefill_bytes: before.cache.bytes_read - read_before,
+        chunk,
         spec,
     })
 }
 
 /// One cold run (a fresh engine, empty cache), then the same prompts again on the now warm cache.
 fn run_once(model: &Model, run: &Run, o: &Options<'_>, prompts: &[Vec<u32>], context: u64) -> Result<Value> {
-    let engine = Engine::load_with(model, options(&run.variant, o.mem, context, run.threads)?)?;
-    let mut r = measure(&engine, &decode(&engine, prompts, o, run.speculate)?);
-    let warm = measure(&engine, &decode(&engine, prompts, o, run.speculate)?);
-    for key in ["tok_per_s", "hit_rate", "prefill_tok_per_s"] {
+    let opts = EngineOptions { chunk: run.chunk.map(|c| c as u64), ..options(&run.variant, o.mem, context, run.threads)? };
+    let engine = Engine::load_with(model, opts)?;
+    let cold = decode(&engine, prompts, o, run, 0)?;
+    let warm = decode(&engine, prompts, o, run, cold.after.cache.bytes_read)?;
+    let (mut r, warm) = (measure(&engine, &cold), measure(&engine, &warm));
+    for key in ["tok_per_s", "hit_rate", "prefill_tok_per_s", "prefill_bytes_per_token"] {
         r[format!("warm_{key}")] = warm[key].clone();
     }
     r["cache_slots"] = json!(engine.plan().cache_slots);
@@ -164,7 +190,8 @@ fn run_once(model: &Model, run: &Run, o: &Options<'_>, prompts: &[Vec<u32>], con
 }
 
 fn measure(engine: &Engine<'_>, d: &Decoded) -> Value {
-    let Decoded { seconds: secs, tokens, before, after, recall, prefill_seconds, prefill_tokens, spec } = d;
+    let Decoded { seconds: secs, tokens, before, after, recall, prefill_seconds, prefill_tokens, prefill_bytes, chunk, spec } =
+        d;
     let (secs, n) = (*secs, (*tokens).max(1) as f64);
     let bytes = after.cache.bytes_read - before.cache.bytes_read;
     let hits = after.cache.hits - before.cache.hits;
@@ -176,6 +203,8 @@ fn measure(engine: &Engine<'_>, d: &Decoded) -> Value {
     json!({
         "tok_per_s": n / secs,
         "prefill_tok_per_s": *prefill_tokens as f64 / prefill_seconds,
+        "prefill_bytes_per_token": *prefill_bytes as f64 / (*prefill_tokens).max(1) as f64,
+        "chunk": chunk,
         "bytes_per_token": bytes as f64 / n,
         "hit_rate": hits as f64 / (hits + misses).max(1) as f64,
         "io_wait_s_per_token": wait / n,
@@ -212,7 +241,9 @@ fn runs(o: &Options<'_>) -> Vec<Run> {
         for &threads in &o.threads {
             for &batch in &o.batches {
                 for &speculate in o.speculate.iter().filter(|&&k| batch == 1 || k == 0) {
-                    runs.push(Run { variant: v.clone(), threads, batch, speculate });
+                    for &chunk in &o.chunks {
+                        runs.push(Run { variant: v.clone(), threads, batch, speculate, chunk });
+                    }
                 }
             }
         }
@@ -233,14 +264,19 @@ impl Run {
         if o.speculate.len() > 1 {
             l += &format!(" spec{}", self.speculate);
         }
+        if o.chunks.len() > 1 {
+            l += &self.chunk.map_or(" chunk auto".to_string(), |c| format!(" chunk{c}"));
+        }
         l
     }
 }
 
 /// What the report keeps of each run, as medians over its repetitions.
-const MEDIAN_KEYS: [&str; 17] = [
+const MEDIAN_KEYS: [&str; 20] = [
     "tok_per_s",
     "prefill_tok_per_s",
+    "prefill_bytes_per_token",
+    "chunk",
     "bytes_per_token",
     "hit_rate",
     "io_wait_s_per_token",
@@ -256,6 +292,7 @@ const MEDIAN_KEYS: [&str; 17] = [
     "warm_tok_per_s",
     "warm_hit_rate",
     "warm_prefill_tok_per_s",
+    "warm_prefill_bytes_per_token",
 ];
 
 /// One run's medians, with its I/O bound at `ceiling_gbps`.
@@ -298,9 +335,9 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
     let mut variants = serde_json::Map::new();
     for (i, run) in runs.iter().enumerate() {
         let mut v = medians[i].clone();
-        let single = runs
-            .iter()
-            .position(|r| r.variant == run.variant && r.threads == run.threads && r.batch == 1 && r.speculate == 0);
+        let single = runs.iter().position(|r| {
+            r.variant == run.variant && r.threads == run.threads && r.batch == 1 && r.speculate == 0 && r.chunk == run.chunk
+        });
         if let Some(j) = single {
             let f = |k: &str, m: &Value| m[k].as_f64().unwrap_or(0.0);
             let lone = f("experts_per_step", &medians[j]);
@@ -357,6 +394,23 @@ fn print_table(o: &Options<'_>, prompt_len: usize, ceiling_gbps: f64, variants: 
             f("io_bound_ratio"),
             f("warm_tok_per_s"),
             100.0 * f("warm_hit_rate")
+        );
+    }
+    // The prefill: its chunk, speed and expert bytes read per prompt token, cold and warm.
+    println!();
+    println!(
+        "{:<30} {:>7} {:>11} {:>12} {:>16} {:>17}",
+        "variant", "chunk", "prefill/s", "prefill MB/t", "warm prefill/s", "warm prefill MB/t"
+    );
+    for (name, v) in variants {
+        let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+        println!(
+            "{name:<30} {:>7} {:>11.2} {:>12.2} {:>16.2} {:>17.2}",
+            f("chunk"),
+            f("prefill_tok_per_s"),
+            f("prefill_bytes_per_token") / 1e6,
+            f("warm_prefill_tok_per_s"),
+            f("warm_prefill_bytes_per_token") / 1e6
         );
     }
     if o.batches.len() > 1 || o.speculate.iter().any(|&k| k > 0) {
@@ -418,6 +472,10 @@ pub struct Args {
     /// one sequence only).
     #[arg(long, value_name = "N,N,..", default_value = "0")]
     pub speculate: String,
+    /// Comma-separated prefill chunks (prompt tokens per forward call; `auto`: the engine's
+    /// choice for the model and budget).
+    #[arg(long, value_name = "N,N,..", default_value = "auto")]
+    pub chunk: String,
     /// The prompt: this text file, tokenized with the model's tokenizer (default: random ids,
     /// --prompt of them, different for each sequence).
     #[arg(long, value_name = "FILE")]
@@ -453,10 +511,15 @@ pub fn task(args: Args) -> Result<()> {
         threads,
         batch,
         speculate,
+        chunk,
         prompt_file,
         temperature,
         json,
     } = args;
+    let chunks = chunk
+        .split(',')
+        .map(|t| if t.trim() == "auto" { Ok(None) } else { counts(t, "prefill chunk", 1, 1 << 20).map(|c| Some(c[0])) })
+        .collect::<Result<Vec<_>>>()?;
     let threads = crate::thread_list(threads.as_deref())?;
     let batches = counts(&batch, "batch size", 1, 256)?;
     let speculate = counts(&speculate, "draft length", 0, 64)?;
@@ -504,6 +567,7 @@ pub fn task(args: Args) -> Result<()> {
         variants,
         batches,
         speculate,
+        chunks,
         prompt_ids: prompt_ids.as_deref(),
         sampler: SamplerConfig { temperature, seed: 5, ..SamplerConfig::default() },
     };

@@ -49,8 +49,8 @@ pub struct GenerateParams {
     pub close_turn: Option<u32>,
     /// Set from elsewhere (Ctrl-C, a client gone) to stop at the next token.
     pub cancel: Option<Arc<AtomicBool>>,
-    /// Prompt tokens per forward call.
-    pub chunk: usize,
+    /// Prompt tokens per forward call; `None`: the engine's (`Engine::prefill_chunk`).
+    pub chunk: Option<usize>,
     /// Tokens to draft from the context and verify with each token fed (0 = off). The output is
     /// the same tokens either way; a governor turns drafting off while it does not pay.
     pub speculate: usize,
@@ -72,7 +72,7 @@ impl Default for GenerateParams {
             think_tags: None,
             close_turn: None,
             cancel: None,
-            chunk: 32,
+            chunk: None,
             speculate: 0,
             logprobs: None,
         }
@@ -173,7 +173,7 @@ impl<'s, 't> Generator<'s, 't> {
                 session.tokens() + prompt.len()
             )));
         }
-        let chunk = params.chunk.max(1);
+        let chunk = params.chunk.unwrap_or_else(|| engine.prefill_chunk()).max(1);
         let mut decoder = Decoder::new(tok, params)?;
         decoder.observe(session.ids());
         decoder.observe(prompt);

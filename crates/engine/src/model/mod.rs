@@ -137,6 +137,12 @@ impl<'m> Engine<'m> {
         })
     }
 
+    /// Prompt tokens per forward call: the chunk the memory plan holds the activations of (the
+    /// caller's, or the one the plan picked for this model and budget).
+    pub fn prefill_chunk(&self) -> usize {
+        self.plan.chunk as usize
+    }
+
     pub fn plan(&self) -> &MemoryPlan {
         &self.plan
     }

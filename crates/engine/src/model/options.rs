@@ -24,8 +24,9 @@ pub struct EngineOptions {
     /// Sessions held at once (a server's batch): the plan reserves attention state for each.
     pub sequences: u64,
     /// The most tokens the caller passes to one `forward` call: the plan reserves their
-    /// activations.
-    pub chunk: u64,
+    /// activations. `None`: the plan picks it (small when every expert fits in the cache, large
+    /// when they stream from disk: `Engine::prefill_chunk`).
+    pub chunk: Option<u64>,
     /// Memory the caller keeps beside the engine (the logits it collects, say), for the plan.
     pub reserved_bytes: u64,
     /// Compute threads (0: one per core). The reader's I/O thread and the calling thread come on
@@ -52,7 +53,7 @@ impl Default for EngineOptions {
             queue_depth: 32,
             context: 4096,
             sequences: 1,
-            chunk: 256,
+            chunk: None,
             reserved_bytes: 0,
             threads: 0,
             verify_trunk: true,
