@@ -18,6 +18,7 @@ pub mod int8;
 mod matrix;
 pub mod mxfp4;
 pub mod par;
+pub mod peak;
 pub mod rng;
 pub mod rtn;
 mod simd;
