@@ -65,13 +65,13 @@ mod x86 {
 
     #[target_feature(enable = "avx2")]
     fn maddubs256_impl(seed: u64) -> f32 {
-        let a = _mm256_set1_epi8(seed as i8 | 1);
         let b = _mm256_set1_epi8(3);
-        let mut acc = [_mm256_setzero_si256(); ACC];
+        let mut acc = [_mm256_set1_epi8(seed as i8 | 1); ACC];
         for _ in 0..ITERS {
             for r in acc.iter_mut() {
-                // The i16 pair sums themselves: the widening a kernel adds runs on other ports.
-                *r = _mm256_add_epi16(*r, _mm256_maddubs_epi16(a, b));
+                // The i16 pair sums themselves (the widening a kernel adds runs on other ports);
+                // each takes the last one's result as its bytes, so none can be hoisted.
+                *r = _mm256_maddubs_epi16(*r, b);
             }
         }
         let s = acc.iter().fold(_mm256_setzero_si256(), |s, r| _mm256_add_epi16(s, *r));

@@ -177,7 +177,8 @@ fn speculative(
 
 /// One cold run (a fresh engine, empty cache), then the same prompts again on the now warm cache.
 fn run_once(model: &Model, run: &Run, o: &Options<'_>, prompts: &[Vec<u32>], context: u64) -> Result<Value> {
-    let opts = EngineOptions { chunk: run.chunk.map(|c| c as u64), ..options(&run.variant, o.mem, context, run.threads)? };
+    let opts =
+        EngineOptions { chunk: run.chunk.map(|c| c as u64), ..options(&run.variant, o.mem, context, run.threads)? };
     let engine = Engine::load_with(model, opts)?;
     let cold = decode(&engine, prompts, o, run, 0)?;
     let warm = decode(&engine, prompts, o, run, cold.after.cache.bytes_read)?;
@@ -190,8 +191,18 @@ fn run_once(model: &Model, run: &Run, o: &Options<'_>, prompts: &[Vec<u32>], con
 }
 
 fn measure(engine: &Engine<'_>, d: &Decoded) -> Value {
-    let Decoded { seconds: secs, tokens, before, after, recall, prefill_seconds, prefill_tokens, prefill_bytes, chunk, spec } =
-        d;
+    let Decoded {
+        seconds: secs,
+        tokens,
+        before,
+        after,
+        recall,
+        prefill_seconds,
+        prefill_tokens,
+        prefill_bytes,
+        chunk,
+        spec,
+    } = d;
     let (secs, n) = (*secs, (*tokens).max(1) as f64);
     let bytes = after.cache.bytes_read - before.cache.bytes_read;
     let hits = after.cache.hits - before.cache.hits;
@@ -336,7 +347,11 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
     for (i, run) in runs.iter().enumerate() {
         let mut v = medians[i].clone();
         let single = runs.iter().position(|r| {
-            r.variant == run.variant && r.threads == run.threads && r.batch == 1 && r.speculate == 0 && r.chunk == run.chunk
+            r.variant == run.variant
+                && r.threads == run.threads
+                && r.batch == 1
+                && r.speculate == 0
+                && r.chunk == run.chunk
         });
         if let Some(j) = single {
             let f = |k: &str, m: &Value| m[k].as_f64().unwrap_or(0.0);

@@ -44,4 +44,3 @@ pub fn ceiling_of(kernel: &str) -> Option<&'static str> {
 pub fn to_json(peaks: &[(&'static str, f64)]) -> Value {
     Value::Object(peaks.iter().map(|(n, g)| (n.to_string(), json!(g))).collect())
 }
-
