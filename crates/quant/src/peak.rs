@@ -143,16 +143,55 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use super::{ACC, ITERS};
+
+    /// What each loop returns, computed lane by lane in scalar code: every lane and accumulator
+    /// starts equal, so one lane's recurrence and the final sums give the result.
+    fn reference(name: &str, seed: u64) -> Option<f64> {
+        let a = 1.0 + seed as f32 * 1e-9;
+        let fma_lane = || (0..ITERS).fold(0.5f32, |r, _| r.mul_add(0.999_999, a));
+        let twelve = |x: f32| (0..ACC).fold(0f32, |s, _| s + x);
+        Some(match name {
+            "f32 FMA (AVX2)" => f64::from(twelve(fma_lane())),
+            "f32 FMA (AVX-512)" => f64::from(twelve(fma_lane())) * 16.0,
+            "int8 dot (AVX512-VNNI)" => {
+                let byte = i32::from((seed as i8 | 1) as u8);
+                let lane = (ITERS as i32).wrapping_mul(4 * byte * 3);
+                f64::from(lane.wrapping_mul(ACC as i32).wrapping_mul(16) as f32)
+            }
+            "int8 dot (AVX2 vpmaddubsw)" => {
+                let byte = u16::from((seed as i8 | 1) as u8);
+                let v = (0..ITERS).fold(byte | byte << 8, |v, _| {
+                    let pair = i32::from(v & 0xff) * 3 + i32::from(v >> 8) * 3;
+                    pair.clamp(i32::from(i16::MIN), i32::from(i16::MAX)) as i16 as u16
+                });
+                f64::from(v.wrapping_mul(ACC as u16))
+            }
+            // `cvtne2ps_pbh(x, y)` puts y's values in the low 16 bf16 elements and x's in the
+            // high 16: the low 8 lanes add 2 x 0.5 x 0.125 a step, the high 8 lanes 2 x 1 x 0.25
+            // (1 + 1e-9 rounds to 1 in bf16), all exact in f32 at these sizes.
+            "bf16 dot (AVX512-BF16)" => {
+                let lane = |step: f32| (0..ITERS).fold(0f32, |s, _| s + step);
+                f64::from(twelve(lane(0.125)) * 8.0 + twelve(lane(0.5)) * 8.0)
+            }
+            _ => return None,
+        })
+    }
+
     #[test]
-    fn every_ceiling_this_cpu_has_runs_and_names_itself() {
+    fn every_ceiling_loop_computes_what_its_scalar_reference_does() {
         let peaks = super::peaks();
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             assert!(peaks.iter().any(|p| p.name == "f32 FMA (AVX2)"));
         }
         for p in &peaks {
-            assert!((p.run)(1).is_finite(), "{}", p.name);
-            assert!(p.macs > 1e8, "{}", p.name);
+            let want = reference(p.name, 1).unwrap_or_else(|| panic!("no reference for {}", p.name));
+            let got = f64::from((p.run)(1));
+            // Integer loops exactly; float ones to the rounding of the final lane sums (the
+            // 512-bit reduction adds its lanes in its own order).
+            let tol = if p.name.starts_with("int8") { 0.0 } else { 1e-6 * want.abs() };
+            assert!((got - want).abs() <= tol, "{}: {got} against {want}", p.name);
         }
     }
 }

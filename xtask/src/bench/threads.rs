@@ -143,38 +143,42 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
             "hot_bf16_matmul_gmacs": hot_gmacs, "hot_bf16_of_fma_peak": hot_gmacs / fma, "kernels": kernels,
         }));
     }
-    let report = json!({"threads": rows});
     if !json_out {
-        println!(
-            "matvec over 1..{max_threads} threads, weights far beyond the caches (medians of {reps}): GB/s of weights (fraction of the read bandwidth on as many threads)"
+        print_table(&cases, &rows, max_threads, reps);
+    }
+    json!({"threads": rows})
+}
+
+/// The human-readable table of `run`'s rows.
+fn print_table(cases: &[Case<'_>], rows: &[Value], max_threads: usize, reps: usize) {
+    println!(
+        "matvec over 1..{max_threads} threads, weights far beyond the caches (medians of {reps}): GB/s of weights (fraction of the read bandwidth on as many threads)"
+    );
+    print!("{:>7} {:>10} {:>12} {:>30}", "threads", "read GB/s", "FMA GMAC/s", "hot bf16 x64 GMAC/s (of FMA)");
+    for case in cases {
+        print!(" {:>26}", case.name);
+    }
+    println!();
+    for row in rows {
+        let hot = row["hot_bf16_matmul_gmacs"].as_f64().unwrap_or(0.0);
+        let first = rows[0]["hot_bf16_matmul_gmacs"].as_f64().unwrap_or(1.0);
+        print!(
+            "{:>7} {:>10.2} {:>12.1} {:>13.2} ({:>4.2}x, {:>4.2})",
+            row["threads"],
+            row["mem_read_gbps"].as_f64().unwrap_or(0.0),
+            row["peak_gmacs"]["f32 FMA (AVX2)"].as_f64().unwrap_or(0.0),
+            hot,
+            hot / first,
+            row["hot_bf16_of_fma_peak"].as_f64().unwrap_or(0.0)
         );
-        print!("{:>7} {:>10} {:>12} {:>30}", "threads", "read GB/s", "FMA GMAC/s", "hot bf16 x64 GMAC/s (of FMA)");
-        for case in &cases {
-            print!(" {:>26}", case.name);
+        for case in cases {
+            let k = &row["kernels"][case.name];
+            print!(
+                " {:>18.2} ({:>4.2})",
+                k["weight_gbps"].as_f64().unwrap_or(0.0),
+                k["of_bandwidth"].as_f64().unwrap_or(0.0)
+            );
         }
         println!();
-        for row in &rows {
-            let hot = row["hot_bf16_matmul_gmacs"].as_f64().unwrap_or(0.0);
-            let first = rows[0]["hot_bf16_matmul_gmacs"].as_f64().unwrap_or(1.0);
-            print!(
-                "{:>7} {:>10.2} {:>12.1} {:>13.2} ({:>4.2}x, {:>4.2})",
-                row["threads"],
-                row["mem_read_gbps"].as_f64().unwrap_or(0.0),
-                row["peak_gmacs"]["f32 FMA (AVX2)"].as_f64().unwrap_or(0.0),
-                hot,
-                hot / first,
-                row["hot_bf16_of_fma_peak"].as_f64().unwrap_or(0.0)
-            );
-            for case in &cases {
-                let k = &row["kernels"][case.name];
-                print!(
-                    " {:>18.2} ({:>4.2})",
-                    k["weight_gbps"].as_f64().unwrap_or(0.0),
-                    k["of_bandwidth"].as_f64().unwrap_or(0.0)
-                );
-            }
-            println!();
-        }
     }
-    report
 }
