@@ -26,8 +26,8 @@ fn kernels(c: &mut Criterion) {
     let packed: Vec<u8> = (0..ROWS * COLS / 2).map(|i| (i * 37 % 251) as u8).collect();
     let scale: Vec<u8> = (0..ROWS * COLS / 32).map(|i| 118 + (i % 8) as u8).collect();
     g.bench_function("mxfp4_f32", |b| b.iter(|| mxfp4::matvec(black_box(&packed), &scale, &x, &mut y)));
-    let q8 = mxfp4::Q8::quantize(&x);
-    g.bench_function("mxfp4_q8", |b| b.iter(|| mxfp4::matvec_q8(black_box(&packed), &scale, &q8, &mut y)));
+    let q8 = k3_quant::q8::Q8Batch::quantize(&x, COLS);
+    g.bench_function("mxfp4_q8", |b| b.iter(|| k3_quant::q8::matmul_mxfp4(black_box(&packed), &scale, &q8, &mut y)));
 
     let wb: Vec<bf16> = w.iter().map(|v| bf16::from_f32(*v)).collect();
     g.bench_function("bf16", |b| b.iter(|| dense::matvec_bf16(black_box(&wb), &x, &mut y)));

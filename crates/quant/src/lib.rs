@@ -19,6 +19,7 @@ mod matrix;
 pub mod mxfp4;
 pub mod par;
 pub mod peak;
+pub mod q8;
 pub mod rng;
 pub mod rtn;
 mod simd;

@@ -10,7 +10,7 @@ use crate::simd::{with_nibble_order, with_nibble_order_padded};
 /// E2M1 nibble -> value; bit 3 is the sign.
 pub const E2M1: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
 /// Twice the E2M1 values: exact small integers.
-const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 /// Columns per scale block.
 pub const BLOCK: usize = 32;
 
@@ -33,7 +33,7 @@ const fn e8m0_half(e: u8) -> f32 {
     }
 }
 
-static SCALE_HALF: [f32; 256] = {
+pub(crate) static SCALE_HALF: [f32; 256] = {
     let mut t = [0f32; 256];
     let mut e = 0;
     while e < 256 {
@@ -58,47 +58,6 @@ pub fn decode_row(packed: &[u8], scale: &[u8], out: &mut [f32]) {
         let byte = packed[c / 2];
         let nib = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
         *o = E2M1[usize::from(nib)] * e8m0(scale[c / BLOCK]);
-    }
-}
-
-/// Activations quantized for the int8 kernel: per 32-block an f32 step `d` and 32 int8 values,
-/// stored even columns first, then odd columns (the order the packed nibbles decode in).
-#[derive(Debug, Clone, Default)]
-pub struct Q8 {
-    pub q: Vec<i8>,
-    pub d: Vec<f32>,
-}
-
-impl Q8 {
-    /// Symmetric per-block quantization: `d = max|x| / 127`, `q = round(x / d)`.
-    pub fn quantize(x: &[f32]) -> Q8 {
-        let mut out = Q8::default();
-        out.quantize_into(x);
-        out
-    }
-
-    pub fn quantize_into(&mut self, x: &[f32]) {
-        assert!(x.len().is_multiple_of(BLOCK), "int8 activations need a multiple of 32 values, got {}", x.len());
-        self.q.resize(x.len(), 0);
-        self.d.resize(x.len() / BLOCK, 0.0);
-        for (b, (xb, qb)) in x.chunks_exact(BLOCK).zip(self.q.chunks_exact_mut(BLOCK)).enumerate() {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            for i in 0..16 {
-                qb[i] = (xb[2 * i] * inv).round() as i8;
-                qb[16 + i] = (xb[2 * i + 1] * inv).round() as i8;
-            }
-            self.d[b] = d;
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.q.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.q.is_empty()
     }
 }
 
@@ -147,25 +106,9 @@ pub fn matmul_at(level: Level, packed: &[u8], scale: &[u8], cols: usize, xs: &[f
     }
 }
 
-/// `y = W x` with int8 activations (see [`Q8`]): integer block dots, ~0.4% activation noise.
-pub fn matvec_q8(packed: &[u8], scale: &[u8], x: &Q8, y: &mut [f32]) {
-    matvec_q8_at(level(), packed, scale, x, y)
-}
-
-/// [`matvec_q8`] with an explicit kernel level (for tests and benchmarks).
-pub fn matvec_q8_at(level: Level, packed: &[u8], scale: &[u8], x: &Q8, y: &mut [f32]) {
-    check(packed, scale, x.len(), y.len());
-    match supported(level) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; shapes checked above.
-        Level::Avx2 | Level::Avx512 => unsafe { avx2::matvec_q8(packed, scale, x, y) },
-        Level::Scalar => reference::matvec_q8(packed, scale, x, y),
-    }
-}
-
 /// Scalar references: the oracles the fast kernels are tested against.
 pub mod reference {
-    use super::{BLOCK, E2M1, E2M1_DOUBLED, Q8, SCALE_HALF, e8m0};
+    use super::{BLOCK, E2M1, e8m0};
 
     pub fn matvec(packed: &[u8], scale: &[u8], x: &[f32], y: &mut [f32]) {
         let cols = x.len();
@@ -186,33 +129,13 @@ pub mod reference {
             matvec(packed, scale, x, y);
         }
     }
-
-    pub fn matvec_q8(packed: &[u8], scale: &[u8], x: &Q8, y: &mut [f32]) {
-        let cols = x.len();
-        let blocks = cols / BLOCK;
-        for (r, out) in y.iter_mut().enumerate() {
-            let mut acc = 0f32;
-            for b in 0..blocks {
-                let bytes = &packed[(r * cols + b * BLOCK) / 2..][..16];
-                let q = &x.q[b * BLOCK..][..BLOCK];
-                let dot: i32 = (0..16)
-                    .map(|i| {
-                        i32::from(E2M1_DOUBLED[usize::from(bytes[i] & 15)]) * i32::from(q[i])
-                            + i32::from(E2M1_DOUBLED[usize::from(bytes[i] >> 4)]) * i32::from(q[16 + i])
-                    })
-                    .sum();
-                acc += dot as f32 * (x.d[b] * SCALE_HALF[usize::from(scale[r * blocks + b])]);
-            }
-            *out = acc;
-        }
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{BLOCK, E2M1_DOUBLED, Q8, SCALE_HALF};
+    use super::{BLOCK, E2M1_DOUBLED, SCALE_HALF};
     use crate::simd::{hsum, prefetch_ahead};
 
     /// Vectors per pass of the batched kernel (accumulators live on the stack).
@@ -298,32 +221,6 @@ mod avx2 {
             for (v, a) in acc[..n].iter().enumerate() {
                 ys[v * rows + r] = hsum(*a);
             }
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn matvec_q8(packed: &[u8], scale: &[u8], x: &Q8, y: &mut [f32]) {
-        let blocks = x.len() / BLOCK;
-        let ones = _mm256_set1_epi16(1);
-        for (r, out) in y.iter_mut().enumerate() {
-            let mut acc = [_mm256_setzero_ps(); 2];
-            for b in 0..blocks {
-                // SAFETY: block b of row r lies inside `packed`, 32 values of `x.q` from b * 32
-                // lie inside it, and `x.d` and `scale` have one entry per block.
-                unsafe {
-                    if b.is_multiple_of(4) {
-                        prefetch_ahead(packed.as_ptr().wrapping_add((r * blocks + b) * 16));
-                    }
-                    let w = decode_i8(packed.as_ptr().add((r * blocks + b) * 16));
-                    let q = _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK).cast());
-                    // maddubs wants unsigned x signed: move the weights' signs onto the activations.
-                    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w));
-                    let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                    let f = *x.d.get_unchecked(b) * SCALE_HALF[usize::from(*scale.get_unchecked(r * blocks + b))];
-                    acc[b & 1] = _mm256_fmadd_ps(dot, _mm256_set1_ps(f), acc[b & 1]);
-                }
-            }
-            *out = hsum(_mm256_add_ps(acc[0], acc[1]));
         }
     }
 }

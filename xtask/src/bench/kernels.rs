@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 use k3_quant::rng::noise;
 use k3_quant::vq::{self, Codec, Scratch, VqMatrix};
-use k3_quant::{dense, int4, int8, mxfp4};
+use k3_quant::{dense, int4, int8, mxfp4, q8};
 use serde_json::{Value, json};
 
 use super::{cpu_mhz, median, mem_read_gbps, time};
@@ -29,6 +29,14 @@ struct Case {
     weight_bytes: usize,
     instances: usize,
     run: Box<dyn FnMut(usize)>,
+}
+
+/// Vectors per batched int8-activation call: a prefill chunk's worth for the register tiles.
+const Q8_BATCH: usize = 64;
+
+/// A batch of `Q8_BATCH` quantized activations and room for the outputs.
+fn batch_q8(cols: usize, rows: usize) -> (q8::Q8Batch, Vec<f32>) {
+    (q8::Q8Batch::quantize(&noise(cols * Q8_BATCH, 8, 1.0), cols), vec![0f32; rows * Q8_BATCH])
 }
 
 fn random_vq(codec: Codec, rows: usize, cols: usize, seed: u64) -> VqMatrix {
@@ -89,7 +97,7 @@ fn mxfp4_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
     {
         let (m, x) = (mats.clone(), x.clone());
         let mut y = vec![0f32; rows];
-        let mut q = mxfp4::Q8::default();
+        let mut q = q8::Q8Batch::default();
         out.push(Case {
             name: format!("mxfp4_q8 {tag}"),
             rows,
@@ -98,13 +106,26 @@ fn mxfp4_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
             weight_bytes: mx_bytes,
             instances: k,
             run: Box::new(move |i| {
-                q.quantize_into(&x);
-                mxfp4::matvec_q8(&m[i].0, &m[i].1, &q, &mut y)
+                q.quantize_into(&x, cols);
+                q8::matmul_mxfp4(&m[i].0, &m[i].1, &q, &mut y)
             }),
         });
     }
     {
         let m = mats.clone();
+        let (q, mut ys) = batch_q8(cols, rows);
+        out.push(Case {
+            name: format!("mxfp4_q8_batch{Q8_BATCH} {tag}"),
+            rows,
+            cols,
+            vectors: Q8_BATCH,
+            weight_bytes: mx_bytes,
+            instances: k,
+            run: Box::new(move |i| q8::matmul_mxfp4(&m[i].0, &m[i].1, &q, &mut ys)),
+        });
+    }
+    {
+        let m = mats;
         let xs = noise(cols * 32, 8, 1.0);
         let mut ys = vec![0f32; rows * 32];
         out.push(Case {
@@ -146,6 +167,8 @@ fn trunk_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
     }
     let k = count(n + rows * 4);
     let q8: Vec<(Vec<i8>, Vec<f32>)> = (0..k).map(|i| int8::quantize(&noise(n, i as u64 + 5, 1.0), cols)).collect();
+    let q8 = std::rc::Rc::new(q8);
+    let w8 = q8.clone();
     {
         let x = x.clone();
         let mut y = vec![0f32; rows];
@@ -159,10 +182,24 @@ fn trunk_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
             run: Box::new(move |i| int8::matvec(&q8[i].0, &q8[i].1, &x, &mut y)),
         });
     }
+    {
+        let (q, mut ys) = batch_q8(cols, rows);
+        out.push(Case {
+            name: format!("int8_row_q8_batch{Q8_BATCH} {tag}"),
+            rows,
+            cols,
+            vectors: Q8_BATCH,
+            weight_bytes: n + rows * 4,
+            instances: k,
+            run: Box::new(move |i| q8::matmul_int8(&w8[i].0, &w8[i].1, &q, &mut ys)),
+        });
+    }
     let i4_bytes = n / 2 + n / 32 * 2;
     let k = count(i4_bytes);
     let q4: Vec<(Vec<u8>, Vec<f16>)> =
         (0..k).map(|i| (bytes_of(i as u64 + 3, n / 2), vec![f16::from_f32(0.01); n / 32])).collect();
+    let q4 = std::rc::Rc::new(q4);
+    let w4 = q4.clone();
     {
         let x = x.clone();
         let mut y = vec![0f32; rows];
@@ -174,6 +211,18 @@ fn trunk_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
             weight_bytes: i4_bytes,
             instances: k,
             run: Box::new(move |i| int4::matvec(&q4[i].0, &q4[i].1, 32, &x, &mut y)),
+        });
+    }
+    {
+        let (q, mut ys) = batch_q8(cols, rows);
+        out.push(Case {
+            name: format!("int4_g32_q8_batch{Q8_BATCH} {tag}"),
+            rows,
+            cols,
+            vectors: Q8_BATCH,
+            weight_bytes: i4_bytes,
+            instances: k,
+            run: Box::new(move |i| q8::matmul_int4(&w4[i].0, &w4[i].1, 32, &q, &mut ys)),
         });
     }
     out

@@ -1,0 +1,168 @@
+//! Int8 activations: a batch of vectors quantized in blocks of 32 (one f32 step per block, as
+//! llama.cpp's Q8_0), and the products of the stored weight encodings with them as integer dot
+//! products (`vpdpbusd`, AVX512-VNNI), one float scale per block.
+//!
+//! The weights stay exact; only the activations are rounded, each value by at most half its
+//! block's step (`max|x| / 254`). What that costs a model is measured, not assumed
+//! (`k3-cli perplexity --activations int8 --against`, docs/EFFICIENCY.md); the engine uses these
+//! products only when asked and only where the CPU has VNNI ([`available`]).
+//!
+//! Values are stored offset by 128 as `u8` (`vpdpbusd` multiplies unsigned by signed bytes): the
+//! kernels subtract `128 * sum(w)` per block, computed from the weights, so every block's dot is
+//! the exact integer `sum(q * w)`.
+
+pub mod reference;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+
+use half::f16;
+
+use crate::cpu::{Level, level, supported};
+
+/// Values per block (one step each).
+pub const BLOCK: usize = 32;
+
+/// `n` vectors of `cols` values quantized per 32-block: `u = round(x / d) + 128` in `1..=255`,
+/// `d = max|x| / 127` (NaN when the block holds a NaN or an infinity, so it reaches the output as
+/// it would in f32).
+#[derive(Debug, Clone, Default)]
+pub struct Q8Batch {
+    cols: usize,
+    u: Vec<u8>,
+    d: Vec<f32>,
+}
+
+impl Q8Batch {
+    /// Quantizes `xs` (`[n, cols]`, `cols` a multiple of 32), reusing the buffers.
+    pub fn quantize_into(&mut self, xs: &[f32], cols: usize) {
+        assert!(cols > 0 && cols.is_multiple_of(BLOCK), "int8 activations need columns in multiples of 32, got {cols}");
+        assert!(xs.len().is_multiple_of(cols), "xs is not whole {cols}-vectors");
+        self.cols = cols;
+        self.u.resize(xs.len(), 0);
+        self.d.resize(xs.len() / BLOCK, 0.0);
+        for ((xb, ub), d) in xs.chunks_exact(BLOCK).zip(self.u.chunks_exact_mut(BLOCK)).zip(&mut self.d) {
+            *d = quantize_block(xb, ub);
+        }
+    }
+
+    pub fn quantize(xs: &[f32], cols: usize) -> Q8Batch {
+        let mut q = Q8Batch::default();
+        q.quantize_into(xs, cols);
+        q
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Vectors in the batch.
+    pub fn vectors(&self) -> usize {
+        self.u.len().checked_div(self.cols).unwrap_or(0)
+    }
+
+    /// The offset values, `[n, cols]`.
+    pub fn values(&self) -> &[u8] {
+        &self.u
+    }
+
+    /// The steps, `[n, cols / 32]`.
+    pub fn steps(&self) -> &[f32] {
+        &self.d
+    }
+
+    /// Vector `v` dequantized: for tests and error measurements.
+    pub fn dequantize(&self, v: usize) -> Vec<f32> {
+        let u = &self.u[v * self.cols..][..self.cols];
+        let d = &self.d[v * self.cols / BLOCK..][..self.cols / BLOCK];
+        u.iter().enumerate().map(|(i, q)| (f32::from(*q) - 128.0) * d[i / BLOCK]).collect()
+    }
+}
+
+fn quantize_block(xb: &[f32], ub: &mut [u8]) -> f32 {
+    if xb.iter().any(|v| !v.is_finite()) {
+        ub.fill(128);
+        return f32::NAN;
+    }
+    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (u, x) in ub.iter_mut().zip(xb) {
+        *u = ((x * inv).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
+    }
+    d
+}
+
+/// Whether this CPU has the integer dot products that make these kernels worth using (VNNI); on
+/// others they run their scalar references, and the engine keeps exact activations.
+pub fn available() -> bool {
+    available_at(level())
+}
+
+pub fn available_at(level: Level) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if level >= Level::Avx512 {
+        return true;
+    }
+    let _ = level;
+    false
+}
+
+#[track_caller]
+fn check(x: &Q8Batch, rows: usize, ys: &[f32]) {
+    assert_eq!(ys.len(), x.vectors() * rows, "ys is not {} vectors of {rows}", x.vectors());
+}
+
+/// `Y = W X` for MXFP4 weights (`packed` `[rows, cols/2]`, `scale` `[rows, cols/32]`); `ys`
+/// `[n, rows]`.
+pub fn matmul_mxfp4(packed: &[u8], scale: &[u8], x: &Q8Batch, ys: &mut [f32]) {
+    matmul_mxfp4_at(level(), packed, scale, x, ys)
+}
+
+pub fn matmul_mxfp4_at(level: Level, packed: &[u8], scale: &[u8], x: &Q8Batch, ys: &mut [f32]) {
+    let rows = scale.len() / (x.cols / BLOCK).max(1);
+    assert!(packed.len() == rows * x.cols / 2 && scale.len() == rows * x.cols / BLOCK, "MXFP4 parts for [{rows}, {}]", x.cols);
+    check(x, rows, ys);
+    if available_at(supported(level)) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `available_at` is true only where the CPU has AVX-512 F/BW/VL and VNNI; the
+        // shapes are checked above.
+        return unsafe { vnni::matmul(&vnni::Mxfp4 { packed, scale, cols: x.cols }, rows, x, ys) };
+    }
+    reference::matmul_mxfp4(packed, scale, x, ys)
+}
+
+/// `Y = W X` for int4 grouped weights (`q` `[rows, cols/2]`, `scale` f16 `[rows, cols/group]`,
+/// `group` a multiple of 32).
+pub fn matmul_int4(q: &[u8], scale: &[f16], group: usize, x: &Q8Batch, ys: &mut [f32]) {
+    matmul_int4_at(level(), q, scale, group, x, ys)
+}
+
+pub fn matmul_int4_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &Q8Batch, ys: &mut [f32]) {
+    assert!(group >= BLOCK && group.is_multiple_of(BLOCK) && x.cols.is_multiple_of(group), "int4 groups of {group} for int8 activations");
+    let rows = scale.len() / (x.cols / group).max(1);
+    assert!(q.len() == rows * x.cols / 2 && scale.len() == rows * x.cols / group, "int4 parts for [{rows}, {}]", x.cols);
+    check(x, rows, ys);
+    if available_at(supported(level)) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `matmul_mxfp4_at`.
+        return unsafe { vnni::matmul(&vnni::Int4 { q, scale, group, cols: x.cols }, rows, x, ys) };
+    }
+    reference::matmul_int4(q, scale, group, x, ys)
+}
+
+/// `Y = W X` for int8 per-row weights (`q` `[rows, cols]`, `scale` `[rows]`).
+pub fn matmul_int8(q: &[i8], scale: &[f32], x: &Q8Batch, ys: &mut [f32]) {
+    matmul_int8_at(level(), q, scale, x, ys)
+}
+
+pub fn matmul_int8_at(level: Level, q: &[i8], scale: &[f32], x: &Q8Batch, ys: &mut [f32]) {
+    let rows = scale.len();
+    assert_eq!(q.len(), rows * x.cols, "int8 weights for [{rows}, {}]", x.cols);
+    check(x, rows, ys);
+    if available_at(supported(level)) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `matmul_mxfp4_at`.
+        return unsafe { vnni::matmul(&vnni::Int8 { q, scale, cols: x.cols }, rows, x, ys) };
+    }
+    reference::matmul_int8(q, scale, x, ys)
+}

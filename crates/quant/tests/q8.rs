@@ -1,0 +1,156 @@
+//! Int8-activation products against their scalar references, against exact activations within
+//! the rounding of the activations, and alone versus in a batch (bit for bit).
+
+mod common;
+
+use common::{assert_close, fast, sum_tolerance};
+use half::f16;
+use k3_quant::cpu::Level;
+use k3_quant::q8::{self, Q8Batch};
+use k3_quant::{dense, int4, mxfp4};
+use proptest::prelude::*;
+
+/// A weight matrix in one of the three encodings, with its decoded f32 values.
+#[derive(Debug, Clone)]
+enum Weights {
+    Mxfp4(Vec<u8>, Vec<u8>),
+    Int4(Vec<u8>, Vec<f16>, usize),
+    Int8(Vec<i8>, Vec<f32>),
+}
+
+impl Weights {
+    fn product(&self, level: Level, x: &Q8Batch, ys: &mut [f32]) {
+        match self {
+            Weights::Mxfp4(p, s) => q8::matmul_mxfp4_at(level, p, s, x, ys),
+            Weights::Int4(q, s, g) => q8::matmul_int4_at(level, q, s, *g, x, ys),
+            Weights::Int8(q, s) => q8::matmul_int8_at(level, q, s, x, ys),
+        }
+    }
+
+    fn decoded(&self, rows: usize, cols: usize) -> Vec<f32> {
+        let mut w = vec![0f32; rows * cols];
+        let mut e = vec![0f32; cols];
+        for r in 0..rows {
+            // Column c of row r is W e_c; decode through the exact f32 kernels' references.
+            for c in 0..cols {
+                e.fill(0.0);
+                e[c] = 1.0;
+                let mut y = vec![0f32; rows];
+                match self {
+                    Weights::Mxfp4(p, s) => mxfp4::reference::matvec(p, s, &e, &mut y),
+                    Weights::Int4(q, s, g) => int4::reference::matvec(q, s, *g, &e, &mut y),
+                    Weights::Int8(q, s) => k3_quant::int8::reference::matvec(q, s, &e, &mut y),
+                }
+                w[r * cols + c] = y[r];
+            }
+        }
+        w
+    }
+}
+
+fn weights(rows: usize, cols: usize) -> impl Strategy<Value = Weights> {
+    let n = rows * cols;
+    prop_oneof![
+        (proptest::collection::vec(any::<u8>(), n / 2), proptest::collection::vec(100u8..150, n / 32))
+            .prop_map(|(p, s)| Weights::Mxfp4(p, s)),
+        (proptest::collection::vec(any::<u8>(), n / 2), proptest::collection::vec(-2.0f32..2.0, n / 32))
+            .prop_map(|(q, s)| Weights::Int4(q, s.into_iter().map(f16::from_f32).collect(), 32)),
+        (proptest::collection::vec(-127i8..=127, n), proptest::collection::vec(0.001f32..0.1, rows))
+            .prop_map(|(q, s)| Weights::Int8(q, s)),
+    ]
+}
+
+/// Rows, 32-blocks per row, a matrix, and `n` vectors with outliers (as hidden states have).
+fn case() -> impl Strategy<Value = (usize, usize, Weights, Vec<f32>)> {
+    (1usize..10, 1usize..6, 1usize..11).prop_flat_map(|(rows, blocks, n)| {
+        let cols = blocks * 32;
+        (Just(rows), Just(cols), weights(rows, cols), proptest::collection::vec(prop_oneof![9 => -3.0f32..3.0, 1 => -80.0f32..80.0], n * cols))
+    })
+}
+
+/// Sum over blocks of |dot| * |scale|: the magnitude the reference's float sums work on.
+fn abs_sums(w: &[f32], x: &Q8Batch, rows: usize) -> Vec<f64> {
+    let cols = x.cols();
+    (0..x.vectors())
+        .flat_map(|v| {
+            let xv = x.dequantize(v);
+            (0..rows).map(move |r| w[r * cols..][..cols].iter().zip(&xv).map(|(a, b)| f64::from((a * b).abs())).sum::<f64>()).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+
+    #[test]
+    fn fast_kernels_match_the_reference_and_exact_activations((rows, cols, w, xs) in case()) {
+        let x = Q8Batch::quantize(&xs, cols);
+        let n = x.vectors();
+        let (mut got, mut want) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+        w.product(fast(), &x, &mut got);
+        w.product(Level::Scalar, &x, &mut want);
+        let dense = w.decoded(rows, cols);
+        // The two differ only in the order of f32 sums over the same exact block dots.
+        let tol: Vec<f64> = abs_sums(&dense, &x, rows).iter().map(|s| sum_tolerance(cols, *s) * 2.0).collect();
+        assert_close(&got, &want, &tol);
+        // Against f32 activations: each activation is off by at most half its block's step.
+        let mut exact = vec![0f32; n * rows];
+        for (xv, y) in xs.chunks(cols).zip(exact.chunks_mut(rows)) {
+            dense::matvec_f32_at(Level::Scalar, &dense, xv, y);
+        }
+        let bound: Vec<f64> = xs.chunks(cols).flat_map(|xv| {
+            let dense = &dense;
+            (0..rows).map(move |r| {
+                let row = &dense[r * cols..][..cols];
+                let q: f64 = xv.chunks(32).zip(row.chunks(32)).map(|(xb, wb)| {
+                    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    wb.iter().map(|v| f64::from(v.abs())).sum::<f64>() * f64::from(amax) / 254.0 * 1.0001
+                }).sum();
+                let mag: f64 = row.iter().zip(xv).map(|(a, b)| f64::from((a * b).abs())).sum();
+                q + sum_tolerance(cols, mag + q) * 2.0
+            }).collect::<Vec<_>>()
+        }).collect();
+        assert_close(&want, &exact, &bound);
+    }
+
+    #[test]
+    fn a_vector_gets_the_same_bits_alone_or_in_a_batch((rows, cols, w, xs) in case()) {
+        let x = Q8Batch::quantize(&xs, cols);
+        let n = x.vectors();
+        let mut batch = vec![0f32; n * rows];
+        w.product(fast(), &x, &mut batch);
+        for (v, yb) in batch.chunks(rows).enumerate() {
+            let one = Q8Batch::quantize(&xs[v * cols..][..cols], cols);
+            let mut y = vec![0f32; rows];
+            w.product(fast(), &one, &mut y);
+            prop_assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), yb.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        }
+    }
+}
+
+#[test]
+fn quantization_rounds_to_the_nearest_step_and_keeps_nan() {
+    let mut x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
+    x[40] = f32::NAN;
+    let q = Q8Batch::quantize(&x, 64);
+    let back = q.dequantize(0);
+    // Block 0: max |x| = 20, step 20/127; every value within half a step.
+    for (a, b) in x[..32].iter().zip(&back[..32]) {
+        assert!((a - b).abs() <= 20.0 / 254.0 * 1.0001, "{a} came back as {b}");
+    }
+    assert_eq!(back[0], -20.0);
+    // Block 1 holds a NaN: its step is NaN, so the NaN reaches every product as in f32.
+    assert!(q.steps()[1].is_nan());
+    let w = vec![1i8; 64];
+    let mut y = [0f32];
+    q8::matmul_int8(&w, &[1.0], &q, &mut y);
+    assert!(y[0].is_nan());
+}
+
+#[test]
+fn vnni_is_used_where_the_cpu_has_it() {
+    // The property tests above compare the VNNI kernels with the references only where the CPU
+    // has VNNI; say which ran, so a log shows what was covered.
+    eprintln!("q8 VNNI kernels available: {}", q8::available());
+    assert_eq!(q8::available(), q8::available_at(fast()));
+}
