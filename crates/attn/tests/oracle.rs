@@ -456,7 +456,7 @@ fn mla_refuses_a_quantized_kv_b() {
         q: QPath::Direct(m(&data.w[3], H * (NOPE + ROPE), D)),
         kv_a: m(&data.w[4], L + ROPE, D),
         kv_a_norm: vec![1.0; L],
-        kv_b: Matrix::Int8Row { q: &q, scale: &s, rows: H * (NOPE + V), cols: L },
+        kv_b: Matrix::Int8Row { q: &q, scale: &s, rows: H * (NOPE + V), cols: L, act: Default::default() },
         g_proj: None,
         o_proj: m(&data.w[8], D, H * V),
     };

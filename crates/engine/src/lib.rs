@@ -31,6 +31,7 @@ pub use plan::MemoryPlan;
 // The types the engine's options and results expose, so callers need this crate alone.
 pub use k3_format::{Model, OpenOptions, OutputFile, write_atomic};
 pub use k3_io::{CacheStats, Policy};
+pub use k3_quant::Activations;
 pub use k3_router::UsageHistory;
 pub use k3_router::lookahead::{LookaheadStats, Predictor};
 

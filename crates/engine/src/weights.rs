@@ -2,7 +2,7 @@
 
 use half::bf16;
 use k3_format::{Encoding, Model, TensorView};
-use k3_quant::Matrix;
+use k3_quant::{Activations, Matrix};
 
 use crate::EngineError;
 
@@ -21,22 +21,26 @@ pub fn matrix<'m>(m: &'m Model, name: &str) -> Result<Matrix<'m>, EngineError> {
     view_matrix(name, &t)
 }
 
+/// Views start exact; the engine applies its activation precision (`Matrix::with_activations`).
+const EXACT: Activations = Activations::Exact;
+
 /// A tensor view (trunk or expert record) as a matrix.
 pub fn view_matrix<'m>(name: &str, t: &TensorView<'m>) -> Result<Matrix<'m>, EngineError> {
     let (rows, cols) = dims2(name, t)?;
     Ok(match t.encoding {
         Encoding::F32 => Matrix::F32 { w: t.typed::<f32>("data")?, rows, cols },
         Encoding::Bf16 => Matrix::Bf16 { w: t.typed::<bf16>("data")?, rows, cols },
-        Encoding::Int8Row => Matrix::Int8Row { q: t.typed::<i8>("q")?, scale: t.typed::<f32>("scale")?, rows, cols },
+        Encoding::Int8Row => Matrix::Int8Row { q: t.typed::<i8>("q")?, scale: t.typed::<f32>("scale")?, rows, cols, act: EXACT },
         Encoding::Int4Group { group } => Matrix::Int4Group {
             q: t.typed::<u8>("q")?,
             scale: t.typed::<half::f16>("scale")?,
             group: *group as usize,
             rows,
             cols,
+            act: EXACT,
         },
         Encoding::Mxfp4 => {
-            Matrix::Mxfp4 { packed: t.typed::<u8>("packed")?, scale: t.typed::<u8>("scale")?, rows, cols }
+            Matrix::Mxfp4 { packed: t.typed::<u8>("packed")?, scale: t.typed::<u8>("scale")?, rows, cols, act: EXACT }
         }
         other => {
             return Err(EngineError::Shape(format!(

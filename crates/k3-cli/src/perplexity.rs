@@ -22,7 +22,9 @@ pub struct PerplexityArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     chunk: u32,
     /// Also compare with this model's predictions (the same text and windows): how often both
-    /// models' most likely next token agree, and the mean KL divergence from it.
+    /// models' most likely next token agree, and the mean KL divergence from it. The reference
+    /// runs with exact activations, so `--activations int8 --against` the same model measures
+    /// what int8 activations cost.
     #[arg(long, value_name = "MODEL")]
     against: Option<PathBuf>,
     /// Print one JSON object instead of a line.
@@ -56,7 +58,9 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
     let agreement = match &a.against {
         Some(reference) => {
             let rm = open_model(reference, &a.engine.knobs.shard_dirs)?;
-            let re = a.engine.load(&rm, reference, Needs::exact(context, chunk))?;
+            let mut exact = a.engine.clone();
+            exact.knobs.activations = None;
+            let re = exact.load(&rm, reference, Needs::exact(context, chunk))?;
             let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
             let g = k3_engine::eval::agreement(&engine, &re, &ids, window, chunk, &mut |d| pb.set_position(d as u64))?;
             pb.finish_and_clear();

@@ -25,4 +25,4 @@ pub mod rtn;
 mod simd;
 pub mod vecops;
 pub mod vq;
-pub use matrix::{Matrix, ShapeError};
+pub use matrix::{Activations, Matrix, ShapeError};

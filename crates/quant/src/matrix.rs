@@ -6,17 +6,30 @@ use std::cell::RefCell;
 
 use half::{bf16, f16};
 
+use crate::q8::{self, Q8Batch};
 use crate::vq::{Scratch, VqRef};
 use crate::{dense, int4, int8, mxfp4};
 
-/// A `[rows, cols]` matrix, `y = W x`.
+/// How a product rounds its input vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activations {
+    /// f32 as given: the products are exact up to f32 summation order.
+    #[default]
+    Exact,
+    /// Quantized to int8 in 32-blocks ([`q8`]) where the encoding has an integer kernel and the
+    /// CPU has VNNI; exact elsewhere.
+    Int8,
+}
+
+/// A `[rows, cols]` matrix, `y = W x`. The integer encodings carry how their products round
+/// the activations (`act`; see [`Matrix::with_activations`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Matrix<'a> {
     F32 { w: &'a [f32], rows: usize, cols: usize },
     Bf16 { w: &'a [bf16], rows: usize, cols: usize },
-    Int8Row { q: &'a [i8], scale: &'a [f32], rows: usize, cols: usize },
-    Int4Group { q: &'a [u8], scale: &'a [f16], group: usize, rows: usize, cols: usize },
-    Mxfp4 { packed: &'a [u8], scale: &'a [u8], rows: usize, cols: usize },
+    Int8Row { q: &'a [i8], scale: &'a [f32], rows: usize, cols: usize, act: Activations },
+    Int4Group { q: &'a [u8], scale: &'a [f16], group: usize, rows: usize, cols: usize, act: Activations },
+    Mxfp4 { packed: &'a [u8], scale: &'a [u8], rows: usize, cols: usize, act: Activations },
     Vq(VqRef<'a>),
 }
 
@@ -26,6 +39,7 @@ const BLOCK_BYTES: usize = 256 << 10;
 
 thread_local! {
     static VQ_SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    static Q8_SCRATCH: RefCell<Q8Batch> = RefCell::new(Q8Batch::default());
 }
 
 /// Why parts cannot form a matrix of the claimed shape.
@@ -55,6 +69,48 @@ impl<'a> Matrix<'a> {
         Ok(Matrix::Bf16 { w, rows, cols })
     }
 
+    /// The same matrix with its products rounding activations as `act` says (a no-op for the
+    /// encodings without an integer kernel: f32, bf16, VQ).
+    pub fn with_activations(self, act: Activations) -> Self {
+        match self {
+            Matrix::Int8Row { q, scale, rows, cols, .. } => Matrix::Int8Row { q, scale, rows, cols, act },
+            Matrix::Int4Group { q, scale, group, rows, cols, .. } => Matrix::Int4Group { q, scale, group, rows, cols, act },
+            Matrix::Mxfp4 { packed, scale, rows, cols, .. } => Matrix::Mxfp4 { packed, scale, rows, cols, act },
+            other => other,
+        }
+    }
+
+    /// Whether this matrix's products quantize their inputs to int8 (asked for, a shape the
+    /// kernels take, and a CPU with VNNI).
+    pub fn takes_q8(&self) -> bool {
+        let (shape_ok, act) = match *self {
+            Matrix::Int8Row { cols, act, .. } | Matrix::Mxfp4 { cols, act, .. } => (cols.is_multiple_of(q8::BLOCK), act),
+            Matrix::Int4Group { cols, group, act, .. } => (cols.is_multiple_of(q8::BLOCK) && group.is_multiple_of(q8::BLOCK), act),
+            _ => return false,
+        };
+        shape_ok && act == Activations::Int8 && q8::available()
+    }
+
+    /// `Y = W X` for activations already quantized ([`Q8Batch`]); `ys` `[n, rows]`. Panics for
+    /// an encoding without an int8 kernel (f32, bf16, VQ).
+    pub fn matmul_q8(&self, x: &Q8Batch, ys: &mut [f32]) {
+        assert_eq!(x.cols(), self.cols(), "activations have {} columns for {}", x.cols(), self.cols());
+        match *self {
+            Matrix::Int8Row { q, scale, .. } => q8::matmul_int8(q, scale, x, ys),
+            Matrix::Int4Group { q, scale, group, .. } => q8::matmul_int4(q, scale, group, x, ys),
+            Matrix::Mxfp4 { packed, scale, .. } => q8::matmul_mxfp4(packed, scale, x, ys),
+            _ => panic!("{self:?} has no int8-activation kernel"),
+        }
+    }
+
+    /// Runs `f` with `xs` quantized in a per-thread buffer.
+    fn with_q8<R>(&self, xs: &[f32], f: impl FnOnce(&Q8Batch) -> R) -> R {
+        Q8_SCRATCH.with_borrow_mut(|q| {
+            q.quantize_into(xs, self.cols());
+            f(q)
+        })
+    }
+
     pub fn rows(&self) -> usize {
         match self {
             Matrix::F32 { rows, .. }
@@ -81,6 +137,9 @@ impl<'a> Matrix<'a> {
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols(), "x has {} entries for {} columns", x.len(), self.cols());
         assert_eq!(y.len(), self.rows(), "y has {} entries for {} rows", y.len(), self.rows());
+        if self.takes_q8() {
+            return self.with_q8(x, |q| self.matmul_q8(q, y));
+        }
         match *self {
             Matrix::F32 { w, .. } => dense::matvec_f32(w, x, y),
             Matrix::Bf16 { w, .. } => dense::matvec_bf16(w, x, y),
@@ -101,24 +160,27 @@ impl<'a> Matrix<'a> {
         Some(match *self {
             Matrix::F32 { w, .. } => Matrix::F32 { w: &w[start * cols..(start + n) * cols], rows: n, cols },
             Matrix::Bf16 { w, .. } => Matrix::Bf16 { w: &w[start * cols..(start + n) * cols], rows: n, cols },
-            Matrix::Int8Row { q, scale, .. } => Matrix::Int8Row {
+            Matrix::Int8Row { q, scale, act, .. } => Matrix::Int8Row {
                 q: &q[start * cols..(start + n) * cols],
                 scale: &scale[start..start + n],
                 rows: n,
                 cols,
+                act,
             },
-            Matrix::Int4Group { q, scale, group, .. } => Matrix::Int4Group {
+            Matrix::Int4Group { q, scale, group, act, .. } => Matrix::Int4Group {
                 q: &q[start * cols / 2..(start + n) * cols / 2],
                 scale: &scale[start * cols / group..(start + n) * cols / group],
                 group,
                 rows: n,
                 cols,
+                act,
             },
-            Matrix::Mxfp4 { packed, scale, .. } => Matrix::Mxfp4 {
+            Matrix::Mxfp4 { packed, scale, act, .. } => Matrix::Mxfp4 {
                 packed: &packed[start * cols / 2..(start + n) * cols / 2],
                 scale: &scale[start * cols / 32..(start + n) * cols / 32],
                 rows: n,
                 cols,
+                act,
             },
             Matrix::Vq(_) => return None,
         })
@@ -170,6 +232,10 @@ impl<'a> Matrix<'a> {
     pub fn matmul_in_blocks(&self, xs: &[f32], ys: &mut [f32], block: usize) {
         let (rows, cols) = (self.rows(), self.cols());
         let n = xs.len() / cols.max(1);
+        if self.takes_q8() {
+            // The int8 kernels block their own loops (vector blocks in L2, register tiles).
+            return self.with_q8(xs, |q| self.matmul_q8(q, ys));
+        }
         if n <= 4 || block >= rows || matches!(self, Matrix::F32 { .. } | Matrix::Vq(_)) {
             return self.matmul_whole(xs, ys);
         }

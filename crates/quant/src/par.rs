@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use crate::Matrix;
+use crate::q8::Q8Batch;
 
 /// Rows per task are a multiple of this (a cache line of f32 outputs, and the VQ codes' blocks).
 const ROW_BLOCK: usize = 32;
@@ -32,6 +33,9 @@ fn rows_per_task(m: &Matrix<'_>, threads: usize, work: usize) -> Option<usize> {
 
 /// `y = W x`, rows split over the current pool.
 pub fn matvec(m: &Matrix<'_>, x: &[f32], y: &mut [f32]) {
+    if m.takes_q8() {
+        return matmul_q8(m, &Q8Batch::quantize(x, m.cols()), y);
+    }
     match rows_per_task(m, rayon::current_num_threads(), m.rows() * m.cols()) {
         None => m.matvec(x, y),
         Some(per) => y
@@ -44,20 +48,36 @@ pub fn matvec(m: &Matrix<'_>, x: &[f32], y: &mut [f32]) {
 /// `Y = W X` for a batch (`xs` `[n, cols]`, `ys` `[n, rows]`), rows split over the current pool:
 /// each task runs the batched kernel on its rows for every vector.
 pub fn matmul(m: &Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
-    let (rows, cols) = (m.rows(), m.cols().max(1));
+    let cols = m.cols().max(1);
     let n = xs.len() / cols;
+    if m.takes_q8() {
+        // Quantized once here, not once per task.
+        return matmul_q8(m, &Q8Batch::quantize(xs, cols), ys);
+    }
     if n == 1 {
         return matvec(m, xs, ys);
     }
+    split(m, n, ys, |part, out| part.matmul(xs, out));
+}
+
+/// `Y = W X` for quantized activations, rows split over the current pool.
+pub fn matmul_q8(m: &Matrix<'_>, x: &Q8Batch, ys: &mut [f32]) {
+    split(m, x.vectors(), ys, |part, out| part.matmul_q8(x, out));
+}
+
+/// Runs `product(rows, out)` over row blocks of `m` on the pool (or once, whole, when that is not
+/// worth it) and gathers the blocks' `[n, r]` outputs into `ys` `[n, rows]`.
+fn split(m: &Matrix<'_>, n: usize, ys: &mut [f32], product: impl Fn(&Matrix<'_>, &mut [f32]) + Sync) {
+    let (rows, cols) = (m.rows(), m.cols().max(1));
     let Some(per) = rows_per_task(m, rayon::current_num_threads(), n * rows * cols) else {
-        return m.matmul(xs, ys);
+        return product(m, ys);
     };
     let parts: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(per))
         .into_par_iter()
         .map(|i| {
             let r = per.min(rows - i * per);
             let mut out = vec![0f32; n * r];
-            m.rows_view(i * per, r).expect("row blocks are cuttable").matmul(xs, &mut out);
+            product(&m.rows_view(i * per, r).expect("row blocks are cuttable"), &mut out);
             (i * per, out)
         })
         .collect();

@@ -1,7 +1,7 @@
 //! Rows split over threads give bit-identical products, for every encoding and thread count.
 
 use half::{bf16, f16};
-use k3_quant::{Matrix, int4, int8, mxfp4, par};
+use k3_quant::{Activations, Matrix, int4, int8, mxfp4, par};
 use proptest::prelude::*;
 
 /// Values in [-1, 1).
@@ -21,11 +21,16 @@ fn on(threads: usize, m: &Matrix<'_>, x: &[f32], xs: &[f32]) -> (Vec<f32>, Vec<f
     (y, ys)
 }
 
+/// Both activation precisions (int8 runs its VNNI kernels where the CPU has them).
+fn acts() -> impl Strategy<Value = Activations> {
+    prop_oneof![Just(Activations::Exact), Just(Activations::Int8)]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 6, .. ProptestConfig::default() })]
 
     #[test]
-    fn any_thread_count_gives_the_same_bits(rows in 520usize..1100, cols_blocks in 16usize..33, n in 2usize..6, seed in any::<u64>()) {
+    fn any_thread_count_gives_the_same_bits(rows in 520usize..1100, cols_blocks in 16usize..33, n in 2usize..6, seed in any::<u64>(), act in acts()) {
         let cols = cols_blocks * 32;
         let w = values(rows * cols, seed);
         let (x, xs) = (values(cols, seed ^ 1), values(n * cols, seed ^ 2));
@@ -36,9 +41,9 @@ proptest! {
         let matrices = [
             Matrix::F32 { w: &w, rows, cols },
             Matrix::Bf16 { w: &wb, rows, cols },
-            Matrix::Int8Row { q: &q8, scale: &s8, rows, cols },
-            Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows, cols },
-            Matrix::Mxfp4 { packed: &p, scale: &sc, rows, cols },
+            Matrix::Int8Row { q: &q8, scale: &s8, rows, cols, act },
+            Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows, cols, act },
+            Matrix::Mxfp4 { packed: &p, scale: &sc, rows, cols, act },
         ];
         for m in &matrices {
             let one = on(1, m, &x, &xs);
@@ -56,7 +61,7 @@ proptest! {
     /// Prefill equals decode: a batch through `matmul` gives the same bits as its vectors one by
     /// one through `matvec`, for every encoding (odd column counts exercise the kernels' tails).
     #[test]
-    fn a_batch_gives_the_same_bits_as_its_vectors(rows in 1usize..70, cols_blocks in 1usize..6, extra in 0usize..16, n in 1usize..11, seed in any::<u64>()) {
+    fn a_batch_gives_the_same_bits_as_its_vectors(rows in 1usize..70, cols_blocks in 1usize..6, extra in 0usize..16, n in 1usize..11, seed in any::<u64>(), act in acts()) {
         let cols32 = cols_blocks * 32;
         let cols_any = cols32 + extra;
         let w = values(rows * cols_any, seed);
@@ -68,9 +73,9 @@ proptest! {
         let matrices = [
             Matrix::F32 { w: &w, rows, cols: cols_any },
             Matrix::Bf16 { w: &wb, rows, cols: cols_any },
-            Matrix::Int8Row { q: &q8, scale: &s8, rows, cols: cols_any },
-            Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows, cols: cols32 },
-            Matrix::Mxfp4 { packed: &p, scale: &sc, rows, cols: cols32 },
+            Matrix::Int8Row { q: &q8, scale: &s8, rows, cols: cols_any, act },
+            Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows, cols: cols32, act },
+            Matrix::Mxfp4 { packed: &p, scale: &sc, rows, cols: cols32, act },
         ];
         for m in &matrices {
             let xs = values(n * m.cols(), seed ^ 5);

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use k3_engine::generate::{GenerateParams, Generator};
 use k3_engine::sample::{Sampler, SamplerConfig};
 use k3_engine::speculate::SpecStats;
-use k3_engine::{Engine, EngineOptions, Logits, Seq, Session};
+use k3_engine::{Activations, Engine, EngineOptions, Logits, Seq, Session};
 use k3_format::Model;
 use k3_io::Policy;
 use k3_router::lookahead::Predictor;
@@ -33,6 +33,8 @@ pub struct Options<'a> {
     pub speculate: Vec<usize>,
     /// Prompt tokens per forward call of the prefill (`None`: the engine's choice).
     pub chunks: Vec<Option<usize>>,
+    /// Activation precisions to run every configuration with.
+    pub activations: Vec<Activations>,
     /// A prompt given as ids (instead of random ones).
     pub prompt_ids: Option<&'a [u32]>,
     /// How tokens are chosen (greedy by default).
@@ -69,6 +71,7 @@ struct Run {
     batch: usize,
     speculate: usize,
     chunk: Option<usize>,
+    activations: Activations,
 }
 
 /// What one decode measured: seconds of the decode, tokens it produced (every sequence's),
@@ -178,7 +181,11 @@ fn speculative(
 /// One cold run (a fresh engine, empty cache), then the same prompts again on the now warm cache.
 fn run_once(model: &Model, run: &Run, o: &Options<'_>, prompts: &[Vec<u32>], context: u64) -> Result<Value> {
     let opts =
-        EngineOptions { chunk: run.chunk.map(|c| c as u64), ..options(&run.variant, o.mem, context, run.threads)? };
+        EngineOptions {
+            chunk: run.chunk.map(|c| c as u64),
+            activations: run.activations,
+            ..options(&run.variant, o.mem, context, run.threads)?
+        };
     let engine = Engine::load_with(model, opts)?;
     let cold = decode(&engine, prompts, o, run, 0)?;
     let warm = decode(&engine, prompts, o, run, cold.after.cache.bytes_read)?;
@@ -253,7 +260,9 @@ fn runs(o: &Options<'_>) -> Vec<Run> {
             for &batch in &o.batches {
                 for &speculate in o.speculate.iter().filter(|&&k| batch == 1 || k == 0) {
                     for &chunk in &o.chunks {
-                        runs.push(Run { variant: v.clone(), threads, batch, speculate, chunk });
+                        for &activations in &o.activations {
+                            runs.push(Run { variant: v.clone(), threads, batch, speculate, chunk, activations });
+                        }
                     }
                 }
             }
@@ -277,6 +286,9 @@ impl Run {
         }
         if o.chunks.len() > 1 {
             l += &self.chunk.map_or(" chunk auto".to_string(), |c| format!(" chunk{c}"));
+        }
+        if o.activations.len() > 1 {
+            l += if self.activations == Activations::Int8 { " int8" } else { " exact" };
         }
         l
     }
@@ -352,6 +364,7 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
                 && r.batch == 1
                 && r.speculate == 0
                 && r.chunk == run.chunk
+                && r.activations == run.activations
         });
         if let Some(j) = single {
             let f = |k: &str, m: &Value| m[k].as_f64().unwrap_or(0.0);
@@ -491,6 +504,9 @@ pub struct Args {
     /// choice for the model and budget).
     #[arg(long, value_name = "N,N,..", default_value = "auto")]
     pub chunk: String,
+    /// Comma-separated activation precisions (`exact`, `int8`) to run each configuration with.
+    #[arg(long, value_name = "P,P,..", default_value = "exact")]
+    pub activations: String,
     /// The prompt: this text file, tokenized with the model's tokenizer (default: random ids,
     /// --prompt of them, different for each sequence).
     #[arg(long, value_name = "FILE")]
@@ -527,10 +543,19 @@ pub fn task(args: Args) -> Result<()> {
         batch,
         speculate,
         chunk,
+        activations,
         prompt_file,
         temperature,
         json,
     } = args;
+    let activations = activations
+        .split(',')
+        .map(|t| match t.trim() {
+            "exact" => Ok(Activations::Exact),
+            "int8" => Ok(Activations::Int8),
+            other => anyhow::bail!("`{other}` is not an activation precision (exact or int8)"),
+        })
+        .collect::<Result<Vec<_>>>()?;
     let chunks = chunk
         .split(',')
         .map(|t| if t.trim() == "auto" { Ok(None) } else { counts(t, "prefill chunk", 1, 1 << 20).map(|c| Some(c[0])) })
@@ -583,6 +608,7 @@ pub fn task(args: Args) -> Result<()> {
         batches,
         speculate,
         chunks,
+        activations,
         prompt_ids: prompt_ids.as_deref(),
         sampler: SamplerConfig { temperature, seed: 5, ..SamplerConfig::default() },
     };

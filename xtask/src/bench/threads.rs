@@ -89,17 +89,17 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
         Case { name: "bf16 12288x7168", mats: vec![Matrix::Bf16 { w: &wb, rows: r, cols: c }], bytes: n * 2 },
         Case {
             name: "int8_row 12288x7168",
-            mats: vec![Matrix::Int8Row { q: &q8, scale: &s8, rows: r, cols: c }],
+            mats: vec![Matrix::Int8Row { q: &q8, scale: &s8, rows: r, cols: c, act: Activations::Exact }],
             bytes: n + r * 4,
         },
         Case {
             name: "int4_g32 12288x7168",
-            mats: vec![Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows: r, cols: c }],
+            mats: vec![Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows: r, cols: c, act: Activations::Exact }],
             bytes: n / 2 + n / 16,
         },
         Case {
             name: "mxfp4 3072x3584 x16",
-            mats: experts.iter().map(|(p, s)| Matrix::Mxfp4 { packed: p, scale: s, rows: er, cols: ec }).collect(),
+            mats: experts.iter().map(|(p, s)| Matrix::Mxfp4 { packed: p, scale: s, rows: er, cols: ec, act: Activations::Exact }).collect(),
             bytes: er * ec / 2 + er * ec / 32,
         },
     ];

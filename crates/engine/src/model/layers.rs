@@ -5,7 +5,7 @@ use k3_attn::kda::a_log_per_head;
 use k3_attn::{Kda, KdaConfig, KdaGate, KdaWeights, Mla, MlaConfig, MlaWeights, OutputGate, QPath};
 use k3_format::Model;
 use k3_quant::vecops::sigmoid;
-use k3_quant::{Matrix, par};
+use k3_quant::{Activations, Matrix, par};
 use k3_router::RouterConfig;
 
 use crate::EngineError;
@@ -76,8 +76,8 @@ impl Mlp<'_> {
         par::matmul(&self.down, &g, outs);
     }
 
-    fn load<'m>(model: &'m Model, n: &MlpNames) -> Result<Mlp<'m>, EngineError> {
-        Ok(Mlp { gate: matrix(model, &n.gate)?, up: matrix(model, &n.up)?, down: matrix(model, &n.down)? })
+    fn load<'m>(t: Trunk<'m>, n: &MlpNames) -> Result<Mlp<'m>, EngineError> {
+        Ok(Mlp { gate: t.matrix(&n.gate)?, up: t.matrix(&n.up)?, down: t.matrix(&n.down)? })
     }
 }
 
@@ -127,37 +127,51 @@ pub(crate) fn res_vector(model: &Model, norm: &str, proj: &str, d: usize) -> Res
 }
 
 /// Every layer of the model.
-pub(crate) fn build<'m>(model: &'m Model, cfg: &ModelConfig) -> Result<Vec<Layer<'m>>, EngineError> {
+pub(crate) fn build<'m>(t: Trunk<'m>, cfg: &ModelConfig) -> Result<Vec<Layer<'m>>, EngineError> {
     let moe_layers = cfg.moe_layers();
-    (0..cfg.layers).map(|i| layer(model, cfg, i, moe_layers.contains(&i))).collect()
+    (0..cfg.layers).map(|i| layer(t, cfg, i, moe_layers.contains(&i))).collect()
 }
 
-fn layer<'m>(model: &'m Model, cfg: &ModelConfig, i: u32, moe: bool) -> Result<Layer<'m>, EngineError> {
+/// The trunk's matrices as the engine multiplies them: each with the activation precision the
+/// engine was loaded with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Trunk<'m> {
+    pub model: &'m Model,
+    pub act: Activations,
+}
+
+impl<'m> Trunk<'m> {
+    pub fn matrix(&self, name: &str) -> Result<Matrix<'m>, EngineError> {
+        Ok(matrix(self.model, name)?.with_activations(self.act))
+    }
+}
+
+fn layer<'m>(t: Trunk<'m>, cfg: &ModelConfig, i: u32, moe: bool) -> Result<Layer<'m>, EngineError> {
     let d = cfg.hidden as usize;
     let n = LayerNames::of(i);
     let missing =
         |what: &str| EngineError::Config(format!("layer {i} is {what} but the config gives no dimensions for it"));
     let attn = if cfg.is_kda(i) {
-        Attn::Kda(kda(model, cfg, i, cfg.kda.ok_or_else(|| missing("KDA"))?)?)
+        Attn::Kda(kda(t, cfg, i, cfg.kda.ok_or_else(|| missing("KDA"))?)?)
     } else {
-        Attn::Mla(mla(model, cfg, i, cfg.mla.ok_or_else(|| missing("MLA"))?)?)
+        Attn::Mla(mla(t, cfg, i, cfg.mla.ok_or_else(|| missing("MLA"))?)?)
     };
     let ffn = match (moe, cfg.moe) {
-        (true, Some(m)) => Ffn::Moe(moe_layer(model, i, m, d)?),
-        _ => Ffn::Dense(Mlp::load(model, &MlpNames::dense(i))?),
+        (true, Some(m)) => Ffn::Moe(moe_layer(t, i, m, d)?),
+        _ => Ffn::Dense(Mlp::load(t, &MlpNames::dense(i))?),
     };
     let (att_res, mlp_res) = if cfg.attn_res_block.is_some() {
         (
-            Some(res_vector(model, &n.att_res_norm, &n.att_res_proj, d)?),
-            Some(res_vector(model, &n.mlp_res_norm, &n.mlp_res_proj, d)?),
+            Some(res_vector(t.model, &n.att_res_norm, &n.att_res_proj, d)?),
+            Some(res_vector(t.model, &n.mlp_res_norm, &n.mlp_res_proj, d)?),
         )
     } else {
         (None, None)
     };
     Ok(Layer {
         index: i,
-        input_norm: vector_of(model, &n.input_norm, d)?,
-        post_norm: vector_of(model, &n.post_norm, d)?,
+        input_norm: vector_of(t.model, &n.input_norm, d)?,
+        post_norm: vector_of(t.model, &n.post_norm, d)?,
         attn,
         ffn,
         att_res,
@@ -165,29 +179,29 @@ fn layer<'m>(model: &'m Model, cfg: &ModelConfig, i: u32, moe: bool) -> Result<L
     })
 }
 
-fn kda<'m>(model: &'m Model, cfg: &ModelConfig, i: u32, k: KdaDims) -> Result<Kda<'m>, EngineError> {
+fn kda<'m>(t: Trunk<'m>, cfg: &ModelConfig, i: u32, k: KdaDims) -> Result<Kda<'m>, EngineError> {
     let n = KdaNames::of(i);
     let (heads, hd, kern) = (k.heads, k.head_dim, k.conv_kernel);
-    let (a_log, a_shape) = vector(model, &n.a_log)?;
+    let (a_log, a_shape) = vector(t.model, &n.a_log)?;
     let w = KdaWeights {
-        q_proj: matrix(model, &n.q_proj)?,
-        k_proj: matrix(model, &n.k_proj)?,
-        v_proj: matrix(model, &n.v_proj)?,
-        q_conv: vector_of(model, &n.q_conv, heads * hd * kern)?,
-        k_conv: vector_of(model, &n.k_conv, heads * hd * kern)?,
-        v_conv: vector_of(model, &n.v_conv, heads * hd * kern)?,
+        q_proj: t.matrix(&n.q_proj)?,
+        k_proj: t.matrix(&n.k_proj)?,
+        v_proj: t.matrix(&n.v_proj)?,
+        q_conv: vector_of(t.model, &n.q_conv, heads * hd * kern)?,
+        k_conv: vector_of(t.model, &n.k_conv, heads * hd * kern)?,
+        v_conv: vector_of(t.model, &n.v_conv, heads * hd * kern)?,
         a_log: a_log_per_head(&n.a_log, &a_log, &a_shape, heads)?,
-        dt_bias: vector_of(model, &n.dt_bias, heads * hd)?,
-        f_a: matrix(model, &n.f_a)?,
-        f_b: matrix(model, &n.f_b)?,
-        b_proj: matrix(model, &n.b_proj)?,
-        o_norm: vector_of(model, &n.o_norm, hd)?,
+        dt_bias: vector_of(t.model, &n.dt_bias, heads * hd)?,
+        f_a: t.matrix(&n.f_a)?,
+        f_b: t.matrix(&n.f_b)?,
+        b_proj: t.matrix(&n.b_proj)?,
+        o_norm: vector_of(t.model, &n.o_norm, hd)?,
         gate: if k.full_rank_gate {
-            OutputGate::FullRank(matrix(model, &n.g_proj)?)
+            OutputGate::FullRank(t.matrix(&n.g_proj)?)
         } else {
-            OutputGate::LowRank { a: matrix(model, &n.g_a)?, b: matrix(model, &n.g_b)? }
+            OutputGate::LowRank { a: t.matrix(&n.g_a)?, b: t.matrix(&n.g_b)? }
         },
-        o_proj: matrix(model, &n.o_proj)?,
+        o_proj: t.matrix(&n.o_proj)?,
     };
     let gate = match k.gate_lower_bound {
         Some(lb) => KdaGate::LowerBound(lb),
@@ -197,23 +211,23 @@ fn kda<'m>(model: &'m Model, cfg: &ModelConfig, i: u32, k: KdaDims) -> Result<Kd
     Ok(Kda::new(format!("layer {i} (KDA)"), kc, w)?)
 }
 
-fn mla<'m>(model: &'m Model, cfg: &ModelConfig, i: u32, m: MlaDims) -> Result<Mla<'m>, EngineError> {
+fn mla<'m>(t: Trunk<'m>, cfg: &ModelConfig, i: u32, m: MlaDims) -> Result<Mla<'m>, EngineError> {
     let n = MlaNames::of(i);
     let q = match m.q_lora {
         Some(_) => {
-            let qa = matrix(model, &n.q_a)?;
-            let qn = vector_of(model, &n.q_a_norm, qa.rows())?;
-            QPath::LowRank { a: qa, norm: qn, b: matrix(model, &n.q_b)? }
+            let qa = t.matrix(&n.q_a)?;
+            let qn = vector_of(t.model, &n.q_a_norm, qa.rows())?;
+            QPath::LowRank { a: qa, norm: qn, b: t.matrix(&n.q_b)? }
         }
-        None => QPath::Direct(matrix(model, &n.q_proj)?),
+        None => QPath::Direct(t.matrix(&n.q_proj)?),
     };
     let w = MlaWeights {
         q,
-        kv_a: matrix(model, &n.kv_a)?,
-        kv_a_norm: vector_of(model, &n.kv_a_norm, m.kv_lora)?,
-        kv_b: matrix(model, &n.kv_b)?,
-        g_proj: if m.output_gate { Some(matrix(model, &n.g_proj)?) } else { None },
-        o_proj: matrix(model, &n.o_proj)?,
+        kv_a: t.matrix(&n.kv_a)?,
+        kv_a_norm: vector_of(t.model, &n.kv_a_norm, m.kv_lora)?,
+        kv_b: t.matrix(&n.kv_b)?,
+        g_proj: if m.output_gate { Some(t.matrix(&n.g_proj)?) } else { None },
+        o_proj: t.matrix(&n.o_proj)?,
     };
     let mc = MlaConfig {
         hidden: cfg.hidden as usize,
@@ -229,7 +243,7 @@ fn mla<'m>(model: &'m Model, cfg: &ModelConfig, i: u32, m: MlaDims) -> Result<Ml
     Ok(Mla::new(format!("layer {i} (MLA)"), mc, w)?)
 }
 
-fn moe_layer<'m>(model: &'m Model, i: u32, m: MoeDims, d: usize) -> Result<Moe<'m>, EngineError> {
+fn moe_layer<'m>(t: Trunk<'m>, i: u32, m: MoeDims, d: usize) -> Result<Moe<'m>, EngineError> {
     let n = MoeNames::of(i);
     let router = RouterConfig {
         experts: m.experts,
@@ -243,13 +257,13 @@ fn moe_layer<'m>(model: &'m Model, i: u32, m: MoeDims, d: usize) -> Result<Moe<'
     };
     let latent = match m.latent {
         Some(z) => {
-            let down = matrix(model, &n.latent_down)?;
-            Some((down, vector_of(model, &n.latent_norm, z)?, matrix(model, &n.latent_up)?))
+            let down = t.matrix(&n.latent_down)?;
+            Some((down, vector_of(t.model, &n.latent_norm, z)?, t.matrix(&n.latent_up)?))
         }
         None => None,
     };
-    let shared = if m.shared > 0 { Some(Mlp::load(model, &n.shared)?) } else { None };
-    let gate = matrix(model, &n.gate)?;
+    let shared = if m.shared > 0 { Some(Mlp::load(t, &n.shared)?) } else { None };
+    let gate = t.matrix(&n.gate)?;
     if gate.rows() != m.experts || gate.cols() != d {
         return Err(EngineError::Shape(format!(
             "tensor `{}` is [{}, {}], expected [{}, {d}]",
@@ -259,5 +273,5 @@ fn moe_layer<'m>(model: &'m Model, i: u32, m: MoeDims, d: usize) -> Result<Moe<'
             m.experts
         )));
     }
-    Ok(Moe { router, gate, bias: vector_of(model, &n.bias, m.experts)?, latent, shared })
+    Ok(Moe { router, gate, bias: vector_of(t.model, &n.bias, m.experts)?, latent, shared })
 }

@@ -274,12 +274,9 @@ impl<'m> Engine<'m> {
         k: usize,
     ) -> Result<Vec<(usize, Vec<f32>)>, EngineError> {
         let rec = self.model.expert(key.0, key.1)?.parse(lease.bytes(), false)?;
-        let r = &self.rotations;
-        let mlp = Mlp {
-            gate: expert_matrix("w1", rec.matrix("w1")?, r)?,
-            up: expert_matrix("w3", rec.matrix("w3")?, r)?,
-            down: expert_matrix("w2", rec.matrix("w2")?, r)?,
-        };
+        let (r, act) = (&self.rotations, self.opts.activations);
+        let m = |name: &str| Ok::<_, EngineError>(expert_matrix(name, rec.matrix(name)?, r)?.with_activations(act));
+        let mlp = Mlp { gate: m("w1")?, up: m("w3")?, down: m("w2")? };
         let zd = prep.zd;
         let slots: Vec<(usize, usize)> = routings
             .iter()

@@ -32,6 +32,10 @@ pub struct EngineOptions {
     /// Compute threads (0: one per core). The reader's I/O thread and the calling thread come on
     /// top; results are the same bits for any number.
     pub threads: usize,
+    /// How the integer-encoded matrices (int8 and int4 trunk, MXFP4 experts) round their inputs:
+    /// `Exact` (f32, the default, what every comparison with a reference uses) or `Int8` (32-value
+    /// blocks, integer dot products where the CPU has VNNI; measured in docs/EFFICIENCY.md).
+    pub activations: k3_quant::Activations,
     /// Check every trunk tensor's checksum when loading (on every core). Off only for a model
     /// that was verified before (`k3-cli verify`) and has not been touched since.
     pub verify_trunk: bool,
@@ -56,6 +60,7 @@ impl Default for EngineOptions {
             chunk: None,
             reserved_bytes: 0,
             threads: 0,
+            activations: k3_quant::Activations::Exact,
             verify_trunk: true,
             calibrate: None,
             fault: None,
