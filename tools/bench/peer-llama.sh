@@ -2,7 +2,8 @@
 # k3 side by side with llama.cpp, the engine people would otherwise use (not run in CI: it
 # downloads torch and llama.cpp and takes ~30 minutes on two cores).
 #
-#   tools/bench/peer-llama.sh [WORK_DIR]        (default bench-out/peer; THREADS, REPS from the env)
+#   tools/bench/peer-llama.sh [WORK_DIR]        (default bench-out/peer; THREADS, REPS, ACTIVATIONS
+#                                                from the env; ACTIVATIONS: k3's --activations, exact)
 #
 # 1. builds llama.cpp (llama-bench, llama-quantize) from the llama-cpp-python source package on
 #    PyPI, whose vendored llama.cpp has the kimi-linear architecture; natively, but without AMX (this machine's
@@ -19,6 +20,7 @@ cd "$(dirname "$0")/../.."
 W=$(realpath -m "${1:-bench-out/peer}")
 THREADS=${THREADS:-$(nproc)}
 REPS=${REPS:-3}
+ACTIVATIONS=${ACTIVATIONS:-exact}
 mkdir -p "$W"
 
 # Tools: a venv with the converter's and the checkpoint maker's packages.
@@ -70,19 +72,19 @@ for rep in $(seq 1 "$REPS"); do
         # k3's warm runs (the experts in its cache, as llama.cpp's weights are in the page cache
         # after its warm-up): `bench decode` runs the prompt and decode, then both again.
         target/release/xtask bench decode --model "$W/$waste" --prompt 32 --tokens 64 --reps 1 \
-            --variants overlap --threads "$THREADS" --svg "$R/svg.svg" --json >"$R/k3-decode-$waste-$gguf-$rep.json" 2>/dev/null
+            --variants overlap --threads "$THREADS" --activations "$ACTIVATIONS" --svg "$R/svg.svg" --json >"$R/k3-decode-$waste-$gguf-$rep.json" 2>/dev/null
         target/release/xtask bench decode --model "$W/$waste" --prompt 256 --tokens 1 --reps 1 \
-            --variants overlap --threads "$THREADS" --svg "$R/svg.svg" --json >"$R/k3-prefill-$waste-$gguf-$rep.json" 2>/dev/null
+            --variants overlap --threads "$THREADS" --activations "$ACTIVATIONS" --svg "$R/svg.svg" --json >"$R/k3-prefill-$waste-$gguf-$rep.json" 2>/dev/null
         "$BIN/llama-bench" -m "$W/$gguf" -t "$THREADS" -p 256 -n 64 -d 32 -r 1 -o json \
             >"$R/llama-$waste-$gguf-$rep.json" 2>/dev/null
     done
 done
 
-"$PY" - "$R" "$PAIRS" "$THREADS" <<'PY'
+"$PY" - "$R" "$PAIRS" "$THREADS" "$ACTIVATIONS" <<'PY'
 import glob, json, statistics, sys
-r, pairs, threads = sys.argv[1], sys.argv[2].split(), sys.argv[3]
+r, pairs, threads, activations = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
 med = statistics.median
-print(f"decode: 64 tokens after a 32-token prompt; prefill: 256 tokens; {threads} threads; medians")
+print(f"decode: 64 tokens after a 32-token prompt; prefill: 256 tokens; {threads} threads; medians; k3 activations {activations}")
 print(f"{'k3 (WASTE)':<18} {'llama.cpp (GGUF)':<16} {'k3 decode':>10} {'llama':>8} {'ratio':>6} {'k3 prefill':>11} {'llama':>8} {'ratio':>6}")
 for p in pairs:
     w, g = p.split(":")

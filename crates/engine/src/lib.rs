@@ -23,7 +23,7 @@ pub mod verify;
 pub mod weights;
 
 pub use model::{
-    Engine, EngineOptions, LayerState, Logits, RoutedToken, RunStats, Seq, Session, Span, SpanKind, activate, tap,
+    ActivationPrecision, Engine, EngineOptions, LayerState, Logits, RoutedToken, RunStats, Seq, Session, Span, SpanKind, activate, tap,
 };
 pub use owned::OwnedEngine;
 pub use plan::MemoryPlan;
@@ -31,7 +31,6 @@ pub use plan::MemoryPlan;
 // The types the engine's options and results expose, so callers need this crate alone.
 pub use k3_format::{Model, OpenOptions, OutputFile, write_atomic};
 pub use k3_io::{CacheStats, Policy};
-pub use k3_quant::Activations;
 pub use k3_router::UsageHistory;
 pub use k3_router::lookahead::{LookaheadStats, Predictor};
 

@@ -25,10 +25,11 @@ pub struct EngineKnobs {
     /// are the same bits for any number.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
-    /// How the int8, int4 and MXFP4 matrices round their inputs: `exact` (f32) or `int8` (blocks
-    /// of 32 with integer dot products, where the CPU has AVX512-VNNI; faster prefill, a measured
-    /// cost in docs/EFFICIENCY.md) [default: exact].
-    #[arg(long, value_name = "PRECISION", value_parser = ["exact", "int8"])]
+    /// Which products round their inputs to int8 (blocks of 32, integer dot products where the
+    /// CPU has AVX512-VNNI; faster prefill): none (`exact`, f32), the routed experts' MXFP4/int4
+    /// matrices (`int8-experts`), or every int8/int4/MXFP4 matrix, trunk included (`int8`).
+    /// Their measured cost is in docs/EFFICIENCY.md [default: exact].
+    #[arg(long, value_name = "PRECISION", value_parser = k3_engine::ActivationPrecision::NAMES)]
     pub activations: Option<String>,
     /// Read, then compute (no overlap of expert reads with arithmetic), for measurement.
     #[arg(long)]
@@ -81,10 +82,7 @@ impl EngineKnobs {
             reserved_bytes: needs.reserved_bytes,
             threads: self.threads.map_or(0, usize::from),
             verify_trunk: !self.no_verify,
-            activations: match self.activations.as_deref() {
-                Some("int8") => k3_engine::Activations::Int8,
-                _ => k3_engine::Activations::Exact,
-            },
+            activations: self.activations.as_deref().unwrap_or("exact").parse().map_err(anyhow::Error::msg)?,
             ..EngineOptions::default()
         })
     }

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use k3_engine::generate::{GenerateParams, Generator};
 use k3_engine::sample::{Sampler, SamplerConfig};
 use k3_engine::speculate::SpecStats;
-use k3_engine::{Activations, Engine, EngineOptions, Logits, Seq, Session};
+use k3_engine::{ActivationPrecision as Activations, Engine, EngineOptions, Logits, Seq, Session};
 use k3_format::Model;
 use k3_io::Policy;
 use k3_router::lookahead::Predictor;
@@ -288,7 +288,7 @@ impl Run {
             l += &self.chunk.map_or(" chunk auto".to_string(), |c| format!(" chunk{c}"));
         }
         if o.activations.len() > 1 {
-            l += if self.activations == Activations::Int8 { " int8" } else { " exact" };
+            l += &format!(" {}", self.activations.name());
         }
         l
     }
@@ -504,7 +504,8 @@ pub struct Args {
     /// choice for the model and budget).
     #[arg(long, value_name = "N,N,..", default_value = "auto")]
     pub chunk: String,
-    /// Comma-separated activation precisions (`exact`, `int8`) to run each configuration with.
+    /// Comma-separated activation precisions (`exact`, `int8-experts`, `int8`) to run each
+    /// configuration with.
     #[arg(long, value_name = "P,P,..", default_value = "exact")]
     pub activations: String,
     /// The prompt: this text file, tokenized with the model's tokenizer (default: random ids,
@@ -550,11 +551,7 @@ pub fn task(args: Args) -> Result<()> {
     } = args;
     let activations = activations
         .split(',')
-        .map(|t| match t.trim() {
-            "exact" => Ok(Activations::Exact),
-            "int8" => Ok(Activations::Int8),
-            other => anyhow::bail!("`{other}` is not an activation precision (exact or int8)"),
-        })
+        .map(|t| t.trim().parse::<Activations>().map_err(anyhow::Error::msg))
         .collect::<Result<Vec<_>>>()?;
     let chunks = chunk
         .split(',')

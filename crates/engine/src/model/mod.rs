@@ -21,7 +21,7 @@ pub mod tap;
 
 pub use forward::{Logits, Seq};
 pub use layers::activate;
-pub use options::EngineOptions;
+pub use options::{ActivationPrecision, EngineOptions};
 pub use session::{LayerState, RoutedToken, Session};
 pub use stats::{RunStats, Span, SpanKind};
 
@@ -93,7 +93,7 @@ impl<'m> Engine<'m> {
             Some(_) => Some(res_vector(model, names::OUT_RES_NORM, names::OUT_RES_PROJ, d)?),
             None => None,
         };
-        let layers = layers::build(layers::Trunk { model, act: opts.activations }, &cfg)?;
+        let layers = layers::build(layers::Trunk { model, act: opts.activations.trunk() }, &cfg)?;
         let res_block = cfg.attn_res_block.unwrap_or(1);
         let plan = plan::plan(
             footprint(&layers, &cfg, res_block),
@@ -122,7 +122,7 @@ impl<'m> Engine<'m> {
             hidden: d,
             vocab,
             embed,
-            lm_head: layers::Trunk { model, act: opts.activations }.matrix(names::LM_HEAD)?,
+            lm_head: layers::Trunk { model, act: opts.activations.trunk() }.matrix(names::LM_HEAD)?,
             norm: vector_of(model, names::NORM, d)?,
             out_res,
             res_block,

@@ -32,10 +32,11 @@ pub struct EngineOptions {
     /// Compute threads (0: one per core). The reader's I/O thread and the calling thread come on
     /// top; results are the same bits for any number.
     pub threads: usize,
-    /// How the integer-encoded matrices (int8 and int4 trunk, MXFP4 experts) round their inputs:
-    /// `Exact` (f32, the default, what every comparison with a reference uses) or `Int8` (32-value
-    /// blocks, integer dot products where the CPU has VNNI; measured in docs/EFFICIENCY.md).
-    pub activations: k3_quant::Activations,
+    /// Which integer-encoded matrices (int8/int4 trunk, int4/MXFP4 experts) round their inputs
+    /// to int8 (32-value blocks, integer dot products where the CPU has VNNI). `Exact` is the
+    /// default and what every comparison with a reference uses; the others' cost is measured in
+    /// docs/EFFICIENCY.md.
+    pub activations: ActivationPrecision,
     /// Check every trunk tensor's checksum when loading (on every core). Off only for a model
     /// that was verified before (`k3-cli verify`) and has not been touched since.
     pub verify_trunk: bool,
@@ -60,7 +61,7 @@ impl Default for EngineOptions {
             chunk: None,
             reserved_bytes: 0,
             threads: 0,
-            activations: k3_quant::Activations::Exact,
+            activations: ActivationPrecision::Exact,
             verify_trunk: true,
             calibrate: None,
             fault: None,
@@ -81,5 +82,54 @@ impl std::fmt::Debug for EngineOptions {
             .field("threads", &self.threads)
             .field("verify_trunk", &self.verify_trunk)
             .finish_non_exhaustive()
+    }
+}
+
+/// Where the engine multiplies int8-rounded activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ActivationPrecision {
+    /// f32 everywhere.
+    #[default]
+    Exact,
+    /// The routed experts only: nearly all of a MoE prefill's arithmetic, and on the default
+    /// model a mean KL of 4e-5 nats against exact (the trunk's attention and dense MLPs cost 7x
+    /// more KL for a small share of the work).
+    Experts,
+    /// Every integer-encoded matrix, trunk included.
+    All,
+}
+
+impl ActivationPrecision {
+    /// The precision of the routed experts' products.
+    pub fn experts(self) -> k3_quant::Activations {
+        if self == ActivationPrecision::Exact { k3_quant::Activations::Exact } else { k3_quant::Activations::Int8 }
+    }
+
+    /// The precision of the trunk's products.
+    pub fn trunk(self) -> k3_quant::Activations {
+        if self == ActivationPrecision::All { k3_quant::Activations::Int8 } else { k3_quant::Activations::Exact }
+    }
+
+    /// The names `--activations` takes.
+    pub const NAMES: [&str; 3] = ["exact", "int8-experts", "int8"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivationPrecision::Exact => "exact",
+            ActivationPrecision::Experts => "int8-experts",
+            ActivationPrecision::All => "int8",
+        }
+    }
+}
+
+impl std::str::FromStr for ActivationPrecision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "exact" => Ok(ActivationPrecision::Exact),
+            "int8-experts" => Ok(ActivationPrecision::Experts),
+            "int8" => Ok(ActivationPrecision::All),
+            other => Err(format!("`{other}` is not an activation precision (one of exact, int8-experts, int8)")),
+        }
     }
 }
