@@ -23,7 +23,8 @@ pub mod verify;
 pub mod weights;
 
 pub use model::{
-    ActivationPrecision, Engine, EngineOptions, LayerState, Logits, RoutedToken, RunStats, Seq, Session, Span, SpanKind, activate, tap,
+    ActivationPrecision, Engine, EngineOptions, LayerState, Logits, RoutedToken, RunStats, Seq, Session, Span,
+    SpanKind, activate, tap,
 };
 pub use owned::OwnedEngine;
 pub use plan::MemoryPlan;

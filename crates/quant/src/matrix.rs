@@ -74,7 +74,9 @@ impl<'a> Matrix<'a> {
     pub fn with_activations(self, act: Activations) -> Self {
         match self {
             Matrix::Int8Row { q, scale, rows, cols, .. } => Matrix::Int8Row { q, scale, rows, cols, act },
-            Matrix::Int4Group { q, scale, group, rows, cols, .. } => Matrix::Int4Group { q, scale, group, rows, cols, act },
+            Matrix::Int4Group { q, scale, group, rows, cols, .. } => {
+                Matrix::Int4Group { q, scale, group, rows, cols, act }
+            }
             Matrix::Mxfp4 { packed, scale, rows, cols, .. } => Matrix::Mxfp4 { packed, scale, rows, cols, act },
             other => other,
         }
@@ -84,8 +86,12 @@ impl<'a> Matrix<'a> {
     /// kernels take, and a CPU with VNNI).
     pub fn takes_q8(&self) -> bool {
         let (shape_ok, act) = match *self {
-            Matrix::Int8Row { cols, act, .. } | Matrix::Mxfp4 { cols, act, .. } => (cols.is_multiple_of(q8::BLOCK), act),
-            Matrix::Int4Group { cols, group, act, .. } => (cols.is_multiple_of(q8::BLOCK) && group.is_multiple_of(q8::BLOCK), act),
+            Matrix::Int8Row { cols, act, .. } | Matrix::Mxfp4 { cols, act, .. } => {
+                (cols.is_multiple_of(q8::BLOCK), act)
+            }
+            Matrix::Int4Group { cols, group, act, .. } => {
+                (cols.is_multiple_of(q8::BLOCK) && group.is_multiple_of(q8::BLOCK), act)
+            }
             _ => return false,
         };
         shape_ok && act == Activations::Int8 && q8::available()

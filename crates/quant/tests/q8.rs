@@ -64,7 +64,12 @@ fn weights(rows: usize, cols: usize) -> impl Strategy<Value = Weights> {
 fn case() -> impl Strategy<Value = (usize, usize, Weights, Vec<f32>)> {
     (1usize..10, 1usize..6, 1usize..11).prop_flat_map(|(rows, blocks, n)| {
         let cols = blocks * 32;
-        (Just(rows), Just(cols), weights(rows, cols), proptest::collection::vec(prop_oneof![9 => -3.0f32..3.0, 1 => -80.0f32..80.0], n * cols))
+        (
+            Just(rows),
+            Just(cols),
+            weights(rows, cols),
+            proptest::collection::vec(prop_oneof![9 => -3.0f32..3.0, 1 => -80.0f32..80.0], n * cols),
+        )
     })
 }
 
@@ -74,7 +79,9 @@ fn abs_sums(w: &[f32], x: &Q8Batch, rows: usize) -> Vec<f64> {
     (0..x.vectors())
         .flat_map(|v| {
             let xv = x.dequantize(v);
-            (0..rows).map(move |r| w[r * cols..][..cols].iter().zip(&xv).map(|(a, b)| f64::from((a * b).abs())).sum::<f64>()).collect::<Vec<_>>()
+            (0..rows)
+                .map(move |r| w[r * cols..][..cols].iter().zip(&xv).map(|(a, b)| f64::from((a * b).abs())).sum::<f64>())
+                .collect::<Vec<_>>()
         })
         .collect()
 }

@@ -180,12 +180,11 @@ fn speculative(
 
 /// One cold run (a fresh engine, empty cache), then the same prompts again on the now warm cache.
 fn run_once(model: &Model, run: &Run, o: &Options<'_>, prompts: &[Vec<u32>], context: u64) -> Result<Value> {
-    let opts =
-        EngineOptions {
-            chunk: run.chunk.map(|c| c as u64),
-            activations: run.activations,
-            ..options(&run.variant, o.mem, context, run.threads)?
-        };
+    let opts = EngineOptions {
+        chunk: run.chunk.map(|c| c as u64),
+        activations: run.activations,
+        ..options(&run.variant, o.mem, context, run.threads)?
+    };
     let engine = Engine::load_with(model, opts)?;
     let cold = decode(&engine, prompts, o, run, 0)?;
     let warm = decode(&engine, prompts, o, run, cold.after.cache.bytes_read)?;

@@ -7,7 +7,7 @@
 
 use half::{bf16, f16};
 use k3_quant::rng::noise;
-use k3_quant::{Matrix, int4, int8, mxfp4, par};
+use k3_quant::{Activations, Matrix, int4, int8, mxfp4, par};
 use rayon::prelude::*;
 use serde_json::{Value, json};
 
@@ -99,7 +99,10 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
         },
         Case {
             name: "mxfp4 3072x3584 x16",
-            mats: experts.iter().map(|(p, s)| Matrix::Mxfp4 { packed: p, scale: s, rows: er, cols: ec, act: Activations::Exact }).collect(),
+            mats: experts
+                .iter()
+                .map(|(p, s)| Matrix::Mxfp4 { packed: p, scale: s, rows: er, cols: ec, act: Activations::Exact })
+                .collect(),
             bytes: er * ec / 2 + er * ec / 32,
         },
     ];

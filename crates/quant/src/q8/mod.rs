@@ -120,7 +120,11 @@ pub fn matmul_mxfp4(packed: &[u8], scale: &[u8], x: &Q8Batch, ys: &mut [f32]) {
 
 pub fn matmul_mxfp4_at(level: Level, packed: &[u8], scale: &[u8], x: &Q8Batch, ys: &mut [f32]) {
     let rows = scale.len() / (x.cols / BLOCK).max(1);
-    assert!(packed.len() == rows * x.cols / 2 && scale.len() == rows * x.cols / BLOCK, "MXFP4 parts for [{rows}, {}]", x.cols);
+    assert!(
+        packed.len() == rows * x.cols / 2 && scale.len() == rows * x.cols / BLOCK,
+        "MXFP4 parts for [{rows}, {}]",
+        x.cols
+    );
     check(x, rows, ys);
     if available_at(supported(level)) {
         #[cfg(target_arch = "x86_64")]
@@ -138,9 +142,16 @@ pub fn matmul_int4(q: &[u8], scale: &[f16], group: usize, x: &Q8Batch, ys: &mut 
 }
 
 pub fn matmul_int4_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &Q8Batch, ys: &mut [f32]) {
-    assert!(group >= BLOCK && group.is_multiple_of(BLOCK) && x.cols.is_multiple_of(group), "int4 groups of {group} for int8 activations");
+    assert!(
+        group >= BLOCK && group.is_multiple_of(BLOCK) && x.cols.is_multiple_of(group),
+        "int4 groups of {group} for int8 activations"
+    );
     let rows = scale.len() / (x.cols / group).max(1);
-    assert!(q.len() == rows * x.cols / 2 && scale.len() == rows * x.cols / group, "int4 parts for [{rows}, {}]", x.cols);
+    assert!(
+        q.len() == rows * x.cols / 2 && scale.len() == rows * x.cols / group,
+        "int4 parts for [{rows}, {}]",
+        x.cols
+    );
     check(x, rows, ys);
     if available_at(supported(level)) {
         #[cfg(target_arch = "x86_64")]

@@ -7,7 +7,13 @@ use super::{BLOCK, Q8Batch};
 use crate::mxfp4::{E2M1_DOUBLED, SCALE_HALF};
 
 /// Sums `sum_b dot(v, r, b) * step(v, b) * scale(r, b)` for every (vector, row).
-fn product(x: &Q8Batch, rows: usize, ys: &mut [f32], dot: impl Fn(usize, usize, &[u8]) -> i32, scale: impl Fn(usize, usize) -> f32) {
+fn product(
+    x: &Q8Batch,
+    rows: usize,
+    ys: &mut [f32],
+    dot: impl Fn(usize, usize, &[u8]) -> i32,
+    scale: impl Fn(usize, usize) -> f32,
+) {
     let (cols, blocks) = (x.cols(), x.cols() / BLOCK);
     for (v, y) in ys.chunks_exact_mut(rows).enumerate() {
         for (r, out) in y.iter_mut().enumerate() {
@@ -25,7 +31,9 @@ fn product(x: &Q8Batch, rows: usize, ys: &mut [f32], dot: impl Fn(usize, usize, 
 /// activations.
 fn nibble_dot(bytes: &[u8], u: &[u8], table: impl Fn(u8) -> i32) -> i32 {
     (0..16)
-        .map(|i| table(bytes[i] & 15) * (i32::from(u[2 * i]) - 128) + table(bytes[i] >> 4) * (i32::from(u[2 * i + 1]) - 128))
+        .map(|i| {
+            table(bytes[i] & 15) * (i32::from(u[2 * i]) - 128) + table(bytes[i] >> 4) * (i32::from(u[2 * i + 1]) - 128)
+        })
         .sum()
 }
 
@@ -60,7 +68,9 @@ pub fn matmul_int8(q: &[i8], scale: &[f32], x: &Q8Batch, ys: &mut [f32]) {
         x,
         rows,
         ys,
-        |r, b, u| q[r * cols + b * BLOCK..][..BLOCK].iter().zip(u).map(|(w, u)| i32::from(*w) * (i32::from(*u) - 128)).sum(),
+        |r, b, u| {
+            q[r * cols + b * BLOCK..][..BLOCK].iter().zip(u).map(|(w, u)| i32::from(*w) * (i32::from(*u) - 128)).sum()
+        },
         |_, _| 1.0,
     );
     for y in ys.chunks_exact_mut(rows) {

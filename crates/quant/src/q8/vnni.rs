@@ -90,7 +90,10 @@ impl Weights for Mxfp4<'_> {
     unsafe fn one(&self, r: usize, b: usize) -> __m256i {
         // SAFETY: the caller's bounds: 16 bytes at this offset lie inside `packed`.
         unsafe {
-            nibbles256(_mm_loadu_si128(self.packed.as_ptr().add(r * self.cols / 2 + b * 16).cast()), table(E2M1_DOUBLED))
+            nibbles256(
+                _mm_loadu_si128(self.packed.as_ptr().add(r * self.cols / 2 + b * 16).cast()),
+                table(E2M1_DOUBLED),
+            )
         }
     }
     #[inline]
@@ -129,7 +132,9 @@ impl Weights for Int4<'_> {
     #[inline]
     unsafe fn one(&self, r: usize, b: usize) -> __m256i {
         // SAFETY: as for MXFP4.
-        unsafe { nibbles256(_mm_loadu_si128(self.q.as_ptr().add(r * self.cols / 2 + b * 16).cast()), table(INT4_LEVELS)) }
+        unsafe {
+            nibbles256(_mm_loadu_si128(self.q.as_ptr().add(r * self.cols / 2 + b * 16).cast()), table(INT4_LEVELS))
+        }
     }
     #[inline]
     fn scales(&self, r: usize, b: usize) -> (f32, f32) {
@@ -215,12 +220,14 @@ pub(super) unsafe fn matmul<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mu
     }
 }
 
-/// One tile: rows `r0..r0 + RT` against vectors `v0..v0 + VT`, written to `out`.
+/// One tile: rows `r0..r0 + RT` against vectors `v0..v0 + VT`, written to `out`. Register tiles
+/// are indexed by (row, vector); indices read clearer than iterators here.
 ///
 /// # Safety
 /// As for [`matmul`], with the rows and vectors of the tile inside the matrix and the batch.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 #[inline]
+#[allow(clippy::needless_range_loop)]
 unsafe fn tile<W: Weights, const RT: usize, const VT: usize>(
     w: &W,
     x: &Q8Batch,
@@ -277,7 +284,10 @@ unsafe fn tile<W: Weights, const RT: usize, const VT: usize>(
             for v in 0..VT {
                 // SAFETY: 32 values and one step of block b of vector v0 + v.
                 let (q, dv) = unsafe {
-                    (_mm256_loadu_si256(u.add((v0 + v) * cols + b * 32).cast()), _mm256_set1_ps(*d.add((v0 + v) * blocks + b)))
+                    (
+                        _mm256_loadu_si256(u.add((v0 + v) * cols + b * 32).cast()),
+                        _mm256_set1_ps(*d.add((v0 + v) * blocks + b)),
+                    )
                 };
                 let dot = _mm256_dpbusd_epi32(bias, q, wv);
                 let c = if W::BLOCK_SCALED { _mm256_mul_ps(ws, dv) } else { dv };
