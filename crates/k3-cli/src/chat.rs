@@ -15,7 +15,7 @@ use k3_engine::sample::SamplerConfig;
 use k3_engine::speculate::SpecStats;
 use k3_engine::tokenizer::Tokenizer;
 
-use crate::run::{EngineArgs, Needs, open_model};
+use crate::run::{EngineArgs, Needs, RUN_ACTIVATIONS, open_model};
 use crate::sampling::SamplingArgs;
 use crate::signals;
 
@@ -123,7 +123,11 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
-    let engine = a.engine.load(&model, &path, Needs { min_context: 0, chunk: None, ..Needs::exact(4096, 1) })?;
+    let engine = a.engine.load(
+        &model,
+        &path,
+        Needs { min_context: 0, chunk: None, activations: RUN_ACTIVATIONS, ..Needs::exact(4096, 1) },
+    )?;
     let sampler = a.sampling.config(sampling(), engine.vocab())?;
     a.sampling.say_seed(&sampler, a.engine.stats);
     let family = engine.config().family;

@@ -12,7 +12,7 @@ use k3_engine::sample::SamplerConfig;
 use k3_engine::tokenizer::Tokenizer;
 
 use crate::prompt::PromptArgs;
-use crate::run::{EngineArgs, Needs, Turn, open_model};
+use crate::run::{EngineArgs, Needs, RUN_ACTIVATIONS, Turn, open_model};
 use crate::sampling::SamplingArgs;
 use crate::signals;
 
@@ -64,6 +64,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         min_context: 0,
         chunk: a.chunk.map(|c| c as usize),
         reserved_bytes: 0,
+        activations: RUN_ACTIVATIONS,
     };
     let engine = a.engine.load(&model, &path, needs)?;
     let sampler = a.sampling.config(SamplerConfig::default(), engine.vocab())?;

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use k3_engine::Policy;
 use k3_engine::budget::{parse_size, peak_rss_bytes};
 use k3_engine::speculate::SpecStats;
-use k3_engine::{Engine, EngineOptions, RunStats};
+use k3_engine::{ActivationPrecision, Engine, EngineOptions, RunStats};
 use k3_engine::{Model, OutputFile};
 
 /// How the engine runs: memory, context, threads, caching, where the shards are.
@@ -28,7 +28,9 @@ pub struct EngineKnobs {
     /// Which products round their inputs to int8 (blocks of 32, integer dot products where the
     /// CPU has AVX512-VNNI; faster prefill): none (`exact`, f32), the routed experts' MXFP4/int4
     /// matrices (`int8-experts`), or every int8/int4/MXFP4 matrix, trunk included (`int8`).
-    /// Their measured cost is in docs/EFFICIENCY.md [default: exact].
+    /// Their measured cost is in docs/EFFICIENCY.md [default: int8-experts for generate, chat
+    /// and serve; exact for logits, trace, perplexity and lookahead, whose numbers are compared
+    /// with references].
     #[arg(long, value_name = "PRECISION", value_parser = k3_engine::ActivationPrecision::NAMES)]
     pub activations: Option<String>,
     /// Read, then compute (no overlap of expert reads with arithmetic), for measurement.
@@ -82,7 +84,10 @@ impl EngineKnobs {
             reserved_bytes: needs.reserved_bytes,
             threads: self.threads.map_or(0, usize::from),
             verify_trunk: !self.no_verify,
-            activations: self.activations.as_deref().unwrap_or("exact").parse().map_err(anyhow::Error::msg)?,
+            activations: match self.activations.as_deref() {
+                Some(a) => a.parse().map_err(anyhow::Error::msg)?,
+                None => needs.activations,
+            },
             ..EngineOptions::default()
         })
     }
@@ -99,12 +104,26 @@ pub struct Needs {
     pub chunk: Option<usize>,
     /// Bytes the command keeps itself (collected logits, say).
     pub reserved_bytes: u64,
+    /// The activation precision when `--activations` is not given.
+    pub activations: ActivationPrecision,
 }
+
+/// What generate, chat and serve run with by default: int8 activations for the routed experts
+/// (their products are nearly all of a MoE prefill's arithmetic). On the trained default model
+/// with MXFP4 experts they cost a mean KL of 4e-5 nats and keep 99.7% of top-1 tokens against
+/// exact (docs/EFFICIENCY.md); a CPU without VNNI runs exact whatever is asked.
+pub const RUN_ACTIVATIONS: ActivationPrecision = ActivationPrecision::Experts;
 
 impl Needs {
     /// A command whose work takes exactly `context` tokens of context.
     pub fn exact(context: u64, chunk: usize) -> Self {
-        Needs { context, min_context: context, chunk: Some(chunk), reserved_bytes: 0 }
+        Needs {
+            context,
+            min_context: context,
+            chunk: Some(chunk),
+            reserved_bytes: 0,
+            activations: ActivationPrecision::Exact,
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use k3_server::boundary::Boundary;
 use k3_server::{Limits, ServerOptions};
 
-use crate::run::{EngineKnobs, Needs};
+use crate::run::{EngineKnobs, Needs, RUN_ACTIVATIONS};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -119,7 +119,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     let model = crate::default_model::or_default(a.model.clone())?;
     let body_limit = usize::try_from(parse_size(&a.max_body).map_err(anyhow::Error::msg)?)?;
     let prefix_cache = usize::try_from(parse_size(&a.prefix_cache).map_err(anyhow::Error::msg)?)?;
-    let needs = Needs { context: 4096, min_context: 0, chunk: None, reserved_bytes: 0 };
+    let needs = Needs { context: 4096, min_context: 0, chunk: None, reserved_bytes: 0, activations: RUN_ACTIVATIONS };
     let engine = a.engine.options(needs)?;
     let mut opts = ServerOptions {
         model,
