@@ -183,6 +183,18 @@ fn trunk_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
         });
     }
     {
+        let (w8, xs, mut ys) = (w8.clone(), noise(cols * Q8_BATCH, 8, 1.0), vec![0f32; rows * Q8_BATCH]);
+        out.push(Case {
+            name: format!("int8_row_batch{Q8_BATCH} {tag}"),
+            rows,
+            cols,
+            vectors: Q8_BATCH,
+            weight_bytes: n + rows * 4,
+            instances: k,
+            run: Box::new(move |i| int8::matmul(&w8[i].0, &w8[i].1, cols, &xs, &mut ys)),
+        });
+    }
+    {
         let (q, mut ys) = batch_q8(cols, rows);
         out.push(Case {
             name: format!("int8_row_q8_batch{Q8_BATCH} {tag}"),
@@ -211,6 +223,18 @@ fn trunk_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
             weight_bytes: i4_bytes,
             instances: k,
             run: Box::new(move |i| int4::matvec(&q4[i].0, &q4[i].1, 32, &x, &mut y)),
+        });
+    }
+    {
+        let (w4, xs, mut ys) = (w4.clone(), noise(cols * Q8_BATCH, 8, 1.0), vec![0f32; rows * Q8_BATCH]);
+        out.push(Case {
+            name: format!("int4_g32_batch{Q8_BATCH} {tag}"),
+            rows,
+            cols,
+            vectors: Q8_BATCH,
+            weight_bytes: i4_bytes,
+            instances: k,
+            run: Box::new(move |i| int4::matmul(&w4[i].0, &w4[i].1, 32, cols, &xs, &mut ys)),
         });
     }
     {

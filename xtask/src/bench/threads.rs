@@ -105,6 +105,20 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
                 .collect(),
             bytes: er * ec / 2 + er * ec / 32,
         },
+        // The same products with int8 activations (VNNI where the CPU has it; else as above).
+        Case {
+            name: "int4_g32_q8 12288x7168",
+            mats: vec![Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows: r, cols: c, act: Activations::Int8 }],
+            bytes: n / 2 + n / 16,
+        },
+        Case {
+            name: "mxfp4_q8 3072x3584 x16",
+            mats: experts
+                .iter()
+                .map(|(p, s)| Matrix::Mxfp4 { packed: p, scale: s, rows: er, cols: ec, act: Activations::Int8 })
+                .collect(),
+            bytes: er * ec / 2 + er * ec / 32,
+        },
     ];
     let (hr, hc, hn) = HOT;
     let hot_w: Vec<bf16> = noise(hr * hc, 4, 1.0).iter().map(|v| bf16::from_f32(*v)).collect();
