@@ -225,6 +225,8 @@ fn generate_is_reproducible_and_starts_from_the_reference_prediction() {
         stats.to_str().unwrap(),
         "--context",
         "64",
+        "--activations",
+        "exact",
     ]);
     assert!(ok, "{err}");
     let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
