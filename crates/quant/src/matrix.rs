@@ -39,7 +39,6 @@ const BLOCK_BYTES: usize = 256 << 10;
 
 thread_local! {
     static VQ_SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
-    static Q8_SCRATCH: RefCell<Q8Batch> = RefCell::new(Q8Batch::default());
 }
 
 /// Why parts cannot form a matrix of the claimed shape.
@@ -97,24 +96,16 @@ impl<'a> Matrix<'a> {
         shape_ok && act == Activations::Int8 && q8::available()
     }
 
-    /// `Y = W X` for activations already quantized ([`Q8Batch`]); `ys` `[n, rows]`. Panics for
-    /// an encoding without an int8 kernel (f32, bf16, VQ).
-    pub fn matmul_q8(&self, x: &Q8Batch, ys: &mut [f32]) {
+    /// `Y = W X` for activations already quantized ([`Q8Batch`]); `ys` `[n, rows]`. Called only
+    /// for a matrix that [takes them](Self::takes_q8).
+    pub(crate) fn matmul_q8(&self, x: &Q8Batch, ys: &mut [f32]) {
         assert_eq!(x.cols(), self.cols(), "activations have {} columns for {}", x.cols(), self.cols());
         match *self {
             Matrix::Int8Row { q, scale, .. } => q8::matmul_int8(q, scale, x, ys),
             Matrix::Int4Group { q, scale, group, .. } => q8::matmul_int4(q, scale, group, x, ys),
             Matrix::Mxfp4 { packed, scale, .. } => q8::matmul_mxfp4(packed, scale, x, ys),
-            _ => panic!("{self:?} has no int8-activation kernel"),
+            _ => unreachable!("takes_q8 admits only the int8, int4 and MXFP4 encodings"),
         }
-    }
-
-    /// Runs `f` with `xs` quantized in a per-thread buffer.
-    fn with_q8<R>(&self, xs: &[f32], f: impl FnOnce(&Q8Batch) -> R) -> R {
-        Q8_SCRATCH.with_borrow_mut(|q| {
-            q.quantize_into(xs, self.cols());
-            f(q)
-        })
     }
 
     pub fn rows(&self) -> usize {
@@ -144,7 +135,7 @@ impl<'a> Matrix<'a> {
         assert_eq!(x.len(), self.cols(), "x has {} entries for {} columns", x.len(), self.cols());
         assert_eq!(y.len(), self.rows(), "y has {} entries for {} rows", y.len(), self.rows());
         if self.takes_q8() {
-            return self.with_q8(x, |q| self.matmul_q8(q, y));
+            return q8::with_quantized(x, self.cols(), |q| self.matmul_q8(q, y));
         }
         match *self {
             Matrix::F32 { w, .. } => dense::matvec_f32(w, x, y),
@@ -240,7 +231,7 @@ impl<'a> Matrix<'a> {
         let n = xs.len() / cols.max(1);
         if self.takes_q8() {
             // The int8 kernels block their own loops (vector blocks in L2, register tiles).
-            return self.with_q8(xs, |q| self.matmul_q8(q, ys));
+            return q8::with_quantized(xs, cols, |q| self.matmul_q8(q, ys));
         }
         if n <= 4 || block >= rows || matches!(self, Matrix::F32 { .. } | Matrix::Vq(_)) {
             return self.matmul_whole(xs, ys);

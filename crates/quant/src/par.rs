@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use crate::Matrix;
-use crate::q8::Q8Batch;
+use crate::q8;
 
 /// Rows per task are a multiple of this (a cache line of f32 outputs, and the VQ codes' blocks).
 const ROW_BLOCK: usize = 32;
@@ -34,15 +34,9 @@ fn rows_per_task(m: &Matrix<'_>, threads: usize, work: usize) -> Option<usize> {
 /// `y = W x`, rows split over the current pool.
 pub fn matvec(m: &Matrix<'_>, x: &[f32], y: &mut [f32]) {
     if m.takes_q8() {
-        return matmul_q8(m, &Q8Batch::quantize(x, m.cols()), y);
+        return q8::with_quantized(x, m.cols(), |q| split(m, 1, y, |part, out| part.matmul_q8(q, out)));
     }
-    match rows_per_task(m, rayon::current_num_threads(), m.rows() * m.cols()) {
-        None => m.matvec(x, y),
-        Some(per) => y
-            .par_chunks_mut(per)
-            .enumerate()
-            .for_each(|(i, yc)| m.rows_view(i * per, yc.len()).expect("row blocks are cuttable").matvec(x, yc)),
-    }
+    split(m, 1, y, |part, out| part.matvec(x, out));
 }
 
 /// `Y = W X` for a batch (`xs` `[n, cols]`, `ys` `[n, rows]`), rows split over the current pool:
@@ -52,17 +46,12 @@ pub fn matmul(m: &Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
     let n = xs.len() / cols;
     if m.takes_q8() {
         // Quantized once here, not once per task.
-        return matmul_q8(m, &Q8Batch::quantize(xs, cols), ys);
+        return q8::with_quantized(xs, cols, |q| split(m, n, ys, |part, out| part.matmul_q8(q, out)));
     }
     if n == 1 {
         return matvec(m, xs, ys);
     }
     split(m, n, ys, |part, out| part.matmul(xs, out));
-}
-
-/// `Y = W X` for quantized activations, rows split over the current pool.
-pub fn matmul_q8(m: &Matrix<'_>, x: &Q8Batch, ys: &mut [f32]) {
-    split(m, x.vectors(), ys, |part, out| part.matmul_q8(x, out));
 }
 
 /// Runs `product(rows, out)` over row blocks of `m` on the pool (or once, whole, when that is not
@@ -72,6 +61,12 @@ fn split(m: &Matrix<'_>, n: usize, ys: &mut [f32], product: impl Fn(&Matrix<'_>,
     let Some(per) = rows_per_task(m, rayon::current_num_threads(), n * rows * cols) else {
         return product(m, ys);
     };
+    if n == 1 {
+        // One vector: each task writes its rows of `ys` in place.
+        return ys.par_chunks_mut(per).enumerate().for_each(|(i, yc)| {
+            product(&m.rows_view(i * per, yc.len()).expect("row blocks are cuttable"), yc);
+        });
+    }
     let parts: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(per))
         .into_par_iter()
         .map(|i| {

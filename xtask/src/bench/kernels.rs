@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 use k3_quant::rng::noise;
 use k3_quant::vq::{self, Codec, Scratch, VqMatrix};
-use k3_quant::{dense, int4, int8, mxfp4, q8};
+use k3_quant::{Activations, Matrix, int8, mxfp4, q8};
 use serde_json::{Value, json};
 
 use super::{cpu_mhz, median, mem_read_gbps, time};
@@ -59,7 +59,7 @@ fn random_vq(codec: Codec, rows: usize, cols: usize, seed: u64) -> VqMatrix {
 fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
     let x = noise(cols, 7, 1.0);
     let mut out = mxfp4_cases(rows, cols, cold, &x);
-    out.extend(trunk_cases(rows, cols, cold, &x));
+    out.extend(trunk_cases(rows, cols, cold));
     out.extend(vq_cases(rows, cols, cold));
     out
 }
@@ -141,114 +141,70 @@ fn mxfp4_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
     out
 }
 
+/// A matrix's products as cases: one vector (exact) and, with `batched`, `Q8_BATCH` vectors
+/// exact and with int8 activations (through `Matrix`, quantizing included, as the engine runs
+/// them). `view` makes instance `i`'s matrix from its stored parts.
+fn matrix_cases<T: 'static>(
+    name: &str,
+    (rows, cols): (usize, usize),
+    weight_bytes: usize,
+    parts: Vec<T>,
+    view: for<'b> fn(&'b T, usize, usize) -> Matrix<'b>,
+    batched: bool,
+) -> Vec<Case> {
+    let (k, parts) = (parts.len(), std::rc::Rc::new(parts));
+    let case = |suffix: String, vectors: usize, act: Activations| {
+        let (parts, xs, mut ys) = (parts.clone(), noise(cols * vectors, 7, 1.0), vec![0f32; rows * vectors]);
+        Case {
+            name: format!("{name}{suffix} {rows}x{cols}"),
+            rows,
+            cols,
+            vectors,
+            weight_bytes,
+            instances: k,
+            run: Box::new(move |i| {
+                let m = view(&parts[i], rows, cols).with_activations(act);
+                if vectors == 1 { m.matvec(&xs, &mut ys) } else { m.matmul(&xs, &mut ys) }
+            }),
+        }
+    };
+    let mut out = vec![case(String::new(), 1, Activations::Exact)];
+    if batched {
+        out.push(case(format!("_batch{Q8_BATCH}"), Q8_BATCH, Activations::Exact));
+        out.push(case(format!("_q8_batch{Q8_BATCH}"), Q8_BATCH, Activations::Int8));
+    }
+    out
+}
+
 /// Trunk encodings: bf16, int8 rows, int4 groups.
-fn trunk_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
+fn trunk_cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
     let n = rows * cols;
-    let x = x.to_vec();
-    let mut out = Vec::new();
-    let tag = format!("{rows}x{cols}");
     let count = |bytes: usize| instances(bytes, cold);
-    let bf_bytes = n * 2;
-    let k = count(bf_bytes);
-    let w: Vec<Vec<bf16>> =
-        (0..k).map(|i| noise(n, i as u64, 1.0).iter().map(|v| bf16::from_f32(*v)).collect()).collect();
-    {
-        let x = x.clone();
-        let mut y = vec![0f32; rows];
-        out.push(Case {
-            name: format!("bf16 {tag}"),
-            rows,
-            cols,
-            vectors: 1,
-            weight_bytes: bf_bytes,
-            instances: k,
-            run: Box::new(move |i| dense::matvec_bf16(&w[i], &x, &mut y)),
-        });
-    }
-    let k = count(n + rows * 4);
-    let q8: Vec<(Vec<i8>, Vec<f32>)> = (0..k).map(|i| int8::quantize(&noise(n, i as u64 + 5, 1.0), cols)).collect();
-    let q8 = std::rc::Rc::new(q8);
-    let w8 = q8.clone();
-    {
-        let x = x.clone();
-        let mut y = vec![0f32; rows];
-        out.push(Case {
-            name: format!("int8_row {tag}"),
-            rows,
-            cols,
-            vectors: 1,
-            weight_bytes: n + rows * 4,
-            instances: k,
-            run: Box::new(move |i| int8::matvec(&q8[i].0, &q8[i].1, &x, &mut y)),
-        });
-    }
-    {
-        let (w8, xs, mut ys) = (w8.clone(), noise(cols * Q8_BATCH, 8, 1.0), vec![0f32; rows * Q8_BATCH]);
-        out.push(Case {
-            name: format!("int8_row_batch{Q8_BATCH} {tag}"),
-            rows,
-            cols,
-            vectors: Q8_BATCH,
-            weight_bytes: n + rows * 4,
-            instances: k,
-            run: Box::new(move |i| int8::matmul(&w8[i].0, &w8[i].1, cols, &xs, &mut ys)),
-        });
-    }
-    {
-        let (q, mut ys) = batch_q8(cols, rows);
-        out.push(Case {
-            name: format!("int8_row_q8_batch{Q8_BATCH} {tag}"),
-            rows,
-            cols,
-            vectors: Q8_BATCH,
-            weight_bytes: n + rows * 4,
-            instances: k,
-            run: Box::new(move |i| q8::matmul_int8(&w8[i].0, &w8[i].1, &q, &mut ys)),
-        });
-    }
+    let bf: Vec<Vec<bf16>> =
+        (0..count(n * 2)).map(|i| noise(n, i as u64, 1.0).iter().map(|v| bf16::from_f32(*v)).collect()).collect();
+    let i8s: Vec<(Vec<i8>, Vec<f32>)> =
+        (0..count(n + rows * 4)).map(|i| int8::quantize(&noise(n, i as u64 + 5, 1.0), cols)).collect();
     let i4_bytes = n / 2 + n / 32 * 2;
-    let k = count(i4_bytes);
-    let q4: Vec<(Vec<u8>, Vec<f16>)> =
-        (0..k).map(|i| (bytes_of(i as u64 + 3, n / 2), vec![f16::from_f32(0.01); n / 32])).collect();
-    let q4 = std::rc::Rc::new(q4);
-    let w4 = q4.clone();
-    {
-        let x = x.clone();
-        let mut y = vec![0f32; rows];
-        out.push(Case {
-            name: format!("int4_g32 {tag}"),
-            rows,
-            cols,
-            vectors: 1,
-            weight_bytes: i4_bytes,
-            instances: k,
-            run: Box::new(move |i| int4::matvec(&q4[i].0, &q4[i].1, 32, &x, &mut y)),
-        });
-    }
-    {
-        let (w4, xs, mut ys) = (w4.clone(), noise(cols * Q8_BATCH, 8, 1.0), vec![0f32; rows * Q8_BATCH]);
-        out.push(Case {
-            name: format!("int4_g32_batch{Q8_BATCH} {tag}"),
-            rows,
-            cols,
-            vectors: Q8_BATCH,
-            weight_bytes: i4_bytes,
-            instances: k,
-            run: Box::new(move |i| int4::matmul(&w4[i].0, &w4[i].1, 32, cols, &xs, &mut ys)),
-        });
-    }
-    {
-        let (q, mut ys) = batch_q8(cols, rows);
-        out.push(Case {
-            name: format!("int4_g32_q8_batch{Q8_BATCH} {tag}"),
-            rows,
-            cols,
-            vectors: Q8_BATCH,
-            weight_bytes: i4_bytes,
-            instances: k,
-            run: Box::new(move |i| q8::matmul_int4(&w4[i].0, &w4[i].1, 32, &q, &mut ys)),
-        });
-    }
+    let i4s: Vec<(Vec<u8>, Vec<f16>)> =
+        (0..count(i4_bytes)).map(|i| (bytes_of(i as u64 + 3, n / 2), vec![f16::from_f32(0.01); n / 32])).collect();
+    let shape = (rows, cols);
+    let mut out = matrix_cases("bf16", shape, n * 2, bf, |w, rows, cols| Matrix::Bf16 { w, rows, cols }, false);
+    out.extend(matrix_cases(
+        "int8_row",
+        shape,
+        n + rows * 4,
+        i8s,
+        |(q, scale), rows, cols| Matrix::Int8Row { q, scale, rows, cols, act: Activations::Exact },
+        true,
+    ));
+    out.extend(matrix_cases(
+        "int4_g32",
+        shape,
+        i4_bytes,
+        i4s,
+        |(q, scale), rows, cols| Matrix::Int4Group { q, scale, group: 32, rows, cols, act: Activations::Exact },
+        true,
+    ));
     out
 }
 

@@ -15,6 +15,8 @@ pub mod reference;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
+use std::cell::Cell;
+
 use half::f16;
 
 use crate::cpu::{Level, level, supported};
@@ -78,6 +80,22 @@ impl Q8Batch {
     }
 }
 
+thread_local! {
+    /// A batch's buffers, kept per thread between products (taken out while in use, so a product
+    /// that starts another on the same thread, as rayon's work stealing can, gets its own).
+    static SCRATCH: Cell<Option<Q8Batch>> = const { Cell::new(None) };
+}
+
+/// Runs `f` on `xs` (`[n, cols]`) quantized, in buffers reused across calls on this thread (no
+/// allocation per product once they have grown).
+pub(crate) fn with_quantized<R>(xs: &[f32], cols: usize, f: impl FnOnce(&Q8Batch) -> R) -> R {
+    let mut q = SCRATCH.take().unwrap_or_default();
+    q.quantize_into(xs, cols);
+    let r = f(&q);
+    SCRATCH.set(Some(q));
+    r
+}
+
 fn quantize_block(xb: &[f32], ub: &mut [u8]) -> f32 {
     if xb.iter().any(|v| !v.is_finite()) {
         ub.fill(128);
@@ -130,7 +148,7 @@ pub fn matmul_mxfp4_at(level: Level, packed: &[u8], scale: &[u8], x: &Q8Batch, y
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `available_at` is true only where the CPU has AVX-512 F/BW/VL and VNNI; the
         // shapes are checked above.
-        return unsafe { vnni::matmul(&vnni::Mxfp4 { packed, scale, cols: x.cols }, rows, x, ys) };
+        return unsafe { vnni::matmul(&vnni::mxfp4(packed, scale, x.cols), rows, x, ys) };
     }
     reference::matmul_mxfp4(packed, scale, x, ys)
 }
@@ -156,7 +174,7 @@ pub fn matmul_int4_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &Q
     if available_at(supported(level)) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `matmul_mxfp4_at`.
-        return unsafe { vnni::matmul(&vnni::Int4 { q, scale, group, cols: x.cols }, rows, x, ys) };
+        return unsafe { vnni::matmul(&vnni::int4(q, scale, group, x.cols), rows, x, ys) };
     }
     reference::matmul_int4(q, scale, group, x, ys)
 }
