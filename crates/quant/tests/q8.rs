@@ -170,3 +170,28 @@ fn vnni_is_used_where_the_cpu_has_it() {
     }
     eprintln!("q8 VNNI kernels available: {}", q8::available());
 }
+
+/// Shapes the int8 kernels do not take (a model file may hold them: int4 groups of 16, rows of
+/// 48) run exact when int8 activations are asked for, never reaching the kernels' shape checks.
+#[test]
+fn shapes_the_kernels_do_not_take_run_exact() {
+    use k3_quant::{Activations, Matrix, int4, int8};
+    let (rows, cols) = (5, 48);
+    let w = k3_quant::rng::noise(rows * cols, 9, 1.0);
+    let xs = k3_quant::rng::noise(3 * cols, 10, 1.0);
+    let (q4, s4) = int4::quantize(&w, cols, 16);
+    let (q8, s8) = int8::quantize(&w, cols);
+    for m in [
+        Matrix::Int4Group { q: &q4, scale: &s4, group: 16, rows, cols, act: Activations::Exact },
+        Matrix::Int8Row { q: &q8, scale: &s8, rows, cols, act: Activations::Exact },
+    ] {
+        let int8 = m.with_activations(Activations::Int8);
+        assert!(!int8.takes_q8(), "{m:?}");
+        let (mut a, mut b) = (vec![0f32; 3 * rows], vec![0f32; 3 * rows]);
+        m.matmul(&xs, &mut a);
+        int8.matmul(&xs, &mut b);
+        assert_eq!(a, b);
+        k3_quant::par::matmul(&int8, &xs, &mut b);
+        assert_eq!(a, b);
+    }
+}
