@@ -38,8 +38,13 @@ pub fn levels() -> Vec<Level> {
     all.into_iter().filter(|l| *l <= detect()).collect()
 }
 
-/// What the CPU supports, ignoring overrides.
+/// What the CPU supports, ignoring overrides (probed once: every `*_at` entry point asks).
 pub fn detect() -> Level {
+    static DETECTED: OnceLock<Level> = OnceLock::new();
+    *DETECTED.get_or_init(probe)
+}
+
+fn probe() -> Level {
     #[cfg(target_arch = "x86_64")]
     {
         let avx2 = is_x86_feature_detected!("avx2")

@@ -54,6 +54,21 @@ pub fn matmul(m: &Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
     split(m, n, ys, |part, out| part.matmul(xs, out));
 }
 
+/// `ya = A X` and `yb = B X` for the same batch (a gated MLP's gate and up projections): under
+/// int8 activations the batch is quantized once for both.
+pub fn matmul_pair(a: &Matrix<'_>, b: &Matrix<'_>, xs: &[f32], ya: &mut [f32], yb: &mut [f32]) {
+    let cols = a.cols().max(1);
+    if a.takes_q8() && b.takes_q8() && a.cols() == b.cols() {
+        let n = xs.len() / cols;
+        return q8::with_quantized(xs, cols, |q| {
+            split(a, n, ya, |part, out| part.matmul_q8(q, out));
+            split(b, n, yb, |part, out| part.matmul_q8(q, out));
+        });
+    }
+    matmul(a, xs, ya);
+    matmul(b, xs, yb);
+}
+
 /// Runs `product(rows, out)` over row blocks of `m` on the pool (or once, whole, when that is not
 /// worth it) and gathers the blocks' `[n, r]` outputs into `ys` `[n, rows]`.
 fn split(m: &Matrix<'_>, n: usize, ys: &mut [f32], product: impl Fn(&Matrix<'_>, &mut [f32]) + Sync) {

@@ -93,3 +93,31 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, .. ProptestConfig::default() })]
+
+    /// A gate and up pair through `matmul_pair` (quantized once) gives each matrix's own product
+    /// bits, whatever the two encodings.
+    #[test]
+    fn a_pair_gives_each_products_bits(rows in 40usize..600, cols_blocks in 1usize..20, n in 1usize..6, seed in any::<u64>(), act in acts()) {
+        let cols = cols_blocks * 32;
+        let (wa, wb) = (values(rows * cols, seed), values(rows * cols, seed ^ 3));
+        let xs = values(n * cols, seed ^ 4);
+        let (q8, s8) = int8::quantize(&wa, cols);
+        let (p, sc) = mxfp4::quantize(&wb, cols);
+        let (q4, s4): (Vec<u8>, Vec<f16>) = int4::quantize(&wb, cols, 32);
+        let a = Matrix::Int8Row { q: &q8, scale: &s8, rows, cols, act };
+        for b in [Matrix::Mxfp4 { packed: &p, scale: &sc, rows, cols, act }, Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows, cols, act }, Matrix::F32 { w: &wb, rows, cols }] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+            let (mut ya, mut yb) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            let (mut wa_, mut wb_) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            pool.install(|| {
+                par::matmul_pair(&a, &b, &xs, &mut ya, &mut yb);
+                par::matmul(&a, &xs, &mut wa_);
+                par::matmul(&b, &xs, &mut wb_);
+            });
+            prop_assert!(ya == wa_ && yb == wb_, "{b:?}");
+        }
+    }
+}

@@ -135,6 +135,36 @@ proptest! {
     }
 }
 
+/// Values with ties (x.5 steps), infinities, NaNs, zeros and tiny blocks, to reach each branch.
+fn activations() -> impl Strategy<Value = (usize, Vec<f32>)> {
+    (1usize..4, 1usize..5).prop_flat_map(|(blocks, n)| {
+        let value = prop_oneof![
+            6 => -8.0f32..8.0,
+            1 => (-254i32..=254).prop_map(|k| k as f32 * 0.5),
+            1 => Just(0.0f32),
+            1 => Just(-0.0f32),
+            1 => -1e-37f32..1e-37,
+            1 => prop_oneof![Just(f32::INFINITY), Just(f32::NEG_INFINITY), Just(f32::NAN)],
+        ];
+        (Just(blocks * 32), proptest::collection::vec(value, blocks * 32 * n))
+    })
+}
+
+proptest! {
+    #[test]
+    fn every_level_quantizes_to_the_same_bits((cols, xs) in activations()) {
+        let mut want = Q8Batch::default();
+        want.quantize_into_at(Level::Scalar, &xs, cols);
+        for level in k3_quant::cpu::levels() {
+            let mut got = Q8Batch::default();
+            got.quantize_into_at(level, &xs, cols);
+            prop_assert_eq!(got.values(), want.values(), "{:?}", level);
+            let bits = |q: &Q8Batch| q.steps().iter().map(|d| d.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&want), "{:?}", level);
+        }
+    }
+}
+
 #[test]
 fn quantization_rounds_to_the_nearest_step_and_keeps_nan() {
     let mut x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();

@@ -70,8 +70,7 @@ impl Mlp<'_> {
     pub fn forward_batch(&self, act: Activation, xs: &[f32], outs: &mut [f32]) {
         let n = xs.len() / self.gate.cols().max(1);
         let (mut g, mut u) = (vec![0f32; n * self.gate.rows()], vec![0f32; n * self.up.rows()]);
-        par::matmul(&self.gate, xs, &mut g);
-        par::matmul(&self.up, xs, &mut u);
+        par::matmul_pair(&self.gate, &self.up, xs, &mut g, &mut u);
         activate_all(act, &mut g, &u);
         par::matmul(&self.down, &g, outs);
     }

@@ -37,13 +37,25 @@ pub struct Q8Batch {
 impl Q8Batch {
     /// Quantizes `xs` (`[n, cols]`, `cols` a multiple of 32), reusing the buffers.
     pub fn quantize_into(&mut self, xs: &[f32], cols: usize) {
+        self.quantize_into_at(level(), xs, cols)
+    }
+
+    /// [`quantize_into`](Self::quantize_into) with the kernel for `level`: every level gives the
+    /// same bits ([`reference::quantize_block`] defines them).
+    pub fn quantize_into_at(&mut self, level: Level, xs: &[f32], cols: usize) {
         assert!(cols > 0 && cols.is_multiple_of(BLOCK), "int8 activations need columns in multiples of 32, got {cols}");
         assert!(xs.len().is_multiple_of(cols), "xs is not whole {cols}-vectors");
         self.cols = cols;
         self.u.resize(xs.len(), 0);
         self.d.resize(xs.len() / BLOCK, 0.0);
+        #[cfg(target_arch = "x86_64")]
+        if supported(level) >= Level::Avx512 {
+            // SAFETY: AVX-512 F/BW/VL is present (checked just above); `u` and `d` were sized to
+            // `xs` above.
+            return unsafe { vnni::quantize(xs, &mut self.u, &mut self.d) };
+        }
         for ((xb, ub), d) in xs.chunks_exact(BLOCK).zip(self.u.chunks_exact_mut(BLOCK)).zip(&mut self.d) {
-            *d = quantize_block(xb, ub);
+            *d = reference::quantize_block(xb, ub);
         }
     }
 
@@ -94,20 +106,6 @@ pub(crate) fn with_quantized<R>(xs: &[f32], cols: usize, f: impl FnOnce(&Q8Batch
     let r = f(&q);
     SCRATCH.set(Some(q));
     r
-}
-
-fn quantize_block(xb: &[f32], ub: &mut [u8]) -> f32 {
-    if xb.iter().any(|v| !v.is_finite()) {
-        ub.fill(128);
-        return f32::NAN;
-    }
-    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-    for (u, x) in ub.iter_mut().zip(xb) {
-        *u = ((x * inv).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
-    }
-    d
 }
 
 /// Whether this CPU has the integer dot products that make these kernels worth using (VNNI); on

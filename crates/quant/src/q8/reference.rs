@@ -6,6 +6,22 @@ use half::f16;
 use super::{BLOCK, Q8Batch};
 use crate::mxfp4::{E2M1_DOUBLED, SCALE_HALF};
 
+/// One block quantized: `u = round(x / d) + 128` (halves away from zero), `d = max|x| / 127`;
+/// a NaN or an infinity makes every value 128 and the step NaN. Returns the step.
+pub fn quantize_block(xb: &[f32], ub: &mut [u8]) -> f32 {
+    if xb.iter().any(|v| !v.is_finite()) {
+        ub.fill(128);
+        return f32::NAN;
+    }
+    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (u, x) in ub.iter_mut().zip(xb) {
+        *u = ((x * inv).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
+    }
+    d
+}
+
 /// Sums `sum_b dot(v, r, b) * step(v, b) * scale(r, b)` for every (vector, row).
 fn product(
     x: &Q8Batch,
