@@ -32,7 +32,23 @@ pub struct Q8Batch {
     cols: usize,
     u: Vec<u8>,
     d: Vec<f32>,
+    /// The same values signed (`u - 128` as `i8`) for the kernels whose register lanes are
+    /// vectors: groups of [`LANES`] vectors, each group `[cols / 4][LANES]` 4-byte words (a
+    /// vector's word `k` is its values `4k..4k + 4`); a last group short of vectors padded with
+    /// zeros.
+    lanes: Vec<i8>,
+    /// The steps in the same groups, `[blocks][LANES]` a group (padding 0).
+    lane_steps: Vec<f32>,
+    /// Each block's sum of signed values, in the same groups.
+    lane_sums: Vec<i32>,
 }
+
+/// Batches of up to this many vectors take the kernels for a few; larger ones give the scalar
+/// reference's bits.
+pub const FEW: usize = 4;
+
+/// Vectors per group of the lane layout (a 256-bit register of 32-bit lanes).
+pub const LANES: usize = 8;
 
 impl Q8Batch {
     /// Quantizes `xs` (`[n, cols]`, `cols` a multiple of 32), reusing the buffers.
@@ -49,13 +65,47 @@ impl Q8Batch {
         self.u.resize(xs.len(), 0);
         self.d.resize(xs.len() / BLOCK, 0.0);
         #[cfg(target_arch = "x86_64")]
-        if supported(level) >= Level::Avx512 {
+        let simd = supported(level) >= Level::Avx512;
+        #[cfg(not(target_arch = "x86_64"))]
+        let simd = false;
+        if simd {
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX-512 F/BW/VL is present (checked just above); `u` and `d` were sized to
             // `xs` above.
-            return unsafe { vnni::quantize(xs, &mut self.u, &mut self.d) };
+            unsafe {
+                vnni::quantize(xs, &mut self.u, &mut self.d)
+            };
+        } else {
+            for ((xb, ub), d) in xs.chunks_exact(BLOCK).zip(self.u.chunks_exact_mut(BLOCK)).zip(&mut self.d) {
+                *d = reference::quantize_block(xb, ub);
+            }
         }
-        for ((xb, ub), d) in xs.chunks_exact(BLOCK).zip(self.u.chunks_exact_mut(BLOCK)).zip(&mut self.d) {
-            *d = reference::quantize_block(xb, ub);
+        self.interleave();
+    }
+
+    /// Builds the lane layout from `u` and `d`.
+    fn interleave(&mut self) {
+        let (cols, n) = (self.cols, self.vectors());
+        let (words, blocks, groups) = (cols / 4, cols / BLOCK, n.div_ceil(LANES));
+        self.lanes.clear();
+        self.lanes.resize(groups * words * LANES * 4, 0);
+        self.lane_steps.clear();
+        self.lane_steps.resize(groups * blocks * LANES, 0.0);
+        self.lane_sums.clear();
+        self.lane_sums.resize(groups * blocks * LANES, 0);
+        for (v, (u, d)) in self.u.chunks_exact(cols).zip(self.d.chunks_exact(blocks)).enumerate() {
+            let (g, l) = (v / LANES, v % LANES);
+            let lanes = &mut self.lanes[g * words * LANES * 4..][..words * LANES * 4];
+            for (k, word) in u.chunks_exact(4).enumerate() {
+                for (a, q) in lanes[(k * LANES + l) * 4..][..4].iter_mut().zip(word) {
+                    *a = (*q ^ 0x80) as i8;
+                }
+            }
+            let at = g * blocks * LANES;
+            for (b, (step, block)) in d.iter().zip(u.chunks_exact(BLOCK)).enumerate() {
+                self.lane_steps[at + b * LANES + l] = *step;
+                self.lane_sums[at + b * LANES + l] = block.iter().map(|q| i32::from(*q) - 128).sum();
+            }
         }
     }
 
@@ -82,6 +132,21 @@ impl Q8Batch {
     /// The steps, `[n, cols / 32]`.
     pub fn steps(&self) -> &[f32] {
         &self.d
+    }
+
+    /// The values signed, in groups of [`LANES`] vectors (see the field).
+    pub(crate) fn lanes(&self) -> &[i8] {
+        &self.lanes
+    }
+
+    /// Each block's sum of signed values, in groups of [`LANES`] vectors.
+    pub(crate) fn lane_sums(&self) -> &[i32] {
+        &self.lane_sums
+    }
+
+    /// The steps in groups of [`LANES`] vectors.
+    pub(crate) fn lane_steps(&self) -> &[f32] {
+        &self.lane_steps
     }
 
     /// Vector `v` dequantized: for tests and error measurements.

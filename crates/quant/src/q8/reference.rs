@@ -1,5 +1,6 @@
-//! Scalar references: each block's integer dot exactly, then `dot * (step * weight scale)`
-//! summed in f32 block by block. The oracles the VNNI kernels are tested against.
+//! Scalar references: each block's integer dot exactly, then accumulated block by block in
+//! order with one fused multiply-add, `acc = fma(dot, step * weight scale, acc)`. This order is
+//! the definition: the VNNI kernels follow it exactly, so they give these bits.
 
 use half::f16;
 
@@ -22,7 +23,7 @@ pub fn quantize_block(xb: &[f32], ub: &mut [u8]) -> f32 {
     d
 }
 
-/// Sums `sum_b dot(v, r, b) * step(v, b) * scale(r, b)` for every (vector, row).
+/// `sum_b dot(v, r, b) * (step(v, b) * scale(r, b))` for every (vector, row), in block order.
 fn product(
     x: &Q8Batch,
     rows: usize,
@@ -36,7 +37,7 @@ fn product(
             let mut acc = 0f32;
             for b in 0..blocks {
                 let u = &x.values()[v * cols + b * BLOCK..][..BLOCK];
-                acc += dot(r, b, u) as f32 * (x.steps()[v * blocks + b] * scale(r, b));
+                acc = (dot(r, b, u) as f32).mul_add(x.steps()[v * blocks + b] * scale(r, b), acc);
             }
             *out = acc;
         }

@@ -1,43 +1,43 @@
-//! The AVX512-VNNI products: register tiles of `R` rows by `V` vectors. Per pair of 32-blocks
-//! each row's 64 weights are decoded once into signed bytes and each vector's 64 activations
-//! loaded once; every (row, vector) then costs one `vpdpbusd`, one conversion and one
-//! multiply-add (plus one multiply for the block scales). Each (row, vector) runs the same
-//! instructions whatever tile it falls in, so a vector gets the same bits alone or in a batch,
-//! and rows split over threads change nothing.
+//! The AVX512-VNNI products, and the AVX-512 quantizer of activations. A tile of rows is decoded
+//! once into signed bytes and applied to the vectors eight to a register (lane = vector), so a
+//! block's integer dot is whole in one lane before its scale is applied: per 32 columns of a
+//! (row, vector) eight `vpdpbusd` lanes, then one conversion, multiply and multiply-add. Every
+//! (row, vector) follows the scalar reference's order exactly, so the kernels give its bits,
+//! a vector the same alone or in a batch, and rows split over threads change nothing.
 
 use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{BLOCK, Q8Batch};
+use super::{BLOCK, LANES, Q8Batch};
 use crate::mxfp4::{E2M1_DOUBLED, SCALE_HALF};
 use crate::simd::prefetch_ahead;
 
-/// Rows and vectors per register tile (16 accumulators, with the weights, their sums and scales
-/// in the remaining registers).
-const R: usize = 4;
-const V: usize = 4;
-/// Activation bytes per vector block: kept in L2 while every row tile passes over them.
-const VECTOR_BLOCK_BYTES: usize = 192 << 10;
-
-/// A weight matrix as the tiles read it: 64 signed weights of a row per block pair, in column
-/// order, and their scales.
+/// A weight matrix as the tiles read it: a row's weights as unsigned bytes `w + OFFSET` in
+/// column order (`vpdpbusd` multiplies unsigned bytes by signed ones: the activations are the
+/// signed side, and `OFFSET * sum(a)` comes back out per block), and their scales.
 pub(super) trait Weights {
     /// Whether weights carry a scale per 32-block (else one per row, applied at the end).
     const BLOCK_SCALED: bool;
-    /// Row `r`, blocks `2p` and `2p + 1`.
+    /// What the stored bytes add to each weight.
+    const OFFSET: i32;
+    /// Row `r`'s `cols` weights, offset, into `out`.
+    ///
+    /// # Safety
+    /// `r` is a row of the matrix and `out` holds its `cols` columns; the CPU has AVX-512 BW/VNNI.
+    unsafe fn decode(&self, r: usize, out: &mut [u8]);
+    /// Row `r`, blocks `2p` and `2p + 1`, as signed weights (no offset), for [`matmul_rows`].
     ///
     /// # Safety
     /// `r` is a row of the matrix and `2p + 1` one of its blocks; the CPU has AVX-512 BW/VNNI.
     unsafe fn pair(&self, r: usize, p: usize) -> __m512i;
-    /// Row `r`, block `b` alone (a row with an odd number of blocks ends with one).
+    /// Row `r`, block `b` alone, signed (a row with an odd number of blocks ends with one).
     ///
     /// # Safety
     /// As for [`pair`](Self::pair), for block `b`.
     unsafe fn one(&self, r: usize, b: usize) -> __m256i;
-    /// The scales of blocks `b` and `b + 1` of row `r` (lanes 0-7 and 8-15); `b` alone in a
-    /// 256-bit register for [`one`](Self::one).
-    fn scales(&self, r: usize, b: usize) -> (f32, f32);
+    /// The scale of block `b` of row `r` (for [`BLOCK_SCALED`](Self::BLOCK_SCALED) weights).
+    fn scale(&self, r: usize, b: usize) -> f32;
     fn row_scale(&self, r: usize) -> f32;
 }
 
@@ -108,7 +108,7 @@ fn nibbles256(raw: __m128i, table: __m512i) -> __m256i {
     _mm256_shuffle_epi8(_mm512_castsi512_si256(table), n)
 }
 
-fn table(values: [i8; 16]) -> __m512i {
+fn table(values: [u8; 16]) -> __m512i {
     // SAFETY: reading 16 bytes from a 16-byte array; SSE2 is part of x86_64.
     let t = unsafe { _mm_loadu_si128(values.as_ptr().cast()) };
     // SAFETY: AVX-512 F (the only caller runs under `matmul`, which requires it).
@@ -116,11 +116,14 @@ fn table(values: [i8; 16]) -> __m512i {
 }
 
 /// Nibble-packed weights (`cols / 2` bytes a row, low nibble = even column) read through a
-/// 16-entry table of levels, with a scale per 32-block: MXFP4 and int4.
-pub(super) struct Packed<'a, S> {
+/// 16-entry table of levels (offset by [`Weights::OFFSET`]), with a scale per 32-block: MXFP4
+/// and int4.
+pub(super) struct Packed<'a, S, const OFFSET: i32> {
     pub q: &'a [u8],
     pub cols: usize,
-    pub levels: [i8; 16],
+    pub levels: [u8; 16],
+    /// The levels without the offset, for [`matmul_rows`].
+    pub signed: [i8; 16],
     pub scale: S,
 }
 
@@ -160,19 +163,54 @@ impl BlockScale for GroupF16<'_> {
     }
 }
 
+/// MXFP4's doubled E2M1 levels (-12..=12) offset by 12.
+const MXFP4_OFFSET: i32 = 12;
+/// int4's levels (nibble - 8) offset by 8: the nibble itself.
+const INT4_OFFSET: i32 = 8;
+
 /// MXFP4 (`packed` `[rows, cols/2]`, E8M0 `scale` `[rows, cols/32]`) as the tiles read it.
-pub(super) fn mxfp4<'a>(packed: &'a [u8], scale: &'a [u8], cols: usize) -> Packed<'a, E8m0<'a>> {
-    Packed { q: packed, cols, levels: E2M1_DOUBLED, scale: E8m0 { scale, blocks: cols / BLOCK } }
+pub(super) fn mxfp4<'a>(packed: &'a [u8], scale: &'a [u8], cols: usize) -> Packed<'a, E8m0<'a>, MXFP4_OFFSET> {
+    let levels = E2M1_DOUBLED.map(|l| (i32::from(l) + MXFP4_OFFSET) as u8);
+    Packed { q: packed, cols, levels, signed: E2M1_DOUBLED, scale: E8m0 { scale, blocks: cols / BLOCK } }
 }
 
 /// int4 (`q` `[rows, cols/2]`, levels nibble - 8, f16 `scale` per `group`) as the tiles read it.
-pub(super) fn int4<'a>(q: &'a [u8], scale: &'a [f16], group: usize, cols: usize) -> Packed<'a, GroupF16<'a>> {
-    const LEVELS: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
-    Packed { q, cols, levels: LEVELS, scale: GroupF16 { scale, group, groups: cols / group } }
+pub(super) fn int4<'a>(
+    q: &'a [u8],
+    scale: &'a [f16],
+    group: usize,
+    cols: usize,
+) -> Packed<'a, GroupF16<'a>, INT4_OFFSET> {
+    let levels = std::array::from_fn(|n| n as u8);
+    let signed = std::array::from_fn(|n| n as i8 - INT4_OFFSET as i8);
+    Packed { q, cols, levels, signed, scale: GroupF16 { scale, group, groups: cols / group } }
 }
 
-impl<S: BlockScale> Weights for Packed<'_, S> {
+impl<S: BlockScale, const O: i32> Weights for Packed<'_, S, O> {
     const BLOCK_SCALED: bool = true;
+    const OFFSET: i32 = O;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[inline]
+    unsafe fn decode(&self, r: usize, out: &mut [u8]) {
+        let (t, row) = (table(self.levels), &self.q[r * self.cols / 2..][..self.cols / 2]);
+        let (pairs, tail) = (row.chunks_exact(32), row.len() % 32);
+        for (p, raw) in pairs.enumerate() {
+            // SAFETY: `raw` holds 32 bytes, `out` the 64 columns they decode to.
+            unsafe {
+                prefetch_ahead(raw.as_ptr());
+                let v = nibbles512(_mm256_loadu_si256(raw.as_ptr().cast()), t);
+                _mm512_storeu_si512(out.as_mut_ptr().add(p * 64).cast(), v);
+            }
+        }
+        if tail > 0 {
+            // SAFETY: a row with an odd number of blocks ends with one: 16 bytes, 32 columns.
+            // (`two_rows` below reads the same way.)
+            unsafe {
+                let v = nibbles256(_mm_loadu_si128(row.as_ptr().add(row.len() - 16).cast()), t);
+                _mm256_storeu_si256(out.as_mut_ptr().add(self.cols - 32).cast(), v);
+            }
+        }
+    }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
     #[inline]
     unsafe fn pair(&self, r: usize, p: usize) -> __m512i {
@@ -180,7 +218,7 @@ impl<S: BlockScale> Weights for Packed<'_, S> {
         unsafe {
             let at = self.q.as_ptr().add(r * self.cols / 2 + p * 32);
             prefetch_ahead(at);
-            nibbles512(_mm256_loadu_si256(at.cast()), table(self.levels))
+            nibbles512(_mm256_loadu_si256(at.cast()), table(self.signed.map(|l| l as u8)))
         }
     }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
@@ -188,13 +226,15 @@ impl<S: BlockScale> Weights for Packed<'_, S> {
     unsafe fn one(&self, r: usize, b: usize) -> __m256i {
         // SAFETY: the caller's bounds: row r's block b (16 bytes) lies inside `q`.
         unsafe {
-            nibbles256(_mm_loadu_si128(self.q.as_ptr().add(r * self.cols / 2 + b * 16).cast()), table(self.levels))
+            nibbles256(
+                _mm_loadu_si128(self.q.as_ptr().add(r * self.cols / 2 + b * 16).cast()),
+                table(self.signed.map(|l| l as u8)),
+            )
         }
     }
     #[inline]
-    fn scales(&self, r: usize, b: usize) -> (f32, f32) {
-        let second = if b + 1 < self.cols / BLOCK { self.scale.at(r, b + 1) } else { 0.0 };
-        (self.scale.at(r, b), second)
+    fn scale(&self, r: usize, b: usize) -> f32 {
+        self.scale.at(r, b)
     }
     fn row_scale(&self, _: usize) -> f32 {
         1.0
@@ -209,6 +249,21 @@ pub(super) struct Int8<'a> {
 
 impl Weights for Int8<'_> {
     const BLOCK_SCALED: bool = false;
+    /// `w + 128` is `w` with its top bit flipped.
+    const OFFSET: i32 = 128;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[inline]
+    unsafe fn decode(&self, r: usize, out: &mut [u8]) {
+        let flip = _mm256_set1_epi8(-128);
+        for (b, block) in self.q[r * self.cols..][..self.cols].chunks_exact(BLOCK).enumerate() {
+            // SAFETY: `block` holds 32 bytes, `out` its 32 columns.
+            unsafe {
+                prefetch_ahead(block.as_ptr());
+                let v = _mm256_xor_si256(_mm256_loadu_si256(block.as_ptr().cast()), flip);
+                _mm256_storeu_si256(out.as_mut_ptr().add(b * BLOCK).cast(), v);
+            }
+        }
+    }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
     #[inline]
     unsafe fn pair(&self, r: usize, p: usize) -> __m512i {
@@ -225,30 +280,215 @@ impl Weights for Int8<'_> {
         // SAFETY: the caller's bounds: 32 bytes at this offset lie inside `q`.
         unsafe { _mm256_loadu_si256(self.q.as_ptr().add(r * self.cols + b * 32).cast()) }
     }
-    fn scales(&self, _: usize, _: usize) -> (f32, f32) {
-        (1.0, 1.0)
+    fn scale(&self, _: usize, _: usize) -> f32 {
+        1.0
     }
     fn row_scale(&self, r: usize) -> f32 {
         self.scale[r]
     }
 }
 
-/// `ys` `[n, rows]` = `W X`: vector blocks that stay in L2, row tiles over each.
+/// Rows a tile decodes together, and groups of [`LANES`] vectors it applies them to (24 256-bit
+/// accumulators, with the activations and a broadcast weight word in the rest of the registers).
+const R: usize = 4;
+const G: usize = 3;
+/// Independent integer sums per (row, group) and block when a tile has few groups: a lone
+/// chain of eight dependent `vpdpbusd` would wait on their latency (integer sums in any split
+/// are the same sum).
+const CHAINS: usize = 3;
+/// Activation bytes a pass over the rows keeps in L2.
+const VECTOR_BLOCK_BYTES: usize = 192 << 10;
+
+/// `ys` `[n, rows]` = `W X`. Rows are decoded a tile at a time into offset bytes (with each
+/// block's scale), then applied to the vectors eight to a register: lane `l` of an accumulator is
+/// vector `l` of its group, so one broadcast weight word and one `vpdpbusd` advance eight (row,
+/// vector) dots by four columns, and a block's dot is whole in its lane when its scale is
+/// applied. Each (row, vector) thus runs the reference's order exactly, whatever tile, group or
+/// lane it falls in: the reference's bits, alone or in a batch.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL and VNNI; `w` has `rows` rows of `x.cols()` columns, and `ys` holds
 /// `x.vectors() * rows` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 pub(super) unsafe fn matmul<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
-    let n = x.vectors();
-    let per_block = (VECTOR_BLOCK_BYTES / x.cols()).max(V) / V * V;
+    let (cols, n) = (x.cols(), x.vectors());
+    let groups = n.div_ceil(LANES);
+    let per_pass = (VECTOR_BLOCK_BYTES / (cols * LANES)).max(G) / G * G;
+    if n <= FEW {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { matmul_rows(w, rows, x, ys) };
+    }
+    let mut tile = RowTile::new(R, cols);
     let out = ys.as_mut_ptr();
-    for v0 in (0..n).step_by(per_block) {
-        let v_end = n.min(v0 + per_block);
+    for g_start in (0..groups).step_by(per_pass) {
+        let g_end = groups.min(g_start + per_pass);
         for r0 in (0..rows).step_by(R) {
             let rn = R.min(rows - r0);
-            for v in (v0..v_end).step_by(V) {
-                let vn = V.min(v_end - v);
+            // SAFETY: rows r0..r0 + rn exist (the caller's contract).
+            unsafe { tile.decode(w, r0, rn, cols) };
+            for g0 in (g_start..g_end).step_by(G) {
+                let gn = G.min(g_end - g0);
+                let at = Tile { x, r0, g0, rows, n, out };
+                // SAFETY: the tile's rows are decoded and its groups exist in `x`; outputs go to
+                // (vector < n, row < rows) only.
+                unsafe {
+                    macro_rules! tile {
+                        ($($r:literal),*; $($g:literal),*) => { tile!(@rows ($($r),*) ($($g),*)) };
+                        (@rows ($($r:literal),*) $gs:tt) => {
+                            match rn { $($r => tile!(@groups $r $gs),)* _ => unreachable!() }
+                        };
+                        (@groups $r:literal ($($g:literal),*)) => {
+                            match gn { $($g => at.run::<W, $r, $g, { CHAINS / $g }>(w, &tile),)* _ => unreachable!() }
+                        };
+                    }
+                    tile!(1, 2, 3, 4; 1, 2, 3);
+                }
+            }
+        }
+    }
+}
+
+/// `R` rows decoded: offset weights `[R, cols]` and each (row, block)'s scale.
+struct RowTile {
+    w: Vec<u8>,
+    scale: Vec<f32>,
+}
+
+impl RowTile {
+    fn new(rows: usize, cols: usize) -> RowTile {
+        RowTile { w: vec![0; rows * cols], scale: vec![0.0; rows * (cols / BLOCK)] }
+    }
+
+    /// Decodes rows `r0..r0 + rn`.
+    ///
+    /// # Safety
+    /// As for [`matmul`], with the rows inside the matrix.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    unsafe fn decode<W: Weights>(&mut self, w: &W, r0: usize, rn: usize, cols: usize) {
+        let blocks = cols / BLOCK;
+        for i in 0..rn {
+            // SAFETY: row r0 + i exists; its `cols` bytes fit row i of the tile.
+            unsafe { w.decode(r0 + i, &mut self.w[i * cols..][..cols]) };
+            if W::BLOCK_SCALED {
+                for b in 0..blocks {
+                    self.scale[i * blocks + b] = w.scale(r0 + i, b);
+                }
+            }
+        }
+    }
+}
+
+/// Batches up to this many vectors take [`matmul_rows`]: eight lanes of vectors would leave most
+/// of each register idle (one vector through [`matmul`]'s tiles measured 0.6x of it).
+use super::FEW;
+/// Where a tile's vectors and outputs are: groups `g0..` of `x`, rows `r0..` of `rows`.
+struct Tile<'a> {
+    x: &'a Q8Batch,
+    r0: usize,
+    g0: usize,
+    rows: usize,
+    n: usize,
+    out: *mut f32,
+}
+
+impl Tile<'_> {
+    /// `RT` decoded rows against `GT` groups of vectors. Register tiles are indexed by (row,
+    /// group); indices read clearer than iterators here.
+    ///
+    /// # Safety
+    /// As for [`matmul`]: the rows decoded into `t`, groups `g0..g0 + GT` inside `x`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn run<W: Weights, const RT: usize, const GT: usize, const CH: usize>(&self, w: &W, t: &RowTile) {
+        let cols = self.x.cols();
+        let (blocks, words) = (cols / BLOCK, cols / 4);
+        let (lanes, steps, sums) = (self.x.lanes().as_ptr(), self.x.lane_steps().as_ptr(), self.x.lane_sums().as_ptr());
+        let (wt, offset) = (t.w.as_ptr(), _mm256_set1_epi32(-W::OFFSET));
+        let mut acc = [[_mm256_setzero_ps(); GT]; RT];
+        for b in 0..blocks {
+            // Each lane starts at -OFFSET * sum(a): what the offset weights add, taken out.
+            let mut dot = [[[_mm256_setzero_si256(); GT]; RT]; CH];
+            for g in 0..GT {
+                // SAFETY: group g0 + g holds `blocks` sums of LANES vectors.
+                let s = unsafe { _mm256_loadu_si256(sums.add(((self.g0 + g) * blocks + b) * LANES).cast()) };
+                let start = _mm256_mullo_epi32(s, offset);
+                for i in 0..RT {
+                    dot[0][i][g] = start;
+                }
+            }
+            for k in 0..BLOCK / 4 {
+                let mut a = [_mm256_setzero_si256(); GT];
+                for g in 0..GT {
+                    // SAFETY: group g0 + g holds `words` words of LANES vectors; word 8b + k is one.
+                    a[g] = unsafe {
+                        _mm256_loadu_si256(lanes.add((((self.g0 + g) * words) + b * 8 + k) * LANES * 4).cast())
+                    };
+                }
+                for i in 0..RT {
+                    // SAFETY: row i of the tile holds `cols` weights; 4 from column 32b + 4k.
+                    let word = unsafe { wt.add(i * cols + b * BLOCK + 4 * k).cast::<i32>().read_unaligned() };
+                    let wv = _mm256_set1_epi32(word);
+                    for g in 0..GT {
+                        dot[k % CH][i][g] = _mm256_dpbusd_epi32(dot[k % CH][i][g], wv, a[g]);
+                    }
+                }
+            }
+            for c in 1..CH {
+                for i in 0..RT {
+                    for g in 0..GT {
+                        dot[0][i][g] = _mm256_add_epi32(dot[0][i][g], dot[c][i][g]);
+                    }
+                }
+            }
+            let dot = dot[0];
+            for g in 0..GT {
+                // SAFETY: group g0 + g holds `blocks` steps of LANES vectors.
+                let d = unsafe { _mm256_loadu_ps(steps.add(((self.g0 + g) * blocks + b) * LANES)) };
+                for i in 0..RT {
+                    let c = if W::BLOCK_SCALED { _mm256_mul_ps(d, _mm256_set1_ps(t.scale[i * blocks + b])) } else { d };
+                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][g]), c, acc[i][g]);
+                }
+            }
+        }
+        let mut lane = [0f32; LANES];
+        for i in 0..RT {
+            let s = _mm256_set1_ps(w.row_scale(self.r0 + i));
+            for g in 0..GT {
+                let y = if W::BLOCK_SCALED { acc[i][g] } else { _mm256_mul_ps(acc[i][g], s) };
+                // SAFETY: `lane` holds LANES floats.
+                unsafe { _mm256_storeu_ps(lane.as_mut_ptr(), y) };
+                for (l, y) in lane.iter().enumerate() {
+                    let v = (self.g0 + g) * LANES + l;
+                    if v < self.n {
+                        // SAFETY: (vector v < n, row r0 + i < rows) is inside `ys`.
+                        unsafe { *self.out.add(v * self.rows + self.r0 + i) = *y };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`matmul`] for a few vectors ([`FEW`]): register tiles of 4 rows by 4 vectors over pairs of
+/// blocks, the lanes partial sums of a (row, vector) summed at the end. Its own order, not the
+/// reference's: its bits are the same for a vector alone or among a few, and within rounding of
+/// [`matmul`]'s.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL and VNNI; `w` has `rows` rows of `x.cols()` columns, and `ys` holds
+/// `x.vectors() * rows` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+unsafe fn matmul_rows<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
+    let n = x.vectors();
+    let per_block = n;
+    let out = ys.as_mut_ptr();
+    for v0 in (0..n).step_by(per_block.max(1)) {
+        let v_end = n.min(v0 + per_block);
+        for r0 in (0..rows).step_by(R4) {
+            let rn = R4.min(rows - r0);
+            for v in (v0..v_end).step_by(R4) {
+                let vn = R4.min(v_end - v);
                 // SAFETY: rows r0..r0 + rn and vectors v..v + vn exist; the caller's contract.
                 unsafe {
                     macro_rules! tile {
@@ -259,7 +499,7 @@ pub(super) unsafe fn matmul<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mu
                             match rn { $($r => tile!(@vecs $r $vs),)* _ => unreachable!() }
                         };
                         (@vecs $r:literal ($($v:literal),*)) => {
-                            match vn { $($v => tile::<W, $r, $v>(w, x, r0, v, rows, out),)* _ => unreachable!() }
+                            match vn { $($v => row_tile::<W, $r, $v>(w, x, r0, v, rows, out),)* _ => unreachable!() }
                         };
                     }
                     tile!(1, 2, 3, 4; 1, 2, 3, 4);
@@ -269,6 +509,9 @@ pub(super) unsafe fn matmul<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mu
     }
 }
 
+/// Rows and vectors per [`row_tile`].
+const R4: usize = 4;
+
 /// One tile: rows `r0..r0 + RT` against vectors `v0..v0 + VT`, written to `out`. Register tiles
 /// are indexed by (row, vector); indices read clearer than iterators here.
 ///
@@ -277,7 +520,7 @@ pub(super) unsafe fn matmul<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mu
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 #[inline]
 #[allow(clippy::needless_range_loop)]
-unsafe fn tile<W: Weights, const RT: usize, const VT: usize>(
+unsafe fn row_tile<W: Weights, const RT: usize, const VT: usize>(
     w: &W,
     x: &Q8Batch,
     r0: usize,
@@ -303,7 +546,7 @@ unsafe fn tile<W: Weights, const RT: usize, const VT: usize>(
             // -128 * sum(w) per lane: the offset of the activations, taken back out.
             bias[i] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, high, wv[i]));
             if W::BLOCK_SCALED {
-                let (a, b) = w.scales(r0 + i, 2 * p);
+                let (a, b) = (w.scale(r0 + i, 2 * p), w.scale(r0 + i, 2 * p + 1));
                 ws[i] = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
             }
         }
@@ -329,7 +572,7 @@ unsafe fn tile<W: Weights, const RT: usize, const VT: usize>(
             // SAFETY: row r0 + i and block b exist.
             let wv = unsafe { w.one(r0 + i, b) };
             let bias = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, high, wv));
-            let ws = _mm256_set1_ps(w.scales(r0 + i, b).0);
+            let ws = _mm256_set1_ps(w.scale(r0 + i, b));
             for v in 0..VT {
                 // SAFETY: 32 values and one step of block b of vector v0 + v.
                 let (q, dv) = unsafe {
