@@ -1,0 +1,236 @@
+//! The stored encodings as the VNNI kernels read them: rows decoded to bytes, block scales.
+
+use std::arch::x86_64::*;
+
+use half::f16;
+
+use super::super::BLOCK;
+use crate::mxfp4::{E2M1_DOUBLED, SCALE_HALF};
+use crate::simd::prefetch_ahead;
+
+/// A weight matrix as the tiles read it: a row's weights as unsigned bytes `w + OFFSET` in
+/// column order (`vpdpbusd` multiplies unsigned bytes by signed ones: the activations are the
+/// signed side, and `OFFSET * sum(a)` comes back out per block), and their scales.
+pub(in crate::q8) trait Weights {
+    /// Whether weights carry a scale per 32-block (else one per row, applied at the end).
+    const BLOCK_SCALED: bool;
+    /// What the stored bytes add to each weight.
+    const OFFSET: i32;
+    /// Row `r`'s `cols` weights, offset, into `out`.
+    ///
+    /// # Safety
+    /// `r` is a row of the matrix and `out` holds its `cols` columns; the CPU has AVX-512 BW/VNNI.
+    unsafe fn decode(&self, r: usize, out: &mut [u8]);
+    /// Row `r`, blocks `2p` and `2p + 1`, as signed weights (no offset), for the few-vector tiles.
+    ///
+    /// # Safety
+    /// `r` is a row of the matrix and `2p + 1` one of its blocks; the CPU has AVX-512 BW/VNNI.
+    unsafe fn pair(&self, r: usize, p: usize) -> __m512i;
+    /// Row `r`, block `b` alone, signed (a row with an odd number of blocks ends with one).
+    ///
+    /// # Safety
+    /// As for [`pair`](Self::pair), for block `b`.
+    unsafe fn one(&self, r: usize, b: usize) -> __m256i;
+    /// The scale of block `b` of row `r` (for [`BLOCK_SCALED`](Self::BLOCK_SCALED) weights).
+    fn scale(&self, r: usize, b: usize) -> f32;
+    fn row_scale(&self, r: usize) -> f32;
+}
+
+/// Nibble pairs (low nibble = even column) to signed bytes through a 16-entry table: the bytes
+/// widened to 16 bits, the high nibble moved to the high byte, both masked, looked up.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+#[inline]
+fn nibbles512(raw: __m256i, table: __m512i) -> __m512i {
+    let t = _mm512_cvtepu8_epi16(raw);
+    // (t | t << 4) & 0x0f0f: low byte = low nibble, high byte = high nibble.
+    let n = _mm512_ternarylogic_epi32::<0xA8>(t, _mm512_slli_epi16::<4>(t), _mm512_set1_epi16(0x0f0f));
+    _mm512_shuffle_epi8(table, n)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+#[inline]
+fn nibbles256(raw: __m128i, table: __m512i) -> __m256i {
+    let t = _mm256_cvtepu8_epi16(raw);
+    let n = _mm256_ternarylogic_epi32::<0xA8>(t, _mm256_slli_epi16::<4>(t), _mm256_set1_epi16(0x0f0f));
+    _mm256_shuffle_epi8(_mm512_castsi512_si256(table), n)
+}
+
+fn table(values: [u8; 16]) -> __m512i {
+    // SAFETY: reading 16 bytes from a 16-byte array; SSE2 is part of x86_64.
+    let t = unsafe { _mm_loadu_si128(values.as_ptr().cast()) };
+    // SAFETY: AVX-512 F (the only caller runs under `matmul`, which requires it).
+    unsafe { _mm512_broadcast_i32x4(t) }
+}
+
+/// Nibble-packed weights (`cols / 2` bytes a row, low nibble = even column) read through a
+/// 16-entry table of levels (offset by [`Weights::OFFSET`]), with a scale per 32-block: MXFP4
+/// and int4.
+pub(in crate::q8) struct Packed<'a, S, const OFFSET: i32> {
+    pub q: &'a [u8],
+    pub cols: usize,
+    pub levels: [u8; 16],
+    /// The levels without the offset, for the few-vector tiles.
+    pub signed: [i8; 16],
+    pub scale: S,
+}
+
+/// One f32 scale per (row, 32-block).
+pub(in crate::q8) trait BlockScale {
+    fn at(&self, r: usize, b: usize) -> f32;
+}
+
+/// MXFP4's E8M0 block exponents, with the 1/2 of the doubled E2M1 levels folded in.
+pub(in crate::q8) struct E8m0<'a> {
+    pub scale: &'a [u8],
+    pub blocks: usize,
+}
+
+impl BlockScale for E8m0<'_> {
+    #[inline]
+    fn at(&self, r: usize, b: usize) -> f32 {
+        SCALE_HALF[usize::from(self.scale[r * self.blocks + b])]
+    }
+}
+
+/// int4's f16 group scales (groups a multiple of 32 wide).
+pub(in crate::q8) struct GroupF16<'a> {
+    pub scale: &'a [f16],
+    pub group: usize,
+    pub groups: usize,
+}
+
+impl BlockScale for GroupF16<'_> {
+    #[inline]
+    fn at(&self, r: usize, b: usize) -> f32 {
+        let bits = self.scale[r * self.groups + b * BLOCK / self.group].to_bits();
+        // F16C directly: `f16::to_f32` outside a target-feature context detects the CPU per call
+        // (int4 x 64 vectors measured 30 against 47 G/s with it).
+        // SAFETY: F16C comes with every CPU that runs these kernels (AVX-512), SSE with x86_64.
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
+    }
+}
+
+/// MXFP4's doubled E2M1 levels (-12..=12) offset by 12.
+const MXFP4_OFFSET: i32 = 12;
+/// int4's levels (nibble - 8) offset by 8: the nibble itself.
+const INT4_OFFSET: i32 = 8;
+
+/// MXFP4 (`packed` `[rows, cols/2]`, E8M0 `scale` `[rows, cols/32]`) as the tiles read it.
+pub(in crate::q8) fn mxfp4<'a>(packed: &'a [u8], scale: &'a [u8], cols: usize) -> Packed<'a, E8m0<'a>, MXFP4_OFFSET> {
+    let levels = E2M1_DOUBLED.map(|l| (i32::from(l) + MXFP4_OFFSET) as u8);
+    Packed { q: packed, cols, levels, signed: E2M1_DOUBLED, scale: E8m0 { scale, blocks: cols / BLOCK } }
+}
+
+/// int4 (`q` `[rows, cols/2]`, levels nibble - 8, f16 `scale` per `group`) as the tiles read it.
+pub(in crate::q8) fn int4<'a>(
+    q: &'a [u8],
+    scale: &'a [f16],
+    group: usize,
+    cols: usize,
+) -> Packed<'a, GroupF16<'a>, INT4_OFFSET> {
+    let levels = std::array::from_fn(|n| n as u8);
+    let signed = std::array::from_fn(|n| n as i8 - INT4_OFFSET as i8);
+    Packed { q, cols, levels, signed, scale: GroupF16 { scale, group, groups: cols / group } }
+}
+
+impl<S: BlockScale, const O: i32> Weights for Packed<'_, S, O> {
+    const BLOCK_SCALED: bool = true;
+    const OFFSET: i32 = O;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[inline]
+    unsafe fn decode(&self, r: usize, out: &mut [u8]) {
+        let (t, row) = (table(self.levels), &self.q[r * self.cols / 2..][..self.cols / 2]);
+        let (pairs, tail) = (row.chunks_exact(32), row.len() % 32);
+        for (p, raw) in pairs.enumerate() {
+            // SAFETY: `raw` holds 32 bytes, `out` the 64 columns they decode to.
+            unsafe {
+                prefetch_ahead(raw.as_ptr());
+                let v = nibbles512(_mm256_loadu_si256(raw.as_ptr().cast()), t);
+                _mm512_storeu_si512(out.as_mut_ptr().add(p * 64).cast(), v);
+            }
+        }
+        if tail > 0 {
+            // SAFETY: a row with an odd number of blocks ends with one: 16 bytes, 32 columns.
+            // (`two_rows` below reads the same way.)
+            unsafe {
+                let v = nibbles256(_mm_loadu_si128(row.as_ptr().add(row.len() - 16).cast()), t);
+                _mm256_storeu_si256(out.as_mut_ptr().add(self.cols - 32).cast(), v);
+            }
+        }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[inline]
+    unsafe fn pair(&self, r: usize, p: usize) -> __m512i {
+        // SAFETY: the caller's bounds: row r's blocks 2p, 2p + 1 (32 bytes) lie inside `q`.
+        unsafe {
+            let at = self.q.as_ptr().add(r * self.cols / 2 + p * 32);
+            prefetch_ahead(at);
+            nibbles512(_mm256_loadu_si256(at.cast()), table(self.signed.map(|l| l as u8)))
+        }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[inline]
+    unsafe fn one(&self, r: usize, b: usize) -> __m256i {
+        // SAFETY: the caller's bounds: row r's block b (16 bytes) lies inside `q`.
+        unsafe {
+            nibbles256(
+                _mm_loadu_si128(self.q.as_ptr().add(r * self.cols / 2 + b * 16).cast()),
+                table(self.signed.map(|l| l as u8)),
+            )
+        }
+    }
+    #[inline]
+    fn scale(&self, r: usize, b: usize) -> f32 {
+        self.scale.at(r, b)
+    }
+    fn row_scale(&self, _: usize) -> f32 {
+        1.0
+    }
+}
+
+pub(in crate::q8) struct Int8<'a> {
+    pub q: &'a [i8],
+    pub scale: &'a [f32],
+    pub cols: usize,
+}
+
+impl Weights for Int8<'_> {
+    const BLOCK_SCALED: bool = false;
+    /// `w + 128` is `w` with its top bit flipped.
+    const OFFSET: i32 = 128;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[inline]
+    unsafe fn decode(&self, r: usize, out: &mut [u8]) {
+        let flip = _mm256_set1_epi8(-128);
+        for (b, block) in self.q[r * self.cols..][..self.cols].chunks_exact(BLOCK).enumerate() {
+            // SAFETY: `block` holds 32 bytes, `out` its 32 columns.
+            unsafe {
+                prefetch_ahead(block.as_ptr());
+                let v = _mm256_xor_si256(_mm256_loadu_si256(block.as_ptr().cast()), flip);
+                _mm256_storeu_si256(out.as_mut_ptr().add(b * BLOCK).cast(), v);
+            }
+        }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[inline]
+    unsafe fn pair(&self, r: usize, p: usize) -> __m512i {
+        // SAFETY: the caller's bounds: 64 bytes at this offset lie inside `q`.
+        unsafe {
+            let at = self.q.as_ptr().add(r * self.cols + p * 64);
+            prefetch_ahead(at);
+            _mm512_loadu_si512(at.cast())
+        }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[inline]
+    unsafe fn one(&self, r: usize, b: usize) -> __m256i {
+        // SAFETY: the caller's bounds: 32 bytes at this offset lie inside `q`.
+        unsafe { _mm256_loadu_si256(self.q.as_ptr().add(r * self.cols + b * 32).cast()) }
+    }
+    fn scale(&self, _: usize, _: usize) -> f32 {
+        1.0
+    }
+    fn row_scale(&self, r: usize) -> f32 {
+        self.scale[r]
+    }
+}
