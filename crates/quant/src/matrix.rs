@@ -93,7 +93,8 @@ impl<'a> Matrix<'a> {
             }
             _ => return false,
         };
-        shape_ok && act == Activations::Int8 && q8::available()
+        // A matrix built without a file (whose shapes are checked at open) could have no columns.
+        shape_ok && self.cols() > 0 && act == Activations::Int8 && q8::available()
     }
 
     /// `Y = W X` for activations already quantized ([`Q8Batch`]); `ys` `[n, rows]`. Called only

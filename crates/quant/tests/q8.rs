@@ -235,4 +235,10 @@ fn shapes_the_kernels_do_not_take_run_exact() {
         k3_quant::par::matmul(&int8, &xs, &mut b);
         assert_eq!(a, b);
     }
+    // No columns (a matrix built by hand; files refuse empty shapes): exact, zeros, no panic.
+    let empty = Matrix::Int8Row { q: &[], scale: &[1.0, 1.0], rows: 2, cols: 0, act: Activations::Int8 };
+    assert!(!empty.takes_q8());
+    let mut y = [f32::NAN; 2];
+    empty.matvec(&[], &mut y);
+    assert_eq!(y, [0.0, 0.0]);
 }

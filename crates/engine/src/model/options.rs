@@ -110,10 +110,13 @@ impl ActivationPrecision {
         if self == ActivationPrecision::All { k3_quant::Activations::Int8 } else { k3_quant::Activations::Exact }
     }
 
-    /// The names `--activations` takes.
-    pub const NAMES: [&str; 3] = ["exact", "int8-experts", "int8"];
+    /// Every precision, in the order `--activations` lists them.
+    pub const ALL: [Self; 3] = [ActivationPrecision::Exact, ActivationPrecision::Experts, ActivationPrecision::All];
 
-    pub fn name(self) -> &'static str {
+    /// The names `--activations` takes.
+    pub const NAMES: [&str; 3] = [Self::ALL[0].name(), Self::ALL[1].name(), Self::ALL[2].name()];
+
+    pub const fn name(self) -> &'static str {
         match self {
             ActivationPrecision::Exact => "exact",
             ActivationPrecision::Experts => "int8-experts",
@@ -125,11 +128,9 @@ impl ActivationPrecision {
 impl std::str::FromStr for ActivationPrecision {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "exact" => Ok(ActivationPrecision::Exact),
-            "int8-experts" => Ok(ActivationPrecision::Experts),
-            "int8" => Ok(ActivationPrecision::All),
-            other => Err(format!("`{other}` is not an activation precision (one of exact, int8-experts, int8)")),
-        }
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("`{s}` is not an activation precision (one of {})", Self::NAMES.join(", ")))
     }
 }

@@ -83,9 +83,16 @@ impl Q8Batch {
         self.interleave();
     }
 
-    /// Builds the lane layout from `u` and `d`.
+    /// Builds the lane layout from `u` and `d`, for batches the lanes kernel takes (more than
+    /// [`FEW`] vectors: a decode step's vector does not pay for it).
     fn interleave(&mut self) {
         let (cols, n) = (self.cols, self.vectors());
+        if n <= FEW {
+            self.lanes.clear();
+            self.lane_steps.clear();
+            self.lane_sums.clear();
+            return;
+        }
         let (words, blocks, groups) = (cols / 4, cols / BLOCK, n.div_ceil(LANES));
         self.lanes.clear();
         self.lanes.resize(groups * words * LANES * 4, 0);

@@ -66,12 +66,19 @@ fn table(values: [u8; 16]) -> __m512i {
 /// 16-entry table of levels (offset by [`Weights::OFFSET`]), with a scale per 32-block: MXFP4
 /// and int4.
 pub(in crate::q8) struct Packed<'a, S, const OFFSET: i32> {
-    pub q: &'a [u8],
-    pub cols: usize,
-    pub levels: [u8; 16],
-    /// The levels without the offset, for the few-vector tiles.
-    pub signed: [i8; 16],
-    pub scale: S,
+    q: &'a [u8],
+    cols: usize,
+    /// The levels offset (the lanes kernel's table), and as signed bytes (the few-vector tiles').
+    levels: [u8; 16],
+    signed: [u8; 16],
+    scale: S,
+}
+
+impl<'a, S, const O: i32> Packed<'a, S, O> {
+    /// Both tables from the sixteen nibble values' signed levels.
+    fn new(q: &'a [u8], cols: usize, signed: [i8; 16], scale: S) -> Self {
+        Packed { q, cols, levels: signed.map(|l| (i32::from(l) + O) as u8), signed: signed.map(|l| l as u8), scale }
+    }
 }
 
 /// One f32 scale per (row, 32-block).
@@ -117,8 +124,7 @@ const INT4_OFFSET: i32 = 8;
 
 /// MXFP4 (`packed` `[rows, cols/2]`, E8M0 `scale` `[rows, cols/32]`) as the tiles read it.
 pub(in crate::q8) fn mxfp4<'a>(packed: &'a [u8], scale: &'a [u8], cols: usize) -> Packed<'a, E8m0<'a>, MXFP4_OFFSET> {
-    let levels = E2M1_DOUBLED.map(|l| (i32::from(l) + MXFP4_OFFSET) as u8);
-    Packed { q: packed, cols, levels, signed: E2M1_DOUBLED, scale: E8m0 { scale, blocks: cols / BLOCK } }
+    Packed::new(packed, cols, E2M1_DOUBLED, E8m0 { scale, blocks: cols / BLOCK })
 }
 
 /// int4 (`q` `[rows, cols/2]`, levels nibble - 8, f16 `scale` per `group`) as the tiles read it.
@@ -128,9 +134,8 @@ pub(in crate::q8) fn int4<'a>(
     group: usize,
     cols: usize,
 ) -> Packed<'a, GroupF16<'a>, INT4_OFFSET> {
-    let levels = std::array::from_fn(|n| n as u8);
     let signed = std::array::from_fn(|n| n as i8 - INT4_OFFSET as i8);
-    Packed { q, cols, levels, signed, scale: GroupF16 { scale, group, groups: cols / group } }
+    Packed::new(q, cols, signed, GroupF16 { scale, group, groups: cols / group })
 }
 
 impl<S: BlockScale, const O: i32> Weights for Packed<'_, S, O> {
@@ -165,7 +170,7 @@ impl<S: BlockScale, const O: i32> Weights for Packed<'_, S, O> {
         unsafe {
             let at = self.q.as_ptr().add(r * self.cols / 2 + p * 32);
             prefetch_ahead(at);
-            nibbles512(_mm256_loadu_si256(at.cast()), table(self.signed.map(|l| l as u8)))
+            nibbles512(_mm256_loadu_si256(at.cast()), table(self.signed))
         }
     }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
@@ -173,10 +178,7 @@ impl<S: BlockScale, const O: i32> Weights for Packed<'_, S, O> {
     unsafe fn one(&self, r: usize, b: usize) -> __m256i {
         // SAFETY: the caller's bounds: row r's block b (16 bytes) lies inside `q`.
         unsafe {
-            nibbles256(
-                _mm_loadu_si128(self.q.as_ptr().add(r * self.cols / 2 + b * 16).cast()),
-                table(self.signed.map(|l| l as u8)),
-            )
+            nibbles256(_mm_loadu_si128(self.q.as_ptr().add(r * self.cols / 2 + b * 16).cast()), table(self.signed))
         }
     }
     #[inline]
