@@ -52,7 +52,7 @@ fn batched(c: &mut Criterion) {
     let wb: Vec<bf16> = data(rows * cols, 3).iter().map(|v| bf16::from_f32(*v)).collect();
     let xs = data(n * cols, 4);
     let mut ys = vec![0f32; n * rows];
-    let m = k3_quant::Matrix::Bf16 { w: &wb, rows, cols };
+    let m = k3_quant::Matrix::Bf16 { w: &wb, rows, cols, act: k3_quant::Activations::Exact };
     let mut g = c.benchmark_group("k3_prefill_18432x7168x64");
     g.throughput(Throughput::Elements((rows * cols * n) as u64));
     g.sample_size(10);

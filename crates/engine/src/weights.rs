@@ -29,7 +29,7 @@ pub fn view_matrix<'m>(name: &str, t: &TensorView<'m>) -> Result<Matrix<'m>, Eng
     let (rows, cols) = dims2(name, t)?;
     Ok(match t.encoding {
         Encoding::F32 => Matrix::F32 { w: t.typed::<f32>("data")?, rows, cols },
-        Encoding::Bf16 => Matrix::Bf16 { w: t.typed::<bf16>("data")?, rows, cols },
+        Encoding::Bf16 => Matrix::Bf16 { w: t.typed::<bf16>("data")?, rows, cols, act: Activations::Exact },
         Encoding::Int8Row => {
             Matrix::Int8Row { q: t.typed::<i8>("q")?, scale: t.typed::<f32>("scale")?, rows, cols, act: EXACT }
         }

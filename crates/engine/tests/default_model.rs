@@ -63,17 +63,19 @@ fn too_short_a_text_or_window_is_refused() {
     assert!(e.to_string().contains("window"), "{e}");
 }
 
-/// Int8 activations for the routed experts, on the trained default model with its experts in
-/// MXFP4 (the encoding they run on): against the same model with exact activations over the
-/// held-out text, the bar for a default, mean KL <= 1e-4 nats and top-1 agreement >=
-/// 0.995 (measured over all 24,861 positions: KL 4e-5, top-1 0.997; here the first 40 windows).
+/// Rounded activations on the trained default model, converted as it runs fast (MXFP4 experts,
+/// int8 trunk): against the same model with exact activations over the held-out text, the
+/// issue's bar for a default, mean KL <= 1e-4 nats and top-1 agreement >= 0.995. Measured over
+/// all 24,861 positions: int8 experts KL 3.1e-5, top-1 0.998; with the trunk's batches on bf16
+/// (the default of generate, chat and serve) KL 8.4e-5, top-1 0.997. Here the first 40 windows.
 #[test]
-fn int8_expert_activations_keep_the_default_models_predictions() {
+fn rounded_activations_keep_the_default_models_predictions() {
     use k3_engine::{ActivationPrecision, EngineOptions};
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("mxfp4");
+    let out = dir.path().join("mxfp4-int8");
     let opts = k3_convert::ConvertOptions {
         experts: k3_convert::ExpertFormat::Mxfp4,
+        trunk: k3_convert::TrunkFormat::Int8,
         ..k3_convert::ConvertOptions::new(fixtures().join("default.waste"), &out)
     };
     k3_convert::convert(&opts, &mut |_| {}).unwrap();
@@ -82,12 +84,19 @@ fn int8_expert_activations_keep_the_default_models_predictions() {
     let ids = &ids[..40 * 256];
     let load =
         |activations| Engine::load_with(&model, EngineOptions { activations, ..EngineOptions::default() }).unwrap();
-    let (int8, exact) = (load(ActivationPrecision::Experts), load(ActivationPrecision::Exact));
-    let g = eval::agreement(&int8, &exact, ids, 256, 256, &mut |_| {}).unwrap();
-    eprintln!("int8 expert activations: mean KL {:.2e} nats, top-1 agreement {:.4}", g.mean_kl(), g.top1_rate());
-    assert!(g.mean_kl() <= 1e-4, "mean KL {}", g.mean_kl());
-    assert!(g.top1_rate() >= 0.995, "top-1 agreement {}", g.top1_rate());
+    let exact = load(ActivationPrecision::Exact);
+    let mut kl = Vec::new();
+    for act in [ActivationPrecision::Experts, ActivationPrecision::Bf16Trunk] {
+        let g = eval::agreement(&load(act), &exact, ids, 256, 256, &mut |_| {}).unwrap();
+        eprintln!("{}: mean KL {:.2e} nats, top-1 agreement {:.4}", act.name(), g.mean_kl(), g.top1_rate());
+        assert!(g.mean_kl() <= 1e-4, "{}: mean KL {}", act.name(), g.mean_kl());
+        assert!(g.top1_rate() >= 0.995, "{}: top-1 agreement {}", act.name(), g.top1_rate());
+        kl.push(g.mean_kl());
+    }
     if k3_quant::q8::available() {
-        assert!(g.mean_kl() > 0.0, "the int8 kernels did not run");
+        assert!(kl[0] > 0.0, "the int8 kernels did not run");
+    }
+    if k3_quant::bf16dot::takes(256) {
+        assert!(kl[1] != kl[0], "the bf16 kernels did not run");
     }
 }

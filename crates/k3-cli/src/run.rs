@@ -25,12 +25,13 @@ pub struct EngineKnobs {
     /// are the same bits for any number.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
-    /// Which products round their inputs to int8 (blocks of 32, integer dot products where the
-    /// CPU has AVX512-VNNI; faster prefill): none (`exact`, f32), the routed experts' MXFP4/int4
-    /// matrices (`int8-experts`), or every int8/int4/MXFP4 matrix, trunk included (`int8`).
-    /// Their measured cost is in docs/EFFICIENCY.md [default: int8-experts for generate, chat
-    /// and serve; exact for logits, trace, perplexity and lookahead, whose numbers are compared
-    /// with references].
+    /// Which products round their inputs (faster prefill): none (`exact`, f32); the routed
+    /// experts' MXFP4/int4/int8 matrices to int8 (`int8-experts`: blocks of 32, integer dot
+    /// products where the CPU has AVX512-VNNI); those and the trunk's products of a batch to bf16
+    /// (`bf16-trunk`: where the CPU has AVX512-BF16; a decode step's vector stays exact); or every
+    /// int8/int4/MXFP4 matrix, trunk included, to int8 (`int8`). Their measured cost is in
+    /// docs/EFFICIENCY.md [default: bf16-trunk for generate, chat and serve; exact for logits,
+    /// trace, perplexity and lookahead, whose numbers are compared with references].
     #[arg(long, value_name = "PRECISION", value_parser = k3_engine::ActivationPrecision::NAMES)]
     pub activations: Option<String>,
     /// Read, then compute (no overlap of expert reads with arithmetic), for measurement.
@@ -109,10 +110,11 @@ pub struct Needs {
 }
 
 /// What generate, chat and serve run with by default: int8 activations for the routed experts
-/// (their products are nearly all of a MoE prefill's arithmetic). On the trained default model
-/// with MXFP4 experts they cost a mean KL of 4e-5 nats and keep 99.7% of top-1 tokens against
-/// exact (docs/EFFICIENCY.md); a CPU without VNNI runs exact whatever is asked.
-pub const RUN_ACTIVATIONS: ActivationPrecision = ActivationPrecision::Experts;
+/// (their products are nearly all of a MoE prefill's arithmetic) and bf16 for the trunk's
+/// batched products. On the trained default model with MXFP4 experts and an int8 trunk they cost
+/// a mean KL of 8.4e-5 nats and keep 99.7% of top-1 tokens against exact (docs/EFFICIENCY.md);
+/// a CPU without VNNI or AVX512-BF16 runs those products exact whatever is asked.
+pub const RUN_ACTIVATIONS: ActivationPrecision = ActivationPrecision::Bf16Trunk;
 
 impl Needs {
     /// A command whose work takes exactly `context` tokens of context.

@@ -9,6 +9,7 @@
 //! single-threaded; callers split rows across threads (`par` does it over a rayon pool, bit for bit
 //! the same as one thread). This crate does no I/O.
 
+pub mod bf16dot;
 pub mod cpu;
 pub mod dense;
 pub mod encode;

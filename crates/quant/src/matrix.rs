@@ -6,6 +6,7 @@ use std::cell::RefCell;
 
 use half::{bf16, f16};
 
+use crate::bf16dot::{self, Bf16Batch};
 use crate::q8::{self, Q8Batch};
 use crate::vq::{Scratch, VqRef};
 use crate::{dense, int4, int8, mxfp4};
@@ -19,6 +20,10 @@ pub enum Activations {
     /// Quantized to int8 in 32-blocks ([`q8`]) where the encoding has an integer kernel and the
     /// CPU has VNNI; exact elsewhere.
     Int8,
+    /// Rounded to bf16 ([`bf16dot`]) for batches of more than [`q8::FEW`] vectors, where the
+    /// encoding's values are whole bf16 values (bf16, int8, int4) and the CPU has AVX512-BF16;
+    /// exact elsewhere (a lone decode vector included).
+    Bf16,
 }
 
 /// A `[rows, cols]` matrix, `y = W x`. The integer encodings carry how their products round
@@ -26,7 +31,7 @@ pub enum Activations {
 #[derive(Debug, Clone, Copy)]
 pub enum Matrix<'a> {
     F32 { w: &'a [f32], rows: usize, cols: usize },
-    Bf16 { w: &'a [bf16], rows: usize, cols: usize },
+    Bf16 { w: &'a [bf16], rows: usize, cols: usize, act: Activations },
     Int8Row { q: &'a [i8], scale: &'a [f32], rows: usize, cols: usize, act: Activations },
     Int4Group { q: &'a [u8], scale: &'a [f16], group: usize, rows: usize, cols: usize, act: Activations },
     Mxfp4 { packed: &'a [u8], scale: &'a [u8], rows: usize, cols: usize, act: Activations },
@@ -65,13 +70,14 @@ impl<'a> Matrix<'a> {
         if w.len() != rows * cols {
             return Err(ShapeError { what: "bf16", len: w.len(), rows, cols });
         }
-        Ok(Matrix::Bf16 { w, rows, cols })
+        Ok(Matrix::Bf16 { w, rows, cols, act: Activations::Exact })
     }
 
     /// The same matrix with its products rounding activations as `act` says (a no-op for the
-    /// encodings without an integer kernel: f32, bf16, VQ).
+    /// encodings with no kernel for rounded activations: f32, VQ).
     pub fn with_activations(self, act: Activations) -> Self {
         match self {
+            Matrix::Bf16 { w, rows, cols, .. } => Matrix::Bf16 { w, rows, cols, act },
             Matrix::Int8Row { q, scale, rows, cols, .. } => Matrix::Int8Row { q, scale, rows, cols, act },
             Matrix::Int4Group { q, scale, group, rows, cols, .. } => {
                 Matrix::Int4Group { q, scale, group, rows, cols, act }
@@ -95,6 +101,34 @@ impl<'a> Matrix<'a> {
         };
         // A matrix built without a file (whose shapes are checked at open) could have no columns.
         shape_ok && self.cols() > 0 && act == Activations::Int8 && q8::available()
+    }
+
+    /// Whether this matrix's products of `n` vectors round them to bf16 (asked for, an encoding
+    /// of whole bf16 values, a batch larger than [`q8::FEW`], a CPU with AVX512-BF16).
+    pub fn takes_bf16(&self, n: usize) -> bool {
+        let act = match *self {
+            Matrix::Bf16 { act, .. } | Matrix::Int8Row { act, .. } | Matrix::Int4Group { act, .. } => act,
+            _ => return false,
+        };
+        act == Activations::Bf16 && self.cols() > 0 && self.cols().is_multiple_of(2) && bf16dot::takes(n)
+    }
+
+    /// The parts as the bf16 products read them (for a matrix that [takes](Self::takes_bf16)
+    /// them).
+    fn bf16_weights(&self) -> bf16dot::Weights<'a> {
+        match *self {
+            Matrix::Bf16 { w, .. } => bf16dot::Weights::Bf16(w),
+            Matrix::Int8Row { q, scale, .. } => bf16dot::Weights::Int8 { q, scale },
+            Matrix::Int4Group { q, scale, group, .. } => bf16dot::Weights::Int4 { q, scale, group },
+            _ => unreachable!("takes_bf16 admits only the bf16, int8 and int4 encodings"),
+        }
+    }
+
+    /// `Y = W X` for activations already rounded ([`Bf16Batch`]); `ys` `[n, rows]`. Called only
+    /// for a matrix that [takes them](Self::takes_bf16).
+    pub(crate) fn matmul_bf16(&self, x: &Bf16Batch, ys: &mut [f32]) {
+        assert_eq!(x.cols(), self.cols(), "activations have {} columns for {}", x.cols(), self.cols());
+        bf16dot::matmul(&self.bf16_weights(), x, ys)
     }
 
     /// `Y = W X` for activations already quantized ([`Q8Batch`]); `ys` `[n, rows]`. Called only
@@ -157,7 +191,7 @@ impl<'a> Matrix<'a> {
         let cols = self.cols();
         Some(match *self {
             Matrix::F32 { w, .. } => Matrix::F32 { w: &w[start * cols..(start + n) * cols], rows: n, cols },
-            Matrix::Bf16 { w, .. } => Matrix::Bf16 { w: &w[start * cols..(start + n) * cols], rows: n, cols },
+            Matrix::Bf16 { w, act, .. } => Matrix::Bf16 { w: &w[start * cols..(start + n) * cols], rows: n, cols, act },
             Matrix::Int8Row { q, scale, act, .. } => Matrix::Int8Row {
                 q: &q[start * cols..(start + n) * cols],
                 scale: &scale[start..start + n],
@@ -233,6 +267,9 @@ impl<'a> Matrix<'a> {
         if self.takes_q8() {
             // The int8 kernels block their own loops (vector blocks in L2, register tiles).
             return q8::with_quantized(xs, cols, |q| self.matmul_q8(q, ys));
+        }
+        if self.takes_bf16(n) {
+            return bf16dot::with_rounded(xs, cols, |x| self.matmul_bf16(x, ys));
         }
         if n <= 4 || block >= rows || matches!(self, Matrix::F32 { .. } | Matrix::Vq(_)) {
             return self.matmul_whole(xs, ys);

@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use crate::Matrix;
-use crate::q8;
+use crate::{bf16dot, q8};
 
 /// Rows per task are a multiple of this (a cache line of f32 outputs, and the VQ codes' blocks).
 const ROW_BLOCK: usize = 32;
@@ -48,6 +48,9 @@ pub fn matmul(m: &Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
         // Quantized once here, not once per task.
         return q8::with_quantized(xs, cols, |q| split(m, n, ys, |part, out| part.matmul_q8(q, out)));
     }
+    if m.takes_bf16(n) {
+        return bf16dot::with_rounded(xs, cols, |x| split(m, n, ys, |part, out| part.matmul_bf16(x, out)));
+    }
     if n == 1 {
         return matvec(m, xs, ys);
     }
@@ -55,14 +58,20 @@ pub fn matmul(m: &Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
 }
 
 /// `ya = A X` and `yb = B X` for the same batch (a gated MLP's gate and up projections): under
-/// int8 activations the batch is quantized once for both.
+/// int8 or bf16 activations the batch is rounded once for both.
 pub fn matmul_pair(a: &Matrix<'_>, b: &Matrix<'_>, xs: &[f32], ya: &mut [f32], yb: &mut [f32]) {
     let cols = a.cols().max(1);
+    let n = xs.len() / cols;
     if a.takes_q8() && b.takes_q8() && a.cols() == b.cols() {
-        let n = xs.len() / cols;
         return q8::with_quantized(xs, cols, |q| {
             split(a, n, ya, |part, out| part.matmul_q8(q, out));
             split(b, n, yb, |part, out| part.matmul_q8(q, out));
+        });
+    }
+    if a.takes_bf16(n) && b.takes_bf16(n) && a.cols() == b.cols() {
+        return bf16dot::with_rounded(xs, cols, |x| {
+            split(a, n, ya, |part, out| part.matmul_bf16(x, out));
+            split(b, n, yb, |part, out| part.matmul_bf16(x, out));
         });
     }
     matmul(a, xs, ya);

@@ -21,16 +21,17 @@ fn on(threads: usize, m: &Matrix<'_>, x: &[f32], xs: &[f32]) -> (Vec<f32>, Vec<f
     (y, ys)
 }
 
-/// Both activation precisions (int8 runs its VNNI kernels where the CPU has them).
+/// Every activation precision (int8 runs its VNNI kernels where the CPU has them, bf16 its
+/// AVX512-BF16 kernel for more than `q8::FEW` vectors).
 fn acts() -> impl Strategy<Value = Activations> {
-    prop_oneof![Just(Activations::Exact), Just(Activations::Int8)]
+    prop_oneof![Just(Activations::Exact), Just(Activations::Int8), Just(Activations::Bf16)]
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 6, .. ProptestConfig::default() })]
 
     #[test]
-    fn any_thread_count_gives_the_same_bits(rows in 520usize..1100, cols_blocks in 16usize..33, n in 2usize..6, seed in any::<u64>(), act in acts()) {
+    fn any_thread_count_gives_the_same_bits(rows in 520usize..1100, cols_blocks in 16usize..33, n in 2usize..9, seed in any::<u64>(), act in acts()) {
         let cols = cols_blocks * 32;
         let w = values(rows * cols, seed);
         let (x, xs) = (values(cols, seed ^ 1), values(n * cols, seed ^ 2));
@@ -40,7 +41,7 @@ proptest! {
         let (p, sc) = mxfp4::quantize(&w, cols);
         let matrices = [
             Matrix::F32 { w: &w, rows, cols },
-            Matrix::Bf16 { w: &wb, rows, cols },
+            Matrix::Bf16 { w: &wb, rows, cols, act },
             Matrix::Int8Row { q: &q8, scale: &s8, rows, cols, act },
             Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows, cols, act },
             Matrix::Mxfp4 { packed: &p, scale: &sc, rows, cols, act },
@@ -60,8 +61,9 @@ proptest! {
 
     /// Prefill equals decode: a batch through `matmul` gives the same bits as its vectors one by
     /// one through `matvec`, for every encoding (odd column counts exercise the kernels' tails).
-    /// Under int8 activations this holds up to `q8::FEW` vectors; larger batches take the
-    /// scalar reference's order instead (tests/q8.rs checks them against it, bit for bit).
+    /// Under int8 and bf16 activations this holds up to `q8::FEW` vectors; larger batches take
+    /// the scalar references' order instead (tests/q8.rs and tests/bf16dot.rs check them against
+    /// those, bit for bit).
     #[test]
     fn a_batch_gives_the_same_bits_as_its_vectors(rows in 1usize..70, cols_blocks in 1usize..6, extra in 0usize..16, n in 1usize..11, seed in any::<u64>(), act in acts()) {
         let cols32 = cols_blocks * 32;
@@ -74,13 +76,13 @@ proptest! {
         let (p, sc) = mxfp4::quantize(&w32, cols32);
         let matrices = [
             Matrix::F32 { w: &w, rows, cols: cols_any },
-            Matrix::Bf16 { w: &wb, rows, cols: cols_any },
+            Matrix::Bf16 { w: &wb, rows, cols: cols_any, act },
             Matrix::Int8Row { q: &q8, scale: &s8, rows, cols: cols_any, act },
             Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows, cols: cols32, act },
             Matrix::Mxfp4 { packed: &p, scale: &sc, rows, cols: cols32, act },
         ];
         for m in &matrices {
-            let n = if m.takes_q8() { n.min(k3_quant::q8::FEW) } else { n };
+            let n = if m.takes_q8() || m.takes_bf16(n) { n.min(k3_quant::q8::FEW) } else { n };
             let xs = values(n * m.cols(), seed ^ 5);
             let mut batch = vec![0f32; n * rows];
             m.matmul(&xs, &mut batch);
@@ -103,7 +105,7 @@ proptest! {
     /// A gate and up pair through `matmul_pair` (quantized once) gives each matrix's own product
     /// bits, whatever the two encodings.
     #[test]
-    fn a_pair_gives_each_products_bits(rows in 40usize..600, cols_blocks in 1usize..20, n in 1usize..6, seed in any::<u64>(), act in acts()) {
+    fn a_pair_gives_each_products_bits(rows in 40usize..600, cols_blocks in 1usize..20, n in 1usize..9, seed in any::<u64>(), act in acts()) {
         let cols = cols_blocks * 32;
         let (wa, wb) = (values(rows * cols, seed), values(rows * cols, seed ^ 3));
         let xs = values(n * cols, seed ^ 4);

@@ -141,16 +141,16 @@ fn mxfp4_cases(rows: usize, cols: usize, cold: bool, x: &[f32]) -> Vec<Case> {
     out
 }
 
-/// A matrix's products as cases: one vector (exact) and, with `batched`, `Q8_BATCH` vectors
-/// exact and with int8 activations (through `Matrix`, quantizing included, as the engine runs
-/// them). `view` makes instance `i`'s matrix from its stored parts.
+/// A matrix's products as cases: one vector (exact) and `Q8_BATCH` vectors at each of `batched`
+/// (through `Matrix`, rounding included, as the engine runs them). `view` makes instance `i`'s
+/// matrix from its stored parts.
 fn matrix_cases<T: 'static>(
     name: &str,
     (rows, cols): (usize, usize),
     weight_bytes: usize,
     parts: Vec<T>,
     view: for<'b> fn(&'b T, usize, usize) -> Matrix<'b>,
-    batched: bool,
+    batched: &[Activations],
 ) -> Vec<Case> {
     let (k, parts) = (parts.len(), std::rc::Rc::new(parts));
     let case = |suffix: String, vectors: usize, act: Activations| {
@@ -169,12 +169,18 @@ fn matrix_cases<T: 'static>(
         }
     };
     let mut out = vec![case(String::new(), 1, Activations::Exact)];
-    if batched {
-        out.push(case(format!("_batch{Q8_BATCH}"), Q8_BATCH, Activations::Exact));
-        out.push(case(format!("_q8_batch{Q8_BATCH}"), Q8_BATCH, Activations::Int8));
+    for &act in batched {
+        let tag = match act {
+            Activations::Exact => "",
+            Activations::Int8 => "_q8",
+            Activations::Bf16 => "_bf16act",
+        };
+        out.push(case(format!("{tag}_batch{Q8_BATCH}"), Q8_BATCH, act));
     }
     out
 }
+
+const ALL_ACTIVATIONS: [Activations; 3] = [Activations::Exact, Activations::Int8, Activations::Bf16];
 
 /// Trunk encodings: bf16, int8 rows, int4 groups.
 fn trunk_cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
@@ -188,14 +194,21 @@ fn trunk_cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
     let i4s: Vec<(Vec<u8>, Vec<f16>)> =
         (0..count(i4_bytes)).map(|i| (bytes_of(i as u64 + 3, n / 2), vec![f16::from_f32(0.01); n / 32])).collect();
     let shape = (rows, cols);
-    let mut out = matrix_cases("bf16", shape, n * 2, bf, |w, rows, cols| Matrix::Bf16 { w, rows, cols }, false);
+    let mut out = matrix_cases(
+        "bf16",
+        shape,
+        n * 2,
+        bf,
+        |w, rows, cols| Matrix::Bf16 { w, rows, cols, act: Activations::Exact },
+        &[Activations::Exact, Activations::Bf16],
+    );
     out.extend(matrix_cases(
         "int8_row",
         shape,
         n + rows * 4,
         i8s,
         |(q, scale), rows, cols| Matrix::Int8Row { q, scale, rows, cols, act: Activations::Exact },
-        true,
+        &ALL_ACTIVATIONS,
     ));
     out.extend(matrix_cases(
         "int4_g32",
@@ -203,7 +216,7 @@ fn trunk_cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
         i4_bytes,
         i4s,
         |(q, scale), rows, cols| Matrix::Int4Group { q, scale, group: 32, rows, cols, act: Activations::Exact },
-        true,
+        &ALL_ACTIVATIONS,
     ));
     out
 }

@@ -31,7 +31,9 @@ pub fn measure(threads: usize, reps: usize) -> Vec<(&'static str, f64)> {
 /// MXFP4 kernel by AVX2's `vpmaddubsw`. The fast-scan VQ kernel adds table entries instead of
 /// multiplying: it has no multiply-add ceiling (its bound is the bandwidth).
 pub fn ceiling_of(kernel: &str) -> Option<&'static str> {
-    if kernel.contains("_q8") {
+    if kernel.contains("_bf16act") && k3_quant::bf16dot::available_at(k3_quant::cpu::level()) {
+        Some("bf16 dot (AVX512-BF16)")
+    } else if kernel.contains("_q8") {
         // The int8-activation products run on VNNI where it exists (their reference elsewhere).
         Some(if k3_quant::q8::available() { "int8 dot (AVX512-VNNI)" } else { "int8 dot (AVX2 vpmaddubsw)" })
     } else if ["bf16", "int8_row", "int4_g32", "mxfp4_f32", "vq_b"].iter().any(|k| kernel.starts_with(k)) {

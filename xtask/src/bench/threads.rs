@@ -97,7 +97,11 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
     let experts: Vec<(Vec<u8>, Vec<u8>)> =
         (0..EXPERTS).map(|i| mxfp4::quantize(&noise(er * ec, 10 + i as u64, 1.0), ec)).collect();
     let exact = [
-        Case { name: "bf16 12288x7168", mats: vec![Matrix::Bf16 { w: &wb, rows: r, cols: c }], bytes: n * 2 },
+        Case {
+            name: "bf16 12288x7168",
+            mats: vec![Matrix::Bf16 { w: &wb, rows: r, cols: c, act: Activations::Exact }],
+            bytes: n * 2,
+        },
         Case {
             name: "int8_row 12288x7168",
             mats: vec![Matrix::Int8Row { q: &q8, scale: &s8, rows: r, cols: c, act: Activations::Exact }],
@@ -122,7 +126,7 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
     let cases: Vec<Case<'_>> = exact.into_iter().chain(q8).collect();
     let (hr, hc, hn) = HOT;
     let hot_w: Vec<bf16> = noise(hr * hc, 4, 1.0).iter().map(|v| bf16::from_f32(*v)).collect();
-    let hot = Matrix::Bf16 { w: &hot_w, rows: hr, cols: hc };
+    let hot = Matrix::Bf16 { w: &hot_w, rows: hr, cols: hc, act: Activations::Exact };
     let hot_x = noise(hn * hc, 5, 1.0);
     let mut hot_y = vec![0f32; hn * hr];
     let buf: Vec<u64> = (0..(1usize << 30) / 8).map(|i| i as u64).collect();

@@ -122,7 +122,7 @@ impl<'m> Engine<'m> {
             hidden: d,
             vocab,
             embed,
-            lm_head: layers::Trunk { model, act: opts.activations.trunk() }.matrix(names::LM_HEAD)?,
+            lm_head: layers::Trunk { model, act: opts.activations.head() }.matrix(names::LM_HEAD)?,
             norm: vector_of(model, names::NORM, d)?,
             out_res,
             res_block,

@@ -274,8 +274,8 @@ impl<'m> Engine<'m> {
         k: usize,
     ) -> Result<Vec<(usize, Vec<f32>)>, EngineError> {
         let rec = self.model.expert(key.0, key.1)?.parse(lease.bytes(), false)?;
-        let (r, act) = (&self.rotations, self.opts.activations.experts());
-        let m = |name: &str| Ok::<_, EngineError>(expert_matrix(name, rec.matrix(name)?, r)?.with_activations(act));
+        let (r, act) = (&self.rotations, self.opts.activations);
+        let m = |name: &str| Ok::<_, EngineError>(act.for_experts(expert_matrix(name, rec.matrix(name)?, r)?));
         let mlp = Mlp { gate: m("w1")?, up: m("w3")?, down: m("w2")? };
         let zd = prep.zd;
         let slots: Vec<(usize, usize)> = routings
