@@ -149,6 +149,43 @@ proptest! {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// The fused delta-rule pass gives, at every level, the bits of its three `axpby`s per row
+    /// at that level (column counts off the 8s and 16s exercise the tails); the fast level stays
+    /// within FMA's rounding of the scalar one.
+    #[test]
+    fn the_fused_state_pass_is_its_axpbys((rows, cols) in (1usize..20, 1usize..45), seed in any::<u32>()) {
+        use k3_quant::vecops;
+        let make = |len: usize, s: u32| -> Vec<f32> { (0..len).map(|i| ((i as u32).wrapping_mul(2654435761) ^ s) as f32 / u32::MAX as f32 - 0.5).collect() };
+        let (s0, delta) = (make(rows * cols, seed), make(cols, seed ^ 1));
+        let (decay, k, cu, co) = (make(rows, seed ^ 2), make(rows, seed ^ 3), make(rows, seed ^ 4), make(rows, seed ^ 5));
+        let (u0, o0) = (make(cols, seed ^ 6), make(cols, seed ^ 7));
+        let mut fused = Vec::new();
+        for level in k3_quant::cpu::levels() {
+            let (mut s, mut u, mut o) = (s0.clone(), u0.clone(), o0.clone());
+            vecops::update_then_read_at(level, &mut s, &decay, &k, &delta, (&cu, &co), &mut u, &mut o);
+            let (mut s2, mut u2, mut o2) = (s0.clone(), u0.clone(), o0.clone());
+            for (r, row) in s2.chunks_exact_mut(cols).enumerate() {
+                vecops::axpby_at(level, decay[r], row, k[r], &delta);
+                vecops::axpby_at(level, 1.0, &mut u2, cu[r], row);
+                vecops::axpby_at(level, 1.0, &mut o2, co[r], row);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&s), bits(&s2), "{:?}: state", level);
+            prop_assert_eq!(bits(&u), bits(&u2), "{:?}: u", level);
+            prop_assert_eq!(bits(&o), bits(&o2), "{:?}: o", level);
+            fused.push(o);
+        }
+        // Every level against the scalar one: values of magnitude < 1, rows + 1 roundings each.
+        let tol = vec![4.0 * (rows as f64 + 1.0) * f64::from(f32::EPSILON) * (rows as f64 + 1.0); cols];
+        for o in &fused[1..] {
+            assert_close(o, &fused[0], &tol);
+        }
+    }
+}
+
+proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
     #[test]

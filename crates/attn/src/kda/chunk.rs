@@ -8,7 +8,7 @@
 use k3_quant::Matrix;
 use rayon::prelude::*;
 
-use super::recurrence::{HeadScratch, Position, from_heads, to_heads};
+use super::recurrence::{from_heads, to_heads};
 use super::{Kda, KdaState, OutputGate};
 use crate::ops::{rms_norm, sigmoid};
 
@@ -83,7 +83,6 @@ struct HeadTask<'x> {
     h: usize,
     /// The sequence's first row in the chunk.
     row0: usize,
-    n: usize,
     qkv: [&'x mut [f32]; 3],
     y: &'x mut [f32],
     s: &'x mut [f32],
@@ -183,7 +182,7 @@ impl Kda<'_> {
             for (h, ((((q, k), v), y), (s, win))) in
                 parts.zip(ys.chunks_mut(ni * hd)).zip(state.heads(hd, kern)).enumerate()
             {
-                tasks.push(HeadTask { h, row0, n: ni, qkv: [q, k, v], y, s, win });
+                tasks.push(HeadTask { h, row0, qkv: [q, k, v], y, s, win });
             }
             row0 += ni;
         }
@@ -219,17 +218,9 @@ impl Kda<'_> {
             .zip(state.heads(hd, kern))
             .enumerate()
             .collect();
-        run_tasks(tasks, upto * c * hd, |(h, (((q, k), v), (s, [wq, wk, wv])))| {
-            let mut sc = HeadScratch::new(hd);
-            for t in 0..upto {
-                let r = t * hd..(t + 1) * hd;
-                let pos = Position {
-                    qkv: [&mut q[r.clone()], &mut k[r.clone()], &mut v[r]],
-                    z: &tape.z[t * c + h * hd..t * c + (h + 1) * hd],
-                    b: tape.b[t * heads + h],
-                };
-                self.advance(h, pos, s, [&mut *wq, &mut *wk, &mut *wv], &mut sc);
-            }
+        run_tasks(tasks, upto * c * hd, |(h, (((q, k), v), (s, win)))| {
+            let z = |t: usize| &tape.z[t * c + h * hd..t * c + (h + 1) * hd];
+            self.run_head(h, [q, k, v], z, |t| tape.b[t * heads + h], s, win, |_, _| {});
         });
     }
 
@@ -256,24 +247,17 @@ impl Kda<'_> {
     /// The recurrence of one head over one sequence's rows, from its projections (head-major
     /// `[n, hd]`); writes the head's gated outputs.
     fn head(&self, task: HeadTask<'_>, p: &Proj) {
-        let HeadTask { h, row0, n, qkv: [q, k, v], y, s, win: [wq, wk, wv] } = task;
+        let HeadTask { h, row0, qkv, y, s, win } = task;
         let (hd, c, heads) = (self.cfg.head_dim, self.cfg.channels(), self.cfg.heads);
-        let mut sc = HeadScratch::new(hd);
-        for t in 0..n {
-            let r = t * hd..(t + 1) * hd;
-            let row = row0 + t;
-            let pos = Position {
-                qkv: [&mut q[r.clone()], &mut k[r.clone()], &mut v[r.clone()]],
-                z: &p.z[row * c + h * hd..row * c + (h + 1) * hd],
-                b: p.b[row * heads + h],
-            };
-            self.advance(h, pos, s, [&mut *wq, &mut *wk, &mut *wv], &mut sc);
-            let yh = &mut y[r];
-            rms_norm(&sc.a, &self.w.o_norm, self.cfg.norm_eps, yh);
-            for (yv, gv) in yh.iter_mut().zip(&p.gate[row * c + h * hd..row * c + (h + 1) * hd]) {
+        let head = |row: usize| row * c + h * hd..row * c + (h + 1) * hd;
+        let emit = |t: usize, a: &[f32]| {
+            let yh = &mut y[t * hd..(t + 1) * hd];
+            rms_norm(a, &self.w.o_norm, self.cfg.norm_eps, yh);
+            for (yv, gv) in yh.iter_mut().zip(&p.gate[head(row0 + t)]) {
                 *yv *= sigmoid(*gv);
             }
-        }
+        };
+        self.run_head(h, qkv, |t| &p.z[head(row0 + t)], |t| p.b[(row0 + t) * heads + h], s, win, emit);
     }
 }
 

@@ -13,7 +13,9 @@
 //!
 //! The state pass is fused: one read of `S` gives `u = sum_k e^{g_k} k_k S[k]` and
 //! `a = sum_k e^{g_k} q_k S[k]`; then `delta = beta (v - u)`, `o = a + (k . q) delta` (which is
-//! `S_new^T q`), and one read-modify-write gives `S[k] <- e^{g_k} S[k] + k_k delta`.
+//! `S_new^T q`), and one read-modify-write gives `S[k] <- e^{g_k} S[k] + k_k delta`. Over a
+//! chunk, that write and the next position's read are one pass (`vecops::update_then_read`,
+//! the same arithmetic per value): one pass over `S` a position instead of two.
 
 mod chunk;
 mod recurrence;

@@ -1,60 +1,77 @@
-//! One head's recurrence, position by position, and the layout helpers around it. The same
-//! `advance` runs when a chunk is computed and when a tentative chunk's accepted positions are
+//! One head's recurrence over a run of positions, and the layout helpers around it. The same
+//! `run_head` runs when a chunk is computed and when a tentative chunk's accepted positions are
 //! committed later, so both leave the state with the same bits.
 
-use k3_quant::vecops::{axpby, dot};
+use k3_quant::vecops::{axpby, dot, update_then_read};
 
 use super::{Kda, KdaGate};
 use crate::ops::{sigmoid, silu, softplus};
 
-/// Working memory of one head's recurrence: `u`, the per-channel decay, and `a` (`S^T q` after
-/// the update).
-pub(super) struct HeadScratch {
-    u: Vec<f32>,
-    decay: Vec<f32>,
-    pub a: Vec<f32>,
-}
-
-impl HeadScratch {
-    pub fn new(hd: usize) -> HeadScratch {
-        HeadScratch { u: vec![0.0; hd], decay: vec![0.0; hd], a: vec![0.0; hd] }
-    }
-}
-
-/// One position of one head: its pre-convolution `q, k, v` (convolved in place), the gate's `z`
-/// (before `dt_bias`) and beta's logit.
-pub(super) struct Position<'x> {
-    pub qkv: [&'x mut [f32]; 3],
-    pub z: &'x [f32],
-    pub b: f32,
-}
-
 impl Kda<'_> {
-    /// Advances head `h` by one position: the convolutions advance `win`, q and k are
-    /// normalized, the gate gives the decay, the delta rule updates `s`; leaves `S^T q` in
-    /// `sc.a`.
-    pub(super) fn advance(
+    /// Runs head `h` over `n` positions (`q, k, v` head-major `[n, hd]`, convolved in place;
+    /// `z(t)` and `b(t)` the gate's inputs of position `t`), advancing its state `s` and
+    /// convolution windows `win`, and hands `S^T q` after each position's update to `emit`.
+    ///
+    /// Everything that does not depend on the state (convolutions, norms, gates) is done for
+    /// every position first; then each position's update of `S` and the next one's read of it
+    /// share one pass ([`update_then_read`]). Each value is computed as by
+    /// [`delta_rule`] position after position, so any split of the positions into chunks — a
+    /// decode step is one — leaves the same bits.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_head<'z>(
         &self,
         h: usize,
-        pos: Position<'_>,
+        [q, k, v]: [&mut [f32]; 3],
+        z: impl Fn(usize) -> &'z [f32],
+        b: impl Fn(usize) -> f32,
         s: &mut [f32],
-        win: [&mut [f32]; 3],
-        sc: &mut HeadScratch,
+        [win_q, win_k, win_v]: [&mut [f32]; 3],
+        mut emit: impl FnMut(usize, &[f32]),
     ) {
         let (hd, kern) = (self.cfg.head_dim, self.cfg.conv_kernel);
+        let n = q.len() / hd;
         let taps = h * hd * kern..(h + 1) * hd * kern;
-        let Position { qkv: [qh, kh, vh], z, b } = pos;
-        let [win_q, win_k, win_v] = win;
-        conv_silu(qh, win_q, &self.w.q_conv[taps.clone()], kern);
-        conv_silu(kh, win_k, &self.w.k_conv[taps.clone()], kern);
-        conv_silu(vh, win_v, &self.w.v_conv[taps], kern);
-        let q_scale = 1.0 / (hd as f32).sqrt();
-        let qn = 1.0 / (qh.iter().map(|x| x * x).sum::<f32>() + 1e-6).sqrt() * q_scale;
-        qh.iter_mut().for_each(|x| *x *= qn);
-        let kn = 1.0 / (kh.iter().map(|x| x * x).sum::<f32>() + 1e-6).sqrt();
-        kh.iter_mut().for_each(|x| *x *= kn);
+        let mut decay = vec![0f32; n * hd];
+        let beta: Vec<f32> = (0..n).map(|t| sigmoid(b(t))).collect();
+        for t in 0..n {
+            let r = t * hd..(t + 1) * hd;
+            conv_silu(&mut q[r.clone()], win_q, &self.w.q_conv[taps.clone()], kern);
+            conv_silu(&mut k[r.clone()], win_k, &self.w.k_conv[taps.clone()], kern);
+            conv_silu(&mut v[r.clone()], win_v, &self.w.v_conv[taps.clone()], kern);
+            normalize(&mut q[r.clone()], &mut k[r.clone()]);
+            self.decay(h, z(t), &mut decay[r]);
+        }
+        let pos = |t: usize| t * hd..(t + 1) * hd;
+        let (mut u, mut a) = (vec![0f32; hd], vec![0f32; hd]);
+        let (mut u_next, mut a_next) = (vec![0f32; hd], vec![0f32; hd]);
+        let (mut cu, mut co) = (vec![0f32; hd], vec![0f32; hd]);
+        read(s, &decay[pos(0)], &k[pos(0)], &q[pos(0)], &mut u, &mut a);
+        for t in 0..n {
+            let (qt, kt, vt, dt) = (&q[pos(t)], &k[pos(t)], &v[pos(t)], &decay[pos(t)]);
+            finish(qt, kt, vt, beta[t], &mut u, &mut a);
+            emit(t, &a);
+            if t + 1 == n {
+                update(s, dt, kt, &u);
+                break;
+            }
+            // The next position's read weights, as `read` forms them.
+            let (dn, kn, qn) = (&decay[pos(t + 1)], &k[pos(t + 1)], &q[pos(t + 1)]);
+            for c in 0..hd {
+                (cu[c], co[c]) = (dn[c] * kn[c], dn[c] * qn[c]);
+            }
+            u_next.fill(0.0);
+            a_next.fill(0.0);
+            update_then_read(s, dt, kt, &u, (&cu, &co), &mut u_next, &mut a_next);
+            std::mem::swap(&mut u, &mut u_next);
+            std::mem::swap(&mut a, &mut a_next);
+        }
+    }
+
+    /// Head `h`'s per-channel decay `exp(g)` from the gate's `z` (before `dt_bias`).
+    fn decay(&self, h: usize, z: &[f32], out: &mut [f32]) {
+        let hd = self.cfg.head_dim;
         let a_exp = self.w.a_log[h].exp();
-        for ((dc, zc), db) in sc.decay.iter_mut().zip(z).zip(&self.w.dt_bias[h * hd..(h + 1) * hd]) {
+        for ((dc, zc), db) in out.iter_mut().zip(z).zip(&self.w.dt_bias[h * hd..(h + 1) * hd]) {
             let zc = zc + db;
             let g = match self.cfg.gate {
                 KdaGate::LowerBound(lb) => lb * sigmoid(a_exp * zc),
@@ -62,8 +79,16 @@ impl Kda<'_> {
             };
             *dc = g.exp();
         }
-        delta_rule(s, qh, kh, vh, &sc.decay, sigmoid(b), &mut sc.u, &mut sc.a);
     }
+}
+
+/// `q <- q / |q| * hd^-0.5`, `k <- k / |k|` (each with 1e-6 under the root).
+fn normalize(q: &mut [f32], k: &mut [f32]) {
+    let q_scale = 1.0 / (q.len() as f32).sqrt();
+    let qn = 1.0 / (q.iter().map(|x| x * x).sum::<f32>() + 1e-6).sqrt() * q_scale;
+    q.iter_mut().for_each(|x| *x *= qn);
+    let kn = 1.0 / (k.iter().map(|x| x * x).sum::<f32>() + 1e-6).sqrt();
+    k.iter_mut().for_each(|x| *x *= kn);
 }
 
 /// `[n, H*hd]` token-major to `[H, n, hd]` head-major.
@@ -90,9 +115,9 @@ pub(super) fn from_heads(hm: &[f32], n: usize, hd: usize, out: &mut [f32]) {
     }
 }
 
-/// The gated delta rule for one head, fused into two passes over the state `s` (`[hd][hd]`,
-/// `S[k][v]`): `S <- diag(decay) S; u = S^T k; S <- S + k (beta (v - u))^T`; writes
-/// `o = S^T q` (the updated state) into `o`. `u` is scratch of `hd` values.
+/// The gated delta rule for one head and one position, in two passes over the state `s`
+/// (`[hd][hd]`, `S[k][v]`): `S <- diag(decay) S; u = S^T k; S <- S + k (beta (v - u))^T`;
+/// writes `o = S^T q` (the updated state) into `o`. `u` is scratch of `hd` values.
 #[allow(clippy::too_many_arguments)]
 pub fn delta_rule(
     s: &mut [f32],
@@ -104,22 +129,33 @@ pub fn delta_rule(
     u: &mut [f32],
     o: &mut [f32],
 ) {
-    let hd = q.len();
-    // One read of S: u = S_decayed^T k, o = S_decayed^T q.
+    read(s, decay, k, q, u, o);
+    finish(q, k, v, beta, u, o);
+    update(s, decay, k, u);
+}
+
+/// One read of the decayed state: `u = S_decayed^T k`, `o = S_decayed^T q`.
+fn read(s: &[f32], decay: &[f32], k: &[f32], q: &[f32], u: &mut [f32], o: &mut [f32]) {
     u.fill(0.0);
     o.fill(0.0);
-    for (kk, row) in s.chunks_exact(hd).enumerate() {
+    for (kk, row) in s.chunks_exact(q.len()).enumerate() {
         axpby(1.0, u, decay[kk] * k[kk], row);
         axpby(1.0, o, decay[kk] * q[kk], row);
     }
-    // delta = beta (v - u); o += (k . q) delta, which makes o = S_new^T q.
+}
+
+/// `u <- delta = beta (v - u)`; `o += (k . q) delta`, which makes `o = S_new^T q`.
+fn finish(q: &[f32], k: &[f32], v: &[f32], beta: f32, u: &mut [f32], o: &mut [f32]) {
     for (uv, vv) in u.iter_mut().zip(v) {
         *uv = beta * (vv - *uv);
     }
     axpby(1.0, o, dot(k, q), u);
-    // One read-modify-write of S: S[k] <- decay_k S[k] + k_k delta.
-    for (kk, row) in s.chunks_exact_mut(hd).enumerate() {
-        axpby(decay[kk], row, k[kk], u);
+}
+
+/// One read-modify-write of the state: `S[k] <- decay_k S[k] + k_k delta`.
+fn update(s: &mut [f32], decay: &[f32], k: &[f32], delta: &[f32]) {
+    for (kk, row) in s.chunks_exact_mut(delta.len()).enumerate() {
+        axpby(decay[kk], row, k[kk], delta);
     }
 }
 
