@@ -9,6 +9,8 @@ use super::{Bf16Batch, LANES, Weights};
 /// word in the rest of the 32 registers.
 const R: usize = 4;
 const G: usize = 3;
+// The output transpose (`Out::store`) is written for 4 rows.
+const _: () = assert!(R == 4);
 
 /// `ys` `[n, rows]` = `W X`. Rows are decoded a tile at a time into pair words, then applied to
 /// the vectors sixteen to a register: lane `l` of an accumulator is vector `l` of its group, so
@@ -16,9 +18,9 @@ const G: usize = 3;
 /// in: the reference's bits.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and BF16; `w` has `rows` rows of `x.cols()` columns, and `ys` holds
+/// The CPU has AVX-512 F/BW/VL and BF16; `w` has `rows` rows of `x.cols()` columns, and `ys` holds
 /// `x.vectors() * rows` values.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub(super) unsafe fn matmul(w: &Weights<'_>, rows: usize, x: &Bf16Batch, ys: &mut [f32]) {
     let (cols, n) = (x.cols(), x.vectors());
     let (pairs, per_group) = (cols / 2, w.group_pairs(cols));
@@ -73,8 +75,8 @@ pub(super) unsafe fn matmul(w: &Weights<'_>, rows: usize, x: &Bf16Batch, ys: &mu
 /// Returns where the row's words are.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW and BF16; row `r` exists and `out` holds `cols / 2` words.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+/// The CPU has AVX-512 F/BW/VL and BF16; row `r` exists and `out` holds `cols / 2` words.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn decode(w: &Weights<'_>, r: usize, cols: usize, out: &mut [u32]) -> *const u32 {
     match *w {
         Weights::Bf16(b) => b[r * cols..][..cols].as_ptr().cast(),
@@ -135,9 +137,9 @@ impl Tile {
     /// group); indices read clearer than iterators here.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F and BF16; groups `g0..g0 + GT` exist in `x`, whose columns are the
+    /// The CPU has AVX-512 F/BW/VL and BF16; groups `g0..g0 + GT` exist in `x`, whose columns are the
     /// tile's.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     #[inline]
     #[allow(clippy::needless_range_loop)]
     unsafe fn run<const GT: usize, const GROUPED: bool>(&self, x: &Bf16Batch, g0: usize) -> [[__m512; GT]; R] {
@@ -189,26 +191,44 @@ struct Out {
 }
 
 impl Out {
-    /// Stores each (row, vector) sum, times its row's scale when given.
+    /// Stores each (row, vector) sum, times its row's scale when given. The 4 rows' registers
+    /// are transposed so each vector's 4 consecutive outputs go out in one 128-bit store (the
+    /// matrix's rows are `ys`'s columns) rather than 4 scalar ones.
     ///
     /// # Safety
-    /// `ys` holds `n * rows` values.
-    #[target_feature(enable = "avx512f")]
+    /// The CPU has AVX-512 F/VL; `ys` holds `n * rows` values.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    #[inline]
     unsafe fn store<const GT: usize>(&self, acc: &[[__m512; GT]; R]) {
-        let mut lane = [0f32; LANES];
-        for (i, regs) in acc.iter().enumerate().take(self.rn) {
-            for (g, reg) in regs.iter().enumerate() {
-                let y = match self.row_scale {
-                    Some(s) => _mm512_mul_ps(*reg, _mm512_set1_ps(s[i])),
-                    None => *reg,
-                };
-                // SAFETY: `lane` holds LANES floats.
-                unsafe { _mm512_storeu_ps(lane.as_mut_ptr(), y) };
-                for (l, y) in lane.iter().enumerate() {
-                    let v = (self.g0 + g) * LANES + l;
+        // Rows past the end are not written: a mask of the first `rn` of 4.
+        let rows_mask: __mmask8 = (1u8 << self.rn) - 1;
+        for g in 0..GT {
+            let y: [__m512; R] = std::array::from_fn(|i| match self.row_scale {
+                Some(s) => _mm512_mul_ps(acc[i][g], _mm512_set1_ps(s[i])),
+                None => acc[i][g],
+            });
+            // Per 128-bit lane j: `by_vector[m]` holds vector 4j + m's four rows.
+            let (lo01, hi01) = (_mm512_unpacklo_ps(y[0], y[1]), _mm512_unpackhi_ps(y[0], y[1]));
+            let (lo23, hi23) = (_mm512_unpacklo_ps(y[2], y[3]), _mm512_unpackhi_ps(y[2], y[3]));
+            let by_vector = [
+                _mm512_shuffle_ps::<0x44>(lo01, lo23),
+                _mm512_shuffle_ps::<0xee>(lo01, lo23),
+                _mm512_shuffle_ps::<0x44>(hi01, hi23),
+                _mm512_shuffle_ps::<0xee>(hi01, hi23),
+            ];
+            for (m, reg) in by_vector.into_iter().enumerate() {
+                let quarters = [
+                    _mm512_extractf32x4_ps::<0>(reg),
+                    _mm512_extractf32x4_ps::<1>(reg),
+                    _mm512_extractf32x4_ps::<2>(reg),
+                    _mm512_extractf32x4_ps::<3>(reg),
+                ];
+                for (j, rows4) in quarters.into_iter().enumerate() {
+                    let v = (self.g0 + g) * LANES + 4 * j + m;
                     if v < self.n {
-                        // SAFETY: (vector v < n, row r0 + i < rows) is inside `ys`.
-                        unsafe { *self.ys.add(v * self.rows + self.r0 + i) = *y };
+                        // SAFETY: (vector v < n, rows r0..r0 + rn <= rows) are inside `ys`; the
+                        // mask writes only those.
+                        unsafe { _mm_mask_storeu_ps(self.ys.add(v * self.rows + self.r0), rows_mask, rows4) };
                     }
                 }
             }

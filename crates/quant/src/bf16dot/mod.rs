@@ -276,7 +276,8 @@ pub fn matmul_at(level: Level, w: &Weights<'_>, x: &Bf16Batch, ys: &mut [f32]) {
     assert_eq!(ys.len(), x.n * rows, "ys is not {} vectors of {rows}", x.n);
     if available_at(supported(level)) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `available_at` is true only where the CPU has AVX-512 F and BF16; the parts
+        // SAFETY: `available_at` is true only at the AVX-512 level (F, BW, VL among its features)
+        // on a CPU with BF16; the parts
         // were checked against `rows` and `x.cols` above, and `ys` against both.
         return unsafe { avx512::matmul(w, rows, x, ys) };
     }
