@@ -199,6 +199,7 @@ impl Out {
     /// The CPU has AVX-512 F/VL; `ys` holds `n * rows` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     #[inline]
+    #[allow(clippy::needless_range_loop)]
     unsafe fn store<const GT: usize>(&self, acc: &[[__m512; GT]; R]) {
         // Rows past the end are not written: a mask of the first `rn` of 4.
         let rows_mask: __mmask8 = (1u8 << self.rn) - 1;
