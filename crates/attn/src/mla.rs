@@ -290,6 +290,7 @@ impl<'a> Mla<'a> {
         // Each row attends on its own thread; a single row's heads are split instead. Either way
         // every (row, head) is computed whole by one thread: the same bits on any pool.
         let caches: Vec<&MlaCache> = seqs.iter().map(|s| &*s.cache).collect();
+        let qabs = self.absorbed_queries(&q, n);
         let mut ctx = vec![0f32; n * h * cfg.v_dim];
         let seen: usize = rows.iter().map(|&(_, len)| len).sum();
         let parallel = h * seen * (l + r) >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
@@ -297,18 +298,18 @@ impl<'a> Mla<'a> {
         if n > 1 && parallel {
             ctx.par_chunks_mut(hv).enumerate().for_each(|(t, c)| {
                 let (i, len) = rows[t];
-                self.attend_heads(caches[i], &q, t, len, 0, c)
+                self.attend_heads(caches[i], &q, &qabs, t, len, 0, c)
             });
         } else if parallel {
             let (i, len) = rows[0];
             let group = h.div_ceil(rayon::current_num_threads() * 2).max(1);
             ctx.par_chunks_mut(group * cfg.v_dim)
                 .enumerate()
-                .for_each(|(g, c)| self.attend_heads(caches[i], &q, 0, len, g * group, c));
+                .for_each(|(g, c)| self.attend_heads(caches[i], &q, &qabs, 0, len, g * group, c));
         } else {
             for (t, c) in ctx.chunks_mut(hv).enumerate() {
                 let (i, len) = rows[t];
-                self.attend_heads(caches[i], &q, t, len, 0, c);
+                self.attend_heads(caches[i], &q, &qabs, t, len, 0, c);
             }
         }
         if !gate.is_empty() {
@@ -339,26 +340,62 @@ impl<'a> Mla<'a> {
         q
     }
 
-    /// Token `t` (of the chunk whose queries are `q`) attends over the first `len` cached
-    /// positions with heads `h0..`, as many as `ctx` (`[heads, v_dim]`) holds.
-    fn attend_heads(&self, cache: &MlaCache, q: &[f32], t: usize, len: usize, h0: usize, ctx: &mut [f32]) {
+    /// Every row's absorbed queries `[n, H, kv_lora]`: head `h`'s `W_uk^T q_nope` for all rows
+    /// at once (`matmul_transposed`: each weight row widened once for the chunk, each row's bits
+    /// those of its own product), heads split over the pool when worth it.
+    fn absorbed_queries(&self, q: &[f32], n: usize) -> Vec<f32> {
+        let cfg = &self.cfg;
+        let (h, l, qh) = (cfg.heads, cfg.kv_lora, cfg.nope + cfg.rope);
+        let head = |hd: usize| {
+            let wuk = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim), cfg.nope).expect("dense kv_b");
+            let xs: Vec<f32> = q.chunks_exact(qh).skip(hd).step_by(h).flat_map(|qt| &qt[..cfg.nope]).copied().collect();
+            let mut out = vec![0f32; n * l];
+            wuk.matmul_transposed(&xs, &mut out).expect("dense kv_b");
+            out
+        };
+        let per_head: Vec<Vec<f32>> =
+            if n * h * cfg.nope * l >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1 {
+                (0..h).into_par_iter().map(head).collect()
+            } else {
+                (0..h).map(head).collect()
+            };
+        let mut qabs = vec![0f32; n * h * l];
+        for (hd, out) in per_head.iter().enumerate() {
+            for (t, row) in out.chunks_exact(l).enumerate() {
+                qabs[(t * h + hd) * l..(t * h + hd + 1) * l].copy_from_slice(row);
+            }
+        }
+        qabs
+    }
+
+    /// Token `t` (of the chunk whose queries are `q` and absorbed queries `qabs`) attends over
+    /// the first `len` cached positions with heads `h0..`, as many as `ctx` (`[heads, v_dim]`)
+    /// holds.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_heads(
+        &self,
+        cache: &MlaCache,
+        q: &[f32],
+        qabs: &[f32],
+        t: usize,
+        len: usize,
+        h0: usize,
+        ctx: &mut [f32],
+    ) {
         let cfg = &self.cfg;
         let (l, r, qh) = (cfg.kv_lora, cfg.rope, cfg.nope + cfg.rope);
         let heads = ctx.len() / cfg.v_dim;
         let qt = &q[(t * cfg.heads + h0) * qh..(t * cfg.heads + h0 + heads) * qh];
-        let (mut qabs, mut qext, mut lat) = (vec![0f32; heads * l], vec![0f32; heads * r], vec![0f32; heads * l]);
+        let qabs = &qabs[(t * cfg.heads + h0) * l..(t * cfg.heads + h0 + heads) * l];
+        let (mut qext, mut lat) = (vec![0f32; heads * r], vec![0f32; heads * l]);
         for i in 0..heads {
-            let hd = h0 + i;
-            let qhd = &qt[i * qh..(i + 1) * qh];
-            let wuk = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim), cfg.nope).expect("dense kv_b");
-            wuk.matvec_transposed(&qhd[..cfg.nope], &mut qabs[i * l..(i + 1) * l]).expect("dense kv_b");
-            qext[i * r..(i + 1) * r].copy_from_slice(&qhd[cfg.nope..]);
+            qext[i * r..(i + 1) * r].copy_from_slice(&qt[i * qh + cfg.nope..(i + 1) * qh]);
         }
         let scale = match &self.rope {
             Some(rope) => (rope.softmax_factor / (qh as f64).sqrt()) as f32,
             None => 1.0 / (qh as f32).sqrt(),
         };
-        attend(&qabs, &qext, &cache.c, &cache.kext, len, l, r, scale, &mut lat);
+        attend(qabs, &qext, &cache.c, &cache.kext, len, l, r, scale, &mut lat);
         for i in 0..heads {
             let hd = h0 + i;
             let wuv = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim) + cfg.nope, cfg.v_dim).expect("dense kv_b");

@@ -221,23 +221,38 @@ impl<'a> Matrix<'a> {
     /// `y = W^T x` (`x` has `rows` entries, `y` gets `cols`), for dense matrices only: the
     /// absorbed MLA query needs the key projection transposed. `None` for quantized encodings.
     pub fn matvec_transposed(&self, x: &[f32], y: &mut [f32]) -> Option<()> {
-        assert_eq!(x.len(), self.rows(), "x has {} entries for {} rows", x.len(), self.rows());
-        assert_eq!(y.len(), self.cols(), "y has {} entries for {} columns", y.len(), self.cols());
-        y.fill(0.0);
-        let cols = self.cols();
+        self.matmul_transposed(x, y)
+    }
+
+    /// `Y = X W` for `n` vectors (`xs` `[n, rows]`, `ys` `[n, cols]`): each vector's
+    /// [`matvec_transposed`](Self::matvec_transposed), a bf16 row widened once for all of them.
+    /// The same bits per vector as alone. `None` for quantized encodings.
+    pub fn matmul_transposed(&self, xs: &[f32], ys: &mut [f32]) -> Option<()> {
+        let (rows, cols) = (self.rows(), self.cols());
+        let n = xs.len() / rows.max(1);
+        assert_eq!(xs.len(), n * rows, "xs is not whole {rows}-vectors");
+        assert_eq!(ys.len(), n * cols, "ys is not {n} vectors of {cols}");
+        // Row r of W times each vector's value r, added to that vector's output: rows in order.
+        let apply = |r: usize, row: &[f32], ys: &mut [f32]| {
+            for (y, x) in ys.chunks_exact_mut(cols).zip(xs.chunks_exact(rows)) {
+                crate::vecops::axpby(1.0, y, x[r], row);
+            }
+        };
         match *self {
             Matrix::F32 { w, .. } => {
-                for (row, xv) in w.chunks_exact(cols).zip(x) {
-                    crate::vecops::axpby(1.0, y, *xv, row);
+                ys.fill(0.0);
+                for (r, row) in w.chunks_exact(cols).enumerate() {
+                    apply(r, row, ys);
                 }
             }
             Matrix::Bf16 { w, .. } => {
+                ys.fill(0.0);
                 let mut row = vec![0f32; cols];
-                for (r, xv) in w.chunks_exact(cols).zip(x) {
-                    for (d, s) in row.iter_mut().zip(r) {
+                for (r, src) in w.chunks_exact(cols).enumerate() {
+                    for (d, s) in row.iter_mut().zip(src) {
                         *d = s.to_f32();
                     }
-                    crate::vecops::axpby(1.0, y, *xv, &row);
+                    apply(r, &row, ys);
                 }
             }
             _ => return None,

@@ -186,6 +186,37 @@ proptest! {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    /// `X W` for a batch gives each vector the bits of `W^T x` alone (f32 and bf16), within f32
+    /// summation of the product computed in f64.
+    #[test]
+    fn transposed_products_batch_bit_for_bit((rows, cols, n) in (1usize..20, 1usize..40, 1usize..7), seed in any::<u32>()) {
+        use k3_quant::Matrix;
+        let make = |len: usize, s: u32| -> Vec<f32> { (0..len).map(|i| ((i as u32).wrapping_mul(2654435761) ^ s) as f32 / u32::MAX as f32 - 0.5).collect() };
+        let (w, xs) = (make(rows * cols, seed), make(n * rows, seed ^ 1));
+        let wb: Vec<bf16> = w.iter().map(|v| bf16::from_f32(*v)).collect();
+        let wbf: Vec<f32> = wb.iter().map(|v| v.to_f32()).collect();
+        for (m, dense) in [(Matrix::f32(&w, rows, cols).unwrap(), &w), (Matrix::bf16(&wb, rows, cols).unwrap(), &wbf)] {
+            let mut batch = vec![0f32; n * cols];
+            m.matmul_transposed(&xs, &mut batch).unwrap();
+            for (x, yb) in xs.chunks_exact(rows).zip(batch.chunks_exact(cols)) {
+                let mut y = vec![0f32; cols];
+                m.matvec_transposed(x, &mut y).unwrap();
+                prop_assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), yb.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                let want: Vec<f32> = (0..cols).map(|c| (0..rows).map(|r| f64::from(dense[r * cols + c]) * f64::from(x[r])).sum::<f64>() as f32).collect();
+                let tol: Vec<f64> = (0..cols).map(|c| sum_tolerance(rows, (0..rows).map(|r| f64::from((dense[r * cols + c] * x[r]).abs())).sum())).collect();
+                assert_close(yb, &want, &tol);
+            }
+        }
+        let q: Vec<i8> = vec![1; rows * cols];
+        let s = vec![1f32; rows];
+        let quantized = Matrix::Int8Row { q: &q, scale: &s, rows, cols, act: k3_quant::Activations::Exact };
+        prop_assert!(quantized.matmul_transposed(&xs, &mut vec![0f32; n * cols]).is_none());
+    }
+}
+
+proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
     #[test]
