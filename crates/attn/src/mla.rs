@@ -290,7 +290,10 @@ impl<'a> Mla<'a> {
         // Each row attends on its own thread; a single row's heads are split instead. Either way
         // every (row, head) is computed whole by one thread: the same bits on any pool.
         let caches: Vec<&MlaCache> = seqs.iter().map(|s| &*s.cache).collect();
-        let qabs = self.absorbed_queries(&q, n);
+        // A chunk's absorbed queries at once; a lone row (decode) forms its heads' own inside the
+        // head-parallel attention below, one fork-join rather than two.
+        let qabs = if n > 1 { Some(self.absorbed_queries(&q, n)) } else { None };
+        let qabs = qabs.as_deref();
         let mut ctx = vec![0f32; n * h * cfg.v_dim];
         let seen: usize = rows.iter().map(|&(_, len)| len).sum();
         let parallel = h * seen * (l + r) >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
@@ -298,18 +301,18 @@ impl<'a> Mla<'a> {
         if n > 1 && parallel {
             ctx.par_chunks_mut(hv).enumerate().for_each(|(t, c)| {
                 let (i, len) = rows[t];
-                self.attend_heads(caches[i], &q, &qabs, t, len, 0, c)
+                self.attend_heads(caches[i], &q, qabs, t, len, 0, c)
             });
         } else if parallel {
             let (i, len) = rows[0];
             let group = h.div_ceil(rayon::current_num_threads() * 2).max(1);
             ctx.par_chunks_mut(group * cfg.v_dim)
                 .enumerate()
-                .for_each(|(g, c)| self.attend_heads(caches[i], &q, &qabs, 0, len, g * group, c));
+                .for_each(|(g, c)| self.attend_heads(caches[i], &q, qabs, 0, len, g * group, c));
         } else {
             for (t, c) in ctx.chunks_mut(hv).enumerate() {
                 let (i, len) = rows[t];
-                self.attend_heads(caches[i], &q, &qabs, t, len, 0, c);
+                self.attend_heads(caches[i], &q, qabs, t, len, 0, c);
             }
         }
         if !gate.is_empty() {
@@ -368,15 +371,15 @@ impl<'a> Mla<'a> {
         qabs
     }
 
-    /// Token `t` (of the chunk whose queries are `q` and absorbed queries `qabs`) attends over
-    /// the first `len` cached positions with heads `h0..`, as many as `ctx` (`[heads, v_dim]`)
-    /// holds.
+    /// Token `t` (of the chunk whose queries are `q` and absorbed queries `qabs`, or `None` to
+    /// form them here) attends over the first `len` cached positions with heads `h0..`, as many
+    /// as `ctx` (`[heads, v_dim]`) holds.
     #[allow(clippy::too_many_arguments)]
     fn attend_heads(
         &self,
         cache: &MlaCache,
         q: &[f32],
-        qabs: &[f32],
+        qabs: Option<&[f32]>,
         t: usize,
         len: usize,
         h0: usize,
@@ -386,7 +389,18 @@ impl<'a> Mla<'a> {
         let (l, r, qh) = (cfg.kv_lora, cfg.rope, cfg.nope + cfg.rope);
         let heads = ctx.len() / cfg.v_dim;
         let qt = &q[(t * cfg.heads + h0) * qh..(t * cfg.heads + h0 + heads) * qh];
-        let qabs = &qabs[(t * cfg.heads + h0) * l..(t * cfg.heads + h0 + heads) * l];
+        let mut own = Vec::new();
+        let qabs = match qabs {
+            Some(all) => &all[(t * cfg.heads + h0) * l..(t * cfg.heads + h0 + heads) * l],
+            None => {
+                own.resize(heads * l, 0.0);
+                for (i, out) in own.chunks_exact_mut(l).enumerate() {
+                    let wuk = self.w.kv_b.rows_view((h0 + i) * (cfg.nope + cfg.v_dim), cfg.nope).expect("dense kv_b");
+                    wuk.matvec_transposed(&qt[i * qh..i * qh + cfg.nope], out).expect("dense kv_b");
+                }
+                &own[..]
+            }
+        };
         let (mut qext, mut lat) = (vec![0f32; heads * r], vec![0f32; heads * l]);
         for i in 0..heads {
             qext[i * r..(i + 1) * r].copy_from_slice(&qt[i * qh + cfg.nope..(i + 1) * qh]);
