@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_close, fast, sum_tolerance};
+use common::{assert_close, exact_products, fast, sum_tolerance};
 use half::{bf16, f16};
 use k3_quant::bf16dot::{self, Bf16Batch, Weights};
 use k3_quant::cpu::Level;
@@ -97,10 +97,7 @@ proptest! {
         prop_assert_eq!(bits(&got), bits(&want));
         // Against f32 activations: each is off by at most 2^-8 of itself (half a unit in its 8th bit), then f32 sums.
         let dense = p.decoded(rows, cols);
-        let mut exact = vec![0f32; n * rows];
-        for (xv, y) in xs.chunks(cols).zip(exact.chunks_mut(rows)) {
-            dense::matvec_f32_at(Level::Scalar, &dense, xv, y);
-        }
+        let exact = exact_products(&dense, &xs, rows, cols);
         let bound: Vec<f64> = xs.chunks(cols).flat_map(|xv| {
             let dense = &dense;
             (0..rows).map(move |r| {

@@ -3,11 +3,11 @@
 
 mod common;
 
-use common::{assert_close, fast, sum_tolerance};
+use common::{assert_close, exact_products, fast, sum_tolerance};
 use half::f16;
 use k3_quant::cpu::Level;
 use k3_quant::q8::{self, Q8Batch};
-use k3_quant::{dense, int4, mxfp4};
+use k3_quant::{int4, mxfp4};
 use proptest::prelude::*;
 
 /// A weight matrix in one of the three encodings, with its decoded f32 values.
@@ -108,10 +108,7 @@ proptest! {
             assert_close(&got, &want, &tol);
         }
         // Against f32 activations: each activation is off by at most half its block's step.
-        let mut exact = vec![0f32; n * rows];
-        for (xv, y) in xs.chunks(cols).zip(exact.chunks_mut(rows)) {
-            dense::matvec_f32_at(Level::Scalar, &dense, xv, y);
-        }
+        let exact = exact_products(&dense, &xs, rows, cols);
         let bound: Vec<f64> = xs.chunks(cols).flat_map(|xv| {
             let dense = &dense;
             (0..rows).map(move |r| {

@@ -35,3 +35,14 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: &[f64]) {
         assert!(d <= *t, "element {i}: {g} vs {w} (diff {d:e} > tolerance {t:e})");
     }
 }
+
+/// `W x` for each of `xs`' vectors with f32 activations as given, through the scalar f32
+/// reference (`dense` the decoded weights, `[rows, cols]`): what rounded activations are
+/// compared with.
+pub fn exact_products(dense: &[f32], xs: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut exact = vec![0f32; xs.len() / cols * rows];
+    for (xv, y) in xs.chunks(cols).zip(exact.chunks_mut(rows)) {
+        k3_quant::dense::matvec_f32_at(Level::Scalar, dense, xv, y);
+    }
+    exact
+}
