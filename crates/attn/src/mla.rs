@@ -292,7 +292,7 @@ impl<'a> Mla<'a> {
         let caches: Vec<&MlaCache> = seqs.iter().map(|s| &*s.cache).collect();
         // A chunk's absorbed queries at once; a lone row (decode) forms its heads' own inside the
         // head-parallel attention below, one fork-join rather than two.
-        let qabs = if n > 1 { Some(self.absorbed_queries(&q, n)) } else { None };
+        let qabs = if n > 1 { Some(self.absorbed_queries(&q, 0..h, true)) } else { None };
         let qabs = qabs.as_deref();
         let mut ctx = vec![0f32; n * h * cfg.v_dim];
         let seen: usize = rows.iter().map(|&(_, len)| len).sum();
@@ -343,29 +343,33 @@ impl<'a> Mla<'a> {
         q
     }
 
-    /// Every row's absorbed queries `[n, H, kv_lora]`: head `h`'s `W_uk^T q_nope` for all rows
-    /// at once (`matmul_transposed`: each weight row widened once for the chunk, each row's bits
-    /// those of its own product), heads split over the pool when worth it.
-    fn absorbed_queries(&self, q: &[f32], n: usize) -> Vec<f32> {
+    /// The absorbed queries of `q`'s rows (`[n, H, nope + rope]`) for heads `heads`:
+    /// `[n, heads, kv_lora]`, head `h`'s `W_uk^T q_nope` for all rows at once
+    /// (`matmul_transposed`: each weight row widened once for the rows, each row's bits those of
+    /// its own product); heads split over the pool when `parallel` and worth it.
+    fn absorbed_queries(&self, q: &[f32], heads: std::ops::Range<usize>, parallel: bool) -> Vec<f32> {
         let cfg = &self.cfg;
         let (h, l, qh) = (cfg.heads, cfg.kv_lora, cfg.nope + cfg.rope);
+        let n = q.len() / (h * qh);
         let head = |hd: usize| {
+            // `new` refused a kv_b_proj stored other than f32 or bf16, and checked its shape.
             let wuk = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim), cfg.nope).expect("dense kv_b");
             let xs: Vec<f32> = q.chunks_exact(qh).skip(hd).step_by(h).flat_map(|qt| &qt[..cfg.nope]).copied().collect();
             let mut out = vec![0f32; n * l];
             wuk.matmul_transposed(&xs, &mut out).expect("dense kv_b");
             out
         };
-        let per_head: Vec<Vec<f32>> =
-            if n * h * cfg.nope * l >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1 {
-                (0..h).into_par_iter().map(head).collect()
-            } else {
-                (0..h).map(head).collect()
-            };
-        let mut qabs = vec![0f32; n * h * l];
-        for (hd, out) in per_head.iter().enumerate() {
+        let worth = n * heads.len() * cfg.nope * l >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
+        let per_head: Vec<Vec<f32>> = if parallel && worth {
+            heads.clone().into_par_iter().map(head).collect()
+        } else {
+            heads.clone().map(head).collect()
+        };
+        let hn = heads.len();
+        let mut qabs = vec![0f32; n * hn * l];
+        for (i, out) in per_head.iter().enumerate() {
             for (t, row) in out.chunks_exact(l).enumerate() {
-                qabs[(t * h + hd) * l..(t * h + hd + 1) * l].copy_from_slice(row);
+                qabs[(t * hn + i) * l..(t * hn + i + 1) * l].copy_from_slice(row);
             }
         }
         qabs
@@ -389,15 +393,12 @@ impl<'a> Mla<'a> {
         let (l, r, qh) = (cfg.kv_lora, cfg.rope, cfg.nope + cfg.rope);
         let heads = ctx.len() / cfg.v_dim;
         let qt = &q[(t * cfg.heads + h0) * qh..(t * cfg.heads + h0 + heads) * qh];
-        let mut own = Vec::new();
+        let own;
         let qabs = match qabs {
             Some(all) => &all[(t * cfg.heads + h0) * l..(t * cfg.heads + h0 + heads) * l],
             None => {
-                own.resize(heads * l, 0.0);
-                for (i, out) in own.chunks_exact_mut(l).enumerate() {
-                    let wuk = self.w.kv_b.rows_view((h0 + i) * (cfg.nope + cfg.v_dim), cfg.nope).expect("dense kv_b");
-                    wuk.matvec_transposed(&qt[i * qh..i * qh + cfg.nope], out).expect("dense kv_b");
-                }
+                let row = &q[t * cfg.heads * qh..(t + 1) * cfg.heads * qh];
+                own = self.absorbed_queries(row, h0..h0 + heads, false);
                 &own[..]
             }
         };

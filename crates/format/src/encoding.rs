@@ -158,6 +158,14 @@ impl Encoding {
                 let (r, c) = matrix()?;
                 let groups = divides(c, u64::from(*group), "group size")?;
                 divides(c, 2, "nibble pair")?;
+                // The kernels take a group's nibbles in whole bytes: a group of odd size would
+                // split a byte between two scales.
+                if group % 2 == 1 {
+                    return Err(format!(
+                        "{}: an int4 group of {group} columns is odd (groups hold whole nibble pairs)",
+                        self.label()
+                    ));
+                }
                 Ok(vec![
                     PartLayout { name: "q", dtype: Dtype::U8, shape: vec![r, c / 2] },
                     PartLayout { name: "scale", dtype: Dtype::F16, shape: vec![r, groups] },
@@ -226,6 +234,8 @@ mod tests {
         assert!(Encoding::Mxfp4.parts(&[4, 33]).is_err());
         assert!(Encoding::Mxfp4.parts(&[128]).is_err());
         assert!(Encoding::Int4Group { group: 0 }.parts(&[4, 64]).is_err());
+        let odd = Encoding::Int4Group { group: 3 }.parts(&[4, 6]).unwrap_err();
+        assert!(odd.contains("odd"), "{odd}");
         assert!(Encoding::F32.parts(&[u64::MAX, 2]).is_err());
     }
 

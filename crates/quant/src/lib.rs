@@ -23,6 +23,7 @@ pub mod peak;
 pub mod q8;
 pub mod rng;
 pub mod rtn;
+mod scratch;
 mod simd;
 pub mod vecops;
 pub mod vq;

@@ -186,6 +186,9 @@ impl<'a> Kda<'a> {
         if cfg.conv_kernel == 0 {
             return Err(AttnError::Unsupported { layer: name, reason: "short_conv_kernel_size 0".into() });
         }
+        if hd == 0 {
+            return Err(AttnError::Unsupported { layer: name, reason: "head_dim 0".into() });
+        }
         Ok(Kda { name, cfg, w })
     }
 

@@ -31,7 +31,15 @@ impl Kda<'_> {
         let (hd, kern) = (self.cfg.head_dim, self.cfg.conv_kernel);
         let n = q.len() / hd;
         let taps = h * hd * kern..(h + 1) * hd * kern;
-        let mut decay = vec![0f32; n * hd];
+        // One allocation a head and call (a decode step makes one per head and layer): the
+        // decays of every position, then `u, a` and the next position's `u, a, k decay, q decay`.
+        let mut work = vec![0f32; (n + 6) * hd];
+        let (decay, rest) = work.split_at_mut(n * hd);
+        let (mut u, rest) = rest.split_at_mut(hd);
+        let (mut a, rest) = rest.split_at_mut(hd);
+        let (mut u_next, rest) = rest.split_at_mut(hd);
+        let (mut a_next, rest) = rest.split_at_mut(hd);
+        let (cu, co) = rest.split_at_mut(hd);
         let beta: Vec<f32> = (0..n).map(|t| sigmoid(b(t))).collect();
         for t in 0..n {
             let r = t * hd..(t + 1) * hd;
@@ -42,16 +50,13 @@ impl Kda<'_> {
             self.decay(h, z(t), &mut decay[r]);
         }
         let pos = |t: usize| t * hd..(t + 1) * hd;
-        let (mut u, mut a) = (vec![0f32; hd], vec![0f32; hd]);
-        let (mut u_next, mut a_next) = (vec![0f32; hd], vec![0f32; hd]);
-        let (mut cu, mut co) = (vec![0f32; hd], vec![0f32; hd]);
-        read(s, &decay[pos(0)], &k[pos(0)], &q[pos(0)], &mut u, &mut a);
+        read(s, &decay[pos(0)], &k[pos(0)], &q[pos(0)], u, a);
         for t in 0..n {
             let (qt, kt, vt, dt) = (&q[pos(t)], &k[pos(t)], &v[pos(t)], &decay[pos(t)]);
-            finish(qt, kt, vt, beta[t], &mut u, &mut a);
-            emit(t, &a);
+            finish(qt, kt, vt, beta[t], u, a);
+            emit(t, a);
             if t + 1 == n {
-                update(s, dt, kt, &u);
+                update(s, dt, kt, u);
                 break;
             }
             // The next position's read weights, as `read` forms them.
@@ -61,7 +66,7 @@ impl Kda<'_> {
             }
             u_next.fill(0.0);
             a_next.fill(0.0);
-            update_then_read(s, dt, kt, &u, (&cu, &co), &mut u_next, &mut a_next);
+            update_then_read(s, dt, kt, u, (cu, co), u_next, a_next);
             std::mem::swap(&mut u, &mut u_next);
             std::mem::swap(&mut a, &mut a_next);
         }

@@ -25,7 +25,7 @@ pub(super) unsafe fn matmul(w: &Weights<'_>, rows: usize, x: &Bf16Batch, ys: &mu
     let (cols, n) = (x.cols(), x.vectors());
     let (pairs, per_group) = (cols / 2, w.group_pairs(cols));
     let scale_groups = pairs / per_group;
-    let grouped = w.group_scale(0, 0, cols).is_some();
+    let grouped = w.grouped();
     // Decoded rows (int8, int4), and a row of zeros for the rows past the end of the matrix
     // (they multiply zeros; their outputs are not stored).
     let mut decoded = vec![0u32; (R + 1) * pairs];

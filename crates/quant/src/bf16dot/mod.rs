@@ -205,6 +205,11 @@ impl Weights<'_> {
         }
     }
 
+    /// Whether each group of columns has its own scale (int4), applied to its dot.
+    fn grouped(&self) -> bool {
+        matches!(self, Weights::Int4 { .. })
+    }
+
     /// Pair words per scale group (the whole row when the scale is per row or absent).
     fn group_pairs(&self, cols: usize) -> usize {
         match *self {
@@ -238,11 +243,10 @@ thread_local! {
 
 /// Runs `f` on `xs` (`[n, cols]`) rounded, in buffers reused across calls on this thread.
 pub(crate) fn with_rounded<R>(xs: &[f32], cols: usize, f: impl FnOnce(&Bf16Batch) -> R) -> R {
-    let mut b = SCRATCH.take().unwrap_or_default();
-    b.round_into(xs, cols);
-    let r = f(&b);
-    SCRATCH.set(Some(b));
-    r
+    crate::scratch::with_taken(&SCRATCH, |b| {
+        b.round_into(xs, cols);
+        f(b)
+    })
 }
 
 /// Whether a batch of `n` vectors takes these products on this CPU (AVX-512 with BF16, and more

@@ -173,11 +173,10 @@ thread_local! {
 /// Runs `f` on `xs` (`[n, cols]`) quantized, in buffers reused across calls on this thread (no
 /// allocation per product once they have grown).
 pub(crate) fn with_quantized<R>(xs: &[f32], cols: usize, f: impl FnOnce(&Q8Batch) -> R) -> R {
-    let mut q = SCRATCH.take().unwrap_or_default();
-    q.quantize_into(xs, cols);
-    let r = f(&q);
-    SCRATCH.set(Some(q));
-    r
+    crate::scratch::with_taken(&SCRATCH, |q| {
+        q.quantize_into(xs, cols);
+        f(q)
+    })
 }
 
 /// Whether this CPU has the integer dot products that make these kernels worth using (VNNI); on
