@@ -351,25 +351,38 @@ impl<'a> Mla<'a> {
         let cfg = &self.cfg;
         let (h, l, qh) = (cfg.heads, cfg.kv_lora, cfg.nope + cfg.rope);
         let n = q.len() / (h * qh);
-        let head = |hd: usize| {
+        let hn = heads.len();
+        // Head `hd`'s rows' `q_nope` gathered into `xs`, its absorbed queries into `out`.
+        let head = |hd: usize, xs: &mut Vec<f32>, out: &mut [f32]| {
             // `new` refused a kv_b_proj stored other than f32 or bf16, and checked its shape.
             let wuk = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim), cfg.nope).expect("dense kv_b");
-            let xs: Vec<f32> = q.chunks_exact(qh).skip(hd).step_by(h).flat_map(|qt| &qt[..cfg.nope]).copied().collect();
-            let mut out = vec![0f32; n * l];
-            wuk.matmul_transposed(&xs, &mut out).expect("dense kv_b");
-            out
+            xs.clear();
+            xs.extend(q.chunks_exact(qh).skip(hd).step_by(h).flat_map(|qt| &qt[..cfg.nope]));
+            wuk.matmul_transposed(xs, out).expect("dense kv_b");
         };
-        let worth = n * heads.len() * cfg.nope * l >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
-        let per_head: Vec<Vec<f32>> = if parallel && worth {
-            heads.clone().into_par_iter().map(head).collect()
-        } else {
-            heads.clone().map(head).collect()
-        };
-        let hn = heads.len();
         let mut qabs = vec![0f32; n * hn * l];
-        for (i, out) in per_head.iter().enumerate() {
+        let mut place = |i: usize, out: &[f32]| {
             for (t, row) in out.chunks_exact(l).enumerate() {
                 qabs[(t * hn + i) * l..(t * hn + i + 1) * l].copy_from_slice(row);
+            }
+        };
+        let worth = n * hn * cfg.nope * l >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
+        if parallel && worth {
+            let per_head: Vec<Vec<f32>> = heads
+                .into_par_iter()
+                .map(|hd| {
+                    let mut out = vec![0f32; n * l];
+                    head(hd, &mut Vec::new(), &mut out);
+                    out
+                })
+                .collect();
+            per_head.iter().enumerate().for_each(|(i, out)| place(i, out));
+        } else {
+            // Serially (a decode row's heads): two buffers for all heads.
+            let (mut xs, mut out) = (Vec::with_capacity(n * cfg.nope), vec![0f32; n * l]);
+            for (i, hd) in heads.enumerate() {
+                head(hd, &mut xs, &mut out);
+                place(i, &out);
             }
         }
         qabs
