@@ -12,7 +12,8 @@
 # 2. makes a random-weight Kimi-Linear-shaped checkpoint with stock transformers (1.54 B
 #    parameters: hidden 1024, 8 layers, 128 experts top-8; tools/bench/peer/make_kimi_linear.py);
 # 3. converts it to GGUF (BF16, then llama-quantize to Q8_0, Q4_K_M and MXFP4_MOE) and to WASTE
-#    (bf16 as stored; MXFP4 experts + int8 trunk, the pairing of Q4_K_M and MXFP4_MOE);
+#    (bf16 as stored; MXFP4 experts with an int4 trunk, Q4_K_M's pairing, and with an int8 trunk,
+#    MXFP4_MOE's; PAIRS from the env chooses others);
 # 4. runs both engines' decode (64 tokens after a 32-token prompt) and prefill (256 tokens) on the
 #    same thread count, interleaved, REPS times, and prints medians and ratios.
 set -euo pipefail
@@ -61,9 +62,11 @@ for q in Q8_0 Q4_K_M MXFP4_MOE; do
 done
 target/release/xtask convert --hf "$W/hf" --out "$W/bf16.waste" >/dev/null
 target/release/xtask convert --hf "$W/hf" --out "$W/mxfp4-int8.waste" --experts mxfp4 --trunk int8 >/dev/null
+target/release/xtask convert --hf "$W/hf" --out "$W/mxfp4-int4.waste" --experts mxfp4 --trunk int4 >/dev/null
 
-# Pairs: WASTE model, GGUF model.
-PAIRS="bf16.waste:bf16.gguf mxfp4-int8.waste:Q4_K_M.gguf mxfp4-int8.waste:MXFP4_MOE.gguf"
+# Pairs: WASTE model, GGUF model, at matching bytes per weight: Q4_K_M's trunk is 4-6 bits a
+# weight (k3's int4 trunk: 4.5), MXFP4_MOE's is Q8_0 (k3's int8 trunk: 8 + a scale a row).
+PAIRS=${PAIRS:-"bf16.waste:bf16.gguf mxfp4-int4.waste:Q4_K_M.gguf mxfp4-int8.waste:MXFP4_MOE.gguf"}
 R="$W/results" && rm -rf "$R" && mkdir -p "$R"
 for rep in $(seq 1 "$REPS"); do
     for pair in $PAIRS; do

@@ -46,15 +46,22 @@ pub fn matvec(q: &[u8], scale: &[f16], group: usize, x: &[f32], y: &mut [f32]) {
     matvec_at(level(), q, scale, group, x, y)
 }
 
-/// [`matvec`] with an explicit kernel level (for tests and benchmarks). The AVX2 kernel handles
-/// groups that are multiples of 32; others use the reference.
+/// [`matvec`] with an explicit kernel level (for tests and benchmarks). The AVX2 and AVX-512
+/// kernels handle groups that are multiples of 32; others use the reference. The two SIMD levels
+/// sum in different orders (each within rounding of the reference).
 pub fn matvec_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &[f32], y: &mut [f32]) {
     check(q, scale, x.len(), group, y.len());
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 | Level::Avx512 if group.is_multiple_of(32) => with_nibble_order(x, |xp| {
+        Level::Avx2 if group.is_multiple_of(32) => with_nibble_order(x, |xp| {
             // SAFETY: `supported` returns Avx2 only when the CPU has AVX2, FMA and F16C; shapes checked.
             unsafe { avx2::matvec(q, scale, group, xp, y) }
+        }),
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 if group.is_multiple_of(32) => with_nibble_order(x, |xp| {
+            // SAFETY: `supported` returns Avx512 only when the CPU has AVX-512 F/BW/VL with AVX2,
+            // FMA and F16C; shapes checked.
+            unsafe { avx512::matmul_n::<1>(q, scale, group, x.len(), xp, y) }
         }),
         // The scalar level, and groups the SIMD kernel does not take.
         _ => reference::matvec(q, scale, group, x, y),
@@ -76,7 +83,24 @@ pub fn matmul_at(level: Level, q: &[u8], scale: &[f16], group: usize, cols: usiz
     check(q, scale, cols, group, rows);
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 | Level::Avx512 if group.is_multiple_of(32) => {
+        Level::Avx512 if group.is_multiple_of(32) => {
+            for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
+                with_nibble_order(xb, |xp| {
+                    // SAFETY: `supported` returns Avx512 only when the CPU has AVX-512 F/BW/VL
+                    // with AVX2, FMA and F16C; shapes checked, `width` whole vectors.
+                    unsafe {
+                        match width {
+                            4 => avx512::matmul_n::<4>(q, scale, group, cols, xp, yb),
+                            3 => avx512::matmul_n::<3>(q, scale, group, cols, xp, yb),
+                            2 => avx512::matmul_n::<2>(q, scale, group, cols, xp, yb),
+                            _ => avx512::matmul_n::<1>(q, scale, group, cols, xp, yb),
+                        }
+                    }
+                });
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 if group.is_multiple_of(32) => {
             for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
                 if width == 1 {
                     matvec_at(level, q, scale, group, xb, yb);
@@ -122,100 +146,6 @@ pub mod reference {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use half::f16;
-
-    use crate::simd::{hsum, prefetch_ahead};
-
-    /// The 16 bytes at `at` (32 nibbles) as four vectors of 8 weights in -8..=7, in the order
-    /// the activations were permuted into; prefetching ahead when asked.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn block(q: &[u8], at: usize, prefetch: bool) -> [__m256; 4] {
-        let bytes = &q[at..at + 16];
-        if prefetch {
-            prefetch_ahead(bytes.as_ptr());
-        }
-        // SAFETY: `bytes` is 16 bytes long.
-        let raw = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
-        let m = _mm_set1_epi8(15);
-        let lo = _mm_and_si128(raw, m);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), m);
-        let w8 = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
-        let a = _mm256_castsi256_si128(w8);
-        let c = _mm256_extracti128_si256::<1>(w8);
-        let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-        [f(a), f(_mm_srli_si128::<8>(a)), f(c), f(_mm_srli_si128::<8>(c))]
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn matvec(q: &[u8], scale: &[f16], group: usize, xp: &[f32], y: &mut [f32]) {
-        let cols = xp.len();
-        let blocks = cols / 32;
-        let per_group = group / 32;
-        for (r, out) in y.iter_mut().enumerate() {
-            let mut acc = _mm256_setzero_ps();
-            for g in 0..cols / group {
-                let mut s = _mm256_setzero_ps();
-                for k in 0..per_group {
-                    let b = g * per_group + k;
-                    let w = block(q, (r * blocks + b) * 16, b.is_multiple_of(4));
-                    // SAFETY: 32 values of `xp` from b * 32 < cols.
-                    unsafe {
-                        let x = xp.as_ptr().add(b * 32);
-                        for (j, wj) in w.iter().enumerate() {
-                            s = _mm256_fmadd_ps(*wj, _mm256_loadu_ps(x.add(8 * j)), s);
-                        }
-                    }
-                }
-                let sc = scale[r * (cols / group) + g].to_f32();
-                acc = _mm256_fmadd_ps(s, _mm256_set1_ps(sc), acc);
-            }
-            *out = hsum(acc);
-        }
-    }
-
-    /// `N` vectors (nibble-ordered, `[N, cols]`): each block unpacked once, every vector's group
-    /// sum and accumulator as [`matvec`] keeps them.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn matmul_n<const N: usize>(
-        q: &[u8],
-        scale: &[f16],
-        group: usize,
-        cols: usize,
-        xp: &[f32],
-        ys: &mut [f32],
-    ) {
-        let rows = ys.len() / N;
-        let blocks = cols / 32;
-        let per_group = group / 32;
-        for r in 0..rows {
-            let mut acc = [_mm256_setzero_ps(); N];
-            for g in 0..cols / group {
-                let mut s = [_mm256_setzero_ps(); N];
-                for k in 0..per_group {
-                    let b = g * per_group + k;
-                    let w = block(q, (r * blocks + b) * 16, b.is_multiple_of(4));
-                    // SAFETY: 32 values of each of the N vectors from b * 32 < cols.
-                    unsafe {
-                        for (t, st) in s.iter_mut().enumerate() {
-                            let x = xp.as_ptr().add(t * cols + b * 32);
-                            for (j, wj) in w.iter().enumerate() {
-                                *st = _mm256_fmadd_ps(*wj, _mm256_loadu_ps(x.add(8 * j)), *st);
-                            }
-                        }
-                    }
-                }
-                let sc = _mm256_set1_ps(scale[r * (cols / group) + g].to_f32());
-                for (a, st) in acc.iter_mut().zip(&s) {
-                    *a = _mm256_fmadd_ps(*st, sc, *a);
-                }
-            }
-            for (t, a) in acc.iter().enumerate() {
-                ys[t * rows + r] = hsum(*a);
-            }
-        }
-    }
-}
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;

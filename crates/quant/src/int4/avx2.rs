@@ -1,0 +1,90 @@
+//! The AVX2 kernels: 32 nibbles widened to four 8-lane f32 vectors a block.
+
+use std::arch::x86_64::*;
+
+use half::f16;
+
+use crate::simd::{hsum, prefetch_ahead};
+
+/// The 16 bytes at `at` (32 nibbles) as four vectors of 8 weights in -8..=7, in the order
+/// the activations were permuted into; prefetching ahead when asked.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn block(q: &[u8], at: usize, prefetch: bool) -> [__m256; 4] {
+    let bytes = &q[at..at + 16];
+    if prefetch {
+        prefetch_ahead(bytes.as_ptr());
+    }
+    // SAFETY: `bytes` is 16 bytes long.
+    let raw = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
+    let m = _mm_set1_epi8(15);
+    let lo = _mm_and_si128(raw, m);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), m);
+    let w8 = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+    let a = _mm256_castsi256_si128(w8);
+    let c = _mm256_extracti128_si256::<1>(w8);
+    let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    [f(a), f(_mm_srli_si128::<8>(a)), f(c), f(_mm_srli_si128::<8>(c))]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn matvec(q: &[u8], scale: &[f16], group: usize, xp: &[f32], y: &mut [f32]) {
+    let cols = xp.len();
+    let blocks = cols / 32;
+    let per_group = group / 32;
+    for (r, out) in y.iter_mut().enumerate() {
+        let mut acc = _mm256_setzero_ps();
+        for g in 0..cols / group {
+            let mut s = _mm256_setzero_ps();
+            for k in 0..per_group {
+                let b = g * per_group + k;
+                let w = block(q, (r * blocks + b) * 16, b.is_multiple_of(4));
+                // SAFETY: 32 values of `xp` from b * 32 < cols.
+                unsafe {
+                    let x = xp.as_ptr().add(b * 32);
+                    for (j, wj) in w.iter().enumerate() {
+                        s = _mm256_fmadd_ps(*wj, _mm256_loadu_ps(x.add(8 * j)), s);
+                    }
+                }
+            }
+            let sc = scale[r * (cols / group) + g].to_f32();
+            acc = _mm256_fmadd_ps(s, _mm256_set1_ps(sc), acc);
+        }
+        *out = hsum(acc);
+    }
+}
+
+/// `N` vectors (nibble-ordered, `[N, cols]`): each block unpacked once, every vector's group
+/// sum and accumulator as [`matvec`] keeps them.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn matmul_n<const N: usize>(q: &[u8], scale: &[f16], group: usize, cols: usize, xp: &[f32], ys: &mut [f32]) {
+    let rows = ys.len() / N;
+    let blocks = cols / 32;
+    let per_group = group / 32;
+    for r in 0..rows {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for g in 0..cols / group {
+            let mut s = [_mm256_setzero_ps(); N];
+            for k in 0..per_group {
+                let b = g * per_group + k;
+                let w = block(q, (r * blocks + b) * 16, b.is_multiple_of(4));
+                // SAFETY: 32 values of each of the N vectors from b * 32 < cols.
+                unsafe {
+                    for (t, st) in s.iter_mut().enumerate() {
+                        let x = xp.as_ptr().add(t * cols + b * 32);
+                        for (j, wj) in w.iter().enumerate() {
+                            *st = _mm256_fmadd_ps(*wj, _mm256_loadu_ps(x.add(8 * j)), *st);
+                        }
+                    }
+                }
+            }
+            let sc = _mm256_set1_ps(scale[r * (cols / group) + g].to_f32());
+            for (a, st) in acc.iter_mut().zip(&s) {
+                *a = _mm256_fmadd_ps(*st, sc, *a);
+            }
+        }
+        for (t, a) in acc.iter().enumerate() {
+            ys[t * rows + r] = hsum(*a);
+        }
+    }
+}
