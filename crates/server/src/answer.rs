@@ -44,7 +44,7 @@ pub async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<
     };
     let calling = p.tools;
     let logprobs = p.params.logprobs;
-    match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx, scope }) {
+    match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx, scope, checkpoints: p.checkpoints }) {
         Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
         Err(Refused::Busy) => {
             s.metrics.requests_refused.fetch_add(1, Ordering::Relaxed);

@@ -46,6 +46,10 @@ pub struct Job {
     pub events: tmpsc::UnboundedSender<Event>,
     /// Whose kept states it may start from and leave behind.
     pub scope: Scope,
+    /// Prompt lengths (ascending) at which to stop the prefill and keep the state: where the
+    /// prompts of later requests are likely to part from this one's (the chat template's
+    /// boundaries, [`crate::api::ChatRequest::prepare`]).
+    pub checkpoints: Vec<usize>,
 }
 
 pub use k3_engine::sample::TokenLogprob;
@@ -94,6 +98,11 @@ struct Active<'t> {
     cached: usize,
     /// The token to feed next (after the prompt).
     next: Option<u32>,
+    /// Where the prefill stops next to keep the state (ascending, inside the prompt).
+    checkpoints: Vec<usize>,
+    /// The logits after the whole prompt, kept with a state that holds it all: sampled from
+    /// without a step.
+    pending: Option<Vec<f32>>,
     events: tmpsc::UnboundedSender<Event>,
     /// No tokenizer: each token's id is its text.
     ids_out: bool,
@@ -105,10 +114,16 @@ impl Active<'_> {
         self.fed < self.prompt.len()
     }
 
-    /// What this sequence feeds in the coming step: `rows` of its prompt while it prefills.
+    /// Where this prefill stops next: a checkpoint, or the prompt's end.
+    fn stop(&self) -> usize {
+        self.checkpoints.first().copied().unwrap_or(self.prompt.len())
+    }
+
+    /// What this sequence feeds in the coming step: `rows` of its prompt while it prefills (up
+    /// to the next stop).
     fn input(&self, rows: usize) -> &[u32] {
         if self.prefilling() {
-            &self.prompt[self.fed..(self.fed + rows.max(1)).min(self.prompt.len())]
+            &self.prompt[self.fed..(self.fed + rows.max(1)).min(self.stop())]
         } else {
             std::slice::from_ref(self.next.as_ref().expect("a decoding sequence has its next token"))
         }
@@ -189,8 +204,12 @@ fn admit<'t>(
     match Decoder::new(tok, job.params) {
         Ok(mut decoder) => {
             decoder.observe(&job.prompt);
-            let session = cache.lookup(engine, job.scope, &job.prompt).unwrap_or_else(|| engine.session());
+            let (session, pending) = match cache.lookup(engine, job.scope, &job.prompt) {
+                Some(r) => (r.session, r.logits),
+                None => (engine.session(), None),
+            };
             let cached = session.tokens();
+            let checkpoints = job.checkpoints.into_iter().filter(|&c| c > cached && c < job.prompt.len()).collect();
             active.push(Active {
                 session,
                 decoder,
@@ -198,6 +217,8 @@ fn admit<'t>(
                 fed: cached,
                 cached,
                 next: None,
+                checkpoints,
+                pending,
                 events: job.events,
                 ids_out: tok.is_none(),
                 scope: job.scope,
@@ -217,21 +238,38 @@ fn step(
     status: &Status,
     metrics: &Metrics,
 ) {
-    let decoding = active.iter().filter(|a| !a.prefilling()).count();
-    let remaining: Vec<usize> = active.iter().filter(|a| a.prefilling()).map(|a| a.prompt.len() - a.fed).collect();
+    // Sequences resumed with the logits of their whole prompt sample from those: no step.
+    let stepping: Vec<bool> = active.iter().map(|a| a.pending.is_none()).collect();
+    let decoding = active.iter().filter(|a| a.pending.is_none() && !a.prefilling()).count();
+    let remaining: Vec<usize> =
+        active.iter().filter(|a| a.pending.is_none() && a.prefilling()).map(|a| a.stop() - a.fed).collect();
     let mut rows = prefill_rows(engine.prefill_chunk(), decoding, &remaining).into_iter();
-    let inputs: Vec<Vec<u32>> =
-        active.iter().map(|a| a.input(if a.prefilling() { rows.next().unwrap_or(1) } else { 1 }).to_vec()).collect();
+    let inputs: Vec<Vec<u32>> = active
+        .iter()
+        .map(|a| match (&a.pending, a.prefilling()) {
+            (Some(_), _) => Vec::new(),
+            (None, true) => a.input(rows.next().unwrap_or(1)).to_vec(),
+            (None, false) => a.input(1).to_vec(),
+        })
+        .collect();
     let result = {
-        let mut seqs: Vec<Seq<'_>> =
-            active.iter_mut().zip(&inputs).map(|(a, ids)| Seq::new(&mut a.session, ids, Logits::Last)).collect();
-        guarded(|| engine.forward_batch(&mut seqs).map_err(|e| e.to_string()))
+        let mut seqs: Vec<Seq<'_>> = active
+            .iter_mut()
+            .zip(&inputs)
+            .filter(|(a, _)| a.pending.is_none())
+            .map(|(a, ids)| Seq::new(&mut a.session, ids, Logits::Last))
+            .collect();
+        if seqs.is_empty() {
+            Ok(Vec::new())
+        } else {
+            guarded(|| engine.forward_batch(&mut seqs).map_err(|e| e.to_string()))
+        }
     };
-    metrics.record_step(active.len(), inputs.iter().map(Vec::len).sum());
+    metrics.record_step(stepping.iter().filter(|s| **s).count(), inputs.iter().map(Vec::len).sum());
     if let (Some(a), Ok(mut c)) = (active.first(), status.cache.lock()) {
         *c = Some(a.session.stats.cache);
     }
-    let logits: Vec<Option<Vec<f32>>> = match result {
+    let stepped: Vec<Option<Vec<f32>>> = match result {
         Ok(l) => l.into_iter().map(Some).collect(),
         Err(e) => {
             metrics.failed_steps.fetch_add(1, Ordering::Relaxed);
@@ -241,6 +279,7 @@ fn step(
             active
                 .iter_mut()
                 .zip(&inputs)
+                .filter(|(a, _)| a.pending.is_none())
                 .map(|(a, ids)| match alone(engine, &mut a.session, ids) {
                     Ok(row) => Some(row),
                     Err(e) => {
@@ -251,6 +290,14 @@ fn step(
                 .collect()
         }
     };
+    let mut stepped = stepped.into_iter();
+    let logits: Vec<Option<Vec<f32>>> = active
+        .iter_mut()
+        .map(|a| match a.pending.take() {
+            Some(row) => Some(row),
+            None => stepped.next().flatten(),
+        })
+        .collect();
     let context = engine.plan().context;
     let mut ended: Vec<bool> = logits.iter().map(Option::is_none).collect();
     let rows = logits.into_iter().zip(inputs.iter().zip(ended.iter_mut()));
@@ -259,15 +306,20 @@ fn step(
         if a.fed < a.prompt.len() {
             a.fed += ids.len();
             metrics.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            if a.checkpoints.first() == Some(&a.fed) {
+                a.checkpoints.remove(0);
+                cache.insert(engine, a.scope, &a.session, None);
+            }
             if a.fed < a.prompt.len() {
                 continue;
             }
-            // The state after the prompt: where the same conversation's next request resumes.
-            cache.insert(engine, a.scope, &a.session);
+            // The state after the prompt, with its logits: where the same request again starts
+            // sampling at once, and the same conversation's next request resumes.
+            cache.insert(engine, a.scope, &a.session, Some(&row));
         }
         if let Some(why) = a.decoder.limit() {
             a.decoder.stop(why);
-            cache.insert(engine, a.scope, &a.session);
+            cache.insert(engine, a.scope, &a.session, None);
             a.done(why);
             *end = true;
             continue;
@@ -295,7 +347,7 @@ fn step(
                 let why = a.decoder.finish().unwrap_or(Finish::Stop);
                 // The state after the answer (its end marker unfed): where a follow-up that
                 // quotes the answer back token for token resumes.
-                cache.insert(engine, a.scope, &a.session);
+                cache.insert(engine, a.scope, &a.session, None);
                 a.done(why);
                 *end = true;
             }

@@ -23,7 +23,7 @@ fn a_thousand_prompts_stay_within_the_budget() {
     let run = |i: u32, cache: &mut PrefixCache| {
         let mut s = engine.session();
         engine.forward_last(&mut s, &prompt(i)).unwrap();
-        cache.insert(&engine, Scope(i % 3), &s);
+        cache.insert(&engine, Scope(i % 3), &s, None);
     };
     // Warm up what every step allocates (activations, the expert cache), with the cache off.
     let mut off = PrefixCache::new(0);

@@ -119,6 +119,8 @@ pub struct Prepared {
     pub include_usage: bool,
     /// Tools were declared: the reply is read for tool calls.
     pub tools: bool,
+    /// Where to keep the state while prefilling ([`crate::scheduler::Job::checkpoints`]).
+    pub checkpoints: Vec<usize>,
 }
 
 /// OpenAI's `finish_reason` for how a turn ended.
@@ -245,6 +247,7 @@ impl ChatRequest {
             ChatError::Invalid { what, reason } => ApiError::bad(&what, reason),
             ChatError::Tokenizer(e) => internal(e),
         })?;
+        let checkpoints = checkpoints(&format, &messages, &options, &prompt);
         let end = format.end_of_turn().map_err(internal)?;
         let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
         let mut params = self.sampling.params(info, prompt.len(), stop_ids, stop_bytes)?;
@@ -260,6 +263,7 @@ impl ChatRequest {
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
             tools: tools.is_some() && tool_choice != ToolChoice::None,
+            checkpoints,
         })
     }
 
@@ -356,6 +360,39 @@ impl CompletionRequest {
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
             tools: false,
+            checkpoints: Vec::new(),
         })
     }
+}
+
+/// Where a chat prompt's state is worth keeping while it prefills: after the leading system
+/// messages (with the tool declarations; when there are tools or a system message), and after
+/// the message before the last (when there are earlier messages). Each is where the prompt
+/// rendered up to that message, with the same options, parts from the whole one: the template's
+/// own boundary, whatever its markup. At most two a request (two states' memory); none where
+/// the rendering fails or the point is not inside the prompt.
+fn checkpoints(
+    format: &ChatFormat<'_>,
+    messages: &[Message],
+    options: &PromptOptions<'_>,
+    prompt: &[u32],
+) -> Vec<usize> {
+    let system = messages.iter().take_while(|m| m.role == Role::System).count();
+    let mut cuts = Vec::new();
+    if system > 0 || options.tools.is_some() {
+        cuts.push(system);
+    }
+    if messages.len() > system + 1 {
+        cuts.push(messages.len() - 1);
+    }
+    let mut at: Vec<usize> = cuts
+        .into_iter()
+        .filter(|&k| k < messages.len())
+        .filter_map(|k| format.prompt_with(&messages[..k], options).ok())
+        .map(|part| part.iter().zip(prompt).take_while(|(a, b)| a == b).count())
+        .filter(|&n| n > 0 && n < prompt.len())
+        .collect();
+    at.sort_unstable();
+    at.dedup();
+    at
 }
