@@ -56,8 +56,9 @@ pub struct ServeArgs {
     /// The largest request body accepted (413 beyond), e.g. 4M.
     #[arg(long, value_name = "SIZE", default_value = "4M")]
     max_body: String,
-    /// Memory for the prefix cache: states after prompts and answers, so a conversation's next
-    /// turn prefills only what is new (0 = off), e.g. 2G.
+    /// Memory for the prefix cache: states after prompts (with their logits), answers, system
+    /// turns and the message before the last, so a next turn, a regenerate or a new
+    /// conversation with the same system prompt prefills only what is new (0 = off), e.g. 2G.
     #[arg(long, value_name = "BYTES", default_value = "1G")]
     prefix_cache: String,
     /// Seconds a client has to send a request's headers; also how long an idle keep-alive
