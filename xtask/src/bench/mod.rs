@@ -52,8 +52,9 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
-    /// The HTTP server under concurrent clients, and a follow-up turn's first token with the
-    /// prefix cache and without.
+    /// The HTTP server under concurrent clients, and the first token of a follow-up turn, of the
+    /// same request again and of a new question under a shared system prompt, with the prefix
+    /// cache and without.
     Serve {
         /// The WASTE model to serve (default: fixtures/default.waste).
         #[arg(long, default_value = "fixtures/default.waste")]

@@ -1,6 +1,8 @@
 //! `cargo xtask bench serve`: the server over real HTTP on localhost. Aggregate completion
 //! tokens/s with 1..N concurrent clients (each its own prompt, greedy), and the time to the first
-//! token of a follow-up turn in a ~1,000-token conversation with the prefix cache and without.
+//! token, with the prefix cache and without, of a follow-up turn in a ~1,000-token conversation,
+//! of the same request again (Regenerate), and of a new question under a ~2,000-token system
+//! prompt another request used.
 //! Repetitions interleaved, medians.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -61,8 +63,8 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Res
     Ok((status, body))
 }
 
-/// A streamed request: seconds to the first piece of text, and in all.
-fn first_token(addr: SocketAddr, body: &Value) -> Result<(f64, f64)> {
+/// A streamed request: seconds to the first piece of text, and its usage (when asked for).
+fn first_token(addr: SocketAddr, body: &Value) -> Result<(f64, Value)> {
     let t0 = Instant::now();
     let mut s = TcpStream::connect(addr)?;
     let body = body.to_string();
@@ -71,7 +73,7 @@ fn first_token(addr: SocketAddr, body: &Value) -> Result<(f64, f64)> {
         "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )?;
-    let mut first = None;
+    let (mut first, mut usage) = (None, Value::Null);
     for line in BufReader::new(s).lines() {
         let line = line?;
         let Some(data) = line.strip_prefix("data: ") else { continue };
@@ -82,8 +84,11 @@ fn first_token(addr: SocketAddr, body: &Value) -> Result<(f64, f64)> {
         if first.is_none() && v["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()) {
             first = Some(t0.elapsed().as_secs_f64());
         }
+        if !v["usage"].is_null() {
+            usage = v["usage"].clone();
+        }
     }
-    Ok((first.context("no text came back")?, t0.elapsed().as_secs_f64()))
+    Ok((first.context("no text came back")?, usage))
 }
 
 /// `clients` concurrent greedy completions of `tokens`: completion tokens per second in all.
@@ -209,5 +214,66 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
             w / wo.max(1e-12)
         );
     }
+    // The same request again (Regenerate), and a new conversation under the same long system
+    // prompt: each after a first request, on both servers.
+    let cases: [(&str, fn(usize) -> (Value, Value)); 2] =
+        [("regenerate", regenerate), ("shared_system", shared_system)];
+    for (name, case) in cases {
+        let (mut with, mut without, mut tokens) = (Vec::new(), Vec::new(), (0, 0));
+        for rep in 0..o.reps {
+            for (server, out) in [(&batched, &mut with), (&cold, &mut without)] {
+                let (first, next) = case(rep);
+                let (status, body) = http(server.addr, "POST", "/v1/chat/completions", Some(&first))?;
+                if status != 200 {
+                    bail!("HTTP {status}: {body}");
+                }
+                let (ttft, usage) = first_token(server.addr, &next)?;
+                out.push(ttft);
+                if std::ptr::eq(server, &batched) {
+                    tokens = (usage["prompt_tokens"].as_u64().unwrap_or(0), cached_tokens(&usage));
+                }
+            }
+        }
+        let (w, wo) = (median(with), median(without));
+        report[format!("{name}_ttft_s")] = json!({"prefix_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
+                                                 "prompt_tokens": tokens.0, "cached_tokens": tokens.1});
+        if !json_out {
+            println!(
+                "{name}: a {}-token prompt ({} cached): first token in {:.1} ms with the prefix cache, {:.1} ms without ({:.3}x)",
+                tokens.0,
+                tokens.1,
+                w * 1e3,
+                wo * 1e3,
+                w / wo.max(1e-12)
+            );
+        }
+    }
     Ok(report)
+}
+
+fn cached_tokens(usage: &Value) -> u64 {
+    usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
+}
+
+fn streamed(mut body: Value) -> Value {
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    body
+}
+
+/// A ~1,000-token conversation asked, then asked again as it was.
+fn regenerate(rep: usize) -> (Value, Value) {
+    let body = json!({"messages": conversation(rep), "max_tokens": 4, "temperature": 0});
+    (body.clone(), streamed(body))
+}
+
+/// A ~2,000-token system prompt with one question, then the same system prompt with another.
+fn shared_system(rep: usize) -> (Value, Value) {
+    let verse = "And God saw the light, that it was good: and God divided the light from the darkness. ";
+    let system = format!("Rules of house {rep}. {}", verse.repeat(100));
+    let ask = |q: &str| {
+        json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                               "max_tokens": 4, "temperature": 0})
+    };
+    (ask("What was good?"), streamed(ask("What was divided?")))
 }
