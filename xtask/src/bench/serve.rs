@@ -216,8 +216,7 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
     }
     // The same request again (Regenerate), and a new conversation under the same long system
     // prompt: each after a first request, on both servers.
-    let cases: [(&str, fn(usize) -> (Value, Value)); 2] =
-        [("regenerate", regenerate), ("shared_system", shared_system)];
+    let cases: [(&str, Case); 2] = [("regenerate", regenerate), ("shared_system", shared_system)];
     for (name, case) in cases {
         let (mut with, mut without, mut tokens) = (Vec::new(), Vec::new(), (0, 0));
         for rep in 0..o.reps {
@@ -250,6 +249,9 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
     }
     Ok(report)
 }
+
+/// A first request and the streamed one measured after it, for repetition `rep`.
+type Case = fn(usize) -> (Value, Value);
 
 fn cached_tokens(usage: &Value) -> u64 {
     usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
