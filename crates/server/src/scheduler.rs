@@ -239,7 +239,7 @@ fn step(
     metrics: &Metrics,
 ) {
     // Sequences resumed with the logits of their whole prompt sample from those: no step.
-    let stepping: Vec<bool> = active.iter().map(|a| a.pending.is_none()).collect();
+    let stepping = active.iter().filter(|a| a.pending.is_none()).count();
     let decoding = active.iter().filter(|a| a.pending.is_none() && !a.prefilling()).count();
     let remaining: Vec<usize> =
         active.iter().filter(|a| a.pending.is_none() && a.prefilling()).map(|a| a.stop() - a.fed).collect();
@@ -265,7 +265,9 @@ fn step(
             guarded(|| engine.forward_batch(&mut seqs).map_err(|e| e.to_string()))
         }
     };
-    metrics.record_step(stepping.iter().filter(|s| **s).count(), inputs.iter().map(Vec::len).sum());
+    if stepping > 0 {
+        metrics.record_step(stepping, inputs.iter().map(Vec::len).sum());
+    }
     if let (Some(a), Ok(mut c)) = (active.first(), status.cache.lock()) {
         *c = Some(a.session.stats.cache);
     }
