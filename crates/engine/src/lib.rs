@@ -23,8 +23,8 @@ pub mod verify;
 pub mod weights;
 
 pub use model::{
-    ActivationPrecision, Engine, EngineOptions, LayerState, Logits, RoutedToken, RunStats, Seq, Session, Span,
-    SpanKind, activate, tap,
+    ActivationPrecision, Engine, EngineOptions, LayerState, Logits, RoutedToken, RunStats, STATE_FILE_VERSION,
+    SavedState, Seq, Session, Span, SpanKind, StateFileError, activate, tap,
 };
 pub use owned::OwnedEngine;
 pub use plan::MemoryPlan;

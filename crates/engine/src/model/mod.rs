@@ -16,6 +16,7 @@ mod lookahead;
 mod moe;
 mod options;
 mod session;
+mod state_file;
 mod stats;
 pub mod tap;
 
@@ -23,6 +24,7 @@ pub use forward::{Logits, Seq};
 pub use layers::activate;
 pub use options::{ActivationPrecision, EngineOptions};
 pub use session::{LayerState, RoutedToken, Session};
+pub use state_file::{STATE_FILE_VERSION, SavedState, StateFileError};
 pub use stats::{RunStats, Span, SpanKind};
 
 use std::sync::Mutex;
@@ -64,6 +66,9 @@ pub struct Engine<'m> {
     plan: MemoryPlan,
     trunk_check: Option<TrunkCheck>,
     compute: Compute,
+    /// What identifies the model a saved state belongs to ([`Engine::fingerprint`]), computed
+    /// once: K3's manifest lists every expert record.
+    fingerprint: std::sync::OnceLock<u64>,
 }
 
 impl<'m> Engine<'m> {
@@ -134,6 +139,7 @@ impl<'m> Engine<'m> {
             plan,
             trunk_check,
             cfg,
+            fingerprint: std::sync::OnceLock::new(),
         })
     }
 

@@ -1,0 +1,173 @@
+//! A session's state as one self-describing file, for keeping states on disk (the prefix cache's
+//! disk tier): magic and format version, the model's fingerprint, the token ids the state stands
+//! for, the logits after the last of them (when kept), every layer's attention state in
+//! `k3_attn`'s own format, and an xxh3-64 of all that. Reading checks each part against the
+//! engine that reads: a file from another model or format version, a truncated or damaged one,
+//! or one whose layers do not fit is an error that says which, never a state.
+
+use k3_attn::AttnError;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::{Engine, LayerState, Session};
+
+const MAGIC: &[u8; 8] = b"K3STATE\0";
+
+/// The layout [`Engine::state_file`] writes.
+pub const STATE_FILE_VERSION: u32 = 1;
+
+/// Why a state file was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    #[error("not a k3 state file (no magic)")]
+    Magic,
+    #[error("state file format version {found}; this build reads version {STATE_FILE_VERSION}")]
+    Version { found: u32 },
+    #[error("the state is another model's (fingerprint {found:016x}; this model's is {want:016x})")]
+    Model { found: u64, want: u64 },
+    #[error("truncated at byte {at} (needs {need} more)")]
+    Truncated { at: usize, need: usize },
+    #[error("damaged: its checksum does not match its contents")]
+    Checksum,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("layer {layer}: {source}")]
+    Layer { layer: usize, source: AttnError },
+}
+
+/// A state read back: the session and the logits kept with it.
+#[derive(Debug)]
+pub struct SavedState {
+    pub session: Session,
+    pub logits: Option<Vec<f32>>,
+}
+
+impl Engine<'_> {
+    /// What identifies the model a state belongs to: an xxh3-64 of its manifest, which holds
+    /// the architecture and every tensor's checksum (another model, or the same one re-encoded,
+    /// has another).
+    pub fn fingerprint(&self) -> u64 {
+        // A manifest is plain data: serializing it cannot fail.
+        *self.fingerprint.get_or_init(|| xxh3_64(&serde_json::to_vec(self.model.manifest()).unwrap_or_default()))
+    }
+
+    /// `session`'s state (and `logits` after its last token, if given) as a state file's bytes.
+    pub fn state_file(&self, session: &Session, logits: Option<&[f32]>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + session.state_bytes() + 4 * session.ids.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&STATE_FILE_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.fingerprint().to_le_bytes());
+        out.extend_from_slice(&(session.ids.len() as u64).to_le_bytes());
+        session.ids.iter().for_each(|id| out.extend_from_slice(&id.to_le_bytes()));
+        let logits = logits.unwrap_or_default();
+        out.extend_from_slice(&(logits.len() as u64).to_le_bytes());
+        logits.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+        out.extend_from_slice(&(session.layers.len() as u64).to_le_bytes());
+        for layer in &session.layers {
+            let blob = match layer {
+                LayerState::Kda(s) => s.to_bytes(),
+                LayerState::Mla(c) => c.to_bytes(),
+            };
+            out.extend_from_slice(&(blob.len() as u64).to_le_bytes());
+            out.extend_from_slice(&blob);
+        }
+        let sum = xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// The state a [`state_file`](Self::state_file) holds, checked against this engine: the
+    /// format version, then the checksum (nothing of a damaged file is believed), the model, the
+    /// token ids and logits, each layer's kind and dimensions, and that the attention caches hold
+    /// as many positions as there are tokens.
+    pub fn read_state_file(&self, bytes: &[u8]) -> Result<SavedState, StateFileError> {
+        if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+            return Err(StateFileError::Magic);
+        }
+        let body_len = bytes.len().checked_sub(8).ok_or(StateFileError::Truncated { at: bytes.len(), need: 8 })?;
+        let (body, sum) = bytes.split_at(body_len);
+        if body_len < MAGIC.len() + 4 {
+            return Err(StateFileError::Truncated { at: bytes.len(), need: MAGIC.len() + 12 - bytes.len() });
+        }
+        let mut c = Cursor { bytes: body, at: MAGIC.len() };
+        let found = u32::from_le_bytes(c.array()?);
+        if found != STATE_FILE_VERSION {
+            return Err(StateFileError::Version { found });
+        }
+        if u64::from_le_bytes(sum.try_into().map_err(|_| StateFileError::Checksum)?) != xxh3_64(body) {
+            return Err(StateFileError::Checksum);
+        }
+        let (found, want) = (u64::from_le_bytes(c.array()?), self.fingerprint());
+        if found != want {
+            return Err(StateFileError::Model { found, want });
+        }
+        let ids = c.values(4, |b| u32::from_le_bytes(b.try_into().unwrap_or_default()))?;
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(StateFileError::Invalid(format!("token id {bad} is outside the vocabulary of {}", self.vocab)));
+        }
+        let logits = c.values(4, |b| f32::from_le_bytes(b.try_into().unwrap_or_default()))?;
+        if !logits.is_empty() && logits.len() != self.vocab {
+            return Err(StateFileError::Invalid(format!("{} logits for a vocabulary of {}", logits.len(), self.vocab)));
+        }
+        let mut session = self.session();
+        let layers = c.u64()?;
+        if layers != session.layers.len() as u64 {
+            return Err(StateFileError::Invalid(format!("{layers} layers; this model has {}", session.layers.len())));
+        }
+        for (i, layer) in session.layers.iter_mut().enumerate() {
+            let len = usize::try_from(c.u64()?).map_err(|_| StateFileError::Invalid(format!("layer {i}: too long")))?;
+            let blob = c.take(len)?;
+            let restored = match layer {
+                LayerState::Kda(s) => s.restore(blob),
+                LayerState::Mla(m) => m.restore(blob),
+            };
+            restored.map_err(|source| StateFileError::Layer { layer: i, source })?;
+        }
+        if c.at != body.len() {
+            return Err(StateFileError::Invalid(format!("{} bytes after the last layer", body.len() - c.at)));
+        }
+        if let Some(LayerState::Mla(m)) = session.layers.iter().find(|l| matches!(l, LayerState::Mla(_)))
+            && m.len() != ids.len()
+        {
+            return Err(StateFileError::Invalid(format!(
+                "its attention caches hold {} positions for {} tokens",
+                m.len(),
+                ids.len()
+            )));
+        }
+        session.ids = ids;
+        Ok(SavedState { session, logits: (!logits.is_empty()).then_some(logits) })
+    }
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StateFileError> {
+        let end = self.at.checked_add(n).filter(|e| *e <= self.bytes.len());
+        let end = end.ok_or(StateFileError::Truncated { at: self.at, need: n })?;
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], StateFileError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    fn u64(&mut self) -> Result<u64, StateFileError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    /// A count, then that many `size`-byte values.
+    fn values<T>(&mut self, size: usize, f: impl Fn(&[u8]) -> T) -> Result<Vec<T>, StateFileError> {
+        let n = self.u64()?;
+        let bytes = usize::try_from(n).ok().and_then(|n| n.checked_mul(size));
+        let bytes = bytes.ok_or_else(|| StateFileError::Invalid(format!("a count of {n} values")))?;
+        Ok(self.take(bytes)?.chunks_exact(size).map(f).collect())
+    }
+}

@@ -1,0 +1,70 @@
+//! A session's state written to a state file and read back is the same state, and resumes to the
+//! same logits; a damaged, truncated, foreign or other-version file is refused with its reason.
+
+use std::path::Path;
+
+use k3_engine::{Engine, Model, StateFileError};
+
+fn open(name: &str) -> Model {
+    Model::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)).unwrap()
+}
+
+const PROMPT: [u32; 9] = [5, 77, 300, 120, 9, 44, 200, 301, 17];
+
+#[test]
+fn a_saved_state_resumes_as_the_session_it_was() {
+    for name in ["default.waste", "tiny-k3.waste"] {
+        let model = open(name);
+        let engine = Engine::load(&model).unwrap();
+        let mut s = engine.session();
+        let logits = engine.forward_last(&mut s, &PROMPT[..6]).unwrap();
+        let bytes = engine.state_file(&s, Some(&logits));
+        let back = engine.read_state_file(&bytes).unwrap();
+        assert!(back.session == s, "{name}: the same layers and tokens");
+        assert_eq!(back.logits.as_deref(), Some(&logits[..]), "{name}");
+        // Both go on to the same logits (a fork is what the prefix cache resumes today).
+        let (mut a, mut b) = (back.session, engine.fork(&s).unwrap());
+        let (la, lb) =
+            (engine.forward_last(&mut a, &PROMPT[6..]).unwrap(), engine.forward_last(&mut b, &PROMPT[6..]).unwrap());
+        assert_eq!(la, lb, "{name}");
+        // Without logits.
+        let none = engine.read_state_file(&engine.state_file(&s, None)).unwrap();
+        assert!(none.logits.is_none() && none.session == s);
+    }
+}
+
+#[test]
+fn a_damaged_or_truncated_file_is_refused() {
+    let model = open("default.waste");
+    let engine = Engine::load(&model).unwrap();
+    let mut s = engine.session();
+    engine.forward_last(&mut s, &PROMPT).unwrap();
+    let bytes = engine.state_file(&s, None);
+    for at in [bytes.len() / 3, bytes.len() / 2, bytes.len() - 20] {
+        let mut bad = bytes.clone();
+        bad[at] ^= 0x10;
+        assert!(matches!(engine.read_state_file(&bad), Err(StateFileError::Checksum)), "byte {at} flipped");
+    }
+    for len in [0, 5, 8, 12, 20, 40, bytes.len() / 2, bytes.len() - 1] {
+        let err = engine.read_state_file(&bytes[..len]).expect_err("a truncated file");
+        assert!(
+            matches!(err, StateFileError::Magic | StateFileError::Truncated { .. } | StateFileError::Checksum),
+            "{len} bytes: {err}"
+        );
+    }
+    let mut newer = bytes.clone();
+    newer[8] = 2;
+    assert!(matches!(engine.read_state_file(&newer), Err(StateFileError::Version { found: 2 })));
+}
+
+#[test]
+fn another_models_state_is_refused() {
+    let (a, b) = (open("default.waste"), open("tiny-kimi-linear.waste"));
+    let (ea, eb) = (Engine::load(&a).unwrap(), Engine::load(&b).unwrap());
+    assert_ne!(ea.fingerprint(), eb.fingerprint());
+    let mut s = eb.session();
+    eb.forward_last(&mut s, &PROMPT[..3]).unwrap();
+    let err = ea.read_state_file(&eb.state_file(&s, None)).expect_err("another model's state");
+    assert!(matches!(err, StateFileError::Model { .. }), "{err}");
+    assert!(err.to_string().contains("another model"), "{err}");
+}
