@@ -21,7 +21,7 @@
 //! heads); block boundaries do not depend on how tokens were batched, so prefill and decode agree
 //! bit for bit.
 
-use k3_quant::Matrix;
+use k3_quant::{Dense, Matrix};
 use k3_quant::{gemm, par};
 use rayon::prelude::*;
 
@@ -83,6 +83,10 @@ pub struct Mla<'a> {
     name: String,
     cfg: MlaConfig,
     w: MlaWeights<'a>,
+    /// Per head, `kv_b_proj`'s key rows `W_uk` `[nope, kv_lora]` (used transposed) and value rows
+    /// `W_uv` `[v_dim, kv_lora]`.
+    uk: Vec<Dense<'a>>,
+    uv: Vec<Matrix<'a>>,
     rope: Option<RopeTable>,
 }
 
@@ -194,9 +198,20 @@ impl<'a> Mla<'a> {
         check_matrix(&name, "kv_a_proj_with_mqa", &w.kv_a, cfg.kv_lora + cfg.rope, d)?;
         check_len(&name, "kv_a_layernorm", &w.kv_a_norm, cfg.kv_lora)?;
         check_matrix(&name, "kv_b_proj", &w.kv_b, h * (cfg.nope + cfg.v_dim), cfg.kv_lora)?;
-        if !matches!(w.kv_b, Matrix::F32 { .. } | Matrix::Bf16 { .. }) {
+        let per_head = cfg.nope + cfg.v_dim;
+        let uk: Option<Vec<Dense<'a>>> =
+            (0..h).map(|hd| w.kv_b.rows_view(hd * per_head, cfg.nope).and_then(Matrix::dense)).collect();
+        let Some(uk) = uk else {
             return Err(AttnError::Unsupported { layer: name, reason: "kv_b_proj must be stored f32 or bf16".into() });
-        }
+        };
+        let uv: Option<Vec<Matrix<'a>>> =
+            (0..h).map(|hd| w.kv_b.rows_view(hd * per_head + cfg.nope, cfg.v_dim)).collect();
+        let Some(uv) = uv else {
+            return Err(AttnError::Unsupported {
+                layer: name,
+                reason: "kv_b_proj's value rows cannot be read per head".into(),
+            });
+        };
         if let Some(g) = &w.g_proj {
             check_matrix(&name, "g_proj", g, h * cfg.v_dim, d)?;
         }
@@ -211,7 +226,7 @@ impl<'a> Mla<'a> {
             }
             PositionEmbedding::Rope(r) => Some(RopeTable::new(r, cfg.rope)),
         };
-        Ok(Mla { name, cfg, w, rope })
+        Ok(Mla { name, cfg, w, uk, uv, rope })
     }
 
     pub fn name(&self) -> &str {
@@ -354,11 +369,9 @@ impl<'a> Mla<'a> {
         let hn = heads.len();
         // Head `hd`'s rows' `q_nope` gathered into `xs`, its absorbed queries into `out`.
         let head = |hd: usize, xs: &mut Vec<f32>, out: &mut [f32]| {
-            // `new` refused a kv_b_proj stored other than f32 or bf16, and checked its shape.
-            let wuk = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim), cfg.nope).expect("dense kv_b");
             xs.clear();
             xs.extend(q.chunks_exact(qh).skip(hd).step_by(h).flat_map(|qt| &qt[..cfg.nope]));
-            wuk.matmul_transposed(xs, out).expect("dense kv_b");
+            self.uk[hd].matmul_transposed(xs, out);
         };
         let mut qabs = vec![0f32; n * hn * l];
         let mut place = |i: usize, out: &[f32]| {
@@ -426,8 +439,7 @@ impl<'a> Mla<'a> {
         attend(qabs, &qext, &cache.c, &cache.kext, len, l, r, scale, &mut lat);
         for i in 0..heads {
             let hd = h0 + i;
-            let wuv = self.w.kv_b.rows_view(hd * (cfg.nope + cfg.v_dim) + cfg.nope, cfg.v_dim).expect("dense kv_b");
-            wuv.matvec(&lat[i * l..(i + 1) * l], &mut ctx[i * cfg.v_dim..(i + 1) * cfg.v_dim]);
+            self.uv[hd].matvec(&lat[i * l..(i + 1) * l], &mut ctx[i * cfg.v_dim..(i + 1) * cfg.v_dim]);
         }
     }
 }

@@ -27,4 +27,4 @@ mod scratch;
 mod simd;
 pub mod vecops;
 pub mod vq;
-pub use matrix::{Activations, Matrix, ShapeError};
+pub use matrix::{Activations, Dense, Matrix, ShapeError};

@@ -2,7 +2,7 @@
 //! projections without caring how they are stored. Borrowed: parts usually live in the mapped
 //! trunk or an expert record.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use half::{bf16, f16};
 
@@ -218,46 +218,16 @@ impl<'a> Matrix<'a> {
         })
     }
 
-    /// `y = W^T x` (`x` has `rows` entries, `y` gets `cols`), for dense matrices only: the
-    /// absorbed MLA query needs the key projection transposed. `None` for quantized encodings.
-    pub fn matvec_transposed(&self, x: &[f32], y: &mut [f32]) -> Option<()> {
-        self.matmul_transposed(x, y)
-    }
-
-    /// `Y = X W` for `n` vectors (`xs` `[n, rows]`, `ys` `[n, cols]`): each vector's
-    /// [`matvec_transposed`](Self::matvec_transposed), a bf16 row widened once for all of them.
-    /// The same bits per vector as alone. `None` for quantized encodings.
-    pub fn matmul_transposed(&self, xs: &[f32], ys: &mut [f32]) -> Option<()> {
+    /// This matrix as [`Dense`] (what can be multiplied transposed), if it is stored f32 or
+    /// bf16; `None` for the quantized encodings.
+    pub fn dense(self) -> Option<Dense<'a>> {
         let (rows, cols) = (self.rows(), self.cols());
-        let n = xs.len() / rows.max(1);
-        assert_eq!(xs.len(), n * rows, "xs is not whole {rows}-vectors");
-        assert_eq!(ys.len(), n * cols, "ys is not {n} vectors of {cols}");
-        // Row r of W times each vector's value r, added to that vector's output: rows in order.
-        let apply = |r: usize, row: &[f32], ys: &mut [f32]| {
-            for (y, x) in ys.chunks_exact_mut(cols).zip(xs.chunks_exact(rows)) {
-                crate::vecops::axpby(1.0, y, x[r], row);
-            }
-        };
-        match *self {
-            Matrix::F32 { w, .. } => {
-                ys.fill(0.0);
-                for (r, row) in w.chunks_exact(cols).enumerate() {
-                    apply(r, row, ys);
-                }
-            }
-            Matrix::Bf16 { w, .. } => {
-                ys.fill(0.0);
-                let mut row = vec![0f32; cols];
-                for (r, src) in w.chunks_exact(cols).enumerate() {
-                    for (d, s) in row.iter_mut().zip(src) {
-                        *d = s.to_f32();
-                    }
-                    apply(r, &row, ys);
-                }
-            }
+        let w = match self {
+            Matrix::F32 { w, .. } => DenseRows::F32(w),
+            Matrix::Bf16 { w, .. } => DenseRows::Bf16(w),
             _ => return None,
-        }
-        Some(())
+        };
+        Some(Dense { w, rows, cols })
     }
 
     /// `Y = W X` for `n` vectors (`xs` `[n, cols]`, `ys` `[n, rows]`); MXFP4, bf16, int8, int4
@@ -330,6 +300,66 @@ impl<'a> Matrix<'a> {
                     self.matvec(x, y);
                 }
             }
+        }
+    }
+}
+
+/// A matrix stored f32 or bf16 ([`Matrix::dense`]): the encodings that can be multiplied
+/// transposed, as the absorbed MLA query needs the key projection.
+#[derive(Debug, Clone, Copy)]
+pub struct Dense<'a> {
+    w: DenseRows<'a>,
+    rows: usize,
+    cols: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum DenseRows<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+thread_local! {
+    /// A bf16 row widened to f32, kept between products (no allocation per call on decode).
+    static WIDENED: Cell<Option<Vec<f32>>> = const { Cell::new(None) };
+}
+
+impl Dense<'_> {
+    /// `y = W^T x` (`x` has `rows` entries, `y` gets `cols`).
+    pub fn matvec_transposed(&self, x: &[f32], y: &mut [f32]) {
+        self.matmul_transposed(x, y)
+    }
+
+    /// `Y = X W` for `n` vectors (`xs` `[n, rows]`, `ys` `[n, cols]`): each vector's
+    /// [`matvec_transposed`](Self::matvec_transposed), a bf16 row widened once for all of them.
+    /// The same bits per vector as alone.
+    pub fn matmul_transposed(&self, xs: &[f32], ys: &mut [f32]) {
+        let (rows, cols) = (self.rows, self.cols);
+        let n = xs.len() / rows.max(1);
+        assert_eq!(xs.len(), n * rows, "xs is not whole {rows}-vectors");
+        assert_eq!(ys.len(), n * cols, "ys is not {n} vectors of {cols}");
+        // Row r of W times each vector's value r, added to that vector's output: rows in order.
+        let apply = |r: usize, row: &[f32], ys: &mut [f32]| {
+            for (y, x) in ys.chunks_exact_mut(cols).zip(xs.chunks_exact(rows)) {
+                crate::vecops::axpby(1.0, y, x[r], row);
+            }
+        };
+        ys.fill(0.0);
+        match self.w {
+            DenseRows::F32(w) => {
+                for (r, row) in w.chunks_exact(cols).enumerate() {
+                    apply(r, row, ys);
+                }
+            }
+            DenseRows::Bf16(w) => crate::scratch::with_taken(&WIDENED, |row| {
+                row.resize(cols, 0.0);
+                for (r, src) in w.chunks_exact(cols).enumerate() {
+                    for (d, s) in row.iter_mut().zip(src) {
+                        *d = s.to_f32();
+                    }
+                    apply(r, row, ys);
+                }
+            }),
         }
     }
 }
