@@ -238,24 +238,66 @@ fn step(
     status: &Status,
     metrics: &Metrics,
 ) {
+    let inputs = inputs(engine, active);
     // Sequences resumed with the logits of their whole prompt sample from those: no step.
     let stepping = active.iter().filter(|a| a.pending.is_none()).count();
+    let mut stepped = forward(engine, active, &inputs, metrics).into_iter();
+    if stepping > 0 {
+        metrics.record_step(stepping, inputs.iter().map(Vec::len).sum());
+    }
+    if let (Some(a), Ok(mut c)) = (active.first(), status.cache.lock()) {
+        *c = Some(a.session.stats.cache);
+    }
+    let logits: Vec<Option<Vec<f32>>> = active
+        .iter_mut()
+        .map(|a| match a.pending.take() {
+            Some(row) => Some(row),
+            None => stepped.next().flatten(),
+        })
+        .collect();
+    let ended: Vec<bool> = active
+        .iter_mut()
+        .zip(logits)
+        .zip(&inputs)
+        .map(|((a, row), ids)| match row {
+            Some(row) => advance(engine, a, &row, ids.len(), cache, metrics),
+            None => true,
+        })
+        .collect();
+    let mut ended = ended.into_iter();
+    active.retain(|_| !ended.next().unwrap_or(false));
+}
+
+/// What each sequence feeds in the coming step (empty for one sampling from kept logits): a
+/// share of its prompt by [`prefill_rows`] while it prefills, else its next token.
+fn inputs(engine: &Engine<'_>, active: &[Active<'_>]) -> Vec<Vec<u32>> {
     let decoding = active.iter().filter(|a| a.pending.is_none() && !a.prefilling()).count();
     let remaining: Vec<usize> =
         active.iter().filter(|a| a.pending.is_none() && a.prefilling()).map(|a| a.stop() - a.fed).collect();
     let mut rows = prefill_rows(engine.prefill_chunk(), decoding, &remaining).into_iter();
-    let inputs: Vec<Vec<u32>> = active
+    active
         .iter()
         .map(|a| match (&a.pending, a.prefilling()) {
             (Some(_), _) => Vec::new(),
             (None, true) => a.input(rows.next().unwrap_or(1)).to_vec(),
             (None, false) => a.input(1).to_vec(),
         })
-        .collect();
+        .collect()
+}
+
+/// The batch's forward: each stepping sequence's last logits, in order, `None` for one that
+/// failed (and was told). A failed batch is retried one sequence at a time, so only the
+/// sequences the failure concerns fail.
+fn forward(
+    engine: &Engine<'_>,
+    active: &mut [Active<'_>],
+    inputs: &[Vec<u32>],
+    metrics: &Metrics,
+) -> Vec<Option<Vec<f32>>> {
     let result = {
         let mut seqs: Vec<Seq<'_>> = active
             .iter_mut()
-            .zip(&inputs)
+            .zip(inputs)
             .filter(|(a, _)| a.pending.is_none())
             .map(|(a, ids)| Seq::new(&mut a.session, ids, Logits::Last))
             .collect();
@@ -265,22 +307,16 @@ fn step(
             guarded(|| engine.forward_batch(&mut seqs).map_err(|e| e.to_string()))
         }
     };
-    if stepping > 0 {
-        metrics.record_step(stepping, inputs.iter().map(Vec::len).sum());
-    }
-    if let (Some(a), Ok(mut c)) = (active.first(), status.cache.lock()) {
-        *c = Some(a.session.stats.cache);
-    }
-    let stepped: Vec<Option<Vec<f32>>> = match result {
+    match result {
         Ok(l) => l.into_iter().map(Some).collect(),
         Err(e) => {
             metrics.failed_steps.fetch_add(1, Ordering::Relaxed);
             eprintln!("a step of {} sequences failed: {e}", active.len());
             // The step's sessions are now in an unknown state: each is rebuilt from its tokens
-            // and stepped alone, so only the sequences the failure concerns fail.
+            // and stepped alone.
             active
                 .iter_mut()
-                .zip(&inputs)
+                .zip(inputs)
                 .filter(|(a, _)| a.pending.is_none())
                 .map(|(a, ids)| match alone(engine, &mut a.session, ids) {
                     Ok(row) => Some(row),
@@ -291,79 +327,73 @@ fn step(
                 })
                 .collect()
         }
-    };
-    let mut stepped = stepped.into_iter();
-    let logits: Vec<Option<Vec<f32>>> = active
-        .iter_mut()
-        .map(|a| match a.pending.take() {
-            Some(row) => Some(row),
-            None => stepped.next().flatten(),
-        })
-        .collect();
-    let context = engine.plan().context;
-    let mut ended: Vec<bool> = logits.iter().map(Option::is_none).collect();
-    let rows = logits.into_iter().zip(inputs.iter().zip(ended.iter_mut()));
-    for (a, (row, (ids, end))) in active.iter_mut().zip(rows) {
-        let Some(row) = row else { continue };
-        if a.fed < a.prompt.len() {
-            a.fed += ids.len();
-            metrics.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
-            if a.checkpoints.first() == Some(&a.fed) {
-                a.checkpoints.remove(0);
-                cache.insert(engine, a.scope, &a.session, None);
-            }
-            if a.fed < a.prompt.len() {
-                continue;
-            }
-            // The state after the prompt, with its logits: where the same request again starts
-            // sampling at once, and the same conversation's next request resumes.
-            cache.insert(engine, a.scope, &a.session, Some(&row));
+    }
+}
+
+/// One sequence after a step that fed it `fed` tokens and gave `row`: its prefill advances
+/// (keeping the state at checkpoints and at the prompt's end), or its next token is sampled
+/// and sent. True when the sequence has ended.
+fn advance(
+    engine: &Engine<'_>,
+    a: &mut Active<'_>,
+    row: &[f32],
+    fed: usize,
+    cache: &mut PrefixCache,
+    metrics: &Metrics,
+) -> bool {
+    if a.fed < a.prompt.len() {
+        a.fed += fed;
+        metrics.prompt_tokens.fetch_add(fed as u64, Ordering::Relaxed);
+        if a.checkpoints.first() == Some(&a.fed) {
+            a.checkpoints.remove(0);
+            cache.insert(engine, a.scope, &a.session, None);
         }
-        if let Some(why) = a.decoder.limit() {
-            a.decoder.stop(why);
+        if a.fed < a.prompt.len() {
+            return false;
+        }
+        // The state after the prompt, with its logits: where the same request again starts
+        // sampling at once, and the same conversation's next request resumes.
+        cache.insert(engine, a.scope, &a.session, Some(row));
+    }
+    if let Some(why) = a.decoder.limit() {
+        a.decoder.stop(why);
+        cache.insert(engine, a.scope, &a.session, None);
+        a.done(why);
+        return true;
+    }
+    let id = a.decoder.sample(row);
+    let logprob = a.decoder.logprob(row, id);
+    metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
+    match a.decoder.emit(id, a.session.tokens(), engine.plan().context) {
+        Ok(Emit::Continue(text)) => {
+            // Without a tokenizer, the ids are the text (as `k3-cli generate` prints them).
+            let text = if a.ids_out { format!("{id} ") } else { text };
+            let reasoning = a.decoder.take_reasoning();
+            a.send(Event::Delta { text, reasoning, token: id, logprob });
+            a.next = Some(id);
+            false
+        }
+        Ok(Emit::End(text, _)) => {
+            let stop_id = a.decoder.params().stop_ids.contains(&id);
+            let text = if a.ids_out && !stop_id { format!("{id} ") } else { text };
+            let reasoning = a.decoder.take_reasoning();
+            // The end-of-turn id is no part of the answer: nor is its log-probability.
+            let logprob = logprob.filter(|_| !stop_id);
+            if !text.is_empty() || !reasoning.is_empty() || logprob.is_some() {
+                a.send(Event::Delta { text, reasoning, token: id, logprob });
+            }
+            let why = a.decoder.finish().unwrap_or(Finish::Stop);
+            // The state after the answer (its end marker unfed): where a follow-up that
+            // quotes the answer back token for token resumes.
             cache.insert(engine, a.scope, &a.session, None);
             a.done(why);
-            *end = true;
-            continue;
+            true
         }
-        let id = a.decoder.sample(&row);
-        let logprob = a.decoder.logprob(&row, id);
-        metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
-        match a.decoder.emit(id, a.session.tokens(), context) {
-            Ok(Emit::Continue(text)) => {
-                // Without a tokenizer, the ids are the text (as `k3-cli generate` prints them).
-                let text = if a.ids_out { format!("{id} ") } else { text };
-                let reasoning = a.decoder.take_reasoning();
-                a.send(Event::Delta { text, reasoning, token: id, logprob });
-                a.next = Some(id);
-            }
-            Ok(Emit::End(text, _)) => {
-                let text =
-                    if a.ids_out && !a.decoder.params().stop_ids.contains(&id) { format!("{id} ") } else { text };
-                let reasoning = a.decoder.take_reasoning();
-                // The end-of-turn id is no part of the answer: nor is its log-probability.
-                let logprob = logprob.filter(|_| !a.decoder.params().stop_ids.contains(&id));
-                if !text.is_empty() || !reasoning.is_empty() || logprob.is_some() {
-                    a.send(Event::Delta { text, reasoning, token: id, logprob });
-                }
-                let why = a.decoder.finish().unwrap_or(Finish::Stop);
-                // The state after the answer (its end marker unfed): where a follow-up that
-                // quotes the answer back token for token resumes.
-                cache.insert(engine, a.scope, &a.session, None);
-                a.done(why);
-                *end = true;
-            }
-            Err(e) => {
-                a.send(Event::Failed(e.to_string()));
-                *end = true;
-            }
+        Err(e) => {
+            a.send(Event::Failed(e.to_string()));
+            true
         }
     }
-    let mut i = 0;
-    active.retain(|_| {
-        i += 1;
-        !ended[i - 1]
-    });
 }
 
 /// Runs a step, a panic inside it turned into an error (the scheduler and the other sequences
