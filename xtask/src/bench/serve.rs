@@ -142,12 +142,42 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
     let mut opts = ServerOptions::new(o.model.clone());
     opts.engine.mem_budget = o.mem;
     let batched = start(opts.clone())?;
+    let mut report = json!({
+        "model": o.model.display().to_string(), "tokens_per_client": o.tokens, "reps": o.reps,
+        "clients": throughput(o, &batched, ids, json_out)?,
+    });
+    if ids.is_some() {
+        // No chat without a tokenizer: the prefix cache's cases are not measured.
+        return Ok(report);
+    }
+    let cold = start(ServerOptions { prefix_cache: 0, ..opts })?;
+    let (w, wo, prompt_tokens, cached) = follow_up(o, &batched, &cold)?;
+    report["follow_up_ttft_s"] = json!({"prefix_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
+                                        "first_turn_prompt_tokens": prompt_tokens, "tokens_saved_total": cached});
+    if !json_out {
+        println!(
+            "follow-up turn after a {prompt_tokens}-token first turn: first token in {:.1} ms with the prefix cache, {:.1} ms without ({:.3}x)",
+            w * 1e3,
+            wo * 1e3,
+            w / wo.max(1e-12)
+        );
+    }
+    let cases: [(&str, Case); 2] = [("regenerate", regenerate), ("shared_system", shared_system)];
+    for (name, case) in cases {
+        report[format!("{name}_ttft_s")] = measure_case(o, name, case, &batched, &cold, json_out)?;
+    }
+    Ok(report)
+}
+
+/// Tokens a second in all for each number of concurrent clients (medians over `o.reps`, the
+/// order of the client counts rotated each repetition), and each against one client.
+fn throughput(o: &Options, server: &Server, ids: Option<u32>, json_out: bool) -> Result<Value> {
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); o.clients.len()];
     for rep in 0..o.reps {
         for k in 0..o.clients.len() {
             let i = (k + rep) % o.clients.len();
             eprintln!("  rep {rep}: {} clients", o.clients[i]);
-            rates[i].push(aggregate(batched.addr, o.clients[i], o.tokens, rep, ids)?);
+            rates[i].push(aggregate(server.addr, o.clients[i], o.tokens, rep, ids)?);
         }
     }
     let one = median(rates[o.clients.iter().position(|&c| c == 1).unwrap_or(0)].clone());
@@ -166,20 +196,16 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
             );
         }
     }
-    let mut report = json!({
-        "model": o.model.display().to_string(), "tokens_per_client": o.tokens, "reps": o.reps,
-        "clients": by_clients,
-    });
-    if ids.is_some() {
-        // No chat without a tokenizer: the follow-up turn is not measured.
-        return Ok(report);
-    }
-    // Time to first token of a follow-up turn: the first turn answered, then the next one
-    // streamed, on a server with the prefix cache and one without.
-    let cold = start(ServerOptions { prefix_cache: 0, ..opts })?;
+    Ok(Value::Object(by_clients))
+}
+
+/// Time to first token of a follow-up turn: the first turn answered, then the next one
+/// streamed, on a server with the prefix cache and one without. Gives the two medians, the
+/// first turn's prompt tokens and the tokens the cache saved in all.
+fn follow_up(o: &Options, batched: &Server, cold: &Server) -> Result<(f64, f64, u64, u64)> {
     let (mut with, mut without, mut prompt_tokens, mut cached) = (Vec::new(), Vec::new(), 0, 0);
     for rep in 0..o.reps {
-        for (server, out) in [(&batched, &mut with), (&cold, &mut without)] {
+        for (server, out) in [(batched, &mut with), (cold, &mut without)] {
             let mut messages = conversation(rep);
             let first = json!({"messages": messages, "max_tokens": 8, "temperature": 0});
             let (status, body) = http(server.addr, "POST", "/v1/chat/completions", Some(&first))?;
@@ -189,9 +215,10 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
             let v: Value = serde_json::from_str(&body)?;
             messages.push(json!({"role": "assistant", "content": v["choices"][0]["message"]["content"]}));
             messages.push(json!({"role": "user", "content": "Say it once more."}));
-            let next = json!({"messages": messages, "max_tokens": 4, "temperature": 0, "stream": true,
-                              "stream_options": {"include_usage": true}});
-            out.push(first_token(server.addr, &next)?.0);
+            out.push(
+                first_token(server.addr, &streamed(json!({"messages": messages, "max_tokens": 4, "temperature": 0})))?
+                    .0,
+            );
             prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
         }
         let (_, m) = http(batched.addr, "GET", "/metrics", None)?;
@@ -203,51 +230,39 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
             .parse::<f64>()
             .unwrap_or(0.0) as u64;
     }
+    Ok((median(with), median(without), prompt_tokens, cached))
+}
+
+/// One case's time to first token (a first request, then the measured one) on both servers.
+fn measure_case(o: &Options, name: &str, case: Case, batched: &Server, cold: &Server, json_out: bool) -> Result<Value> {
+    let (mut with, mut without, mut tokens) = (Vec::new(), Vec::new(), (0, 0));
+    for rep in 0..o.reps {
+        for (server, out) in [(batched, &mut with), (cold, &mut without)] {
+            let (first, next) = case(rep);
+            let (status, body) = http(server.addr, "POST", "/v1/chat/completions", Some(&first))?;
+            if status != 200 {
+                bail!("HTTP {status}: {body}");
+            }
+            let (ttft, usage) = first_token(server.addr, &next)?;
+            out.push(ttft);
+            if std::ptr::eq(server, batched) {
+                tokens = (usage["prompt_tokens"].as_u64().unwrap_or(0), cached_tokens(&usage));
+            }
+        }
+    }
     let (w, wo) = (median(with), median(without));
-    report["follow_up_ttft_s"] = json!({"prefix_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
-                                        "first_turn_prompt_tokens": prompt_tokens, "tokens_saved_total": cached});
     if !json_out {
         println!(
-            "follow-up turn after a {prompt_tokens}-token first turn: first token in {:.1} ms with the prefix cache, {:.1} ms without ({:.3}x)",
+            "{name}: a {}-token prompt ({} cached): first token in {:.1} ms with the prefix cache, {:.1} ms without ({:.3}x)",
+            tokens.0,
+            tokens.1,
             w * 1e3,
             wo * 1e3,
             w / wo.max(1e-12)
         );
     }
-    // The same request again (Regenerate), and a new conversation under the same long system
-    // prompt: each after a first request, on both servers.
-    let cases: [(&str, Case); 2] = [("regenerate", regenerate), ("shared_system", shared_system)];
-    for (name, case) in cases {
-        let (mut with, mut without, mut tokens) = (Vec::new(), Vec::new(), (0, 0));
-        for rep in 0..o.reps {
-            for (server, out) in [(&batched, &mut with), (&cold, &mut without)] {
-                let (first, next) = case(rep);
-                let (status, body) = http(server.addr, "POST", "/v1/chat/completions", Some(&first))?;
-                if status != 200 {
-                    bail!("HTTP {status}: {body}");
-                }
-                let (ttft, usage) = first_token(server.addr, &next)?;
-                out.push(ttft);
-                if std::ptr::eq(server, &batched) {
-                    tokens = (usage["prompt_tokens"].as_u64().unwrap_or(0), cached_tokens(&usage));
-                }
-            }
-        }
-        let (w, wo) = (median(with), median(without));
-        report[format!("{name}_ttft_s")] = json!({"prefix_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
-                                                 "prompt_tokens": tokens.0, "cached_tokens": tokens.1});
-        if !json_out {
-            println!(
-                "{name}: a {}-token prompt ({} cached): first token in {:.1} ms with the prefix cache, {:.1} ms without ({:.3}x)",
-                tokens.0,
-                tokens.1,
-                w * 1e3,
-                wo * 1e3,
-                w / wo.max(1e-12)
-            );
-        }
-    }
-    Ok(report)
+    Ok(json!({"prefix_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
+              "prompt_tokens": tokens.0, "cached_tokens": tokens.1}))
 }
 
 /// A first request and the streamed one measured after it, for repetition `rep`.
