@@ -17,6 +17,7 @@ pub mod owned;
 pub mod plan;
 pub mod sample;
 pub mod speculate;
+pub mod state_store;
 pub mod tokenizer;
 pub mod toolcall;
 pub mod verify;
@@ -24,7 +25,7 @@ pub mod weights;
 
 pub use model::{
     ActivationPrecision, Engine, EngineOptions, LayerState, Logits, RoutedToken, RunStats, STATE_FILE_VERSION,
-    SavedState, Seq, Session, Span, SpanKind, StateFileError, activate, tap,
+    SavedState, Seq, Session, Span, SpanKind, StateFileError, StateHeader, activate, read_state_header, tap,
 };
 pub use owned::OwnedEngine;
 pub use plan::MemoryPlan;

@@ -8,6 +8,9 @@
 //!   before prefetches, stale prefetches dropped, checksums verified on arrival, every fault
 //!   reported for its record with file and offset.
 //!
+//! - [`whole::read_file`]: a whole file through the reader, O_DIRECT chunks in flight (kept
+//!   prompt states).
+//!
 //! Slot ownership is the safety protocol: a slot submitted for reading belongs to the I/O thread
 //! until its completion is delivered; only then can its bytes be borrowed.
 
@@ -15,6 +18,7 @@ mod arena;
 mod backend;
 pub mod cache;
 pub mod reader;
+pub mod whole;
 
 pub use arena::{Arena, Lease};
 pub use cache::{CacheStats, ExpertCache, Key, Location, Policy, Status};

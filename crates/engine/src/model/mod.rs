@@ -24,7 +24,7 @@ pub use forward::{Logits, Seq};
 pub use layers::activate;
 pub use options::{ActivationPrecision, EngineOptions};
 pub use session::{LayerState, RoutedToken, Session};
-pub use state_file::{STATE_FILE_VERSION, SavedState, StateFileError};
+pub use state_file::{STATE_FILE_VERSION, SavedState, StateFileError, StateHeader, read_state_header};
 pub use stats::{RunStats, Span, SpanKind};
 
 use std::sync::Mutex;

@@ -139,6 +139,46 @@ impl Engine<'_> {
     }
 }
 
+/// What a state file's head says of it, read without the rest (a store's index at startup):
+/// the format version, the model's fingerprint, the token ids, and whether logits follow. Nothing
+/// of it is believed until [`Engine::read_state_file`] has checked the whole file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateHeader {
+    pub version: u32,
+    pub fingerprint: u64,
+    pub ids: Vec<u32>,
+    pub logits: bool,
+}
+
+/// The bytes of a state file's head before its token ids, and how many more the head needs
+/// (`ids` of them, then the logits' count).
+pub const STATE_HEAD_BYTES: usize = MAGIC.len() + 4 + 8 + 8;
+
+/// The head of a state file: `read(n)` gives its next `n` bytes (fewer at its end).
+pub fn read_state_header(
+    mut read: impl FnMut(usize) -> std::io::Result<Vec<u8>>,
+) -> Result<StateHeader, StateFileError> {
+    let head = read(STATE_HEAD_BYTES).map_err(|e| StateFileError::Invalid(e.to_string()))?;
+    if head.len() < MAGIC.len() || &head[..MAGIC.len()] != MAGIC {
+        return Err(StateFileError::Magic);
+    }
+    let mut c = Cursor { bytes: &head, at: MAGIC.len() };
+    let version = u32::from_le_bytes(c.array()?);
+    if version != STATE_FILE_VERSION {
+        return Err(StateFileError::Version { found: version });
+    }
+    let fingerprint = c.u64()?;
+    let n = c.u64()?;
+    let need = usize::try_from(n).ok().and_then(|n| n.checked_mul(4)).and_then(|b| b.checked_add(8));
+    let need =
+        need.filter(|&b| b <= 1 << 31).ok_or_else(|| StateFileError::Invalid(format!("a count of {n} tokens")))?;
+    let rest = read(need).map_err(|e| StateFileError::Invalid(e.to_string()))?;
+    let mut c = Cursor { bytes: &rest, at: 0 };
+    let ids = c.take(need - 8)?.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let logits = c.u64()? > 0;
+    Ok(StateHeader { version, fingerprint, ids, logits })
+}
+
 struct Cursor<'a> {
     bytes: &'a [u8],
     at: usize,
