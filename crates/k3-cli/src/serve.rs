@@ -61,6 +61,16 @@ pub struct ServeArgs {
     /// conversation with the same system prompt prefills only what is new (0 = off), e.g. 2G.
     #[arg(long, value_name = "BYTES", default_value = "1G")]
     prefix_cache: String,
+    /// Keep prompt states on disk in DIR too (created private to you if missing): states at
+    /// the chat template's boundaries and at prompts' ends are written as they are kept, the
+    /// others when RAM drops them, and a restarted server resumes from them. Files of another
+    /// model or version are left alone; a damaged one is removed and its prompt computed.
+    #[arg(long, value_name = "DIR")]
+    prompt_cache_dir: Option<PathBuf>,
+    /// The most bytes the state files in --prompt-cache-dir may take; the least recently used
+    /// go first, e.g. 50G.
+    #[arg(long, value_name = "SIZE", default_value = "10G", requires = "prompt_cache_dir")]
+    prompt_cache_disk: String,
     /// Seconds a client has to send a request's headers; also how long an idle keep-alive
     /// connection stays open.
     #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -138,6 +148,8 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
         },
         body_limit,
         prefix_cache,
+        prompt_cache_dir: a.prompt_cache_dir.clone(),
+        prompt_cache_disk: parse_size(&a.prompt_cache_disk).map_err(anyhow::Error::msg)?,
         limits: Limits {
             header_timeout: Duration::from_secs(a.header_timeout),
             body_timeout: Duration::from_secs(a.body_timeout),

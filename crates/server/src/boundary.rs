@@ -98,7 +98,7 @@ impl Boundary {
 
     fn scope(&self, key: Option<usize>) -> Scope {
         match key {
-            Some(i) if !self.shared_cache => Scope(i as u32 + 1),
+            Some(i) if !self.shared_cache => Scope::of_key(&self.api_keys[i]),
             _ => Scope(0),
         }
     }

@@ -53,6 +53,10 @@ pub struct ServerOptions {
     pub body_limit: usize,
     /// Bytes of kept states the prefix cache may hold (0: off).
     pub prefix_cache: usize,
+    /// A directory for kept states on disk (the prefix cache's second tier; they outlive the
+    /// server), and the bytes its files may take.
+    pub prompt_cache_dir: Option<PathBuf>,
+    pub prompt_cache_disk: u64,
     /// Timeouts, the connection cap, the drain at a stop.
     pub limits: Limits,
     /// Total bytes of a request's stop strings at most.
@@ -71,6 +75,8 @@ impl ServerOptions {
             boundary: Boundary::default(),
             body_limit: 4 << 20,
             prefix_cache: 1 << 30,
+            prompt_cache_dir: None,
+            prompt_cache_disk: 10 << 30,
             limits: Limits::default(),
             stop_bytes: 4096,
         }
@@ -170,7 +176,16 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
     }
     let _ = state.info.set(info);
     status.ready.store(true, Ordering::SeqCst);
-    let mut cache = prefix::PrefixCache::new(opts.prefix_cache);
+    let mut cache = match &opts.prompt_cache_dir {
+        None => prefix::PrefixCache::new(opts.prefix_cache),
+        Some(dir) => match k3_engine::state_store::StateStore::open(dir, opts.prompt_cache_disk, engine) {
+            Ok(store) => prefix::PrefixCache::with_disk(opts.prefix_cache, store),
+            Err(e) => return fail(status, e.to_string()),
+        },
+    };
+    for w in cache.take_warnings() {
+        eprintln!("prompt cache: {w}");
+    }
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         scheduler::run(engine, tok.as_ref(), jobs, opts.max_batch.max(1), &mut cache, status, &state.metrics)
     }));

@@ -25,6 +25,9 @@ pub struct Metrics {
     pub prefix_hits: AtomicU64,
     pub prefix_tokens_saved: AtomicU64,
     pub prefix_bytes: AtomicU64,
+    pub prefix_ram_hits: AtomicU64,
+    /// The disk tier's counters at the last step.
+    pub disk: std::sync::Mutex<Option<k3_engine::state_store::StoreStats>>,
 }
 
 impl Default for Metrics {
@@ -44,6 +47,8 @@ impl Default for Metrics {
             prefix_hits: AtomicU64::new(0),
             prefix_tokens_saved: AtomicU64::new(0),
             prefix_bytes: AtomicU64::new(0),
+            prefix_ram_hits: AtomicU64::new(0),
+            disk: std::sync::Mutex::new(None),
         }
     }
 }
@@ -55,11 +60,15 @@ impl Metrics {
         self.step_rows.fetch_add(rows as u64, Ordering::Relaxed);
     }
 
-    pub(crate) fn record_prefix(&self, c: &crate::prefix::PrefixCache) {
+    pub(crate) fn record_prefix(&self, c: &mut crate::prefix::PrefixCache) {
         self.prefix_lookups.store(c.lookups, Ordering::Relaxed);
         self.prefix_hits.store(c.hits, Ordering::Relaxed);
         self.prefix_tokens_saved.store(c.tokens_saved, Ordering::Relaxed);
         self.prefix_bytes.store(c.used() as u64, Ordering::Relaxed);
+        self.prefix_ram_hits.store(c.ram_hits, Ordering::Relaxed);
+        if let Ok(mut d) = self.disk.lock() {
+            *d = c.disk_stats();
+        }
     }
 
     /// The Prometheus exposition, with the scheduler's live state and the engine's cache counters.
@@ -98,8 +107,32 @@ impl Metrics {
                 "Prompt tokens not prefilled thanks to the prefix cache.",
                 get(&self.prefix_tokens_saved),
             ),
-            ("prefix_cache_bytes", g, "Bytes of state the prefix cache keeps.", get(&self.prefix_bytes)),
+            ("prefix_cache_bytes", g, "Bytes of state the prefix cache keeps in RAM.", get(&self.prefix_bytes)),
+            (
+                "prefix_cache_ram_hits_total",
+                c,
+                "Requests that resumed a state kept in RAM.",
+                get(&self.prefix_ram_hits),
+            ),
         ];
+        if let Some(d) = self.disk.lock().ok().and_then(|d| *d) {
+            let disk: [(&str, &str, &str, f64); 8] = [
+                ("prefix_cache_disk_hits_total", c, "Requests that resumed a state read from disk.", d.hits as f64),
+                ("prefix_cache_disk_tokens_total", c, "Prompt tokens restored from disk.", d.tokens_restored as f64),
+                ("prefix_cache_disk_bytes", g, "Bytes of the state files on disk.", d.bytes as f64),
+                ("prefix_cache_disk_files", g, "State files on disk.", d.entries as f64),
+                ("prefix_cache_disk_read_bytes_total", c, "Bytes of state files read back.", d.bytes_read as f64),
+                ("prefix_cache_disk_written_bytes_total", c, "Bytes of state files written.", d.bytes_written as f64),
+                ("prefix_cache_disk_refused_total", c, "State files found bad and ignored.", d.refused as f64),
+                (
+                    "prefix_cache_disk_skipped_total",
+                    c,
+                    "States not written (writer busy, too large, failed).",
+                    d.skipped as f64,
+                ),
+            ];
+            rows.extend(disk);
+        }
         if let Some(cs) = cache {
             let lookups = (cs.hits + cs.misses).max(1) as f64;
             rows.push((

@@ -13,13 +13,43 @@
 //! Entries belong to a [`Scope`] (the API key that made them): a request sees only its own
 //! scope's, so `cached_tokens` cannot tell one client what another one asked. A kept state is a
 //! compact copy ([`Engine::keep`]), counted by what it holds in memory ([`Session::held_bytes`]).
+//!
+//! With a disk tier ([`StateStore`], `--prompt-cache-dir`), states kept at a boundary or at a
+//! prompt's end are also written to disk as they are kept, and the others (answers' ends) when
+//! RAM drops them; a lookup takes the longer of the two tiers' matches, and a state restored from
+//! disk is kept in RAM again. Files outlive the server: a restarted one resumes from them.
 
+use k3_engine::state_store::{StateStore, StoreStats};
 use k3_engine::{Engine, Session};
 
-/// Whose entries a request may see and make: the API key it came with (0 when keys are shared
-/// or there are none).
+/// Whose entries a request may see and make: a hash of the API key it came with (0 when keys
+/// are shared or there are none) — the same after a restart, so files on disk keep their owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Scope(pub u32);
+pub struct Scope(pub u64);
+
+impl Scope {
+    pub fn of_key(key: &str) -> Scope {
+        Scope(xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), 0x6b33_5f73_636f_7065) | 1)
+    }
+}
+
+/// Why a state is kept, which decides when it goes to disk.
+#[derive(Debug, Clone, Copy)]
+pub enum Kept<'l> {
+    /// Where later prompts part from this one (a chat template's boundary): to disk at once.
+    Checkpoint,
+    /// A prompt's end, with the logits of its last token: to disk at once.
+    PromptEnd(&'l [f32]),
+    /// An answer's end: to disk when RAM drops it.
+    AnswerEnd,
+}
+
+/// Which tier a hit came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Ram,
+    Disk,
+}
 
 #[derive(Debug)]
 struct Entry {
@@ -29,6 +59,8 @@ struct Entry {
     logits: Option<Vec<f32>>,
     bytes: usize,
     last_use: u64,
+    /// A file holds it (with its logits, if it has them).
+    on_disk: bool,
 }
 
 /// What a hit starts from: a fork of the kept state, and the logits after its last token when
@@ -37,6 +69,7 @@ struct Entry {
 pub struct Resumed {
     pub session: Session,
     pub logits: Option<Vec<f32>>,
+    pub tier: Tier,
 }
 
 /// Kept states, keyed by the tokens they hold.
@@ -46,8 +79,11 @@ pub struct PrefixCache {
     used: usize,
     clock: u64,
     entries: Vec<Entry>,
+    disk: Option<StateStore>,
     pub lookups: u64,
+    /// Hits from either tier, and from RAM.
     pub hits: u64,
+    pub ram_hits: u64,
     /// Prompt tokens that were not prefilled thanks to a hit.
     pub tokens_saved: u64,
 }
@@ -58,11 +94,33 @@ impl PrefixCache {
         PrefixCache { budget, ..PrefixCache::default() }
     }
 
+    /// The same with `disk` as its second tier.
+    pub fn with_disk(budget: usize, disk: StateStore) -> Self {
+        PrefixCache { budget, disk: Some(disk), ..PrefixCache::default() }
+    }
+
+    fn on(&self) -> bool {
+        self.budget > 0 || self.disk.is_some()
+    }
+
+    /// The disk tier's counters, when there is one.
+    pub fn disk_stats(&mut self) -> Option<StoreStats> {
+        self.disk.as_mut().map(|d| {
+            d.poll();
+            d.stats()
+        })
+    }
+
+    /// Warnings of the disk tier for the server's log.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        self.disk.as_mut().map(StateStore::take_warnings).unwrap_or_default()
+    }
+
     /// A fresh session holding the longest kept state whose tokens begin `prompt` and either
     /// leave at least one of its tokens to run or are the whole prompt with its last logits;
     /// `None` when nothing kept fits.
     pub fn lookup(&mut self, engine: &Engine<'_>, scope: Scope, prompt: &[u32]) -> Option<Resumed> {
-        if self.budget == 0 {
+        if !self.on() {
             return None;
         }
         self.lookups += 1;
@@ -75,21 +133,69 @@ impl PrefixCache {
             .entries
             .iter_mut()
             .filter(|e| usable(e) && prompt.starts_with(e.session.ids()))
+            .max_by_key(|e| e.session.tokens());
+        let in_ram = best.as_ref().map_or(0, |e| e.session.tokens());
+        if let Some(disk) = self.disk.as_mut()
+            && disk.best(scope.0, prompt) > in_ram
+            && let Some(saved) = disk.restore(engine, scope.0, prompt)
+        {
+            let n = saved.session.tokens();
+            let logits = if n == prompt.len() { saved.logits } else { None };
+            self.keep_in_ram(engine, scope, &saved.session, logits.as_deref(), true);
+            self.hits += 1;
+            self.tokens_saved += n as u64;
+            return Some(Resumed { session: saved.session, logits, tier: Tier::Disk });
+        }
+        let best = self
+            .entries
+            .iter_mut()
+            .filter(|e| usable(e) && prompt.starts_with(e.session.ids()))
             .max_by_key(|e| e.session.tokens())?;
         best.last_use = self.clock;
         let session = engine.fork(&best.session).ok()?;
         let logits = if session.tokens() == prompt.len() { best.logits.clone() } else { None };
         self.hits += 1;
+        self.ram_hits += 1;
         self.tokens_saved += session.tokens() as u64;
-        Some(Resumed { session, logits })
+        Some(Resumed { session, logits, tier: Tier::Ram })
     }
 
-    /// Keeps `session`'s state (a fork of it), and `logits` after its last token if given,
-    /// dropping the least recently used to make room; a state larger than the whole budget, or
-    /// one already kept (then only given logits are added), is not.
-    pub fn insert(&mut self, engine: &Engine<'_>, scope: Scope, session: &Session, logits: Option<&[f32]>) {
-        if self.budget == 0 || session.tokens() == 0 {
+    /// Keeps `session`'s state (a fork of it) for `why`: in RAM, dropping the least recently
+    /// used to make room (each written to disk first, if it is not there), and on disk at once
+    /// for a boundary or a prompt's end; a state larger than the RAM budget goes to disk only.
+    pub fn insert(&mut self, engine: &Engine<'_>, scope: Scope, session: &Session, why: Kept<'_>) {
+        if !self.on() || session.tokens() == 0 {
             return;
+        }
+        let logits = match why {
+            Kept::PromptEnd(l) => Some(l),
+            Kept::Checkpoint | Kept::AnswerEnd => None,
+        };
+        let now = !matches!(why, Kept::AnswerEnd);
+        if let Some(disk) = self.disk.as_mut()
+            && now
+        {
+            disk.save(engine, scope.0, session, logits);
+        }
+        if !self.keep_in_ram(engine, scope, session, logits, now)
+            && let Some(disk) = self.disk.as_mut()
+        {
+            disk.save(engine, scope.0, session, logits);
+        }
+    }
+
+    /// Keeps a fork of `session` in RAM (`on_disk`: a file holds it already); false when it is
+    /// not kept there (no RAM budget, or larger than it).
+    fn keep_in_ram(
+        &mut self,
+        engine: &Engine<'_>,
+        scope: Scope,
+        session: &Session,
+        logits: Option<&[f32]>,
+        on_disk: bool,
+    ) -> bool {
+        if self.budget == 0 {
+            return false;
         }
         self.clock += 1;
         if let Some(e) = self.entries.iter_mut().find(|e| e.scope == scope && e.session.ids() == session.ids()) {
@@ -100,20 +206,25 @@ impl PrefixCache {
                     e.logits = Some(l.to_vec());
                     e.bytes += more;
                     self.used += more;
+                    e.on_disk = on_disk;
                 }
             }
-            return;
+            return true;
         }
-        let Ok(kept) = engine.keep(session) else { return };
+        let Ok(kept) = engine.keep(session) else { return false };
         let bytes = kept.held_bytes() + logits.map_or(0, size_of_val);
         if bytes > self.budget {
-            return;
+            return false;
         }
         while self.used + bytes > self.budget {
             let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_use).map(|(i, _)| i) else {
                 break;
             };
-            self.used -= self.entries.swap_remove(oldest).bytes;
+            let out = self.entries.swap_remove(oldest);
+            self.used -= out.bytes;
+            if let (Some(disk), false) = (self.disk.as_mut(), out.on_disk) {
+                disk.save(engine, out.scope.0, &out.session, out.logits.as_deref());
+            }
         }
         self.used += bytes;
         self.entries.push(Entry {
@@ -122,7 +233,9 @@ impl PrefixCache {
             logits: logits.map(<[f32]>::to_vec),
             bytes,
             last_use: self.clock,
+            on_disk,
         });
+        true
     }
 
     /// Bytes of state kept.

@@ -14,8 +14,8 @@ use k3_engine::{Engine, Logits, Seq, Session};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::metrics::Metrics;
-use crate::prefix::PrefixCache;
 use crate::prefix::Scope;
+use crate::prefix::{Kept, PrefixCache};
 pub use crate::status::Status;
 
 /// Prompt tokens a prefilling sequence feeds per step while others decode: long prompts advance
@@ -189,6 +189,9 @@ pub fn run(
         step(engine, &mut active, cache, status, metrics);
         status.active.store(active.len(), Ordering::Relaxed);
         metrics.record_prefix(cache);
+        for w in cache.take_warnings() {
+            eprintln!("prompt cache: {w}");
+        }
     }
 }
 
@@ -346,18 +349,18 @@ fn advance(
         metrics.prompt_tokens.fetch_add(fed as u64, Ordering::Relaxed);
         if a.checkpoints.first() == Some(&a.fed) {
             a.checkpoints.remove(0);
-            cache.insert(engine, a.scope, &a.session, None);
+            cache.insert(engine, a.scope, &a.session, Kept::Checkpoint);
         }
         if a.fed < a.prompt.len() {
             return false;
         }
         // The state after the prompt, with its logits: where the same request again starts
         // sampling at once, and the same conversation's next request resumes.
-        cache.insert(engine, a.scope, &a.session, Some(row));
+        cache.insert(engine, a.scope, &a.session, Kept::PromptEnd(row));
     }
     if let Some(why) = a.decoder.limit() {
         a.decoder.stop(why);
-        cache.insert(engine, a.scope, &a.session, None);
+        cache.insert(engine, a.scope, &a.session, Kept::AnswerEnd);
         a.done(why);
         return true;
     }
@@ -385,7 +388,7 @@ fn advance(
             let why = a.decoder.finish().unwrap_or(Finish::Stop);
             // The state after the answer (its end marker unfed): where a follow-up that
             // quotes the answer back token for token resumes.
-            cache.insert(engine, a.scope, &a.session, None);
+            cache.insert(engine, a.scope, &a.session, Kept::AnswerEnd);
             a.done(why);
             true
         }

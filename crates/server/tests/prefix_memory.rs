@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use k3_engine::{Engine, Model};
-use k3_server::prefix::PrefixCache;
 use k3_server::prefix::Scope;
+use k3_server::prefix::{Kept, PrefixCache};
 
 fn rss() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
@@ -23,7 +23,7 @@ fn a_thousand_prompts_stay_within_the_budget() {
     let run = |i: u32, cache: &mut PrefixCache| {
         let mut s = engine.session();
         engine.forward_last(&mut s, &prompt(i)).unwrap();
-        cache.insert(&engine, Scope(i % 3), &s, None);
+        cache.insert(&engine, Scope(u64::from(i % 3)), &s, Kept::AnswerEnd);
     };
     // Warm up what every step allocates (activations, the expert cache), with the cache off.
     let mut off = PrefixCache::new(0);
