@@ -15,6 +15,7 @@ use k3_engine::sample::SamplerConfig;
 use k3_engine::speculate::SpecStats;
 use k3_engine::tokenizer::Tokenizer;
 
+use crate::prompt_cache::{PromptCache, PromptCacheArgs};
 use crate::run::{EngineArgs, Needs, RUN_ACTIVATIONS, open_model};
 use crate::sampling::SamplingArgs;
 use crate::signals;
@@ -39,6 +40,9 @@ pub struct ChatArgs {
     /// Sampling: temperature 0.6 and top-p 0.95 unless given.
     #[command(flatten)]
     sampling: SamplingArgs,
+    /// Restores the first turn from DIR (a system prompt computed once), and keeps its states.
+    #[command(flatten)]
+    prompt_cache: PromptCacheArgs,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -150,6 +154,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         speculate: a.sampling.speculate as usize,
         ..GenerateParams::default()
     };
+    let mut cache = a.prompt_cache.open(&engine)?;
     let mut session = engine.session();
     let mut speculation = SpecStats::default();
     // The first turn is the whole conversation so far as the format writes it (K3's thinking
@@ -176,7 +181,25 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         }
         cancel.store(false, std::sync::atomic::Ordering::SeqCst);
         let t0 = std::time::Instant::now();
-        let turn = Generator::start(&engine, &mut session, &pending, Some(&tok), params.clone(), &mut |_, _| {})?;
+        let first = session.tokens() == 0;
+        let (from, kept_logits) = match cache.as_mut().filter(|_| first) {
+            Some(c) => {
+                let boundary = system_boundary(&format, &opening, a.system.as_deref(), &pending);
+                first_turn_from_cache(&engine, c, &mut session, &pending, boundary, a.engine.stats)?
+            }
+            None => (0, None),
+        };
+        let turn = match (from == pending.len(), kept_logits) {
+            (true, Some(l)) => Generator::resume(&engine, &mut session, l, Some(&tok), params.clone())?,
+            _ => Generator::start(&engine, &mut session, &pending[from..], Some(&tok), params.clone(), &mut |_, _| {})?,
+        };
+        if let Some(c) = cache.as_mut().filter(|_| first)
+            && from < pending.len()
+            && turn.session().tokens() > 0
+            && turn.session().ids().ends_with(&pending)
+        {
+            c.keep(&engine, turn.session(), Some(turn.last_logits(&engine)));
+        }
         let prompt_tokens = pending.len();
         let (answered, finish, spec) = answer(&engine, turn, &mut out)?;
         speculation.add(&spec);
@@ -199,6 +222,45 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     a.engine.report(&engine, &session.stats, Some(&speculation))?;
     a.engine.finish(&session)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where the system turn ends in the first turn's tokens (0 without a system prompt): the state
+/// a new chat with the same system prompt resumes.
+fn system_boundary(format: &ChatFormat<'_>, o: &PromptOptions<'_>, system: Option<&str>, pending: &[u32]) -> usize {
+    let Some(system) = system else { return 0 };
+    let Ok(part) = format.prompt_with(&[Message::new(Role::System, system)], o) else { return 0 };
+    part.iter().zip(pending).take_while(|(a, b)| a == b).count()
+}
+
+/// The first turn's start from the prompt cache: the longest kept state `pending` begins with is
+/// restored into `session`, then the prompt is run up to the system turn's end and that state
+/// kept. Gives where the rest of the prompt starts, and the kept logits when nothing is left.
+fn first_turn_from_cache(
+    engine: &k3_engine::Engine<'_>,
+    cache: &mut PromptCache,
+    session: &mut k3_engine::Session,
+    pending: &[u32],
+    boundary: usize,
+    stats: bool,
+) -> Result<(usize, Option<Vec<f32>>)> {
+    let (saved, restored) = cache.restore(engine, pending);
+    let mut logits = None;
+    if let Some(s) = saved {
+        *session = s.session;
+        logits = s.logits;
+    }
+    if stats {
+        eprintln!("{}", cache.describe(restored, pending.len()));
+    }
+    let mut from = restored.tokens;
+    if boundary > from && boundary < pending.len() {
+        for c in pending[from..boundary].chunks(engine.prefill_chunk().max(1)) {
+            engine.forward_last(session, c)?;
+        }
+        cache.keep(engine, session, None);
+        from = boundary;
+    }
+    Ok((from, logits))
 }
 
 /// Streams one answer: (tokens generated, why it ended).

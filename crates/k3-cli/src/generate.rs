@@ -12,6 +12,7 @@ use k3_engine::sample::SamplerConfig;
 use k3_engine::tokenizer::Tokenizer;
 
 use crate::prompt::PromptArgs;
+use crate::prompt_cache::{PromptCacheArgs, Restored};
 use crate::run::{EngineArgs, Needs, RUN_ACTIVATIONS, Turn, open_model};
 use crate::sampling::SamplingArgs;
 use crate::signals;
@@ -43,6 +44,8 @@ pub struct GenerateArgs {
     /// so each chunk reads its experts once for many tokens; --verbose prints it]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     chunk: Option<u32>,
+    #[command(flatten)]
+    prompt_cache: PromptCacheArgs,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -80,21 +83,39 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         logprobs: a.logprobs.map(usize::from),
         ..GenerateParams::default()
     };
-    let mut session = engine.session();
+    let mut cache = a.prompt_cache.open(&engine)?;
+    let (mut session, kept_logits, restored) = match cache.as_mut().map(|c| c.restore(&engine, &prompt)) {
+        Some((Some(saved), r)) => (saved.session, saved.logits, r),
+        Some((None, r)) => (engine.session(), None, r),
+        None => (engine.session(), None, Restored::default()),
+    };
+    let rest = &prompt[restored.tokens..];
     // A long prompt shows its progress; a chunk of a streaming model can take minutes, so the
     // elapsed time ticks between chunks.
-    let pb = (prompt.len() > 256 || prompt.len() > 4 * engine.prefill_chunk()).then(|| {
-        let pb = crate::progress_bar(n, "prompt [{bar:40}] {pos}/{len} tokens, {elapsed} (ETA {eta})");
+    let pb = (rest.len() > 256 || rest.len() > 4 * engine.prefill_chunk()).then(|| {
+        let pb = crate::progress_bar(rest.len() as u64, "prompt [{bar:40}] {pos}/{len} tokens, {elapsed} (ETA {eta})");
         pb.enable_steady_tick(std::time::Duration::from_secs(1));
         pb
     });
-    let mut g = Generator::start(&engine, &mut session, &prompt, tok.as_ref(), params, &mut |done, _| {
-        if let Some(pb) = &pb {
-            pb.set_position(done as u64);
-        }
-    })?;
+    let mut g = match (rest.is_empty(), kept_logits) {
+        // The whole prompt was kept, with its logits: sampling starts at once.
+        (true, Some(logits)) => Generator::resume(&engine, &mut session, logits, tok.as_ref(), params)?,
+        _ => Generator::start(&engine, &mut session, rest, tok.as_ref(), params, &mut |done, _| {
+            if let Some(pb) = &pb {
+                pb.set_position(done as u64);
+            }
+        })?,
+    };
     if let Some(pb) = pb {
         pb.finish_and_clear();
+    }
+    if let Some(c) = cache.as_mut() {
+        if !rest.is_empty() && g.session().tokens() == prompt.len() {
+            c.keep(&engine, g.session(), Some(g.last_logits(&engine)));
+        }
+        if a.engine.stats {
+            eprintln!("{}", c.describe(restored, prompt.len()));
+        }
     }
     let t1 = std::time::Instant::now();
     let mut out = std::io::stdout().lock();

@@ -9,6 +9,7 @@ mod inspect;
 mod lookahead;
 mod perplexity;
 mod prompt;
+mod prompt_cache;
 mod run;
 mod sampling;
 mod serve;

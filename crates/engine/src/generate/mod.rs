@@ -174,19 +174,9 @@ impl<'s, 't> Generator<'s, 't> {
             )));
         }
         let chunk = params.chunk.unwrap_or_else(|| engine.prefill_chunk()).max(1);
-        let mut decoder = Decoder::new(tok, params)?;
-        decoder.observe(session.ids());
-        decoder.observe(prompt);
-        let mut g = Generator {
-            session,
-            decoder,
-            logits: Vec::new(),
-            next: None,
-            ready: VecDeque::new(),
-            governor: Governor::default(),
-            spec: SpecStats::default(),
-            prefill: (prompt.len(), 0.0),
-        };
+        let mut g = Generator::new(session, Vec::new(), tok, params)?;
+        g.decoder.observe(prompt);
+        g.prefill = (prompt.len(), 0.0);
         let t0 = Instant::now();
         for (i, c) in prompt.chunks(chunk).enumerate() {
             if g.decoder.cancelled() {
@@ -199,6 +189,53 @@ impl<'s, 't> Generator<'s, 't> {
         }
         g.prefill.1 = t0.elapsed().as_secs_f64();
         Ok(g)
+    }
+
+    /// A turn that starts sampling from `logits`, the ones after `session`'s last token (kept
+    /// with its state): no prompt to run.
+    pub fn resume(
+        engine: &Engine<'_>,
+        session: &'s mut Session,
+        logits: Vec<f32>,
+        tok: Option<&'t Tokenizer>,
+        params: GenerateParams,
+    ) -> Result<Generator<'s, 't>, EngineError> {
+        if logits.len() != engine.vocab() || session.tokens() == 0 {
+            return Err(EngineError::Input(format!(
+                "{} logits after {} tokens: a resumed turn needs the logits of its last token",
+                logits.len(),
+                session.tokens()
+            )));
+        }
+        if session.tokens() >= engine.plan().context as usize {
+            return Err(EngineError::Input("the context is full".into()));
+        }
+        Generator::new(session, logits, tok, params)
+    }
+
+    fn new(
+        session: &'s mut Session,
+        logits: Vec<f32>,
+        tok: Option<&'t Tokenizer>,
+        params: GenerateParams,
+    ) -> Result<Generator<'s, 't>, EngineError> {
+        let mut decoder = Decoder::new(tok, params)?;
+        decoder.observe(session.ids());
+        Ok(Generator {
+            session,
+            decoder,
+            logits,
+            next: None,
+            ready: VecDeque::new(),
+            governor: Governor::default(),
+            spec: SpecStats::default(),
+            prefill: (0, 0.0),
+        })
+    }
+
+    /// The logits after the session's last token (before any is sampled: the prompt's).
+    pub fn last_logits(&self, engine: &Engine<'_>) -> &[f32] {
+        &self.logits[self.logits.len().saturating_sub(engine.vocab())..]
     }
 
     /// Why the turn ended, once it has.
