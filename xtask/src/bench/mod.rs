@@ -6,6 +6,7 @@ pub mod encode;
 pub mod io;
 pub mod kernels;
 pub mod peak;
+pub mod prompt_cache;
 pub mod serve;
 pub mod threads;
 pub mod timeline;
@@ -69,6 +70,28 @@ pub enum Bench {
         #[arg(long, default_value_t = 3, value_parser = reps)]
         reps: usize,
         /// Memory budget for the engine (e.g. 3G, for a model larger than memory).
+        #[arg(long, value_name = "SIZE")]
+        mem: Option<String>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The first token after a long shared prefix: computed, from a state kept in RAM, restored
+    /// from disk and after a restart; the state's size and its read rate against the drive's.
+    PromptCache {
+        /// The WASTE model (default: fixtures/default.waste).
+        #[arg(long, default_value = "fixtures/default.waste")]
+        model: PathBuf,
+        /// Tokens of the shared prefix (a system prompt).
+        #[arg(long, default_value_t = 4000, value_parser = |s: &str| bounded(s, 1, 1_000_000))]
+        prefix: usize,
+        /// Tokens of the question after it.
+        #[arg(long, default_value_t = 16, value_parser = |s: &str| bounded(s, 1, 10_000))]
+        question: usize,
+        /// Repetitions, interleaved (medians are reported).
+        #[arg(long, default_value_t = 3, value_parser = reps)]
+        reps: usize,
+        /// Memory budget for the engine (e.g. 3G).
         #[arg(long, value_name = "SIZE")]
         mem: Option<String>,
         /// Print one JSON object instead of a table.
@@ -167,6 +190,10 @@ pub fn run(what: Bench) -> Result<()> {
             let clients = crate::thread_list(Some(&clients))?;
             let mem = mem.map(|m| k3_engine::budget::parse_size(&m)).transpose().map_err(anyhow::Error::msg)?;
             (serve::run(&serve::Options { model, clients, tokens, reps, mem }, json)?, json)
+        }
+        Bench::PromptCache { model, prefix, question, reps, mem, json } => {
+            let mem = mem.map(|m| k3_engine::budget::parse_size(&m)).transpose().map_err(anyhow::Error::msg)?;
+            (prompt_cache::run(&prompt_cache::Options { model, prefix, question, reps, mem }, json)?, json)
         }
         Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
         Bench::Encode { reps, beam, refine, kmeans_iters, calibrated, json } => {
