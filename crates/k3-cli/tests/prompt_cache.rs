@@ -33,8 +33,7 @@ fn a_second_run_restores_the_prompt_and_says_so() {
     assert_eq!(n[2], n[4], "the whole prompt: {line}");
     assert_eq!(again, reference, "the same answer from the kept logits");
     // A longer prompt resumes the shorter one's state and says how much.
-    const LONGER: &str =
-        "And God said, Let there be light: and there was light. And God saw the light, that it was good: and God divided";
+    const LONGER: &str = "And God said, Let there be light: and there was light. And God saw the light, that it was good: and God divided";
     let (longer_ref, _) = run(LONGER, false);
     let (longer, err) = run(LONGER, true);
     assert!(err.contains("restored from"), "{err}");

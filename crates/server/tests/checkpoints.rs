@@ -6,14 +6,13 @@
 use std::path::{Path, PathBuf};
 
 use axum::Router;
-use axum::http::StatusCode;
 use k3_engine::Model;
 use k3_engine::tokenizer::Tokenizer;
 use k3_server::ServerOptions;
 use serde_json::{Value, json};
 
 mod common;
-use common::{json_call, post, server};
+use common::{ask, cached, content, server};
 
 fn default_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/default.waste")
@@ -27,20 +26,6 @@ async fn servers() -> (Router, Router) {
     let cached = server(ServerOptions::new(default_model())).await;
     let fresh = server(ServerOptions { prefix_cache: 0, ..ServerOptions::new(default_model()) }).await;
     (cached, fresh)
-}
-
-async fn ask(router: &Router, body: &Value) -> Value {
-    let (s, v) = json_call(router, post("/v1/chat/completions", body)).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    v
-}
-
-fn cached(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
-}
-
-fn content(v: &Value) -> &str {
-    v["choices"][0]["message"]["content"].as_str().unwrap()
 }
 
 fn system_and(user: &str) -> Value {

@@ -7,12 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
 use k3_server::ServerOptions;
 use serde_json::{Value, json};
 
 mod common;
-use common::{call, get, json_call, post, server};
+use common::{ask, cached, call, content, get, server};
 
 fn default_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/default.waste")
@@ -24,20 +23,6 @@ const SYSTEM: &str = "You are a careful storyteller. Every answer is one short p
 fn body(user: &str) -> Value {
     json!({"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
            "max_tokens": 12, "temperature": 0})
-}
-
-async fn ask(router: &Router, body: &Value) -> Value {
-    let (s, v) = json_call(router, post("/v1/chat/completions", body)).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    v
-}
-
-fn cached(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
-}
-
-fn content(v: &Value) -> &str {
-    v["choices"][0]["message"]["content"].as_str().unwrap()
 }
 
 fn on_disk(dir: &Path) -> Vec<PathBuf> {

@@ -66,15 +66,8 @@ pub enum Bench {
         /// Tokens each client asks for.
         #[arg(long, default_value_t = 64, value_parser = |s: &str| bounded(s, 1, 100_000))]
         tokens: usize,
-        /// Repetitions, interleaved (medians are reported).
-        #[arg(long, default_value_t = 3, value_parser = reps)]
-        reps: usize,
-        /// Memory budget for the engine (e.g. 3G, for a model larger than memory).
-        #[arg(long, value_name = "SIZE")]
-        mem: Option<String>,
-        /// Print one JSON object instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        run: EngineRun,
     },
     /// The first token after a long shared prefix: computed, from a state kept in RAM, restored
     /// from disk and after a restart; the state's size and its read rate against the drive's.
@@ -88,15 +81,8 @@ pub enum Bench {
         /// Tokens of the question after it.
         #[arg(long, default_value_t = 16, value_parser = |s: &str| bounded(s, 1, 10_000))]
         question: usize,
-        /// Repetitions, interleaved (medians are reported).
-        #[arg(long, default_value_t = 3, value_parser = reps)]
-        reps: usize,
-        /// Memory budget for the engine (e.g. 3G).
-        #[arg(long, value_name = "SIZE")]
-        mem: Option<String>,
-        /// Print one JSON object instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        run: EngineRun,
     },
     /// KDA and MLA decode at K3's dimensions next to their memory-traffic bounds.
     Attn {
@@ -186,14 +172,14 @@ pub fn run(what: Bench) -> Result<()> {
             (io::run(&o, json)?, json)
         }
         Bench::Attn { reps, json } => (attn::run(reps, json), json),
-        Bench::Serve { model, clients, tokens, reps, mem, json } => {
+        Bench::Serve { model, clients, tokens, run } => {
             let clients = crate::thread_list(Some(&clients))?;
-            let mem = mem.map(|m| k3_engine::budget::parse_size(&m)).transpose().map_err(anyhow::Error::msg)?;
-            (serve::run(&serve::Options { model, clients, tokens, reps, mem }, json)?, json)
+            let (reps, mem) = (run.reps, run.mem()?);
+            (serve::run(&serve::Options { model, clients, tokens, reps, mem }, run.json)?, run.json)
         }
-        Bench::PromptCache { model, prefix, question, reps, mem, json } => {
-            let mem = mem.map(|m| k3_engine::budget::parse_size(&m)).transpose().map_err(anyhow::Error::msg)?;
-            (prompt_cache::run(&prompt_cache::Options { model, prefix, question, reps, mem }, json)?, json)
+        Bench::PromptCache { model, prefix, question, run } => {
+            let (reps, mem) = (run.reps, run.mem()?);
+            (prompt_cache::run(&prompt_cache::Options { model, prefix, question, reps, mem }, run.json)?, run.json)
         }
         Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
         Bench::Encode { reps, beam, refine, kmeans_iters, calibrated, json } => {
@@ -213,6 +199,26 @@ pub fn run(what: Bench) -> Result<()> {
         println!("{report}");
     }
     Ok(())
+}
+
+/// What the benchmarks that run a whole engine take besides their own options.
+#[derive(clap::Args, Debug)]
+pub struct EngineRun {
+    /// Repetitions, interleaved (medians are reported).
+    #[arg(long, default_value_t = 3, value_parser = reps)]
+    reps: usize,
+    /// Memory budget for the engine (e.g. 3G, for a model larger than memory).
+    #[arg(long, value_name = "SIZE")]
+    mem: Option<String>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl EngineRun {
+    fn mem(&self) -> Result<Option<u64>> {
+        self.mem.as_deref().map(k3_engine::budget::parse_size).transpose().map_err(anyhow::Error::msg)
+    }
 }
 
 /// Median of a non-empty sample.

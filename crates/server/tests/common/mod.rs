@@ -49,3 +49,20 @@ pub async fn json_call(router: &Router, req: Request<Body>) -> (StatusCode, Valu
 pub fn sse_data(body: &str) -> Vec<String> {
     body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
 }
+
+/// A chat completion that must succeed: its JSON.
+pub async fn ask(router: &Router, body: &Value) -> Value {
+    let (s, v) = json_call(router, post("/v1/chat/completions", body)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    v
+}
+
+/// A completion's `usage.prompt_tokens_details.cached_tokens`.
+pub fn cached(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+}
+
+/// A chat completion's message text.
+pub fn content(v: &Value) -> &str {
+    v["choices"][0]["message"]["content"].as_str().unwrap()
+}
