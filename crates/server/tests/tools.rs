@@ -132,3 +132,48 @@ async fn tool_choice_none_reads_no_calls() {
     let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
     assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("tool_choice")), "{v}");
 }
+
+/// A new task under the same system prompt and tools, on a server restarted since another task
+/// ran: it resumes the state kept on disk after the system turn and the tool declarations, and
+/// answers (the call included) as a server without any cache.
+#[tokio::test]
+async fn a_restarted_server_resumes_the_system_turn_and_tools() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let with_dir = |ram: usize| ServerOptions {
+        prefix_cache: ram,
+        prompt_cache_dir: Some(dir.path().to_path_buf()),
+        ..ServerOptions::new(model())
+    };
+    let task = |city: &str| {
+        request(
+            json!([{"role": "system", "content": "You are a weather assistant. Call a tool for every city."},
+                   {"role": "user", "content": format!("Weather in {city}?")}]),
+            false,
+        )
+    };
+    let first = server(with_dir(1 << 30)).await;
+    let (s, v) = json_call(&first, post("/v1/chat/completions", &task("Paris"))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let files = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "k3state"))
+            .count()
+    };
+    for _ in 0..1000 {
+        if files() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(files() >= 2, "the boundary and the prompt's end were written");
+    let restarted = server(with_dir(0)).await;
+    let fresh = server(ServerOptions { prefix_cache: 0, ..ServerOptions::new(model()) }).await;
+    let (_, v) = json_call(&restarted, post("/v1/chat/completions", &task("Rome"))).await;
+    let (_, reference) = json_call(&fresh, post("/v1/chat/completions", &task("Rome"))).await;
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    // The system turn and the tool declarations are most of the prompt; the question is computed.
+    assert!(cached > prompt / 2 && cached < prompt, "the system turn and the tools: {}", v["usage"]);
+    assert_eq!(v["choices"], reference["choices"]);
+}
