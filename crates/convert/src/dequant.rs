@@ -9,15 +9,7 @@ use half::{bf16, f16};
 
 use super::ConvertError;
 
-/// The value of an e4m3fn byte: bias 7, no infinities, `S.1111.111` is NaN.
-pub fn e4m3(b: u8) -> f32 {
-    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
-    let (e, m) = (i32::from((b >> 3) & 0xF), f32::from(b & 7));
-    if e == 15 && m == 7.0 {
-        return f32::NAN;
-    }
-    sign * if e == 0 { m / 8.0 * 2f32.powi(-6) } else { (1.0 + m / 8.0) * 2f32.powi(e - 7) }
-}
+pub use k3_quant::fp8::e4m3;
 
 /// `[rows, cols]` FP8 weights times their `[ceil(rows/B), ceil(cols/B)]` block scales.
 pub fn fp8_blocks(weight: &[u8], scale_inv: &[u8], rows: usize, cols: usize, block: usize) -> Vec<f32> {
@@ -70,18 +62,6 @@ pub fn bf16_scales_to_f16(name: &str, scale: &[u8]) -> Result<Vec<u8>, ConvertEr
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn e4m3_values_are_the_standards() {
-        // OCP FP8 e4m3fn: max 448, min normal 2^-6, min subnormal 2^-9, NaN at 0x7F / 0xFF.
-        assert_eq!(e4m3(0x7E), 448.0);
-        assert_eq!(e4m3(0xFE), -448.0);
-        assert_eq!(e4m3(0x08), 2f32.powi(-6));
-        assert_eq!(e4m3(0x01), 2f32.powi(-9));
-        assert_eq!(e4m3(0x38), 1.0);
-        assert_eq!(e4m3(0x00), 0.0);
-        assert!(e4m3(0x7F).is_nan() && e4m3(0xFF).is_nan());
-    }
 
     #[test]
     fn edge_blocks_take_their_own_scale_and_nibbles_unpack_lsb_first() {
