@@ -243,12 +243,8 @@ fn first_turn_from_cache(
     boundary: usize,
     stats: bool,
 ) -> Result<(usize, Option<Vec<f32>>)> {
-    let (saved, restored) = cache.restore(engine, pending);
-    let mut logits = None;
-    if let Some(s) = saved {
-        *session = s.session;
-        logits = s.logits;
-    }
+    let (restored_session, logits, restored) = crate::prompt_cache::start(Some(&mut *cache), engine, pending);
+    *session = restored_session;
     if stats {
         eprintln!("{}", cache.describe(restored, pending.len()));
     }

@@ -12,7 +12,7 @@ use k3_engine::sample::SamplerConfig;
 use k3_engine::tokenizer::Tokenizer;
 
 use crate::prompt::PromptArgs;
-use crate::prompt_cache::{PromptCacheArgs, Restored};
+use crate::prompt_cache::PromptCacheArgs;
 use crate::run::{EngineArgs, Needs, RUN_ACTIVATIONS, Turn, open_model};
 use crate::sampling::SamplingArgs;
 use crate::signals;
@@ -84,11 +84,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         ..GenerateParams::default()
     };
     let mut cache = a.prompt_cache.open(&engine)?;
-    let (mut session, kept_logits, restored) = match cache.as_mut().map(|c| c.restore(&engine, &prompt)) {
-        Some((Some(saved), r)) => (saved.session, saved.logits, r),
-        Some((None, r)) => (engine.session(), None, r),
-        None => (engine.session(), None, Restored::default()),
-    };
+    let (mut session, kept_logits, restored) = crate::prompt_cache::start(cache.as_mut(), &engine, &prompt);
     let rest = &prompt[restored.tokens..];
     // A long prompt shows its progress; a chunk of a streaming model can take minutes, so the
     // elapsed time ticks between chunks.
@@ -118,17 +114,44 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         }
     }
     let t1 = std::time::Instant::now();
+    let Streamed { per_token, logprobs, lost } = stream(&engine, &mut g, tok.is_some())?;
+    match g.finish() {
+        Some(Finish::ContextFull) => eprintln!(
+            "[stopped: the context of {} tokens is full; raise --context for longer generations]",
+            engine.plan().context
+        ),
+        Some(Finish::Cancelled) if g.produced() == 0 => eprintln!("[interrupted during the prompt]"),
+        Some(Finish::Cancelled) => eprintln!("[interrupted]"),
+        _ => {}
+    }
+    let (prefill, produced, spec) = (g.prefill, g.produced() as usize, g.spec);
+    drop(g);
+    let decode = (produced, t1.elapsed().as_secs_f64());
+    let logprobs = a.logprobs.is_some().then_some(logprobs);
+    a.engine.report_split(&engine, &session.stats, Turn { prefill, decode, per_token, logprobs }, Some(&spec))?;
+    a.engine.finish(&session)?;
+    match lost {
+        Some(e) => Err(anyhow::Error::new(e).context("writing the generated text")),
+        None => Ok(ExitCode::SUCCESS),
+    }
+}
+
+/// What streaming a turn's text gave: per-token statistics, logprobs, and the write error that
+/// ended it early, if one did.
+struct Streamed {
+    per_token: Vec<serde_json::Value>,
+    logprobs: Vec<serde_json::Value>,
+    lost: Option<std::io::Error>,
+}
+
+/// Writes each token of the turn to standard output as it comes (its id without a tokenizer).
+/// A terminal that went away (SIGHUP) fails writes: generation stops, but the statistics are
+/// still written before the error is reported.
+fn stream(engine: &k3_engine::Engine<'_>, g: &mut Generator<'_, '_>, text: bool) -> Result<Streamed> {
     let mut out = std::io::stdout().lock();
-    let mut per_token = Vec::new();
-    let mut logprobs = Vec::new();
-    // A terminal that went away (SIGHUP) fails writes: generation stops, but the statistics
-    // are still written before the error is reported.
-    let mut lost = None;
-    while let Some(t) = g.step(&engine)? {
-        let wrote = match &tok {
-            Some(_) => write!(out, "{}", t.text),
-            None => write!(out, "{} ", t.id),
-        };
+    let (mut per_token, mut logprobs, mut lost) = (Vec::new(), Vec::new(), None);
+    while let Some(t) = g.step(engine)? {
+        let wrote = if text { write!(out, "{}", t.text) } else { write!(out, "{} ", t.id) };
         if let Err(e) = wrote.and_then(|()| out.flush()) {
             lost = Some(e);
             break;
@@ -149,24 +172,5 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     if lost.is_none() {
         lost = writeln!(out, "{}", g.flush()).err();
     }
-    drop(out);
-    match g.finish() {
-        Some(Finish::ContextFull) => eprintln!(
-            "[stopped: the context of {} tokens is full; raise --context for longer generations]",
-            engine.plan().context
-        ),
-        Some(Finish::Cancelled) if g.produced() == 0 => eprintln!("[interrupted during the prompt]"),
-        Some(Finish::Cancelled) => eprintln!("[interrupted]"),
-        _ => {}
-    }
-    let (prefill, produced, spec) = (g.prefill, g.produced() as usize, g.spec);
-    drop(g);
-    let decode = (produced, t1.elapsed().as_secs_f64());
-    let logprobs = a.logprobs.is_some().then_some(logprobs);
-    a.engine.report_split(&engine, &session.stats, Turn { prefill, decode, per_token, logprobs }, Some(&spec))?;
-    a.engine.finish(&session)?;
-    match lost {
-        Some(e) => Err(anyhow::Error::new(e).context("writing the generated text")),
-        None => Ok(ExitCode::SUCCESS),
-    }
+    Ok(Streamed { per_token, logprobs, lost })
 }

@@ -92,6 +92,20 @@ impl PromptCache {
     }
 }
 
+/// The session a prompt starts from: the longest kept state it begins with (and the logits
+/// after it when it holds the whole prompt), or a fresh one; what was restored.
+pub fn start(
+    cache: Option<&mut PromptCache>,
+    engine: &Engine<'_>,
+    prompt: &[u32],
+) -> (Session, Option<Vec<f32>>, Restored) {
+    match cache.map(|c| c.restore(engine, prompt)) {
+        Some((Some(saved), r)) => (saved.session, saved.logits, r),
+        Some((None, r)) => (engine.session(), None, r),
+        None => (engine.session(), None, Restored::default()),
+    }
+}
+
 impl Drop for PromptCache {
     /// The states kept are on disk before the command ends.
     fn drop(&mut self) {

@@ -88,48 +88,9 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
     }
     let file = std::fs::read_dir(dir.path())?.next().context("a state file")??.path();
     let state_bytes = std::fs::metadata(&file)?.len();
-    let mut store = StateStore::open(dir.path(), u64::MAX, &engine)?;
-    let (mut computed, mut ram, mut disk, mut restart, mut rates) = (vec![], vec![], vec![], vec![], vec![]);
-    for rep in 0..o.reps {
-        eprintln!("  rep {rep}");
-        let q = ids(engine.vocab(), o.question, 100 + rep as u64);
-        let all: Vec<u32> = prefix.iter().chain(&q).copied().collect();
-        computed.push(first_token(&engine, engine.session(), &all, Instant::now())?);
-        let t0 = Instant::now();
-        ram.push(first_token(&engine, engine.fork(&kept)?, &q, t0)?);
-        let t0 = Instant::now();
-        let before = store.stats();
-        let saved = store.restore(&engine, 0, &all).context("restored from disk")?;
-        let after = store.stats();
-        rates.push((after.bytes_read - before.bytes_read) as f64 / (after.read_seconds - before.read_seconds));
-        disk.push(first_token(&engine, saved.session, &q, t0)?);
-        let t0 = Instant::now();
-        let mut fresh = StateStore::open(dir.path(), u64::MAX, &engine)?;
-        let saved = fresh.restore(&engine, 0, &all).context("restored after a restart")?;
-        restart.push(first_token(&engine, saved.session, &q, t0)?);
-    }
-    // The drive's ceiling and the two ways of reading, side by side.
-    let big = ["experts-00000.waste", "trunk.waste"]
-        .iter()
-        .map(|n| o.model.join(n))
-        .filter(|p| p.exists())
-        .max_by_key(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
-        .context("the model's largest file, for the drive's ceiling")?;
-    // The restore's read over a file as large as K3's states (the small state file fits in a
-    // throttle's first burst), and its check over the state's bytes in memory.
-    let (mut ceiling, mut direct, mut buffered, mut check) = (vec![], vec![], vec![], vec![]);
-    let bytes = std::fs::read(&file)?;
-    for _ in 0..o.reps {
-        ceiling.push(dd_ceiling(&big)?);
-        direct.push(read_rate(&big, WholeRead::Direct)?);
-        buffered.push(read_rate(&big, WholeRead::Buffered)?);
-        let t0 = Instant::now();
-        engine.read_state_file(&bytes)?;
-        check.push(bytes.len() as f64 / t0.elapsed().as_secs_f64());
-    }
-    let (c, r, d, rs) = (median(computed), median(ram), median(disk), median(restart));
-    let (ceil, restore_rate) = (median(ceiling), median(rates));
-    let (direct, buffered, check) = (median(direct), median(buffered), median(check));
+    let (c, r, d, rs, restore_rate) = first_tokens(&engine, o, &prefix, &kept, dir.path())?;
+    let big = largest_file(&o.model)?;
+    let (ceil, direct, buffered, check) = read_rates(&engine, o.reps, &file, &big)?;
     let report = json!({
         "model": o.model.display().to_string(), "prefix_tokens": o.prefix, "question_tokens": o.question,
         "reps": o.reps, "state_bytes": state_bytes, "state_bytes_per_token": state_bytes as f64 / o.prefix as f64,
@@ -172,4 +133,64 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
         );
     }
     Ok(report)
+}
+
+/// Medians of the first token computed, from RAM, from disk and after a restart, and of the
+/// restore's rate (bytes/s), over `o.reps` interleaved repetitions, each with its own question.
+fn first_tokens(
+    engine: &Engine<'_>,
+    o: &Options,
+    prefix: &[u32],
+    kept: &Session,
+    dir: &Path,
+) -> Result<(f64, f64, f64, f64, f64)> {
+    let mut store = StateStore::open(dir, u64::MAX, engine)?;
+    let (mut computed, mut ram, mut disk, mut restart, mut rates) = (vec![], vec![], vec![], vec![], vec![]);
+    for rep in 0..o.reps {
+        eprintln!("  rep {rep}");
+        let q = ids(engine.vocab(), o.question, 100 + rep as u64);
+        let all: Vec<u32> = prefix.iter().chain(&q).copied().collect();
+        computed.push(first_token(engine, engine.session(), &all, Instant::now())?);
+        let t0 = Instant::now();
+        ram.push(first_token(engine, engine.fork(kept)?, &q, t0)?);
+        let t0 = Instant::now();
+        let before = store.stats();
+        let saved = store.restore(engine, 0, &all).context("restored from disk")?;
+        let after = store.stats();
+        rates.push((after.bytes_read - before.bytes_read) as f64 / (after.read_seconds - before.read_seconds));
+        disk.push(first_token(engine, saved.session, &q, t0)?);
+        let t0 = Instant::now();
+        let mut fresh = StateStore::open(dir, u64::MAX, engine)?;
+        let saved = fresh.restore(engine, 0, &all).context("restored after a restart")?;
+        restart.push(first_token(engine, saved.session, &q, t0)?);
+    }
+    Ok((median(computed), median(ram), median(disk), median(restart), median(rates)))
+}
+
+/// The model's largest file, for the drive's ceiling.
+fn largest_file(model: &Path) -> Result<PathBuf> {
+    ["experts-00000.waste", "trunk.waste"]
+        .iter()
+        .map(|n| model.join(n))
+        .filter(|p| p.exists())
+        .max_by_key(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .context("the model's largest file, for the drive's ceiling")
+}
+
+/// Medians of dd's O_DIRECT rate over `big`, the restore's read over it (direct, and buffered
+/// from a cold page cache), and the check of `file`'s state in memory (bytes/s). The restore's
+/// read is measured over a file as large as K3's states: the small state file fits in a
+/// throttle's first burst.
+fn read_rates(engine: &Engine<'_>, reps: usize, file: &Path, big: &Path) -> Result<(f64, f64, f64, f64)> {
+    let (mut ceiling, mut direct, mut buffered, mut check) = (vec![], vec![], vec![], vec![]);
+    let bytes = std::fs::read(file)?;
+    for _ in 0..reps {
+        ceiling.push(dd_ceiling(big)?);
+        direct.push(read_rate(big, WholeRead::Direct)?);
+        buffered.push(read_rate(big, WholeRead::Buffered)?);
+        let t0 = Instant::now();
+        engine.read_state_file(&bytes)?;
+        check.push(bytes.len() as f64 / t0.elapsed().as_secs_f64());
+    }
+    Ok((median(ceiling), median(direct), median(buffered), median(check)))
 }
