@@ -322,6 +322,12 @@ impl StateStore {
             self.stats.skipped += 1;
             return;
         }
+        // One state being written and one waiting at most (the channel's bound): past that the
+        // state is not even serialized, so a busy drive costs the caller nothing.
+        if self.queued.len() >= 2 {
+            self.stats.skipped += 1;
+            return;
+        }
         let path = self.path(scope, session.ids());
         let bytes = engine.state_file(session, logits);
         let Some((tx, _)) = &self.writer else { return };

@@ -129,12 +129,10 @@ impl PrefixCache {
             let n = e.session.tokens();
             e.scope == scope && (n < prompt.len() || (n == prompt.len() && e.logits.is_some()))
         };
-        let best = self
-            .entries
-            .iter_mut()
-            .filter(|e| usable(e) && prompt.starts_with(e.session.ids()))
-            .max_by_key(|e| e.session.tokens());
-        let in_ram = best.as_ref().map_or(0, |e| e.session.tokens());
+        let best = (0..self.entries.len())
+            .filter(|&i| usable(&self.entries[i]) && prompt.starts_with(self.entries[i].session.ids()))
+            .max_by_key(|&i| self.entries[i].session.tokens());
+        let in_ram = best.map_or(0, |i| self.entries[i].session.tokens());
         if let Some(disk) = self.disk.as_mut()
             && disk.best(scope.0, prompt) > in_ram
             && let Some(saved) = disk.restore(engine, scope.0, prompt)
@@ -146,11 +144,7 @@ impl PrefixCache {
             self.tokens_saved += n as u64;
             return Some(Resumed { session: saved.session, logits, tier: Tier::Disk });
         }
-        let best = self
-            .entries
-            .iter_mut()
-            .filter(|e| usable(e) && prompt.starts_with(e.session.ids()))
-            .max_by_key(|e| e.session.tokens())?;
+        let best = &mut self.entries[best?];
         best.last_use = self.clock;
         let session = engine.fork(&best.session).ok()?;
         let logits = if session.tokens() == prompt.len() { best.logits.clone() } else { None };
