@@ -70,6 +70,12 @@ pub enum Encoding {
     /// OCP MXFP4 in the compressed-tensors layout: `packed` u8 `[rows, cols/2]` (low nibble = even
     /// column, E2M1), `scale` u8 `[rows, cols/32]` (E8M0).
     Mxfp4,
+    /// FP8 e4m3 (`float8_e4m3fn`) in blocks with an f32 scale each, as DeepSeek-V3/R1 and Kimi
+    /// K2-Instruct ship their weights: parts `q` u8 `[rows, cols]` (the e4m3 bytes as stored),
+    /// `scale` f32 `[ceil(rows/block_rows), ceil(cols/block_cols)]` (the checkpoint's
+    /// `weight_scale_inv`); `w = e4m3(q) * scale[r/block_rows][c/block_cols]`, edge blocks partial.
+    /// `block_cols` is a multiple of 32 (the kernels' lanes never straddle a block).
+    Fp8Block { block_rows: u32, block_cols: u32 },
     /// Additive / residual vector quantization. Each row is cut into `cols/dim` chunks of `dim`
     /// values; each chunk stores one code per stage. Parts: `codes` `[rows, cols/dim * stages]`
     /// (u8 holding two 4-bit codes when `entries <= 16`, low nibble first; u8 when `entries <= 256`;
@@ -118,6 +124,7 @@ impl Encoding {
             Encoding::Int8Row => "int8-row".into(),
             Encoding::Int4Group { group } => format!("int4-g{group}"),
             Encoding::Mxfp4 => "mxfp4".into(),
+            Encoding::Fp8Block { block_rows, block_cols } => format!("fp8-e4m3-{block_rows}x{block_cols}"),
             Encoding::Vq { stages, entries, dim, .. } => format!("vq{stages}x{entries}x{dim}"),
         }
     }
@@ -179,6 +186,23 @@ impl Encoding {
                     PartLayout { name: "scale", dtype: Dtype::U8, shape: vec![r, blocks] },
                 ])
             }
+            Encoding::Fp8Block { block_rows, block_cols } => {
+                let (r, c) = matrix()?;
+                if *block_rows == 0 || *block_cols == 0 || block_cols % 32 != 0 {
+                    return Err(format!(
+                        "{}: blocks must be non-empty and a multiple of 32 columns wide",
+                        self.label()
+                    ));
+                }
+                Ok(vec![
+                    PartLayout { name: "q", dtype: Dtype::U8, shape: vec![r, c] },
+                    PartLayout {
+                        name: "scale",
+                        dtype: Dtype::F32,
+                        shape: vec![r.div_ceil(u64::from(*block_rows)), c.div_ceil(u64::from(*block_cols))],
+                    },
+                ])
+            }
             Encoding::Vq { stages, entries, dim, rotation_block, codebook, interleave, .. } => {
                 let (r, c) = matrix()?;
                 if *interleave == 0 || r % u64::from(*interleave) != 0 || (*interleave > 1 && *entries > 16) {
@@ -237,6 +261,17 @@ mod tests {
         let odd = Encoding::Int4Group { group: 3 }.parts(&[4, 6]).unwrap_err();
         assert!(odd.contains("odd"), "{odd}");
         assert!(Encoding::F32.parts(&[u64::MAX, 2]).is_err());
+    }
+
+    #[test]
+    fn fp8_blocks_take_partial_edges() {
+        // K2-Instruct's hidden 7168 = 56 blocks; the golden model's 192 = one and a half.
+        let p = Encoding::Fp8Block { block_rows: 128, block_cols: 128 }.parts(&[40, 192]).unwrap();
+        assert_eq!((p[0].bytes(), p[1].shape.clone(), p[1].bytes()), (40 * 192, vec![1, 2], 8));
+        assert!(Encoding::Fp8Block { block_rows: 128, block_cols: 100 }.parts(&[4, 200]).is_err());
+        assert!(Encoding::Fp8Block { block_rows: 0, block_cols: 128 }.parts(&[4, 200]).is_err());
+        let json = serde_json::to_string(&Encoding::Fp8Block { block_rows: 128, block_cols: 128 }).unwrap();
+        assert_eq!(json, r#"{"kind":"fp8_block","block_rows":128,"block_cols":128}"#);
     }
 
     #[test]

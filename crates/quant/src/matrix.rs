@@ -7,6 +7,7 @@ use std::cell::{Cell, RefCell};
 use half::{bf16, f16};
 
 use crate::bf16dot::{self, Bf16Batch};
+use crate::fp8::Fp8Ref;
 use crate::q8::{self, Q8Batch};
 use crate::vq::{Scratch, VqRef};
 use crate::{dense, int4, int8, mxfp4};
@@ -30,11 +31,41 @@ pub enum Activations {
 /// the activations (`act`; see [`Matrix::with_activations`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Matrix<'a> {
-    F32 { w: &'a [f32], rows: usize, cols: usize },
-    Bf16 { w: &'a [bf16], rows: usize, cols: usize, act: Activations },
-    Int8Row { q: &'a [i8], scale: &'a [f32], rows: usize, cols: usize, act: Activations },
-    Int4Group { q: &'a [u8], scale: &'a [f16], group: usize, rows: usize, cols: usize, act: Activations },
-    Mxfp4 { packed: &'a [u8], scale: &'a [u8], rows: usize, cols: usize, act: Activations },
+    F32 {
+        w: &'a [f32],
+        rows: usize,
+        cols: usize,
+    },
+    Bf16 {
+        w: &'a [bf16],
+        rows: usize,
+        cols: usize,
+        act: Activations,
+    },
+    Int8Row {
+        q: &'a [i8],
+        scale: &'a [f32],
+        rows: usize,
+        cols: usize,
+        act: Activations,
+    },
+    Int4Group {
+        q: &'a [u8],
+        scale: &'a [f16],
+        group: usize,
+        rows: usize,
+        cols: usize,
+        act: Activations,
+    },
+    Mxfp4 {
+        packed: &'a [u8],
+        scale: &'a [u8],
+        rows: usize,
+        cols: usize,
+        act: Activations,
+    },
+    /// FP8 e4m3 in blocks with f32 scales, as FP8 checkpoints store them (exact activations).
+    Fp8(Fp8Ref<'a>),
     Vq(VqRef<'a>),
 }
 
@@ -150,6 +181,7 @@ impl<'a> Matrix<'a> {
             | Matrix::Int8Row { rows, .. }
             | Matrix::Int4Group { rows, .. }
             | Matrix::Mxfp4 { rows, .. } => *rows,
+            Matrix::Fp8(m) => m.rows,
             Matrix::Vq(v) => v.rows,
         }
     }
@@ -161,6 +193,7 @@ impl<'a> Matrix<'a> {
             | Matrix::Int8Row { cols, .. }
             | Matrix::Int4Group { cols, .. }
             | Matrix::Mxfp4 { cols, .. } => *cols,
+            Matrix::Fp8(m) => m.cols,
             Matrix::Vq(v) => v.cols,
         }
     }
@@ -178,6 +211,7 @@ impl<'a> Matrix<'a> {
             Matrix::Int8Row { q, scale, .. } => int8::matvec(q, scale, x, y),
             Matrix::Int4Group { q, scale, group, .. } => int4::matvec(q, scale, group, x, y),
             Matrix::Mxfp4 { packed, scale, .. } => mxfp4::matvec(packed, scale, x, y),
+            Matrix::Fp8(m) => m.matvec(x, y),
             Matrix::Vq(v) => VQ_SCRATCH.with_borrow_mut(|s| v.matvec(x, y, s)),
         }
     }
@@ -214,17 +248,19 @@ impl<'a> Matrix<'a> {
                 cols,
                 act,
             },
+            Matrix::Fp8(m) => Matrix::Fp8(m.rows_view(start, n)?),
             Matrix::Vq(_) => return None,
         })
     }
 
-    /// This matrix as [`Dense`] (what can be multiplied transposed), if it is stored f32 or
-    /// bf16; `None` for the quantized encodings.
+    /// This matrix as [`Dense`] (what can be multiplied transposed), if it is stored f32, bf16
+    /// or FP8; `None` for the other quantized encodings.
     pub fn dense(self) -> Option<Dense<'a>> {
         let (rows, cols) = (self.rows(), self.cols());
         let w = match self {
             Matrix::F32 { w, .. } => DenseRows::F32(w),
             Matrix::Bf16 { w, .. } => DenseRows::Bf16(w),
+            Matrix::Fp8(m) => DenseRows::Fp8(m),
             _ => return None,
         };
         Some(Dense { w, rows, cols })
@@ -282,6 +318,7 @@ impl<'a> Matrix<'a> {
             Matrix::Int8Row { .. } => cols + 4,
             Matrix::Int4Group { group, .. } => cols / 2 + 2 * cols / group.max(1),
             Matrix::Mxfp4 { .. } => cols / 2 + cols / 32,
+            Matrix::Fp8(m) => m.row_bytes(),
             Matrix::Vq(v) => (v.codes.len() + 2 * v.scale.len()) / v.rows.max(1),
         }
     }
@@ -291,6 +328,7 @@ impl<'a> Matrix<'a> {
         let (rows, cols) = (self.rows(), self.cols());
         match *self {
             Matrix::Mxfp4 { packed, scale, .. } => mxfp4::matmul(packed, scale, cols, xs, ys),
+            Matrix::Fp8(m) => m.matmul(xs, ys),
             Matrix::Bf16 { w, .. } => dense::matmul_bf16(w, cols, xs, ys),
             Matrix::Int8Row { q, scale, .. } => int8::matmul(q, scale, cols, xs, ys),
             Matrix::Int4Group { q, scale, group, .. } => int4::matmul(q, scale, group, cols, xs, ys),
@@ -304,8 +342,9 @@ impl<'a> Matrix<'a> {
     }
 }
 
-/// A matrix stored f32 or bf16 ([`Matrix::dense`]): the encodings that can be multiplied
-/// transposed, as the absorbed MLA query needs the key projection.
+/// A matrix stored f32, bf16 or FP8 ([`Matrix::dense`]): the encodings that can be multiplied
+/// transposed (a row at a time, widened exactly), as the absorbed MLA query needs the key
+/// projection.
 #[derive(Debug, Clone, Copy)]
 pub struct Dense<'a> {
     w: DenseRows<'a>,
@@ -317,6 +356,9 @@ pub struct Dense<'a> {
 enum DenseRows<'a> {
     F32(&'a [f32]),
     Bf16(&'a [bf16]),
+    /// Each row widened to `e4m3 * scale` in f32: the values the checkpoint's own dequantization
+    /// gives.
+    Fp8(Fp8Ref<'a>),
 }
 
 thread_local! {
@@ -357,6 +399,13 @@ impl Dense<'_> {
                     for (d, s) in row.iter_mut().zip(src) {
                         *d = s.to_f32();
                     }
+                    apply(r, row, ys);
+                }
+            }),
+            DenseRows::Fp8(m) => crate::scratch::with_taken(&WIDENED, |row| {
+                row.resize(cols, 0.0);
+                for r in 0..rows {
+                    m.widen_row(r, row);
                     apply(r, row, ys);
                 }
             }),

@@ -1,7 +1,7 @@
 //! Rows split over threads give bit-identical products, for every encoding and thread count.
 
 use half::{bf16, f16};
-use k3_quant::{Activations, Matrix, int4, int8, mxfp4, par};
+use k3_quant::{Activations, Matrix, fp8, int4, int8, mxfp4, par};
 use proptest::prelude::*;
 
 /// Values in [-1, 1).
@@ -39,7 +39,9 @@ proptest! {
         let (q8, s8) = int8::quantize(&w, cols);
         let (q4, s4): (Vec<u8>, Vec<f16>) = int4::quantize(&w, cols, 32);
         let (p, sc) = mxfp4::quantize(&w, cols);
+        let (f8, fs) = fp8::quantize(&w, rows, cols, 128);
         let matrices = [
+            Matrix::Fp8(fp8::Fp8Ref::new(&f8, &fs, rows, cols, 128, 128).unwrap()),
             Matrix::F32 { w: &w, rows, cols },
             Matrix::Bf16 { w: &wb, rows, cols, act },
             Matrix::Int8Row { q: &q8, scale: &s8, rows, cols, act },
@@ -74,7 +76,9 @@ proptest! {
         let (q8, s8) = int8::quantize(&w, cols_any);
         let (q4, s4): (Vec<u8>, Vec<f16>) = int4::quantize(&w32, cols32, 32);
         let (p, sc) = mxfp4::quantize(&w32, cols32);
+        let (f8, fs) = fp8::quantize(&w, rows, cols_any, 32);
         let matrices = [
+            Matrix::Fp8(fp8::Fp8Ref::new(&f8, &fs, rows, cols_any, 32, 32).unwrap()),
             Matrix::F32 { w: &w, rows, cols: cols_any },
             Matrix::Bf16 { w: &wb, rows, cols: cols_any, act },
             Matrix::Int8Row { q: &q8, scale: &s8, rows, cols: cols_any, act },
