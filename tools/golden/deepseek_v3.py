@@ -16,6 +16,13 @@ scores with a correction bias, one shared expert). Experts are saved per expert 
 checkpoint names (transformers fuses them on load; we split them back: gate rows first).
 
     /tmp/venv/bin/python tools/golden/deepseek_v3.py fixtures/golden/deepseek-v3
+
+`--unseen-fp8 DIR` writes one more FP8 checkpoint of another shape, seed and layout (two
+safetensors shards with an index, hidden 320 = two and a half blocks, expert width 96 = three
+quarters of a block, 24 experts top 6), made after the FP8 kernels were written and never tuned
+against: the check that the golden model's agreement is not a property of its shape.
+
+    /tmp/venv/bin/python tools/golden/deepseek_v3.py --unseen-fp8 fixtures/golden/deepseek-v3/fp8-unseen
 """
 
 import json
@@ -36,6 +43,11 @@ DIMS = dict(vocab_size=512, hidden_size=192, intermediate_size=320, moe_intermed
             v_head_dim=16, max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=False,
             hidden_act="silu", bos_token_id=0, eos_token_id=1)
 IDS = [3, 141, 59, 265, 358, 97, 93, 238, 462, 64, 338, 327]
+SEED = 7
+UNSEEN = dict(hidden_size=320, intermediate_size=448, moe_intermediate_size=96, num_hidden_layers=4,
+              n_routed_experts=24, num_experts_per_tok=6, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+              q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
+UNSEEN_IDS = [17, 402, 9, 311, 256, 77, 130, 499, 61, 5, 288, 144, 390, 23]
 
 
 def config_json(model_type: str, extra=None) -> dict:
@@ -50,7 +62,7 @@ def config_json(model_type: str, extra=None) -> dict:
 def random_model() -> DeepseekV3ForCausalLM:
     rope = {"rope_type": "yarn", "rope_theta": 50000.0, **{k: v for k, v in ROPE.items() if k != "type"}}
     cfg = DeepseekV3Config(**DIMS, rope_parameters=rope)
-    torch.manual_seed(7)
+    torch.manual_seed(SEED)
     m = DeepseekV3ForCausalLM(cfg).float().eval()
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -158,20 +170,8 @@ def reference(m, tensors: dict, out_dir: str, note: str) -> None:
               open(os.path.join(g, "meta.json"), "w"), indent=1)
 
 
-def main() -> None:
-    root = sys.argv[1]
-    m = random_model()
-    base = {k: v.to(torch.bfloat16) for k, v in checkpoint_tensors(m).items()}
-
-    # BF16.
-    d = os.path.join(root, "bf16")
-    os.makedirs(d, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in base.items()}, os.path.join(d, "model.safetensors"))
-    json.dump(config_json("deepseek_v3"), open(os.path.join(d, "config.json"), "w"), indent=1)
-    reference(m, {k: v.float() for k, v in base.items()}, d, "bf16 as stored")
-
-    # FP8 blocks on every Linear but embeddings, lm_head and the router.
-    d = os.path.join(root, "fp8")
+def fp8_checkpoint(d: str, m, base: dict, shards: int = 1) -> None:
+    """FP8 blocks on every Linear but embeddings, lm_head and the router, with its reference."""
     os.makedirs(d, exist_ok=True)
     stored, deq = {}, {}
     for k, v in base.items():
@@ -184,10 +184,51 @@ def main() -> None:
         else:
             stored[k] = v
             deq[k] = v.float()
-    save_file({k: v.contiguous() for k, v in stored.items()}, os.path.join(d, "model.safetensors"))
+    if shards == 1:
+        save_file({k: v.contiguous() for k, v in stored.items()}, os.path.join(d, "model.safetensors"))
+    else:
+        # Layers split over the shards as the releases split them (a tensor and its scale together).
+        names = sorted(stored)
+        files = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+        where = {n: files[min(shards - 1, i * shards // len(names))] for i, n in enumerate(names)}
+        for n in names:
+            if n.endswith("_scale_inv"):
+                where[n] = where[n[: -len("_scale_inv")]]
+        for f in files:
+            save_file({k: stored[k].contiguous() for k in names if where[k] == f}, os.path.join(d, f))
+        json.dump({"metadata": {}, "weight_map": where}, open(os.path.join(d, "model.safetensors.index.json"), "w"),
+                  indent=1)
     qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
     json.dump(config_json("kimi_k2", {"quantization_config": qc}), open(os.path.join(d, "config.json"), "w"), indent=1)
     reference(m, deq, d, "fp8 e4m3 x block scale_inv, dequantized in f32")
+
+
+def unseen_fp8(d: str) -> None:
+    global SEED, IDS
+    DIMS.update(UNSEEN)
+    SEED, IDS = 1234, UNSEEN_IDS
+    m = random_model()
+    base = {k: v.to(torch.bfloat16) for k, v in checkpoint_tensors(m).items()}
+    fp8_checkpoint(d, m, base, shards=2)
+    print("wrote", d)
+
+
+def main() -> None:
+    if sys.argv[1] == "--unseen-fp8":
+        return unseen_fp8(sys.argv[2])
+    root = sys.argv[1]
+    m = random_model()
+    base = {k: v.to(torch.bfloat16) for k, v in checkpoint_tensors(m).items()}
+
+    # BF16.
+    d = os.path.join(root, "bf16")
+    os.makedirs(d, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in base.items()}, os.path.join(d, "model.safetensors"))
+    json.dump(config_json("deepseek_v3"), open(os.path.join(d, "config.json"), "w"), indent=1)
+    reference(m, {k: v.float() for k, v in base.items()}, d, "bf16 as stored")
+
+    # FP8 blocks on every Linear but embeddings, lm_head and the router.
+    fp8_checkpoint(os.path.join(root, "fp8"), m, base)
 
     # INT4 routed experts (compressed-tensors pack-quantized), BF16 elsewhere.
     d = os.path.join(root, "int4")

@@ -202,7 +202,10 @@ impl<'a> Mla<'a> {
         let uk: Option<Vec<Dense<'a>>> =
             (0..h).map(|hd| w.kv_b.rows_view(hd * per_head, cfg.nope).and_then(Matrix::dense)).collect();
         let Some(uk) = uk else {
-            return Err(AttnError::Unsupported { layer: name, reason: "kv_b_proj must be stored f32 or bf16".into() });
+            return Err(AttnError::Unsupported {
+                layer: name,
+                reason: "kv_b_proj must be stored f32, bf16 or fp8".into(),
+            });
         };
         let uv: Option<Vec<Matrix<'a>>> =
             (0..h).map(|hd| w.kv_b.rows_view(hd * per_head + cfg.nope, cfg.v_dim)).collect();

@@ -461,7 +461,7 @@ fn mla_refuses_a_quantized_kv_b() {
         o_proj: m(&data.w[8], D, H * V),
     };
     let e = Mla::new("layer 5", layer.config().clone(), w.clone()).unwrap_err().to_string();
-    assert!(e.contains("kv_b_proj must be stored f32 or bf16"), "{e}");
+    assert!(e.contains("kv_b_proj must be stored f32, bf16 or fp8"), "{e}");
     w.kv_a_norm = vec![1.0; L + 1];
     let e = Mla::new("layer 5", layer.config().clone(), w).unwrap_err().to_string();
     assert!(e.contains("`kv_a_layernorm` has 33 values, expected 32"), "{e}");

@@ -28,6 +28,22 @@ pub fn fp8_blocks(weight: &[u8], scale_inv: &[u8], rows: usize, cols: usize, blo
     out
 }
 
+/// FP8 weights kept as stored must be numbers: no NaN byte (DeepSeek's quantization never makes
+/// one; the kernels would read it as 480), and finite scales that stay finite times 256 (the
+/// kernels' weights are `e4m3 / 256`, the 256 moved into the scale).
+pub fn check_fp8(name: &str, weight: &[u8], scale_inv: &[u8]) -> Result<(), ConvertError> {
+    if let Some(i) = weight.iter().position(|b| k3_quant::fp8::is_nan(*b)) {
+        return Err(ConvertError::Unsupported(format!("`{name}`: weight {i} is an FP8 NaN (byte {:#04x})", weight[i])));
+    }
+    for (i, c) in scale_inv.chunks_exact(4).enumerate() {
+        let s = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+        if !(s * 256.0).is_finite() {
+            return Err(ConvertError::Unsupported(format!("`{name}_scale_inv`: block scale {i} is {s:e}")));
+        }
+    }
+    Ok(())
+}
+
 /// `[rows, cols]` INT4 weights from their packed int32 words and bf16 group scales.
 pub fn int4_groups(packed: &[u8], scale: &[u8], rows: usize, cols: usize, group: usize) -> Vec<f32> {
     let mut out = vec![0f32; rows * cols];

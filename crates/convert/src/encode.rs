@@ -41,6 +41,22 @@ impl TrunkFormat {
     }
 }
 
+/// Whether an FP8 trunk tensor is stored as FP8: as stored (`keep`, and int8 / int4, which keep
+/// what they do not quantize) where k3 multiplies it, a projection or MLA's `kv_b_proj`. The
+/// embedding table and exact tensors are widened to f32 instead (exact); `f32` / `bf16` widen
+/// everything.
+pub fn keeps_fp8(fmt: TrunkFormat, storage: Storage) -> bool {
+    matches!(
+        (fmt, storage),
+        (TrunkFormat::Keep, Storage::Matrix | Storage::Dense) | (TrunkFormat::Int8 | TrunkFormat::Int4, Storage::Dense)
+    )
+}
+
+/// FP8 with a checkpoint's square blocks.
+pub fn fp8_encoding(block: u32) -> Encoding {
+    Encoding::Fp8Block { block_rows: block, block_cols: block }
+}
+
 /// Little-endian f32 values of a BF16, F16 or F32 tensor.
 pub fn to_f32(name: &str, dtype: StDtype, bytes: &[u8]) -> Result<Vec<f32>, ConvertError> {
     Ok(match dtype {

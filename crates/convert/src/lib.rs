@@ -18,6 +18,7 @@ mod dequant;
 mod encode;
 mod export;
 mod plan;
+mod reencoded;
 mod source;
 mod write;
 
@@ -29,6 +30,7 @@ pub use encode::{ExpertTarget, TrunkFormat};
 pub use export::{ExportReport, export};
 use k3_engine::config::ConfigError;
 use plan::Plan;
+pub use reencoded::ReEncoded;
 pub use source::{Source, SourceTensor};
 
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +142,8 @@ pub struct ConvertReport {
     /// Checkpoint tensors k3 does not run: a vision tower, DeepSeek-V3's multi-token-prediction layers.
     pub ignored: Vec<String>,
     pub verified_bytes: u64,
+    /// Tensors stored in another encoding than the checkpoint's, grouped, with why.
+    pub re_encoded: Vec<ReEncoded>,
 }
 
 /// The options with every path in one spelling (so a resumed conversion is recognised however
@@ -165,6 +169,7 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
     let mut w = match ModelWriter::open(&opts.out_dir, plan.writer_spec(opts, &src))? {
         Opened::Complete => {
             report.already_complete = true;
+            report.re_encoded = reencoded::list(&write::open(opts)?, &plan, &src, opts);
             return Ok(report);
         }
         Opened::Writer(w) => w,
@@ -172,6 +177,8 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
     report.resumed_items = w.resumed_items();
     write::trunk(&mut w, &plan, &src, opts.trunk, &mut report, progress)?;
     write::experts(&mut w, &plan, &src, opts.calibration.as_deref(), &mut report, progress)?;
-    report.verified_bytes = write::finish(*w, &src, opts, progress)?;
+    let model = write::finish(*w, &src, opts, progress)?;
+    report.verified_bytes = model.verify_bytes();
+    report.re_encoded = reencoded::list(&model, &plan, &src, opts);
     Ok(report)
 }

@@ -82,6 +82,12 @@ impl Plan {
     pub fn writer_spec(&self, opts: &ConvertOptions, src: &Source) -> WriterSpec {
         let expert_label = self.layouts.first().map_or("none".to_string(), |l| l.matrices[0].encoding.label());
         let trunk_label = match opts.trunk {
+            // (Models converted before FP8 was kept say the same without it: header bytes unchanged.)
+            TrunkFormat::Keep
+                if self.trunk_names.iter().any(|n| src.get(n).is_ok_and(|t| t.dtype == StDtype::F8_E4M3)) =>
+            {
+                "as stored (fp8 blocks, bf16/f32)".to_string()
+            }
             TrunkFormat::Keep => "as stored (bf16/f32)".to_string(),
             t => t.name().to_string(),
         };
@@ -176,8 +182,7 @@ fn plan_experts(
             (SourceExperts::F32, ExpertFormat::Keep | ExpertFormat::F32) => None,
             // INT4 groups are k3's own int4 layout byte for byte (scales bf16 -> f16, checked exact).
             (SourceExperts::Int4 { .. }, ExpertFormat::Keep) => None,
-            // k3 has no FP8 kernel: "as stored" is the nearest compact encoding it runs.
-            (SourceExperts::Fp8 { .. }, ExpertFormat::Keep) => Some(ExpertTarget::Mxfp4),
+            (SourceExperts::Fp8 { .. }, ExpertFormat::Keep) => None,
             (_, ExpertFormat::F32) => Some(ExpertTarget::F32),
             (SourceExperts::Int4 { group: 32 }, ExpertFormat::Int4) => None,
             (_, ExpertFormat::Int4) => Some(ExpertTarget::Int4),
@@ -194,6 +199,7 @@ fn plan_experts(
                     (None, SourceExperts::Mxfp4) => Encoding::Mxfp4,
                     (None, SourceExperts::Bf16) => Encoding::Bf16,
                     (None, SourceExperts::Int4 { group }) => Encoding::Int4Group { group },
+                    (None, SourceExperts::Fp8 { block }) => encode::fp8_encoding(block),
                     (None, _) => Encoding::F32,
                     (Some(t), _) => encode::planned(t, s[1] as usize),
                 };

@@ -159,6 +159,11 @@ impl Source {
         };
         for t in &m.trunk.tensors {
             let e = &t.tensor;
+            if let (Encoding::Fp8Block { .. }, [q, scale]) = (&e.encoding, e.parts.as_slice()) {
+                add(e.name.clone(), StDtype::F8_E4M3, &e.shape, 0, q.offset, q.len);
+                add(format!("{}_scale_inv", e.name), StDtype::F32, &scale.shape, 0, scale.offset, scale.len);
+                continue;
+            }
             let d = match (&e.encoding, e.parts.as_slice()) {
                 (Encoding::F32 | Encoding::Bf16 | Encoding::F16 | Encoding::U8, [part]) => dtype(part.dtype),
                 _ => None,
@@ -197,6 +202,12 @@ impl Source {
                             entry.offset + s.offset,
                             s.len,
                         );
+                    }
+                    (Encoding::Fp8Block { .. }, _, _, Some(s)) => {
+                        let q = part("q").ok_or_else(|| unreadable(&base, &mat.encoding))?;
+                        let at = entry.offset;
+                        add(format!("{base}.weight"), StDtype::F8_E4M3, &mat.shape, file, at + q.offset, q.len);
+                        add(format!("{base}.weight_scale_inv"), StDtype::F32, &s.shape, file, at + s.offset, s.len);
                     }
                     _ => return Err(unreadable(&base, &mat.encoding)),
                 }

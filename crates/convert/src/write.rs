@@ -34,10 +34,7 @@ pub(super) fn trunk(
         if !w.has_tensor(name) {
             let storage = plan.table.get(name).map_or(Storage::Exact, |e| e.storage);
             let (enc, parts) = if t.dtype == StDtype::F8_E4M3 {
-                // FP8 is widened with its block scales; kept "as stored" means bf16.
-                let f = fp8_trunk(src, name, &t.shape, bytes, plan.fp8_block)?;
-                let fmt = if trunk == TrunkFormat::Keep { TrunkFormat::Bf16 } else { trunk };
-                encode::trunk(name, StDtype::F32, &t.shape, &f, fmt, storage)?
+                fp8_trunk(src, name, &t.shape, bytes, plan.fp8_block, trunk, storage)?
             } else {
                 encode::trunk(name, t.dtype, &t.shape, bytes, trunk, storage)?
             };
@@ -53,16 +50,32 @@ pub(super) fn trunk(
     Ok(())
 }
 
-/// An FP8 trunk matrix as f32 bytes, through its `weight_scale_inv`.
-fn fp8_trunk(src: &Source, name: &str, shape: &[u64], bytes: &[u8], block: u32) -> Result<Vec<u8>, ConvertError> {
+/// An FP8 trunk tensor: kept as stored (bytes and block scales) where k3 multiplies it, else
+/// widened exactly to f32 through its `weight_scale_inv` and encoded as `trunk` asks.
+fn fp8_trunk(
+    src: &Source,
+    name: &str,
+    shape: &[u64],
+    bytes: &[u8],
+    block: u32,
+    trunk: TrunkFormat,
+    storage: Storage,
+) -> Result<(k3_format::Encoding, Vec<Vec<u8>>), ConvertError> {
     let [rows, cols] = shape else {
         return Err(ConvertError::Unsupported(format!("`{name}` is FP8 but not a matrix: {shape:?}")));
     };
     let b = u64::from(block);
     let scale_name = format!("{}_scale_inv", name);
     let scale = src.expect(&scale_name, StDtype::F32, &[rows.div_ceil(b), cols.div_ceil(b)])?;
+    if encode::keeps_fp8(trunk, storage) {
+        dequant::check_fp8(name, bytes, scale)?;
+        return Ok((encode::fp8_encoding(block), vec![bytes.to_vec(), scale.to_vec()]));
+    }
     let f = dequant::fp8_blocks(bytes, scale, *rows as usize, *cols as usize, block as usize);
-    Ok(f.iter().flat_map(|x| x.to_le_bytes()).collect())
+    let f: Vec<u8> = f.iter().flat_map(|x| x.to_le_bytes()).collect();
+    // Widening is exact: "as stored" becomes f32 for what k3 cannot multiply as FP8.
+    let fmt = if trunk == TrunkFormat::Keep { TrunkFormat::F32 } else { trunk };
+    encode::trunk(name, StDtype::F32, shape, &f, fmt, storage)
 }
 
 /// Every expert record the writer does not have yet, in (layer, expert) order.
@@ -122,6 +135,10 @@ fn record(
                 SourceExperts::Int4 { .. } => {
                     parts.push(raw[0].to_vec());
                     parts.push(dequant::bf16_scales_to_f16(&format!("{base}.weight_scale"), raw[1])?);
+                }
+                SourceExperts::Fp8 { .. } => {
+                    dequant::check_fp8(&format!("{base}.weight"), raw[0], raw[1])?;
+                    parts.extend(raw.iter().map(|b| b.to_vec()));
                 }
                 _ => parts.extend(raw.iter().map(|b| b.to_vec())),
             }
@@ -207,14 +224,19 @@ fn expert_inputs(
     }))
 }
 
+/// The written model, opened with its shard directories.
+pub(super) fn open(opts: &ConvertOptions) -> Result<Model, ConvertError> {
+    Ok(Model::open_with(&opts.out_dir, &OpenOptions { shard_dirs: opts.shard_dirs.clone() })?)
+}
+
 /// Embeds the checkpoint's config and tokenizer files, seals the model, then reads every byte
-/// back against its checksum. Returns the bytes verified.
+/// back against its checksum. Returns the model, verified.
 pub(super) fn finish(
     w: ModelWriter,
     src: &Source,
     opts: &ConvertOptions,
     progress: &mut dyn FnMut(Progress),
-) -> Result<u64, ConvertError> {
+) -> Result<Model, ConvertError> {
     let mut blobs = Vec::new();
     for name in super::plan::EMBEDDED_FILES {
         if let Some(bytes) = src.file(name)? {
@@ -224,11 +246,11 @@ pub(super) fn finish(
     let blob_refs: Vec<(&str, &[u8])> = blobs.iter().map(|(n, b)| (*n, b.as_slice())).collect();
     w.finish(&blob_refs)?;
 
-    let model = Model::open_with(&opts.out_dir, &OpenOptions { shard_dirs: opts.shard_dirs.clone() })?;
+    let model = open(opts)?;
     let total = model.verify_bytes();
     let problems = model.verify(&mut |done| progress(Progress { phase: "verify", done, total }));
     if let Some(first) = problems.first() {
         return Err(ConvertError::Verify { count: problems.len(), first: first.error.to_string() });
     }
-    Ok(total)
+    Ok(model)
 }

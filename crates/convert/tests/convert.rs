@@ -459,3 +459,48 @@ fn a_converted_model_is_readable_as_the_umask_allows() {
         assert_eq!(mode, 0o666 & !mask, "{f}: {mode:o} (another user of a shared model must be able to read it)");
     }
 }
+
+/// FP8 checkpoints convert as stored by default: nothing is re-encoded, every FP8 matrix's bytes
+/// and block scales are the checkpoint's; explicit choices are listed with their reason.
+#[test]
+fn fp8_is_kept_as_stored_and_re_encodings_are_reported() {
+    let hf = golden("deepseek-v3/fp8");
+    let out = tempfile::tempdir().unwrap();
+    let report = convert(&ConvertOptions::new(&hf, out.path().join("keep")), &mut |_| {}).unwrap();
+    assert!(report.re_encoded.is_empty(), "{:?}", report.re_encoded);
+    let m = Model::open(out.path().join("keep")).unwrap();
+    let src = Source::open(&hf).unwrap();
+    let name = "model.layers.1.self_attn.q_a_proj.weight";
+    let t = m.tensor(name).unwrap();
+    assert_eq!(t.parts[0].bytes, src.bytes(src.get(name).unwrap()));
+    assert_eq!(t.parts[1].bytes, src.bytes(src.get(&format!("{name}_scale_inv")).unwrap()));
+    let o = ConvertOptions {
+        experts: ExpertFormat::Mxfp4,
+        trunk: TrunkFormat::Int4,
+        ..ConvertOptions::new(&hf, out.path().join("int4"))
+    };
+    let report = convert(&o, &mut |_| {}).unwrap();
+    let find = |from: &str, to: &str| report.re_encoded.iter().find(|r| r.from == from && r.to == to).cloned();
+    let experts = find("fp8", "mxfp4").expect("experts re-encoded");
+    assert_eq!((experts.count, experts.why.as_str()), (2 * 16 * 3, "--experts mxfp4"));
+    // q_b_proj [96, 48] and kv_b ... : rows of 48 do not split into groups of 32.
+    assert!(find("fp8", "int8-row").unwrap().why.contains("groups of 32"));
+    assert_eq!(find("bf16", "int4-g32").unwrap().example, "lm_head.weight");
+    // Run again: already complete, the same list.
+    assert_eq!(convert(&o, &mut |_| {}).unwrap().re_encoded, report.re_encoded);
+}
+
+/// A NaN byte in FP8 weights kept as stored is refused, naming the tensor and the weight.
+#[test]
+fn an_fp8_nan_is_refused_by_name() {
+    // DeepSeek's `mlp.experts.5.up_proj` in Kimi's spelling, as the source reads it.
+    let name = "model.layers.2.block_sparse_moe.experts.5.w3.weight";
+    let d = edited_checkpoint(golden("deepseek-v3/fp8"), |t| {
+        let w = t.iter_mut().find(|t| t.0 == name).unwrap();
+        w.3[77] = 0xFF;
+    });
+    std::fs::copy(golden("deepseek-v3/fp8/config.json"), d.path().join("config.json")).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let err = convert(&ConvertOptions::new(d.path(), out.path().join("m")), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("experts.5") && err.contains("weight 77") && err.contains("NaN"), "{err}");
+}

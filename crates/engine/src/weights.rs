@@ -44,6 +44,17 @@ pub fn view_matrix<'m>(name: &str, t: &TensorView<'m>) -> Result<Matrix<'m>, Eng
         Encoding::Mxfp4 => {
             Matrix::Mxfp4 { packed: t.typed::<u8>("packed")?, scale: t.typed::<u8>("scale")?, rows, cols, act: EXACT }
         }
+        Encoding::Fp8Block { block_rows, block_cols } => Matrix::Fp8(
+            k3_quant::fp8::Fp8Ref::new(
+                t.typed::<u8>("q")?,
+                t.typed::<f32>("scale")?,
+                rows,
+                cols,
+                *block_rows as usize,
+                *block_cols as usize,
+            )
+            .map_err(|e| EngineError::Shape(format!("tensor `{name}`: {e}")))?,
+        ),
         other => {
             return Err(EngineError::Shape(format!(
                 "tensor `{name}` is stored as {}, which k3 cannot multiply yet",

@@ -69,9 +69,8 @@ fn kimi_linear_logits_match_transformers() {
 /// interleaved RoPE and YaRN, grouped sigmoid routing with a correction bias, DeepSeek's tensor
 /// names. The trace is the residual stream after every layer but the last.
 ///
-/// The trunk of an FP8 checkpoint is converted to exact f32 for the comparison (the reference ran
-/// on exactly the dequantized weights, so bf16 would measure its own rounding); so are FP8
-/// experts, which k3 does not store as they are. INT4 experts are kept as stored.
+/// FP8 and INT4 checkpoints are converted as stored (FP8 bytes and block scales, INT4 groups)
+/// and also widened to exact f32: both must match (the reference ran on the dequantized weights).
 fn deepseek_matches_transformers(variant: &str, experts: ExpertFormat, trunk: TrunkFormat) {
     let g = fixtures().join("golden/deepseek-v3").join(variant);
     let dir = tempfile::tempdir().unwrap();
@@ -83,7 +82,8 @@ fn deepseek_matches_transformers(variant: &str, experts: ExpertFormat, trunk: Tr
     let ids = ids(&g.join("golden/ids.txt"));
     let mut trace = Vec::new();
     let logits = engine.forward(&mut engine.session(), &ids, Some(&mut trace)).unwrap();
-    let hidden = 192;
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(g.join("config.json")).unwrap()).unwrap();
+    let hidden = config["hidden_size"].as_u64().unwrap() as usize;
     let layers = trace.len() / ids.len() / hidden;
     let trace: Vec<f32> = trace.chunks(layers * hidden).flat_map(|t| t[..(layers - 1) * hidden].to_vec()).collect();
     let (et, el) =
@@ -108,10 +108,21 @@ fn deepseek_v3_bf16_matches_transformers() {
     deepseek_matches_transformers("bf16", ExpertFormat::Keep, TrunkFormat::Keep);
 }
 
-/// K2-Instruct's encoding: FP8 e4m3 in 128x128 blocks (partial edge blocks: hidden 192).
+/// K2-Instruct's encoding: FP8 e4m3 in 128x128 blocks (partial edge blocks: hidden 192), kept
+/// as stored by the default options (run by the FP8 kernels, `kv_b_proj` widened row by row for
+/// its transposed products), and widened to f32.
 #[test]
 fn kimi_k2_fp8_blocks_match_transformers() {
+    deepseek_matches_transformers("fp8", ExpertFormat::Keep, TrunkFormat::Keep);
     deepseek_matches_transformers("fp8", ExpertFormat::F32, TrunkFormat::F32);
+}
+
+/// An FP8 checkpoint made after the kernels were written, of another shape (hidden 320: two and
+/// a half blocks; experts 96 wide), seed and layout (two shards with an index), converted with the
+/// default options: held to the same bound.
+#[test]
+fn an_unseen_fp8_checkpoint_matches_transformers_as_stored() {
+    deepseek_matches_transformers("fp8-unseen", ExpertFormat::Keep, TrunkFormat::Keep);
 }
 
 /// K2-Thinking's encoding: compressed-tensors INT4 routed experts, groups of 32, kept byte for
@@ -122,8 +133,8 @@ fn kimi_k2_int4_experts_match_transformers() {
     deepseek_matches_transformers("int4", ExpertFormat::F32, TrunkFormat::Keep);
 }
 
-/// INT4 experts re-encoded to MXFP4 run and stay close; FP8 experts "as stored" become MXFP4
-/// (k3 has no FP8 kernel) and run.
+/// INT4 experts re-encoded to MXFP4 run and stay close; FP8 experts and trunk "as stored" stay
+/// FP8, and MXFP4 stays available as an explicit choice.
 #[test]
 fn quantized_k2_experts_re_encode_to_mxfp4() {
     use k3_convert::{ConvertOptions, convert};
@@ -140,11 +151,17 @@ fn quantized_k2_experts_re_encode_to_mxfp4() {
     // the bound (0.3) is what this test can promise; exactness is checked above.
     let err = rel_l2(&logits, &f32s(&g.join("golden/logits.f32")));
     assert!(err < 0.3, "MXFP4 re-encoding error {err}");
-    let fp8 = ConvertOptions { hf_dir: fixtures().join("golden/deepseek-v3/fp8"), ..opts(ExpertFormat::Keep, "fp8") };
-    convert(&fp8, &mut |_| {}).unwrap();
+    let fp8 = |experts, out| ConvertOptions { hf_dir: fixtures().join("golden/deepseek-v3/fp8"), ..opts(experts, out) };
+    let fp8_block = k3_format::Encoding::Fp8Block { block_rows: 128, block_cols: 128 };
+    convert(&fp8(ExpertFormat::Keep, "fp8"), &mut |_| {}).unwrap();
     let model = Model::open(dir.path().join("fp8")).unwrap();
-    let e = &model.manifest().expert_layouts[0].matrices[0].encoding;
-    assert_eq!(e.label(), k3_format::Encoding::Mxfp4.label());
+    assert_eq!(model.manifest().expert_layouts[0].matrices[0].encoding, fp8_block);
+    let enc = |name: &str| model.tensor(name).unwrap().encoding.clone();
+    assert_eq!(enc("model.layers.1.self_attn.kv_b_proj.weight"), fp8_block);
+    assert_eq!(enc("model.layers.0.mlp.down_proj.weight"), fp8_block);
+    convert(&fp8(ExpertFormat::Mxfp4, "fp8-mxfp4"), &mut |_| {}).unwrap();
+    let model = Model::open(dir.path().join("fp8-mxfp4")).unwrap();
+    assert_eq!(model.manifest().expert_layouts[0].matrices[0].encoding, k3_format::Encoding::Mxfp4);
     let engine = Engine::load(&model).unwrap();
     let logits = engine.forward(&mut engine.session(), &ids, None).unwrap();
     assert!(logits.iter().all(|v| v.is_finite()));

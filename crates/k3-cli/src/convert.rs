@@ -15,7 +15,7 @@ pub enum Experts {
     Mxfp4,
     Bf16,
     Vq3,
-    /// Exact f32: for checking an FP8 or INT4 checkpoint's parity (8x the size of INT4).
+    /// Exact f32: for checking a checkpoint's parity (4 bytes a weight: 8x INT4, 4x FP8).
     F32,
     /// Round-to-nearest INT4 in groups of 32 (K2-Thinking's encoding; INT4 checkpoints keep theirs).
     Int4,
@@ -43,11 +43,13 @@ pub struct ConvertArgs {
     /// The WASTE model directory to create (or to resume).
     #[arg(long)]
     pub out: PathBuf,
-    /// Routed expert encoding; `keep` stores what the checkpoint has (MXFP4 for K3, BF16 for Kimi-Linear).
+    /// Routed expert encoding; `keep` stores what the checkpoint has, byte for byte (MXFP4 for K3,
+    /// BF16 for Kimi-Linear, FP8 blocks for K2-Instruct and DeepSeek-V3, INT4 for K2-Thinking).
     #[arg(long, value_enum, default_value = "keep")]
     pub experts: Experts,
-    /// Trunk encoding; int8 / int4 quantize the projection matrices (not the embedding table,
-    /// the router gates or MLA's kv_b_proj) and keep the rest as stored.
+    /// Trunk encoding; `keep` stores what the checkpoint has (FP8 blocks as FP8, but an FP8
+    /// embedding table widened to f32); int8 / int4 quantize the projection matrices (not the
+    /// embedding table, the router gates or MLA's kv_b_proj) and keep the rest as stored.
     #[arg(long, value_enum, default_value = "keep")]
     pub trunk: Trunk,
     /// Expert record alignment in bytes: a power of two from 4096 (the default) to 1 GiB
@@ -139,6 +141,9 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         out.display(),
         report.verified_bytes as f64 / 1e6
     );
+    for r in &report.re_encoded {
+        println!("re-encoded {} tensor(s) {} -> {} (e.g. {}): {}", r.count, r.from, r.to, r.example, r.why);
+    }
     if !report.ignored.is_empty() {
         println!(
             "ignored {} tensors k3 does not run (a vision tower, multi-token-prediction layers; e.g. {})",
