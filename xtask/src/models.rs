@@ -42,7 +42,10 @@ pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>) -> Result<()
         Some(Experts::Vq3) => k3_convert::synth::SynthExperts::Vq3,
         Some(Experts::Mxfp4) => k3_convert::synth::SynthExperts::Mxfp4,
         Some(Experts::Int4) => k3_convert::synth::SynthExperts::Int4,
-        Some(Experts::Bf16 | Experts::F32 | Experts::Rtn3) => bail!("synthetic models have MXFP4, INT4 or vq3 experts"),
+        Some(Experts::Fp8) => k3_convert::synth::SynthExperts::Fp8,
+        Some(Experts::Bf16 | Experts::F32 | Experts::Rtn3) => {
+            bail!("synthetic models have MXFP4, INT4, FP8 or vq3 experts")
+        }
     };
     let pb = bar(0);
     pb.set_message("synth");

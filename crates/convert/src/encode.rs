@@ -152,7 +152,12 @@ pub enum ExpertTarget {
     Int4,
     /// 3-bit levels in int4's layout.
     Rtn3,
+    /// FP8 e4m3 in blocks of [`FP8_BLOCK`] by DeepSeek's quantization.
+    Fp8,
 }
+
+/// The block FP8 re-encoding uses: DeepSeek-V3's and Kimi K2's.
+pub const FP8_BLOCK: u32 = 128;
 
 /// Encodes one expert matrix `[rows, cols]` of f32 weights. Returns the encoding and its parts.
 /// `calibration` (the inputs the matrix sees, prepared by [`vq_calibration`]) weights a VQ
@@ -177,6 +182,10 @@ pub fn expert(
             let bits = if target == ExpertTarget::Rtn3 { 3 } else { 4 };
             let (q, s) = int4::quantize_bits(&w, cols, INT4_GROUP, bits);
             Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
+        }
+        ExpertTarget::Fp8 => {
+            let (q, s) = k3_quant::fp8::quantize(&w, rows, cols, FP8_BLOCK as usize);
+            Ok((fp8_encoding(FP8_BLOCK), vec![q, le(&s, |x: f32| x.to_le_bytes().to_vec())]))
         }
         ExpertTarget::Mxfp4 => {
             if !cols.is_multiple_of(32) {
@@ -230,6 +239,7 @@ pub fn planned(target: ExpertTarget, cols: usize) -> Encoding {
         ExpertTarget::F32 => Encoding::F32,
         ExpertTarget::Int4 | ExpertTarget::Rtn3 => Encoding::Int4Group { group: INT4_GROUP as u32 },
         ExpertTarget::Mxfp4 => Encoding::Mxfp4,
+        ExpertTarget::Fp8 => fp8_encoding(FP8_BLOCK),
         ExpertTarget::Vq(codec) => {
             let o = EncodeOptions::default();
             let block = if o.rotation_block > 1 { vq::Rotation::block_for(cols, o.rotation_block) } else { 0 };

@@ -187,6 +187,8 @@ fn plan_experts(
             (SourceExperts::Int4 { group: 32 }, ExpertFormat::Int4) => None,
             (_, ExpertFormat::Int4) => Some(ExpertTarget::Int4),
             (_, ExpertFormat::Rtn3) => Some(ExpertTarget::Rtn3),
+            (SourceExperts::Fp8 { block: 128 }, ExpertFormat::Fp8) => None,
+            (_, ExpertFormat::Fp8) => Some(ExpertTarget::Fp8),
             (_, ExpertFormat::Mxfp4) => Some(ExpertTarget::Mxfp4),
             (_, ExpertFormat::Bf16) => Some(ExpertTarget::Bf16),
             (_, ExpertFormat::Vq3) => Some(ExpertTarget::Vq(k3_quant::vq::DEFAULT_CODEC)),

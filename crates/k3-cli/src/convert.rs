@@ -21,6 +21,9 @@ pub enum Experts {
     Int4,
     /// 3-bit round-to-nearest in groups of 32 stored as int4: the baseline VQ3 is measured against.
     Rtn3,
+    /// FP8 e4m3 in 128 x 128 blocks by DeepSeek's quantization (how K2-Instruct was made): for
+    /// measuring what FP8 costs; FP8 checkpoints keep their own bytes with `keep`.
+    Fp8,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -93,6 +96,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         Experts::F32 => ExpertFormat::F32,
         Experts::Int4 => ExpertFormat::Int4,
         Experts::Rtn3 => ExpertFormat::Rtn3,
+        Experts::Fp8 => ExpertFormat::Fp8,
     };
     let trunk = match trunk {
         Trunk::Keep => TrunkFormat::Keep,

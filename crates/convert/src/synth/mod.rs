@@ -20,6 +20,7 @@ use std::path::Path;
 
 use half::bf16;
 use k3_format::{Architecture, CodebookSource, Encoding, ExpertLayout, ModelWriter, Opened, WriterSpec};
+use k3_quant::fp8;
 use k3_quant::rng::XorShift;
 use k3_quant::vq::{Codec, Rotation};
 
@@ -55,6 +56,8 @@ pub enum SynthExperts {
     Int4,
     /// Random codes and codebooks in the default VQ layout (3 bits per weight).
     Vq3,
+    /// FP8 e4m3 in 128 x 128 blocks with f32 scales: K2-Instruct's and DeepSeek-V3's experts.
+    Fp8,
 }
 
 /// The expert matrices: (name, rows, columns).
@@ -67,6 +70,7 @@ fn writer_spec(p: &Preset, experts: SynthExperts) -> Result<WriterSpec, EngineEr
     let enc = |cols: usize| match experts {
         SynthExperts::Mxfp4 => Encoding::Mxfp4,
         SynthExperts::Int4 => Encoding::Int4Group { group: 32 },
+        SynthExperts::Fp8 => Encoding::Fp8Block { block_rows: 128, block_cols: 128 },
         SynthExperts::Vq3 => Encoding::Vq {
             stages: 3,
             entries: 16,
@@ -300,6 +304,18 @@ fn write_experts(
                             // Levels -8..7 (RMS about 4.6) times scales about 1/(4.6 sqrt(fan_in)).
                             let s = half::f16::from_f32(1.0 / (4.6 * (c as f32).sqrt()));
                             parts.push((0..r * c / 32).flat_map(|_| s.to_le_bytes()).collect());
+                        }
+                        SynthExperts::Fp8 => {
+                            // Any byte but the two NaNs; block scales bring the RMS to 1/sqrt(fan_in).
+                            parts.push(
+                                g.bytes(r * c).iter().map(|b| if fp8::is_nan(*b) { b ^ 1 } else { *b }).collect(),
+                            );
+                            let rms =
+                                ((0..=255u8).filter(|b| !fp8::is_nan(*b)).map(|b| fp8::e4m3(b).powi(2)).sum::<f32>()
+                                    / 254.0)
+                                    .sqrt();
+                            let s = 1.0 / (rms * (c as f32).sqrt());
+                            parts.push((0..r.div_ceil(128) * c.div_ceil(128)).flat_map(|_| s.to_le_bytes()).collect());
                         }
                         SynthExperts::Vq3 => {
                             debug_assert!(matches!(m.encoding, Encoding::Vq { .. }));
