@@ -45,9 +45,17 @@ pub(crate) const PREFETCH: usize = 2048;
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_ahead<T>(p: *const T) {
+    prefetch_at::<PREFETCH, T>(p)
+}
+
+/// Asks for the cache line `D` bytes past `p` (a hint: any address is harmless): for kernels
+/// that stream their weights faster than `PREFETCH` covers.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_at<const D: usize, T>(p: *const T) {
     // SAFETY: a prefetch never faults, whatever the address; `wrapping_add` computes it without
     // claiming it is in bounds.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>().wrapping_add(PREFETCH)) }
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>().wrapping_add(D)) }
 }
 
 /// A batch `xs` `[n, cols]` / `ys` `[n, rows]` in groups of at most four vectors (fours first,

@@ -60,6 +60,7 @@ fn cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
     let x = noise(cols, 7, 1.0);
     let mut out = mxfp4_cases(rows, cols, cold, &x);
     out.extend(trunk_cases(rows, cols, cold));
+    out.extend(fp8_cases(rows, cols, cold));
     out.extend(vq_cases(rows, cols, cold));
     out
 }
@@ -219,6 +220,32 @@ fn trunk_cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
         &ALL_ACTIVATIONS,
     ));
     out
+}
+
+/// FP8 e4m3 in 128 x 128 blocks (K2-Instruct's and DeepSeek-V3's experts and trunk): one vector
+/// and a batch, exact activations.
+fn fp8_cases(rows: usize, cols: usize, cold: bool) -> Vec<Case> {
+    let n = rows * cols;
+    let scales = rows.div_ceil(128) * cols.div_ceil(128);
+    let bytes = n + 4 * scales;
+    let mats: Vec<(Vec<u8>, Vec<f32>)> = (0..instances(bytes, cold))
+        .map(|i| (fp8_bytes(i as u64 + 17, n), noise(scales, i as u64, 1e-3).iter().map(|s| 1e-3 + s).collect()))
+        .collect();
+    matrix_cases(
+        "fp8_b128",
+        (rows, cols),
+        bytes,
+        mats,
+        |(q, scale), rows, cols| {
+            Matrix::Fp8(k3_quant::fp8::Fp8Ref::new(q, scale, rows, cols, 128, 128).expect("shapes"))
+        },
+        &[Activations::Exact],
+    )
+}
+
+/// `n` random e4m3 bytes, none of them NaN.
+pub(super) fn fp8_bytes(seed: u64, n: usize) -> Vec<u8> {
+    bytes_of(seed, n).into_iter().map(|b| if k3_quant::fp8::is_nan(b) { b ^ 1 } else { b }).collect()
 }
 
 /// The VQ codecs: one vector, and batches of 2 and 4 (fast-scan scans the codes once per pair).

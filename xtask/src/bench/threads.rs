@@ -17,6 +17,8 @@ use super::{median, time};
 const TRUNK: (usize, usize) = (12288, 7168);
 /// K3's expert gate/up shape, cycled over this many experts (88 MB of MXFP4).
 const EXPERT: (usize, usize) = (3072, 3584);
+/// K2-Instruct's expert gate/up shape in FP8 (14.7 MB each), cycled over `EXPERTS` of them.
+const K2_EXPERT: (usize, usize) = (2048, 7168);
 const EXPERTS: usize = 16;
 /// The cache-resident product: [2048, 2048] bf16 (8 MB) times this many vectors.
 const HOT: (usize, usize, usize) = (2048, 2048, 64);
@@ -92,7 +94,15 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
     let wb: Vec<bf16> = w.iter().map(|v| bf16::from_f32(*v)).collect();
     let (q8, s8) = int8::quantize(&w, c);
     let (q4, s4): (Vec<u8>, Vec<f16>) = int4::quantize(&w, c, 32);
+    let scales = |r: usize, c: usize| vec![1e-3f32; r.div_ceil(128) * c.div_ceil(128)];
+    let trunk_fp8 = (super::kernels::fp8_bytes(2, n), scales(r, c));
     drop(w);
+    let (kr, kc) = K2_EXPERT;
+    let k2: Vec<(Vec<u8>, Vec<f32>)> =
+        (0..EXPERTS).map(|i| (super::kernels::fp8_bytes(30 + i as u64, kr * kc), scales(kr, kc))).collect();
+    fn fp8((q, s): &(Vec<u8>, Vec<f32>), r: usize, c: usize) -> Matrix<'_> {
+        Matrix::Fp8(k3_quant::fp8::Fp8Ref::new(q, s, r, c, 128, 128).expect("shapes"))
+    }
     let (er, ec) = EXPERT;
     let experts: Vec<(Vec<u8>, Vec<u8>)> =
         (0..EXPERTS).map(|i| mxfp4::quantize(&noise(er * ec, 10 + i as u64, 1.0), ec)).collect();
@@ -119,6 +129,12 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
                 .map(|(p, s)| Matrix::Mxfp4 { packed: p, scale: s, rows: er, cols: ec, act: Activations::Exact })
                 .collect(),
             bytes: er * ec / 2 + er * ec / 32,
+        },
+        Case { name: "fp8_b128 12288x7168", mats: vec![fp8(&trunk_fp8, r, c)], bytes: n + trunk_fp8.1.len() * 4 },
+        Case {
+            name: "fp8_b128 2048x7168 x16",
+            mats: k2.iter().map(|m| fp8(m, kr, kc)).collect(),
+            bytes: kr * kc + k2[0].1.len() * 4,
         },
     ];
     // The int4 and MXFP4 products again with int8 activations (VNNI where the CPU has it).

@@ -5,7 +5,9 @@
 use std::arch::x86_64::*;
 
 use super::Fp8Ref;
-use crate::simd::{hsum, prefetch_ahead};
+use crate::simd::{hsum, prefetch_at};
+
+use super::PREFETCH;
 
 /// e4m3 widened eight bytes at a time: the magnitude's 7 bits placed under an f32's exponent and
 /// mantissa (`<< 20`) read as 2^(e-127) x 1.m (or a denormal m x 2^-129 for e = 0), times 2^120
@@ -105,7 +107,7 @@ pub(super) unsafe fn matmul_n<const N: usize>(m: &Fp8Ref<'_>, xs: &[f32], ys: &m
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn step<const N: usize>(w: *const u8, x: [*const f32; N], part: &mut [[__m256; 4]; N]) {
-    prefetch_ahead(w);
+    prefetch_at::<PREFETCH, _>(w);
     for h in 0..2 {
         // SAFETY: the caller's contract: 32 bytes at w, 32 values at each x[t].
         unsafe {

@@ -5,7 +5,9 @@
 use std::arch::x86_64::*;
 
 use super::Fp8Ref;
-use crate::simd::{hsum, prefetch_ahead};
+use crate::simd::{hsum, prefetch_at};
+
+use super::PREFETCH;
 
 /// 32 e4m3 bytes as two registers of `e4m3 / 256` (lanes 0-15, 16-31).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
@@ -36,7 +38,7 @@ pub(super) unsafe fn matmul_n<const N: usize>(m: &Fp8Ref<'_>, xs: &[f32], ys: &m
                 // SAFETY: c + 32 <= c1 <= cols for the row and each of the N vectors.
                 unsafe {
                     let at = q.as_ptr().add(c);
-                    prefetch_ahead(at);
+                    prefetch_at::<PREFETCH, _>(at);
                     let w = widen32(_mm256_loadu_si256(at.cast()));
                     for (t, p) in part.iter_mut().enumerate() {
                         let x = xs.as_ptr().add(t * cols + c);

@@ -25,6 +25,12 @@ mod avx2;
 mod avx512;
 pub mod reference;
 
+/// How far ahead of the weights the kernels ask for more (bytes): a byte a weight streams more
+/// bytes a second than the other kernels; the shared 2 KiB left two threads at 0.55 of the read
+/// bandwidth, 4 KiB at 0.70-0.75, 8 KiB at 0.78-0.98 (16 KiB no better; docs/EFFICIENCY.md).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH: usize = 8192;
+
 /// Partial sums a row keeps per block: the AVX-512 kernel's two registers (AVX2's four).
 pub const LANES: usize = 32;
 
