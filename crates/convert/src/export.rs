@@ -1,5 +1,6 @@
 //! WASTE (or checkpoint) -> Hugging Face safetensors: the inverse of conversion for encodings that
-//! hold their values exactly (f32 / bf16 / f16 trunk, BF16 or MXFP4 experts), so a model can be run
+//! hold their values exactly (f32 / bf16 / f16 / FP8-block trunk, BF16, MXFP4 or FP8-block experts),
+//! so a model can be run
 //! by `transformers`, re-converted with other options, or compared with another engine.
 
 use std::collections::BTreeMap;

@@ -488,6 +488,13 @@ fn fp8_is_kept_as_stored_and_re_encodings_are_reported() {
     assert_eq!(find("bf16", "int4-g32").unwrap().example, "lm_head.weight");
     // Run again: already complete, the same list.
     assert_eq!(convert(&o, &mut |_| {}).unwrap().re_encoded, report.re_encoded);
+    // Exported back to safetensors, the FP8 model is the checkpoint's tensors byte for byte.
+    let hf_again = out.path().join("hf");
+    k3_convert::export(&Source::open(&out.path().join("keep")).unwrap(), &hf_again, &mut |_, _| {}).unwrap();
+    let back = Source::open(&hf_again).unwrap();
+    for name in src.names() {
+        assert_eq!(back.bytes(back.get(name).unwrap()), src.bytes(src.get(name).unwrap()), "{name}");
+    }
 }
 
 /// A NaN byte in FP8 weights kept as stored is refused, naming the tensor and the weight.

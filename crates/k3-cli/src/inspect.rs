@@ -87,10 +87,12 @@ pub fn tensor_table(model: &Model) -> String {
     let mut o = String::new();
     let tensors = &model.manifest().trunk.tensors;
     let width = tensors.iter().map(|t| t.tensor.name.len()).max().unwrap_or(0);
+    let enc_width = tensors.iter().map(|t| t.tensor.encoding.label().len()).max().unwrap_or(0).max(10);
     for t in tensors {
         let e = &t.tensor;
         let shape = format!("{:?}", e.shape);
-        let _ = writeln!(o, "{:<width$}  {:<10} {shape:<16} {}", e.name, e.encoding.label(), human_bytes(t.len));
+        let label = e.encoding.label();
+        let _ = writeln!(o, "{:<width$}  {label:<enc_width$} {shape:<16} {}", e.name, human_bytes(t.len));
     }
     o
 }
@@ -134,10 +136,11 @@ pub fn table(model: &Model) -> String {
     let _ =
         writeln!(o, "trunk       {}  {}, {} tensors", m.trunk.file, human_bytes(m.trunk.bytes), m.trunk.tensors.len());
     if let Some(by) = s["trunk"]["by_encoding"].as_object() {
+        let w = by.keys().map(String::len).max().unwrap_or(0).max(10);
         for (k, v) in by {
             let _ = writeln!(
                 o,
-                "              {k:<10} {:>5} tensors  {}",
+                "              {k:<w$} {:>5} tensors  {}",
                 v["tensors"],
                 human_bytes(v["bytes"].as_u64().unwrap_or(0))
             );

@@ -1,6 +1,7 @@
 //! `cargo xtask bench kernels --threads N`: the matrix-vector products of a decode step split over
 //! 1..N threads (`k3_quant::par`), on matrices far larger than the caches — a K3 trunk projection
-//! in bf16, int8 and int4, and sixteen MXFP4 experts in turn — next to the memory read bandwidth
+//! in bf16, int8, int4 and FP8, sixteen MXFP4 experts and sixteen K2-Instruct FP8 experts in
+//! turn — next to the memory read bandwidth
 //! measured on the same thread count in the same run. The bound: bytes / bandwidth. Beside them,
 //! a product with no serial part and no memory traffic (a cache-resident bf16 matrix times 64
 //! vectors) shows how far this machine's cores scale when nothing else limits them.
