@@ -162,38 +162,27 @@ impl<'a> Fp8Ref<'a> {
         if n == 0 || rows == 0 {
             return;
         }
-        match supported(level) {
+        // The kernel for each width of a group of vectors (1-4), at the level asked for.
+        type Kernel = unsafe fn(&Fp8Ref<'_>, &[f32], &mut [f32]);
+        let widths: Option<[Kernel; 4]> = match supported(level) {
             #[cfg(target_arch = "x86_64")]
             Level::Avx512 => {
-                for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
-                    // SAFETY: `supported` returns Avx512 only when the CPU has AVX-512 F/BW/VL with
-                    // AVX2 and FMA; shapes and scales checked above; `width` whole vectors.
-                    unsafe {
-                        match width {
-                            4 => avx512::matmul_n::<4>(self, xb, yb),
-                            3 => avx512::matmul_n::<3>(self, xb, yb),
-                            2 => avx512::matmul_n::<2>(self, xb, yb),
-                            _ => avx512::matmul_n::<1>(self, xb, yb),
-                        }
-                    }
-                }
+                Some([avx512::matmul_n::<1>, avx512::matmul_n::<2>, avx512::matmul_n::<3>, avx512::matmul_n::<4>])
             }
             #[cfg(target_arch = "x86_64")]
-            Level::Avx2 => {
+            Level::Avx2 => Some([avx2::matmul_n::<1>, avx2::matmul_n::<2>, avx2::matmul_n::<3>, avx2::matmul_n::<4>]),
+            Level::Scalar => None,
+        };
+        match widths {
+            Some(kernels) => {
                 for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
-                    // SAFETY: `supported` returns Avx2 only when the CPU has AVX2, FMA and F16C;
-                    // shapes and scales checked above; `width` whole vectors.
-                    unsafe {
-                        match width {
-                            4 => avx2::matmul_n::<4>(self, xb, yb),
-                            3 => avx2::matmul_n::<3>(self, xb, yb),
-                            2 => avx2::matmul_n::<2>(self, xb, yb),
-                            _ => avx2::matmul_n::<1>(self, xb, yb),
-                        }
-                    }
+                    // SAFETY: `supported` returned the kernels' level only if the CPU has its
+                    // features (AVX-512 F/BW/VL, or AVX2, FMA and F16C); shapes and scales checked
+                    // above; `width` (1-4) whole vectors.
+                    unsafe { kernels[width - 1](self, xb, yb) }
                 }
             }
-            Level::Scalar => {
+            None => {
                 for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {
                     reference::matvec(self, x, y);
                 }
