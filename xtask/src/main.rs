@@ -12,7 +12,12 @@ mod models;
 mod quality;
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", bin_name = "cargo xtask", about = "k3 project tasks: convert, synth, quality, bench")]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    version,
+    about = "k3 project tasks: convert, synth, quality, bench"
+)]
 struct Cli {
     #[command(subcommand)]
     task: Task,

@@ -12,7 +12,7 @@ use crate::run::{EngineArgs, Needs, open_model};
 #[derive(clap::Args)]
 pub struct ArrayArgs {
     /// The model directory.
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     model: PathBuf,
     /// Token ids, separated by spaces (or commas).
     #[arg(long)]

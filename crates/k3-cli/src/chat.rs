@@ -23,7 +23,7 @@ use crate::signals;
 #[derive(clap::Args)]
 pub struct ChatArgs {
     /// The model directory (default: the default model compiled into k3-cli).
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     model: Option<PathBuf>,
     /// A system prompt.
     #[arg(long)]
@@ -35,7 +35,7 @@ pub struct ChatArgs {
     #[arg(long)]
     show_thinking: bool,
     /// The most tokens of one answer.
-    #[arg(long, default_value_t = 512)]
+    #[arg(short = 'n', long, default_value_t = 512)]
     max_tokens: u64,
     /// Sampling: temperature 0.6 and top-p 0.95 unless given.
     #[command(flatten)]

@@ -20,12 +20,12 @@ use crate::signals;
 #[derive(clap::Args)]
 pub struct GenerateArgs {
     /// The model directory (default: the default model compiled into k3-cli).
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     model: Option<PathBuf>,
     #[command(flatten)]
     prompt: PromptArgs,
     /// The most tokens to generate.
-    #[arg(long, default_value_t = 64)]
+    #[arg(short = 'n', long, default_value_t = 64)]
     max_tokens: u64,
     /// Stop before this text (repeat the flag for several); the text is not printed.
     #[arg(long = "stop", value_name = "TEXT")]

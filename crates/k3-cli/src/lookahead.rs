@@ -14,7 +14,7 @@ use crate::run::{EngineArgs, Needs, open_model};
 #[derive(clap::Args)]
 pub struct LookaheadArgs {
     /// The model directory (default: the default model compiled into k3-cli).
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     model: Option<PathBuf>,
     #[command(flatten)]
     prompt: PromptArgs,

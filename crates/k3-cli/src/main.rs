@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -28,7 +28,7 @@ use indicatif::{ProgressBar, ProgressStyle};
     name = "k3-cli",
     version,
     about = "k3: run Kimi models by streaming their experts from disk",
-    after_help = "Without --model, generate, chat, perplexity and lookahead run the default model compiled \
+    after_help = "Without --model, every command runs the default model compiled \
                   into this binary (written once to $K3_DATA_DIR, else $XDG_DATA_HOME/k3, else ~/.local/share/k3)."
 )]
 struct Cli {
@@ -40,8 +40,8 @@ struct Cli {
 enum Command {
     /// Describe a WASTE model: architecture, experts, encodings, sizes, shard layout.
     Inspect {
-        /// The model directory.
-        model: PathBuf,
+        #[command(flatten)]
+        model: ModelPath,
         /// Other directories holding expert shards (one per drive); repeat the flag.
         #[arg(long = "shard-dir", value_name = "DIR")]
         shard_dirs: Vec<PathBuf>,
@@ -54,8 +54,8 @@ enum Command {
     },
     /// Check every checksum of a WASTE model; exits 1 naming each bad record or tensor.
     Verify {
-        /// The model directory.
-        model: PathBuf,
+        #[command(flatten)]
+        model: ModelPath,
         /// Other directories holding expert shards (one per drive); repeat the flag.
         #[arg(long = "shard-dir", value_name = "DIR")]
         shard_dirs: Vec<PathBuf>,
@@ -69,21 +69,22 @@ enum Command {
     /// An interactive conversation in the model's chat format (line editing and history on a
     /// terminal; Ctrl-C stops an answer; Ctrl-D ends).
     Chat(chat::ChatArgs),
-    /// Text on standard input to token ids, printed as a JSON array.
+    /// Text on standard input to token ids, printed as a JSON array (of `{"id", "piece"}`
+    /// objects with --pieces).
     Tokenize {
-        /// A `tiktoken.model` file (its `tokenizer_config.json` alongside, if any), a Hugging Face
-        /// `tokenizer.json`, or a WASTE model directory (the tokenizer it embeds).
-        #[arg(long, value_name = "PATH")]
-        tokenizer: PathBuf,
+        #[command(flatten)]
+        source: TokenizerSource,
         /// Turn special-token strings such as `<|open|>` into their ids.
         #[arg(long)]
         specials: bool,
+        /// Print each token's text beside its id.
+        #[arg(long)]
+        pieces: bool,
     },
     /// Token ids on standard input (a JSON array, or numbers separated by spaces) to text.
     Detokenize {
-        /// A `tiktoken.model` file, a `tokenizer.json`, or a WASTE model directory.
-        #[arg(long, value_name = "PATH")]
-        tokenizer: PathBuf,
+        #[command(flatten)]
+        source: TokenizerSource,
     },
     /// Held-out perplexity of a text: non-overlapping windows, each from an empty state.
     Perplexity(perplexity::PerplexityArgs),
@@ -95,6 +96,47 @@ enum Command {
     /// An OpenAI-compatible HTTP server (chat and text completions, streaming, concurrent
     /// requests decoded together); point the `openai` client or Open WebUI at http://HOST:PORT/v1.
     Serve(serve::ServeArgs),
+    /// Print a shell completion script, e.g. `k3-cli completions bash > ~/.local/share/bash-completion/completions/k3-cli`.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// A model directory, as the argument or as `--model` like every other command (the default
+/// model when neither is given).
+#[derive(clap::Args)]
+struct ModelPath {
+    /// The model directory (default: the default model compiled into k3-cli).
+    #[arg(value_name = "MODEL")]
+    path: Option<PathBuf>,
+    /// The model directory, as a switch (the same as the argument).
+    #[arg(short = 'm', long = "model", value_name = "MODEL", conflicts_with = "path")]
+    model: Option<PathBuf>,
+}
+
+impl ModelPath {
+    fn resolve(self) -> Result<PathBuf> {
+        default_model::or_default(self.model.or(self.path))
+    }
+}
+
+/// Where a tokenizer comes from: a file, a model, or the default model.
+#[derive(clap::Args)]
+struct TokenizerSource {
+    /// A `tiktoken.model` file (its `tokenizer_config.json` alongside, if any), a Hugging Face
+    /// `tokenizer.json`, or a WASTE model directory (the tokenizer it embeds).
+    #[arg(long, value_name = "PATH")]
+    tokenizer: Option<PathBuf>,
+    /// The model whose tokenizer to use (default: the default model compiled into k3-cli).
+    #[arg(short = 'm', long, value_name = "MODEL", conflicts_with = "tokenizer")]
+    model: Option<PathBuf>,
+}
+
+impl TokenizerSource {
+    fn resolve(self) -> Result<PathBuf> {
+        default_model::or_default(self.tokenizer.or(self.model))
+    }
 }
 
 /// A progress bar on standard error in the CLI's one style (`template` is a constant, so it
@@ -135,10 +177,16 @@ fn tidy(e: &anyhow::Error) -> String {
 
 fn real_main() -> Result<ExitCode> {
     match Cli::parse().command {
-        Command::Inspect { model, shard_dirs, json, tensors } => inspect::run(&model, &shard_dirs, json, tensors),
-        Command::Verify { model, shard_dirs } => inspect::verify(&run::open_model(&model, &shard_dirs)?),
-        Command::Tokenize { tokenizer, specials } => text::tokenize(&tokenizer, specials),
-        Command::Detokenize { tokenizer } => text::detokenize(&tokenizer),
+        Command::Inspect { model, shard_dirs, json, tensors } => {
+            inspect::run(&model.resolve()?, &shard_dirs, json, tensors)
+        }
+        Command::Verify { model, shard_dirs } => inspect::verify(&run::open_model(&model.resolve()?, &shard_dirs)?),
+        Command::Tokenize { source, specials, pieces } => text::tokenize(&source.resolve()?, specials, pieces),
+        Command::Detokenize { source } => text::detokenize(&source.resolve()?),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "k3-cli", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => chat::run(a),
         Command::Logits(a) => arrays::run(a, false),

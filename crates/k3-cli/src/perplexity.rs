@@ -11,7 +11,7 @@ use crate::run::{EngineArgs, Needs, open_model};
 #[derive(clap::Args)]
 pub struct PerplexityArgs {
     /// The model directory (default: the default model compiled into k3-cli).
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     model: Option<PathBuf>,
     /// The text file to score (default, or `-`: standard input).
     file: Option<PathBuf>,

@@ -12,8 +12,11 @@ use k3_engine::tokenizer::Tokenizer;
 pub struct PromptArgs {
     /// The prompt text (`-` reads it from standard input); needs a model with a tokenizer.
     pub prompt: Option<String>,
+    /// The prompt text, as a switch (llama.cpp's `-p`): the same as giving it as the argument.
+    #[arg(short = 'p', long = "prompt", value_name = "TEXT")]
+    pub prompt_text: Option<String>,
     /// Read the prompt text from this file (for prompts longer than a command line takes).
-    #[arg(long, value_name = "FILE")]
+    #[arg(short = 'f', long, value_name = "FILE")]
     pub prompt_file: Option<PathBuf>,
     /// The prompt as token ids, separated by spaces or commas.
     #[arg(long)]
@@ -23,7 +26,7 @@ pub struct PromptArgs {
 impl PromptArgs {
     /// The prompt's token ids; `model` names the model in errors.
     pub fn ids(&self, tok: Option<&Tokenizer>, model: &Path) -> Result<Vec<u32>> {
-        let text = match (&self.ids, &self.prompt, &self.prompt_file) {
+        let text = match (&self.ids, self.prompt.as_ref().or(self.prompt_text.as_ref()), &self.prompt_file) {
             (Some(ids), _, _) => return parse_ids(ids),
             (_, Some(p), _) if p == "-" => read_stdin()?,
             (_, Some(p), _) => p.clone(),

@@ -19,11 +19,11 @@ pub struct EngineKnobs {
     /// Tokens of context to plan attention memory for; a longer conversation stops there
     /// [default: 4096, or what the command needs: the prompt for logits/trace, the window for
     /// perplexity].
-    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(short = 'c', long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
     pub context: Option<u64>,
     /// Compute threads [default: one per core]. Reads run on their own thread besides; results
     /// are the same bits for any number.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(short = 't', long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
     /// Which products round their inputs (faster prefill): none (`exact`, f32); the routed
     /// experts' MXFP4/int4/int8 matrices to int8 (`int8-experts`: blocks of 32, integer dot

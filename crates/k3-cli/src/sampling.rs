@@ -8,7 +8,7 @@ use k3_engine::sample::SamplerConfig;
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Softmax temperature: 0 = greedy (reproducible), higher = more varied.
-    #[arg(long, value_parser = parse_temperature)]
+    #[arg(long, visible_alias = "temp", value_parser = parse_temperature)]
     temperature: Option<f32>,
     /// Sample only from the most likely tokens whose probabilities sum to this (1 = off).
     #[arg(long, value_parser = parse_top_p)]
@@ -38,7 +38,7 @@ pub struct SamplingArgs {
     logit_bias: Vec<(u32, f32)>,
     /// Seed of the sampler: the same seed and settings give the same text [default: a fresh
     /// one each run, printed with --stats].
-    #[arg(long)]
+    #[arg(short = 's', long)]
     seed: Option<u64>,
     /// Draft up to N tokens from the context (prompt lookup) and verify them with each token in
     /// one step (0 = off). The text is the same either way; speculation turns itself off while

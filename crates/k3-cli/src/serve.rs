@@ -14,9 +14,13 @@ use k3_server::{Limits, ServerOptions};
 use crate::run::{EngineKnobs, Needs, RUN_ACTIVATIONS};
 
 #[derive(clap::Args)]
+#[command(mut_arg("context", |a| a.help(
+    "Tokens of context each conversation may hold: a longer prompt is refused, an answer stops \
+     there (finish_reason `length`) [default: 4096]"
+)))]
 pub struct ServeArgs {
     /// The model directory (default: the default model compiled into k3-cli).
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     model: Option<PathBuf>,
     /// The address to listen on: 127.0.0.1 keeps the server to this machine; 0.0.0.0 opens it to
     /// the network (give --api-key then).

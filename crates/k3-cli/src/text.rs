@@ -29,11 +29,22 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
         .with_context(|| format!("loading {}", path.display()))
 }
 
-pub fn tokenize(tokenizer: &Path, specials: bool) -> Result<ExitCode> {
+pub fn tokenize(tokenizer: &Path, specials: bool, pieces: bool) -> Result<ExitCode> {
     let tok = load_tokenizer(tokenizer)?;
     let text = read_stdin()?;
     let ids = if specials { tok.encode_with_specials(&text) } else { tok.encode(&text) };
-    println!("{}", serde_json::to_string(&ids)?);
+    if !pieces {
+        println!("{}", serde_json::to_string(&ids)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    // A piece that is not whole UTF-8 (part of a character split over tokens) shows its bytes
+    // replaced, as llama-tokenize shows them.
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let piece = String::from_utf8_lossy(&tok.decode_bytes(&[id])?).into_owned();
+        out.push(serde_json::json!({"id": id, "piece": piece}));
+    }
+    println!("{}", serde_json::to_string(&out)?);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -347,3 +347,122 @@ fn a_k2_model_generates_and_chats_with_its_own_template() {
     assert!(ok, "{err}");
     assert_eq!(out_text.lines().count(), 2, "one answer per turn: {out_text:?}");
 }
+
+/// llama.cpp's short switches mean what its long ones do: the same text, bit for bit.
+#[test]
+fn short_flags_are_llama_cpps() {
+    let long = k3(&[
+        "generate",
+        "--model",
+        fixture("default.waste").to_str().unwrap(),
+        "--prompt",
+        "In the beginning",
+        "--max-tokens",
+        "8",
+        "--seed",
+        "3",
+        "--temperature",
+        "0.7",
+        "--threads",
+        "1",
+        "--context",
+        "512",
+    ]);
+    let short = k3(&[
+        "generate",
+        "-m",
+        fixture("default.waste").to_str().unwrap(),
+        "-p",
+        "In the beginning",
+        "-n",
+        "8",
+        "-s",
+        "3",
+        "--temp",
+        "0.7",
+        "-t",
+        "1",
+        "-c",
+        "512",
+    ]);
+    assert!(long.0 && short.0, "{} / {}", long.2, short.2);
+    assert!(!long.1.is_empty());
+    assert_eq!(long.1, short.1);
+    // The prompt as the argument is the same prompt; both at once is refused.
+    let positional =
+        k3(&["generate", "In the beginning", "-n", "8", "-s", "3", "--temp", "0.7", "-t", "1", "-c", "512"]);
+    assert_eq!(positional.1, short.1);
+    let both = k3(&["generate", "In the beginning", "-p", "In the beginning"]);
+    assert!(!both.0 && both.2.contains("cannot be used with"), "{}", both.2);
+    // -f reads the prompt from a file.
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("p.txt"), "In the beginning").unwrap();
+    let file = k3(&[
+        "generate",
+        "-f",
+        d.path().join("p.txt").to_str().unwrap(),
+        "-n",
+        "8",
+        "-s",
+        "3",
+        "--temp",
+        "0.7",
+        "-t",
+        "1",
+        "-c",
+        "512",
+    ]);
+    assert_eq!(file.1, short.1);
+}
+
+/// inspect and verify take the model as every other command does (`--model`, `-m`), or as the
+/// argument, or none: the default model.
+#[test]
+fn every_command_takes_model() {
+    let tiny = fixture("tiny-k3.waste");
+    let arg = k3(&["inspect", tiny.to_str().unwrap()]);
+    let flag = k3(&["inspect", "--model", tiny.to_str().unwrap()]);
+    let short = k3(&["inspect", "-m", tiny.to_str().unwrap()]);
+    assert!(arg.0 && arg.1 == flag.1 && flag.1 == short.1, "{}", flag.2);
+    let default = k3(&["inspect", "--json"]);
+    assert!(default.0, "{}", default.2);
+    let v: serde_json::Value = serde_json::from_str(&default.1).unwrap();
+    assert_eq!(v["architecture"]["name"], "kimi_linear");
+    let verify = k3(&["verify", "-m", tiny.to_str().unwrap()]);
+    assert!(verify.0 && verify.1.contains("160 expert records verified"), "{}", verify.1);
+    let both = k3(&["verify", tiny.to_str().unwrap(), "--model", tiny.to_str().unwrap()]);
+    assert!(!both.0 && both.2.contains("cannot be used with"), "{}", both.2);
+}
+
+/// tokenize runs on the default model without `--tokenizer`; `--pieces` shows each token's text,
+/// the pieces spelling the input; detokenize turns the ids back into it.
+#[test]
+fn tokenize_on_the_default_model_with_pieces() {
+    let text = "In the beginning God created";
+    let (ok, ids, err) = k3_stdin(&["tokenize"], text);
+    assert!(ok, "{err}");
+    let ids: Vec<u32> = serde_json::from_str(&ids).unwrap();
+    let (ok, pieces, err) = k3_stdin(&["tokenize", "--pieces", "-m", fixture("default.waste").to_str().unwrap()], text);
+    assert!(ok, "{err}");
+    let pieces: Vec<serde_json::Value> = serde_json::from_str(&pieces).unwrap();
+    let got: Vec<u32> = pieces.iter().map(|p| p["id"].as_u64().unwrap() as u32).collect();
+    assert_eq!(got, ids);
+    let spelled: String = pieces.iter().map(|p| p["piece"].as_str().unwrap()).collect();
+    assert_eq!(spelled, text);
+    assert!(ids.len() > 1);
+    let (ok, back, err) = k3_stdin(&["detokenize"], &serde_json::to_string(&ids).unwrap());
+    assert!(ok, "{err}");
+    assert_eq!(back, text);
+}
+
+/// `completions SHELL` prints a script that completes the subcommands; an unknown shell is named.
+#[test]
+fn completions_for_the_usual_shells() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (ok, out, err) = k3(&["completions", shell]);
+        assert!(ok, "{shell}: {err}");
+        assert!(out.contains("generate") && out.contains("serve") && out.contains("--max-tokens"), "{shell}");
+    }
+    let (ok, _, err) = k3(&["completions", "tcsh"]);
+    assert!(!ok && err.contains("tcsh"), "{err}");
+}
