@@ -47,13 +47,9 @@ pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>) -> Result<()
             bail!("synthetic models have MXFP4, INT4, FP8 or vq3 experts")
         }
     };
-    let pb = bar(0);
-    pb.set_message("synth");
-    k3_convert::synth::synth(&p, e, out, &mut |done, total| {
-        pb.set_length(total);
-        pb.set_position(done);
-    })?;
-    pb.finish_and_clear();
+    let mut bar = k3_cli::convert::PhaseBar::default();
+    k3_convert::synth::synth(&p, e, out, &mut |p| bar.show(p))?;
+    bar.finish();
     let m = k3_format::Model::open(out)?;
     let shard: u64 = m.manifest().shards.iter().map(|s| s.bytes).sum();
     println!(

@@ -130,12 +130,26 @@ impl ConvertOptions {
     }
 }
 
-/// Progress of a conversion, by phase (`trunk`, `experts`, `verify`), each with its own total.
+/// What a [`Progress`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Bytes,
+    /// Model layers (`synth`'s trunk, whose bytes are not known before it is written).
+    Layers,
+}
+
+/// Progress of a conversion (or of `synth`), by phase (`trunk`, `experts`, `verify`), each with
+/// its own total.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {
     pub phase: &'static str,
     pub done: u64,
     pub total: u64,
+    /// What `done` and `total` count.
+    pub unit: Unit,
+    /// How much of `total` an interrupted run had already written (counted in `done`): a rate or
+    /// an ETA is this run's `done - resumed`.
+    pub resumed: u64,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use safetensors::Dtype as StDtype;
 
 use super::plan::{LayerPlan, Plan, SourceExperts, expert_parts};
-use super::{ConvertError, ConvertOptions, ConvertReport, Progress, Source, TrunkFormat};
+use super::{ConvertError, ConvertOptions, ConvertReport, Progress, Source, TrunkFormat, Unit};
 use super::{dequant, encode};
 use crate::calibrate::Calibration;
 use crate::tensors::Storage;
@@ -27,6 +27,12 @@ pub(super) fn trunk(
     // Trunk and experts have their own totals: trunk bytes go by fast, experts (re-encoded,
     // perhaps) slowly, and one bar over both would promise an ETA the experts never keep.
     let total: u64 = plan.trunk_names.iter().map(|n| src.get(n).map_or(0, |t| src.bytes(t).len() as u64)).sum();
+    let resumed: u64 = plan
+        .trunk_names
+        .iter()
+        .filter(|n| w.has_tensor(n))
+        .map(|n| src.get(n).map_or(0, |t| src.bytes(t).len() as u64))
+        .sum();
     let mut done = 0u64;
     for name in &plan.trunk_names {
         let t = src.get(name)?;
@@ -45,7 +51,7 @@ pub(super) fn trunk(
             report.written_bytes += refs.iter().map(|p| p.len() as u64).sum::<u64>();
         }
         done += bytes.len() as u64;
-        progress(Progress { phase: "trunk", done, total });
+        progress(Progress { phase: "trunk", done, total, resumed, unit: Unit::Bytes });
     }
     Ok(())
 }
@@ -90,6 +96,13 @@ pub(super) fn experts(
     let record_bytes: Vec<u64> = w.spec().expert_layouts.iter().map(|l| l.record_bytes).collect();
     let experts = plan.arch.experts;
     let total: u64 = plan.layers.iter().map(|p| record_bytes[usize::from(p.layout)] * u64::from(experts)).sum();
+    let resumed: u64 = plan
+        .layers
+        .iter()
+        .map(|p| {
+            record_bytes[usize::from(p.layout)] * (0..experts).filter(|e| w.has_expert(p.layer, *e)).count() as u64
+        })
+        .sum();
     let mut done = 0u64;
     for p in &plan.layers {
         let rb = record_bytes[usize::from(p.layout)];
@@ -108,7 +121,7 @@ pub(super) fn experts(
                 report.written_items += 1;
                 report.written_bytes += rb;
                 done += rb;
-                progress(Progress { phase: "experts", done, total });
+                progress(Progress { phase: "experts", done, total, resumed, unit: Unit::Bytes });
             }
         }
     }
@@ -248,7 +261,8 @@ pub(super) fn finish(
 
     let model = open(opts)?;
     let total = model.verify_bytes();
-    let problems = model.verify(&mut |done| progress(Progress { phase: "verify", done, total }));
+    let problems =
+        model.verify(&mut |done| progress(Progress { phase: "verify", done, total, resumed: 0, unit: Unit::Bytes }));
     if let Some(first) = problems.first() {
         return Err(ConvertError::Verify { count: problems.len(), first: first.error.to_string() });
     }

@@ -25,7 +25,7 @@ fn model_path(name: &str) -> PathBuf {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("batch-k2-tiny");
         let _ = std::fs::remove_dir_all(&dir);
         let p = k3_convert::synth::preset("k2-tiny").unwrap();
-        k3_convert::synth::synth(&p, p.experts_default, &dir, &mut |_, _| {}).unwrap();
+        k3_convert::synth::synth(&p, p.experts_default, &dir, &mut |_| {}).unwrap();
         dir
     })
     .clone()

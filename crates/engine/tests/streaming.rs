@@ -160,7 +160,7 @@ fn synthetic_k3_and_k2_tiny_run_in_every_expert_encoding() {
     ] {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().join("m");
-        synth(&preset(name).unwrap(), experts, &dir, &mut |_, _| {}).unwrap();
+        synth(&preset(name).unwrap(), experts, &dir, &mut |_| {}).unwrap();
         let model = Model::open(&dir).unwrap();
         assert!(model.verify(&mut |_| {}).is_empty());
         let engine = Engine::load(&model).unwrap();

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
-use indicatif::{ProgressBar, ProgressStyle};
-use k3_convert::{ConvertOptions, ExpertFormat, Progress, TrunkFormat, convert as run_convert};
+use indicatif::{DecimalBytes, ProgressBar, ProgressStyle};
+use k3_convert::{ConvertOptions, ExpertFormat, Progress, TrunkFormat, Unit, convert as run_convert};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Experts {
@@ -114,23 +114,11 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         calibration,
         ..ConvertOptions::new(&hf, &out)
     };
-    let pb = bar(0);
-    let mut phase = "";
-    let report = run_convert(&opts, &mut |p: Progress| {
-        if p.phase != phase {
-            // A new phase: its own total, and an ETA from its own rate (resumed work
-            // excluded).
-            phase = p.phase;
-            pb.reset();
-            pb.set_length(p.total);
-            pb.set_message(p.phase);
-            pb.set_position(p.done);
-            pb.reset_eta();
-        }
-        pb.set_position(p.done);
-    })
-    .with_context(|| format!("converting {} to {}", hf.display(), out.display()))?;
-    pb.finish_and_clear();
+    say_how_to_resume_when_interrupted();
+    let mut bar = PhaseBar::default();
+    let report = run_convert(&opts, &mut |p| bar.show(p))
+        .with_context(|| format!("converting {} to {}", hf.display(), out.display()))?;
+    bar.finish();
     if report.already_complete {
         println!("{} already holds this model, converted with these options; nothing to do.", out.display());
         return Ok(());
@@ -139,11 +127,11 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         println!("resumed: kept {} items written by the interrupted run", report.resumed_items);
     }
     println!(
-        "wrote {} items ({:.1} MB) to {}; verified {:.1} MB",
+        "wrote {} items ({}) to {}; verified {}",
         report.written_items,
-        report.written_bytes as f64 / 1e6,
+        DecimalBytes(report.written_bytes),
         out.display(),
-        report.verified_bytes as f64 / 1e6
+        DecimalBytes(report.verified_bytes)
     );
     for r in &report.re_encoded {
         println!("re-encoded {} tensor(s) {} -> {} (e.g. {}): {}", r.count, r.from, r.to, r.example, r.why);
@@ -202,6 +190,74 @@ fn calibrate(args: &ConvertArgs, text: &Path) -> Result<k3_convert::calibrate::C
         text.display()
     );
     Ok(cal)
+}
+
+/// A conversion's (or `synth`'s) progress on standard error: one bar a phase over what this run
+/// has left to do, so its rate and ETA are this run's (what an interrupted run wrote is said once,
+/// not counted); bytes in decimal units (kB, MB, GB: the one unit system of `convert`'s words).
+#[derive(Debug, Default)]
+pub struct PhaseBar {
+    pb: Option<ProgressBar>,
+    phase: &'static str,
+}
+
+impl PhaseBar {
+    pub fn show(&mut self, p: Progress) {
+        if p.phase != self.phase || self.pb.is_none() {
+            self.phase = p.phase;
+            let counts = match p.unit {
+                Unit::Bytes => "{decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec}",
+                Unit::Layers => "layer {pos}/{len}",
+            };
+            let style = ProgressStyle::with_template(&format!("{{msg:>9}} [{{bar:40}}] {counts} ETA {{eta}}"))
+                .expect("a constant template parses")
+                .progress_chars("=> ");
+            let pb = self.pb.get_or_insert_with(|| ProgressBar::new(0));
+            if p.resumed > 0 {
+                // Above the bar on a terminal; also when standard error is not one.
+                pb.suspend(|| {
+                    eprintln!(
+                        "resuming {}: {} of {} already written",
+                        p.phase,
+                        DecimalBytes(p.resumed),
+                        DecimalBytes(p.total)
+                    )
+                });
+            }
+            pb.reset();
+            pb.set_style(style);
+            pb.set_length(p.total - p.resumed);
+            pb.set_message(p.phase);
+        }
+        if let Some(pb) = &self.pb {
+            pb.set_position(p.done.saturating_sub(p.resumed));
+        }
+    }
+
+    pub fn finish(self) {
+        if let Some(pb) = self.pb {
+            pb.finish_and_clear();
+        }
+    }
+}
+
+/// Ctrl-C, SIGTERM or SIGHUP during a conversion: say how to go on, then end as the signal would.
+/// Every point of a conversion is resumable (the writer's journal), so nothing needs finishing.
+fn say_how_to_resume_when_interrupted() {
+    extern "C" fn interrupted(sig: libc::c_int) {
+        const MSG: &[u8] = b"\ninterrupted; run the same command to resume\n";
+        // SAFETY: `write` and `_exit` are async-signal-safe; MSG is a static buffer.
+        unsafe {
+            libc::write(2, MSG.as_ptr().cast(), MSG.len());
+            libc::_exit(128 + sig);
+        }
+    }
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only calls async-signal-safe functions.
+        unsafe {
+            libc::signal(sig, interrupted as *const () as libc::sighandler_t);
+        }
+    }
 }
 
 /// A progress bar on standard error (hidden when it is not a terminal).

@@ -114,7 +114,7 @@ pub fn synth(
     p: &Preset,
     experts: SynthExperts,
     out: &Path,
-    progress: &mut dyn FnMut(u64, u64),
+    progress: &mut dyn FnMut(crate::Progress),
 ) -> Result<(), EngineError> {
     let config = serde_json::to_vec_pretty(&config_json(p)).expect("config serializes");
     let spec = writer_spec(p, experts)?;
@@ -124,7 +124,8 @@ pub fn synth(
         Opened::Writer(w) => w,
     };
     let mut g = Gen(XorShift::new(0x5EED));
-    Trunk { w: &mut w, g: &mut g, p, branch: if p.predictable_routing { 0.1 } else { 1.0 } }.write()?;
+    let branch = if p.predictable_routing { 0.1 } else { 1.0 };
+    Trunk { w: &mut w, g: &mut g, p, branch, progress: &mut *progress }.write()?;
     write_experts(&mut w, &mut g, p, experts, &layout, progress)?;
     w.finish(&[("config.json", &config)])?;
     Ok(())
@@ -137,6 +138,8 @@ struct Trunk<'a> {
     p: &'a Preset,
     /// Scale of the matrices writing into the residual stream (small: predictable routing).
     branch: f32,
+    /// Hears each layer written (`trunk`, layers done of the model's).
+    progress: &'a mut dyn FnMut(crate::Progress),
 }
 
 fn fan_in_scale(fan_in: usize) -> f32 {
@@ -186,6 +189,13 @@ impl Trunk<'_> {
         // Predictable routing: one router for all MoE layers, residual updates scaled down.
         let shared_router = p.predictable_routing.then(|| self.g.bf16(p.experts as usize * d, fan_in_scale(d)));
         for i in 0..p.layers {
+            (self.progress)(crate::Progress {
+                phase: "trunk",
+                done: u64::from(i),
+                total: u64::from(p.layers),
+                resumed: 0,
+                unit: crate::Unit::Layers,
+            });
             let ln = LayerNames::of(i);
             for n in [&ln.input_norm, &ln.post_norm] {
                 self.ones(n, d)?;
@@ -282,10 +292,13 @@ fn write_experts(
     p: &Preset,
     experts: SynthExperts,
     layout: &ExpertLayout,
-    progress: &mut dyn FnMut(u64, u64),
+    progress: &mut dyn FnMut(crate::Progress),
 ) -> Result<(), EngineError> {
     let moe_layers: Vec<u32> = (1..p.layers).collect();
     let total = u64::from(p.experts) * moe_layers.len() as u64 * layout.record_bytes;
+    let written =
+        moe_layers.iter().flat_map(|&l| (0..p.experts).map(move |e| (l, e))).filter(|&(l, e)| w.has_expert(l, e));
+    let resumed = written.count() as u64 * layout.record_bytes;
     let mut done = 0u64;
     for &layer in &moe_layers {
         for e in 0..p.experts {
@@ -331,7 +344,7 @@ fn write_experts(
                 w.write_expert(layer, e, 0, &refs)?;
             }
             done += layout.record_bytes;
-            progress(done, total);
+            progress(crate::Progress { phase: "experts", done, total, resumed, unit: crate::Unit::Bytes });
         }
     }
     Ok(())
