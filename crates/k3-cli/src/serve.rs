@@ -22,6 +22,10 @@ pub struct ServeArgs {
     /// The model directory (default: the default model compiled into k3-cli).
     #[arg(short = 'm', long)]
     model: Option<PathBuf>,
+    /// The model's id in the API (`/v1/models`, the `model` of answers) [default: the model
+    /// directory's name, `default` for the default model].
+    #[arg(short = 'a', long, value_name = "NAME", value_parser = parse_alias)]
+    alias: Option<String>,
     /// The address to listen on: 127.0.0.1 keeps the server to this machine; 0.0.0.0 opens it to
     /// the network (give --api-key then).
     #[arg(long, default_value = "127.0.0.1")]
@@ -129,8 +133,22 @@ fn api_keys(a: &ServeArgs) -> Result<Vec<String>> {
     Ok(keys)
 }
 
+/// A model id a client can send back: printable, no spaces or slashes at its ends, not too long.
+fn parse_alias(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 256
+        && s.chars().all(|c| !c.is_control() && !c.is_whitespace())
+        && !s.starts_with('/')
+        && !s.ends_with('/');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a usable model id (1-256 printable characters, no spaces)"))
+    }
+}
+
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
-    let model_id = a.model.is_none().then(|| "default".to_string());
+    let model_id = a.alias.clone().or_else(|| a.model.is_none().then(|| "default".to_string()));
     let model = crate::default_model::or_default(a.model.clone())?;
     let body_limit = usize::try_from(parse_size(&a.max_body).map_err(anyhow::Error::msg)?)?;
     let prefix_cache = usize::try_from(parse_size(&a.prefix_cache).map_err(anyhow::Error::msg)?)?;

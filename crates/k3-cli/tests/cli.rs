@@ -466,3 +466,10 @@ fn completions_for_the_usual_shells() {
     let (ok, _, err) = k3(&["completions", "tcsh"]);
     assert!(!ok && err.contains("tcsh"), "{err}");
 }
+
+/// `serve --alias` refuses a model id a client could not send back, before loading anything.
+#[test]
+fn serve_refuses_an_unusable_alias() {
+    let (ok, _, err) = k3(&["serve", "--alias", "my model"]);
+    assert!(!ok && err.contains("not a usable model id"), "{err}");
+}

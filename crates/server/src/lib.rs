@@ -18,6 +18,7 @@ pub mod routes;
 pub mod scheduler;
 pub mod state;
 pub mod status;
+pub mod tokens;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -113,6 +114,10 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/completions", post(routes::completions))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.boundary.clone(), boundary::check))
         .layer(DefaultBodyLimit::disable())
         .with_state(state.clone());

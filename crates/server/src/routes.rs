@@ -50,6 +50,27 @@ pub async fn model(State(s): State<AppState>, Path(id): Path<String>) -> Result<
     Ok(Json(model_object(&s, i)))
 }
 
+/// Any path this server does not serve: a 404 in OpenAI's shape, naming the routes it has.
+pub async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route {} {}: this server answers /v1/chat/completions, /v1/completions, /v1/models, \
+             /tokenize, /detokenize, /health and /metrics",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}
+
+/// A served path with the wrong method: a 405 in OpenAI's shape.
+pub async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {} requests", req.uri().path(), req.method()),
+    )
+}
+
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(s): State<AppState>) -> Response {
     let cache = s.handle.status.cache.lock().ok().and_then(|c| *c);
@@ -59,7 +80,7 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
 
 /// The body of `req`, read within the server's size and time limits: a declared length over the
 /// limit is a 413 before anything is read, a body that does not arrive in time a 408.
-async fn body(s: &AppState, req: Request) -> Result<Bytes, ApiError> {
+pub(crate) async fn body(s: &AppState, req: Request) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -93,7 +114,7 @@ fn is_length_limit(e: &axum::Error) -> bool {
 }
 
 /// A JSON request body, with a 400 naming what is wrong.
-fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad("body", format!("the request body is not a valid request: {e}")))
 }
