@@ -9,6 +9,7 @@ use k3_engine::budget::parse_size;
 use std::time::Duration;
 
 use k3_server::boundary::Boundary;
+use k3_server::reqlog::LogFormat;
 use k3_server::{Limits, ServerOptions};
 
 use crate::run::{EngineKnobs, Needs, RUN_ACTIVATIONS};
@@ -26,6 +27,11 @@ pub struct ServeArgs {
     /// directory's name, `default` for the default model].
     #[arg(short = 'a', long, value_name = "NAME", value_parser = parse_alias)]
     alias: Option<String>,
+    /// How the ready line and the line per request (id, prompt and cached tokens, time to first
+    /// token, tok/s, finish reason) are written on standard error: `text` for a person, `json`
+    /// (one object a line) for a log collector.
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     /// The address to listen on: 127.0.0.1 keeps the server to this machine; 0.0.0.0 opens it to
     /// the network (give --api-key then).
     #[arg(long, default_value = "127.0.0.1")]
@@ -179,6 +185,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
             drain: Duration::from_secs(a.drain_timeout),
         },
         stop_bytes: 4096,
+        log_format: if a.log_format == "json" { LogFormat::Json } else { LogFormat::Text },
     };
     let files = raise_open_files();
     if files > 0 && (files as usize) < opts.limits.max_connections + 64 {

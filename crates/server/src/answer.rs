@@ -21,6 +21,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use crate::api::{Prepared, finish_reason};
 use crate::error::ApiError;
 use crate::prefix::Scope;
+use crate::reqlog::RequestLog;
 use crate::scheduler::{Event, Job, Refused, TokenLogprob};
 use crate::state::AppState;
 
@@ -66,6 +67,7 @@ pub async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<
         tok: s.tok.clone(),
         call_prefix: format!("call-{id}"),
         want_logprobs: logprobs.is_some(),
+        log: RequestLog::new(s.log_format, &id),
     };
     let shape = Shape { id, model, created: unix_now(), kind, seed };
     let mut r = if stream { streamed(shape, rx, reply, include_usage) } else { whole(shape, rx, reply).await? };
@@ -89,6 +91,8 @@ struct Reply {
     tok: Arc<OnceLock<Tokenizer>>,
     /// Calls the markup leaves unnamed (K3's) are named this and their number.
     call_prefix: String,
+    /// The request's line on standard error.
+    log: RequestLog,
     /// The request asked for log-probabilities.
     want_logprobs: bool,
 }
@@ -219,16 +223,21 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply:
     while let Some(e) = rx.recv().await {
         match e {
             Event::Delta { text: t, reasoning: r, token, logprob } => {
+                reply.log.token();
                 reasoning.push_str(&r);
                 lps.extend(logprob);
                 let pieces = reply.feed(token, &t);
                 take(pieces, &mut text, &mut reply);
             }
-            Event::Failed(msg) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg)),
+            Event::Failed(msg) => {
+                reply.log.done("failed", 0, 0, 0);
+                return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg));
+            }
             Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
                 let pieces = reply.finish();
                 take(pieces, &mut text, &mut reply);
                 let reason = reply.reason(finish);
+                reply.log.done(reason, prompt_tokens, cached_tokens, completion_tokens);
                 let mut choice = match shape.kind {
                     Kind::Chat if !reply.made.is_empty() => {
                         let calls: Vec<Value> =
@@ -295,6 +304,7 @@ fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Re
         while let Some(e) = rx.recv().await {
             let alive = match e {
                 Event::Delta { text, reasoning, token, logprob } => {
+                    reply.log.token();
                     let thought = reasoning.is_empty()
                         || send(shape.envelope(
                             true,
@@ -304,12 +314,14 @@ fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Re
                     thought && emit(pieces, &mut reply, logprob)
                 }
                 Event::Failed(msg) => {
+                    reply.log.done("failed", 0, 0, 0);
                     send(json!({"error": {"message": msg, "type": "server_error", "param": null, "code": 500}}));
                     break;
                 }
                 Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
                     let pieces = reply.finish();
                     emit(pieces, &mut reply, None);
+                    reply.log.done(reply.reason(finish), prompt_tokens, cached_tokens, completion_tokens);
                     send(shape.chunk(None, Some(reply.reason(finish))));
                     if include_usage {
                         let mut u = shape.envelope(true, json!([]));
@@ -376,6 +388,7 @@ mod tests {
             tok: cell.clone(),
             call_prefix: "c".into(),
             want_logprobs: false,
+            log: RequestLog::new(crate::reqlog::LogFormat::Text, "test"),
         };
         let mut out = String::new();
         let mut made = Vec::new();

@@ -14,6 +14,7 @@ pub mod listen;
 pub mod logprobs;
 pub mod metrics;
 pub mod prefix;
+pub mod reqlog;
 pub mod routes;
 pub mod scheduler;
 pub mod state;
@@ -62,6 +63,8 @@ pub struct ServerOptions {
     pub limits: Limits,
     /// Total bytes of a request's stop strings at most.
     pub stop_bytes: usize,
+    /// How the ready line and the request lines are written on standard error.
+    pub log_format: reqlog::LogFormat,
 }
 
 impl ServerOptions {
@@ -80,6 +83,7 @@ impl ServerOptions {
             prompt_cache_disk: 10 << 30,
             limits: Limits::default(),
             stop_bytes: 4096,
+            log_format: reqlog::LogFormat::Text,
         }
     }
 }
@@ -99,6 +103,7 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         body_limit,
         body_timeout: opts.limits.body_timeout,
         stop_bytes: opts.stop_bytes,
+        log_format: opts.log_format,
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
     let loader = state.clone();
@@ -132,6 +137,7 @@ fn fail(status: &Status, why: String) {
 
 fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Job>) {
     let status = &state.handle.status;
+    let loading = std::time::Instant::now();
     // The memory plan holds a full batch (each request's state and a prompt chunk) and the
     // prefix cache's kept states; a budget too small for them is refused at load, naming them.
     // Left open, the chunk is the plan's (at least a prompt chunk per sequence of the batch).
@@ -179,6 +185,7 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
     if let Some(t) = shared_tok {
         let _ = state.tok.set(t);
     }
+    reqlog::ready(opts.log_format, &info, loading.elapsed().as_secs_f64());
     let _ = state.info.set(info);
     status.ready.store(true, Ordering::SeqCst);
     let mut cache = match &opts.prompt_cache_dir {

@@ -26,6 +26,8 @@ pub struct AppState {
     pub body_timeout: std::time::Duration,
     /// Total bytes of a request's stop strings at most.
     pub stop_bytes: usize,
+    /// How request lines are written on standard error.
+    pub log_format: crate::reqlog::LogFormat,
     /// Unix seconds at start (the models' `created`).
     pub created: u64,
 }

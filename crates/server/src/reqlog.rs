@@ -1,0 +1,95 @@
+//! What the server says on standard error as it works: a line when the model is ready and one
+//! per request (its id, prompt and cached tokens, time to first token, rate, how it ended), for a
+//! person (`text`) or a program (`json`: one object a line).
+
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::scheduler::ModelInfo;
+
+/// How the log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The model is loaded and requests are answered.
+pub(crate) fn ready(format: LogFormat, info: &ModelInfo, load_secs: f64) {
+    match format {
+        LogFormat::Text => eprintln!(
+            "ready: `{}` ({}, {} layers, context {}) loaded in {load_secs:.1} s",
+            info.id,
+            info.family.name(),
+            info.layers,
+            info.context
+        ),
+        LogFormat::Json => eprintln!(
+            "{}",
+            json!({"event": "ready", "model": info.id, "family": info.family.name(), "layers": info.layers,
+                   "context": info.context, "load_s": load_secs})
+        ),
+    }
+}
+
+/// One request's line, written when it ends (also when the client leaves before that).
+#[derive(Debug)]
+pub(crate) struct RequestLog {
+    format: LogFormat,
+    id: String,
+    started: Instant,
+    first: Option<Instant>,
+    tokens: u64,
+    said: bool,
+}
+
+impl RequestLog {
+    pub fn new(format: LogFormat, id: &str) -> Self {
+        RequestLog { format, id: id.to_string(), started: Instant::now(), first: None, tokens: 0, said: false }
+    }
+
+    /// A token came out.
+    pub fn token(&mut self) {
+        self.first.get_or_insert_with(Instant::now);
+        self.tokens += 1;
+    }
+
+    /// The request ended: `finish` is its `finish_reason` (or why it did not finish).
+    pub fn done(&mut self, finish: &str, prompt: usize, cached: usize, completion: u64) {
+        self.said = true;
+        let total = self.started.elapsed().as_secs_f64();
+        let ttft = self.first.map(|f| f.duration_since(self.started).as_secs_f64());
+        // The rate after the first token: what a reader of the stream sees.
+        let rate = self
+            .first
+            .map(|f| f.elapsed().as_secs_f64())
+            .filter(|s| *s > 0.0 && completion > 1)
+            .map(|s| (completion - 1) as f64 / s);
+        match self.format {
+            LogFormat::Text => eprintln!(
+                "{}: prompt {prompt} tokens ({cached} cached), first token {}, {completion} tokens{}, {total:.2} s, {finish}",
+                self.id,
+                ttft.map_or("-".into(), |t| format!("{t:.3} s")),
+                rate.map_or(String::new(), |r| format!(" at {r:.1} tok/s")),
+            ),
+            LogFormat::Json => eprintln!(
+                "{}",
+                json!({"event": "request", "id": self.id, "prompt_tokens": prompt, "cached_tokens": cached,
+                       "completion_tokens": completion, "ttft_s": ttft, "tokens_per_s": rate, "total_s": total,
+                       "finish_reason": finish})
+            ),
+        }
+    }
+}
+
+impl Drop for RequestLog {
+    /// A request that never reached its end (it failed, or the client left) is said too.
+    fn drop(&mut self) {
+        if !self.said {
+            let tokens = self.tokens;
+            self.done("cancelled", 0, 0, tokens);
+        }
+    }
+}
