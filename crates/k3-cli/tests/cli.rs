@@ -351,68 +351,28 @@ fn a_k2_model_generates_and_chats_with_its_own_template() {
 /// llama.cpp's short switches mean what its long ones do: the same text, bit for bit.
 #[test]
 fn short_flags_are_llama_cpps() {
-    let long = k3(&[
-        "generate",
-        "--model",
-        fixture("default.waste").to_str().unwrap(),
-        "--prompt",
-        "In the beginning",
-        "--max-tokens",
-        "8",
-        "--seed",
-        "3",
-        "--temperature",
-        "0.7",
-        "--threads",
-        "1",
-        "--context",
-        "512",
-    ]);
-    let short = k3(&[
-        "generate",
-        "-m",
-        fixture("default.waste").to_str().unwrap(),
-        "-p",
-        "In the beginning",
-        "-n",
-        "8",
-        "-s",
-        "3",
-        "--temp",
-        "0.7",
-        "-t",
-        "1",
-        "-c",
-        "512",
-    ]);
+    let model = fixture("default.waste");
+    let model = model.to_str().unwrap();
+    let run = |prompt: &[&str], rest: &[&str]| {
+        let args: Vec<&str> = ["generate"].iter().chain(prompt).chain(rest).copied().collect();
+        k3(&args)
+    };
+    let long_rest = ["--max-tokens", "8", "--seed", "3", "--temperature", "0.7", "--threads", "1", "--context", "512"];
+    let short_rest = ["-n", "8", "-s", "3", "--temp", "0.7", "-t", "1", "-c", "512"];
+    let long = run(&["--model", model, "--prompt", "In the beginning"], &long_rest);
+    let short = run(&["-m", model, "-p", "In the beginning"], &short_rest);
     assert!(long.0 && short.0, "{} / {}", long.2, short.2);
     assert!(!long.1.is_empty());
     assert_eq!(long.1, short.1);
     // The prompt as the argument is the same prompt; both at once is refused.
-    let positional =
-        k3(&["generate", "In the beginning", "-n", "8", "-s", "3", "--temp", "0.7", "-t", "1", "-c", "512"]);
-    assert_eq!(positional.1, short.1);
-    let both = k3(&["generate", "In the beginning", "-p", "In the beginning"]);
+    assert_eq!(run(&["In the beginning"], &short_rest).1, short.1);
+    let both = run(&["In the beginning", "-p", "In the beginning"], &[]);
     assert!(!both.0 && both.2.contains("cannot be used with"), "{}", both.2);
     // -f reads the prompt from a file.
     let d = tempfile::tempdir().unwrap();
-    std::fs::write(d.path().join("p.txt"), "In the beginning").unwrap();
-    let file = k3(&[
-        "generate",
-        "-f",
-        d.path().join("p.txt").to_str().unwrap(),
-        "-n",
-        "8",
-        "-s",
-        "3",
-        "--temp",
-        "0.7",
-        "-t",
-        "1",
-        "-c",
-        "512",
-    ]);
-    assert_eq!(file.1, short.1);
+    let file = d.path().join("p.txt");
+    std::fs::write(&file, "In the beginning").unwrap();
+    assert_eq!(run(&["-f", file.to_str().unwrap()], &short_rest).1, short.1);
 }
 
 /// inspect and verify take the model as every other command does (`--model`, `-m`), or as the
