@@ -139,13 +139,6 @@ impl Encoding {
                 _ => Err(format!("{} needs a non-empty 2-D shape, got {shape:?}", self.label())),
             }
         };
-        let divides = |cols: u64, by: u64, what: &str| {
-            if by == 0 || !cols.is_multiple_of(by) {
-                Err(format!("{}: {cols} columns are not a multiple of the {what} {by}", self.label()))
-            } else {
-                Ok(cols / by)
-            }
-        };
         if shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).is_none_or(|n| n > 1 << 48) {
             return Err(format!("shape {shape:?} is implausibly large"));
         }
@@ -163,8 +156,8 @@ impl Encoding {
             }
             Encoding::Int4Group { group } => {
                 let (r, c) = matrix()?;
-                let groups = divides(c, u64::from(*group), "group size")?;
-                divides(c, 2, "nibble pair")?;
+                let groups = self.divides(c, u64::from(*group), "group size")?;
+                self.divides(c, 2, "nibble pair")?;
                 // The kernels take a group's nibbles in whole bytes: a group of odd size would
                 // split a byte between two scales.
                 if group % 2 == 1 {
@@ -180,7 +173,7 @@ impl Encoding {
             }
             Encoding::Mxfp4 => {
                 let (r, c) = matrix()?;
-                let blocks = divides(c, 32, "MXFP4 block size")?;
+                let blocks = self.divides(c, 32, "MXFP4 block size")?;
                 Ok(vec![
                     PartLayout { name: "packed", dtype: Dtype::U8, shape: vec![r, c / 2] },
                     PartLayout { name: "scale", dtype: Dtype::U8, shape: vec![r, blocks] },
@@ -188,55 +181,74 @@ impl Encoding {
             }
             Encoding::Fp8Block { block_rows, block_cols } => {
                 let (r, c) = matrix()?;
-                if *block_rows == 0 || *block_cols == 0 || block_cols % 32 != 0 {
-                    return Err(format!(
-                        "{}: blocks must be non-empty and a multiple of 32 columns wide",
-                        self.label()
-                    ));
-                }
-                Ok(vec![
-                    PartLayout { name: "q", dtype: Dtype::U8, shape: vec![r, c] },
-                    PartLayout {
-                        name: "scale",
-                        dtype: Dtype::F32,
-                        shape: vec![r.div_ceil(u64::from(*block_rows)), c.div_ceil(u64::from(*block_cols))],
-                    },
-                ])
+                self.fp8_parts(r, c, *block_rows, *block_cols)
             }
-            Encoding::Vq { stages, entries, dim, rotation_block, codebook, interleave, .. } => {
+            Encoding::Vq { .. } => {
                 let (r, c) = matrix()?;
-                if *interleave == 0 || r % u64::from(*interleave) != 0 || (*interleave > 1 && *entries > 16) {
-                    return Err(format!(
-                        "{}: {r} rows cannot be interleaved in blocks of {interleave} (4-bit codes only)",
-                        self.label()
-                    ));
-                }
-                let (stages, entries, dim) = (u64::from(*stages), u64::from(*entries), u64::from(*dim));
-                if stages == 0 || !(2..=65536).contains(&entries) {
-                    return Err(format!("{}: needs 1+ stages and 2..=65536 entries", self.label()));
-                }
-                let chunks = divides(c, dim, "vector dimension")?;
-                if *rotation_block != 0 {
-                    divides(c, u64::from(*rotation_block), "rotation block")?;
-                }
-                let codes = if entries <= 16 {
-                    let n = chunks * stages;
-                    if n % 2 != 0 {
-                        return Err(format!("{}: an odd number of 4-bit codes per row ({n})", self.label()));
-                    }
-                    PartLayout { name: "codes", dtype: Dtype::U8, shape: vec![r, n / 2] }
-                } else if entries <= 256 {
-                    PartLayout { name: "codes", dtype: Dtype::U8, shape: vec![r, chunks * stages] }
-                } else {
-                    PartLayout { name: "codes", dtype: Dtype::U16, shape: vec![r, chunks * stages] }
-                };
-                let mut parts = vec![codes, PartLayout { name: "scale", dtype: Dtype::F16, shape: vec![r] }];
-                if *codebook == CodebookSource::Inline {
-                    parts.push(PartLayout { name: "codebooks", dtype: Dtype::F32, shape: vec![stages, entries, dim] });
-                }
-                Ok(parts)
+                self.vq_parts(r, c)
             }
         }
+    }
+
+    /// `cols / by`, or why `cols` columns do not split into `by`s.
+    fn divides(&self, cols: u64, by: u64, what: &str) -> Result<u64, String> {
+        if by == 0 || !cols.is_multiple_of(by) {
+            Err(format!("{}: {cols} columns are not a multiple of the {what} {by}", self.label()))
+        } else {
+            Ok(cols / by)
+        }
+    }
+
+    /// The parts of an `fp8_block` matrix of `r x c`.
+    fn fp8_parts(&self, r: u64, c: u64, block_rows: u32, block_cols: u32) -> Result<Vec<PartLayout>, String> {
+        if block_rows == 0 || block_cols == 0 || !block_cols.is_multiple_of(32) {
+            return Err(format!("{}: blocks must be non-empty and a multiple of 32 columns wide", self.label()));
+        }
+        Ok(vec![
+            PartLayout { name: "q", dtype: Dtype::U8, shape: vec![r, c] },
+            PartLayout {
+                name: "scale",
+                dtype: Dtype::F32,
+                shape: vec![r.div_ceil(u64::from(block_rows)), c.div_ceil(u64::from(block_cols))],
+            },
+        ])
+    }
+
+    /// The parts of a `vq` matrix of `r x c`.
+    fn vq_parts(&self, r: u64, c: u64) -> Result<Vec<PartLayout>, String> {
+        let Encoding::Vq { stages, entries, dim, rotation_block, codebook, interleave, .. } = self else {
+            return Err(format!("{} is not a VQ encoding", self.label()));
+        };
+        if *interleave == 0 || !r.is_multiple_of(u64::from(*interleave)) || (*interleave > 1 && *entries > 16) {
+            return Err(format!(
+                "{}: {r} rows cannot be interleaved in blocks of {interleave} (4-bit codes only)",
+                self.label()
+            ));
+        }
+        let (stages, entries, dim) = (u64::from(*stages), u64::from(*entries), u64::from(*dim));
+        if stages == 0 || !(2..=65536).contains(&entries) {
+            return Err(format!("{}: needs 1+ stages and 2..=65536 entries", self.label()));
+        }
+        let chunks = self.divides(c, dim, "vector dimension")?;
+        if *rotation_block != 0 {
+            self.divides(c, u64::from(*rotation_block), "rotation block")?;
+        }
+        let codes = if entries <= 16 {
+            let n = chunks * stages;
+            if n % 2 != 0 {
+                return Err(format!("{}: an odd number of 4-bit codes per row ({n})", self.label()));
+            }
+            PartLayout { name: "codes", dtype: Dtype::U8, shape: vec![r, n / 2] }
+        } else if entries <= 256 {
+            PartLayout { name: "codes", dtype: Dtype::U8, shape: vec![r, chunks * stages] }
+        } else {
+            PartLayout { name: "codes", dtype: Dtype::U16, shape: vec![r, chunks * stages] }
+        };
+        let mut parts = vec![codes, PartLayout { name: "scale", dtype: Dtype::F16, shape: vec![r] }];
+        if *codebook == CodebookSource::Inline {
+            parts.push(PartLayout { name: "codebooks", dtype: Dtype::F32, shape: vec![stages, entries, dim] });
+        }
+        Ok(parts)
     }
 }
 

@@ -20,6 +20,7 @@ mod manifest;
 mod output;
 mod reader;
 mod record;
+mod spec_diff;
 mod view;
 mod writer;
 
