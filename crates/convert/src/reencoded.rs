@@ -49,7 +49,7 @@ pub(crate) fn list(model: &Model, plan: &Plan, src: &Source, opts: &ConvertOptio
         if p.target.is_none() {
             continue;
         }
-        let layout = &model.manifest().expert_layouts[usize::from(p.layout)];
+        let Some(layout) = model.manifest().expert_layouts.get(usize::from(p.layout)) else { continue };
         for m in &layout.matrices {
             let name = k3_engine::names::expert(p.layer, 0, &m.name);
             add(

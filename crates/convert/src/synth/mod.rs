@@ -320,9 +320,7 @@ fn write_experts(
                         }
                         SynthExperts::Fp8 => {
                             // Any byte but the two NaNs; block scales bring the RMS to 1/sqrt(fan_in).
-                            parts.push(
-                                g.bytes(r * c).iter().map(|b| if fp8::is_nan(*b) { b ^ 1 } else { *b }).collect(),
-                            );
+                            parts.push(g.bytes(r * c).into_iter().map(fp8::finite).collect());
                             let rms =
                                 ((0..=255u8).filter(|b| !fp8::is_nan(*b)).map(|b| fp8::e4m3(b).powi(2)).sum::<f32>()
                                     / 254.0)

@@ -66,20 +66,22 @@ pub fn widen_at(level: Level, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// A block-scaled FP8 matrix (or rows of one), borrowed from its stored parts.
+/// A block-scaled FP8 matrix (or rows of one), borrowed from its stored parts. Made only by
+/// [`Fp8Ref::new`] (which checks the parts against the shape) and [`Fp8Ref::rows_view`], so the
+/// kernels' shape checks hold for whatever a file contains.
 #[derive(Debug, Clone, Copy)]
 pub struct Fp8Ref<'a> {
     /// `rows * cols` e4m3 bytes, row-major.
-    pub q: &'a [u8],
+    pub(crate) q: &'a [u8],
     /// The stored matrix's block scales, `[ceil(all rows / block_rows), ceil(cols / block_cols)]`
     /// (all of them, also for a view of some rows: see `row0`).
-    pub scale: &'a [f32],
-    pub rows: usize,
-    pub cols: usize,
-    pub block_rows: usize,
-    pub block_cols: usize,
+    pub(crate) scale: &'a [f32],
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) block_rows: usize,
+    pub(crate) block_cols: usize,
     /// The index of this view's first row in the stored matrix (which row of scales it takes).
-    pub row0: usize,
+    pub(crate) row0: usize,
 }
 
 /// Why parts cannot form a block-scaled FP8 matrix.
@@ -119,6 +121,14 @@ impl<'a> Fp8Ref<'a> {
             row0: self.row0 + start,
             ..*self
         })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
     }
 
     /// Column blocks a row has.
@@ -201,10 +211,10 @@ impl<'a> Fp8Ref<'a> {
     }
 }
 
-/// The IEEE half whose value is `e4m3(b) / 256` (for the kernels; exact, NaN bytes aside).
-#[inline(always)]
-pub fn half_bits(b: u8) -> u16 {
-    ((u16::from(b) << 8) as i16 >> 1) as u16 & 0xBF80
+/// `b`, or a neighbouring byte where `b` is one of the two NaNs: random weights for benchmarks
+/// and synthetic models that conversion would accept.
+pub fn finite(b: u8) -> u8 {
+    if is_nan(b) { b ^ 1 } else { b }
 }
 
 /// The e4m3 byte nearest `v` (ties to the even mantissa; beyond ±448 saturated, NaN as 0):
