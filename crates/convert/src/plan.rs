@@ -14,8 +14,14 @@ use k3_engine::config::ModelConfig;
 use k3_engine::names::{EXPERT_MATRICES, expert as expert_name};
 
 /// Files copied into the header verbatim when the checkpoint has them.
-pub(super) const EMBEDDED_FILES: [&str; 5] =
-    ["config.json", "tiktoken.model", "tokenizer_config.json", "tokenizer.json", "chat_template.jinja"];
+pub(super) const EMBEDDED_FILES: [&str; 6] = [
+    "config.json",
+    "tiktoken.model",
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "chat_template.jinja",
+    k3_engine::generation_config::FILE,
+];
 
 /// One MoE layer's experts: how the source stores them, their shapes, the record layout they
 /// get, and what they are re-encoded to (`None`: copied as stored).
@@ -52,6 +58,7 @@ impl Plan {
         })?;
         let config = ModelConfig::parse(&config_path, &config_bytes)?;
         check_chat_template(src, config.family)?;
+        check_generation_config(src)?;
         let table = crate::tensors::table(&config);
         let arch = config.architecture();
         let (trunk_names, ignored) = sort_tensors(opts, src, &arch)?;
@@ -162,6 +169,18 @@ fn check_chat_template(src: &Source, family: k3_engine::config::Family) -> Resul
     k3_engine::chat::ChatFormat::new(&tok, family)
         .check()
         .map_err(|e| ConvertError::Source { path: src.path_of(at), reason: e.to_string() })
+}
+
+/// Refuses a `generation_config.json` whose sampling settings could not be used, naming the field,
+/// before anything is written (generate, chat and serve take their defaults from it).
+fn check_generation_config(src: &Source) -> Result<(), ConvertError> {
+    let name = k3_engine::generation_config::FILE;
+    match src.file(name)? {
+        Some(bytes) => k3_engine::generation_config::Recommended::parse(&bytes)
+            .map(|_| ())
+            .map_err(|e| ConvertError::Source { path: src.path_of(name), reason: e.to_string() }),
+        None => Ok(()),
+    }
 }
 
 fn plan_experts(

@@ -10,6 +10,7 @@ pub mod chat;
 pub mod config;
 pub mod eval;
 pub mod generate;
+pub mod generation_config;
 pub mod json_prefix;
 mod model;
 pub mod names;

@@ -11,7 +11,6 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use k3_engine::chat::{ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
 use k3_engine::generate::{Finish, GenerateParams, Generator};
-use k3_engine::sample::SamplerConfig;
 use k3_engine::speculate::SpecStats;
 use k3_engine::tokenizer::Tokenizer;
 
@@ -37,7 +36,6 @@ pub struct ChatArgs {
     /// The most tokens of one answer.
     #[arg(short = 'n', long, default_value_t = 512)]
     max_tokens: u64,
-    /// Sampling: temperature 0.6 and top-p 0.95 unless given.
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Restores the first turn from DIR (a system prompt computed once), and keeps its states.
@@ -45,11 +43,6 @@ pub struct ChatArgs {
     prompt_cache: PromptCacheArgs,
     #[command(flatten)]
     engine: EngineArgs,
-}
-
-/// Chat's sampling defaults (the Kimi releases' recommended settings).
-fn sampling() -> SamplerConfig {
-    SamplerConfig { temperature: 0.6, top_p: 0.95, ..SamplerConfig::default() }
 }
 
 /// Where the user's lines come from.
@@ -132,7 +125,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         &path,
         Needs { min_context: 0, chunk: None, activations: RUN_ACTIVATIONS, ..Needs::exact(4096, 1) },
     )?;
-    let sampler = a.sampling.config(sampling(), engine.vocab())?;
+    let sampler = a.sampling.config(&model, true, engine.vocab())?;
     a.sampling.say_seed(&sampler, a.engine.stats);
     let family = engine.config().family;
     let format = ChatFormat::new(&tok, family);

@@ -8,7 +8,6 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use k3_engine::generate::{Finish, GenerateParams, Generator};
-use k3_engine::sample::SamplerConfig;
 use k3_engine::tokenizer::Tokenizer;
 
 use crate::prompt::PromptArgs;
@@ -70,7 +69,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         activations: RUN_ACTIVATIONS,
     };
     let engine = a.engine.load(&model, &path, needs)?;
-    let sampler = a.sampling.config(SamplerConfig::default(), engine.vocab())?;
+    let sampler = a.sampling.config(&model, false, engine.vocab())?;
     a.sampling.say_seed(&sampler, a.engine.stats);
     let params = GenerateParams {
         max_tokens: a.max_tokens,

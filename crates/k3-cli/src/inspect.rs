@@ -77,9 +77,29 @@ pub fn summary(model: &Model) -> Value {
         },
         "shards": shards,
         "total_bytes": m.trunk.bytes + expert_bytes,
+        "sampling": sampling(model),
         "embedded_files": m.blobs.iter().map(|b| json!({"name": b.name, "bytes": b.len})).collect::<Vec<_>>(),
         "provenance": m.provenance,
     })
+}
+
+/// The sampling defaults of generate, chat and serve for `model`, and where they come from.
+fn sampling(model: &Model) -> Value {
+    use k3_engine::generation_config::{Recommended, defaults, describe};
+    let settings = |conversation| match defaults(model, conversation) {
+        Ok(c) => json!({
+            "temperature": c.temperature, "top_p": c.top_p, "top_k": c.top_k, "min_p": c.min_p,
+            "repeat_penalty": c.repeat_penalty, "text": describe(&c),
+        }),
+        Err(e) => json!({"error": e.to_string()}),
+    };
+    let from = match Recommended::of_model(model) {
+        Ok(Some(r)) if !r.is_empty() => "the model's generation_config.json",
+        Ok(Some(_)) => "k3's fallback: generation_config.json states no sampling setting",
+        Ok(None) => "k3's fallback: no generation_config.json",
+        Err(_) => "an unusable generation_config.json",
+    };
+    json!({"from": from, "generate": settings(false), "chat_and_serve": settings(true)})
 }
 
 /// Every trunk tensor with its stored encoding, shape and size, for a person.
@@ -159,6 +179,15 @@ pub fn table(model: &Model) -> String {
     let _ = writeln!(o, "total       {}", human_bytes(s["total_bytes"].as_u64().unwrap_or(0)));
     let blobs: Vec<String> = m.blobs.iter().map(|b| format!("{} ({})", b.name, human_bytes(b.len))).collect();
     let _ = writeln!(o, "embedded    {}", if blobs.is_empty() { "nothing".into() } else { blobs.join(", ") });
+    let samp = &s["sampling"];
+    let text = |k: &str| samp[k]["text"].as_str().or(samp[k]["error"].as_str()).unwrap_or_default().to_string();
+    let _ = writeln!(
+        o,
+        "sampling    chat and serve: {}; generate: {}  (from {})",
+        text("chat_and_serve"),
+        text("generate"),
+        samp["from"].as_str().unwrap_or_default()
+    );
     let _ = writeln!(o, "provenance  {}", m.provenance);
     o
 }

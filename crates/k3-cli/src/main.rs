@@ -95,6 +95,8 @@ enum Command {
     Convert(k3_cli::convert::ConvertArgs),
     /// An OpenAI-compatible HTTP server (chat and text completions, streaming, concurrent
     /// requests decoded together); point the `openai` client or Open WebUI at http://HOST:PORT/v1.
+    /// A request's sampling fields default to the model's generation_config.json (see
+    /// `k3-cli inspect`), else temperature 0.6 and top-p 0.95.
     Serve(serve::ServeArgs),
     /// Print a shell completion script, e.g. `k3-cli completions bash > ~/.local/share/bash-completion/completions/k3-cli`.
     Completions {

@@ -4,29 +4,38 @@
 use anyhow::Result;
 use k3_engine::sample::SamplerConfig;
 
-/// The sampling switches of `generate` and `chat` (llama.cpp's names and meanings).
+/// The sampling switches of `generate` and `chat` (llama.cpp's names and meanings). A switch not
+/// given takes the model's recommended setting (its `generation_config.json`, shown by
+/// `k3-cli inspect`), else the command's fallback.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// Softmax temperature: 0 = greedy (reproducible), higher = more varied.
+    /// Softmax temperature: 0 = greedy (reproducible), higher = more varied [default: the
+    /// model's generation_config.json (see `k3-cli inspect`), else 0.6 for chat and serve, 0
+    /// (greedy) for generate].
     #[arg(long, visible_alias = "temp", value_parser = parse_temperature)]
     temperature: Option<f32>,
-    /// Sample only from the most likely tokens whose probabilities sum to this (1 = off).
+    /// Sample only from the most likely tokens whose probabilities sum to this (1 = off)
+    /// [default: the model's generation_config.json, else 0.95 for chat and serve, 1 for generate].
     #[arg(long, value_parser = parse_top_p)]
     top_p: Option<f32>,
-    /// Sample only from this many most likely tokens (0 = off).
+    /// Sample only from this many most likely tokens (0 = off) [default: the model's
+    /// generation_config.json, else 0].
     #[arg(long)]
     top_k: Option<usize>,
-    /// Sample only from tokens at least this fraction as likely as the most likely one (0 = off).
+    /// Sample only from tokens at least this fraction as likely as the most likely one (0 = off)
+    /// [default: the model's generation_config.json, else 0].
     #[arg(long, value_parser = parse_min_p)]
     min_p: Option<f32>,
     /// Penalize tokens among the last --repeat-last-n: a positive logit divided by this, a
-    /// negative one multiplied (1 = off).
+    /// negative one multiplied (1 = off) [default: the model's generation_config.json
+    /// `repetition_penalty`, else 1].
     #[arg(long, value_parser = parse_repeat_penalty)]
     repeat_penalty: Option<f32>,
-    /// Subtract this times a token's count among the last --repeat-last-n (0 = off; -2..2).
+    /// Subtract this times a token's count among the last --repeat-last-n (0 = off; -2..2)
+    /// [default: 0].
     #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_penalty("frequency_penalty", s))]
     frequency_penalty: Option<f32>,
-    /// Subtract this from every token among the last --repeat-last-n (0 = off; -2..2).
+    /// Subtract this from every token among the last --repeat-last-n (0 = off; -2..2) [default: 0].
     #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_penalty("presence_penalty", s))]
     presence_penalty: Option<f32>,
     /// How many of the latest tokens (prompt included) the penalties look at (-1 = all).
@@ -48,9 +57,12 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// The settings, with a command's own defaults for what was not given; checks that every
-    /// biased token is in the vocabulary of `vocab`.
-    pub fn config(&self, default: SamplerConfig, vocab: usize) -> Result<SamplerConfig> {
+    /// The settings: what was given, else `model`'s recommended settings, else the command's
+    /// fallback (`conversation`: chat and serve); checks that every biased token is in the
+    /// vocabulary of `vocab`.
+    pub fn config(&self, model: &k3_engine::Model, conversation: bool, vocab: usize) -> Result<SamplerConfig> {
+        let default = k3_engine::generation_config::defaults(model, conversation)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", model.dir().display()))?;
         if let Some(&(id, _)) = self.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
             anyhow::bail!("--logit-bias: token {id} is outside the vocabulary of {vocab}");
         }
@@ -70,8 +82,11 @@ impl SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// With --stats, the seed a sampled run drew (so it can be repeated).
+    /// With --stats, the settings and the seed a sampled run drew (so it can be repeated).
     pub fn say_seed(&self, cfg: &SamplerConfig, stats: bool) {
+        if stats {
+            eprintln!("sampling: {}", k3_engine::generation_config::describe(cfg));
+        }
         if stats && cfg.temperature > 0.0 && self.seed.is_none() {
             eprintln!("sampling with seed {} (--seed {} repeats this run)", cfg.seed, cfg.seed);
         }

@@ -165,6 +165,10 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
     {
         return fail(status, format!("the model's chat template cannot be used: {e}"));
     }
+    let sampling = match k3_engine::generation_config::defaults(owned.model(), true) {
+        Ok(s) => s,
+        Err(e) => return fail(status, format!("{}: {e}", opts.model.display())),
+    };
     let id = opts
         .model_id
         .clone()
@@ -181,6 +185,7 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
             .as_ref()
             .and_then(|t| t.token_texts().iter().flatten().map(String::len).max())
             .unwrap_or(1),
+        sampling,
     };
     if let Some(t) = shared_tok {
         let _ = state.tok.set(t);

@@ -86,6 +86,9 @@ pub struct ModelInfo {
     pub eos: Vec<u32>,
     /// The longest token's text in bytes (1 without a tokenizer).
     pub max_token_bytes: usize,
+    /// The sampling settings of a request that states none: the model's recommended ones
+    /// (`generation_config.json`), else temperature 0.6 and top-p 0.95.
+    pub sampling: k3_engine::sample::SamplerConfig,
 }
 
 /// A sequence in the running batch.

@@ -67,9 +67,11 @@ impl Sampling {
         if asked == Some(0) {
             return Err(ApiError::bad("max_tokens", "max_tokens must be at least 1"));
         }
-        let temperature =
-            check_temperature(self.temperature.unwrap_or(1.0)).map_err(|e| ApiError::bad("temperature", e))?;
-        let top_p = check_top_p(self.top_p.unwrap_or(1.0)).map_err(|e| ApiError::bad("top_p", e))?;
+        // What the request leaves out is the model's recommended setting (`info.sampling`).
+        let d = &info.sampling;
+        let temperature = check_temperature(self.temperature.unwrap_or(d.temperature))
+            .map_err(|e| ApiError::bad("temperature", e))?;
+        let top_p = check_top_p(self.top_p.unwrap_or(d.top_p)).map_err(|e| ApiError::bad("top_p", e))?;
         let stop_strings = match &self.stop {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s.clone()],
@@ -90,11 +92,11 @@ impl Sampling {
         self.refuse_unsupported()?;
         let sampler = SamplerConfig {
             temperature,
-            top_k: self.top_k.unwrap_or(0),
+            top_k: self.top_k.unwrap_or(d.top_k),
             top_p,
             seed: self.seed.unwrap_or_else(k3_engine::sample::fresh_seed),
-            min_p: check_min_p(self.min_p.unwrap_or(0.0)).map_err(|e| ApiError::bad("min_p", e))?,
-            repeat_penalty: check_repeat_penalty(self.repeat_penalty.unwrap_or(1.0))
+            min_p: check_min_p(self.min_p.unwrap_or(d.min_p)).map_err(|e| ApiError::bad("min_p", e))?,
+            repeat_penalty: check_repeat_penalty(self.repeat_penalty.unwrap_or(d.repeat_penalty))
                 .map_err(|e| ApiError::bad("repeat_penalty", e))?,
             frequency_penalty: check_penalty("frequency_penalty", self.frequency_penalty.unwrap_or(0.0))
                 .map_err(|e| ApiError::bad("frequency_penalty", e))?,
