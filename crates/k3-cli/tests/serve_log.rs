@@ -49,3 +49,37 @@ fn text_lines_for_a_person() {
     assert!(line.contains("prompt ") && line.contains("cached") && line.contains("first token"), "{line}");
     assert!(line.ends_with("length") || line.ends_with("stop"), "{line}");
 }
+
+/// `k3_NAME`'s value in a Prometheus exposition.
+fn metric(text: &str, name: &str) -> f64 {
+    let prefix = format!("k3_{name} ");
+    let line = text.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    line[prefix.len()..].parse().unwrap()
+}
+
+#[test]
+fn metrics_time_requests_and_the_rate_is_of_the_last_seconds() {
+    let s = Server::start(&[]);
+    let mut tokens = 0.0;
+    for _ in 0..2 {
+        let body = json!({"prompt": "In the beginning", "max_tokens": 6, "temperature": 0});
+        let r = s.post("/v1/completions", &[], &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        tokens += r.json()["usage"]["completion_tokens"].as_f64().unwrap();
+    }
+    // The running second is left out of the rate: wait for it to pass.
+    std::thread::sleep(Duration::from_millis(1100));
+    let (status, m) = s.get("/metrics");
+    assert_eq!(status, 200);
+    assert_eq!(metric(&m, "time_to_first_token_seconds_count"), 2.0, "{m}");
+    assert_eq!(metric(&m, "request_seconds_count"), 2.0, "{m}");
+    assert_eq!(metric(&m, "inter_token_seconds_count"), tokens - 2.0, "{m}");
+    assert_eq!(metric(&m, "time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 2.0, "{m}");
+    let ttft = metric(&m, "time_to_first_token_seconds_sum");
+    assert!(ttft > 0.0 && ttft <= metric(&m, "request_seconds_sum"), "{m}");
+    // All the tokens fell within the window: the rate is their count over the seconds since start
+    // (at most 10), where the since-start mean divides by the whole uptime.
+    let recent = metric(&m, "completion_tokens_per_second");
+    assert!(recent > 0.0 && recent <= tokens, "{m}");
+    assert!(metric(&m, "completion_tokens_per_second_since_start") > 0.0, "{m}");
+}

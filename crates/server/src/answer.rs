@@ -67,7 +67,7 @@ pub async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<
         tok: s.tok.clone(),
         call_prefix: format!("call-{id}"),
         want_logprobs: logprobs.is_some(),
-        log: RequestLog::new(s.log_format, &id),
+        log: RequestLog::new(s.log_format, &id, Some(s.metrics.clone())),
     };
     let shape = Shape { id, model, created: unix_now(), kind, seed };
     let mut r = if stream { streamed(shape, rx, reply, include_usage) } else { whole(shape, rx, reply).await? };
@@ -388,7 +388,7 @@ mod tests {
             tok: cell.clone(),
             call_prefix: "c".into(),
             want_logprobs: false,
-            log: RequestLog::new(crate::reqlog::LogFormat::Text, "test"),
+            log: RequestLog::new(crate::reqlog::LogFormat::Text, "test", None),
         };
         let mut out = String::new();
         let mut made = Vec::new();

@@ -10,6 +10,7 @@ pub mod answer;
 pub mod api;
 pub mod boundary;
 pub mod error;
+pub mod histogram;
 pub mod listen;
 pub mod logprobs;
 pub mod metrics;

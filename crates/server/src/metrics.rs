@@ -4,6 +4,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::histogram::{Histogram, LATENCY_BUCKETS, RecentRate, TOKEN_BUCKETS};
 use crate::status::Status;
 
 /// Everything counted since the server started.
@@ -28,6 +29,14 @@ pub struct Metrics {
     pub prefix_ram_hits: AtomicU64,
     /// The disk tier's counters at the last step.
     pub disk: std::sync::Mutex<Option<k3_engine::state_store::StoreStats>>,
+    /// Seconds from a request's arrival to its first token.
+    pub ttft: Histogram,
+    /// Seconds between a request's consecutive tokens.
+    pub inter_token: Histogram,
+    /// Seconds from a request's arrival to its end (requests that finished).
+    pub latency: Histogram,
+    /// Tokens generated, per second, over the last seconds.
+    pub recent_tokens: RecentRate,
 }
 
 impl Default for Metrics {
@@ -49,6 +58,10 @@ impl Default for Metrics {
             prefix_bytes: AtomicU64::new(0),
             prefix_ram_hits: AtomicU64::new(0),
             disk: std::sync::Mutex::new(None),
+            ttft: Histogram::new(&LATENCY_BUCKETS),
+            inter_token: Histogram::new(&TOKEN_BUCKETS),
+            latency: Histogram::new(&LATENCY_BUCKETS),
+            recent_tokens: RecentRate::new(),
         }
     }
 }
@@ -85,7 +98,13 @@ impl Metrics {
             (
                 "completion_tokens_per_second",
                 g,
-                "Tokens generated per second since start.",
+                "Tokens generated per second (all requests together) over the last 10 s.",
+                self.recent_tokens.per_second(),
+            ),
+            (
+                "completion_tokens_per_second_since_start",
+                g,
+                "Tokens generated per second since start, idle time included.",
                 get(&self.completion_tokens) / secs,
             ),
             ("queue_depth", g, "Requests waiting to join the batch.", status.queued.load(Ordering::Relaxed) as f64),
@@ -147,6 +166,17 @@ impl Metrics {
         for (name, kind, help, value) in rows {
             let _ = writeln!(out, "# HELP k3_{name} {help}\n# TYPE k3_{name} {kind}\nk3_{name} {value}");
         }
+        self.ttft.render(
+            &mut out,
+            "time_to_first_token_seconds",
+            "Seconds from a request's arrival to its first token.",
+        );
+        self.inter_token.render(&mut out, "inter_token_seconds", "Seconds between a request's consecutive tokens.");
+        self.latency.render(
+            &mut out,
+            "request_seconds",
+            "Seconds from a request's arrival to its end (finished ones).",
+        );
         out
     }
 }

@@ -2,10 +2,12 @@
 //! per request (its id, prompt and cached tokens, time to first token, rate, how it ended), for a
 //! person (`text`) or a program (`json`: one object a line).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
 
+use crate::metrics::Metrics;
 use crate::scheduler::ModelInfo;
 
 /// How the log lines are written.
@@ -41,18 +43,30 @@ pub(crate) struct RequestLog {
     id: String,
     started: Instant,
     first: Option<Instant>,
+    last: Option<Instant>,
     tokens: u64,
     said: bool,
+    /// Where the times go into `/metrics`' histograms.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl RequestLog {
-    pub fn new(format: LogFormat, id: &str) -> Self {
-        RequestLog { format, id: id.to_string(), started: Instant::now(), first: None, tokens: 0, said: false }
+    pub fn new(format: LogFormat, id: &str, metrics: Option<Arc<Metrics>>) -> Self {
+        let started = Instant::now();
+        RequestLog { format, id: id.to_string(), started, first: None, last: None, tokens: 0, said: false, metrics }
     }
 
     /// A token came out.
     pub fn token(&mut self) {
-        self.first.get_or_insert_with(Instant::now);
+        let now = Instant::now();
+        if let Some(m) = &self.metrics {
+            match self.last {
+                None => m.ttft.observe(now.duration_since(self.started).as_secs_f64()),
+                Some(last) => m.inter_token.observe(now.duration_since(last).as_secs_f64()),
+            }
+        }
+        self.first.get_or_insert(now);
+        self.last = Some(now);
         self.tokens += 1;
     }
 
@@ -60,6 +74,9 @@ impl RequestLog {
     pub fn done(&mut self, finish: &str, prompt: usize, cached: usize, completion: u64) {
         self.said = true;
         let total = self.started.elapsed().as_secs_f64();
+        if let Some(m) = self.metrics.as_ref().filter(|_| !matches!(finish, "failed" | "cancelled")) {
+            m.latency.observe(total);
+        }
         let ttft = self.first.map(|f| f.duration_since(self.started).as_secs_f64());
         // The rate after the first token: what a reader of the stream sees.
         let rate = self

@@ -370,6 +370,7 @@ fn advance(
     let id = a.decoder.sample(row);
     let logprob = a.decoder.logprob(row, id);
     metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
+    metrics.recent_tokens.add(1);
     match a.decoder.emit(id, a.session.tokens(), engine.plan().context) {
         Ok(Emit::Continue(text)) => {
             // Without a tokenizer, the ids are the text (as `k3-cli generate` prints them).
