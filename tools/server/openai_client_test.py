@@ -7,43 +7,12 @@ in a venv it makes:
     python tools/server/openai_client_test.py target/debug/k3-cli fixtures/default.waste [TOOL_CALLER]
 """
 
-import contextlib
 import json
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import openai
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serve(cli: str, model: str):
-    """A server on `model`, once ready: its base URL."""
-    port = free_port()
-    server = subprocess.Popen([cli, "serve", "--model", model, "--port", str(port), "--api-key", "sesame"])
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(base + "/health") as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.05)
-        else:
-            raise SystemExit("the server did not become ready")
-        yield base
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+from k3serve import serve
 
 
 WEATHER = [{"type": "function", "function": {

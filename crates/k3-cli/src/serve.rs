@@ -210,7 +210,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
             eprintln!("warning: listening beyond this machine with no --api-key: anyone who can reach {addr} can use the model");
         }
         eprintln!(
-            "serving {} at http://{local}/v1 (OpenAI API; /health answers 503 until the model is loaded){}",
+            "serving {} at http://{local}/v1 (OpenAI API; Ollama's at /api; /health answers 503 until the model is loaded){}",
             opts.model.display(),
             if opts.boundary.api_keys.is_empty() { "" } else { "; API key required" }
         );

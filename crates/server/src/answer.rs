@@ -34,8 +34,29 @@ pub enum Kind {
 
 /// Submits a prepared request and answers it, streamed or whole.
 pub async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<Response, ApiError> {
+    let (stream, include_usage) = (p.stream, p.include_usage);
+    let Submitted { rx, reply, id, model, seed } = submit(s, p, kind, scope)?;
+    let shape = Shape { id, model, created: unix_now(), kind, seed };
+    let mut r = if stream { streamed(shape, rx, reply, include_usage) } else { whole(shape, rx, reply).await? };
+    // The seed the answer was sampled with (the request's, or a fresh one): resend it to repeat.
+    r.headers_mut().insert("x-k3-seed", HeaderValue::from(seed));
+    Ok(r)
+}
+
+/// A request in the scheduler's queue: its events, and what reads its tokens.
+pub(crate) struct Submitted {
+    pub rx: tmpsc::UnboundedReceiver<Event>,
+    pub reply: Reply,
+    pub id: String,
+    /// The model's id in the API.
+    pub model: String,
+    pub seed: u64,
+}
+
+/// Hands a prepared request to the scheduler (429 when its queue is full).
+pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<Submitted, ApiError> {
     let (tx, rx) = tmpsc::unbounded_channel();
-    let (stream, include_usage, seed) = (p.stream, p.include_usage, p.params.sampler.seed);
+    let seed = p.params.sampler.seed;
     let family = s.info.get().map(|i| i.family);
     // Calls are read whether or not tools may be called: one made when they may not comes back
     // as the text the model wrote.
@@ -69,16 +90,12 @@ pub async fn run(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<
         want_logprobs: logprobs.is_some(),
         log: RequestLog::new(s.log_format, &id, Some(s.metrics.clone())),
     };
-    let shape = Shape { id, model, created: unix_now(), kind, seed };
-    let mut r = if stream { streamed(shape, rx, reply, include_usage) } else { whole(shape, rx, reply).await? };
-    // The seed the answer was sampled with (the request's, or a fresh one): resend it to repeat.
-    r.headers_mut().insert("x-k3-seed", HeaderValue::from(seed));
-    Ok(r)
+    Ok(Submitted { rx, reply, id, model, seed })
 }
 
 /// A reply's tokens into text and, when tools were declared, tool calls.
 #[derive(Debug)]
-struct Reply {
+pub(crate) struct Reply {
     calls: Option<ToolCallReader>,
     /// Tools may be called (declared, and `tool_choice` is not `none`): calls read are
     /// `tool_calls`. Otherwise a call the model makes anyway is returned as the text it wrote.
@@ -87,18 +104,19 @@ struct Reply {
     raw: String,
     /// A call was returned as text: the markup that closes it is text too.
     as_text: bool,
-    made: Vec<ToolCall>,
+    pub made: Vec<ToolCall>,
     tok: Arc<OnceLock<Tokenizer>>,
     /// Calls the markup leaves unnamed (K3's) are named this and their number.
     call_prefix: String,
     /// The request's line on standard error.
-    log: RequestLog,
+    pub log: RequestLog,
     /// The request asked for log-probabilities.
     want_logprobs: bool,
 }
 
 impl Reply {
-    fn feed(&mut self, token: u32, text: &str) -> Vec<Piece> {
+    /// A token and the text the decoder shows for it, as text and finished calls.
+    pub fn feed(&mut self, token: u32, text: &str) -> Vec<Piece> {
         match (&mut self.calls, self.tok.get()) {
             // A flushed remainder (no token of its own) is text.
             (Some(r), Some(tok)) if token != u32::MAX => {
@@ -126,7 +144,8 @@ impl Reply {
         }
     }
 
-    fn finish(&mut self) -> Vec<Piece> {
+    /// What is left at the end.
+    pub fn finish(&mut self) -> Vec<Piece> {
         let pieces = self.calls.as_mut().map(ToolCallReader::finish).unwrap_or_default();
         if self.calling || !self.as_text {
             return pieces;
@@ -137,7 +156,7 @@ impl Reply {
     }
 
     /// OpenAI's `finish_reason`: `tool_calls` when the turn ended by itself after calling.
-    fn reason(&self, f: Finish) -> &'static str {
+    pub fn reason(&self, f: Finish) -> &'static str {
         if !self.made.is_empty() && matches!(f, Finish::Stop) { "tool_calls" } else { finish_reason(f) }
     }
 

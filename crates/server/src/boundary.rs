@@ -129,6 +129,8 @@ fn cors_headers(headers: &mut HeaderMap, origin: &HeaderValue) {
 
 /// The checks above, in order; `/health` needs no key (monitors probe it), but passes the rest.
 pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, next: Next) -> Response {
+    // Ollama's routes answer errors in Ollama's shape, which its clients read.
+    let ollama = crate::ollama::is_ollama(req.uri().path());
     let headers = req.headers();
     if let Some(host) = headers.get(header::HOST) {
         let host = host.to_str().unwrap_or("");
@@ -140,7 +142,7 @@ pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, 
                     host_name(host)
                 ),
             )
-            .into_response();
+            .shaped(ollama);
         }
     }
     let origin = headers.get(header::ORIGIN).cloned();
@@ -152,7 +154,7 @@ pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, 
                 StatusCode::FORBIDDEN,
                 format!("requests from the page `{text}` are not allowed; start the server with --cors {text}"),
             )
-            .into_response();
+            .shaped(ollama);
         }
         if req.method() == Method::OPTIONS {
             return preflight(o);
@@ -164,13 +166,13 @@ pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, 
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!("the body must be sent as `Content-Type: application/json` (it was {given})"),
         )
-        .into_response();
+        .shaped(ollama);
     }
     let key = match b.key_of(headers) {
         Ok(k) => k,
         Err(_) if req.uri().path() == "/health" => None,
         Err(e) => {
-            let mut r = e.into_response();
+            let mut r = e.shaped(ollama);
             r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"k3\""));
             return r;
         }

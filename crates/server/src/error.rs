@@ -40,6 +40,20 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The response in OpenAI's shape, or in Ollama's for its routes (`{"error": "..."}`).
+    pub fn shaped(self, ollama: bool) -> Response {
+        if !ollama {
+            return self.into_response();
+        }
+        let message = match &self.param {
+            Some(p) => format!("{p}: {}", self.message),
+            None => self.message.clone(),
+        };
+        (self.status, Json(json!({"error": message}))).into_response()
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {

@@ -6,6 +6,7 @@
 //! batched forward pass and streams each one's text back over its own channel ([`routes`] turns
 //! those events into JSON or SSE). `/health` answers 503 until the model is loaded.
 
+pub mod about;
 pub mod answer;
 pub mod api;
 pub mod boundary;
@@ -14,6 +15,7 @@ pub mod histogram;
 pub mod listen;
 pub mod logprobs;
 pub mod metrics;
+pub mod ollama;
 pub mod prefix;
 pub mod reqlog;
 pub mod routes;
@@ -122,6 +124,12 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         .route("/v1/completions", post(routes::completions))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama::version))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.boundary.clone(), boundary::check))
@@ -187,6 +195,7 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
             .and_then(|t| t.token_texts().iter().flatten().map(String::len).max())
             .unwrap_or(1),
         sampling,
+        about: about::About::of(owned.model(), shared_tok.as_ref(), engine.config().family),
     };
     if let Some(t) = shared_tok {
         let _ = state.tok.set(t);

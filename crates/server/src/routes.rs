@@ -51,24 +51,28 @@ pub async fn model(State(s): State<AppState>, Path(id): Path<String>) -> Result<
 }
 
 /// Any path this server does not serve: a 404 in OpenAI's shape, naming the routes it has.
-pub async fn not_found(req: Request) -> ApiError {
+pub async fn not_found(req: Request) -> Response {
+    let ollama = crate::ollama::is_ollama(req.uri().path());
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!(
             "no route {} {}: this server answers /v1/chat/completions, /v1/completions, /v1/models, \
-             /tokenize, /detokenize, /health and /metrics",
+             /tokenize, /detokenize, /health, /metrics, and Ollama's /api/chat, /api/generate, \
+             /api/tags, /api/show, /api/ps and /api/version",
             req.method(),
             req.uri().path()
         ),
     )
+    .shaped(ollama)
 }
 
 /// A served path with the wrong method: a 405 in OpenAI's shape.
-pub async fn method_not_allowed(req: Request) -> ApiError {
+pub async fn method_not_allowed(req: Request) -> Response {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         format!("{} does not take {} requests", req.uri().path(), req.method()),
     )
+    .shaped(crate::ollama::is_ollama(req.uri().path()))
 }
 
 /// `GET /metrics`: Prometheus text.
@@ -121,15 +125,31 @@ pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 
 /// Reads, checks and tokenizes a request on a blocking thread (tokenizing a long prompt is
 /// CPU work that must not stall the async workers serving everyone else).
-async fn prepared<T, F>(s: &AppState, req: Request, prepare: F) -> Result<Prepared, ApiError>
+pub(crate) async fn prepared<T, F>(s: &AppState, req: Request, prepare: F) -> Result<Prepared, ApiError>
 where
     T: DeserializeOwned + Send + 'static,
     F: FnOnce(T, &ModelInfo, Option<&Tokenizer>) -> Result<Prepared, ApiError> + Send + 'static,
 {
     if s.handle.status.draining.load(Ordering::SeqCst) {
-        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"));
+        return Err(draining());
     }
     let bytes = body(s, req).await?;
+    prepared_bytes(s, bytes, prepare).await
+}
+
+fn draining() -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")
+}
+
+/// [`prepared`] for a body already read.
+pub(crate) async fn prepared_bytes<T, F>(s: &AppState, bytes: Bytes, prepare: F) -> Result<Prepared, ApiError>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: FnOnce(T, &ModelInfo, Option<&Tokenizer>) -> Result<Prepared, ApiError> + Send + 'static,
+{
+    if s.handle.status.draining.load(Ordering::SeqCst) {
+        return Err(draining());
+    }
     s.ready()?;
     let state = s.clone();
     tokio::task::spawn_blocking(move || {

@@ -89,6 +89,8 @@ pub struct ModelInfo {
     /// The sampling settings of a request that states none: the model's recommended ones
     /// (`generation_config.json`), else temperature 0.6 and top-p 0.95.
     pub sampling: k3_engine::sample::SamplerConfig,
+    /// Size, parameters, template and abilities, for Ollama's `/api/tags` and `/api/show`.
+    pub about: crate::about::About,
 }
 
 /// A sequence in the running batch.

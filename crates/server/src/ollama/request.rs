@@ -1,0 +1,284 @@
+//! Ollama's request bodies translated into the OpenAI ones this server already checks, so both
+//! APIs share one set of rules: every field honoured or refused by name, `options` included.
+//! Resource hints Ollama's clients send (`num_thread`, `num_gpu`, `keep_alive`, ...) ask nothing
+//! of the answer and are ignored; sampling options k3 does not have are refused unless they are
+//! at their "off" value.
+
+use serde_json::{Map, Value, json};
+
+use crate::error::ApiError;
+
+/// `options` that map to an OpenAI field of the same name.
+const SAME: [&str; 10] = [
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+];
+
+/// `options` about where and how the model runs, not what it answers.
+const HINTS: [&str; 11] = [
+    "num_keep",
+    "num_batch",
+    "num_gpu",
+    "main_gpu",
+    "use_mmap",
+    "use_mlock",
+    "num_thread",
+    "low_vram",
+    "numa",
+    "f16_kv",
+    "vocab_only",
+];
+
+/// Sampling `options` k3 does not have, with the value that turns each off.
+const OFF: [(&str, f64); 4] = [("mirostat", 0.0), ("typical_p", 1.0), ("tfs_z", 1.0), ("penalize_newline", 0.0)];
+
+/// An Ollama body's top-level fields: each known one's name.
+fn check_fields(body: &Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
+    match body.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => {
+            Err(ApiError::bad(k, format!("`{k}` is not a field this server takes (it takes {})", known.join(", "))))
+        }
+        None => Ok(()),
+    }
+}
+
+/// The served model's names: its id, and the id with Ollama's `:latest` tag.
+pub fn same_model(asked: &str, id: &str) -> bool {
+    asked.is_empty() || asked == id || asked.strip_suffix(":latest") == Some(id)
+}
+
+/// `options` and the answer's other settings into `out` (an OpenAI request being built).
+fn options(body: &Map<String, Value>, context: u64, out: &mut Map<String, Value>) -> Result<(), ApiError> {
+    out.insert("stream".into(), json!(body.get("stream").and_then(Value::as_bool).unwrap_or(true)));
+    if let Some(m) = body.get("model").and_then(Value::as_str) {
+        out.insert("model".into(), json!(m.strip_suffix(":latest").unwrap_or(m)));
+    }
+    match body.get("format") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(Value::String(s)) if s == "json" => {
+            out.insert("response_format".into(), json!({"type": "json_object"}));
+        }
+        Some(schema @ Value::Object(_)) => {
+            out.insert(
+                "response_format".into(),
+                json!({"type": "json_schema", "json_schema": {"name": "format", "strict": true, "schema": schema}}),
+            );
+        }
+        Some(other) => return Err(ApiError::bad("format", format!("{other}: give \"json\" or a JSON schema"))),
+    }
+    match body.get("think") {
+        None | Some(Value::Null) | Some(Value::Bool(true)) => {}
+        Some(Value::Bool(false)) => {
+            out.insert("reasoning_effort".into(), json!("none"));
+        }
+        Some(Value::String(e)) if matches!(e.as_str(), "low" | "high" | "max") => {
+            out.insert("reasoning_effort".into(), json!(e));
+        }
+        Some(other) => {
+            return Err(ApiError::bad("think", format!("{other}: give true, false, \"low\", \"high\" or \"max\"")));
+        }
+    }
+    let Some(opts) = body.get("options").filter(|o| !o.is_null()) else { return Ok(()) };
+    let opts = opts.as_object().ok_or_else(|| ApiError::bad("options", "options is not an object"))?;
+    for (k, v) in opts {
+        let field = format!("options.{k}");
+        match k.as_str() {
+            k if SAME.contains(&k) => {
+                out.insert(k.into(), v.clone());
+            }
+            "num_predict" => match v.as_i64() {
+                Some(-1 | -2) => {}
+                Some(n) if n > 0 => {
+                    out.insert("max_tokens".into(), json!(n));
+                }
+                _ => return Err(ApiError::bad(&field, format!("{v}: give a count of tokens, or -1 for no limit"))),
+            },
+            "num_ctx" => match v.as_u64() {
+                Some(n) if n <= context => {}
+                _ => {
+                    return Err(ApiError::bad(
+                        &field,
+                        format!("{v}: this server was started with a context of {context} tokens (serve --context)"),
+                    ));
+                }
+            },
+            k if HINTS.contains(&k) => {}
+            k => match OFF.iter().find(|(name, _)| *name == k) {
+                Some((_, off)) if v.as_f64() == Some(*off) || v.as_bool() == Some(false) => {}
+                Some((_, off)) => {
+                    return Err(ApiError::bad(&field, format!("{v}: k3 does not sample with {k} (only {off}, off)")));
+                }
+                None => return Err(ApiError::bad(&field, format!("`{k}` is not an option this server knows"))),
+            },
+        }
+    }
+    Ok(())
+}
+
+/// A `messages[i]` of Ollama's into OpenAI's shape (tool calls' arguments stay objects, which the
+/// chat request keeps as written).
+fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
+    let field = format!("messages[{i}]");
+    let m = m.as_object().ok_or_else(|| ApiError::bad(&field, "a message is an object"))?;
+    check_fields(m, &["role", "content", "thinking", "images", "tool_calls", "tool_name"])
+        .map_err(|e| ApiError::bad(&format!("{field}.{}", e.param.unwrap_or_default()), e.message))?;
+    if m.get("images").is_some_and(|i| i.as_array().is_none_or(|a| !a.is_empty())) {
+        return Err(ApiError::bad(&format!("{field}.images"), "this model reads text: images are not supported"));
+    }
+    let mut out = Map::new();
+    out.insert("role".into(), m.get("role").cloned().unwrap_or(Value::Null));
+    out.insert("content".into(), m.get("content").cloned().unwrap_or(json!("")));
+    if let Some(t) = m.get("thinking").filter(|t| !t.is_null()) {
+        out.insert("reasoning_content".into(), t.clone());
+    }
+    if let Some(n) = m.get("tool_name").filter(|t| !t.is_null()) {
+        out.insert("name".into(), n.clone());
+    }
+    if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| json!({"type": "function", "function": c.get("function").cloned().unwrap_or(Value::Null)}))
+            .collect();
+        out.insert("tool_calls".into(), json!(calls));
+    }
+    Ok(Value::Object(out))
+}
+
+fn object(body: &Value) -> Result<&Map<String, Value>, ApiError> {
+    body.as_object().ok_or_else(|| ApiError::bad("body", "the request body is not a JSON object"))
+}
+
+/// `POST /api/chat`'s body as a `/v1/chat/completions` body.
+pub fn chat(body: &Value, context: u64) -> Result<Value, ApiError> {
+    let body = object(body)?;
+    check_fields(body, &["model", "messages", "tools", "format", "options", "stream", "keep_alive", "think"])?;
+    let mut out = Map::new();
+    options(body, context, &mut out)?;
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::bad("messages", "give messages: [{\"role\": \"user\", \"content\": \"...\"}]"))?;
+    let messages = messages.iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<Vec<_>, _>>()?;
+    out.insert("messages".into(), json!(messages));
+    if let Some(t) = body.get("tools").filter(|t| !t.is_null()) {
+        out.insert("tools".into(), t.clone());
+    }
+    Ok(Value::Object(out))
+}
+
+/// What `POST /api/generate` asks for.
+#[derive(Debug)]
+pub enum Generate {
+    /// No prompt: Ollama's way to load a model (answered at once).
+    Load,
+    /// A `/v1/chat/completions` body (the prompt as a user turn, `system` before it).
+    Chat(Value),
+    /// `raw`: a `/v1/completions` body (the prompt as it is).
+    Raw(Value),
+}
+
+/// `POST /api/generate`'s body.
+pub fn generate(body: &Value, context: u64) -> Result<Generate, ApiError> {
+    let body = object(body)?;
+    check_fields(
+        body,
+        &["model", "prompt", "system", "raw", "stream", "format", "options", "keep_alive", "think", "images", "suffix"],
+    )?;
+    if body.get("images").is_some_and(|i| i.as_array().is_none_or(|a| !a.is_empty())) {
+        return Err(ApiError::bad("images", "this model reads text: images are not supported"));
+    }
+    if body.get("suffix").is_some_and(|s| s.as_str() != Some("")) {
+        return Err(ApiError::bad("suffix", "fill-in-the-middle (suffix) is not supported"));
+    }
+    let prompt = match body.get("prompt") {
+        None | Some(Value::Null) => return Ok(Generate::Load),
+        Some(Value::String(p)) if p.is_empty() => return Ok(Generate::Load),
+        Some(Value::String(p)) => p.clone(),
+        Some(other) => return Err(ApiError::bad("prompt", format!("{other} is not text"))),
+    };
+    let mut out = Map::new();
+    options(body, context, &mut out)?;
+    let system = body.get("system").and_then(Value::as_str).filter(|s| !s.is_empty());
+    if body.get("raw").and_then(Value::as_bool).unwrap_or(false) {
+        if system.is_some() {
+            return Err(ApiError::bad("system", "a raw prompt is sent as it is: put the system text in it"));
+        }
+        out.remove("reasoning_effort");
+        out.insert("prompt".into(), json!(prompt));
+        return Ok(Generate::Raw(Value::Object(out)));
+    }
+    let mut messages = Vec::new();
+    if let Some(s) = system {
+        messages.push(json!({"role": "system", "content": s}));
+    }
+    messages.push(json!({"role": "user", "content": prompt}));
+    out.insert("messages".into(), json!(messages));
+    Ok(Generate::Chat(Value::Object(out)))
+}
+
+/// An error about an OpenAI field, renamed to the Ollama field the client sent.
+pub fn renamed(mut e: ApiError) -> ApiError {
+    if let Some(p) = e.param.as_deref() {
+        let ollama = match p {
+            "response_format" => "format".to_string(),
+            "max_tokens" => "options.num_predict".to_string(),
+            "reasoning_effort" => "think".to_string(),
+            p if SAME.contains(&p) => format!("options.{p}"),
+            p => p.to_string(),
+        };
+        e.param = Some(ollama);
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_map_to_openai_fields_and_unknown_ones_are_refused() {
+        let body = json!({"model": "default:latest", "messages": [{"role": "user", "content": "hi"}],
+            "options": {"temperature": 0, "num_predict": 5, "num_thread": 4, "mirostat": 0, "stop": ["x"]},
+            "format": "json", "think": false});
+        let v = chat(&body, 4096).unwrap();
+        assert_eq!(v["model"], "default");
+        assert_eq!((v["temperature"].as_f64(), v["max_tokens"].as_u64()), (Some(0.0), Some(5)));
+        assert_eq!((v["stream"].as_bool(), v["reasoning_effort"].as_str()), (Some(true), Some("none")));
+        assert_eq!(v["response_format"]["type"], "json_object");
+        assert!(v.get("num_thread").is_none());
+        for (opts, field) in [
+            (json!({"mirostat": 2}), "options.mirostat"),
+            (json!({"num_ctx": 100000}), "options.num_ctx"),
+            (json!({"warp_speed": 9}), "options.warp_speed"),
+            (json!({"num_predict": 0}), "options.num_predict"),
+        ] {
+            let body = json!({"messages": [], "options": opts});
+            assert_eq!(chat(&body, 4096).unwrap_err().param.as_deref(), Some(field));
+        }
+        let body = json!({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]});
+        assert_eq!(chat(&body, 4096).unwrap_err().param.as_deref(), Some("messages[0].images"));
+        assert_eq!(chat(&json!({"messages": [], "bogus": 1}), 4096).unwrap_err().param.as_deref(), Some("bogus"));
+    }
+
+    #[test]
+    fn generate_is_a_user_turn_a_raw_prompt_or_a_load() {
+        assert!(matches!(generate(&json!({"model": "m"}), 64), Ok(Generate::Load)));
+        let Ok(Generate::Chat(v)) = generate(&json!({"prompt": "p", "system": "s"}), 64) else { panic!() };
+        assert_eq!(v["messages"], json!([{"role": "system", "content": "s"}, {"role": "user", "content": "p"}]));
+        let Ok(Generate::Raw(v)) = generate(&json!({"prompt": "p", "raw": true, "stream": false}), 64) else {
+            panic!()
+        };
+        assert_eq!((v["prompt"].as_str(), v["stream"].as_bool()), (Some("p"), Some(false)));
+        let e = generate(&json!({"prompt": "p", "raw": true, "system": "s"}), 64).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("system"));
+    }
+}

@@ -1,0 +1,35 @@
+"""`k3-cli serve` on a free loopback port for the client tests, stopped when the block ends."""
+
+import contextlib
+import socket
+import subprocess
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(cli: str, model: str, key: str = "sesame"):
+    """A server on `model` requiring `key`, once ready: its base URL."""
+    port = free_port()
+    server = subprocess.Popen([cli, "serve", "--model", model, "--port", str(port), "--api-key", key])
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(base + "/health") as r:
+                    if r.status == 200:
+                        break
+            except Exception:
+                time.sleep(0.05)
+        else:
+            raise SystemExit("the server did not become ready")
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
