@@ -19,7 +19,7 @@ enum Expect {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Number {
+pub(crate) enum Number {
     Minus,
     Zero,
     Int,
@@ -31,7 +31,22 @@ enum Number {
 }
 
 impl Number {
-    fn next(self, c: char) -> Option<Number> {
+    /// The state after a number's first character, if it can start one.
+    pub(crate) fn start(c: char) -> Option<Number> {
+        match c {
+            '-' => Some(Number::Minus),
+            '0' => Some(Number::Zero),
+            '1'..='9' => Some(Number::Int),
+            _ => None,
+        }
+    }
+
+    /// Whether the number is an integer so far (no fraction or exponent begun).
+    pub(crate) fn integral(self) -> bool {
+        matches!(self, Number::Minus | Number::Zero | Number::Int)
+    }
+
+    pub(crate) fn next(self, c: char) -> Option<Number> {
         use Number::*;
         Some(match (self, c) {
             (Minus, '0') => Zero,
@@ -46,7 +61,7 @@ impl Number {
         })
     }
 
-    fn complete(self) -> bool {
+    pub(crate) fn complete(self) -> bool {
         matches!(self, Number::Zero | Number::Int | Number::Frac | Number::Exp)
     }
 }
@@ -94,7 +109,7 @@ impl Default for JsonPrefix {
 }
 
 /// Whitespace a generated object may have in a row: enough for any layout, too little to loop in.
-const GENERATION_SPACE: usize = 16;
+pub(crate) const GENERATION_SPACE: usize = 16;
 
 impl JsonPrefix {
     /// A checker for generating: the object starts at once, and whitespace comes in runs of at

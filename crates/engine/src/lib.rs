@@ -12,6 +12,7 @@ pub mod eval;
 pub mod generate;
 pub mod generation_config;
 pub mod json_prefix;
+pub mod json_schema;
 mod model;
 pub mod names;
 pub mod owned;

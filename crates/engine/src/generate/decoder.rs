@@ -9,6 +9,7 @@ use super::text::TextOut;
 use super::{Finish, GenerateParams};
 use crate::EngineError;
 use crate::json_prefix::JsonPrefix;
+use crate::json_schema::SchemaPrefix;
 use crate::sample::{Sampler, TokenLogprob};
 use crate::tokenizer::Tokenizer;
 
@@ -30,8 +31,38 @@ pub struct Decoder<'t> {
     text: Option<TextOut<'t>>,
     produced: u64,
     finish: Option<Finish>,
-    /// With `json_object`: the answer so far, checked, and every token's text.
-    json: Option<(JsonPrefix, &'t [Option<String>])>,
+    /// With `json_object` or `json_schema`: the answer so far, checked, and every token's text.
+    json: Option<(Shape, &'t [Option<String>])>,
+}
+
+/// What a JSON answer is checked against.
+#[derive(Debug, Clone)]
+enum Shape {
+    Object(JsonPrefix),
+    Schema(Box<SchemaPrefix>),
+}
+
+impl Shape {
+    fn accepts(&self, s: &str) -> bool {
+        match self {
+            Shape::Object(p) => p.accepts(s),
+            Shape::Schema(p) => p.accepts(s),
+        }
+    }
+
+    fn push_str(&mut self, s: &str) -> bool {
+        match self {
+            Shape::Object(p) => p.push_str(s),
+            Shape::Schema(p) => p.push_str(s),
+        }
+    }
+
+    fn complete(&self) -> bool {
+        match self {
+            Shape::Object(p) => p.complete(),
+            Shape::Schema(p) => p.complete(),
+        }
+    }
 }
 
 impl<'t> Decoder<'t> {
@@ -39,10 +70,15 @@ impl<'t> Decoder<'t> {
     pub fn new(tok: Option<&'t Tokenizer>, params: GenerateParams) -> Result<Self, EngineError> {
         let sampler = Sampler::new(params.sampler.clone())?;
         let text = tok.map(|t| TextOut::new(t, &params));
-        let json = match (params.json_object, tok) {
-            (false, _) => None,
-            (true, Some(t)) => Some((JsonPrefix::for_generation(), t.token_texts())),
-            (true, None) => return Err(EngineError::Input("a JSON answer needs the model's tokenizer".into())),
+        let shape = match (&params.json_schema, params.json_object) {
+            (Some(s), _) => Some(Shape::Schema(Box::new(s.prefix()))),
+            (None, true) => Some(Shape::Object(JsonPrefix::for_generation())),
+            (None, false) => None,
+        };
+        let json = match (shape, tok) {
+            (None, _) => None,
+            (Some(shape), Some(t)) => Some((shape, t.token_texts())),
+            (Some(_), None) => return Err(EngineError::Input("a JSON answer needs the model's tokenizer".into())),
         };
         Ok(Decoder { params, sampler, text, produced: 0, finish: None, json })
     }
@@ -95,10 +131,19 @@ impl<'t> Decoder<'t> {
         self.params.close_turn
     }
 
-    /// The next token from a position's logits `[vocab]` (with `json_object`, among the tokens
-    /// that keep the answer a JSON object in the making; a stop id only if none can).
+    /// Whether the next token is the answer's (not thinking or markup): what JSON is checked in.
+    fn answering(&self) -> bool {
+        self.text.as_ref().is_none_or(TextOut::answering)
+    }
+
+    /// The next token from a position's logits `[vocab]` (with `json_object` or `json_schema`,
+    /// once the answer begins, among the tokens that keep it an allowed JSON value in the making;
+    /// a stop id only if none can).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let Some((prefix, texts)) = &self.json else { return self.sampler.sample(logits) };
+        let answering = self.answering();
+        let Some((prefix, texts)) = self.json.as_ref().filter(|_| answering) else {
+            return self.sampler.sample(logits);
+        };
         let mut masked = vec![f32::NEG_INFINITY; logits.len()];
         let mut any = false;
         for (id, (m, l)) in masked.iter_mut().zip(logits).enumerate() {
@@ -120,6 +165,7 @@ impl<'t> Decoder<'t> {
 
     /// Counts a sampled token at `position` and checks it against the stops.
     pub fn emit(&mut self, id: u32, position: usize, context: u64) -> Result<Emit, EngineError> {
+        let answering = self.answering();
         self.produced += 1;
         self.sampler.observe(&[id]);
         if self.params.stop_ids.contains(&id) {
@@ -139,7 +185,7 @@ impl<'t> Decoder<'t> {
             self.finish = Some(Finish::ContextFull);
             return Ok(Emit::End(text + &self.flush(), None));
         }
-        if let Some((prefix, texts)) = &mut self.json {
+        if let Some((prefix, texts)) = self.json.as_mut().filter(|_| answering) {
             prefix.push_str(texts.get(id as usize).and_then(Option::as_deref).unwrap_or(""));
             if prefix.complete() {
                 // The object is whole: the answer ends here.

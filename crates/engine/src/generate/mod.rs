@@ -39,6 +39,9 @@ pub struct GenerateParams {
     /// The answer is one JSON object: tokens that cannot continue one are never sampled, and the
     /// turn ends when it is complete (`response_format: json_object`). Needs a tokenizer.
     pub json_object: bool,
+    /// The answer is a value this schema allows (`response_format: json_schema`), checked as
+    /// `json_object` is; takes the place of `json_object`. Needs a tokenizer.
+    pub json_schema: Option<Arc<crate::json_schema::JsonSchema>>,
     /// K3: the prompt ends inside an open `think` element (generation starts thinking).
     pub starts_in_think: bool,
     /// K2-Thinking and its kind: the `<think>` and `</think>` token ids between which the model
@@ -68,6 +71,7 @@ impl Default for GenerateParams {
             show_thinking: false,
             reasoning_apart: false,
             json_object: false,
+            json_schema: None,
             starts_in_think: false,
             think_tags: None,
             close_turn: None,

@@ -64,6 +64,13 @@ impl<'t> TextOut<'t> {
         Ok((out, false))
     }
 
+    /// Whether the next token's text is the answer (not thinking, not markup): what a JSON
+    /// constraint applies to.
+    pub(super) fn answering(&self) -> bool {
+        let v = &self.visibility;
+        v.tag.is_none() && !v.in_think && v.state == Shown::Content
+    }
+
     pub(super) fn flush(&mut self) -> String {
         let mut out = std::mem::take(&mut self.held);
         let rest = self.decoder.finish();
@@ -101,6 +108,8 @@ struct Visibility {
     tag: Option<(Vec<u8>, bool)>,
     /// Where ordinary text goes now.
     state: Shown,
+    /// Inside `think` (or `<think>`): the text is thinking, whether shown or not.
+    in_think: bool,
 }
 
 impl Visibility {
@@ -110,7 +119,8 @@ impl Visibility {
             (false, true) => Shown::Reasoning,
             (false, false) => Shown::Hidden,
         };
-        Visibility { thinking, tags, tag: None, state: if starts_in_think { thinking } else { Shown::Content } }
+        let state = if starts_in_think { thinking } else { Shown::Content };
+        Visibility { thinking, tags, tag: None, state, in_think: starts_in_think }
     }
 
     /// Where token `id`'s text goes.
@@ -118,10 +128,12 @@ impl Visibility {
         match self.tags {
             Some([open, _]) if id == open => {
                 self.state = self.thinking;
+                self.in_think = true;
                 return Ok(Shown::Hidden);
             }
             Some([_, close]) if id == close => {
                 self.state = Shown::Content;
+                self.in_think = false;
                 return Ok(Shown::Hidden);
             }
             _ => {}
@@ -132,6 +144,7 @@ impl Visibility {
             Some("<|sep|>") => {
                 if let Some((name, opening)) = self.tag.take() {
                     let name = String::from_utf8_lossy(&name).into_owned();
+                    self.in_think = name == "think" && opening;
                     self.state = match (name.as_str(), opening) {
                         ("think", true) => self.thinking,
                         ("response", true) => Shown::Content,
