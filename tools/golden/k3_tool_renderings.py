@@ -67,6 +67,13 @@ def main() -> None:
             {"role": "tool", "name": "get_weather", "content": "unknown"},
             {"role": "user", "content": "Thanks."},
          ]},
+        # A structured answer: the schema shown with its keys sorted.
+        {"tools": [], "options": {"thinking": False, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "city", "strict": True, "schema": {"type": "object", "properties": {
+                "name": {"type": "string", "description": "Its name, e.g. \"Paris\""},
+                "population": {"type": "integer"}}, "required": ["name", "population"],
+                "additionalProperties": False}}}},
+         "messages": [{"role": "user", "content": "A city, as JSON."}]},
     ]
     for c in cases:
         c["rendered"] = template.render(messages=c["messages"], tools=c["tools"], add_generation_prompt=True, **c["options"])

@@ -10,8 +10,10 @@ Run by .ci/run in a venv it makes:
 import json
 import sys
 import urllib.request
+from typing import Literal
 
 import ollama
+from pydantic import BaseModel, Field
 
 from k3serve import serve
 
@@ -19,6 +21,12 @@ AUTH = {"Authorization": "Bearer sesame"}
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+class Answer(BaseModel):
+    name: str = Field(max_length=24)
+    tribe: Literal["Judah", "Levi", "Dan"]
+    years: list[int] = Field(max_length=2)
 
 
 def expect_error(status: int, says: str, call) -> None:
@@ -54,13 +62,21 @@ def main_model(client: ollama.Client, base: str) -> None:
     assert "".join(p.response for p in pieces) == gen.response and gen.response, gen
     assert client.generate(model="default", prompt="").done_reason == "load"
 
+    # `format` as a JSON schema (Ollama's structured outputs), and as "json".
+    r = client.chat(model="default", messages=[{"role": "user", "content": "The first king?"}],
+                    format=Answer.model_json_schema(), options={"temperature": 0, "num_predict": 160})
+    got = Answer.model_validate_json(r.message.content)
+    assert len(got.years) <= 2, got
+    r = client.generate(model="default", prompt="Describe the light", format="json", options={"temperature": 0, "num_predict": 160})
+    assert r.done_reason == "length" or isinstance(json.loads(r.response), dict), r.response
+
     expect_error(404, "nope", lambda: client.chat(model="nope", messages=messages))
     expect_error(400, "options.temperature", lambda: client.chat(
         model="default", messages=messages, options={"temperature": -1}))
     expect_error(400, "options.mirostat", lambda: client.chat(
         model="default", messages=messages, options={"mirostat": 2}))
     expect_error(401, "", lambda: ollama.Client(host=base).list())
-    print(f"ollama: list, show, version, chat and generate (whole and streamed), errors ok")
+    print("ollama: list, show, version, chat and generate (whole and streamed), format (schema, json), errors ok")
 
 
 def tool_round_trip(client: ollama.Client) -> None:

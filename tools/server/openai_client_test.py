@@ -9,10 +9,44 @@ in a venv it makes:
 
 import json
 import sys
+from typing import Literal, Optional
 
 import openai
+from pydantic import BaseModel, Field
 
 from k3serve import serve
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=24)
+    tribe: Literal["Judah", "Levi", "Dan"]
+
+
+class Answer(BaseModel):
+    king: Person
+    years: list[int] = Field(max_length=2)
+    anointed: bool
+    note: Optional[str] = Field(default=None, max_length=16)
+
+
+def structured(client: openai.OpenAI) -> None:
+    """The client's `parse` with a pydantic model: the schema it sends (strict) is honoured and
+    the answer validates into the model."""
+    chat = client.chat.completions
+    parse = chat.parse if hasattr(chat, "parse") else client.beta.chat.completions.parse
+    r = parse(model="default", messages=[{"role": "user", "content": "Who was the first king?"}],
+              response_format=Answer, max_tokens=160, temperature=0)
+    got = r.choices[0].message.parsed
+    assert isinstance(got, Answer), r
+    assert len(got.years) <= 2 and got.king.tribe in ("Judah", "Levi", "Dan"), got
+    try:
+        class Bounded(BaseModel):
+            n: int = Field(ge=1)
+        parse(model="default", messages=[{"role": "user", "content": "n?"}], response_format=Bounded, max_tokens=8)
+        raise SystemExit("a schema with `minimum` was accepted")
+    except openai.BadRequestError as e:
+        assert "minimum" in str(e), e
+    print(f"openai {openai.__version__}: structured outputs (parse into a pydantic model) ok")
 
 
 WEATHER = [{"type": "function", "function": {
@@ -98,6 +132,7 @@ def main() -> None:
         except openai.AuthenticationError:
             pass
         print(f"openai {openai.__version__}: models, chat (whole and streamed), completions and errors ok")
+        structured(client)
     if len(sys.argv) > 3:
         tool_round_trip(cli, sys.argv[3])
 

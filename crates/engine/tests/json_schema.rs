@@ -44,7 +44,7 @@ fn documents_are_accepted_exactly_when_jsonschema_says_they_are_valid() {
 }
 
 #[test]
-fn whitespace_comes_between_tokens_in_short_runs_only() {
+fn whitespace_comes_between_tokens_one_character_at_a_time() {
     let schema = Arc::new(
         JsonSchema::compile(&json!({"type": "object", "properties": {"a": {"type": "array",
         "items": {"type": "integer"}}}, "required": ["a"], "additionalProperties": false}))
@@ -54,7 +54,7 @@ fn whitespace_comes_between_tokens_in_short_runs_only() {
     assert!(!p.accepts(" "), "the answer starts at once");
     assert!(p.push_str("{ \"a\" :\n[ 1 , 2 ]\n}") && p.complete());
     let mut p = schema.prefix();
-    assert!(p.push_str("{") && p.push_str(&" ".repeat(16)) && !p.accepts(" "), "16 spaces in a row at most");
+    assert!(p.push_str("{") && p.push_str(" ") && !p.accepts(" ") && !p.accepts("\n"), "one in a row at most");
     let p = schema.prefix();
     assert!(!p.accepts("{\"a\":[1 2]}") && !p.accepts("{\"a\":[1,]}") && !p.accepts("{\"a\":[01]}"));
 }

@@ -377,9 +377,44 @@ async fn a_json_object_answer_is_json() {
         }
     }
     let mut body = chat_body("hi", 2);
-    body["response_format"] = json!({"type": "json_schema"});
+    body["response_format"] = json!({"type": "xml"});
     let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
     assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("response_format")));
+}
+
+/// `response_format: json_schema`: the answer is a value of the schema (checked here by reading
+/// it back), and a schema with a keyword the server cannot honour is refused naming it.
+#[tokio::test]
+async fn a_json_schema_answer_matches_the_schema() {
+    let router = server(ServerOptions::new(default_model())).await;
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "tribe": {"enum": ["Judah", "Levi", "Dan"]},
+        "years": {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+        "king": {"type": "boolean"}},
+        "required": ["name", "tribe", "years", "king"], "additionalProperties": false});
+    let mut body = chat_body("Who was the first king of Israel?", 120);
+    body["response_format"] =
+        json!({"type": "json_schema", "json_schema": {"name": "king", "strict": true, "schema": schema}});
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{content}");
+    let got: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content}"));
+    assert!(got["name"].as_str().is_some_and(|n| n.chars().count() <= 24), "{content}");
+    assert!(["Judah", "Levi", "Dan"].contains(&got["tribe"].as_str().unwrap_or("")), "{content}");
+    assert!(
+        got["years"]
+            .as_array()
+            .is_some_and(|y| y.len() <= 2 && y.iter().all(|n| n.as_f64().is_some_and(|f| f.fract() == 0.0))),
+        "{content}"
+    );
+    assert!(got["king"].is_boolean() && got.as_object().unwrap().len() == 4, "{content}");
+    body["response_format"]["json_schema"]["schema"]["properties"]["king"] = json!({"type": "integer", "minimum": 1});
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["param"], "response_format.json_schema.schema");
+    assert!(v["error"]["message"].as_str().unwrap().contains("/properties/king/minimum"), "{v}");
 }
 
 /// A model without a tokenizer (the golden tiny K3) is served token ids: completions take ids and

@@ -177,3 +177,38 @@ async fn a_restarted_server_resumes_the_system_turn_and_tools() {
     assert!(cached > prompt / 2 && cached < prompt, "the system turn and the tools: {}", v["usage"]);
     assert_eq!(v["choices"], reference["choices"]);
 }
+
+/// A strict tool: the call's arguments are held to the function's schema as they are written.
+/// The scripted model would write `{"city": "Paris"}`; with `city` limited to `["Oslo"]` the
+/// arguments it is let write are `{"city":"Oslo"}` (byte by byte: every other token is masked),
+/// and the call ends there. Without `strict`, the same schema changes nothing.
+#[tokio::test]
+async fn a_strict_tools_arguments_are_held_to_its_schema() {
+    let router = server(ServerOptions::new(model())).await;
+    let user = json!([{"role": "user", "content": "Weather in Paris?"}]);
+    let tool = |strict: bool| {
+        json!([{"type": "function", "function": {"name": "get_weather", "strict": strict, "parameters":
+            {"type": "object", "properties": {"city": {"enum": ["Oslo"]}}, "required": ["city"],
+             "additionalProperties": false}}}])
+    };
+    let mut body = request(user.clone(), false);
+    body["max_tokens"] = json!(64);
+    for (strict, want) in [(true, json!({"city": "Oslo"})), (false, json!({"city": "Paris"}))] {
+        body["tools"] = tool(strict);
+        let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!((args, v["choices"][0]["finish_reason"].as_str()), (want, Some("tool_calls")), "{v}");
+    }
+    // A strict schema the server cannot honour is refused, naming where.
+    body["tools"][0]["function"]["strict"] = json!(true);
+    body["tools"][0]["function"]["parameters"]["properties"]["city"] = json!({"type": "string", "pattern": "^O"});
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
+    assert_eq!(
+        (s, v["error"]["param"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("tools[0].function.parameters")),
+        "{v}"
+    );
+    assert!(v["error"]["message"].as_str().unwrap().contains("pattern"), "{v}");
+}

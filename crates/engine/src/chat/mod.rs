@@ -107,6 +107,9 @@ pub struct PromptOptions<'a> {
     pub tool_choice: ToolChoice,
     /// The answer must be a JSON object (`response_format: json_object`).
     pub json_object: bool,
+    /// The answer must match this JSON schema (`response_format: json_schema`; the schema's
+    /// JSON text): K3's format shows it to the model.
+    pub json_schema: Option<&'a str>,
 }
 
 /// Why a conversation cannot be written in the model's format.

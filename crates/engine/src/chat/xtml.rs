@@ -80,12 +80,21 @@ impl ChatFormat<'_> {
                 "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message.",
             )?,
         }
-        if o.json_object {
+        const RAW: &str =
+            "Your response must be raw JSON data without markdown code blocks (```json) or any additional formatting.";
+        if let Some(schema) = o.json_schema {
+            let schema = sorted_json(schema)
+                .map_err(|e| ChatError::invalid("response_format", format!("the schema is not valid JSON: {e}")))?;
+            let body = format!(
+                "The system is invoked with `response_format=json_schema`.\n{RAW}\nThe JSON data must match the \
+                 following schema:\n```json\n{schema}\n```"
+            );
+            self.xtml_note(&mut out, "response-format", &body)?;
+        } else if o.json_object {
             self.xtml_note(
                 &mut out,
                 "response-format",
-                "The system is invoked with `response_format=json_object`.\nYour response must be raw JSON data \
-                 without markdown code blocks (```json) or any additional formatting.",
+                &format!("The system is invoked with `response_format=json_object`.\n{RAW}"),
             )?;
         }
         out.extend(self.xtml_generation_prompt(o.think)?);

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::strict_calls::StrictCalls;
 use super::text::TextOut;
 use super::{Finish, GenerateParams};
 use crate::EngineError;
@@ -33,6 +34,8 @@ pub struct Decoder<'t> {
     finish: Option<Finish>,
     /// With `json_object` or `json_schema`: the answer so far, checked, and every token's text.
     json: Option<(Shape, &'t [Option<String>])>,
+    /// Strict tools' arguments, constrained as they are written (with every token's text).
+    calls: Option<(StrictCalls, &'t [Option<String>])>,
 }
 
 /// What a JSON answer is checked against.
@@ -80,7 +83,12 @@ impl<'t> Decoder<'t> {
             (Some(shape), Some(t)) => Some((shape, t.token_texts())),
             (Some(_), None) => return Err(EngineError::Input("a JSON answer needs the model's tokenizer".into())),
         };
-        Ok(Decoder { params, sampler, text, produced: 0, finish: None, json })
+        let calls = match (params.strict_tools.is_empty(), tok) {
+            (true, _) => None,
+            (false, Some(t)) => StrictCalls::new(t, &params.strict_tools)?.map(|c| (c, t.token_texts())),
+            (false, None) => return Err(EngineError::Input("strict tools need the model's tokenizer".into())),
+        };
+        Ok(Decoder { params, sampler, text, produced: 0, finish: None, json, calls })
     }
 
     /// Counts `ids` (the sequence so far: the prompt) for the repetition penalties.
@@ -140,19 +148,18 @@ impl<'t> Decoder<'t> {
     /// once the answer begins, among the tokens that keep it an allowed JSON value in the making;
     /// a stop id only if none can).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if let Some((prefix, end, texts)) = self.calls.as_ref().and_then(|(c, t)| c.active().map(|(p, e)| (p, e, t))) {
+            // A strict call's arguments; once whole, only the marker that ends the call.
+            let extra = if prefix.complete() { vec![end] } else { Vec::new() };
+            let masked = mask(logits, texts, |t| prefix.accepts(t), &extra);
+            return self.sampler.sample(&masked);
+        }
         let answering = self.answering();
         let Some((prefix, texts)) = self.json.as_ref().filter(|_| answering) else {
             return self.sampler.sample(logits);
         };
-        let mut masked = vec![f32::NEG_INFINITY; logits.len()];
-        let mut any = false;
-        for (id, (m, l)) in masked.iter_mut().zip(logits).enumerate() {
-            if texts.get(id).and_then(Option::as_deref).is_some_and(|t| !t.is_empty() && prefix.accepts(t)) {
-                *m = *l;
-                any = true;
-            }
-        }
-        if !any {
+        let mut masked = mask(logits, texts, |t| prefix.accepts(t), &[]);
+        if masked.iter().all(|m| *m == f32::NEG_INFINITY) {
             // No token continues the object (it cannot be finished in this vocabulary): stop.
             for &s in &self.params.stop_ids {
                 if let Some(m) = masked.get_mut(s as usize) {
@@ -166,6 +173,9 @@ impl<'t> Decoder<'t> {
     /// Counts a sampled token at `position` and checks it against the stops.
     pub fn emit(&mut self, id: u32, position: usize, context: u64) -> Result<Emit, EngineError> {
         let answering = self.answering();
+        if let Some((calls, texts)) = &mut self.calls {
+            calls.observe(id, texts.get(id as usize).and_then(Option::as_deref).unwrap_or(""));
+        }
         self.produced += 1;
         self.sampler.observe(&[id]);
         if self.params.stop_ids.contains(&id) {
@@ -206,4 +216,17 @@ impl<'t> Decoder<'t> {
     pub fn flush(&mut self) -> String {
         self.text.as_mut().map(TextOut::flush).unwrap_or_default()
     }
+}
+
+/// `logits` with every token whose text `accepts` refuses (and every token without text) at
+/// minus infinity, except the ids in `keep`.
+fn mask(logits: &[f32], texts: &[Option<String>], accepts: impl Fn(&str) -> bool, keep: &[u32]) -> Vec<f32> {
+    let mut masked = vec![f32::NEG_INFINITY; logits.len()];
+    for (id, (m, l)) in masked.iter_mut().zip(logits).enumerate() {
+        let text = texts.get(id).and_then(Option::as_deref);
+        if keep.contains(&(id as u32)) || text.is_some_and(|t| !t.is_empty() && accepts(t)) {
+            *m = *l;
+        }
+    }
+    masked
 }

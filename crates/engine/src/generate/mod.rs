@@ -8,6 +8,7 @@
 //! server is the next.
 
 mod decoder;
+mod strict_calls;
 mod text;
 
 use std::collections::VecDeque;
@@ -42,6 +43,9 @@ pub struct GenerateParams {
     /// The answer is a value this schema allows (`response_format: json_schema`), checked as
     /// `json_object` is; takes the place of `json_object`. Needs a tokenizer.
     pub json_schema: Option<Arc<crate::json_schema::JsonSchema>>,
+    /// Strict tools: each function's name and parameter schema; a call's arguments are
+    /// constrained to it as they are written (`im_` markup). Needs a tokenizer.
+    pub strict_tools: Vec<(String, Arc<crate::json_schema::JsonSchema>)>,
     /// K3: the prompt ends inside an open `think` element (generation starts thinking).
     pub starts_in_think: bool,
     /// K2-Thinking and its kind: the `<think>` and `</think>` token ids between which the model
@@ -72,6 +76,7 @@ impl Default for GenerateParams {
             reasoning_apart: false,
             json_object: false,
             json_schema: None,
+            strict_tools: Vec::new(),
             starts_in_think: false,
             think_tags: None,
             close_turn: None,

@@ -125,7 +125,7 @@ impl ImReader {
 }
 
 /// `NAME` of `functions.NAME:IDX` (or `NAME:IDX`).
-fn name_of(id: &str) -> Option<&str> {
+pub(crate) fn name_of(id: &str) -> Option<&str> {
     let rest = id.strip_prefix("functions.").unwrap_or(id);
     let (name, idx) = rest.rsplit_once(':')?;
     (!name.is_empty() && idx.chars().all(|c| c.is_ascii_digit())).then_some(name)

@@ -4,7 +4,7 @@
 //! writes the characters `<|tool_call_begin|>` or `<|open|>` wrote text); markup that is
 //! malformed or cut off ends as the text it was, never as an error.
 
-mod im;
+pub(crate) mod im;
 mod xtml;
 
 use crate::config::Family;

@@ -28,6 +28,16 @@ pub struct StreamOptions {
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    /// With `type: json_schema`: `{"name", "schema", "strict"?, "description"?}`.
+    pub json_schema: Option<serde_json::Value>,
+}
+
+/// What the answer must be.
+#[derive(Debug, Default)]
+struct Answer {
+    json_object: bool,
+    /// The schema's JSON text (shown to K3) and its compiled form.
+    schema: Option<(String, std::sync::Arc<k3_engine::json_schema::JsonSchema>)>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -224,13 +234,21 @@ impl ChatRequest {
         check_model(self.model.as_deref(), info)?;
         let text: usize = self.messages.iter().map(ChatMessage::text_bytes).sum();
         check_fits(text, info, "messages")?;
-        let json_object = self.json_object()?;
+        let answer = self.answer()?;
         if self.messages.is_empty() {
             return Err(ApiError::bad("messages", "messages is empty"));
         }
         let messages = self.messages.iter().enumerate().map(|(i, m)| m.to_message(i)).collect::<Result<Vec<_>, _>>()?;
         let t = self.tools(&messages, tok, info)?;
         let (tools, tool_choice) = (t.declared.as_deref(), t.choice);
+        if let (Family::KimiK3, Some((_, _, i))) = (info.family, t.strict.first()) {
+            // K3 writes arguments as typed XTML elements, not JSON: no schema can be held to.
+            return Err(ApiError::bad(
+                &format!("tools[{i}].function.strict"),
+                "strict tools are enforced for models that write calls as JSON (Kimi-Linear, K2); \
+                 K3's typed calls are not constrained yet: send strict: false",
+            ));
+        }
         let think = self.think(info)?;
         let format = ChatFormat::new(tok, info.family);
         let internal = |e: k3_engine::tokenizer::TokenizerError| {
@@ -241,7 +259,8 @@ impl ChatRequest {
             effort: think.then(|| self.reasoning_effort.as_deref().unwrap_or(k3_engine::chat::DEFAULT_EFFORT)),
             tools,
             tool_choice,
-            json_object,
+            json_object: answer.json_object,
+            json_schema: answer.schema.as_ref().map(|(text, _)| text.as_str()),
         };
         let prompt = format.prompt_with(&messages, &options).map_err(|e| match e {
             ChatError::Invalid { what, reason } => ApiError::bad(&what, reason),
@@ -255,7 +274,9 @@ impl ChatRequest {
         // K2-Thinking and its kind reason between `<think>` tokens: that text is the reasoning.
         params.think_tags = if info.family == Family::KimiK3 { None } else { tok.think_tags() };
         params.reasoning_apart = think || params.think_tags.is_some();
-        params.json_object = json_object;
+        params.json_object = answer.json_object;
+        params.json_schema = answer.schema.map(|(_, s)| s);
+        params.strict_tools = t.strict.iter().map(|(n, s, _)| (n.clone(), s.clone())).collect();
         params.logprobs = self.logprobs()?;
         Ok(Prepared {
             prompt,
@@ -277,14 +298,34 @@ impl ChatRequest {
         }
     }
 
-    /// Whether the answer must be one JSON object (`response_format`).
-    fn json_object(&self) -> Result<bool, ApiError> {
-        match self.response_format.as_ref().map(|f| f.kind.as_str()) {
-            None | Some("text") => Ok(false),
-            Some("json_object") => Ok(true),
-            Some(other) => Err(ApiError::bad(
+    /// What `response_format` asks of the answer: text, a JSON object, or a value of a schema.
+    fn answer(&self) -> Result<Answer, ApiError> {
+        let Some(f) = &self.response_format else { return Ok(Answer::default()) };
+        match f.kind.as_str() {
+            "text" => Ok(Answer::default()),
+            "json_object" => Ok(Answer { json_object: true, schema: None }),
+            "json_schema" => {
+                let spec = f.json_schema.as_ref().and_then(serde_json::Value::as_object).ok_or_else(|| {
+                    ApiError::bad("response_format.json_schema", "give {\"name\": ..., \"schema\": {...}}")
+                })?;
+                if let Some(name) =
+                    spec.get("name").filter(|n| !n.as_str().is_some_and(|n| !n.is_empty() && n.len() <= 64))
+                {
+                    return Err(ApiError::bad(
+                        "response_format.json_schema.name",
+                        format!("{name}: a name of 1 to 64 characters"),
+                    ));
+                }
+                let schema = spec
+                    .get("schema")
+                    .ok_or_else(|| ApiError::bad("response_format.json_schema.schema", "the schema is missing"))?;
+                let compiled = k3_engine::json_schema::JsonSchema::compile(schema)
+                    .map_err(|e| ApiError::bad("response_format.json_schema.schema", e.to_string()))?;
+                Ok(Answer { json_object: false, schema: Some((schema.to_string(), std::sync::Arc::new(compiled))) })
+            }
+            other => Err(ApiError::bad(
                 "response_format",
-                format!("response_format `{other}` is not supported yet (`text` and `json_object` are)"),
+                format!("response_format `{other}` is not supported (`text`, `json_object` and `json_schema` are)"),
             )),
         }
     }

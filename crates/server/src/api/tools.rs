@@ -3,9 +3,13 @@
 //! letters, digits, `_` and `-` (at most 64) and `parameters` an object; `tool_choice` `auto`,
 //! `none`, `required` or `{"type": "function", "function": {"name"}}` naming a declared
 //! function. A named choice declares only that function to the model, so the call it is made to
-//! make can only be that one.
+//! make can only be that one. A function with `"strict": true` has its `parameters` compiled
+//! (see `k3_engine::json_schema`): its calls' arguments are constrained to them.
+
+use std::sync::Arc;
 
 use k3_engine::chat::ToolChoice;
+use k3_engine::json_schema::JsonSchema;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -16,14 +20,17 @@ use crate::error::ApiError;
 pub struct Tools {
     pub declared: Option<String>,
     pub choice: ToolChoice,
+    /// Strict functions: name, parameter schema, and where they are declared (`tools[i]`).
+    pub strict: Vec<(String, Arc<JsonSchema>, usize)>,
 }
 
 fn bad(param: &str, message: impl Into<String>) -> ApiError {
     ApiError::bad(param, message)
 }
 
-/// One declaration's function name, the declaration checked.
-fn declared_name(i: usize, raw: &RawValue) -> Result<String, ApiError> {
+/// One declaration's function name and, when it is strict, its compiled parameters; the
+/// declaration checked.
+fn declared(i: usize, raw: &RawValue) -> Result<(String, Option<Arc<JsonSchema>>), ApiError> {
     let at = format!("tools[{i}]");
     let v: Value = serde_json::from_str(raw.get()).map_err(|e| bad(&at, e.to_string()))?;
     let Some(o) = v.as_object() else { return Err(bad(&at, "a tool is an object")) };
@@ -47,7 +54,19 @@ fn declared_name(i: usize, raw: &RawValue) -> Result<String, ApiError> {
     if let Some(d) = f.get("description").filter(|d| !d.is_string()) {
         return Err(bad(&format!("{at}.function.description"), format!("description is a string, not {d}")));
     }
-    Ok(name.to_string())
+    let strict = match f.get("strict") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => {
+            let none = serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false});
+            let schema = JsonSchema::compile(f.get("parameters").unwrap_or(&none))
+                .map_err(|e| bad(&format!("{at}.function.parameters"), e.to_string()))?;
+            Some(Arc::new(schema))
+        }
+        Some(other) => {
+            return Err(bad(&format!("{at}.function.strict"), format!("strict is true or false, not {other}")));
+        }
+    };
+    Ok((name.to_string(), strict))
 }
 
 /// Checks `tools` and `tool_choice` together.
@@ -56,13 +75,16 @@ pub fn check(tools: Option<&RawValue>, tool_choice: Option<&Value>) -> Result<To
         None => Vec::new(),
         Some(raw) => serde_json::from_str(raw.get()).map_err(|_| bad("tools", "tools is an array of tool objects"))?,
     };
-    let names = list.iter().enumerate().map(|(i, t)| declared_name(i, t)).collect::<Result<Vec<_>, _>>()?;
+    let checked = list.iter().enumerate().map(|(i, t)| declared(i, t)).collect::<Result<Vec<_>, _>>()?;
+    let strict: Vec<(String, Arc<JsonSchema>, usize)> =
+        checked.iter().enumerate().filter_map(|(i, (n, s))| s.clone().map(|s| (n.clone(), s, i))).collect();
+    let names: Vec<String> = checked.into_iter().map(|(n, _)| n).collect();
     if let Some(dup) = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n)).map(|(_, n)| n) {
         return Err(bad("tools", format!("the function `{dup}` is declared twice")));
     }
     let declared = (!list.is_empty()).then(|| tools.map(|t| t.get().to_string())).flatten();
     let choice = match tool_choice {
-        None => return Ok(Tools { declared, choice: ToolChoice::Auto }),
+        None => return Ok(Tools { declared, choice: ToolChoice::Auto, strict }),
         Some(Value::String(c)) => match c.as_str() {
             "auto" => ToolChoice::Auto,
             "none" => ToolChoice::None,
@@ -86,14 +108,15 @@ pub fn check(tools: Option<&RawValue>, tool_choice: Option<&Value>) -> Result<To
                 return Err(bad("tool_choice", format!("`{name}` is not one of the declared tools")));
             };
             // Only the named function is shown: the call the model must make is to it.
-            return Ok(Tools { declared: Some(format!("[{}]", list[i].get())), choice: ToolChoice::Required });
+            let strict = strict.into_iter().filter(|(n, _, _)| n == name).collect();
+            return Ok(Tools { declared: Some(format!("[{}]", list[i].get())), choice: ToolChoice::Required, strict });
         }
         Some(_) => return Err(bad("tool_choice", "tool_choice is a string or an object")),
     };
     if choice == ToolChoice::Required && declared.is_none() {
         return Err(bad("tool_choice", "tool_choice `required` needs tools"));
     }
-    Ok(Tools { declared, choice })
+    Ok(Tools { declared, choice, strict })
 }
 
 #[cfg(test)]
