@@ -31,6 +31,12 @@ pub struct Decoder<'t> {
     sampler: Sampler,
     text: Option<TextOut<'t>>,
     produced: u64,
+    /// Of those, written while thinking.
+    thought: u64,
+    /// Tokens the decoder writes for the model next (the close of a thinking budget spent).
+    forced: std::collections::VecDeque<u32>,
+    /// The markup that closes thinking, when there is a thinking budget.
+    close_think: Vec<u32>,
     finish: Option<Finish>,
     /// With `json_object` or `json_schema`: the answer so far, checked, and every token's text.
     json: Option<(Shape, &'t [Option<String>])>,
@@ -88,7 +94,12 @@ impl<'t> Decoder<'t> {
             (false, Some(t)) => StrictCalls::new(t, &params.strict_tools)?.map(|c| (c, t.token_texts())),
             (false, None) => return Err(EngineError::Input("strict tools need the model's tokenizer".into())),
         };
-        Ok(Decoder { params, sampler, text, produced: 0, finish: None, json, calls })
+        let close_think = match (params.max_thinking, tok) {
+            (None, _) | (_, None) => Vec::new(),
+            (Some(_), Some(t)) => close_think(t, &params)?,
+        };
+        let forced = Default::default();
+        Ok(Decoder { params, sampler, text, produced: 0, thought: 0, forced, close_think, finish: None, json, calls })
     }
 
     /// Counts `ids` (the sequence so far: the prompt) for the repetition penalties.
@@ -121,9 +132,21 @@ impl<'t> Decoder<'t> {
         self.params.cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst))
     }
 
+    /// Whether the model is thinking.
+    pub fn thinking(&self) -> bool {
+        self.text.as_ref().is_some_and(TextOut::thinking)
+    }
+
+    /// Tokens written while thinking.
+    pub fn thought(&self) -> u64 {
+        self.thought
+    }
+
     /// Why the turn must end before another token is sampled, if it must.
     pub fn limit(&self) -> Option<Finish> {
-        if self.produced >= self.params.max_tokens {
+        // With a thinking budget, max_tokens bounds the answer.
+        let counted = if self.params.max_thinking.is_some() { self.produced - self.thought } else { self.produced };
+        if counted >= self.params.max_tokens {
             Some(Finish::Length)
         } else if self.cancelled() {
             Some(Finish::Cancelled)
@@ -148,6 +171,16 @@ impl<'t> Decoder<'t> {
     /// once the answer begins, among the tokens that keep it an allowed JSON value in the making;
     /// a stop id only if none can).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if let Some(id) = self.forced.pop_front() {
+            return id;
+        }
+        if self.params.max_thinking.is_some_and(|m| self.thought >= m) && self.thinking() {
+            // The thinking budget is spent: close the thinking for the model.
+            self.forced.extend(self.close_think.iter().copied());
+            if let Some(id) = self.forced.pop_front() {
+                return id;
+            }
+        }
         if let Some((prefix, end, texts)) = self.calls.as_ref().and_then(|(c, t)| c.active().map(|(p, e)| (p, e, t))) {
             // A strict call's arguments; once whole, only the marker that ends the call.
             let extra = if prefix.complete() { vec![end] } else { Vec::new() };
@@ -173,6 +206,9 @@ impl<'t> Decoder<'t> {
     /// Counts a sampled token at `position` and checks it against the stops.
     pub fn emit(&mut self, id: u32, position: usize, context: u64) -> Result<Emit, EngineError> {
         let answering = self.answering();
+        if self.thinking() {
+            self.thought += 1;
+        }
         if let Some((calls, texts)) = &mut self.calls {
             calls.observe(id, texts.get(id as usize).and_then(Option::as_deref).unwrap_or(""));
         }
@@ -229,4 +265,23 @@ fn mask(logits: &[f32], texts: &[Option<String>], accepts: impl Fn(&str) -> bool
         }
     }
     masked
+}
+
+/// The tokens that close a thinking section: `</think>` for models that think between tags, K3's
+/// `<|close|>think<|sep|><|open|>response<|sep|>` otherwise.
+fn close_think(tok: &Tokenizer, params: &GenerateParams) -> Result<Vec<u32>, EngineError> {
+    if let Some([_, close]) = params.think_tags {
+        return Ok(vec![close]);
+    }
+    let special = |name: &str| {
+        tok.special(name)
+            .ok_or_else(|| EngineError::Input(format!("a thinking budget needs `{name}`, which the tokenizer lacks")))
+    };
+    let (open, close, sep) = (special("<|open|>")?, special("<|close|>")?, special("<|sep|>")?);
+    let mut ids = vec![close];
+    ids.extend(tok.encode("think"));
+    ids.extend([sep, open]);
+    ids.extend(tok.encode("response"));
+    ids.push(sep);
+    Ok(ids)
 }

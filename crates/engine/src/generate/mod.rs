@@ -46,6 +46,9 @@ pub struct GenerateParams {
     /// Strict tools: each function's name and parameter schema; a call's arguments are
     /// constrained to it as they are written (`im_` markup). Needs a tokenizer.
     pub strict_tools: Vec<(String, Arc<crate::json_schema::JsonSchema>)>,
+    /// Thinking tokens at most; then the thinking is closed for the model (K3's markup, or the
+    /// `</think>` token) and it answers. With a budget, `max_tokens` counts the answer only.
+    pub max_thinking: Option<u64>,
     /// K3: the prompt ends inside an open `think` element (generation starts thinking).
     pub starts_in_think: bool,
     /// K2-Thinking and its kind: the `<think>` and `</think>` token ids between which the model
@@ -77,6 +80,7 @@ impl Default for GenerateParams {
             json_object: false,
             json_schema: None,
             strict_tools: Vec::new(),
+            max_thinking: None,
             starts_in_think: false,
             think_tags: None,
             close_turn: None,
@@ -395,6 +399,21 @@ impl<'s, 't> Generator<'s, 't> {
         history.extend_from_slice(self.session.ids());
         history.push(id);
         speculate::draft(&history, k)
+    }
+
+    /// The thinking written since the last call (with `reasoning_apart`).
+    pub fn take_reasoning(&mut self) -> String {
+        self.decoder.take_reasoning()
+    }
+
+    /// Whether the model is thinking (inside `think`, or between `<think>` tokens).
+    pub fn thinking(&self) -> bool {
+        self.decoder.thinking()
+    }
+
+    /// Thinking tokens written so far this turn.
+    pub fn thought(&self) -> u64 {
+        self.decoder.thought()
     }
 
     /// Text still held back (an incomplete character, the start of what might have been a stop

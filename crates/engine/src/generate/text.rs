@@ -71,6 +71,11 @@ impl<'t> TextOut<'t> {
         v.tag.is_none() && !v.in_think && v.state == Shown::Content
     }
 
+    /// Whether the model is thinking (inside `think`, or between `<think>` tokens).
+    pub(super) fn thinking(&self) -> bool {
+        self.visibility.in_think
+    }
+
     pub(super) fn flush(&mut self) -> String {
         let mut out = std::mem::take(&mut self.held);
         let rest = self.decoder.finish();

@@ -1,0 +1,407 @@
+//! `k3-cli chat`: an interactive multi-turn session over `k3_engine::generate::Generator`. Each
+//! turn appends only its new tokens to the running session. On a terminal: a banner, line editing
+//! (`input`), slash commands (`commands`: /help, /clear, /system, /set, /save, /load, /bye), a
+//! counting thinking line or the thinking shown dimmed and apart, tool calls as name and
+//! arguments (`show`), colour unless `NO_COLOR`. Ctrl-C stops the current answer and keeps the
+//! session; an answer cut short is closed and says so.
+
+mod commands;
+mod input;
+mod saved;
+mod show;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use k3_engine::chat::{ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
+use k3_engine::config::Family;
+use k3_engine::generate::{Finish, GenerateParams, Generator};
+use k3_engine::speculate::SpecStats;
+use k3_engine::tokenizer::Tokenizer;
+use k3_engine::{Engine, Session};
+
+use crate::prompt_cache::{PromptCache, PromptCacheArgs};
+use crate::run::{EngineArgs, Needs, RUN_ACTIVATIONS, open_model};
+use crate::sampling::SamplingArgs;
+use crate::signals;
+use commands::{Command, Setting};
+use input::Input;
+use show::Style;
+
+#[derive(clap::Args)]
+pub struct ChatArgs {
+    /// The model directory (default: the default model compiled into k3-cli).
+    #[arg(short = 'm', long)]
+    model: Option<PathBuf>,
+    /// A system prompt (/system TEXT changes it in the chat).
+    #[arg(long)]
+    system: Option<String>,
+    /// Answer without a thinking section (K3 and thinking models; /set think off).
+    #[arg(long, conflicts_with = "show_thinking")]
+    no_think: bool,
+    /// Show the model's thinking, dimmed and apart from the answer [default: hidden, a line on
+    /// standard error counts its tokens].
+    #[arg(long)]
+    show_thinking: bool,
+    /// The most tokens of one answer, thinking not counted (/set max_tokens N).
+    #[arg(short = 'n', long, default_value_t = 512)]
+    max_tokens: u64,
+    /// The most tokens of thinking before the model is made to answer (/set max_thinking N).
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    max_thinking: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Restores the first turn from DIR (a system prompt computed once), and keeps its states.
+    #[command(flatten)]
+    prompt_cache: PromptCacheArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// The conversation and what the next turn is generated with.
+struct Chat<'t> {
+    format: ChatFormat<'t>,
+    params: GenerateParams,
+    /// The model can think (K3, or `<think>` tags), and whether it does.
+    thinks: bool,
+    think: bool,
+    system: Option<String>,
+    /// What was said, for /save (and, after /load, what the next turn renders first).
+    messages: Vec<Message>,
+    /// The session holds `messages` (false after /load, /clear and /system).
+    live: bool,
+}
+
+impl Chat<'_> {
+    fn opening(&self) -> PromptOptions<'static> {
+        let think = self.think;
+        PromptOptions { think, effort: think.then_some(DEFAULT_EFFORT), ..PromptOptions::default() }
+    }
+
+    /// The tokens of the next user turn: the whole conversation when the session is fresh.
+    fn pending(&self, session: &Session, text: &str) -> Result<Vec<u32>> {
+        let user = Message::new(Role::User, text);
+        Ok(match (session.tokens(), self.messages.is_empty()) {
+            (0, true) => self.format.first_turn(&self.opening(), self.system.as_deref(), text)?,
+            (0, false) => {
+                let mut all = self.messages.clone();
+                all.push(user);
+                self.format.prompt_with(&all, &self.opening())?
+            }
+            _ => self.format.next_turn(&user, self.think)?,
+        })
+    }
+
+    /// A new conversation: `messages` from the start (the system prompt's message first).
+    fn restart(&mut self, messages: Vec<Message>) {
+        self.messages = messages;
+        if self.messages.is_empty()
+            && let Some(s) = &self.system
+        {
+            self.messages.push(Message::new(Role::System, s.clone()));
+        }
+        self.live = false;
+    }
+}
+
+pub fn run(a: ChatArgs) -> Result<ExitCode> {
+    let path = crate::default_model::or_default(a.model.clone())?;
+    let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
+    let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
+    let engine = a.engine.load(
+        &model,
+        &path,
+        Needs { min_context: 0, chunk: None, activations: RUN_ACTIVATIONS, ..Needs::exact(4096, 1) },
+    )?;
+    let sampler = a.sampling.config(&model, true, engine.vocab())?;
+    a.sampling.say_seed(&sampler, a.engine.stats);
+    let family = engine.config().family;
+    let format = ChatFormat::new(&tok, family);
+    format.check().context("the model's chat template cannot be used")?;
+    let end = format.end_of_turn()?;
+    let think_tags = if family == Family::KimiK3 { None } else { tok.think_tags() };
+    let thinks = family == Family::KimiK3 || think_tags.is_some();
+    let think = thinks && !a.no_think;
+    let cancel = signals::ctrl_c_flag();
+    let params = GenerateParams {
+        max_tokens: a.max_tokens,
+        max_thinking: thinks.then_some(a.max_thinking),
+        sampler,
+        stop_ids: vec![end],
+        reasoning_apart: true,
+        starts_in_think: think && family == Family::KimiK3,
+        think_tags,
+        close_turn: Some(end),
+        cancel: Some(cancel.clone()),
+        chunk: None,
+        speculate: a.sampling.speculate as usize,
+        ..GenerateParams::default()
+    };
+    let mut chat = Chat { format, params, thinks, think, system: a.system.clone(), messages: Vec::new(), live: true };
+    chat.restart(Vec::new());
+    let mut cache = a.prompt_cache.open(&engine)?;
+    let mut session = engine.session();
+    let mut speculation = SpecStats::default();
+    let style = Style::detect();
+    let mut input = Input::open()?;
+    if let Input::Editor(..) = input {
+        banner(&engine, &path, &chat, input.history(), style);
+    }
+    let mut out = std::io::stdout().lock();
+    while let Some(line) = input.line()? {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let text = match commands::parse(&line) {
+            Ok(Command::Say(text)) => text,
+            Ok(Command::Exit) => break,
+            Ok(cmd) => {
+                if command(cmd, &mut chat, &engine, style)? {
+                    session = engine.session();
+                }
+                continue;
+            }
+            Err(e) => {
+                style.note(&e);
+                continue;
+            }
+        };
+        if !chat.live {
+            session = engine.session();
+            chat.live = true;
+        }
+        let turn = Turn { cache: cache.as_mut(), stats: a.engine.stats, cancel: &cancel };
+        let said = turn.run(&engine, &tok, &mut chat, &mut session, &text, style, a.show_thinking, &mut out)?;
+        speculation.add(&said);
+    }
+    input.save()?;
+    drop(out);
+    a.engine.report(&engine, &session.stats, Some(&speculation))?;
+    a.engine.finish(&session)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The line a person sees first: the model, its context, sampling, where history is kept, help.
+fn banner(
+    engine: &Engine<'_>,
+    path: &std::path::Path,
+    chat: &Chat<'_>,
+    history: Option<&std::path::Path>,
+    style: Style,
+) {
+    let name = path.file_stem().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    let c = engine.config();
+    eprintln!(
+        "{} {name} ({}, {} layers) · context {} tokens · {}{}",
+        style.bold("k3 chat ·"),
+        c.family.name(),
+        engine.layers(),
+        engine.plan().context,
+        k3_engine::generation_config::describe(&chat.params.sampler),
+        if chat.thinks { format!(" · thinking {}", if chat.think { "on" } else { "off" }) } else { String::new() },
+    );
+    let kept = history.map_or_else(|| "not kept".into(), |h| format!("kept in {}", h.display()));
+    eprintln!("line history {kept} · /help for commands · Ctrl-C stops an answer · Ctrl-D or /bye quits");
+}
+
+/// Carries out a command; `true` when the session must start over.
+fn command(cmd: Command, chat: &mut Chat<'_>, engine: &Engine<'_>, style: Style) -> Result<bool> {
+    match cmd {
+        Command::Help => eprintln!("{}", commands::HELP),
+        Command::Clear => {
+            chat.restart(Vec::new());
+            style.note("[a new conversation]");
+            return Ok(true);
+        }
+        Command::System(s) => {
+            chat.system = (!s.is_empty()).then_some(s);
+            chat.restart(Vec::new());
+            style.note(if chat.system.is_some() {
+                "[a new conversation under the new system prompt]"
+            } else {
+                "[a new conversation, no system prompt]"
+            });
+            return Ok(true);
+        }
+        Command::Show => {
+            let p = &chat.params;
+            eprintln!(
+                "{}; max_tokens {}; {}; context {} tokens",
+                k3_engine::generation_config::describe(&p.sampler),
+                p.max_tokens,
+                match (chat.thinks, chat.think) {
+                    (false, _) => "this model does not think".to_string(),
+                    (true, on) =>
+                        format!("think {}, max_thinking {}", if on { "on" } else { "off" }, p.max_thinking.unwrap_or(0)),
+                },
+                engine.plan().context
+            );
+        }
+        Command::Set(s) => set(s, chat, style),
+        Command::Save(path) => match saved::save(&path, &chat.messages) {
+            Ok(()) => style.note(&format!("[saved {} messages to {}]", chat.messages.len(), path.display())),
+            Err(e) => style.note(&format!("[not saved: {e:#}]")),
+        },
+        Command::Load(path) => match saved::load(&path) {
+            Ok(messages) => {
+                style.note(&format!(
+                    "[loaded {} messages from {}: a new conversation]",
+                    messages.len(),
+                    path.display()
+                ));
+                chat.system = messages.first().filter(|m| m.role == Role::System).map(|m| m.content.clone());
+                chat.restart(messages);
+                return Ok(true);
+            }
+            Err(e) => style.note(&format!("[not loaded: {e:#}]")),
+        },
+        Command::Say(_) | Command::Exit => {}
+    }
+    Ok(false)
+}
+
+fn set(s: Setting, chat: &mut Chat<'_>, style: Style) {
+    let p = &mut chat.params;
+    match s {
+        Setting::Temperature(t) => p.sampler.temperature = t,
+        Setting::TopP(v) => p.sampler.top_p = v,
+        Setting::TopK(k) => p.sampler.top_k = k,
+        Setting::MinP(v) => p.sampler.min_p = v,
+        Setting::MaxTokens(n) => p.max_tokens = n,
+        Setting::MaxThinking(n) if chat.thinks => p.max_thinking = Some(n),
+        Setting::Think(on) if chat.thinks => {
+            chat.think = on;
+            p.starts_in_think = on && p.think_tags.is_none();
+            style.note("[thinking changes from the next conversation: /clear starts one]");
+        }
+        Setting::MaxThinking(_) | Setting::Think(_) => return style.note("[this model does not think]"),
+    }
+    style.note("[set]");
+}
+
+/// One user turn: its prompt run (from the prompt cache on the first), the answer streamed.
+struct Turn<'a, 'c> {
+    cache: Option<&'a mut PromptCache>,
+    stats: bool,
+    cancel: &'c std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Turn<'_, '_> {
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        self,
+        engine: &Engine<'_>,
+        tok: &Tokenizer,
+        chat: &mut Chat<'_>,
+        session: &mut Session,
+        text: &str,
+        style: Style,
+        show_thinking: bool,
+        out: &mut impl std::io::Write,
+    ) -> Result<SpecStats> {
+        let context = engine.plan().context as usize;
+        let pending = chat.pending(session, text)?;
+        // Room for the turn and at least one answer token.
+        if session.tokens() + pending.len() >= context {
+            style.note(&format!(
+                "[this turn would pass the context of {context} tokens: /clear starts a new conversation, or raise --context]"
+            ));
+            return Ok(SpecStats::default());
+        }
+        self.cancel.store(false, std::sync::atomic::Ordering::SeqCst);
+        let t0 = std::time::Instant::now();
+        let first = session.tokens() == 0 && chat.messages.iter().all(|m| m.role == Role::System);
+        let mut cache = self.cache.filter(|_| first);
+        let (from, kept_logits) = match cache.as_deref_mut() {
+            Some(c) => {
+                let boundary = system_boundary(&chat.format, &chat.opening(), chat.system.as_deref(), &pending);
+                first_turn_from_cache(engine, c, session, &pending, boundary, self.stats)?
+            }
+            None => (0, None),
+        };
+        // A long turn shows its prefill.
+        let rest = pending.len() - from;
+        let pb =
+            (rest > 256).then(|| crate::progress_bar(rest as u64, "prompt [{bar:40}] {pos}/{len} tokens (ETA {eta})"));
+        let params = chat.params.clone();
+        let turn = match (from == pending.len(), kept_logits) {
+            (true, Some(l)) => Generator::resume(engine, session, l, Some(tok), params)?,
+            _ => Generator::start(engine, session, &pending[from..], Some(tok), params, &mut |done, _| {
+                if let Some(pb) = &pb {
+                    pb.set_position(done as u64);
+                }
+            })?,
+        };
+        if let Some(pb) = pb {
+            pb.finish_and_clear();
+        }
+        if let Some(c) = cache
+            && from < pending.len()
+            && turn.session().tokens() > 0
+            && turn.session().ids().ends_with(&pending)
+        {
+            c.keep(engine, turn.session(), Some(turn.last_logits(engine)));
+        }
+        let calls = k3_engine::toolcall::ToolCallReader::new(tok, engine.config().family);
+        let a = show::answer(engine, turn, tok, calls, style, show_thinking, out)?;
+        chat.messages.push(Message::new(Role::User, text));
+        let mut said = Message::new(Role::Assistant, a.text.clone());
+        said.thinking = (!a.thinking.is_empty()).then(|| a.thinking.clone());
+        chat.messages.push(said);
+        match a.finish {
+            Some(Finish::Length) => style
+                .note(&format!("[answer cut at max_tokens {}: /set max_tokens N for more]", chat.params.max_tokens)),
+            Some(Finish::Cancelled) => style.note("[stopped]"),
+            Some(Finish::ContextFull) => style.note(&format!(
+                "[answer cut: the context of {context} tokens is full: /clear starts a new conversation]"
+            )),
+            _ => {}
+        }
+        if self.stats {
+            eprintln!(
+                "turn: {} prompt tokens, {} answer tokens in {:.2} s; {} of {context} context tokens used",
+                pending.len(),
+                a.tokens,
+                t0.elapsed().as_secs_f64(),
+                session.tokens()
+            );
+        }
+        Ok(a.spec)
+    }
+}
+
+/// Where the system turn ends in the first turn's tokens (0 without a system prompt): the state
+/// a new chat with the same system prompt resumes.
+fn system_boundary(format: &ChatFormat<'_>, o: &PromptOptions<'_>, system: Option<&str>, pending: &[u32]) -> usize {
+    let Some(system) = system else { return 0 };
+    let Ok(part) = format.prompt_with(&[Message::new(Role::System, system)], o) else { return 0 };
+    part.iter().zip(pending).take_while(|(a, b)| a == b).count()
+}
+
+/// The first turn's start from the prompt cache: the longest kept state `pending` begins with is
+/// restored into `session`, then the prompt is run up to the system turn's end and that state
+/// kept. Gives where the rest of the prompt starts, and the kept logits when nothing is left.
+fn first_turn_from_cache(
+    engine: &Engine<'_>,
+    cache: &mut PromptCache,
+    session: &mut Session,
+    pending: &[u32],
+    boundary: usize,
+    stats: bool,
+) -> Result<(usize, Option<Vec<f32>>)> {
+    let (restored_session, logits, restored) = crate::prompt_cache::start(Some(&mut *cache), engine, pending);
+    *session = restored_session;
+    if stats {
+        eprintln!("{}", cache.describe(restored, pending.len()));
+    }
+    let mut from = restored.tokens;
+    if boundary > from && boundary < pending.len() {
+        for c in pending[from..boundary].chunks(engine.prefill_chunk().max(1)) {
+            engine.forward_last(session, c)?;
+        }
+        cache.keep(engine, session, None);
+        from = boundary;
+    }
+    Ok((from, logits))
+}
