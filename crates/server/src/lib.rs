@@ -16,6 +16,7 @@ pub mod listen;
 pub mod logprobs;
 pub mod metrics;
 pub mod ollama;
+pub mod page;
 pub mod prefix;
 pub mod reqlog;
 pub mod routes;
@@ -116,6 +117,7 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         fail(&status, format!("could not start the scheduler thread: {e}"));
     }
     let router = Router::new()
+        .route("/", get(page::chat))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .route("/v1/models", get(routes::models))

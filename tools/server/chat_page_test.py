@@ -1,0 +1,84 @@
+"""The chat page at `/` in headless Chromium (Debian's `chromium` package, driven by Playwright
+from PyPI with `executable_path`, so no browser is downloaded): the page asks for the API key,
+a message goes out and a streamed answer renders, a thinking model's thinking shows apart in a
+collapsed section, Stop ends an answer, New chat empties the page, and the page fetches nothing
+but this server. Saves a screenshot. Run by .ci/run when Chromium is installed (or installable):
+
+    python tools/server/chat_page_test.py target/debug/k3-cli fixtures/default.waste SCREENSHOT.png [TOOL_CALLER]
+"""
+
+import os
+import sys
+
+from playwright.sync_api import expect, sync_playwright
+
+from k3serve import serve
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+
+def open_page(browser, base):
+    page = browser.new_page()
+    outside = []
+    page.on("request", lambda r: None if r.url.startswith(base) else outside.append(r.url))
+    page.goto(base + "/")
+    return page, outside
+
+
+def main() -> None:
+    cli, model, shot = sys.argv[1], sys.argv[2], sys.argv[3]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        with serve(cli, model) as base:
+            page, outside = open_page(browser, base)
+            expect(page.locator("#model")).to_have_text("enter the API key")
+            page.fill("#key", "sesame")
+            page.dispatch_event("#key", "change")
+            expect(page.locator("#model")).to_have_text("default")
+            page.fill("#max", "40")
+            page.dispatch_event("#max", "change")
+            page.fill("#prompt", "In the beginning")
+            page.press("#prompt", "Enter")
+            expect(page.locator(".user")).to_have_text("In the beginning")
+            # A short answer: the page notes that it was cut at the limit.
+            answer = page.locator(".assistant .answer").first
+            expect(answer).not_to_be_empty(timeout=60_000)
+            expect(page.locator("#send")).to_be_visible(timeout=120_000)
+            page.screenshot(path=shot, full_page=True)
+            first = answer.inner_text()
+            assert first.strip(), "an answer rendered"
+            expect(page.locator(".note")).to_contain_text("cut at its length limit")
+
+            # A second message keeps the conversation; Stop ends a long answer.
+            page.fill("#max", "")
+            page.dispatch_event("#max", "change")
+            page.fill("#prompt", "And God said")
+            page.press("#prompt", "Enter")
+            expect(page.locator(".assistant .answer").nth(1)).not_to_be_empty(timeout=60_000)
+            page.click("#stop")
+            expect(page.locator(".note").last).to_have_text("(stopped)")
+            expect(page.locator("#send")).to_be_visible()
+            page.click("#new")
+            expect(page.locator(".msg")).to_have_count(0)
+            assert not outside, f"the page fetched {outside}"
+            print(f"chat page: key, a streamed answer ({len(first)} characters), stop, new chat ok; screenshot {shot}")
+        if len(sys.argv) > 4:
+            with serve(cli, sys.argv[4]) as base:
+                page, outside = open_page(browser, base)
+                page.fill("#key", "sesame")
+                page.dispatch_event("#key", "change")
+                page.fill("#prompt", "Weather?")
+                page.press("#prompt", "Enter")
+                expect(page.locator("#send")).to_be_visible(timeout=60_000)
+                details = page.locator(".assistant details")
+                expect(details).to_have_count(1)
+                assert details.get_attribute("open") is None, "thinking starts collapsed"
+                assert "The user wants the weather." in details.inner_text() or details.locator("div").text_content()
+                expect(page.locator(".assistant .answer")).to_contain_text("Let me check the weather.")
+                assert not outside, f"the page fetched {outside}"
+                print("chat page: thinking shown apart (collapsed) ok")
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()
