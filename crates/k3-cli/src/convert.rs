@@ -62,12 +62,13 @@ pub struct ConvertArgs {
     /// Number of expert shard files (at most one per expert record).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub shards: u16,
-    /// Stripe the shards over these directories (one per drive; created if missing); repeat the flag.
+    /// Stripe the shards over these directories (one per drive; created if missing); repeat the flag
+    /// [default: none: every shard beside the header in --out].
     #[arg(long = "shard-dir")]
     pub shard_dirs: Vec<PathBuf>,
     /// Calibrate VQ experts on this text: the source model reads it (a checkpoint is converted as
     /// stored first, beside the output), each expert's inputs are sampled, and its matrices are
-    /// encoded to minimize the error on them.
+    /// encoded to minimize the error on them [default: none: uncalibrated].
     #[arg(long)]
     pub calibrate: Option<PathBuf>,
     /// Tokens of the calibration text to run (in 256-token windows spread evenly over the text).

@@ -26,7 +26,8 @@ pub struct GenerateArgs {
     /// The most tokens to generate.
     #[arg(short = 'n', long, default_value_t = 64)]
     max_tokens: u64,
-    /// Stop before this text (repeat the flag for several); the text is not printed.
+    /// Stop before this text (repeat the flag for several); the text is not printed [default:
+    /// none: the end of the message, --max-tokens or a full context stops].
     #[arg(long = "stop", value_name = "TEXT")]
     stop: Vec<String>,
     /// Go on past the end-of-message token, to exactly --max-tokens (for benchmarks).
@@ -35,7 +36,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Write each generated token's log-probability, with the N most likely alternatives, into
-    /// --stats-json's `logprobs` (the model's log-softmax, before any sampling setting; 0..=20).
+    /// --stats-json's `logprobs` (the model's log-softmax, before any sampling setting; 0..=20)
+    /// [default: off].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=20), requires = "stats_json")]
     logprobs: Option<u16>,
     /// Prompt tokens per forward call (prefill chunk) [default: the engine's choice: small for a

@@ -42,7 +42,8 @@ enum Command {
     Inspect {
         #[command(flatten)]
         model: ModelPath,
-        /// Other directories holding expert shards (one per drive); repeat the flag.
+        /// Other directories holding expert shards (one per drive); repeat the flag [default: none:
+        /// shards are looked for beside the model's header].
         #[arg(long = "shard-dir", value_name = "DIR")]
         shard_dirs: Vec<PathBuf>,
         /// Print one JSON object instead of a table (it lists every trunk tensor too).
@@ -56,7 +57,8 @@ enum Command {
     Verify {
         #[command(flatten)]
         model: ModelPath,
-        /// Other directories holding expert shards (one per drive); repeat the flag.
+        /// Other directories holding expert shards (one per drive); repeat the flag [default: none:
+        /// shards are looked for beside the model's header].
         #[arg(long = "shard-dir", value_name = "DIR")]
         shard_dirs: Vec<PathBuf>,
     },
@@ -112,7 +114,7 @@ struct ModelPath {
     /// The model directory (default: the default model compiled into k3-cli).
     #[arg(value_name = "MODEL")]
     path: Option<PathBuf>,
-    /// The model directory, as a switch (the same as the argument).
+    /// The model directory, as a switch (the same as the argument) [default: the default model].
     #[arg(short = 'm', long = "model", value_name = "MODEL", conflicts_with = "path")]
     model: Option<PathBuf>,
 }
@@ -127,7 +129,7 @@ impl ModelPath {
 #[derive(clap::Args)]
 struct TokenizerSource {
     /// A `tiktoken.model` file (its `tokenizer_config.json` alongside, if any), a Hugging Face
-    /// `tokenizer.json`, or a WASTE model directory (the tokenizer it embeds).
+    /// `tokenizer.json`, or a WASTE model directory (the tokenizer it embeds) [default: --model's].
     #[arg(long, value_name = "PATH")]
     tokenizer: Option<PathBuf>,
     /// The model whose tokenizer to use (default: the default model compiled into k3-cli).

@@ -24,7 +24,7 @@ pub struct PerplexityArgs {
     /// Also compare with this model's predictions (the same text and windows): how often both
     /// models' most likely next token agree, and the mean KL divergence from it. The reference
     /// runs with exact activations, so `--activations int8 --against` the same model measures
-    /// what int8 activations cost.
+    /// what int8 activations cost [default: none].
     #[arg(long, value_name = "MODEL")]
     against: Option<PathBuf>,
     /// Print one JSON object instead of a line.

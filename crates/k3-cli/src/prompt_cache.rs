@@ -15,7 +15,7 @@ pub struct PromptCacheArgs {
     /// Keep prompt states in DIR (created private to you if missing) and start from the longest
     /// one this prompt begins with: a long system prompt or document is computed once, then
     /// restored from disk. Files of another model or version are left alone; a damaged one is
-    /// removed and its prompt computed.
+    /// removed and its prompt computed [default: off].
     #[arg(long, value_name = "DIR")]
     prompt_cache: Option<PathBuf>,
     /// The most bytes the files in --prompt-cache may take (the least recently used go first).

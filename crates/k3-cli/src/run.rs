@@ -47,7 +47,8 @@ pub struct EngineKnobs {
     /// nothing has touched since; expert records are always checked as they are read).
     #[arg(long)]
     pub no_verify: bool,
-    /// Other directories holding expert shards (one per drive); repeat the flag.
+    /// Other directories holding expert shards (one per drive); repeat the flag [default: none:
+    /// shards are looked for beside the model's header].
     #[arg(long = "shard-dir", value_name = "DIR")]
     pub shard_dirs: Vec<PathBuf>,
 }
@@ -60,14 +61,14 @@ pub struct EngineArgs {
     /// Print a summary of the run's statistics (to standard error).
     #[arg(long)]
     pub stats: bool,
-    /// Write the run's statistics as JSON to this file.
+    /// Write the run's statistics as JSON to this file [default: none].
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
     /// Print the memory plan and the load-time checks (to standard error).
     #[arg(long)]
     pub verbose: bool,
     /// Expert usage counts: the hottest experts in it are pinned in the cache, and this run's
-    /// routing is added to it at the end (created if missing).
+    /// routing is added to it at the end (created if missing) [default: none].
     #[arg(long, value_name = "FILE")]
     pub usage_history: Option<PathBuf>,
 }

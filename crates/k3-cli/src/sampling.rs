@@ -42,7 +42,8 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "N", default_value_t = 64, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i64).range(-1..))]
     repeat_last_n: i64,
-    /// Add BIAS to token ID's logit before sampling, e.g. 13=-inf bans token 13; repeat the flag.
+    /// Add BIAS to token ID's logit before sampling, e.g. 13=-inf bans token 13; repeat the flag
+    /// [default: none].
     #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias)]
     logit_bias: Vec<(u32, f32)>,
     /// Seed of the sampler: the same seed and settings give the same text [default: a fresh

@@ -40,16 +40,18 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8000)]
     port: u16,
     /// Require `Authorization: Bearer KEY` on every route but /health; repeat for one key per
-    /// user or app (each key's prefix-cache entries are its own).
+    /// user or app (each key's prefix-cache entries are its own) [default: none: no key is
+    /// asked for, so keep the server on 127.0.0.1].
     #[arg(long, value_name = "KEY")]
     api_key: Vec<String>,
     /// Read API keys from this file, one per line (blank lines and `#` comments skipped): keeps
-    /// them out of the process list.
+    /// them out of the process list [default: none].
     #[arg(long, value_name = "FILE")]
     api_key_file: Option<PathBuf>,
     /// A further name clients may reach the server by (the `Host` they send); repeat the flag.
     /// Loopback names (and, on an address bind, the address) are always allowed; others are
-    /// refused, which stops DNS-rebinding pages. `*` turns the check off.
+    /// refused, which stops DNS-rebinding pages. `*` turns the check off [default: loopback names
+    /// and the bound address only].
     #[arg(long = "allowed-host", value_name = "NAME")]
     allowed_hosts: Vec<String>,
     /// Let web pages from ORIGIN (e.g. http://localhost:3000) call the API from a browser;
@@ -78,7 +80,8 @@ pub struct ServeArgs {
     /// Keep prompt states on disk in DIR too (created private to you if missing): states at
     /// the chat template's boundaries and at prompts' ends are written as they are kept, the
     /// others when RAM drops them, and a restarted server resumes from them. Files of another
-    /// model or version are left alone; a damaged one is removed and its prompt computed.
+    /// model or version are left alone; a damaged one is removed and its prompt computed
+    /// [default: none: states are kept in RAM only].
     #[arg(long, value_name = "DIR")]
     prompt_cache_dir: Option<PathBuf>,
     /// The most bytes the state files in --prompt-cache-dir may take; the least recently used

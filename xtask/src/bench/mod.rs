@@ -96,7 +96,8 @@ pub enum Bench {
     /// What checking the trunk's checksums at load costs: xxh3 on 1 and every thread, a model's
     /// load with and without the check, and the projection for K3's trunk.
     Verify {
-        /// A WASTE model to load with and without the check.
+        /// A WASTE model to load with and without the check [default: none: the hash rates and
+        /// the K3 projection only].
         #[arg(long)]
         model: Option<PathBuf>,
         /// Repetitions (medians are reported).
@@ -136,11 +137,12 @@ pub enum Bench {
         /// Repetitions (medians are reported).
         #[arg(long, default_value_t = 7, value_parser = reps)]
         reps: usize,
-        /// Measure thread scaling on 1..N threads instead (the decode step's products).
+        /// Measure thread scaling on 1..N threads instead (the decode step's products) [default:
+        /// off].
         #[arg(long, value_name = "N", value_parser = |s: &str| bounded(s, 1, 1024))]
         threads: Option<usize>,
         /// Also the gate/up shape cut to these row counts (multiples of 32, comma-separated): a
-        /// kernel's fixed cost per call against its rate per row.
+        /// kernel's fixed cost per call against its rate per row [default: none].
         #[arg(long, value_name = "ROWS", value_delimiter = ',', value_parser = whole_blocks, conflicts_with = "threads")]
         rows: Vec<usize>,
         /// Print one JSON object instead of a table.
@@ -207,7 +209,8 @@ pub struct EngineRun {
     /// Repetitions, interleaved (medians are reported).
     #[arg(long, default_value_t = 3, value_parser = reps)]
     reps: usize,
-    /// Memory budget for the engine (e.g. 3G, for a model larger than memory).
+    /// Memory budget for the engine (e.g. 3G, for a model larger than memory) [default: the
+    /// engine's: an expert cache of up to half the memory available].
     #[arg(long, value_name = "SIZE")]
     mem: Option<String>,
     /// Print one JSON object instead of a table.

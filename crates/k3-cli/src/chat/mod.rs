@@ -34,7 +34,7 @@ pub struct ChatArgs {
     /// The model directory (default: the default model compiled into k3-cli).
     #[arg(short = 'm', long)]
     model: Option<PathBuf>,
-    /// A system prompt (/system TEXT changes it in the chat).
+    /// A system prompt (/system TEXT changes it in the chat) [default: none, or the template's own].
     #[arg(long)]
     system: Option<String>,
     /// Answer without a thinking section (K3 and thinking models; /set think off).
