@@ -4,6 +4,7 @@ pub mod attn;
 pub mod decode;
 pub mod encode;
 pub mod io;
+pub mod json_mask;
 pub mod kernels;
 pub mod peak;
 pub mod prompt_cache;
@@ -83,6 +84,16 @@ pub enum Bench {
         question: usize,
         #[command(flatten)]
         run: EngineRun,
+    },
+    /// What constrained JSON (json_object, json_schema) costs per token: the vocabulary mask
+    /// against the sampling step, on a 200k and a 4k vocabulary.
+    JsonMask {
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 5, value_parser = reps)]
+        reps: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// KDA and MLA decode at K3's dimensions next to their memory-traffic bounds.
     Attn {
@@ -174,6 +185,7 @@ pub fn run(what: Bench) -> Result<()> {
             (io::run(&o, json)?, json)
         }
         Bench::Attn { reps, json } => (attn::run(reps, json), json),
+        Bench::JsonMask { reps, json } => (json_mask::run(reps, json)?, json),
         Bench::Serve { model, clients, tokens, run } => {
             let clients = crate::thread_list(Some(&clients))?;
             let (reps, mem) = (run.reps, run.mem()?);
