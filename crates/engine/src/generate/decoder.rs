@@ -183,7 +183,7 @@ impl<'t> Decoder<'t> {
         }
         if let Some((prefix, end, texts)) = self.calls.as_ref().and_then(|(c, t)| c.active().map(|(p, e)| (p, e, t))) {
             // A strict call's arguments; once whole, only the marker that ends the call.
-            let extra = if prefix.complete() { vec![end] } else { Vec::new() };
+            let extra: Vec<u32> = end.filter(|_| prefix.complete()).into_iter().collect();
             let masked = mask(logits, texts, |t| prefix.accepts(t), &extra);
             return self.sampler.sample(&masked);
         }
@@ -210,7 +210,8 @@ impl<'t> Decoder<'t> {
             self.thought += 1;
         }
         if let Some((calls, texts)) = &mut self.calls {
-            calls.observe(id, texts.get(id as usize).and_then(Option::as_deref).unwrap_or(""));
+            let forced = calls.observe(id, texts.get(id as usize).and_then(Option::as_deref).unwrap_or(""));
+            self.forced.extend(forced);
         }
         self.produced += 1;
         self.sampler.observe(&[id]);

@@ -1,35 +1,60 @@
-//! Strict tools (`"strict": true`): a call's arguments constrained to its function's parameter
-//! schema as the model writes them, in Kimi's `im_` markup (Kimi-Linear, K2): after
-//! `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>`, only tokens that keep
-//! the arguments a value NAME's schema allows, then only `<|tool_call_end|>`.
+//! Strict tools (`"strict": true`): a call's arguments held to its function's parameter schema as
+//! the model writes them.
+//!
+//! - Kimi's `im_` markup (Kimi-Linear, K2): after
+//!   `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>`, only tokens that keep the
+//!   arguments a value NAME's schema allows, then only `<|tool_call_end|>`.
+//! - K3's XTML: once `<|open|>call tool="NAME" ...<|sep|>` names a strict function, the call's
+//!   arguments are written in the format's `json` form (`<|open|>json type="object"<|sep|>`, one
+//!   JSON object, `<|close|>json<|sep|>`, which K3's template also writes and the call reader
+//!   reads): the markup around the object is written for the model, the object is constrained,
+//!   and the call is closed for it when the object is whole.
 
 use std::sync::Arc;
 
 use crate::EngineError;
+use crate::config::Family;
 use crate::json_schema::{JsonSchema, SchemaPrefix};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]
 enum State {
     Outside,
-    /// The call's id so far (`functions.NAME:IDX`).
-    Id(String),
+    /// `im_`: the call's id so far (`functions.NAME:IDX`); XTML: a tag's text so far.
+    Collecting(String),
     /// Inside a strict function's arguments.
     Arguments(Box<SchemaPrefix>),
     /// Inside the arguments of a function that is not strict.
     Free,
 }
 
+/// The markup's tokens.
+#[derive(Debug, Clone)]
+enum Markup {
+    /// `<|tool_call_begin|>`, `<|tool_call_argument_begin|>`, `<|tool_call_end|>`.
+    Im([u32; 3]),
+    Xtml {
+        open: u32,
+        sep: u32,
+        /// `<|open|>json type="object"<|sep|>`, written for the model.
+        json_open: Vec<u32>,
+        /// `<|close|>json<|sep|><|close|>call<|sep|>`.
+        json_close: Vec<u32>,
+    },
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct StrictCalls {
     schemas: Vec<(String, Arc<JsonSchema>)>,
-    /// `<|tool_call_begin|>`, `<|tool_call_argument_begin|>`, `<|tool_call_end|>`.
-    markers: [u32; 3],
+    markup: Markup,
     state: State,
+    /// Tokens still to come that the decoder writes for the model (not the model's).
+    skip: usize,
 }
 
 impl StrictCalls {
-    /// `None` without strict tools; an error when the model writes calls in another markup.
+    /// `None` without strict tools; the markup is the tokenizer's (`im_` markers, else K3's); an
+    /// error when it has neither.
     pub(super) fn new(tok: &Tokenizer, schemas: &[(String, Arc<JsonSchema>)]) -> Result<Option<Self>, EngineError> {
         if schemas.is_empty() {
             return Ok(None);
@@ -39,34 +64,70 @@ impl StrictCalls {
                 EngineError::Input(format!("strict tools need the `{name}` marker, which this model's tokenizer lacks"))
             })
         };
-        let markers = [m("<|tool_call_begin|>")?, m("<|tool_call_argument_begin|>")?, m("<|tool_call_end|>")?];
-        Ok(Some(StrictCalls { schemas: schemas.to_vec(), markers, state: State::Outside }))
+        let family = if tok.special("<|tool_call_begin|>").is_some() { Family::KimiLinear } else { Family::KimiK3 };
+        let markup = match family {
+            Family::KimiK3 => {
+                let (open, close, sep) = (m("<|open|>")?, m("<|close|>")?, m("<|sep|>")?);
+                let mut json_open = vec![open];
+                json_open.extend(tok.encode("json type=\"object\""));
+                json_open.push(sep);
+                let mut json_close = vec![close];
+                json_close.extend(tok.encode("json"));
+                json_close.extend([sep, close]);
+                json_close.extend(tok.encode("call"));
+                json_close.push(sep);
+                Markup::Xtml { open, sep, json_open, json_close }
+            }
+            Family::KimiLinear | Family::DeepseekV3 => {
+                Markup::Im([m("<|tool_call_begin|>")?, m("<|tool_call_argument_begin|>")?, m("<|tool_call_end|>")?])
+            }
+        };
+        Ok(Some(StrictCalls { schemas: schemas.to_vec(), markup, state: State::Outside, skip: 0 }))
     }
 
-    /// Inside a strict call's arguments: what they are checked against, and the id that ends
-    /// them (allowed once they are complete).
-    pub(super) fn active(&self) -> Option<(&SchemaPrefix, u32)> {
-        match &self.state {
-            State::Arguments(p) => Some((p, self.markers[2])),
+    /// Inside a strict call's arguments: what they are checked against, and the id allowed once
+    /// they are whole (`im_`'s end marker; XTML closes the call itself).
+    pub(super) fn active(&self) -> Option<(&SchemaPrefix, Option<u32>)> {
+        match (&self.state, &self.markup) {
+            (State::Arguments(p), Markup::Im([_, _, end])) => Some((p, Some(*end))),
+            (State::Arguments(p), Markup::Xtml { .. }) if self.skip == 0 => Some((p, None)),
             _ => None,
         }
     }
 
-    /// Token `id` (text `text`, empty for markers) was written.
-    pub(super) fn observe(&mut self, id: u32, text: &str) {
-        let [begin, arguments, end] = self.markers;
+    fn schema(&self, name: &str) -> Option<&Arc<JsonSchema>> {
+        self.schemas.iter().find(|(n, _)| n == name).map(|(_, s)| s)
+    }
+
+    /// Token `id` (text `text`, empty for markers) was written; returns the tokens to write for
+    /// the model next.
+    pub(super) fn observe(&mut self, id: u32, text: &str) -> Vec<u32> {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return Vec::new();
+        }
+        match self.markup.clone() {
+            Markup::Im(markers) => {
+                self.im(id, text, markers);
+                Vec::new()
+            }
+            Markup::Xtml { open, sep, json_open, json_close } => self.xtml(id, text, open, sep, json_open, json_close),
+        }
+    }
+
+    fn im(&mut self, id: u32, text: &str, [begin, arguments, end]: [u32; 3]) {
         self.state = match std::mem::replace(&mut self.state, State::Outside) {
-            _ if id == begin => State::Id(String::new()),
-            State::Id(name) if id == arguments => {
+            _ if id == begin => State::Collecting(String::new()),
+            State::Collecting(name) if id == arguments => {
                 let name = crate::toolcall::im::name_of(name.trim()).unwrap_or_default();
-                match self.schemas.iter().find(|(n, _)| n == name) {
-                    Some((_, schema)) => State::Arguments(Box::new(schema.prefix())),
+                match self.schema(name) {
+                    Some(schema) => State::Arguments(Box::new(schema.prefix())),
                     None => State::Free,
                 }
             }
-            State::Id(mut name) => {
+            State::Collecting(mut name) => {
                 name.push_str(text);
-                State::Id(name)
+                State::Collecting(name)
             }
             State::Arguments(mut p) if id != end => {
                 p.push_str(text);
@@ -75,5 +136,103 @@ impl StrictCalls {
             State::Free if id != end => State::Free,
             _ => State::Outside,
         };
+    }
+
+    fn xtml(
+        &mut self,
+        id: u32,
+        text: &str,
+        open: u32,
+        sep: u32,
+        json_open: Vec<u32>,
+        json_close: Vec<u32>,
+    ) -> Vec<u32> {
+        match std::mem::replace(&mut self.state, State::Outside) {
+            State::Arguments(mut p) => {
+                p.push_str(text);
+                if p.complete() {
+                    // The object is whole: the json element and the call are closed for it.
+                    self.skip = json_close.len();
+                    return json_close;
+                }
+                self.state = State::Arguments(p);
+            }
+            _ if id == open => self.state = State::Collecting(String::new()),
+            State::Collecting(tag) if id == sep => {
+                let strict = crate::toolcall::xtml::parse_tag(&tag)
+                    .filter(|(name, _)| *name == "call")
+                    .and_then(|(_, attrs)| attrs.into_iter().find(|(k, _)| k == "tool").map(|(_, v)| v))
+                    .and_then(|tool| self.schema(&tool).cloned());
+                if let Some(schema) = strict {
+                    self.state = State::Arguments(Box::new(schema.prefix()));
+                    self.skip = json_open.len();
+                    return json_open;
+                }
+            }
+            State::Collecting(mut tag) => {
+                tag.push_str(text);
+                self.state = State::Collecting(tag);
+            }
+            _ => {}
+        }
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::toolcall::{Piece, ToolCallReader};
+
+    /// o200k's ranks with K3's markup as special tokens (as in `text`'s tests).
+    fn k3_tokenizer() -> Tokenizer {
+        let ranks = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/tokenizer/o200k_base.tiktoken"))
+            .expect("the tokenizer fixture");
+        let names = ["<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>"];
+        let added: serde_json::Map<String, serde_json::Value> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| ((200_000 + i).to_string(), serde_json::json!({"content": n})))
+            .collect();
+        let cfg = serde_json::to_vec(&serde_json::json!({"added_tokens_decoder": added})).expect("json");
+        Tokenizer::from_tiktoken(&ranks, Some(&cfg), crate::tokenizer::KIMI_PATTERN).expect("tokenizer")
+    }
+
+    /// A K3 call to a strict tool: the json form is written for the model, the object is held to
+    /// the schema, the call is closed for it, and K3's call reader reads the call back.
+    #[test]
+    fn a_k3_strict_call_is_written_in_the_json_form_and_read_back() {
+        let tok = k3_tokenizer();
+        let schema = serde_json::json!({"type": "object", "properties": {"city": {"enum": ["Oslo"]}},
+            "required": ["city"], "additionalProperties": false});
+        let schemas = vec![("get_weather".to_string(), Arc::new(JsonSchema::compile(&schema).unwrap()))];
+        let mut strict = StrictCalls::new(&tok, &schemas).unwrap().unwrap();
+        let mut reader = ToolCallReader::new(&tok, Family::KimiK3).unwrap();
+        let mut pieces = Vec::new();
+        let mut write = |ids: &[u32], strict: &mut StrictCalls, pieces: &mut Vec<Piece>| -> Vec<u32> {
+            let mut forced = Vec::new();
+            for &id in ids {
+                let text = tok.token_texts().get(id as usize).cloned().flatten().unwrap_or_default();
+                forced.extend(strict.observe(id, &text));
+                pieces.extend(reader.push(&tok, id, &text));
+            }
+            forced
+        };
+        let opening =
+            tok.encode_with_specials("<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>");
+        let forced = write(&opening, &mut strict, &mut pieces);
+        assert_eq!(forced, tok.encode_with_specials("<|open|>json type=\"object\"<|sep|>"));
+        assert!(strict.active().is_none(), "the forced markup is not constrained");
+        assert!(write(&forced, &mut strict, &mut pieces).is_empty());
+        let (p, _) = strict.active().expect("inside the arguments");
+        assert!(!p.accepts("{\"city\":\"Paris\"}") && p.accepts("{\"city\":\"Oslo\"}"));
+        let forced = write(&tok.encode("{\"city\":\"Oslo\"}"), &mut strict, &mut pieces);
+        assert_eq!(forced, tok.encode_with_specials("<|close|>json<|sep|><|close|>call<|sep|>"));
+        write(&forced, &mut strict, &mut pieces);
+        write(&tok.encode_with_specials("<|close|>tools<|sep|>"), &mut strict, &mut pieces);
+        let calls: Vec<_> = pieces.iter().filter_map(|p| if let Piece::Call(c) = p { Some(c) } else { None }).collect();
+        assert_eq!(calls.len(), 1, "{pieces:?}");
+        assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("get_weather", "{\"city\":\"Oslo\"}"));
+        assert!(strict.active().is_none());
     }
 }

@@ -5,7 +5,7 @@
 //! malformed or cut off ends as the text it was, never as an error.
 
 pub(crate) mod im;
-mod xtml;
+pub(crate) mod xtml;
 
 use crate::config::Family;
 use crate::tokenizer::Tokenizer;

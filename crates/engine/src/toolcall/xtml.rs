@@ -207,7 +207,7 @@ fn type_name(v: &serde_json::Value) -> &'static str {
 }
 
 /// `NAME ATTR="VALUE" ...` into the name and attributes (values unescaped); `None` if malformed.
-fn parse_tag(tag: &str) -> Option<(&str, Vec<(String, String)>)> {
+pub(crate) fn parse_tag(tag: &str) -> Option<(&str, Vec<(String, String)>)> {
     let (name, mut rest) = tag.split_once(' ').map_or((tag, ""), |(n, r)| (n, r));
     let mut attrs = Vec::new();
     loop {

@@ -241,14 +241,6 @@ impl ChatRequest {
         let messages = self.messages.iter().enumerate().map(|(i, m)| m.to_message(i)).collect::<Result<Vec<_>, _>>()?;
         let t = self.tools(&messages, tok, info)?;
         let (tools, tool_choice) = (t.declared.as_deref(), t.choice);
-        if let (Family::KimiK3, Some((_, _, i))) = (info.family, t.strict.first()) {
-            // K3 writes arguments as typed XTML elements, not JSON: no schema can be held to.
-            return Err(ApiError::bad(
-                &format!("tools[{i}].function.strict"),
-                "strict tools are enforced for models that write calls as JSON (Kimi-Linear, K2); \
-                 K3's typed calls are not constrained yet: send strict: false",
-            ));
-        }
         let think = self.think(info)?;
         let format = ChatFormat::new(tok, info.family);
         let internal = |e: k3_engine::tokenizer::TokenizerError| {
