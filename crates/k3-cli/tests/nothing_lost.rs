@@ -332,7 +332,7 @@ fn ctrl_c_stops_generation_and_keeps_the_statistics() {
 fn a_chat_answer_cut_short_says_so() {
     let (ok, out, err) = k3_stdin(&["chat", "--max-tokens", "2", "--temperature", "0"], "Hello\n");
     assert!(ok, "{err}");
-    assert!(err.contains("[answer cut at --max-tokens 2]"), "{err}");
+    assert!(err.contains("[answer cut at --max-tokens 2: "), "{err}");
     assert_eq!(out.lines().count(), 1, "{out:?}");
 }
 

@@ -350,8 +350,10 @@ impl Turn<'_, '_> {
         said.thinking = (!a.thinking.is_empty()).then(|| a.thinking.clone());
         chat.messages.push(said);
         match a.finish {
-            Some(Finish::Length) => style
-                .note(&format!("[answer cut at max_tokens {}: /set max_tokens N for more]", chat.params.max_tokens)),
+            Some(Finish::Length) => style.note(&format!(
+                "[answer cut at --max-tokens {}: /set max_tokens N allows more]",
+                chat.params.max_tokens
+            )),
             Some(Finish::Cancelled) => style.note("[stopped]"),
             Some(Finish::ContextFull) => style.note(&format!(
                 "[answer cut: the context of {context} tokens is full: /clear starts a new conversation]"
