@@ -8,6 +8,7 @@ pub mod json_mask;
 pub mod kernels;
 pub mod peak;
 pub mod prompt_cache;
+pub mod routing;
 pub mod serve;
 pub mod threads;
 pub mod timeline;
@@ -91,6 +92,26 @@ pub enum Bench {
         /// Repetitions (medians are reported).
         #[arg(long, default_value_t = 5, value_parser = reps)]
         reps: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A model's routing statistics (next-token reuse, union factors, weight by rank, flatness,
+    /// overlap of two texts, lookahead recall) next to the published K3 figures.
+    Routing {
+        /// The WASTE model [default: fixtures/default.waste].
+        #[arg(long, default_value = "fixtures/default.waste")]
+        model: PathBuf,
+        /// The text whose start and second half are the two prompts [default:
+        /// fixtures/default-model/heldout.txt; a model without a tokenizer gets seeded random ids].
+        #[arg(long, value_name = "FILE")]
+        prompt_file: Option<PathBuf>,
+        /// Tokens of each prompt.
+        #[arg(long, default_value_t = 512, value_parser = |s: &str| bounded(s, 32, 1 << 20))]
+        prompt_tokens: usize,
+        /// Tokens decoded greedily after the first prompt.
+        #[arg(long, default_value_t = 64, value_parser = |s: &str| bounded(s, 4, 1 << 20))]
+        tokens: usize,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -186,6 +207,10 @@ pub fn run(what: Bench) -> Result<()> {
         }
         Bench::Attn { reps, json } => (attn::run(reps, json), json),
         Bench::JsonMask { reps, json } => (json_mask::run(reps, json)?, json),
+        Bench::Routing { model, prompt_file, prompt_tokens, tokens, json } => {
+            let o = routing::Options { model, prompt_file, prompt_tokens, decode_tokens: tokens };
+            (routing::run(&o, json)?, json)
+        }
         Bench::Serve { model, clients, tokens, run } => {
             let clients = crate::thread_list(Some(&clients))?;
             let (reps, mem) = (run.reps, run.mem()?);

@@ -93,8 +93,12 @@ impl Engine<'_> {
                 session.usage.record((li as u32, e));
             }
             if let Some(tr) = session.routing_trace.as_mut() {
-                let routed =
-                    RoutedToken { position: session.ids.len() + t, layer: li as u32, experts: r.experts.clone() };
+                let routed = RoutedToken {
+                    position: session.ids.len() + t,
+                    layer: li as u32,
+                    experts: r.experts.clone(),
+                    weights: r.weights.clone(),
+                };
                 match session.pending.as_mut() {
                     Some(p) => p.routes.push(routed),
                     None => tr.push(routed),

@@ -13,11 +13,13 @@ pub enum LayerState {
 }
 
 /// The experts one token chose at one MoE layer, in routing order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RoutedToken {
     pub position: usize,
     pub layer: u32,
     pub experts: Vec<u32>,
+    /// The experts' routing weights, in the same order.
+    pub weights: Vec<f32>,
 }
 
 /// The state of one sequence.
