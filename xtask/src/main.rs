@@ -71,6 +71,11 @@ enum Task {
         /// Routed expert encoding [default: the preset's: int4 for k2-proxy, else mxfp4].
         #[arg(long, value_enum)]
         experts: Option<k3_cli::convert::Experts>,
+        /// How the MoE layers route: `weights` (the random router; the preset's own) or
+        /// `k3-like` (a seeded process with K3's published reuse statistics: next-token reuse,
+        /// union factors, weight by rank, flat usage; see `cargo xtask bench routing`).
+        #[arg(long, default_value = "weights", value_parser = ["weights", "k3-like"])]
+        routing: String,
     },
     /// Encoding error of MXFP4, RTN 3-bit and the VQ codecs on real and K3-shaped weights.
     Quality {
@@ -139,7 +144,7 @@ fn real_main() -> Result<()> {
     match Cli::parse().task {
         Task::Quality { data, max_layers, k3, json } => quality::run(&data, max_layers.unwrap_or(usize::MAX), k3, json),
         Task::Bench { what } => bench::run(what),
-        Task::Synth { preset, out, experts } => models::synth(&preset, &out, experts),
+        Task::Synth { preset, out, experts, routing } => models::synth(&preset, &out, experts, routing == "k3-like"),
         Task::Export { model, out } => models::export(&model, &out),
         Task::Convert(args) => k3_cli::convert::run(args),
     }

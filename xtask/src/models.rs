@@ -29,14 +29,15 @@ pub fn export(model: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>) -> Result<()> {
+pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>, k3_routing: bool) -> Result<()> {
     if preset == TOOL_CALLER {
         return tool_caller(out);
     }
-    let p = k3_convert::synth::preset(preset).with_context(|| {
+    let mut p = k3_convert::synth::preset(preset).with_context(|| {
         let names: Vec<&str> = k3_convert::synth::PRESETS.iter().map(|p| p.name).chain([TOOL_CALLER]).collect();
         format!("unknown preset `{preset}` (one of {})", names.join(", "))
     })?;
+    p.k3_routing |= k3_routing;
     let e = match experts {
         None | Some(Experts::Keep) => p.experts_default,
         Some(Experts::Vq3) => k3_convert::synth::SynthExperts::Vq3,

@@ -7,11 +7,14 @@
 //!   expert top-p. Ties go to the lower expert index.
 //! - [`lookahead`]: predicting layer l+1's experts during layer l, and measuring the predictions.
 //! - [`usage`]: per-(layer, expert) counts kept in a small file, for pinning the hottest experts.
+//! - [`synthetic`]: K3-like routing for synthetic models, a seeded process whose statistics
+//!   match the published K3 figures.
 //! - [`trace_stats`]: what a routing trace says about reuse (next-token reuse, union factors,
 //!   weight by rank, flatness, overlap of two texts), as the published K3 figures define it.
 
 pub mod lookahead;
 mod route;
+pub mod synthetic;
 pub mod trace_stats;
 pub mod usage;
 

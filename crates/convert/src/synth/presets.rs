@@ -34,6 +34,9 @@ pub struct Preset {
     pub kv_lora: usize,
     /// One router for every MoE layer and small residual updates: predictable routing.
     pub predictable_routing: bool,
+    /// Routed by the K3-like process (`k3_router::synthetic`) instead of the random router: K3's
+    /// next-token reuse, union factors, weight by rank and flat usage.
+    pub k3_routing: bool,
 }
 
 /// 896 experts, 16 active, like K3; 6 MoE layers of 5.0 MB MXFP4 records = 27 GB of shards.
@@ -55,6 +58,7 @@ const K3_PROXY: Preset = Preset {
     q_lora: 512,
     kv_lora: 512,
     predictable_routing: false,
+    k3_routing: false,
 };
 
 /// K3's architecture small enough to live in memory here (1.8 GB, every expert cached), so decode
@@ -77,6 +81,7 @@ const K3_MEDIUM: Preset = Preset {
     q_lora: 512,
     kv_lora: 512,
     predictable_routing: false,
+    k3_routing: false,
 };
 
 /// Kimi K2-Thinking's routed experts (384, 8 active, hidden 7168, width 2048, INT4 in groups of
@@ -101,6 +106,7 @@ const K2_PROXY: Preset = Preset {
     q_lora: 1536,
     kv_lora: 512,
     predictable_routing: false,
+    k3_routing: false,
 };
 
 /// K2's architecture in seconds, for tests.
@@ -120,7 +126,7 @@ const K2_TINY: Preset = Preset {
     ..K2_PROXY
 };
 
-pub const PRESETS: [Preset; 6] = [
+pub const PRESETS: [Preset; 8] = [
     Preset {
         name: "k3-tiny",
         arch: SynthArch::K3,
@@ -139,10 +145,35 @@ pub const PRESETS: [Preset; 6] = [
         q_lora: 96,
         kv_lora: 64,
         predictable_routing: false,
+        k3_routing: false,
     },
     K3_PROXY,
     // The same sizes and I/O per token, with routing a lookahead can predict (module docs).
     Preset { name: "k3-proxy-routed", predictable_routing: true, ..K3_PROXY },
+    // The same sizes and I/O per token, routed as K3 routes (issue #37).
+    Preset { name: "k3-proxy-k3routing", k3_routing: true, ..K3_PROXY },
+    // K3's routing shape (896 experts, top 16) routed as K3 routes, every width tiny (12 MB of
+    // expert records): for measuring routing itself in seconds.
+    Preset {
+        name: "k3-routing-tiny",
+        arch: SynthArch::K3,
+        experts_default: SynthExperts::Mxfp4,
+        layers: 4,
+        hidden: 128,
+        vocab: 512,
+        experts: 896,
+        top_k: 16,
+        latent: 64,
+        expert_width: 32,
+        dense_width: 128,
+        kda_heads: 2,
+        head_dim: 32,
+        mla_heads: 2,
+        q_lora: 64,
+        kv_lora: 64,
+        predictable_routing: false,
+        k3_routing: true,
+    },
     K3_MEDIUM,
     K2_TINY,
     K2_PROXY,
@@ -158,11 +189,22 @@ pub(super) fn is_mla(p: &Preset, i: u32) -> bool {
 
 /// The model's `config.json`.
 pub fn config_json(p: &Preset) -> serde_json::Value {
-    match p.arch {
+    let mut c = match p.arch {
         SynthArch::K3 => k3_config_json(p),
         SynthArch::K2 => k2_config_json(p),
+    };
+    if p.k3_routing {
+        let routing = serde_json::json!({"model": "k3-like", "seed": K3_ROUTING_SEED});
+        match c.get_mut("text_config") {
+            Some(t) => t["k3_synthetic_routing"] = routing,
+            None => c["k3_synthetic_routing"] = routing,
+        }
     }
+    c
 }
+
+/// The seed of the K3-like routing process in synthetic models.
+const K3_ROUTING_SEED: u64 = 37;
 
 /// K2's config.json layout (DeepSeek-V3 fields, K2's RoPE and routing constants).
 fn k2_config_json(p: &Preset) -> serde_json::Value {

@@ -134,6 +134,8 @@ pub struct TextConfig {
     pub scoring_func: Option<String>,
     #[serde(default = "one_f")]
     pub routed_scaling_factor: f64,
+    /// k3's own: a synthetic model routed by a process (see `k3_router::synthetic`).
+    pub k3_synthetic_routing: Option<SyntheticRouting>,
     pub num_attention_heads: Option<u32>,
     pub q_lora_rank: Option<u64>,
     pub kv_lora_rank: Option<u64>,
@@ -209,6 +211,17 @@ pub struct MoeDims {
     pub top_groups: usize,
     pub renormalize: bool,
     pub scaling: f32,
+    /// A synthetic model's K3-like routing process and its seed (config.json's
+    /// `k3_synthetic_routing`), used instead of the router's weights.
+    pub synthetic_routing: Option<u64>,
+}
+
+/// A synthetic model's routing process (`"k3_synthetic_routing": {"model": "k3-like", "seed": N}`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyntheticRouting {
+    pub model: String,
+    pub seed: u64,
 }
 
 /// The gated activation of every MLP.
@@ -281,6 +294,13 @@ impl TextConfig {
             top_groups: self.topk_group.max(1) as usize,
             renormalize: self.moe_renormalize,
             scaling: self.routed_scaling_factor as f32,
+            synthetic_routing: match &self.k3_synthetic_routing {
+                None => None,
+                Some(s) if s.model == "k3-like" => Some(s.seed),
+                Some(s) => {
+                    return Err(format!("k3_synthetic_routing.model: `{}` (the one process is k3-like)", s.model));
+                }
+            },
         })
     }
 

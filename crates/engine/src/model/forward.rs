@@ -11,12 +11,13 @@ use k3_attn::{KdaRun, KdaSeq, MlaSeq};
 use k3_quant::Matrix;
 use k3_quant::vecops::rms_norm;
 use k3_router::Routing;
+use k3_router::synthetic::{K3Like, RowContext};
 
 use super::Engine;
 use super::attnres::mix;
 use super::layers::{Attn, Ffn, Layer};
 use super::lookahead::Guesses;
-use super::moe::Clock;
+use super::moe::{Clock, Rows};
 use super::session::{LayerState, Pending, Session};
 use super::stats::{RunStats, Span, SpanKind};
 use crate::EngineError;
@@ -67,6 +68,8 @@ struct Chunk {
     routings: Vec<Routing>,
     /// Per row: what the predictors said about the current layer.
     guesses: Vec<Guesses>,
+    /// Per row, for a model routed by a synthetic process: the tokens its routing depends on.
+    contexts: Vec<RowContext>,
 }
 
 impl Chunk {
@@ -168,6 +171,7 @@ impl<'m> Engine<'m> {
             blocks: vec![Vec::new(); n],
             routings: vec![Routing::default(); n],
             guesses: vec![[None, None]; n],
+            contexts: if self.synthetic_routing() { row_contexts(seqs) } else { Vec::new() },
         };
         if let Some(tr) = trace.as_deref_mut() {
             tr.clear();
@@ -342,7 +346,8 @@ impl<'m> Engine<'m> {
                     if earns { after_attention.iter().flatten().cloned().collect() } else { Vec::new() };
                 let mut spans = timeline(seqs).map(|_| Vec::new());
                 let mut clock = Clock { start: started, spans: &mut spans, layer: layer.index };
-                self.moe_chunk(layer, moe, &c.normed, &mut c.out, &mut c.routings, &predicted, step, &mut clock)?;
+                let rows = Rows { xs: &c.normed, contexts: &c.contexts };
+                self.moe_chunk(layer, moe, rows, &mut c.out, &mut c.routings, &predicted, step, &mut clock)?;
                 if let (Some(tl), Some(sp)) = (timeline(seqs), spans) {
                     tl.extend(sp);
                 }
@@ -396,4 +401,22 @@ impl<'m> Engine<'m> {
         }
         out
     }
+}
+
+/// Each row's context for a synthetic routing process: its position, its token and the two
+/// before it, and the tokens that start its topic segments.
+fn row_contexts(seqs: &[Seq<'_>]) -> Vec<RowContext> {
+    let mut out = Vec::new();
+    for s in seqs {
+        let history = &s.session.ids;
+        let id = |p: usize| if p < history.len() { history[p] } else { s.ids[p - history.len()] };
+        for j in 0..s.ids.len() {
+            let position = history.len() + j;
+            let back = |n: usize| position.checked_sub(n).map(id);
+            let segment_ids =
+                std::array::from_fn(|phase| id(K3Like::segment_start(phase as u32, position as u64) as usize));
+            out.push(RowContext { position: position as u64, ids: [back(0), back(1), back(2)], segment_ids });
+        }
+    }
+    out
 }

@@ -89,6 +89,8 @@ pub(crate) struct Moe<'m> {
     /// K3's latent projection: `down` to the expert width, `norm`, `up` back.
     pub latent: Option<(Matrix<'m>, Vec<f32>, Matrix<'m>)>,
     pub shared: Option<Mlp<'m>>,
+    /// A synthetic model's routing process, used instead of `gate` (`k3_router::synthetic`).
+    pub synthetic: Option<k3_router::synthetic::K3Like>,
 }
 
 // One per layer, built once: the size difference between variants costs nothing.
@@ -272,5 +274,6 @@ fn moe_layer<'m>(t: Trunk<'m>, i: u32, m: MoeDims, d: usize) -> Result<Moe<'m>, 
             m.experts
         )));
     }
-    Ok(Moe { router, gate, bias: vector_of(t.model, &n.bias, m.experts)?, latent, shared })
+    let synthetic = m.synthetic_routing.map(|seed| k3_router::synthetic::K3Like::new(&router, seed));
+    Ok(Moe { router, gate, bias: vector_of(t.model, &n.bias, m.experts)?, latent, shared, synthetic })
 }

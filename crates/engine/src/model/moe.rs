@@ -123,14 +123,27 @@ fn land(
     Ok(())
 }
 
+/// A chunk's rows as a MoE layer sees them: normed inputs `[n, d]`, and for a model routed by a
+/// synthetic process, each row's tokens.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub xs: &'a [f32],
+    pub contexts: &'a [k3_router::synthetic::RowContext],
+}
+
 impl<'m> Engine<'m> {
-    /// A MoE layer over a chunk of tokens (`xs` normed inputs `[n, d]`, `outs` `[n, d]`).
+    /// Whether the model's MoE layers are routed by a synthetic process.
+    pub(crate) fn synthetic_routing(&self) -> bool {
+        self.layers.iter().any(|l| matches!(&l.ffn, super::layers::Ffn::Moe(m) if m.synthetic.is_some()))
+    }
+
+    /// A MoE layer over a chunk of tokens (`rows`' normed inputs `[n, d]`, `outs` `[n, d]`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_chunk(
         &self,
         layer: &Layer<'m>,
         moe: &Moe<'m>,
-        xs: &[f32],
+        rows: Rows<'_>,
         outs: &mut [f32],
         routings: &mut [Routing],
         predicted: &[Vec<u32>],
@@ -138,7 +151,8 @@ impl<'m> Engine<'m> {
         clock: &mut Clock<'_>,
     ) -> Result<(), EngineError> {
         let t_moe = clock.now();
-        let keys = self.route_chunk(moe, xs, routings, layer.index);
+        let keys = self.route_chunk(moe, rows, routings, layer.index);
+        let xs = rows.xs;
         let io = self.io.as_ref().ok_or_else(|| EngineError::Input("the model has no expert shards".into()))?;
         let mut io = io.lock().map_err(|_| EngineError::Input("a previous expert read panicked".into()))?;
         let io = &mut *io;
@@ -226,13 +240,25 @@ impl<'m> Engine<'m> {
 
     /// Routes every token of the chunk (the gate as one product over the chunk); returns the
     /// chunk's distinct experts as cache keys, in order of first use.
-    fn route_chunk(&self, moe: &Moe<'_>, xs: &[f32], routings: &mut [Routing], layer: u32) -> Vec<Key> {
-        let e = moe.router.experts;
-        let mut logits = vec![0f32; routings.len() * e];
-        self.compute.matmul(&moe.gate, xs, &mut logits);
+    fn route_chunk(&self, moe: &Moe<'_>, rows: Rows<'_>, routings: &mut [Routing], layer: u32) -> Vec<Key> {
+        match &moe.synthetic {
+            // A synthetic model: the process routes, from the rows' tokens; no gate product.
+            Some(p) => {
+                for (ctx, r) in rows.contexts.iter().zip(routings.iter_mut()) {
+                    p.route(&moe.router, layer, ctx, r);
+                }
+            }
+            None => {
+                let e = moe.router.experts;
+                let mut logits = vec![0f32; routings.len() * e];
+                self.compute.matmul(&moe.gate, rows.xs, &mut logits);
+                for (l, r) in logits.chunks_exact(e).zip(routings.iter_mut()) {
+                    route(&moe.router, l, &moe.bias, r);
+                }
+            }
+        }
         let mut keys: Vec<Key> = Vec::new();
-        for (l, r) in logits.chunks_exact(e).zip(routings.iter_mut()) {
-            route(&moe.router, l, &moe.bias, r);
+        for r in routings.iter() {
             for &x in &r.experts {
                 if !keys.contains(&(layer, x)) {
                     keys.push((layer, x));

@@ -1,0 +1,72 @@
+//! A synthetic model routed by the K3-like process (`synth` preset `k3-routing-tiny`): the engine
+//! routes each row exactly as the process says for its tokens (checked against the process run
+//! directly, not through the engine), whether the prompt is fed in one chunk, token by token, or
+//! batched beside another sequence.
+
+use std::path::{Path, PathBuf};
+
+use k3_engine::{Engine, Model, Seq, Session};
+use k3_router::RouterConfig;
+use k3_router::synthetic::{K3Like, RowContext};
+
+fn model() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("k3-routing-tiny");
+        let _ = std::fs::remove_dir_all(&dir);
+        let p = k3_convert::synth::preset("k3-routing-tiny").unwrap();
+        k3_convert::synth::synth(&p, p.experts_default, &dir, &mut |_| {}).unwrap();
+        dir
+    })
+    .clone()
+}
+
+/// The trace as (position, layer) -> experts, sorted.
+fn routes(s: &Session) -> Vec<(usize, u32, Vec<u32>, Vec<f32>)> {
+    let mut t: Vec<_> =
+        s.routing_trace.clone().unwrap().into_iter().map(|r| (r.position, r.layer, r.experts, r.weights)).collect();
+    t.sort_by_key(|r| (r.0, r.1));
+    t
+}
+
+#[test]
+fn the_engine_routes_as_the_process_does_however_the_rows_are_fed() {
+    let model = Model::open(model()).unwrap();
+    let engine = Engine::load(&model).unwrap();
+    let ids: Vec<u32> = (0..150u32).map(|i| (i * 7919 + 13) % 512).collect();
+    let fresh = || {
+        let mut s = engine.session();
+        s.routing_trace = Some(Vec::new());
+        s
+    };
+    let mut whole = fresh();
+    engine.forward(&mut whole, &ids, None).unwrap();
+    let mut one_by_one = fresh();
+    for &id in &ids {
+        engine.forward(&mut one_by_one, &[id], None).unwrap();
+    }
+    let (mut a, mut b) = (fresh(), engine.session());
+    let other: Vec<u32> = (0..40u32).map(|i| (i * 31 + 5) % 512).collect();
+    engine
+        .forward_batch(&mut [
+            Seq::new(&mut a, &ids, k3_engine::Logits::Last),
+            Seq::new(&mut b, &other, k3_engine::Logits::Last),
+        ])
+        .unwrap();
+    let got = routes(&whole);
+    assert_eq!(got.len(), ids.len() * 3, "every row of the 3 MoE layers");
+    assert_eq!(routes(&one_by_one), got);
+    assert_eq!(routes(&a), got);
+    // The process itself, from the token ids alone.
+    let process = K3Like::new(&RouterConfig::new(896, 16), 37);
+    let cfg = RouterConfig::new(896, 16);
+    for (position, layer, experts, weights) in &got {
+        let id = |back: usize| position.checked_sub(back).map(|p| ids[p]);
+        let segment_ids =
+            std::array::from_fn(|phase| ids[K3Like::segment_start(phase as u32, *position as u64) as usize]);
+        let row = RowContext { position: *position as u64, ids: [id(0), id(1), id(2)], segment_ids };
+        let mut r = k3_router::Routing::default();
+        process.route(&cfg, *layer, &row, &mut r);
+        assert_eq!((&r.experts, &r.weights), (experts, weights), "position {position}, layer {layer}");
+    }
+}
