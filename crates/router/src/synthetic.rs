@@ -34,6 +34,10 @@ pub struct RowContext {
     pub segment_ids: [u32; SEGMENT_PHASES],
 }
 
+/// The share of a layer's experts the router lookahead (the next layer's router on this layer's
+/// state) recalls in K3 (WARP's measurement).
+pub const LOOKAHEAD_RECALL: f64 = 0.59;
+
 /// Positions a topic lasts.
 pub const SEGMENT: u64 = 64;
 /// Layers' segment boundaries are staggered over this many phases.
@@ -111,6 +115,33 @@ impl K3Like {
                 taken += 1;
             }
         }
+    }
+
+    /// What a lookahead predicts for the row at `layer`: `top_k + margin` experts holding each
+    /// of the layer's true experts with probability [`LOOKAHEAD_RECALL`] (drawn per row), the
+    /// rest other experts: the predictor's recall as K3's router lookahead measured it.
+    pub fn predict(&self, cfg: &RouterConfig, layer: u32, row: &RowContext, margin: usize) -> Vec<u32> {
+        let mut truth = Routing::default();
+        self.route(cfg, layer, row, &mut truth);
+        let mut state = key(&[self.seed, u64::from(layer), row.position, u64::from(row.ids[0].unwrap_or(0)), 6]);
+        let mut out: Vec<u32> = Vec::with_capacity(self.k + margin);
+        for &e in &truth.experts {
+            state = mix(state);
+            if ((state >> 11) as f64 / (1u64 << 53) as f64) < LOOKAHEAD_RECALL {
+                out.push(e);
+            }
+        }
+        // Wrong guesses fill the rest: experts the row does not use.
+        let mut wrong = truth.experts.clone();
+        while out.len() < (self.k + margin).min(self.experts as usize) && wrong.len() < self.experts as usize {
+            state = mix(state);
+            let e = (state % u64::from(self.experts)) as u32;
+            if !wrong.contains(&e) {
+                wrong.push(e);
+                out.push(e);
+            }
+        }
+        out
     }
 
     /// The row's experts and weights at `layer`, into `out` (weights sum to the config's scale).
@@ -238,6 +269,27 @@ mod tests {
         let share = counts[..90].iter().sum::<u64>() as f64 / counts.iter().sum::<u64>() as f64;
         // A uniform draw of 524,288 activations puts ~0.107 on its top tenth.
         assert!(share < 0.13, "top tenth share {share}");
+    }
+
+    /// The lookahead model recalls K3's share of the next layer's experts, and guesses no more
+    /// than `top_k + margin`.
+    #[test]
+    fn the_lookahead_recalls_what_k3s_does() {
+        let cfg = RouterConfig::new(896, 16);
+        let p = K3Like::new(&cfg, 7);
+        let (mut hit, mut total) = (0usize, 0usize);
+        for t in 0..2000u64 {
+            let row =
+                RowContext { position: t, ids: [Some(t as u32 * 31), Some(3), None], segment_ids: [0; SEGMENT_PHASES] };
+            let guess = p.predict(&cfg, 2, &row, 8);
+            assert_eq!(guess.len(), 24);
+            let mut truth = Routing::default();
+            p.route(&cfg, 2, &row, &mut truth);
+            hit += truth.experts.iter().filter(|e| guess.contains(e)).count();
+            total += 16;
+        }
+        let recall = hit as f64 / total as f64;
+        assert!((recall - LOOKAHEAD_RECALL).abs() < 0.02, "{recall}");
     }
 
     #[test]

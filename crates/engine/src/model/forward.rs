@@ -333,7 +333,8 @@ impl<'m> Engine<'m> {
                 None => pt.to_vec(),
             };
             rms_norm(&m_in, &layer.post_norm, self.eps(), &mut c.normed[t * d..(t + 1) * d]);
-            after_attention.push(if wanted { self.predict_next(li, &c.blocks[t], pt) } else { None });
+            let row = c.contexts.get(t);
+            after_attention.push(if wanted { self.predict_next(li, &c.blocks[t], pt, row) } else { None });
         }
         match &layer.ffn {
             Ffn::Dense(mlp) => {
@@ -363,7 +364,9 @@ impl<'m> Engine<'m> {
             for ((hv, pv), fv) in c.h[r.clone()].iter_mut().zip(&c.p[r.clone()]).zip(&c.out[r.clone()]) {
                 *hv = pv + fv;
             }
-            let after_moe = if self.opts.lookahead_stats { self.predict_next(li, &c.blocks[t], &c.h[r]) } else { None };
+            let row = c.contexts.get(t);
+            let after_moe =
+                if self.opts.lookahead_stats { self.predict_next(li, &c.blocks[t], &c.h[r], row) } else { None };
             c.guesses[t] = [guess, after_moe];
         }
         Ok(())

@@ -33,9 +33,21 @@ impl Engine<'_> {
     /// running partial sum, not the partial sum alone (which lacks the embedding and every earlier
     /// block): the guess mixes `blocks` and `v` with the next layer's MLP weights, the next
     /// layer's own attention output (not computed yet) left out.
-    pub(crate) fn predict_next(&self, li: usize, blocks: &[Vec<f32>], v: &[f32]) -> Option<Vec<u32>> {
+    ///
+    /// A model routed by a synthetic process (`row` given) is predicted by the process's model of
+    /// K3's lookahead instead (its recall, from the row's tokens).
+    pub(crate) fn predict_next(
+        &self,
+        li: usize,
+        blocks: &[Vec<f32>],
+        v: &[f32],
+        row: Option<&k3_router::synthetic::RowContext>,
+    ) -> Option<Vec<u32>> {
         let next = self.layers.get(li + 1)?;
         let Ffn::Moe(moe) = &next.ffn else { return None };
+        if let (Some(p), Some(row)) = (&moe.synthetic, row) {
+            return Some(p.predict(&moe.router, next.index, row, self.lookahead_margin));
+        }
         let mixed;
         let v = match &next.mlp_res {
             Some(w) => {
