@@ -305,3 +305,15 @@ impl StreamDecoder {
         out
     }
 }
+
+/// For the crate's unit tests: o200k's ranks with K3's chat markers as special tokens.
+#[cfg(test)]
+pub(crate) fn k3_test_tokenizer() -> Tokenizer {
+    let ranks = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/tokenizer/o200k_base.tiktoken"))
+        .expect("the tokenizer fixture");
+    let names = ["<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>"];
+    let added: serde_json::Map<String, serde_json::Value> =
+        names.iter().enumerate().map(|(i, n)| ((200_000 + i).to_string(), serde_json::json!({"content": n}))).collect();
+    let cfg = serde_json::to_vec(&serde_json::json!({"added_tokens_decoder": added})).expect("json");
+    Tokenizer::from_tiktoken(&ranks, Some(&cfg), KIMI_PATTERN).expect("tokenizer")
+}

@@ -184,18 +184,8 @@ mod tests {
     use super::*;
     use crate::toolcall::{Piece, ToolCallReader};
 
-    /// o200k's ranks with K3's markup as special tokens (as in `text`'s tests).
     fn k3_tokenizer() -> Tokenizer {
-        let ranks = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/tokenizer/o200k_base.tiktoken"))
-            .expect("the tokenizer fixture");
-        let names = ["<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>"];
-        let added: serde_json::Map<String, serde_json::Value> = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| ((200_000 + i).to_string(), serde_json::json!({"content": n})))
-            .collect();
-        let cfg = serde_json::to_vec(&serde_json::json!({"added_tokens_decoder": added})).expect("json");
-        Tokenizer::from_tiktoken(&ranks, Some(&cfg), crate::tokenizer::KIMI_PATTERN).expect("tokenizer")
+        crate::tokenizer::k3_test_tokenizer()
     }
 
     /// A K3 call to a strict tool: the json form is written for the model, the object is held to
