@@ -134,9 +134,12 @@ fn run(model: &Path, ids: &[u32]) -> (Vec<f32>, Vec<RoutedToken>) {
 }
 
 /// Fraction of (layer, position) whose chosen experts are the same set.
+/// The share of (token, layer) routings that chose the same experts (weights aside).
 fn routing_agreement(a: &[RoutedToken], b: &[RoutedToken]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).filter(|(x, y)| x == y).count() as f64 / a.len() as f64
+    let same =
+        |x: &RoutedToken, y: &RoutedToken| (x.position, x.layer, &x.experts) == (y.position, y.layer, &y.experts);
+    a.iter().zip(b).filter(|(x, y)| same(x, y)).count() as f64 / a.len() as f64
 }
 
 /// A trunk tensor read back from a WASTE file: its dtype and bytes (f32 or bf16 only).

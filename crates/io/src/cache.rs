@@ -98,6 +98,8 @@ pub struct ExpertCache {
     /// Needed by the step in progress: not evicted until released.
     protected: std::collections::HashSet<Key>,
     policy: Policy,
+    /// Give up a record of the layer that holds the most slots (each layer keeps its share).
+    layer_shares: bool,
     clock: u64,
     stats: CacheStats,
 }
@@ -113,9 +115,19 @@ impl ExpertCache {
             pinned: Default::default(),
             protected: Default::default(),
             policy,
+            layer_shares: true,
             clock: 0,
             stats: CacheStats::default(),
         }
+    }
+
+    /// Whether a record to give up is taken from the layer holding the most slots (on, the
+    /// default) or from the whole cache by the policy alone. Decode visits the layers in turn:
+    /// taken from the whole cache, a cache smaller than a step's experts loses every layer's
+    /// records to the other layers' before its next token comes back.
+    pub fn with_layer_shares(mut self, on: bool) -> Self {
+        self.layer_shares = on;
+        self
     }
 
     pub fn reader(&self) -> &Reader {
@@ -249,7 +261,8 @@ impl ExpertCache {
             return Some(i);
         }
         let n = self.slots.len();
-        self.slots
+        let candidates: Vec<(f64, usize, u32)> = self
+            .slots
             .iter()
             .enumerate()
             .filter_map(|(i, s)| match *s {
@@ -262,12 +275,25 @@ impl ExpertCache {
                         Policy::Lfu => uses * 1e12 + last_use as f64,
                         Policy::Lfru => decayed(uses, age, n, Policy::Lfru) * 1e12 + last_use as f64,
                     };
-                    Some((score, i))
+                    Some((score, i, key.0))
                 }
                 _ => None,
             })
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(_, i)| i)
+            .collect();
+        let layer = if self.layer_shares { self.fullest_layer(&candidates) } else { None };
+        candidates.iter().filter(|c| layer.is_none_or(|l| c.2 == l)).min_by(|a, b| a.0.total_cmp(&b.0)).map(|c| c.1)
+    }
+
+    /// Of the layers with a record that may be given up, the one holding the most slots (the
+    /// lower layer on a tie).
+    fn fullest_layer(&self, candidates: &[(f64, usize, u32)]) -> Option<u32> {
+        let mut held: HashMap<u32, usize> = HashMap::new();
+        for s in &self.slots {
+            if let Slot::Ready { key, .. } | Slot::InFlight { key, .. } = s {
+                *held.entry(key.0).or_default() += 1;
+            }
+        }
+        candidates.iter().map(|c| c.2).max_by_key(|l| (held.get(l).copied().unwrap_or(0), std::cmp::Reverse(*l)))
     }
 
     fn complete(&mut self, c: crate::reader::Completion) -> (Key, Result<(), IoError>) {

@@ -68,6 +68,28 @@ fn lru_and_lfu_give_up_different_records() {
     }
 }
 
+/// Decode's pattern: layers in turn, each token reusing its layer's experts. A cache of 4 slots
+/// for 3 layers of 2 experts each: over the whole cache every record is given up before its
+/// layer comes back (no hits); by layer shares each layer keeps some of its own.
+#[test]
+fn layer_shares_keep_each_layers_experts_across_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let hits = |shares: bool| {
+        let (c, f) = setup(dir.path(), 4, Policy::Lru);
+        let mut c = c.with_layer_shares(shares);
+        for _token in 0..6 {
+            for layer in 0..3 {
+                for e in 0..2 {
+                    fetch(&mut c, f, (layer, e));
+                }
+            }
+        }
+        c.stats().hits
+    };
+    assert_eq!(hits(false), 0, "the whole cache cycles");
+    assert!(hits(true) >= 6, "each layer keeps a share: {}", hits(true));
+}
+
 #[test]
 fn prefetches_are_counted_used_or_wasted() {
     let dir = tempfile::tempdir().unwrap();

@@ -23,7 +23,8 @@ impl ExpertIo {
         };
         let mut reader = Reader::new(ropts)?;
         let files = model.shard_paths().iter().map(|p| reader.open(p)).collect::<Result<Vec<_>, _>>()?;
-        Ok(ExpertIo { cache: ExpertCache::new(reader, opts.policy), files })
+        let cache = ExpertCache::new(reader, opts.policy).with_layer_shares(opts.cache_layer_shares);
+        Ok(ExpertIo { cache, files })
     }
 
     /// Where the record of `(layer, expert)` is, for a read checked against its checksum.

@@ -18,6 +18,9 @@ pub struct EngineOptions {
     /// and token: for `k3-cli lookahead` and benchmarks, off on the decode path).
     pub lookahead_stats: bool,
     pub policy: Policy,
+    /// Give up a cached expert of the layer holding the most slots, so each layer keeps its
+    /// share (off: the policy over the whole cache). docs/EFFICIENCY.md measures both.
+    pub cache_layer_shares: bool,
     /// Reads in flight at once.
     pub queue_depth: usize,
     /// Tokens of context the memory plan reserves MLA cache for (sessions reserve it up front).
@@ -56,6 +59,7 @@ impl Default for EngineOptions {
             lookahead_min_precision: 0.8,
             lookahead_stats: false,
             policy: Policy::Lfru,
+            cache_layer_shares: true,
             queue_depth: 32,
             context: 4096,
             sequences: 1,

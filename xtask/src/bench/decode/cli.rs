@@ -31,8 +31,8 @@ pub struct Args {
     /// Where to draw one decode step's timeline (SVG).
     #[arg(long, default_value = "bench-out/decode-step.svg")]
     pub svg: PathBuf,
-    /// Comma-separated subset of: read-then-compute, overlap, overlap+lookahead, lru, lfu
-    /// [default: all of them].
+    /// Comma-separated subset of: read-then-compute, overlap, overlap+lookahead, lru, lfu,
+    /// global-cache (LFRU over the whole cache instead of per layer's share) [default: all of them].
     #[arg(long)]
     pub variants: Option<String>,
     /// Comma-separated compute thread counts to run every variant with [default: one per core].

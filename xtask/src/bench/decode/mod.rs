@@ -46,7 +46,7 @@ pub struct Options<'a> {
     pub sampler: SamplerConfig,
 }
 
-pub const ALL_VARIANTS: [&str; 5] = ["read-then-compute", "overlap", "overlap+lookahead", "lru", "lfu"];
+pub const ALL_VARIANTS: [&str; 6] = ["read-then-compute", "overlap", "overlap+lookahead", "lru", "lfu", "global-cache"];
 
 pub(super) fn options(name: &str, mem: Option<u64>, context: u64, threads: usize) -> Result<EngineOptions> {
     let base = EngineOptions {
@@ -63,6 +63,8 @@ pub(super) fn options(name: &str, mem: Option<u64>, context: u64, threads: usize
         "overlap+lookahead" => base,
         "lru" => EngineOptions { policy: Policy::Lru, ..base },
         "lfu" => EngineOptions { policy: Policy::Lfu, ..base },
+        // The policy over the whole cache, not per layer's share.
+        "global-cache" => EngineOptions { cache_layer_shares: false, ..base },
         other => anyhow::bail!("unknown variant `{other}` (one of {})", ALL_VARIANTS.join(", ")),
     })
 }
