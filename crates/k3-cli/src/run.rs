@@ -40,7 +40,8 @@ pub struct EngineKnobs {
     /// Do not prefetch the next layer's predicted experts.
     #[arg(long)]
     pub no_lookahead: bool,
-    /// Which cached expert to drop when the cache is full.
+    /// Which cached expert to drop when the cache is full (among the layer holding the most
+    /// slots, so each layer keeps its share).
     #[arg(long, default_value = "lfru", value_parser = ["lru", "lfu", "lfru"])]
     pub cache_policy: String,
     /// Skip checking the trunk's checksums at load (only for a model `k3-cli verify` passed and
