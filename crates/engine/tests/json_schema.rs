@@ -98,6 +98,20 @@ fn unsupported_keywords_are_refused_naming_them_and_where() {
     }
 }
 
+/// A schema whose `anyOf` refers back to itself with nothing in between (`L = L | null`) comes
+/// from a request: it must neither recurse without end nor refuse what it allows.
+#[test]
+fn an_anyof_that_refers_to_itself_ends() {
+    let schema = Arc::new(
+        JsonSchema::compile(&json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/L"}}, "required": ["a"],
+            "$defs": {"L": {"anyOf": [{"$ref": "#/$defs/L"}, {"type": "null"}]}}}))
+        .unwrap(),
+    );
+    let mut p = schema.prefix();
+    assert!(p.push_str(r#"{"a":null}"#) && p.complete());
+    assert!(!schema.prefix().accepts(r#"{"a":1"#));
+}
+
 #[test]
 fn recursion_enums_consts_and_dictionaries() {
     let schema = Arc::new(

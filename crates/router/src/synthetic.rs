@@ -162,7 +162,7 @@ impl K3Like {
         self.draw(pool_key, self.m, &mut pool);
         let mut pick = key(&[self.seed, l, row.position, u64::from(row.ids[0].unwrap_or(0)), 3]);
         let (mut taken, mut tries) = (0, 0);
-        while taken < self.b && tries < 64 * pool.len().max(1) {
+        while taken < self.b && !pool.is_empty() && tries < 64 * pool.len() {
             pick = mix(pick);
             let e = pool[(pick % pool.len() as u64) as usize];
             if !chosen.contains(&e) {

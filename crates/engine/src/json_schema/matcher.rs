@@ -15,6 +15,11 @@ use crate::json_prefix::Number;
 /// sampler cannot stall here.
 const MOST_SPACE: usize = 1;
 
+/// JSON's object delimiters, named (a brace in a character literal reads as code to a reader
+/// counting braces).
+const OBJECT_OPEN: char = '\u{7b}';
+const OBJECT_CLOSE: char = '\u{7d}';
+
 /// Paths kept at most: a schema of many near-identical alternatives cannot make a step slow.
 const MOST_PATHS: usize = 64;
 
@@ -164,30 +169,12 @@ impl SchemaPrefix {
         if !matches!(top, Frame::Num { .. }) {
             p.space = 0;
         }
-        let last = p.frames.len() - 1;
         match top {
             Frame::Value(n) => self.value(p, n, c, out),
-            Frame::Str { min, max, len, esc } => {
-                let next = match (esc, c) {
-                    (0, '"') if len >= min => {
-                        p.frames.pop();
-                        return out.push(p);
-                    }
-                    (0, '\\') if len < max => (len, 1),
-                    (0, c) if (c as u32) < 0x20 || len >= max || c == '"' => return,
-                    (0, _) => (len + 1, 0),
-                    (1, '"' | '\\' | '/' | 'b' | 'f' | 'n' | 'r' | 't') => (len + 1, 0),
-                    (1, 'u') => (len, 5),
-                    (2, c) if c.is_ascii_hexdigit() => (len + 1, 0),
-                    (3..=5, c) if c.is_ascii_hexdigit() => (len, esc - 1),
-                    _ => return,
-                };
-                p.frames[last] = Frame::Str { min, max, len: next.0, esc: next.1 };
-                out.push(p);
-            }
+            Frame::Str { min, max, len, esc } => string(p, (min, max, len, esc), c, out),
             Frame::Num { n, integer } => match n.next(c).filter(|m| !integer || m.integral()) {
                 Some(m) => {
-                    p.frames[last] = Frame::Num { n: m, integer };
+                    p.set_top(Frame::Num { n: m, integer });
                     out.push(p);
                 }
                 None if n.complete() => {
@@ -205,34 +192,46 @@ impl SchemaPrefix {
         }
     }
 
-    /// The first character of a value of node `n` (whose frame is on top of `p`).
-    fn value(&self, mut p: Path, n: u32, c: char, out: &mut Vec<Path>) {
-        let last = p.frames.len() - 1;
-        match self.node(n) {
-            Node::AnyOf(alts) => {
-                for &a in alts {
-                    let mut q = p.clone();
-                    q.frames[last] = Frame::Value(a);
-                    self.step(q, c, out);
-                }
-                return;
+    /// The nodes a value of `n` may be: `n`, or its `anyOf` alternatives, nested ones flattened.
+    /// Each node is visited once, so a schema whose `anyOf` refers back to itself (`$ref`
+    /// without anything in between) ends here instead of recursing without end.
+    fn alternatives(&self, n: u32) -> Vec<u32> {
+        let (mut leaves, mut seen, mut todo) = (Vec::new(), Vec::new(), vec![n]);
+        while let Some(x) = todo.pop() {
+            if seen.contains(&x) {
+                continue;
             }
-            Node::Pending => return,
-            Node::Object(_) if c == '{' => p.frames[last] = Frame::Object { node: n, seen: 0, phase: Phase::Open },
-            Node::Map(_) if c == '{' => p.frames[last] = Frame::Map { node: n, phase: Phase::Open },
-            Node::Array { .. } if c == '[' => p.frames[last] = Frame::Array { node: n, count: 0, phase: Phase::Open },
-            &Node::String { min, max } if c == '"' => p.frames[last] = Frame::Str { min, max, len: 0, esc: 0 },
-            &Node::Number { integer } => match Number::start(c) {
-                Some(m) => p.frames[last] = Frame::Num { n: m, integer },
-                None => return,
-            },
-            Node::Lits(texts) => {
-                let alive = all(texts.len());
-                return self.literal(p, n, alive, 0, c, out);
+            seen.push(x);
+            match self.node(x) {
+                Node::AnyOf(alts) => todo.extend(alts.iter().rev()),
+                _ => leaves.push(x),
             }
-            _ => return,
         }
-        out.push(p);
+        leaves
+    }
+
+    /// The first character of a value of node `n` (whose frame is on top of `p`).
+    fn value(&self, p: Path, n: u32, c: char, out: &mut Vec<Path>) {
+        for leaf in self.alternatives(n) {
+            let mut q = p.clone();
+            let frame = match self.node(leaf) {
+                Node::Object { .. } if c == OBJECT_OPEN => Frame::Object { node: leaf, seen: 0, phase: Phase::Open },
+                Node::Map(_) if c == OBJECT_OPEN => Frame::Map { node: leaf, phase: Phase::Open },
+                Node::Array { .. } if c == '[' => Frame::Array { node: leaf, count: 0, phase: Phase::Open },
+                &Node::String { min, max } if c == '"' => Frame::Str { min, max, len: 0, esc: 0 },
+                &Node::Number { integer } => match Number::start(c) {
+                    Some(m) => Frame::Num { n: m, integer },
+                    None => continue,
+                },
+                Node::Lits(texts) => {
+                    self.literal(q, leaf, all(texts.len()), 0, c, out);
+                    continue;
+                }
+                _ => continue,
+            };
+            q.set_top(frame);
+            out.push(q);
+        }
     }
 
     /// `c` against the literal texts of node `n` still matching after `at` bytes.
@@ -241,8 +240,7 @@ impl SchemaPrefix {
         let (alive, at, done) = advance(texts.iter().map(String::as_str), alive, at, c);
         if alive & !done != 0 {
             let mut q = p.clone();
-            let last = q.frames.len() - 1;
-            q.frames[last] = Frame::Lit { node: n, alive: alive & !done, at };
+            q.set_top(Frame::Lit { node: n, alive: alive & !done, at });
             out.push(q);
         }
         if done != 0 {
@@ -251,18 +249,16 @@ impl SchemaPrefix {
         }
     }
 
-    /// `c` against the keys of object `n` still matching after `at` bytes.
+    /// `c` against the keys of object `n` still matching after `at` bytes (a `Key` frame on top).
     fn key(&self, mut p: Path, n: u32, alive: u64, at: u16, c: char, out: &mut Vec<Path>) {
-        let Node::Object(props) = self.node(n) else { return };
+        let Node::Object { props, .. } = self.node(n) else { return };
         let (alive, at, done) = advance(props.iter().map(|p| p.key.as_str()), alive, at, c);
         p.frames.pop();
         if done != 0 {
             // Keys end with their closing quote, so no key is a prefix of another: one is done.
             let i = done.trailing_zeros() as u16;
-            if let Some(Frame::Object { seen, .. }) = p.frames.last() {
-                let seen = *seen | 1 << i;
-                let last = p.frames.len() - 1;
-                p.frames[last] = Frame::Object { node: n, seen, phase: Phase::Colon(i) };
+            if let Some(&Frame::Object { seen, .. }) = p.frames.last() {
+                p.set_top(Frame::Object { node: n, seen: seen | 1 << i, phase: Phase::Colon(i) });
                 out.push(p);
             }
         } else if alive != 0 {
@@ -272,23 +268,21 @@ impl SchemaPrefix {
     }
 
     fn object(&self, mut p: Path, n: u32, seen: u64, phase: Phase, c: char, out: &mut Vec<Path>) {
-        let Node::Object(props) = self.node(n) else { return };
-        let last = p.frames.len() - 1;
+        let Node::Object { props, required } = self.node(n) else { return };
         let unseen = all(props.len()) & !seen;
-        let required = props.iter().enumerate().filter(|(_, p)| p.required).fold(0u64, |m, (i, _)| m | 1 << i);
-        let can_close = required & !seen == 0;
         match (phase, c) {
-            (Phase::Open | Phase::AfterValue, '}') if can_close => {
+            (Phase::Open | Phase::AfterValue, OBJECT_CLOSE) if required & !seen == 0 => {
                 p.frames.pop();
             }
             (Phase::AfterValue, ',') if unseen != 0 => {
-                p.frames[last] = Frame::Object { node: n, seen, phase: Phase::AfterComma }
+                p.set_top(Frame::Object { node: n, seen, phase: Phase::AfterComma })
             }
+            // Every key's text starts with the quote: the unseen ones are the candidates.
             (Phase::Open | Phase::AfterComma, '"') if unseen != 0 => {
-                return self.key(p.with(Frame::Key { node: n, alive: unseen, at: 0 }), n, unseen, 0, c, out);
+                p.frames.push(Frame::Key { node: n, alive: unseen, at: 1 })
             }
             (Phase::Colon(i), ':') => {
-                p.frames[last] = Frame::Object { node: n, seen, phase: Phase::AfterValue };
+                p.set_top(Frame::Object { node: n, seen, phase: Phase::AfterValue });
                 p.frames.push(Frame::Value(props[i as usize].node));
             }
             _ => return,
@@ -298,18 +292,17 @@ impl SchemaPrefix {
 
     fn map(&self, mut p: Path, n: u32, phase: Phase, c: char, out: &mut Vec<Path>) {
         let &Node::Map(value) = self.node(n) else { return };
-        let last = p.frames.len() - 1;
         match (phase, c) {
-            (Phase::Open | Phase::AfterValue, '}') => {
+            (Phase::Open | Phase::AfterValue, OBJECT_CLOSE) => {
                 p.frames.pop();
             }
-            (Phase::AfterValue, ',') => p.frames[last] = Frame::Map { node: n, phase: Phase::AfterComma },
+            (Phase::AfterValue, ',') => p.set_top(Frame::Map { node: n, phase: Phase::AfterComma }),
             (Phase::Open | Phase::AfterComma, '"') => {
-                p.frames[last] = Frame::Map { node: n, phase: Phase::Colon(0) };
+                p.set_top(Frame::Map { node: n, phase: Phase::Colon(0) });
                 p.frames.push(Frame::Str { min: 0, max: u32::MAX, len: 0, esc: 0 });
             }
             (Phase::Colon(_), ':') => {
-                p.frames[last] = Frame::Map { node: n, phase: Phase::AfterValue };
+                p.set_top(Frame::Map { node: n, phase: Phase::AfterValue });
                 p.frames.push(Frame::Value(value));
             }
             _ => return,
@@ -319,18 +312,17 @@ impl SchemaPrefix {
 
     fn array(&self, mut p: Path, n: u32, count: u32, phase: Phase, c: char, out: &mut Vec<Path>) {
         let &Node::Array { items, min, max } = self.node(n) else { return };
-        let last = p.frames.len() - 1;
         match (phase, c) {
             (Phase::Open | Phase::AfterValue, ']') if count >= min => {
                 p.frames.pop();
                 out.push(p);
             }
             (Phase::AfterValue, ',') if count < max => {
-                p.frames[last] = Frame::Array { node: n, count, phase: Phase::AfterComma };
+                p.set_top(Frame::Array { node: n, count, phase: Phase::AfterComma });
                 out.push(p);
             }
             (Phase::Open | Phase::AfterComma, c) if count < max && c != ']' => {
-                p.frames[last] = Frame::Array { node: n, count: count + 1, phase: Phase::AfterValue };
+                p.set_top(Frame::Array { node: n, count: count + 1, phase: Phase::AfterValue });
                 p.frames.push(Frame::Value(items));
                 self.step(p, c, out);
             }
@@ -340,10 +332,33 @@ impl SchemaPrefix {
 }
 
 impl Path {
-    fn with(mut self, f: Frame) -> Path {
-        self.frames.push(f);
-        self
+    /// Replaces the top frame (there is one: a path without frames takes no character).
+    fn set_top(&mut self, f: Frame) {
+        if let Some(top) = self.frames.last_mut() {
+            *top = f;
+        }
     }
+}
+
+/// `c` in a string with length bounds `min..=max`, `len` characters so far and escape state
+/// `esc` (0: none, 1: after a backslash, 2..=5: hex digits of a `\u` left plus one).
+fn string(mut p: Path, (min, max, len, esc): (u32, u32, u32, u8), c: char, out: &mut Vec<Path>) {
+    let next = match (esc, c) {
+        (0, '"') if len >= min => {
+            p.frames.pop();
+            return out.push(p);
+        }
+        (0, '\\') if len < max => (len, 1),
+        (0, c) if (c as u32) < 0x20 || len >= max || c == '"' => return,
+        (0, _) => (len + 1, 0),
+        (1, '"' | '\\' | '/' | 'b' | 'f' | 'n' | 'r' | 't') => (len + 1, 0),
+        (1, 'u') => (len, 5),
+        (2, c) if c.is_ascii_hexdigit() => (len + 1, 0),
+        (3..=5, c) if c.is_ascii_hexdigit() => (len, esc - 1),
+        _ => return,
+    };
+    p.set_top(Frame::Str { min, max, len: next.0, esc: next.1 });
+    out.push(p);
 }
 
 /// Texts (among bits `alive`) whose byte at `at..` is `c`: (still matching, new `at`, those now

@@ -76,8 +76,12 @@ pub(crate) enum Node {
     /// Not compiled yet (a `$ref` being compiled).
     Pending,
     AnyOf(Vec<u32>),
-    /// These properties, in any order, each at most once; the required ones always.
-    Object(Vec<Prop>),
+    /// These properties, in any order, each at most once; the required ones (bits of
+    /// `required`) always.
+    Object {
+        props: Vec<Prop>,
+        required: u64,
+    },
     /// Any string keys, each value of `value`.
     Map(u32),
     Array {
@@ -128,7 +132,7 @@ impl JsonSchema {
 
     fn object_at_top(&self, n: u32, depth: usize) -> bool {
         match &self.nodes[n as usize] {
-            Node::Object(_) | Node::Map(_) => true,
+            Node::Object { .. } | Node::Map(_) => true,
             Node::AnyOf(alts) if depth < 16 => alts.iter().all(|&a| self.object_at_top(a, depth + 1)),
             _ => false,
         }
@@ -340,7 +344,7 @@ impl<'s> Compiler<'s> {
         if props.is_empty() {
             // A dictionary: any keys (none with `additionalProperties: false`).
             return Ok(match additional {
-                Some(Value::Bool(false)) => self.add(Node::Object(Vec::new())),
+                Some(Value::Bool(false)) => self.add(Node::Object { props: Vec::new(), required: 0 }),
                 None | Some(Value::Bool(true)) => {
                     let any = self.any();
                     self.add(Node::Map(any))
@@ -366,6 +370,7 @@ impl<'s> Compiler<'s> {
                 required: required.contains(&name.as_str()),
             });
         }
-        Ok(self.add(Node::Object(list)))
+        let required = list.iter().enumerate().filter(|(_, p)| p.required).fold(0u64, |m, (i, _)| m | 1 << i);
+        Ok(self.add(Node::Object { props: list, required }))
     }
 }
