@@ -4,6 +4,7 @@
 //! token of a window but its first is scored (natural-log likelihood in f64). This is the
 //! definition `tools/train/train_kimi_linear.py` uses, so the two numbers are comparable.
 
+use crate::sample::argmax;
 use crate::{Engine, EngineError, RunStats};
 
 /// The negative log-likelihood of the tokens one window scored.
@@ -162,10 +163,6 @@ fn entropy(lp: &[f64]) -> f64 {
 fn log_softmax(row: &[f32]) -> Vec<f64> {
     let lse = log_sum_exp(row);
     row.iter().map(|&x| f64::from(x) - lse).collect()
-}
-
-fn argmax(row: &[f32]) -> usize {
-    row.iter().enumerate().fold(0, |b, (i, v)| if *v > row[b] { i } else { b })
 }
 
 /// `log softmax(row)[i]` in f64 (the max subtracted first, so no overflow).

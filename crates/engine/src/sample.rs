@@ -267,7 +267,7 @@ impl TokenLogprob {
 }
 
 /// The most likely token (the lower id on ties; 0 for no logits).
-fn argmax(l: &[f32]) -> u32 {
+pub fn argmax(l: &[f32]) -> u32 {
     l.iter().enumerate().fold(0, |b, (i, v)| if *v > l[b] { i } else { b }) as u32
 }
 

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use k3_engine::{Engine, EngineOptions, Logits, Seq, Session};
 use k3_format::Model;
 
+mod common;
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
@@ -18,17 +20,8 @@ fn model_path(name: &str) -> PathBuf {
     if name != "k2-tiny" {
         return fixtures().join(format!("{name}.waste"));
     }
-    // Built afresh once per run in cargo's per-target scratch directory, not in a `TempDir` held
-    // by a static: statics are never dropped, so that leaked a model into /tmp on every run.
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("batch-k2-tiny");
-        let _ = std::fs::remove_dir_all(&dir);
-        let p = k3_convert::synth::preset("k2-tiny").unwrap();
-        k3_convert::synth::synth(&p, p.experts_default, &dir, &mut |_| {}).unwrap();
-        dir
-    })
-    .clone()
+    common::synthetic(&DIR, "k2-tiny")
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -3,22 +3,17 @@
 //! directly, not through the engine), whether the prompt is fed in one chunk, token by token, or
 //! batched beside another sequence.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use k3_engine::{Engine, Model, Seq, Session};
 use k3_router::RouterConfig;
 use k3_router::synthetic::{K3Like, RowContext};
 
+mod common;
+
 fn model() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("k3-routing-tiny");
-        let _ = std::fs::remove_dir_all(&dir);
-        let p = k3_convert::synth::preset("k3-routing-tiny").unwrap();
-        k3_convert::synth::synth(&p, p.experts_default, &dir, &mut |_| {}).unwrap();
-        dir
-    })
-    .clone()
+    common::synthetic(&DIR, "k3-routing-tiny")
 }
 
 /// The trace as (position, layer) -> experts, sorted.

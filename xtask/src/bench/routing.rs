@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use k3_engine::sample::argmax;
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{EngineOptions, OpenOptions, OwnedEngine, Session};
 use k3_router::lookahead::Predictor;
@@ -77,10 +78,6 @@ fn prompts(tok: Option<&Tokenizer>, file: &Path, n: usize, vocab: usize) -> Resu
     anyhow::ensure!(ids.len() >= 2 * n, "{} is {} tokens: give one of at least {}", file.display(), ids.len(), 2 * n);
     let half = ids.len() / 2;
     Ok((ids[..n].to_vec(), ids[half..half + n].to_vec()))
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32)
 }
 
 pub fn run(o: &Options, json_out: bool) -> Result<Value> {

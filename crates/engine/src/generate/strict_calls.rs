@@ -106,12 +106,12 @@ impl StrictCalls {
             self.skip -= 1;
             return Vec::new();
         }
-        match self.markup.clone() {
+        match self.markup {
             Markup::Im(markers) => {
                 self.im(id, text, markers);
                 Vec::new()
             }
-            Markup::Xtml { open, sep, json_open, json_close } => self.xtml(id, text, open, sep, json_open, json_close),
+            Markup::Xtml { .. } => self.xtml(id, text),
         }
     }
 
@@ -138,22 +138,24 @@ impl StrictCalls {
         };
     }
 
-    fn xtml(
-        &mut self,
-        id: u32,
-        text: &str,
-        open: u32,
-        sep: u32,
-        json_open: Vec<u32>,
-        json_close: Vec<u32>,
-    ) -> Vec<u32> {
+    /// K3's `json` opening (or `closing`) markup, to write for the model: its tokens are skipped
+    /// as they come back through [`observe`](Self::observe).
+    fn forced(&mut self, closing: bool) -> Vec<u32> {
+        let Markup::Xtml { json_open, json_close, .. } = &self.markup else { return Vec::new() };
+        let ids = if closing { json_close.clone() } else { json_open.clone() };
+        self.skip = ids.len();
+        ids
+    }
+
+    /// K3's markup; returns the tokens to write for the model (cloned only when there are some).
+    fn xtml(&mut self, id: u32, text: &str) -> Vec<u32> {
+        let Markup::Xtml { open, sep, .. } = self.markup else { return Vec::new() };
         match std::mem::replace(&mut self.state, State::Outside) {
             State::Arguments(mut p) => {
                 p.push_str(text);
                 if p.complete() {
                     // The object is whole: the json element and the call are closed for it.
-                    self.skip = json_close.len();
-                    return json_close;
+                    return self.forced(true);
                 }
                 self.state = State::Arguments(p);
             }
@@ -165,8 +167,7 @@ impl StrictCalls {
                     .and_then(|tool| self.schema(&tool).cloned());
                 if let Some(schema) = strict {
                     self.state = State::Arguments(Box::new(schema.prefix()));
-                    self.skip = json_open.len();
-                    return json_open;
+                    return self.forced(false);
                 }
             }
             State::Collecting(mut tag) => {

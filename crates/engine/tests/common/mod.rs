@@ -34,3 +34,18 @@ pub fn kimi_tokenizer() -> Tokenizer {
     let cfg = serde_json::to_vec(&serde_json::json!({"added_tokens_decoder": added})).unwrap();
     Tokenizer::from_tiktoken(&ranks, Some(&cfg), KIMI_PATTERN).unwrap()
 }
+
+/// A synthetic preset written once per test binary into cargo's per-target scratch directory
+/// (not a `TempDir` held by a static: statics are never dropped, so that leaked into /tmp), at
+/// `cell`'s first use.
+#[allow(dead_code)]
+pub fn synthetic(cell: &'static std::sync::OnceLock<std::path::PathBuf>, name: &str) -> std::path::PathBuf {
+    cell.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("synth-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let p = k3_convert::synth::preset(name).unwrap();
+        k3_convert::synth::synth(&p, p.experts_default, &dir, &mut |_| {}).unwrap();
+        dir
+    })
+    .clone()
+}
