@@ -61,7 +61,7 @@ def encode_stream(tok, chapters):
     return torch.tensor(ids, dtype=torch.long)
 
 
-def model_config(vocab, tok):
+def model_config(vocab, tok, experts=16, top_k=4, moe_width=96):
     # Moonshot's config field names (what the real Kimi-Linear checkpoints and our converter use).
     return {
         "model_type": "kimi_linear",
@@ -69,7 +69,7 @@ def model_config(vocab, tok):
         "vocab_size": vocab,
         "hidden_size": 256,
         "intermediate_size": 768,
-        "moe_intermediate_size": 96,
+        "moe_intermediate_size": moe_width,
         "num_hidden_layers": 4,
         "num_attention_heads": 4,
         "num_key_value_heads": 4,
@@ -79,8 +79,8 @@ def model_config(vocab, tok):
         "qk_rope_head_dim": 16,
         "v_head_dim": 32,
         "head_dim": 48,
-        "num_experts": 16,
-        "num_experts_per_token": 4,
+        "num_experts": experts,
+        "num_experts_per_token": top_k,
         "num_shared_experts": 1,
         "routed_scaling_factor": 2.446,
         "moe_renormalize": True,
@@ -158,6 +158,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--heldout-every", type=int, default=40)
     ap.add_argument("--eval-window", type=int, default=256)
+    # The default model: 16 experts, top 4, 96 wide. The routing study (#37) trains 64 experts,
+    # top 8, 48 wide: finer experts as K3 has them, the same active expert width (8 x 48 = 4 x 96).
+    ap.add_argument("--experts", type=int, default=16)
+    ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--moe-width", type=int, default=96)
     ap.add_argument("--eval-only", action="store_true",
                     help="re-score the checkpoint in --out and update its metrics.json")
     args = ap.parse_args()
@@ -196,7 +201,7 @@ def main():
     print(f"train {len(train_ch)} chapters, {len(train_ids)} tokens; held out {len(held_ch)} chapters, "
           f"{len(held_ids)} tokens", flush=True)
 
-    cfg_dict = model_config(args.vocab, tok)
+    cfg_dict = model_config(args.vocab, tok, args.experts, args.top_k, args.moe_width)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(cfg_dict, f, indent=1)
     config = KimiLinearConfig.from_pretrained(args.out)
@@ -265,7 +270,8 @@ def main():
     metrics = {
         "data": os.path.basename(args.data), "data_sha256_note": "see tools/train/README.md",
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq": args.seq, "lr": args.lr, "train_chunk": args.train_chunk,
-        "threads": args.threads, "parameters": nparams, "train_tokens": len(train_ids),
+        "threads": args.threads, "experts": args.experts, "top_k": args.top_k, "moe_width": args.moe_width,
+        "parameters": nparams, "train_tokens": len(train_ids),
         "heldout_tokens": len(held_ids), "eval_window": args.eval_window, "scored_tokens": count,
         "heldout_ppl_f32_weights": ppl_f32, "heldout_ppl_bf16_weights": ppl_bf16, "window_nll": per_window,
         "train_seconds": time.time() - t0, "torch": torch.__version__,

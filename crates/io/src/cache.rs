@@ -269,31 +269,20 @@ impl ExpertCache {
                 Slot::Ready { key, last_use, uses, .. }
                     if !self.pinned.contains(&key) && !self.protected.contains(&key) && !self.reader.is_leased(i) =>
                 {
-                    let age = self.clock - last_use;
-                    let score = match self.policy {
-                        Policy::Lru => last_use as f64,
-                        Policy::Lfu => uses * 1e12 + last_use as f64,
-                        Policy::Lfru => decayed(uses, age, n, Policy::Lfru) * 1e12 + last_use as f64,
-                    };
-                    Some((score, i, key.0))
+                    Some((score(self.policy, uses, last_use, self.clock, n), i, key.0))
                 }
                 _ => None,
             })
             .collect();
-        let layer = if self.layer_shares { self.fullest_layer(&candidates) } else { None };
-        candidates.iter().filter(|c| layer.is_none_or(|l| c.2 == l)).min_by(|a, b| a.0.total_cmp(&b.0)).map(|c| c.1)
-    }
-
-    /// Of the layers with a record that may be given up, the one holding the most slots (the
-    /// lower layer on a tie).
-    fn fullest_layer(&self, candidates: &[(f64, usize, u32)]) -> Option<u32> {
         let mut held: HashMap<u32, usize> = HashMap::new();
-        for s in &self.slots {
-            if let Slot::Ready { key, .. } | Slot::InFlight { key, .. } = s {
-                *held.entry(key.0).or_default() += 1;
+        if self.layer_shares {
+            for s in &self.slots {
+                if let Slot::Ready { key, .. } | Slot::InFlight { key, .. } = s {
+                    *held.entry(key.0).or_default() += 1;
+                }
             }
         }
-        candidates.iter().map(|c| c.2).max_by_key(|l| (held.get(l).copied().unwrap_or(0), std::cmp::Reverse(*l)))
+        victim_among(&candidates, self.layer_shares.then_some(&held))
     }
 
     fn complete(&mut self, c: crate::reader::Completion) -> (Key, Result<(), IoError>) {
@@ -370,7 +359,28 @@ impl ExpertCache {
     }
 }
 
-fn decayed(uses: f64, age: u64, slots: usize, policy: Policy) -> f64 {
+/// Of `candidates` (score, slot, layer), the slot to give up: the lowest score, within the layer
+/// holding the most slots by `held` when layers keep their shares (the lower layer on a tie).
+pub fn victim_among(candidates: &[(f64, usize, u32)], held: Option<&HashMap<u32, usize>>) -> Option<usize> {
+    let layer = held.and_then(|held| {
+        candidates.iter().map(|c| c.2).max_by_key(|l| (held.get(l).copied().unwrap_or(0), std::cmp::Reverse(*l)))
+    });
+    candidates.iter().filter(|c| layer.is_none_or(|l| c.2 == l)).min_by(|a, b| a.0.total_cmp(&b.0)).map(|c| c.1)
+}
+
+/// What the policy keeps a record for: the lowest score is given up first. `uses` counts the
+/// record's uses (for LFRU as last decayed at `last_use`), `clock` counts requests, `slots` is the
+/// cache's size (LFRU halves a count every `slots` requests).
+pub fn score(policy: Policy, uses: f64, last_use: u64, clock: u64, slots: usize) -> f64 {
+    match policy {
+        Policy::Lru => last_use as f64,
+        Policy::Lfu => uses * 1e12 + last_use as f64,
+        Policy::Lfru => decayed(uses, clock - last_use, slots, policy) * 1e12 + last_use as f64,
+    }
+}
+
+/// A use count as the policy sees it `age` requests after it was last updated.
+pub fn decayed(uses: f64, age: u64, slots: usize, policy: Policy) -> f64 {
     match policy {
         Policy::Lfru => uses * 0.5f64.powf(age as f64 / slots.max(1) as f64),
         _ => uses,

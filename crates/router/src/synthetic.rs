@@ -34,6 +34,17 @@ pub struct RowContext {
     pub segment_ids: [u32; SEGMENT_PHASES],
 }
 
+impl RowContext {
+    /// The context of position `position` of a sequence whose token at position `p` is `id(p)`
+    /// (defined for every position up to `position`).
+    pub fn at(position: usize, id: impl Fn(usize) -> u32) -> RowContext {
+        let back = |n: usize| position.checked_sub(n).map(&id);
+        let segment_ids =
+            std::array::from_fn(|phase| id(K3Like::segment_start(phase as u32, position as u64) as usize));
+        RowContext { position: position as u64, ids: [back(0), back(1), back(2)], segment_ids }
+    }
+}
+
 /// The share of a layer's experts the router lookahead (the next layer's router on this layer's
 /// state) recalls in K3 (WARP's measurement).
 pub const LOOKAHEAD_RECALL: f64 = 0.59;
@@ -117,9 +128,11 @@ impl K3Like {
         }
     }
 
-    /// What a lookahead predicts for the row at `layer`: `top_k + margin` experts holding each
-    /// of the layer's true experts with probability [`LOOKAHEAD_RECALL`] (drawn per row), the
-    /// rest other experts: the predictor's recall as K3's router lookahead measured it.
+    /// What a lookahead predicts for the row at `layer`: `top_k + margin` experts, best first,
+    /// whose first `top_k` hold each of the layer's true experts with probability
+    /// [`LOOKAHEAD_RECALL`] (drawn per row) in a random order, the rest other experts: the
+    /// predictor's recall (and so its precision at `top_k` guesses) as K3's router lookahead
+    /// measured it.
     pub fn predict(&self, cfg: &RouterConfig, layer: u32, row: &RowContext, margin: usize) -> Vec<u32> {
         let mut truth = Routing::default();
         self.route(cfg, layer, row, &mut truth);
@@ -140,6 +153,13 @@ impl K3Like {
                 wrong.push(e);
                 out.push(e);
             }
+        }
+        // Ranked as K3's lookahead ranks them: its top k hold the recalled experts (a precision of
+        // 0.59 there, as measured), in no particular order; the margin after them is wrong.
+        let head = self.k.min(out.len());
+        for i in (1..head).rev() {
+            state = mix(state);
+            out.swap(i, (state % (i as u64 + 1)) as usize);
         }
         out
     }
@@ -203,6 +223,27 @@ impl K3Like {
     }
 }
 
+/// The trace of the token ids `ids` through `layers` layers routed by `p`: per layer, each
+/// position's experts and weights.
+pub fn trace(p: &K3Like, cfg: &RouterConfig, ids: &[u32], layers: u32) -> crate::trace_stats::Trace {
+    (0..layers)
+        .map(|layer| {
+            (0..ids.len())
+                .map(|t| {
+                    let mut r = Routing::default();
+                    p.route(cfg, layer, &RowContext::at(t, |i| ids[i]), &mut r);
+                    crate::trace_stats::TokenRoute { experts: r.experts, weights: r.weights }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `n` token ids drawn uniformly below `vocab` by `seed` (text for the process to route).
+pub fn random_ids(n: usize, vocab: u32, seed: u64) -> Vec<u32> {
+    (0..n as u64).map(|i| (mix(key(&[seed, i])) % u64::from(vocab.max(1))) as u32).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,23 +252,7 @@ mod tests {
     /// A trace of `n` random token ids through `layers` layers of K3's shape.
     fn trace(n: usize, layers: u32, seed: u64) -> Vec<Vec<TokenRoute>> {
         let cfg = RouterConfig::new(896, 16);
-        let p = K3Like::new(&cfg, 7);
-        let ids: Vec<u32> = (0..n as u64).map(|i| (mix(key(&[seed, i])) % 160_000) as u32).collect();
-        (0..layers)
-            .map(|layer| {
-                (0..n)
-                    .map(|t| {
-                        let id = |back: usize| t.checked_sub(back).map(|i| ids[i]);
-                        let segment_ids =
-                            std::array::from_fn(|phase| ids[K3Like::segment_start(phase as u32, t as u64) as usize]);
-                        let row = RowContext { position: t as u64, ids: [id(0), id(1), id(2)], segment_ids };
-                        let mut r = Routing::default();
-                        p.route(&cfg, layer, &row, &mut r);
-                        TokenRoute { experts: r.experts, weights: r.weights }
-                    })
-                    .collect()
-            })
-            .collect()
+        super::trace(&K3Like::new(&cfg, 7), &cfg, &random_ids(n, 160_000, seed), layers)
     }
 
     /// The process's statistics against the published K3 figures, each within 10%.

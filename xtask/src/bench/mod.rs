@@ -1,6 +1,7 @@
 //! `cargo xtask bench ...`: measurements run side by side in one process, medians reported.
 
 pub mod attn;
+pub mod cache_sim;
 pub mod decode;
 pub mod encode;
 pub mod io;
@@ -116,6 +117,36 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// The expert cache's levers on K3-like routing without reading a byte: LRU / LFU / LFRU, a
+    /// learned policy and Belady's optimum against cache size; lookahead, HOBBIT, DynaExq and
+    /// top-k at one size; batches, speculation and pruning.
+    CacheSim {
+        /// Cache sizes in percent of the experts, comma-separated.
+        #[arg(long, default_value = "0.5,1,1.7,2.9,5")]
+        sizes: String,
+        /// The size the levers are compared at, in percent of the experts.
+        #[arg(long, default_value_t = 2.9)]
+        lever_size: f64,
+        /// MoE layers simulated (each routed independently, as K3's 92 are).
+        #[arg(long, default_value_t = 8, value_parser = |s: &str| bounded(s, 1, 92))]
+        layers: usize,
+        /// Tokens decoded after the warm-up.
+        #[arg(long, default_value_t = 512, value_parser = |s: &str| bounded(s, 16, 1 << 16))]
+        tokens: usize,
+        /// Tokens decoded first to fill the cache (not counted).
+        #[arg(long, default_value_t = 256, value_parser = |s: &str| bounded(s, 0, 1 << 16))]
+        warm: usize,
+        /// A low-bit copy's size over the record's (HOBBIT, DynaExq): 0.5 is a 2-bit copy of
+        /// 4-bit MXFP4 or a 1.5-bit copy of VQ3.
+        #[arg(long, default_value_t = 0.5)]
+        low_ratio: f64,
+        /// Seed of the simulated text.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// KDA and MLA decode at K3's dimensions next to their memory-traffic bounds.
     Attn {
         /// Repetitions (medians are reported).
@@ -206,6 +237,23 @@ pub fn run(what: Bench) -> Result<()> {
             (io::run(&o, json)?, json)
         }
         Bench::Attn { reps, json } => (attn::run(reps, json), json),
+        Bench::CacheSim { sizes, lever_size, layers, tokens, warm, low_ratio, seed, json } => {
+            let sizes = percents(&sizes)?;
+            anyhow::ensure!(
+                lever_size > 0.0 && lever_size < 100.0 && low_ratio > 0.0 && low_ratio < 1.0,
+                "--lever-size is a percentage in (0, 100), --low-ratio a fraction in (0, 1)"
+            );
+            let o = cache_sim::Options {
+                sizes,
+                layers: layers as u32,
+                warm,
+                tokens,
+                seed,
+                lever_size: lever_size / 100.0,
+                low_ratio,
+            };
+            (cache_sim::run(&o, json)?, json)
+        }
         Bench::JsonMask { reps, json } => (json_mask::run(reps, json)?, json),
         Bench::Routing { model, prompt_file, prompt_tokens, tokens, json } => {
             let o = routing::Options { model, prompt_file, prompt_tokens, decode_tokens: tokens };
@@ -298,4 +346,15 @@ pub fn mem_read_gbps(bytes: usize, reps: usize) -> f64 {
         samples.push(bytes as f64 / t / 1e9);
     }
     median(samples)
+}
+
+/// A comma-separated list of percentages in (0, 100), as fractions.
+fn percents(s: &str) -> Result<Vec<f64>> {
+    s.split(',')
+        .map(|p| {
+            let v: f64 = p.trim().parse().map_err(|_| anyhow::anyhow!("`{p}` in --sizes is not a number"))?;
+            anyhow::ensure!(v > 0.0 && v < 100.0, "--sizes: {v} is not a percentage in (0, 100)");
+            Ok(v / 100.0)
+        })
+        .collect()
 }

@@ -11,7 +11,7 @@ use k3_attn::{KdaRun, KdaSeq, MlaSeq};
 use k3_quant::Matrix;
 use k3_quant::vecops::rms_norm;
 use k3_router::Routing;
-use k3_router::synthetic::{K3Like, RowContext};
+use k3_router::synthetic::RowContext;
 
 use super::Engine;
 use super::attnres::mix;
@@ -414,11 +414,7 @@ fn row_contexts(seqs: &[Seq<'_>]) -> Vec<RowContext> {
         let history = &s.session.ids;
         let id = |p: usize| if p < history.len() { history[p] } else { s.ids[p - history.len()] };
         for j in 0..s.ids.len() {
-            let position = history.len() + j;
-            let back = |n: usize| position.checked_sub(n).map(id);
-            let segment_ids =
-                std::array::from_fn(|phase| id(K3Like::segment_start(phase as u32, position as u64) as usize));
-            out.push(RowContext { position: position as u64, ids: [back(0), back(1), back(2)], segment_ids });
+            out.push(RowContext::at(history.len() + j, id));
         }
     }
     out
