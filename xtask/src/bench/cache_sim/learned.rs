@@ -76,9 +76,8 @@ fn solve(mut h: [[f64; INPUTS]; INPUTS], mut g: [f64; INPUTS]) -> [f64; INPUTS] 
         }
         for r in c + 1..INPUTS {
             let f = h[r][c] / h[c][c];
-            for k in c..INPUTS {
-                h[r][k] -= f * h[c][k];
-            }
+            let pivot = h[c];
+            h[r].iter_mut().zip(pivot).skip(c).for_each(|(a, b)| *a -= f * b);
             g[r] -= f * g[c];
         }
     }

@@ -257,7 +257,7 @@ impl<'a> Sim<'a> {
     fn victim(&mut self, t: usize, protect: &[(u32, u32)]) -> Option<(u32, u32)> {
         let keys: Vec<(u32, u32)> = self.resident.keys().copied().filter(|k| !protect.contains(k)).collect();
         self.evictions += 1;
-        if self.samples.is_some() && self.evictions % SAMPLE_EVERY == 0 {
+        if self.samples.is_some() && self.evictions.is_multiple_of(SAMPLE_EVERY) {
             let examples: Vec<([f64; INPUTS], f64)> = keys
                 .iter()
                 .map(|&k| {
