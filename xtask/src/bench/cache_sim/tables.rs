@@ -13,7 +13,8 @@ use super::Options;
 fn union_factor(traces: &[&Trace], steps: impl Iterator<Item = Vec<(usize, usize)>>) -> f64 {
     let (mut distinct, mut activations) = (0usize, 0usize);
     for rows in steps {
-        for l in 0..traces[0].len() {
+        let layers = traces[0].len();
+        (0..layers).for_each(|l| {
             let mut set = HashSet::new();
             for &(s, t) in &rows {
                 let r = &traces[s][l][t];
@@ -21,7 +22,7 @@ fn union_factor(traces: &[&Trace], steps: impl Iterator<Item = Vec<(usize, usize
                 set.extend(r.experts.iter().copied());
             }
             distinct += set.len();
-        }
+        });
     }
     distinct as f64 / activations.max(1) as f64
 }
