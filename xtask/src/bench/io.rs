@@ -257,12 +257,13 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
     if std::env::var_os("K3_BENCH_SAMPLES").is_some() {
         eprintln!("ceiling {ceil:.2?}\nreader {plain:.2?}\nchecked {checked:.2?}");
     }
+    let ceiling_samples = ceil.clone();
     let (c, p, v) = (median(ceil), median(plain), median(checked));
     let report = json!({
         "file": path.display().to_string(), "file_bytes": file_bytes, "record_bytes": o.record,
         "queue_depth": o.queue_depth, "reads_per_rep": o.reads, "reps": o.reps, "backend": name,
         "ceiling_source": ceiling_source,
-        "ceiling_gbps": c, "reader_gbps": p, "ratio": p / c,
+        "ceiling_gbps": c, "ceiling_samples_gbps": ceiling_samples, "reader_gbps": p, "ratio": p / c,
         "reader_verified_gbps": v, "verified_ratio": v / c,
     });
     if !json_out {

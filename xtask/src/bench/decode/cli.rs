@@ -133,13 +133,15 @@ pub fn task(args: Args) -> Result<()> {
         file_bytes: 0,
         record,
         queue_depth: 32,
-        // 2 GB per rep: long enough that a throttled drive's burst allowance does not
-        // inflate the ceiling (tools/bench/with-read-ceiling.sh).
-        reads: 400,
+        // 2 GB per rep whatever the record size: long enough that a throttled drive's burst
+        // allowance does not inflate the ceiling (tools/bench/with-read-ceiling.sh).
+        reads: (2_000_000_000 / record.max(1)).clamp(400, 200_000),
         reps: 3,
         backend: k3_io::BackendChoice::IoUring,
     };
-    let ceiling = crate::bench::io::run(&io, true)?["ceiling_gbps"].as_f64().unwrap_or(0.0);
+    let mut ceiling = super::ceiling::Ceiling::default();
+    ceiling.measure(&io)?;
+    ceiling.before = ceiling.samples.len();
     let o = Options {
         model: &model,
         tokens,
@@ -155,7 +157,12 @@ pub fn task(args: Args) -> Result<()> {
         prompt_ids: prompt_ids.as_deref(),
         sampler: SamplerConfig { temperature, seed: 5, ..SamplerConfig::default() },
     };
-    let report = run(&o, ceiling, json)?;
+    let mut report = run(&o)?;
+    ceiling.measure(&io)?;
+    super::ceiling::apply(&mut report, &ceiling);
+    if !json {
+        super::table::print_table(&o, &report, &ceiling);
+    }
     if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }

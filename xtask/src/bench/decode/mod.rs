@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use super::median;
 
+mod ceiling;
 mod cli;
 mod table;
 
@@ -324,24 +325,21 @@ const MEDIAN_KEYS: [&str; 20] = [
     "warm_prefill_bytes_per_token",
 ];
 
-/// One run's medians, with its I/O bound at `ceiling_gbps`.
-fn summarize(run: &Run, samples: &[Value], ceiling_gbps: f64, rss: Option<u64>) -> Value {
+/// One run's medians (its I/O bound is added by [`ceiling::apply`]).
+fn summarize(run: &Run, samples: &[Value], rss: Option<u64>) -> Value {
     let med = |key: &str| median(samples.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect());
     let mut v: serde_json::Map<String, Value> = MEDIAN_KEYS.iter().map(|k| (k.to_string(), json!(med(k)))).collect();
-    let (tps, bpt) = (med("tok_per_s"), med("bytes_per_token"));
-    let bound = if bpt > 0.0 { ceiling_gbps * 1e9 / bpt } else { f64::INFINITY };
     v.insert("variant".into(), json!(run.variant));
     v.insert("threads".into(), json!(run.threads));
     v.insert("batch".into(), json!(run.batch));
     v.insert("speculate".into(), json!(run.speculate));
-    v.insert("io_bound_tok_per_s".into(), json!(bound));
-    v.insert("io_bound_ratio".into(), json!(tps / bound));
     v.insert("peak_rss_bytes".into(), json!(rss));
     v.insert("cache_slots".into(), samples[0]["cache_slots"].clone());
     Value::Object(v)
 }
 
-pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> {
+/// The runs' report; `ceiling::apply` adds the I/O bound and `table::print_table` shows it.
+pub fn run(o: &Options<'_>) -> Result<Value> {
     let model = Model::open(o.model).with_context(|| format!("opening {}", o.model.display()))?;
     let vocab = model.manifest().architecture.vocab as u32;
     // Interleaved: a rep runs each configuration once, in a rotating order.
@@ -358,7 +356,7 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
         }
     }
     let rss = k3_engine::budget::peak_rss_bytes();
-    let medians: Vec<Value> = runs.iter().zip(&samples).map(|(r, s)| summarize(r, s, ceiling_gbps, rss)).collect();
+    let medians: Vec<Value> = runs.iter().zip(&samples).map(|(r, s)| summarize(r, s, rss)).collect();
     // Against the same configuration one sequence at a time, without drafts: the union factor
     // (distinct experts computed per token produced, over a lone token's) and the speed-up.
     let mut variants = serde_json::Map::new();
@@ -381,12 +379,8 @@ pub fn run(o: &Options<'_>, ceiling_gbps: f64, json_out: bool) -> Result<Value> 
         }
         variants.insert(run.label(o), v);
     }
-    let report = json!({
-        "model": o.model.display().to_string(), "ceiling_gbps": ceiling_gbps, "decode_tokens": o.tokens,
+    Ok(json!({
+        "model": o.model.display().to_string(), "decode_tokens": o.tokens,
         "prompt_tokens": prompt_len, "mem_budget": o.mem, "reps": o.reps, "variants": variants,
-    });
-    if !json_out {
-        table::print_table(o, prompt_len, ceiling_gbps, &variants);
-    }
-    Ok(report)
+    }))
 }

@@ -4,17 +4,14 @@
 use serde_json::Value;
 
 use super::Options;
+use super::ceiling::Ceiling;
 
-pub(super) fn print_table(
-    o: &Options<'_>,
-    prompt_len: usize,
-    ceiling_gbps: f64,
-    variants: &serde_json::Map<String, Value>,
-) {
-    println!(
-        "decode of {} tokens per sequence after a {prompt_len}-token prompt, {} reps (medians), O_DIRECT ceiling {ceiling_gbps:.2} GB/s",
-        o.tokens, o.reps
-    );
+pub(super) fn print_table(o: &Options<'_>, report: &Value, ceiling: &Ceiling) {
+    let prompt_len = report["prompt_tokens"].as_u64().unwrap_or(0);
+    let empty = serde_json::Map::new();
+    let variants = report["variants"].as_object().unwrap_or(&empty);
+    println!("decode of {} tokens per sequence after a {prompt_len}-token prompt, {} reps (medians)", o.tokens, o.reps);
+    println!("{}", ceiling.describe());
     println!(
         "{:<30} {:>8} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7} {:>9} {:>10} {:>9}",
         "variant",
@@ -34,7 +31,7 @@ pub(super) fn print_table(
     for (name, v) in variants {
         let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
         println!(
-            "{name:<30} {:>8.3} {:>7.2}x {:>10.1} {:>10.2} {:>6.1}% {:>9.4} {:>9.4} {:>8.2} {:>7.2} {:>8.2}x {:>10.3} {:>8.1}%",
+            "{name:<30} {:>8.3} {:>7.2}x {:>10.1} {:>10.2} {:>6.1}% {:>9.4} {:>9.4} {:>8.2} {:>7.2} {:>9} {:>10.3} {:>8.1}%",
             f("tok_per_s"),
             f("speedup"),
             f("prefill_tok_per_s"),
@@ -44,7 +41,7 @@ pub(super) fn print_table(
             f("compute_s_per_token"),
             f("overlap_efficiency"),
             f("lookahead_recall"),
-            f("io_bound_ratio"),
+            v["io_bound_ratio"].as_f64().map_or("-".to_string(), |r| format!("{r:.2}x")),
             f("warm_tok_per_s"),
             100.0 * f("warm_hit_rate")
         );
