@@ -65,3 +65,44 @@ fn the_engine_routes_as_the_process_does_however_the_rows_are_fed() {
         assert_eq!((&r.experts, &r.weights), (experts, weights), "position {position}, layer {layer}");
     }
 }
+
+/// Top-k reduction on the K3-like process: each row keeps the `n` heaviest of the experts the
+/// process chose for it (the process run directly), at the same total weight; `n` equal to the
+/// model's top-k changes nothing, and a larger `n` or 0 is refused by name.
+#[test]
+fn experts_per_token_keeps_the_heaviest_of_the_process_choice() {
+    let model = Model::open(model()).unwrap();
+    let cfg = Engine::load(&model).unwrap().config().clone();
+    let k = cfg.experts_per_token as usize;
+    let ids: Vec<u32> = (0..40u32).map(|i| (i * 31 + 5) % 512).collect();
+    let run = |n: Option<usize>| {
+        let opts = k3_engine::EngineOptions { experts_per_token: n, ..Default::default() };
+        let engine = Engine::load_with(&model, opts).unwrap();
+        let mut s = engine.session();
+        s.routing_trace = Some(Vec::new());
+        let logits = engine.forward(&mut s, &ids, None).unwrap();
+        (routes(&s), logits)
+    };
+    let (full, full_logits) = run(None);
+    let (same, same_logits) = run(Some(k));
+    assert_eq!(full, same);
+    assert_eq!(full_logits, same_logits);
+    let (half, half_logits) = run(Some(k / 2));
+    assert_ne!(full_logits, half_logits);
+    for ((_, _, e, w), (_, _, he, hw)) in full.iter().zip(&half) {
+        let mut order: Vec<usize> = (0..e.len()).collect();
+        order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(e[a].cmp(&e[b])));
+        let heaviest: Vec<u32> = order[..k / 2].iter().map(|&i| e[i]).collect();
+        assert_eq!(he, &heaviest);
+        let (total, kept): (f32, f32) = (w.iter().sum(), hw.iter().sum());
+        assert!((total - kept).abs() < 1e-4 * total, "{total} vs {kept}");
+    }
+    for bad in [0, k + 1] {
+        let opts = k3_engine::EngineOptions { experts_per_token: Some(bad), ..Default::default() };
+        let err = Engine::load_with(&model, opts).err().expect("refused").to_string();
+        assert!(
+            err.contains(&format!("experts per token {bad}")) && err.contains(&format!("routes each token to {k}")),
+            "{err}"
+        );
+    }
+}

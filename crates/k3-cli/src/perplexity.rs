@@ -23,8 +23,9 @@ pub struct PerplexityArgs {
     chunk: u32,
     /// Also compare with this model's predictions (the same text and windows): how often both
     /// models' most likely next token agree, and the mean KL divergence from it. The reference
-    /// runs with exact activations, so `--activations int8 --against` the same model measures
-    /// what int8 activations cost [default: none].
+    /// runs with exact activations and every routed expert, so `--activations int8 --against`
+    /// (or `--experts-per-token N --against`) the same model measures what that option costs
+    /// [default: none].
     #[arg(long, value_name = "MODEL")]
     against: Option<PathBuf>,
     /// Print one JSON object instead of a line.
@@ -60,6 +61,8 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
             let rm = open_model(reference, &a.engine.knobs.shard_dirs)?;
             let mut exact = a.engine.clone();
             exact.knobs.activations = None;
+            exact.knobs.experts_per_token = None;
+            exact.knobs.expert_top_p = None;
             let re = exact.load(&rm, reference, Needs::exact(context, chunk))?;
             let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
             let g = k3_engine::eval::agreement(&engine, &re, &ids, window, chunk, &mut |d| pb.set_position(d as u64))?;

@@ -44,6 +44,15 @@ pub struct EngineKnobs {
     /// slots, so each layer keeps its share).
     #[arg(long, default_value = "lfru", value_parser = ["lru", "lfu", "lfru"])]
     pub cache_policy: String,
+    /// Top-k reduction: each token uses only its N heaviest routed experts (of the model's own
+    /// top-k; K3 routes 16), so fewer expert reads. Changes results: its measured cost is in
+    /// docs/EFFICIENCY.md [default: every expert the model routes to].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub experts_per_token: Option<u16>,
+    /// Each token keeps its heaviest routed experts until they carry this share of its routing
+    /// weight (0-1]. Changes results [default: off].
+    #[arg(long, value_name = "P")]
+    pub expert_top_p: Option<f32>,
     /// Skip checking the trunk's checksums at load (only for a model `k3-cli verify` passed and
     /// nothing has touched since; expert records are always checked as they are read).
     #[arg(long)]
@@ -82,6 +91,8 @@ impl EngineKnobs {
             overlap: !self.no_overlap,
             lookahead: !self.no_lookahead,
             policy,
+            experts_per_token: self.experts_per_token.map(usize::from),
+            expert_top_p: self.expert_top_p,
             context: self.context.unwrap_or(needs.context).max(needs.min_context),
             chunk: needs.chunk.map(|c| c as u64),
             reserved_bytes: needs.reserved_bytes,

@@ -18,5 +18,5 @@ pub mod synthetic;
 pub mod trace_stats;
 pub mod usage;
 
-pub use route::{RouterConfig, Routing, route, select};
+pub use route::{RouterConfig, Routing, route, select, trim};
 pub use usage::{Key, UsageError, UsageHistory};

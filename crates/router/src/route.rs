@@ -20,6 +20,9 @@ pub struct RouterConfig {
     /// Keep experts (heaviest first) until their weights sum to `p`, then renormalize. Changes
     /// results, so off (`None`) by default.
     pub top_p: Option<f32>,
+    /// Keep only the `n` heaviest of the `top_k` chosen, their weights scaled to the total of all
+    /// `top_k` (top-k reduction: fewer expert reads a token). Changes results: off by default.
+    pub keep: Option<usize>,
 }
 
 impl RouterConfig {
@@ -33,6 +36,7 @@ impl RouterConfig {
             scaling: 1.0,
             biased_weights: false,
             top_p: None,
+            keep: None,
         }
     }
 }
@@ -94,6 +98,33 @@ fn select_biased(cfg: &RouterConfig, biased: &[f32], width: usize) -> Vec<u32> {
     top(biased, width, |i| allowed_groups.contains(&(i / per.max(1)))).into_iter().map(|i| i as u32).collect()
 }
 
+/// Applies `cfg.top_p` and `cfg.keep` to a token's routing: the heaviest experts kept (ties: the
+/// lower index) until their weight reaches `top_p` of the total and at most `keep` of them, their
+/// weights scaled so they sum to the total of all chosen. Nothing changes when both are off.
+pub fn trim(cfg: &RouterConfig, out: &mut Routing) {
+    if cfg.top_p.is_none() && cfg.keep.is_none_or(|k| k >= out.experts.len()) {
+        return;
+    }
+    let mut order: Vec<usize> = (0..out.experts.len()).collect();
+    order.sort_by(|&a, &b| out.weights[b].total_cmp(&out.weights[a]).then(out.experts[a].cmp(&out.experts[b])));
+    let total: f32 = out.weights.iter().sum();
+    let (p, most) = (cfg.top_p.unwrap_or(1.0), cfg.keep.unwrap_or(usize::MAX).max(1));
+    let mut kept = Vec::new();
+    let mut acc = 0.0;
+    for i in order {
+        if kept.len() == most || (!kept.is_empty() && cfg.top_p.is_some() && acc >= p * total) {
+            break;
+        }
+        kept.push(i);
+        acc += out.weights[i];
+    }
+    let sum: f32 = kept.iter().map(|&i| out.weights[i]).sum::<f32>() + 1e-20;
+    let experts = kept.iter().map(|&i| out.experts[i]).collect();
+    let weights = kept.iter().map(|&i| out.weights[i] / sum * total).collect();
+    out.experts = experts;
+    out.weights = weights;
+}
+
 /// Routes one token: fills `out` with the chosen experts and their weights.
 pub fn route(cfg: &RouterConfig, logits: &[f32], bias: &[f32], out: &mut Routing) {
     assert_eq!(logits.len(), cfg.experts, "{} gate logits for {} experts", logits.len(), cfg.experts);
@@ -113,25 +144,6 @@ pub fn route(cfg: &RouterConfig, logits: &[f32], bias: &[f32], out: &mut Routing
         let sum: f32 = out.weights.iter().sum::<f32>() + 1e-20;
         out.weights.iter_mut().for_each(|w| *w /= sum);
     }
-    if let Some(p) = cfg.top_p {
-        // Heaviest first (ties: lower index), keep until the kept weight reaches p.
-        let mut order: Vec<usize> = (0..out.experts.len()).collect();
-        order.sort_by(|&a, &b| out.weights[b].total_cmp(&out.weights[a]).then(out.experts[a].cmp(&out.experts[b])));
-        let total: f32 = out.weights.iter().sum();
-        let mut kept = Vec::new();
-        let mut acc = 0.0;
-        for i in order {
-            kept.push(i);
-            acc += out.weights[i];
-            if acc >= p * total {
-                break;
-            }
-        }
-        let sum: f32 = kept.iter().map(|&i| out.weights[i]).sum::<f32>() + 1e-20;
-        let experts = kept.iter().map(|&i| out.experts[i]).collect();
-        let weights = kept.iter().map(|&i| out.weights[i] / sum * total).collect();
-        out.experts = experts;
-        out.weights = weights;
-    }
+    trim(cfg, out);
     out.weights.iter_mut().for_each(|w| *w *= cfg.scaling);
 }

@@ -48,7 +48,7 @@ proptest! {
         let experts = groups * per;
         let logits: Vec<f32> = levels.iter().take(experts).map(|l| f32::from(*l) - 2.0).collect();
         let bias: Vec<f32> = bias_levels.iter().take(experts).map(|b| f32::from(*b) * 0.01).collect();
-        let cfg = RouterConfig { experts, top_k, groups, top_groups, renormalize, scaling, biased_weights: biased, top_p: None };
+        let cfg = RouterConfig { experts, top_k, groups, top_groups, renormalize, scaling, biased_weights: biased, top_p: None, keep: None };
         let mut got = Routing::default();
         route(&cfg, &logits, &bias, &mut got);
         let want = reference(&cfg, &logits, &bias);
@@ -107,6 +107,28 @@ fn top_p_keeps_the_heaviest_experts_and_renormalizes() {
     assert_eq!(r.experts, vec![0, 1]);
     assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
     assert!((r.weights[0] - s[0] / (s[0] + s[1])).abs() < 1e-6, "{:?} {total}", r.weights);
+}
+
+/// Top-k reduction: the `keep` heaviest of the chosen, weights scaled to the total of all chosen
+/// (hand-computed from the sigmoid scores); a `keep` at or above top-k changes nothing.
+#[test]
+fn keep_takes_the_heaviest_and_keeps_the_total() {
+    let logits = [0.5f32, 2.0, -1.0, 1.0, 0.0, -3.0];
+    let s: Vec<f32> = logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect();
+    let cfg = RouterConfig { keep: Some(2), scaling: 2.0, ..RouterConfig::new(6, 4) };
+    let mut r = Routing::default();
+    route(&cfg, &logits, &[0.0; 6], &mut r);
+    // Chosen: 1, 3, 0, 4 (sum 0.881 + 0.731 + 0.622 + 0.5); kept: the two heaviest, 1 and 3.
+    assert_eq!(r.experts, vec![1, 3]);
+    let chosen = s[1] + s[3] + s[0] + s[4];
+    assert!((r.weights[0] - 2.0 * s[1] / chosen * chosen / (s[1] + s[3])).abs() < 1e-6, "{:?}", r.weights);
+    assert!((r.weights.iter().sum::<f32>() - 2.0).abs() < 1e-5);
+    let mut whole = Routing::default();
+    route(&RouterConfig { keep: Some(4), ..cfg }, &logits, &[0.0; 6], &mut whole);
+    let mut plain = Routing::default();
+    route(&RouterConfig { keep: None, ..cfg }, &logits, &[0.0; 6], &mut plain);
+    assert_eq!(whole, plain);
+    assert_eq!(plain.experts.len(), 4);
 }
 
 #[test]

@@ -214,6 +214,10 @@ pub struct MoeDims {
     /// A synthetic model's K3-like routing process and its seed (config.json's
     /// `k3_synthetic_routing`), used instead of the router's weights.
     pub synthetic_routing: Option<u64>,
+    /// Run-time routing knobs (not from config.json; `EngineOptions`): top-k reduction and
+    /// top-p over the chosen experts' weights.
+    pub keep: Option<usize>,
+    pub top_p: Option<f32>,
 }
 
 /// A synthetic model's routing process (`"k3_synthetic_routing": {"model": "k3-like", "seed": N}`).
@@ -301,6 +305,8 @@ impl TextConfig {
                     return Err(format!("k3_synthetic_routing.model: `{}` (the one process is k3-like)", s.model));
                 }
             },
+            keep: None,
+            top_p: None,
         })
     }
 

@@ -254,7 +254,8 @@ fn moe_layer<'m>(t: Trunk<'m>, i: u32, m: MoeDims, d: usize) -> Result<Moe<'m>, 
         renormalize: m.renormalize,
         scaling: m.scaling,
         biased_weights: false,
-        top_p: None,
+        top_p: m.top_p,
+        keep: m.keep,
     };
     let latent = match m.latent {
         Some(z) => {

@@ -71,6 +71,35 @@ pub struct Engine<'m> {
     fingerprint: std::sync::OnceLock<u64>,
 }
 
+/// Applies the options that change routing (top-k reduction, top-p) to the model's MoE, refusing
+/// values the model cannot take.
+fn routing_knobs(cfg: &mut ModelConfig, opts: &EngineOptions) -> Result<(), EngineError> {
+    if opts.experts_per_token.is_none() && opts.expert_top_p.is_none() {
+        return Ok(());
+    }
+    let Some(moe) = cfg.moe.as_mut() else {
+        return Err(EngineError::Config(
+            "expert routing options were given, but the model has no routed experts".into(),
+        ));
+    };
+    if let Some(n) = opts.experts_per_token {
+        if n == 0 || n > moe.top_k {
+            return Err(EngineError::Config(format!(
+                "experts per token {n}: the model routes each token to {}; give 1 to {} (fewer only)",
+                moe.top_k, moe.top_k
+            )));
+        }
+        moe.keep = Some(n);
+    }
+    if let Some(p) = opts.expert_top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(EngineError::Config(format!("expert top-p {p}: give a share of the routing weight in (0, 1]")));
+        }
+        moe.top_p = Some(p);
+    }
+    Ok(())
+}
+
 impl<'m> Engine<'m> {
     pub fn load(model: &'m Model) -> Result<Engine<'m>, EngineError> {
         Self::load_with(model, EngineOptions::default())
@@ -83,7 +112,8 @@ impl<'m> Engine<'m> {
         let trunk_check = if opts.verify_trunk { Some(crate::verify::verify_trunk(model)?) } else { None };
         let raw =
             model.blob("config.json").ok_or_else(|| EngineError::Config("the model embeds no config.json".into()))?;
-        let cfg = ModelConfig::parse(std::path::Path::new("config.json"), raw)?;
+        let mut cfg = ModelConfig::parse(std::path::Path::new("config.json"), raw)?;
+        routing_knobs(&mut cfg, &opts)?;
         let (d, vocab) = (cfg.hidden as usize, cfg.vocab as usize);
         let embed = matrix(model, names::EMBED)?;
         if !matches!(embed, Matrix::F32 { .. } | Matrix::Bf16 { .. }) || embed.rows() != vocab || embed.cols() != d {

@@ -21,6 +21,12 @@ pub struct EngineOptions {
     /// Give up a cached expert of the layer holding the most slots, so each layer keeps its
     /// share (off: the policy over the whole cache). docs/EFFICIENCY.md measures both.
     pub cache_layer_shares: bool,
+    /// Top-k reduction: each token uses only its `n` heaviest routed experts (fewer reads), their
+    /// weights scaled to the total of all it chose. Changes results: `None` (off) by default.
+    pub experts_per_token: Option<usize>,
+    /// Each token keeps its heaviest routed experts until they carry this share of its routing
+    /// weight. Changes results: `None` (off) by default.
+    pub expert_top_p: Option<f32>,
     /// Reads in flight at once.
     pub queue_depth: usize,
     /// Tokens of context the memory plan reserves MLA cache for (sessions reserve it up front).
@@ -60,6 +66,8 @@ impl Default for EngineOptions {
             lookahead_stats: false,
             policy: Policy::Lfru,
             cache_layer_shares: true,
+            experts_per_token: None,
+            expert_top_p: None,
             queue_depth: 32,
             context: 4096,
             sequences: 1,

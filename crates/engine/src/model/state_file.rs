@@ -22,7 +22,9 @@ pub enum StateFileError {
     Magic,
     #[error("state file format version {found}; this build reads version {STATE_FILE_VERSION}")]
     Version { found: u32 },
-    #[error("the state is another model's (fingerprint {found:016x}; this model's is {want:016x})")]
+    #[error(
+        "the state is another model's, or was saved with other routing options (fingerprint {found:016x}; this model's is {want:016x})"
+    )]
     Model { found: u64, want: u64 },
     #[error("truncated at byte {at} (needs {need} more)")]
     Truncated { at: usize, need: usize },
@@ -46,8 +48,18 @@ impl Engine<'_> {
     /// the architecture and every tensor's checksum (another model, or the same one re-encoded,
     /// has another).
     pub fn fingerprint(&self) -> u64 {
-        // A manifest is plain data: serializing it cannot fail.
-        *self.fingerprint.get_or_init(|| xxh3_64(&serde_json::to_vec(self.model.manifest()).unwrap_or_default()))
+        // A manifest is plain data: serializing it cannot fail. Routing knobs change every
+        // state after the first MoE layer, so a state saved under them belongs to them.
+        *self.fingerprint.get_or_init(|| {
+            let mut bytes = serde_json::to_vec(self.model.manifest()).unwrap_or_default();
+            if let Some(n) = self.opts.experts_per_token {
+                bytes.extend_from_slice(format!("experts_per_token={n}").as_bytes());
+            }
+            if let Some(p) = self.opts.expert_top_p {
+                bytes.extend_from_slice(format!("expert_top_p={p}").as_bytes());
+            }
+            xxh3_64(&bytes)
+        })
     }
 
     /// `session`'s state (and `logits` after its last token, if given) as a state file's bytes.
