@@ -99,7 +99,8 @@ fn experts_per_token_keeps_the_heaviest_of_the_process_choice() {
     }
     for bad in [0, k + 1] {
         let opts = k3_engine::EngineOptions { experts_per_token: Some(bad), ..Default::default() };
-        let err = Engine::load_with(&model, opts).err().expect("refused").to_string();
+        let Err(err) = Engine::load_with(&model, opts).map(|_| ()) else { panic!("{bad} experts per token accepted") };
+        let err = err.to_string();
         assert!(
             err.contains(&format!("experts per token {bad}")) && err.contains(&format!("routes each token to {k}")),
             "{err}"
