@@ -121,6 +121,13 @@ pub enum Bench {
     /// learned policy and Belady's optimum against cache size; lookahead, HOBBIT, DynaExq and
     /// top-k at one size; batches, speculation and pruning.
     CacheSim {
+        /// Simulate this model's own routing of a text instead of the K3-like process (its first
+        /// half fits the learned policy, the second is the test) [default: the K3-like process].
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// The text a `--model` routes [default: fixtures/default-model/heldout.txt].
+        #[arg(long, value_name = "FILE")]
+        prompt_file: Option<PathBuf>,
         /// Cache sizes in percent of the experts, comma-separated.
         #[arg(long, default_value = "0.5,1,1.7,2.9,5")]
         sizes: String,
@@ -237,13 +244,15 @@ pub fn run(what: Bench) -> Result<()> {
             (io::run(&o, json)?, json)
         }
         Bench::Attn { reps, json } => (attn::run(reps, json), json),
-        Bench::CacheSim { sizes, lever_size, layers, tokens, warm, low_ratio, seed, json } => {
+        Bench::CacheSim { model, prompt_file, sizes, lever_size, layers, tokens, warm, low_ratio, seed, json } => {
             let sizes = percents(&sizes)?;
             anyhow::ensure!(
                 lever_size > 0.0 && lever_size < 100.0 && low_ratio > 0.0 && low_ratio < 1.0,
                 "--lever-size is a percentage in (0, 100), --low-ratio a fraction in (0, 1)"
             );
             let o = cache_sim::Options {
+                model,
+                prompt_file,
                 sizes,
                 layers: layers as u32,
                 warm,

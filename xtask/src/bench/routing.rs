@@ -80,6 +80,31 @@ fn prompts(tok: Option<&Tokenizer>, file: &Path, n: usize, vocab: usize) -> Resu
     Ok((ids[..n].to_vec(), ids[half..half + n].to_vec()))
 }
 
+/// A model's routing of the first `n` tokens of `file` (seeded random ids for a model without a
+/// tokenizer), fed as a prompt: per MoE layer, each position's experts and weights, with the
+/// model's experts per layer.
+pub fn text_trace(model: &Path, file: &Path, n: usize) -> Result<(Trace, usize)> {
+    let opts = EngineOptions { context: n as u64 + 8, ..EngineOptions::default() };
+    let owned = OwnedEngine::open(model, &OpenOptions::default(), opts)?;
+    let engine = owned.engine();
+    let tok = Tokenizer::from_model(owned.model()).transpose()?;
+    let ids = match tok {
+        Some(t) => {
+            let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+            let ids = t.encode(&text);
+            anyhow::ensure!(ids.len() >= n, "{} is {} tokens: give one of at least {n}", file.display(), ids.len());
+            ids[..n].to_vec()
+        }
+        None => prompts(None, file, n, engine.vocab())?.0,
+    };
+    let mut s = engine.session();
+    s.routing_trace = Some(Vec::new());
+    for c in ids.chunks(engine.prefill_chunk().max(1)) {
+        engine.forward_last(&mut s, c)?;
+    }
+    Ok((trace_of(&mut s, 0), engine.config().experts as usize))
+}
+
 pub fn run(o: &Options, json_out: bool) -> Result<Value> {
     let opts = EngineOptions {
         context: (o.prompt_tokens + o.decode_tokens + 8) as u64,

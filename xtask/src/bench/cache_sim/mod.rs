@@ -26,6 +26,9 @@ use serde_json::{Value, json};
 use sim::{Choice, Outcome, Sim, Variant};
 
 pub struct Options {
+    /// A model whose own routing of a text is simulated (else the K3-like process).
+    pub model: Option<std::path::PathBuf>,
+    pub prompt_file: Option<std::path::PathBuf>,
     /// Cache sizes, as fractions of the experts.
     pub sizes: Vec<f64>,
     pub layers: u32,
@@ -53,19 +56,50 @@ fn outcome_json(o: &Outcome) -> Value {
     json!({"hit_rate": o.hit_rate(), "records_per_token": o.per_token(), "low_precision_share": o.low as f64 / o.requests.max(1) as f64})
 }
 
+/// The text a model routes: a test trace and another to fit the learned policy on, the
+/// experts per layer, the lookahead's guesses (K3-like routing only) and what needs no cache.
+struct Source {
+    name: String,
+    test: Trace,
+    train: Trace,
+    experts: usize,
+    no_cache: Value,
+}
+
+fn source(o: &Options) -> Result<(Source, Option<(RouterConfig, K3Like, Vec<u32>)>)> {
+    let n = o.warm + o.tokens;
+    let Some(model) = &o.model else {
+        let (cfg, p) = k3_shape();
+        let ids = random_ids(n, 160_000, o.seed);
+        let test = trace(&p, &cfg, &ids, o.layers);
+        let train = trace(&p, &cfg, &random_ids(n, 160_000, o.seed + 1000), o.layers);
+        let no_cache = tables::without_cache(&p, &cfg, o);
+        let name = "k3-like (896 experts, top 16)".to_string();
+        return Ok((Source { name, test, train, experts: cfg.experts, no_cache }, Some((cfg, p, ids))));
+    };
+    // A model's own routing of one text: its first half fits the learned policy, the second is
+    // the test.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let file = o.prompt_file.clone().unwrap_or_else(|| root.join("fixtures/default-model/heldout.txt"));
+    let (whole, experts) = crate::bench::routing::text_trace(model, &file, 2 * n)?;
+    let train: Trace = whole.iter().map(|l| l[..n].to_vec()).collect();
+    let test: Trace = whole.iter().map(|l| l[n..].to_vec()).collect();
+    let no_cache = json!({"pruning": tables::pruning(&train, &test, experts)});
+    Ok((Source { name: model.display().to_string(), test, train, experts, no_cache }, None))
+}
+
 pub fn run(o: &Options, json_out: bool) -> Result<Value> {
     anyhow::ensure!(o.tokens > 0 && o.layers > 0, "--tokens and --layers must be at least 1");
-    let (cfg, p) = k3_shape();
     let n = o.warm + o.tokens;
-    let ids = random_ids(n, 160_000, o.seed);
-    let test = trace(&p, &cfg, &ids, o.layers);
-    let train = trace(&p, &cfg, &random_ids(n, 160_000, o.seed + 1000), o.layers);
-    let predict = |l: u32, t: usize| p.predict(&cfg, l, &RowContext::at(t, |i| ids[i]), cfg.top_k / 2);
-    let experts = cfg.experts;
+    let (src, process) = source(o)?;
+    let predict = |l: u32, t: usize| match &process {
+        Some((cfg, p, ids)) => p.predict(cfg, l, &RowContext::at(t, |i| ids[i]), cfg.top_k / 2),
+        None => Vec::new(),
+    };
     let mut policies = Vec::new();
     for &f in &o.sizes {
-        let slots = slots_for(f, &test, experts);
-        let learned = sim::learn(&train, slots, o.warm, 1);
+        let slots = slots_for(f, &src.test, src.experts);
+        let learned = sim::learn(&src.train, slots, o.warm, 1);
         let choices: [(&str, Choice); 5] = [
             ("lru", Choice::Engine(Policy::Lru)),
             ("lfu", Choice::Engine(Policy::Lfu)),
@@ -75,16 +109,15 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
         ];
         let mut row = json!({"fraction": f, "slots": slots, "learned_weights": learned.w});
         for (name, c) in choices {
-            let out = Sim::new(&test, slots, c, Variant::default()).run(0, o.warm, n, &predict);
+            let out = Sim::new(&src.test, slots, c, Variant::default()).run(0, o.warm, n, &predict);
             row[name] = outcome_json(&out);
         }
         policies.push(row);
     }
-    let levers = levers(o, &test, experts, &predict);
-    let no_cache = tables::without_cache(&p, &cfg, o);
+    let levers = levers(o, &src.test, src.experts, &predict, process.is_some());
     let report = json!({
-        "routing": "k3-like (896 experts, top 16)", "layers": o.layers, "warm_tokens": o.warm, "tokens": o.tokens,
-        "seed": o.seed, "policies": policies, "levers": levers, "no_cache": no_cache,
+        "routing": src.name, "layers": src.test.len(), "warm_tokens": o.warm, "tokens": o.tokens,
+        "seed": o.seed, "policies": policies, "levers": levers, "no_cache": src.no_cache,
     });
     if !json_out {
         tables::print(&report);
@@ -93,24 +126,43 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
 }
 
 /// Each lever at `o.lever_size` with LFRU, against LFRU alone.
-fn levers(o: &Options, test: &Trace, experts: usize, predict: &dyn Fn(u32, usize) -> Vec<u32>) -> Vec<Value> {
+fn levers(
+    o: &Options,
+    test: &Trace,
+    experts: usize,
+    predict: &dyn Fn(u32, usize) -> Vec<u32>,
+    lookahead: bool,
+) -> Vec<Value> {
     let slots = slots_for(o.lever_size, test, experts);
     let low = o.low_ratio;
     let base = Variant { low_ratio: low, ..Variant::default() };
-    let variants: [(&str, Variant, &str); 8] = [
-        ("lfru", base, "exact"),
-        ("lookahead 8", Variant { lookahead: 8, ..base }, "exact"),
-        ("lookahead 4", Variant { lookahead: 4, ..base }, "exact"),
-        ("hobbit: ranks 9-16 low-bit on a miss", Variant { hobbit_keep: Some(8), ..base }, "changes results"),
-        ("hobbit: ranks 13-16 low-bit on a miss", Variant { hobbit_keep: Some(12), ..base }, "changes results"),
-        ("dynaexq: a quarter of the bytes demoted", Variant { dynaexq: true, ..base }, "changes results"),
-        ("top-12 of 16", Variant { top_k: Some(12), ..base }, "changes results"),
-        ("top-8 of 16", Variant { top_k: Some(8), ..base }, "changes results"),
+    let k = test.first().and_then(|l| l.first()).map_or(1, |r| r.experts.len());
+    let (half, three_q) = ((k / 2).max(1), (3 * k / 4).max(1));
+    let variants: [(String, Variant, &str); 8] = [
+        ("lfru".into(), base, "exact"),
+        ("lookahead, k/2 guesses".into(), Variant { lookahead: half, ..base }, "exact"),
+        ("lookahead, k/4 guesses".into(), Variant { lookahead: (k / 4).max(1), ..base }, "exact"),
+        (
+            format!("hobbit: ranks {}-{k} low-bit on a miss", half + 1),
+            Variant { hobbit_keep: Some(half), ..base },
+            "changes results",
+        ),
+        (
+            format!("hobbit: ranks {}-{k} low-bit on a miss", three_q + 1),
+            Variant { hobbit_keep: Some(three_q), ..base },
+            "changes results",
+        ),
+        ("dynaexq: a quarter of the bytes demoted".into(), Variant { dynaexq: true, ..base }, "changes results"),
+        (format!("top-{three_q} of {k}"), Variant { top_k: Some(three_q), ..base }, "changes results"),
+        (format!("top-{half} of {k}"), Variant { top_k: Some(half), ..base }, "changes results"),
     ];
     let n = o.warm + o.tokens;
     let mut rows = Vec::new();
     let mut base_records = f64::NAN;
     for (name, v, exact) in variants {
+        if v.lookahead > 0 && !lookahead {
+            continue; // a model's trace carries no lookahead guesses
+        }
         let out = Sim::new(test, slots, Choice::Engine(Policy::Lfru), v).run(0, o.warm, n, predict);
         if name == "lfru" {
             base_records = out.per_token();

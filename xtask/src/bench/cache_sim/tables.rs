@@ -129,20 +129,22 @@ pub fn print(r: &Value) {
         );
     }
     let nc = &r["no_cache"];
-    println!("\nwithout a cache: batches of unrelated sequences (union factor = records per token vs one)");
-    for b in nc["batches"].as_array().into_iter().flatten() {
-        println!("  batch {:>2}: {:.3}", b["batch"], f(b, "union_factor"));
-    }
-    println!("speculation: records per accepted token vs plain decode");
-    for s in nc["speculation"].as_array().into_iter().flatten() {
-        println!(
-            "  {} drafts (union {:.3}), acceptance {:.1}: {:.2} tokens a step, {:.3}",
-            s["drafts"],
-            f(s, "union_factor"),
-            f(s, "acceptance"),
-            f(s, "tokens_per_step"),
-            f(s, "records_per_token_vs_plain")
-        );
+    if nc["batches"].is_array() {
+        println!("\nwithout a cache: batches of unrelated sequences (union factor = records per token vs one)");
+        for b in nc["batches"].as_array().into_iter().flatten() {
+            println!("  batch {:>2}: {:.3}", b["batch"], f(b, "union_factor"));
+        }
+        println!("speculation: records per accepted token vs plain decode");
+        for s in nc["speculation"].as_array().into_iter().flatten() {
+            println!(
+                "  {} drafts (union {:.3}), acceptance {:.1}: {:.2} tokens a step, {:.3}",
+                s["drafts"],
+                f(s, "union_factor"),
+                f(s, "acceptance"),
+                f(s, "tokens_per_step"),
+                f(s, "records_per_token_vs_plain")
+            );
+        }
     }
     println!("pruning the least used experts (use counted on another text)");
     for p in nc["pruning"].as_array().into_iter().flatten() {
