@@ -66,7 +66,10 @@ struct Source {
     no_cache: Value,
 }
 
-fn source(o: &Options) -> Result<(Source, Option<(RouterConfig, K3Like, Vec<u32>)>)> {
+/// The K3-like process and the test text's ids (what its lookahead guesses from).
+type Process = (RouterConfig, K3Like, Vec<u32>);
+
+fn source(o: &Options) -> Result<(Source, Option<Process>)> {
     let n = o.warm + o.tokens;
     let Some(model) = &o.model else {
         let (cfg, p) = k3_shape();
