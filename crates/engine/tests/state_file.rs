@@ -68,3 +68,22 @@ fn another_models_state_is_refused() {
     assert!(matches!(err, StateFileError::Model { .. }), "{err}");
     assert!(err.to_string().contains("another model"), "{err}");
 }
+
+/// A state saved with fewer experts per token (its layers computed from other experts) is not
+/// resumed by an engine routing to all of them, nor the other way round.
+#[test]
+fn a_state_saved_under_other_routing_options_is_refused() {
+    let model = open("default.waste");
+    let full = Engine::load(&model).unwrap();
+    let opts = k3_engine::EngineOptions { experts_per_token: Some(2), ..Default::default() };
+    let fewer = Engine::load_with(&model, opts).unwrap();
+    assert_ne!(full.fingerprint(), fewer.fingerprint());
+    let mut s = fewer.session();
+    fewer.forward_last(&mut s, &PROMPT[..4]).unwrap();
+    let err = full.read_state_file(&fewer.state_file(&s, None)).expect_err("saved with 2 experts a token");
+    assert!(err.to_string().contains("other routing options"), "{err}");
+    let mut t = full.session();
+    full.forward_last(&mut t, &PROMPT[..4]).unwrap();
+    assert!(fewer.read_state_file(&full.state_file(&t, None)).is_err());
+    assert!(fewer.read_state_file(&fewer.state_file(&s, None)).is_ok());
+}
