@@ -164,7 +164,8 @@ impl K3Like {
         out
     }
 
-    /// The row's experts and weights at `layer`, into `out` (weights sum to the config's scale).
+    /// The row's experts and weights at `layer`, into `out` (weights sum to the config's scale),
+    /// trimmed by the config's `keep` and `top_p` as [`crate::route`] trims a gate's.
     pub fn route(&self, cfg: &RouterConfig, layer: u32, row: &RowContext, out: &mut Routing) {
         let l = u64::from(layer);
         let mut chosen: Vec<u32> = Vec::with_capacity(self.k);
@@ -220,6 +221,8 @@ impl K3Like {
                 out.weights.push(w[i]);
             }
         }
+        // The run-time knobs (top-k reduction, top-p) apply as they do to a gate's routing.
+        crate::route::trim(cfg, out);
     }
 }
 

@@ -246,7 +246,6 @@ impl<'m> Engine<'m> {
             Some(p) => {
                 for (ctx, r) in rows.contexts.iter().zip(routings.iter_mut()) {
                     p.route(&moe.router, layer, ctx, r);
-                    k3_router::trim(&moe.router, r);
                 }
             }
             None => {

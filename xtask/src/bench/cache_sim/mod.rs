@@ -112,7 +112,7 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
         ];
         let mut row = json!({"fraction": f, "slots": slots, "learned_weights": learned.w});
         for (name, c) in choices {
-            let out = Sim::new(&src.test, slots, c, Variant::default()).run(0, o.warm, n, &predict);
+            let out = Sim::new(&src.test, slots, c, Variant::default()).run(o.warm, n, &predict);
             row[name] = outcome_json(&out);
         }
         policies.push(row);
@@ -166,7 +166,7 @@ fn levers(
         if v.lookahead > 0 && !lookahead {
             continue; // a model's trace carries no lookahead guesses
         }
-        let out = Sim::new(test, slots, Choice::Engine(Policy::Lfru), v).run(0, o.warm, n, predict);
+        let out = Sim::new(test, slots, Choice::Engine(Policy::Lfru), v).run(o.warm, n, predict);
         if name == "lfru" {
             base_records = out.per_token();
         }
@@ -177,7 +177,7 @@ fn levers(
         rows.push(row);
     }
     let whole =
-        Sim::new(test, slots, Choice::Engine(Policy::Lfru), base).with_layer_shares(false).run(0, o.warm, n, predict);
+        Sim::new(test, slots, Choice::Engine(Policy::Lfru), base).with_layer_shares(false).run(o.warm, n, predict);
     let mut row = outcome_json(&whole);
     row["lever"] = json!("lfru, no layer shares (the engine before #37)");
     row["results"] = json!("exact");

@@ -61,9 +61,8 @@ impl Outcome {
 struct Resident {
     last_use: u64,
     uses: f64,
-    /// Token index of the last use, and the weight it had.
+    /// Token index of the last use.
     last_token: usize,
-    last_weight: f32,
     /// Decayed counts for the learned policy's features.
     feats: Features,
 }
@@ -109,7 +108,7 @@ pub fn learn(train: &Trace, slots: usize, warm: usize, rounds: usize) -> Learned
         let mut sim = Sim::new(train, slots, choice, Variant::default());
         sim.uses_at = uses.clone();
         sim.samples = Some(Vec::new());
-        sim.run(0, warm, train[0].len(), &|_, _| Vec::new());
+        sim.run(warm, train[0].len(), &|_, _| Vec::new());
         samples.extend(sim.samples.unwrap_or_default());
         model = Learned::fit(&samples);
         choice = Choice::Learned(model.clone());
@@ -147,18 +146,12 @@ impl<'a> Sim<'a> {
         self
     }
 
-    /// Decodes tokens `from..to` of the trace (layers in turn for each token), counting from
+    /// Decodes tokens `..to` of the trace (layers in turn for each token), counting from
     /// `count_from` on (the ones before warm the cache).
-    pub fn run(
-        &mut self,
-        from: usize,
-        count_from: usize,
-        to: usize,
-        predict: &dyn Fn(u32, usize) -> Vec<u32>,
-    ) -> Outcome {
+    pub fn run(&mut self, count_from: usize, to: usize, predict: &dyn Fn(u32, usize) -> Vec<u32>) -> Outcome {
         let mut out = Outcome::default();
         let layers = self.trace.len() as u32;
-        for t in from..to {
+        for t in 0..to {
             let counting = t >= count_from;
             let mut o = Outcome::default();
             for l in 0..layers {
@@ -186,10 +179,10 @@ impl<'a> Sim<'a> {
         let keep = self.variant.top_k.unwrap_or(order.len()).min(order.len());
         let protect: Vec<(u32, u32)> = order[..keep].iter().map(|&i| (l, r.experts[i])).collect();
         for (rank, &i) in order[..keep].iter().enumerate() {
-            let (e, w) = (r.experts[i], r.weights[i]);
+            let e = r.experts[i];
             self.clock += 1;
             o.requests += 1;
-            if self.touch((l, e), t, w) {
+            if self.touch((l, e), t) {
                 o.hits += 1;
                 continue;
             }
@@ -204,7 +197,7 @@ impl<'a> Sim<'a> {
                 continue;
             }
             o.records_read += 1.0;
-            self.insert((l, e), t, w, &protect);
+            self.insert((l, e), t, &protect);
         }
     }
 
@@ -219,19 +212,18 @@ impl<'a> Sim<'a> {
         for e in missing {
             self.clock += 1;
             o.records_read += 1.0;
-            self.insert((l, e), t.saturating_sub(1), 0.0, &[]);
+            self.insert((l, e), t.saturating_sub(1), &[]);
         }
     }
 
     /// A use of a resident record; false if it is not resident.
-    fn touch(&mut self, k: (u32, u32), t: usize, w: f32) -> bool {
+    fn touch(&mut self, k: (u32, u32), t: usize) -> bool {
         let (clock, slots, policy) = (self.clock, self.slots, self.engine_policy());
         let Some(r) = self.resident.get_mut(&k) else { return false };
         r.uses = k3_io::cache::decayed(r.uses, clock - r.last_use, slots, policy) + 1.0;
         r.feats.used(t - r.last_token);
         r.last_use = clock;
         r.last_token = t;
-        r.last_weight = w;
         true
     }
 
@@ -239,7 +231,7 @@ impl<'a> Sim<'a> {
         if let Choice::Engine(p) = self.choice { p } else { Policy::Lru }
     }
 
-    fn insert(&mut self, k: (u32, u32), t: usize, w: f32, protect: &[(u32, u32)]) {
+    fn insert(&mut self, k: (u32, u32), t: usize, protect: &[(u32, u32)]) {
         if self.slots == 0 {
             return;
         }
@@ -250,7 +242,7 @@ impl<'a> Sim<'a> {
                 self.demote(v);
             }
         }
-        let r = Resident { last_use: self.clock, uses: 1.0, last_token: t, last_weight: w, feats: Features::new() };
+        let r = Resident { last_use: self.clock, uses: 1.0, last_token: t, feats: Features::new() };
         self.resident.insert(k, r);
     }
 
@@ -351,7 +343,7 @@ mod tests {
     fn no_policy_beats_belady_and_misses_are_reads() {
         let (test, train) = (k3_trace(1), k3_trace(2));
         for slots in [20, 60, 120] {
-            let run = |c: Choice| Sim::new(&test, slots, c, Variant::default()).run(0, 32, 160, &|_, _| Vec::new());
+            let run = |c: Choice| Sim::new(&test, slots, c, Variant::default()).run(32, 160, &|_, _| Vec::new());
             let best = run(Choice::Belady);
             let learned = learn(&train, slots, 32, 1);
             for c in [
@@ -371,15 +363,14 @@ mod tests {
     #[test]
     fn a_whole_cache_misses_only_first_uses() {
         let test = k3_trace(3);
-        let o = Sim::new(&test, 3 * 896, Choice::Engine(Policy::Lru), Variant::default())
-            .run(0, 0, 160, &|_, _| Vec::new());
+        let o =
+            Sim::new(&test, 3 * 896, Choice::Engine(Policy::Lru), Variant::default()).run(0, 160, &|_, _| Vec::new());
         let distinct: usize = test
             .iter()
             .map(|l| l.iter().flat_map(|r| &r.experts).collect::<std::collections::HashSet<_>>().len())
             .sum();
         assert_eq!(o.requests - o.hits, distinct as u64);
-        let none =
-            Sim::new(&test, 0, Choice::Engine(Policy::Lru), Variant::default()).run(0, 0, 160, &|_, _| Vec::new());
+        let none = Sim::new(&test, 0, Choice::Engine(Policy::Lru), Variant::default()).run(0, 160, &|_, _| Vec::new());
         assert_eq!(none.hits, 0);
     }
 }

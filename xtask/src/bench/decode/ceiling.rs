@@ -23,9 +23,7 @@ pub struct Ceiling {
 impl Ceiling {
     /// Adds `o.reps` samples of the O_DIRECT ceiling (fio, or the raw io_uring loop without it).
     pub fn measure(&mut self, o: &io::Options) -> Result<()> {
-        let report = io::run(o, true)?;
-        let got: Vec<f64> =
-            report["ceiling_samples_gbps"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+        let got = io::ceiling_samples(o)?;
         anyhow::ensure!(!got.is_empty(), "the drive's ceiling could not be measured");
         self.samples.extend(got);
         Ok(())
