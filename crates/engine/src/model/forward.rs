@@ -70,6 +70,9 @@ struct Chunk {
     guesses: Vec<Guesses>,
     /// Per row, for a model routed by a synthetic process: the tokens its routing depends on.
     contexts: Vec<RowContext>,
+    /// Expert Deferral: the previous layer's deferred experts' share `[n, d]`, added at the end
+    /// of this one.
+    late: Option<Vec<f32>>,
 }
 
 impl Chunk {
@@ -172,6 +175,7 @@ impl<'m> Engine<'m> {
             routings: vec![Routing::default(); n],
             guesses: vec![[None, None]; n],
             contexts: if self.synthetic_routing() { row_contexts(seqs) } else { Vec::new() },
+            late: None,
         };
         if let Some(tr) = trace.as_deref_mut() {
             tr.clear();
@@ -336,6 +340,9 @@ impl<'m> Engine<'m> {
             let row = c.contexts.get(t);
             after_attention.push(if wanted { self.predict_next(li, &c.blocks[t], pt, row) } else { None });
         }
+        // The last layer defers nothing: there is no later layer to add it to.
+        let defers = self.opts.approx.defer > 0 && li + 1 < self.layers.len();
+        let mut late = Vec::new();
         match &layer.ffn {
             Ffn::Dense(mlp) => {
                 let (normed, out, act) = (&c.normed, &mut c.out, self.cfg.activation);
@@ -348,7 +355,8 @@ impl<'m> Engine<'m> {
                 let mut spans = timeline(seqs).map(|_| Vec::new());
                 let mut clock = Clock { start: started, spans: &mut spans, layer: layer.index };
                 let rows = Rows { xs: &c.normed, contexts: &c.contexts };
-                self.moe_chunk(layer, moe, rows, &mut c.out, &mut c.routings, &predicted, step, &mut clock)?;
+                let later = defers.then_some(&mut late);
+                self.moe_chunk(layer, moe, rows, &mut c.out, &mut c.routings, &predicted, step, &mut clock, later)?;
                 if let (Some(tl), Some(sp)) = (timeline(seqs), spans) {
                     tl.extend(sp);
                 }
@@ -359,6 +367,10 @@ impl<'m> Engine<'m> {
                 }
             }
         }
+        if let Some(prev) = c.late.take() {
+            c.out.iter_mut().zip(&prev).for_each(|(a, b)| *a += b);
+        }
+        c.late = (!late.is_empty()).then_some(late);
         for (t, guess) in after_attention.into_iter().enumerate() {
             let r = t * d..(t + 1) * d;
             for ((hv, pv), fv) in c.h[r.clone()].iter_mut().zip(&c.p[r.clone()]).zip(&c.out[r.clone()]) {

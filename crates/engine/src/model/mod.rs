@@ -2,11 +2,12 @@
 //! and Kimi-Linear (pre-norm residual, SiLU MoE with a shared expert).
 //!
 //! One file per concern: `options` (how an engine runs), `layers` (the layers and how they are
-//! built from the file), `forward` (the pass over a chunk), `moe` (the streaming MoE step),
+//! built from the file), `forward` (the pass over a chunk), `moe` (the streaming MoE step), `approx` (measured approximations of its experts),
 //! `lookahead` (guessing and prefetching the next layer's experts), `expert_io` (the reader and
 //! cache), `compute` (the thread pool), `attnres` (K3's residual mix), `session` (a sequence's
 //! state), `stats` (counters and timelines); the memory plan is `crate::plan`.
 
+mod approx;
 mod attnres;
 mod compute;
 mod expert_io;
@@ -20,6 +21,7 @@ mod state_file;
 mod stats;
 pub mod tap;
 
+pub use approx::{ExpertApprox, LowBit};
 pub use forward::{Logits, Seq};
 pub use layers::activate;
 pub use options::{ActivationPrecision, EngineOptions};
@@ -114,6 +116,7 @@ impl<'m> Engine<'m> {
             model.blob("config.json").ok_or_else(|| EngineError::Config("the model embeds no config.json".into()))?;
         let mut cfg = ModelConfig::parse(std::path::Path::new("config.json"), raw)?;
         routing_knobs(&mut cfg, &opts)?;
+        opts.approx.check(&cfg)?;
         let (d, vocab) = (cfg.hidden as usize, cfg.vocab as usize);
         let embed = matrix(model, names::EMBED)?;
         if !matches!(embed, Matrix::F32 { .. } | Matrix::Bf16 { .. }) || embed.rows() != vocab || embed.cols() != d {

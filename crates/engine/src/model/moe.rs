@@ -16,9 +16,11 @@ use std::time::Instant;
 
 use k3_format::Model;
 use k3_io::{Key, Lease, Priority, Status};
+use k3_quant::Matrix;
 use k3_quant::vecops::rms_norm;
 use k3_router::{Routing, route};
 
+use super::approx;
 use super::expert_io::{ExpertIo, expert_error};
 use super::layers::{Layer, Mlp, Moe};
 use super::stats::{RunStats, Span, SpanKind};
@@ -138,6 +140,8 @@ impl<'m> Engine<'m> {
     }
 
     /// A MoE layer over a chunk of tokens (`rows`' normed inputs `[n, d]`, `outs` `[n, d]`).
+    /// With `later` (Expert Deferral), `outs` leaves out each token's deferred experts and
+    /// `later` receives their share `[n, d]`, for the caller to add a layer late.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_chunk(
         &self,
@@ -149,6 +153,7 @@ impl<'m> Engine<'m> {
         predicted: &[Vec<u32>],
         stats: &mut RunStats,
         clock: &mut Clock<'_>,
+        later: Option<&mut Vec<f32>>,
     ) -> Result<(), EngineError> {
         let t_moe = clock.now();
         let keys = self.route_chunk(moe, rows, routings, layer.index);
@@ -233,7 +238,17 @@ impl<'m> Engine<'m> {
             return Err(e);
         }
         let t_sum = clock.now();
-        self.combine(moe, routings, &prep, &ys, outs);
+        match later {
+            // Expert Deferral: the deferred experts' share is what the whole sum adds to the sum
+            // without them (through LatentMoE's norm and up-projection, no simple sum).
+            Some(later) => {
+                let mut whole = vec![0f32; outs.len()];
+                self.combine(moe, routings, &prep, &ys, &mut whole, 0);
+                self.combine(moe, routings, &prep, &ys, outs, self.opts.approx.defer);
+                *later = whole.iter().zip(outs.iter()).map(|(a, b)| a - b).collect();
+            }
+            None => self.combine(moe, routings, &prep, &ys, outs, 0),
+        }
         clock.span(SpanKind::MoeOther, t_sum);
         Ok(())
     }
@@ -290,7 +305,8 @@ impl<'m> Engine<'m> {
     }
 
     /// One landed expert applied to every token of the chunk that chose it, as one batched
-    /// product: its outputs per (token, routing rank) slot.
+    /// product: its outputs per (token, routing rank) slot. Under a low-bit approximation the
+    /// tokens for which it is among the lightest get its rounded copy's outputs instead.
     fn run_expert(
         &self,
         key: Key,
@@ -300,37 +316,71 @@ impl<'m> Engine<'m> {
         k: usize,
     ) -> Result<Vec<(usize, Vec<f32>)>, EngineError> {
         let rec = self.model.expert(key.0, key.1)?.parse(lease.bytes(), false)?;
-        let (r, act) = (&self.rotations, self.opts.activations);
-        let m = |name: &str| Ok::<_, EngineError>(act.for_experts(expert_matrix(name, rec.matrix(name)?, r)?));
-        let mlp = Mlp { gate: m("w1")?, up: m("w3")?, down: m("w2")? };
+        let r = &self.rotations;
+        let raw = |name: &str| Ok::<_, EngineError>(expert_matrix(name, rec.matrix(name)?, r)?);
+        let act = self.opts.activations;
+        let mlp = Mlp {
+            gate: act.for_experts(raw("w1")?),
+            up: act.for_experts(raw("w3")?),
+            down: act.for_experts(raw("w2")?),
+        };
         let zd = prep.zd;
         let slots: Vec<(usize, usize)> = routings
             .iter()
             .enumerate()
             .filter_map(|(t, rt)| rt.experts.iter().position(|&e| e == key.1).map(|rank| (t, t * k + rank)))
             .collect();
-        let xs: Vec<f32> = slots.iter().flat_map(|(t, _)| prep.zs[t * zd..(t + 1) * zd].iter().copied()).collect();
         if let Some(c) = &self.opts.calibrate {
+            let xs = gather(&slots, prep);
             let gates: Vec<f32> = slots.iter().map(|&(t, slot)| routings[t].weights[slot - t * k]).collect();
             c.record(key, &xs, &gates, zd);
         }
-        let mut ys = vec![0f32; slots.len() * zd];
-        if slots.len() == 1 {
-            mlp.forward(self.cfg.activation, &xs, &mut ys);
-        } else {
-            mlp.forward_batch(self.cfg.activation, &xs, &mut ys);
+        let Some(lb) = self.opts.approx.low_bit else {
+            return Ok(self.expert_outputs(&mlp, &slots, prep));
+        };
+        let (low, exact): (Vec<_>, Vec<_>) =
+            slots.into_iter().partition(|&(t, slot)| approx::lightest(&routings[t], lb.experts)[slot - t * k]);
+        let mut out = self.expert_outputs(&mlp, &exact, prep);
+        if !low.is_empty() {
+            let copy = |m: Matrix<'_>| (approx::low_bit_copy(&m, lb.bits), m.rows(), m.cols());
+            let [g, u, d] = [copy(raw("w1")?), copy(raw("w3")?), copy(raw("w2")?)];
+            let low_mlp = Mlp { gate: dense(&g)?, up: dense(&u)?, down: dense(&d)? };
+            out.extend(self.expert_outputs(&low_mlp, &low, prep));
         }
-        Ok(slots.iter().zip(ys.chunks_exact(zd)).map(|((_, slot), y)| (*slot, y.to_vec())).collect())
+        Ok(out)
+    }
+
+    /// `mlp` applied to the tokens of `slots` (token, output slot), as one batched product.
+    fn expert_outputs(&self, mlp: &Mlp<'_>, slots: &[(usize, usize)], prep: &Prepared) -> Vec<(usize, Vec<f32>)> {
+        let zd = prep.zd;
+        let xs = gather(slots, prep);
+        let mut ys = vec![0f32; slots.len() * zd];
+        match slots.len() {
+            0 => {}
+            1 => mlp.forward(self.cfg.activation, &xs, &mut ys),
+            _ => mlp.forward_batch(self.cfg.activation, &xs, &mut ys),
+        }
+        slots.iter().zip(ys.chunks_exact(zd)).map(|((_, slot), y)| (*slot, y.to_vec())).collect()
     }
 
     /// Each token's expert outputs weighted and summed in routing order, projected back up
-    /// (LatentMoE, one product over the chunk), plus the shared expert.
-    fn combine(&self, moe: &Moe<'m>, routings: &[Routing], prep: &Prepared, ys: &[f32], outs: &mut [f32]) {
+    /// (LatentMoE, one product over the chunk), plus the shared expert; each token's `leave_out`
+    /// lightest experts left out.
+    fn combine(
+        &self,
+        moe: &Moe<'m>,
+        routings: &[Routing],
+        prep: &Prepared,
+        ys: &[f32],
+        outs: &mut [f32],
+        leave_out: usize,
+    ) {
         let (zd, k) = (prep.zd, moe.router.top_k);
         let n = routings.len();
         let mut us = vec![0f32; n * zd];
         for ((t, r), u) in routings.iter().enumerate().zip(us.chunks_exact_mut(zd)) {
-            for (rank, w) in r.weights.iter().enumerate() {
+            let out = approx::lightest(r, leave_out);
+            for (rank, w) in r.weights.iter().enumerate().filter(|(rank, _)| !out[*rank]) {
                 u.iter_mut().zip(&ys[(t * k + rank) * zd..(t * k + rank + 1) * zd]).for_each(|(a, b)| *a += w * b);
             }
         }
@@ -346,4 +396,15 @@ impl<'m> Engine<'m> {
         }
         outs.iter_mut().zip(&prep.shared).for_each(|(a, b)| *a += b);
     }
+}
+
+/// The experts' inputs of `slots`' tokens, one after another.
+fn gather(slots: &[(usize, usize)], prep: &Prepared) -> Vec<f32> {
+    let zd = prep.zd;
+    slots.iter().flat_map(|(t, _)| prep.zs[t * zd..(t + 1) * zd].iter().copied()).collect()
+}
+
+/// A low-bit copy `(values, rows, cols)` as a matrix.
+fn dense((w, rows, cols): &(Vec<f32>, usize, usize)) -> Result<Matrix<'_>, EngineError> {
+    Matrix::f32(w, *rows, *cols).map_err(|e| EngineError::Shape(e.to_string()))
 }

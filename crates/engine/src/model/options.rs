@@ -27,6 +27,9 @@ pub struct EngineOptions {
     /// Each token keeps its heaviest routed experts until they carry this share of its routing
     /// weight. Changes results: `None` (off) by default.
     pub expert_top_p: Option<f32>,
+    /// Low-bit copies of, or deferral of, each token's lightest experts: measured for their
+    /// cost (`k3-cli perplexity`), not offered for generation. Nothing by default.
+    pub approx: super::ExpertApprox,
     /// Reads in flight at once.
     pub queue_depth: usize,
     /// Tokens of context the memory plan reserves MLA cache for (sessions reserve it up front).
@@ -68,6 +71,7 @@ impl Default for EngineOptions {
             cache_layer_shares: true,
             experts_per_token: None,
             expert_top_p: None,
+            approx: super::ExpertApprox::default(),
             queue_depth: 32,
             context: 4096,
             sequences: 1,

@@ -58,6 +58,7 @@ impl Engine<'_> {
             if let Some(p) = self.opts.expert_top_p {
                 bytes.extend_from_slice(format!("expert_top_p={p}").as_bytes());
             }
+            bytes.extend_from_slice(self.opts.approx.describe().as_bytes());
             xxh3_64(&bytes)
         })
     }

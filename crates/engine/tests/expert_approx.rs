@@ -1,0 +1,90 @@
+//! The two measured approximations of the routed experts (HOBBIT's low-bit copies, Expert
+//! Deferral) against transformers' Kimi-Linear patched to do the same
+//! (`tools/golden/expert_approx.py`, fixtures/golden/tiny-kimi-linear-approx).
+//!
+//! Tolerance: relative L2 error below 1e-4, as for the unapproximated model (golden.rs). Each case
+//! moves the logits 0.43-0.63 (relative L2) from the exact ones, so a wrong choice of experts,
+//! bits or layer shows thousands of times over the tolerance.
+
+use std::path::{Path, PathBuf};
+
+use k3_engine::{Engine, EngineOptions, ExpertApprox, LowBit};
+use k3_format::Model;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn f32s(path: &Path) -> Vec<f32> {
+    std::fs::read(path).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+fn logits(approx: ExpertApprox, ids: &[u32]) -> Result<Vec<f32>, k3_engine::EngineError> {
+    let model = Model::open(fixtures().join("tiny-kimi-linear.waste")).unwrap();
+    let engine = Engine::load_with(&model, EngineOptions { approx, ..EngineOptions::default() })?;
+    engine.forward(&mut engine.session(), ids, None)
+}
+
+#[test]
+fn approximations_match_transformers_patched_alike() {
+    let g = fixtures().join("golden/tiny-kimi-linear");
+    let ids: Vec<u32> = std::fs::read_to_string(g.join("golden/ids.txt"))
+        .unwrap()
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let exact = f32s(&g.join("golden/logits.f32"));
+    let low = |experts, bits| ExpertApprox { low_bit: Some(LowBit { experts, bits }), defer: 0 };
+    let cases = [
+        ("defer-1", ExpertApprox { low_bit: None, defer: 1 }),
+        ("defer-2", ExpertApprox { low_bit: None, defer: 2 }),
+        ("low-bit-2-bits-2", low(2, 2)),
+        ("low-bit-3-bits-3", low(3, 3)),
+    ];
+    for (name, approx) in cases {
+        let want = f32s(&fixtures().join(format!("golden/tiny-kimi-linear-approx/{name}.f32")));
+        // Chunks of one token: deferral and copies act per token, whatever the chunk.
+        for chunk in [ids.len(), 1] {
+            let got: Vec<f32> = if chunk == 1 {
+                let model = Model::open(fixtures().join("tiny-kimi-linear.waste")).unwrap();
+                let engine = Engine::load_with(&model, EngineOptions { approx, ..EngineOptions::default() }).unwrap();
+                let mut s = engine.session();
+                ids.iter().flat_map(|&t| engine.forward(&mut s, &[t], None).unwrap()).collect()
+            } else {
+                logits(approx, &ids).unwrap()
+            };
+            let e = rel_l2(&got, &want);
+            eprintln!("{name}, chunks of {chunk}: relative L2 error {e:.3e} (from exact {:.3})", rel_l2(&got, &exact));
+            assert!(e < 1e-4, "{name}: relative L2 error {e}");
+            assert!(rel_l2(&got, &exact) > 0.1, "{name} changed nothing");
+        }
+    }
+}
+
+#[test]
+fn approximations_the_model_cannot_take_are_refused() {
+    let ids = [1u32, 2, 3];
+    let refused = |approx: ExpertApprox, says: &str| {
+        let e = logits(approx, &ids).unwrap_err().to_string();
+        assert!(e.contains(says), "{e}");
+    };
+    // The model routes 4 experts a token: one stays exact and on time.
+    refused(ExpertApprox { low_bit: None, defer: 4 }, "deferred experts 4: each token uses 4 routed experts");
+    refused(ExpertApprox { low_bit: Some(LowBit { experts: 4, bits: 2 }), defer: 0 }, "give 1 to 3");
+    refused(ExpertApprox { low_bit: Some(LowBit { experts: 2, bits: 1 }), defer: 0 }, "1 bits: give 2 to 8");
+    let model = Model::open(fixtures().join("tiny-kimi-linear.waste")).unwrap();
+    let opts = EngineOptions {
+        experts_per_token: Some(2),
+        approx: ExpertApprox { low_bit: None, defer: 2 },
+        ..EngineOptions::default()
+    };
+    let e = Engine::load_with(&model, opts).unwrap_err().to_string();
+    assert!(e.contains("each token uses 2 routed experts"), "{e}");
+}
