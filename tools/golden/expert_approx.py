@@ -7,7 +7,8 @@ KimiLinearForCausalLM's MoE blocks patched here (transformers 5.24, CPU, f32):
   of equal weights the higher expert id is the lighter) are summed apart, and that sum is added
   to the residual stream at the end of the *next* decoder layer instead of this one. The last
   layer defers nothing.
-- HOBBIT's low-bit copies: each token's `n` lightest routed experts are computed from a copy of
+- HOBBIT's low-bit copies: each token's `n` lightest routed experts (`n` = 4: all of them, as a
+  model converted with `--experts int2` computes) are computed from a copy of
   their matrices rounded to `bits`-bit integers, in groups of 32 along each row (16 or 8 where a
   row's length is not a multiple of 32), one f16 scale a group: the scale, out of nine
   candidates between max|w| / qmax and max|w| / -qmin, with the least squared error (f32,
@@ -33,6 +34,8 @@ CASES = [
     {"name": "defer-2", "defer": 2},
     {"name": "low-bit-2-bits-2", "low_bit": 2, "bits": 2},
     {"name": "low-bit-3-bits-3", "low_bit": 3, "bits": 3},
+    # Every expert from its copy: what a model converted with `--experts int2` computes.
+    {"name": "int2-experts", "low_bit": 4, "bits": 2},
 ]
 
 

@@ -44,7 +44,7 @@ pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>, k3_routing: 
         Some(Experts::Mxfp4) => k3_convert::synth::SynthExperts::Mxfp4,
         Some(Experts::Int4) => k3_convert::synth::SynthExperts::Int4,
         Some(Experts::Fp8) => k3_convert::synth::SynthExperts::Fp8,
-        Some(Experts::Bf16 | Experts::F32 | Experts::Rtn3) => {
+        Some(Experts::Bf16 | Experts::F32 | Experts::Rtn3 | Experts::Int2) => {
             bail!("synthetic models have MXFP4, INT4, FP8 or vq3 experts")
         }
     };

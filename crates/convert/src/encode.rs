@@ -152,6 +152,8 @@ pub enum ExpertTarget {
     Int4,
     /// 3-bit levels in int4's layout.
     Rtn3,
+    /// 2-bit levels in groups of [`int2_group`] (HOBBIT's low-bit copies).
+    Int2,
     /// FP8 e4m3 in blocks of [`FP8_BLOCK`] by DeepSeek's quantization.
     Fp8,
 }
@@ -182,6 +184,11 @@ pub fn expert(
             let bits = if target == ExpertTarget::Rtn3 { 3 } else { 4 };
             let (q, s) = int4::quantize_bits(&w, cols, INT4_GROUP, bits);
             Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
+        }
+        ExpertTarget::Int2 => {
+            let group = int2_group(name, cols)?;
+            let (q, s) = k3_quant::int2::quantize(&w, cols, group);
+            Ok((Encoding::Int2Group { group: group as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
         }
         ExpertTarget::Fp8 => {
             let (q, s) = k3_quant::fp8::quantize(&w, rows, cols, FP8_BLOCK as usize);
@@ -223,6 +230,14 @@ pub fn expert(
     }
 }
 
+/// The int2 group for rows of `cols`: 32, or 16 or 8 where the row needs them (the engine's
+/// measured low-bit approximation rounds in the same groups).
+pub fn int2_group(name: &str, cols: usize) -> Result<usize, ConvertError> {
+    [32, 16, 8].into_iter().find(|g| cols.is_multiple_of(*g)).ok_or_else(|| {
+        ConvertError::Unsupported(format!("{name}: {cols} columns cannot be int2 groups of 8, 16 or 32"))
+    })
+}
+
 /// Inputs `xs` (`[n, cols]`) prepared once for every VQ matrix of `cols` columns that reads them
 /// (an expert's w1 and w3 share theirs), with the settings [`expert`] encodes with.
 pub fn vq_calibration(name: &str, xs: &[f32], cols: usize) -> Result<Arc<k3_quant::encode::Calibration>, ConvertError> {
@@ -238,6 +253,8 @@ pub fn planned(target: ExpertTarget, cols: usize) -> Encoding {
         ExpertTarget::Bf16 => Encoding::Bf16,
         ExpertTarget::F32 => Encoding::F32,
         ExpertTarget::Int4 | ExpertTarget::Rtn3 => Encoding::Int4Group { group: INT4_GROUP as u32 },
+        // A row no group fits is refused when its expert is encoded.
+        ExpertTarget::Int2 => Encoding::Int2Group { group: int2_group("", cols).unwrap_or(32) as u32 },
         ExpertTarget::Mxfp4 => Encoding::Mxfp4,
         ExpertTarget::Fp8 => fp8_encoding(FP8_BLOCK),
         ExpertTarget::Vq(codec) => {

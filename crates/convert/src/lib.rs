@@ -78,6 +78,9 @@ pub enum ExpertFormat {
     /// 3-bit round to nearest in groups of 32, stored as int4: the baseline VQ3 is measured
     /// against (int4's bytes; for quality comparisons, not for use).
     Rtn3,
+    /// 2-bit round to nearest in groups of 32 (16 or 8 where a row needs them): HOBBIT's
+    /// low-bit copies of the experts, read instead of a light expert's record on a cache miss.
+    Int2,
     /// FP8 e4m3 in 128 x 128 blocks by DeepSeek's quantization (`amax / 448` per block): how
     /// K2-Instruct and DeepSeek-V3 were made, for measuring what FP8 costs; FP8 checkpoints keep
     /// their own with `keep`.
@@ -94,6 +97,7 @@ impl ExpertFormat {
             ExpertFormat::F32 => "f32",
             ExpertFormat::Int4 => "int4",
             ExpertFormat::Rtn3 => "rtn3",
+            ExpertFormat::Int2 => "int2",
             ExpertFormat::Fp8 => "fp8",
         }
     }

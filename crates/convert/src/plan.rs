@@ -206,6 +206,7 @@ fn plan_experts(
             (SourceExperts::Int4 { group: 32 }, ExpertFormat::Int4) => None,
             (_, ExpertFormat::Int4) => Some(ExpertTarget::Int4),
             (_, ExpertFormat::Rtn3) => Some(ExpertTarget::Rtn3),
+            (_, ExpertFormat::Int2) => Some(ExpertTarget::Int2),
             (SourceExperts::Fp8 { block: 128 }, ExpertFormat::Fp8) => None,
             (_, ExpertFormat::Fp8) => Some(ExpertTarget::Fp8),
             (_, ExpertFormat::Mxfp4) => Some(ExpertTarget::Mxfp4),

@@ -41,6 +41,13 @@ pub fn view_matrix<'m>(name: &str, t: &TensorView<'m>) -> Result<Matrix<'m>, Eng
             cols,
             act: EXACT,
         },
+        Encoding::Int2Group { group } => Matrix::Int2Group {
+            q: t.typed::<u8>("q")?,
+            scale: t.typed::<half::f16>("scale")?,
+            group: *group as usize,
+            rows,
+            cols,
+        },
         Encoding::Mxfp4 => {
             Matrix::Mxfp4 { packed: t.typed::<u8>("packed")?, scale: t.typed::<u8>("scale")?, rows, cols, act: EXACT }
         }

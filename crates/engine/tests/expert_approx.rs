@@ -26,10 +26,12 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
-fn logits(approx: ExpertApprox, ids: &[u32]) -> Result<Vec<f32>, k3_engine::EngineError> {
+/// The logits, or the error's text.
+fn logits(approx: ExpertApprox, ids: &[u32]) -> Result<Vec<f32>, String> {
     let model = Model::open(fixtures().join("tiny-kimi-linear.waste")).unwrap();
-    let engine = Engine::load_with(&model, EngineOptions { approx, ..EngineOptions::default() })?;
-    engine.forward(&mut engine.session(), ids, None)
+    let engine =
+        Engine::load_with(&model, EngineOptions { approx, ..EngineOptions::default() }).map_err(|e| e.to_string())?;
+    engine.forward(&mut engine.session(), ids, None).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -72,7 +74,7 @@ fn approximations_match_transformers_patched_alike() {
 fn approximations_the_model_cannot_take_are_refused() {
     let ids = [1u32, 2, 3];
     let refused = |approx: ExpertApprox, says: &str| {
-        let e = logits(approx, &ids).unwrap_err().to_string();
+        let e = logits(approx, &ids).unwrap_err();
         assert!(e.contains(says), "{e}");
     };
     // The model routes 4 experts a token: one stays exact and on time.
@@ -87,4 +89,29 @@ fn approximations_the_model_cannot_take_are_refused() {
     };
     let e = Engine::load_with(&model, opts).unwrap_err().to_string();
     assert!(e.contains("each token uses 2 routed experts"), "{e}");
+}
+
+/// A model converted with `--experts int2` (HOBBIT's copies, as a whole model) runs on the int2
+/// kernels and computes what transformers computes with every expert rounded alike.
+#[test]
+fn int2_experts_match_transformers_rounded_alike() {
+    let g = fixtures().join("golden/tiny-kimi-linear");
+    let dir = tempfile::tempdir().unwrap();
+    let opts = k3_convert::ConvertOptions {
+        experts: k3_convert::ExpertFormat::Int2,
+        ..k3_convert::ConvertOptions::new(&g, dir.path().join("m"))
+    };
+    k3_convert::convert(&opts, &mut |_| {}).unwrap();
+    let model = Model::open(dir.path().join("m")).unwrap();
+    assert_eq!(model.manifest().expert_layouts[0].matrices[0].encoding, k3_format::Encoding::Int2Group { group: 32 });
+    let engine = Engine::load(&model).unwrap();
+    let ids: Vec<u32> = std::fs::read_to_string(g.join("golden/ids.txt"))
+        .unwrap()
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let logits = engine.forward(&mut engine.session(), &ids, None).unwrap();
+    let e = rel_l2(&logits, &f32s(&fixtures().join("golden/tiny-kimi-linear-approx/int2-experts.f32")));
+    eprintln!("int2 experts: relative L2 error {e:.3e}");
+    assert!(e < 1e-4, "relative L2 error {e}");
 }

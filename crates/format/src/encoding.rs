@@ -67,6 +67,10 @@ pub enum Encoding {
     /// Parts `q` u8 `[rows, cols/2]` (low nibble = even column, value `nibble - 8`),
     /// `scale` f16 `[rows, cols/group]`; `w = (nibble - 8) * scale`.
     Int4Group { group: u32 },
+    /// Parts `q` u8 `[rows, cols/4]` (byte `i` of a row holds columns `4i..4i+3`, two bits each
+    /// from the lowest, value `crumb - 2`), `scale` f16 `[rows, cols/group]`; `w = (crumb - 2) *
+    /// scale`. HOBBIT's low-bit copies of routed experts.
+    Int2Group { group: u32 },
     /// OCP MXFP4 in the compressed-tensors layout: `packed` u8 `[rows, cols/2]` (low nibble = even
     /// column, E2M1), `scale` u8 `[rows, cols/32]` (E8M0).
     Mxfp4,
@@ -123,6 +127,7 @@ impl Encoding {
             Encoding::U8 => "u8".into(),
             Encoding::Int8Row => "int8-row".into(),
             Encoding::Int4Group { group } => format!("int4-g{group}"),
+            Encoding::Int2Group { group } => format!("int2-g{group}"),
             Encoding::Mxfp4 => "mxfp4".into(),
             Encoding::Fp8Block { block_rows, block_cols } => format!("fp8-e4m3-{block_rows}x{block_cols}"),
             Encoding::Vq { stages, entries, dim, .. } => format!("vq{stages}x{entries}x{dim}"),
@@ -168,6 +173,18 @@ impl Encoding {
                 }
                 Ok(vec![
                     PartLayout { name: "q", dtype: Dtype::U8, shape: vec![r, c / 2] },
+                    PartLayout { name: "scale", dtype: Dtype::F16, shape: vec![r, groups] },
+                ])
+            }
+            Encoding::Int2Group { group } => {
+                let (r, c) = matrix()?;
+                let groups = self.divides(c, u64::from(*group), "group size")?;
+                // A group's crumbs fill whole bytes, so no byte is split between two scales.
+                if group % 4 != 0 {
+                    return Err(format!("{}: an int2 group of {group} columns is not whole bytes", self.label()));
+                }
+                Ok(vec![
+                    PartLayout { name: "q", dtype: Dtype::U8, shape: vec![r, c / 4] },
                     PartLayout { name: "scale", dtype: Dtype::F16, shape: vec![r, groups] },
                 ])
             }

@@ -21,6 +21,10 @@ pub enum Experts {
     Int4,
     /// 3-bit round-to-nearest in groups of 32 stored as int4: the baseline VQ3 is measured against.
     Rtn3,
+    /// 2-bit round-to-nearest in groups of 32 (16 or 8 where a row's length needs them): HOBBIT's
+    /// low-bit copies, read instead of the full record on a cache miss of a light expert
+    /// (`--low-bit-copies`); too coarse to run a model on alone.
+    Int2,
     /// FP8 e4m3 in 128 x 128 blocks by DeepSeek's quantization (how K2-Instruct was made): for
     /// measuring what FP8 costs; FP8 checkpoints keep their own bytes with `keep`.
     Fp8,
@@ -97,6 +101,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         Experts::F32 => ExpertFormat::F32,
         Experts::Int4 => ExpertFormat::Int4,
         Experts::Rtn3 => ExpertFormat::Rtn3,
+        Experts::Int2 => ExpertFormat::Int2,
         Experts::Fp8 => ExpertFormat::Fp8,
     };
     let trunk = match trunk {

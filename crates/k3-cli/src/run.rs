@@ -170,9 +170,21 @@ impl EngineArgs {
     /// Checks the outputs, loads the engine (verifying the trunk) and pins the usage history's
     /// hottest experts: what every model-running command does before its work.
     pub fn load<'m>(&self, model: &'m Model, path: &Path, needs: Needs) -> Result<Engine<'m>> {
+        self.load_with(model, path, needs, |_| {})
+    }
+
+    /// As [`load`](Self::load), with the command's own options (`adjust`) on top of the switches.
+    pub fn load_with<'m>(
+        &self,
+        model: &'m Model,
+        path: &Path,
+        needs: Needs,
+        adjust: impl FnOnce(&mut EngineOptions),
+    ) -> Result<Engine<'m>> {
         self.check_outputs()?;
-        let engine = Engine::load_with(model, self.knobs.options(needs)?)
-            .with_context(|| format!("loading {}", path.display()))?;
+        let mut opts = self.knobs.options(needs)?;
+        adjust(&mut opts);
+        let engine = Engine::load_with(model, opts).with_context(|| format!("loading {}", path.display()))?;
         self.start(&engine)?;
         Ok(engine)
     }

@@ -15,6 +15,7 @@ pub mod dense;
 pub mod encode;
 pub mod fp8;
 pub mod gemm;
+pub mod int2;
 pub mod int4;
 pub mod int8;
 mod matrix;

@@ -10,7 +10,7 @@ use crate::bf16dot::{self, Bf16Batch};
 use crate::fp8::Fp8Ref;
 use crate::q8::{self, Q8Batch};
 use crate::vq::{Scratch, VqRef};
-use crate::{dense, int4, int8, mxfp4};
+use crate::{dense, int2, int4, int8, mxfp4};
 
 /// How a product rounds its input vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -63,6 +63,14 @@ pub enum Matrix<'a> {
         rows: usize,
         cols: usize,
         act: Activations,
+    },
+    /// 2-bit groups ([`int2`]): HOBBIT's low-bit expert copies (exact activations).
+    Int2Group {
+        q: &'a [u8],
+        scale: &'a [f16],
+        group: usize,
+        rows: usize,
+        cols: usize,
     },
     /// FP8 e4m3 in blocks with f32 scales, as FP8 checkpoints store them (exact activations).
     Fp8(Fp8Ref<'a>),
@@ -180,6 +188,7 @@ impl<'a> Matrix<'a> {
             | Matrix::Bf16 { rows, .. }
             | Matrix::Int8Row { rows, .. }
             | Matrix::Int4Group { rows, .. }
+            | Matrix::Int2Group { rows, .. }
             | Matrix::Mxfp4 { rows, .. } => *rows,
             Matrix::Fp8(m) => m.rows,
             Matrix::Vq(v) => v.rows,
@@ -192,6 +201,7 @@ impl<'a> Matrix<'a> {
             | Matrix::Bf16 { cols, .. }
             | Matrix::Int8Row { cols, .. }
             | Matrix::Int4Group { cols, .. }
+            | Matrix::Int2Group { cols, .. }
             | Matrix::Mxfp4 { cols, .. } => *cols,
             Matrix::Fp8(m) => m.cols,
             Matrix::Vq(v) => v.cols,
@@ -210,6 +220,7 @@ impl<'a> Matrix<'a> {
             Matrix::Bf16 { w, .. } => dense::matvec_bf16(w, x, y),
             Matrix::Int8Row { q, scale, .. } => int8::matvec(q, scale, x, y),
             Matrix::Int4Group { q, scale, group, .. } => int4::matvec(q, scale, group, x, y),
+            Matrix::Int2Group { q, scale, group, .. } => int2::matvec(q, scale, group, x, y),
             Matrix::Mxfp4 { packed, scale, .. } => mxfp4::matvec(packed, scale, x, y),
             Matrix::Fp8(m) => m.matvec(x, y),
             Matrix::Vq(v) => VQ_SCRATCH.with_borrow_mut(|s| v.matvec(x, y, s)),
@@ -240,6 +251,13 @@ impl<'a> Matrix<'a> {
                 rows: n,
                 cols,
                 act,
+            },
+            Matrix::Int2Group { q, scale, group, .. } => Matrix::Int2Group {
+                q: &q[start * cols / 4..(start + n) * cols / 4],
+                scale: &scale[start * cols / group..(start + n) * cols / group],
+                group,
+                rows: n,
+                cols,
             },
             Matrix::Mxfp4 { packed, scale, act, .. } => Matrix::Mxfp4 {
                 packed: &packed[start * cols / 2..(start + n) * cols / 2],
@@ -317,6 +335,7 @@ impl<'a> Matrix<'a> {
             Matrix::Bf16 { .. } => 2 * cols,
             Matrix::Int8Row { .. } => cols + 4,
             Matrix::Int4Group { group, .. } => cols / 2 + 2 * cols / group.max(1),
+            Matrix::Int2Group { group, .. } => cols / 4 + 2 * cols / group.max(1),
             Matrix::Mxfp4 { .. } => cols / 2 + cols / 32,
             Matrix::Fp8(m) => m.row_bytes(),
             Matrix::Vq(v) => (v.codes.len() + 2 * v.scale.len()) / v.rows.max(1),
@@ -332,6 +351,7 @@ impl<'a> Matrix<'a> {
             Matrix::Bf16 { w, .. } => dense::matmul_bf16(w, cols, xs, ys),
             Matrix::Int8Row { q, scale, .. } => int8::matmul(q, scale, cols, xs, ys),
             Matrix::Int4Group { q, scale, group, .. } => int4::matmul(q, scale, group, cols, xs, ys),
+            Matrix::Int2Group { q, scale, group, .. } => int2::matmul(q, scale, group, cols, xs, ys),
             Matrix::Vq(v) => VQ_SCRATCH.with_borrow_mut(|s| v.matmul(xs, ys, s)),
             _ => {
                 for (x, y) in xs.chunks_exact(cols).zip(ys.chunks_exact_mut(rows)) {

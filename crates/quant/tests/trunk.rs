@@ -4,7 +4,7 @@ mod common;
 
 use common::{assert_close, fast, sum_tolerance};
 use k3_quant::cpu::Level;
-use k3_quant::{int4, int8, rtn};
+use k3_quant::{int2, int4, int8, rtn};
 use proptest::prelude::*;
 
 /// Values in [-2, 2).
@@ -84,6 +84,38 @@ proptest! {
             sum_tolerance(cols, (0..cols).map(|c| f64::from((back[r * cols + c] * x[c]).abs())).sum())
         }).collect();
         assert_close(&a, &b, &tol);
+    }
+
+    /// HOBBIT's 2-bit copies: the crumbs decode to exactly the 2-bit round-to-nearest reference;
+    /// the SIMD kernel equals the scalar reference within summation order, one vector alone or
+    /// in a batch (the same bits either way).
+    #[test]
+    fn int2_groups(rows in 1usize..10, groups in prop_oneof![1usize..6, 15usize..40], group in prop::sample::select(vec![16usize, 32, 64]), n in 1usize..7, seed in any::<u64>()) {
+        let cols = groups * group;
+        let w = matrix(rows, cols, seed);
+        let xs = matrix(n, cols, seed ^ 7);
+        let (q, s) = int2::quantize(&w, cols, group);
+        let back = rtn::roundtrip(&w, cols, 2, group);
+        for (i, want) in back.iter().enumerate() {
+            let crumb = (q[i / 4] >> (2 * (i % 4))) & 3;
+            prop_assert_eq!((f32::from(crumb) - 2.0) * s[i / group].to_f32(), *want);
+        }
+        let x = &xs[..cols];
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        int2::matvec_at(fast(), &q, &s, group, x, &mut a);
+        int2::matvec_at(Level::Scalar, &q, &s, group, x, &mut b);
+        let tol: Vec<f64> = (0..rows).map(|r| {
+            sum_tolerance(cols, (0..cols).map(|c| f64::from((back[r * cols + c] * x[c]).abs())).sum())
+        }).collect();
+        assert_close(&a, &b, &tol);
+        let mut batch = vec![0f32; n * rows];
+        int2::matmul_at(fast(), &q, &s, group, cols, &xs, &mut batch);
+        prop_assert!(batch[..rows] == a[..], "a batch's first vector against the vector alone");
+        for (t, y) in batch.chunks(rows).enumerate() {
+            let mut single = vec![0f32; rows];
+            int2::matvec_at(fast(), &q, &s, group, &xs[t * cols..(t + 1) * cols], &mut single);
+            prop_assert!(y == &single[..], "vector {t} of the batch");
+        }
     }
 
     /// 3-bit levels stored as int4 decode to exactly the 3-bit round-to-nearest reference, and

@@ -317,7 +317,7 @@ impl<'m> Engine<'m> {
     ) -> Result<Vec<(usize, Vec<f32>)>, EngineError> {
         let rec = self.model.expert(key.0, key.1)?.parse(lease.bytes(), false)?;
         let r = &self.rotations;
-        let raw = |name: &str| Ok::<_, EngineError>(expert_matrix(name, rec.matrix(name)?, r)?);
+        let raw = |name: &str| expert_matrix(name, rec.matrix(name)?, r);
         let act = self.opts.activations;
         let mlp = Mlp {
             gate: act.for_experts(raw("w1")?),

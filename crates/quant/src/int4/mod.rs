@@ -55,7 +55,7 @@ pub fn matvec_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &[f32],
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 if group.is_multiple_of(32) => with_nibble_order(x, |xp| {
             // SAFETY: `supported` returns Avx2 only when the CPU has AVX2, FMA and F16C; shapes checked.
-            unsafe { avx2::matvec(q, scale, group, xp, y) }
+            unsafe { avx2::matvec::<4>(q, scale, group, xp, y) }
         }),
         #[cfg(target_arch = "x86_64")]
         Level::Avx512 if group.is_multiple_of(32) => with_nibble_order(x, |xp| {
@@ -111,9 +111,9 @@ pub fn matmul_at(level: Level, q: &[u8], scale: &[f16], group: usize, cols: usiz
                     // shapes checked, `width` whole vectors.
                     unsafe {
                         match width {
-                            4 => avx2::matmul_n::<4>(q, scale, group, cols, xp, yb),
-                            3 => avx2::matmul_n::<3>(q, scale, group, cols, xp, yb),
-                            _ => avx2::matmul_n::<2>(q, scale, group, cols, xp, yb),
+                            4 => avx2::matmul_n::<4, 4>(q, scale, group, cols, xp, yb),
+                            3 => avx2::matmul_n::<3, 4>(q, scale, group, cols, xp, yb),
+                            _ => avx2::matmul_n::<2, 4>(q, scale, group, cols, xp, yb),
                         }
                     }
                 });
@@ -146,6 +146,6 @@ pub mod reference {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
