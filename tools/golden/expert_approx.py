@@ -3,6 +3,8 @@
 On the golden tiny Kimi-Linear (fixtures/golden/tiny-kimi-linear, 16 BF16 experts, top 4), with
 KimiLinearForCausalLM's MoE blocks patched here (transformers 5.24, CPU, f32):
 
+- HOBBIT as the engine runs it over one chunk from a cold cache (`chunk_rule`): an expert's
+  copy is used only where it is among the lightest of every token that chose it.
 - Expert Deferral (KTransformers): each token's `n` lightest routed experts (by routing weight;
   of equal weights the higher expert id is the lighter) are summed apart, and that sum is added
   to the residual stream at the end of the *next* decoder layer instead of this one. The last
@@ -36,6 +38,9 @@ CASES = [
     {"name": "low-bit-3-bits-3", "low_bit": 3, "bits": 3},
     # Every expert from its copy: what a model converted with `--experts int2` computes.
     {"name": "int2-experts", "low_bit": 4, "bits": 2},
+    # HOBBIT from a cold cache over one chunk: an expert's copy is used only when it is among
+    # the 2 lightest of every token that chose it (else its record is read whole for all).
+    {"name": "hobbit-chunk-2", "low_bit": 2, "bits": 2, "chunk_rule": True},
 ]
 
 
@@ -97,6 +102,11 @@ def patch(model, case):
         x = hidden_states.view(-1, hidden_states.shape[-1])
         ex = self.experts
         light = lightest(w, idx, max(n_def, n_low))
+        if case.get("chunk_rule"):
+            heavy = {int(idx[t, j]) for t in range(w.shape[0]) for j in range(w.shape[1]) if not light[t, j]}
+            for t in range(w.shape[0]):
+                for j in range(w.shape[1]):
+                    light[t, j] = bool(light[t, j]) and int(idx[t, j]) not in heavy
         now, later = torch.zeros_like(x), torch.zeros_like(x)
         for t in range(x.shape[0]):
             for j in range(w.shape[1]):

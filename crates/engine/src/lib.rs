@@ -26,8 +26,8 @@ pub mod verify;
 pub mod weights;
 
 pub use model::{
-    ActivationPrecision, Engine, EngineOptions, ExpertApprox, LayerState, Logits, LowBit, RoutedToken, RunStats,
-    STATE_FILE_VERSION, SavedState, Seq, Session, Span, SpanKind, StateFileError, StateHeader, activate,
+    ActivationPrecision, Engine, EngineOptions, ExpertApprox, LayerState, Logits, LowBit, LowBitCopies, RoutedToken,
+    RunStats, STATE_FILE_VERSION, SavedState, Seq, Session, Span, SpanKind, StateFileError, StateHeader, activate,
     read_state_header, tap,
 };
 pub use owned::OwnedEngine;

@@ -91,27 +91,77 @@ fn approximations_the_model_cannot_take_are_refused() {
     assert!(e.contains("each token uses 2 routed experts"), "{e}");
 }
 
+/// The golden prompt.
+fn golden_ids() -> Vec<u32> {
+    std::fs::read_to_string(fixtures().join("golden/tiny-kimi-linear/golden/ids.txt"))
+        .unwrap()
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect()
+}
+
+/// The golden tiny Kimi-Linear converted with `--experts int2`, in `dir`.
+fn int2_copies(dir: &Path) -> Model {
+    let g = fixtures().join("golden/tiny-kimi-linear");
+    let opts = k3_convert::ConvertOptions {
+        experts: k3_convert::ExpertFormat::Int2,
+        ..k3_convert::ConvertOptions::new(&g, dir.join("int2"))
+    };
+    k3_convert::convert(&opts, &mut |_| {}).unwrap();
+    Model::open(dir.join("int2")).unwrap()
+}
+
 /// A model converted with `--experts int2` (HOBBIT's copies, as a whole model) runs on the int2
 /// kernels and computes what transformers computes with every expert rounded alike.
 #[test]
 fn int2_experts_match_transformers_rounded_alike() {
-    let g = fixtures().join("golden/tiny-kimi-linear");
     let dir = tempfile::tempdir().unwrap();
-    let opts = k3_convert::ConvertOptions {
-        experts: k3_convert::ExpertFormat::Int2,
-        ..k3_convert::ConvertOptions::new(&g, dir.path().join("m"))
-    };
-    k3_convert::convert(&opts, &mut |_| {}).unwrap();
-    let model = Model::open(dir.path().join("m")).unwrap();
+    let model = int2_copies(dir.path());
     assert_eq!(model.manifest().expert_layouts[0].matrices[0].encoding, k3_format::Encoding::Int2Group { group: 32 });
     let engine = Engine::load(&model).unwrap();
-    let ids: Vec<u32> = std::fs::read_to_string(g.join("golden/ids.txt"))
-        .unwrap()
-        .split_whitespace()
-        .map(|t| t.parse().unwrap())
-        .collect();
-    let logits = engine.forward(&mut engine.session(), &ids, None).unwrap();
+    let logits = engine.forward(&mut engine.session(), &golden_ids(), None).unwrap();
     let e = rel_l2(&logits, &f32s(&fixtures().join("golden/tiny-kimi-linear-approx/int2-experts.f32")));
     eprintln!("int2 experts: relative L2 error {e:.3e}");
     assert!(e < 1e-4, "relative L2 error {e}");
+}
+
+/// HOBBIT in the decode path: from a cold cache, one chunk reads an expert's int2 copy only when
+/// it is among the 2 lightest of every token that chose it, as transformers computes with the
+/// same rule (`hobbit-chunk-2`). The same prompt again finds those copies in the cache.
+#[test]
+fn low_bit_copies_are_read_for_light_misses_as_transformers_computes() {
+    let dir = tempfile::tempdir().unwrap();
+    let copies = std::sync::Arc::new(int2_copies(dir.path()));
+    let model = Model::open(fixtures().join("tiny-kimi-linear.waste")).unwrap();
+    let opts = EngineOptions {
+        low_bit_copies: Some(k3_engine::LowBitCopies { model: copies, experts: 2 }),
+        lookahead: false,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load_with(&model, opts).unwrap();
+    let ids = golden_ids();
+    let mut s = engine.session();
+    let logits = engine.forward(&mut s, &ids, None).unwrap();
+    let want = f32s(&fixtures().join("golden/tiny-kimi-linear-approx/hobbit-chunk-2.f32"));
+    let e = rel_l2(&logits, &want);
+    eprintln!(
+        "HOBBIT, one chunk from cold: relative L2 error {e:.3e}, {} of {} experts low-bit",
+        s.stats.experts_low_bit, s.stats.experts_computed
+    );
+    assert!(e < 1e-4, "relative L2 error {e}");
+    assert!(s.stats.experts_low_bit > 0 && s.stats.experts_low_bit < s.stats.experts_computed);
+    let mut again = engine.session();
+    assert_eq!(engine.forward(&mut again, &ids, None).unwrap(), logits, "the cache holds the same records");
+}
+
+#[test]
+fn copies_of_another_model_are_refused() {
+    let model = Model::open(fixtures().join("tiny-kimi-linear.waste")).unwrap();
+    let other = std::sync::Arc::new(Model::open(fixtures().join("tiny-k3.waste")).unwrap());
+    let opts = EngineOptions {
+        low_bit_copies: Some(k3_engine::LowBitCopies { model: other, experts: 2 }),
+        ..EngineOptions::default()
+    };
+    let e = Engine::load_with(&model, opts).unwrap_err().to_string();
+    assert!(e.contains("low-bit copies: their") && e.contains("copies of another model"), "{e}");
 }

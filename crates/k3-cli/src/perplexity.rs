@@ -24,25 +24,26 @@ pub struct PerplexityArgs {
     /// Also compare with this model's predictions (the same text and windows): how often both
     /// models' most likely next token agree, and the mean KL divergence from it. The reference
     /// runs with exact activations, every routed expert and nothing approximated, so
-    /// `--activations int8 --against` (or `--experts-per-token N`, `--defer-experts N` ...
-    /// `--against`) the same model measures what that option costs
+    /// `--activations int8 --against` (or `--experts-per-token N`, `--measure-deferral N`,
+    /// `--low-bit-copies DIR` ... `--against`) the same model measures what that option costs
     /// [default: none].
     #[arg(long, value_name = "MODEL")]
     against: Option<PathBuf>,
-    /// Measure HOBBIT's low-bit copies: each token's N lightest routed experts are computed
-    /// from a copy rounded to `--low-bit-bits` integers (groups of 32 along a row, f16 scales),
-    /// as if every one of them missed the cache. Changes results; only measured here, not a
-    /// switch of generation (docs/EFFICIENCY.md) [default: off].
+    /// Measure HOBBIT's bound: each token's N lightest routed experts are computed from a copy
+    /// rounded to `--measure-low-bit-bits` integers (groups of 32 along a row, f16 scales), as if
+    /// every one of them missed the cache (`--low-bit-copies` reads copies on real misses only).
+    /// Changes results [default: off].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
-    low_bit_experts: Option<u16>,
-    /// Bits of the low-bit copies (2-8).
-    #[arg(long, value_name = "B", default_value_t = 2, requires = "low_bit_experts")]
-    low_bit_bits: u32,
+    measure_low_bit: Option<u16>,
+    /// Bits of the measured low-bit copies (2-8).
+    #[arg(long, value_name = "B", default_value_t = 2, requires = "measure_low_bit")]
+    measure_low_bit_bits: u32,
     /// Measure Expert Deferral: each token's N lightest routed experts are added to the
     /// residual stream one layer late (the last layer defers nothing). Changes results; only
-    /// measured here (docs/EFFICIENCY.md) [default: off].
+    /// measured here, not a switch of generation: at the drive's bound it has nothing to overlap
+    /// (docs/EFFICIENCY.md) [default: off].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
-    defer_experts: Option<u16>,
+    measure_deferral: Option<u16>,
     /// Print one JSON object instead of a line.
     #[arg(long)]
     json: bool,
@@ -63,8 +64,8 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
     // A window never holds more than `window` tokens of context, nor more than the text.
     let context = ids.len().clamp(2, window) as u64;
     let approx = k3_engine::ExpertApprox {
-        low_bit: a.low_bit_experts.map(|n| k3_engine::LowBit { experts: usize::from(n), bits: a.low_bit_bits }),
-        defer: a.defer_experts.map_or(0, usize::from),
+        low_bit: a.measure_low_bit.map(|n| k3_engine::LowBit { experts: usize::from(n), bits: a.measure_low_bit_bits }),
+        defer: a.measure_deferral.map_or(0, usize::from),
     };
     let engine = a.engine.load_with(&model, &path, Needs::exact(context, chunk), |o| o.approx = approx)?;
     let windows = ids.len().div_ceil(window);
@@ -82,6 +83,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
             exact.knobs.activations = None;
             exact.knobs.experts_per_token = None;
             exact.knobs.expert_top_p = None;
+            exact.knobs.low_bit_copies = None;
             let re = exact.load(&rm, reference, Needs::exact(context, chunk))?;
             let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
             let g = k3_engine::eval::agreement(&engine, &re, &ids, window, chunk, &mut |d| pb.set_position(d as u64))?;

@@ -53,6 +53,17 @@ pub struct EngineKnobs {
     /// weight (0-1]. Changes results [default: off].
     #[arg(long, value_name = "P")]
     pub expert_top_p: Option<f32>,
+    /// HOBBIT: a model directory of low-bit copies of this model's experts (`convert --experts
+    /// int2` of the same checkpoint). An expert among each token's `--low-bit-experts` lightest
+    /// that misses the cache is read from its copy, a fraction of the bytes. Changes results, and
+    /// they then depend on what the cache holds: its measured cost is in docs/EFFICIENCY.md
+    /// [default: none].
+    #[arg(long, value_name = "DIR")]
+    pub low_bit_copies: Option<PathBuf>,
+    /// With `--low-bit-copies`: how many of each token's lightest routed experts may be read from
+    /// their copies [default: half the experts a token uses].
+    #[arg(long, value_name = "N", requires = "low_bit_copies", value_parser = clap::value_parser!(u16).range(1..))]
+    pub low_bit_experts: Option<u16>,
     /// Skip checking the trunk's checksums at load (only for a model `k3-cli verify` passed and
     /// nothing has touched since; expert records are always checked as they are read).
     #[arg(long)]
@@ -93,6 +104,7 @@ impl EngineKnobs {
             policy,
             experts_per_token: self.experts_per_token.map(usize::from),
             expert_top_p: self.expert_top_p,
+            low_bit_copies: self.low_bit_copies()?,
             context: self.context.unwrap_or(needs.context).max(needs.min_context),
             chunk: needs.chunk.map(|c| c as u64),
             reserved_bytes: needs.reserved_bytes,
@@ -104,6 +116,21 @@ impl EngineKnobs {
             },
             ..EngineOptions::default()
         })
+    }
+}
+
+impl EngineKnobs {
+    /// The low-bit copies, opened and checked whole (their shards may be in `--shard-dir`s too).
+    fn low_bit_copies(&self) -> Result<Option<k3_engine::LowBitCopies>> {
+        let Some(dir) = &self.low_bit_copies else {
+            return Ok(None);
+        };
+        let model =
+            open_model(dir, &self.shard_dirs).with_context(|| format!("opening low-bit copies {}", dir.display()))?;
+        let k = (model.manifest().architecture.experts_per_token as usize).max(2);
+        let top = self.experts_per_token.map_or(k, usize::from).min(k);
+        let experts = self.low_bit_experts.map_or(top / 2, usize::from);
+        Ok(Some(k3_engine::LowBitCopies { model: std::sync::Arc::new(model), experts }))
     }
 }
 
@@ -285,6 +312,7 @@ impl EngineArgs {
             "bytes_read_per_token": c.bytes_read as f64 / s.tokens.max(1) as f64,
             "steps": s.steps,
             "experts_computed_per_token": s.experts_computed as f64 / s.tokens.max(1) as f64,
+            "experts_low_bit_per_token": s.experts_low_bit as f64 / s.tokens.max(1) as f64,
             "cache_hit_rate": c.hits as f64 / lookups as f64,
             "cache": {"hits": c.hits, "misses": c.misses, "evictions": c.evictions, "failed_reads": c.failed_reads},
             "prefetches": {"issued": c.prefetches_issued, "used": c.prefetches_used, "wasted": c.prefetches_wasted},
@@ -343,6 +371,14 @@ impl EngineArgs {
                 overlap,
                 rss.unwrap_or(0) as f64 / 1e6
             );
+            if s.experts_low_bit > 0 {
+                eprintln!(
+                    "low-bit copies: {} of {} experts computed ({:.1}%) read from their copies",
+                    s.experts_low_bit,
+                    s.experts_computed,
+                    100.0 * s.experts_low_bit as f64 / s.experts_computed.max(1) as f64
+                );
+            }
             if let Some(sp) = spec.filter(|sp| sp.verifies > 0) {
                 eprintln!(
                     "speculation: {} verify steps, {} drafted, {} accepted ({:.1}%), switched off {} times; \

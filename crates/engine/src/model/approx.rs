@@ -6,6 +6,9 @@
 //! when, so `k3-cli perplexity` can say what each costs in quality; docs/EFFICIENCY.md has the
 //! numbers and why neither is a switch of the decode path.
 
+use std::sync::Arc;
+
+use k3_format::Model;
 use k3_quant::Matrix;
 use k3_router::Routing;
 
@@ -78,6 +81,64 @@ impl ExpertApprox {
             s += &format!("defer={}", self.defer);
         }
         s
+    }
+}
+
+/// HOBBIT in the decode path: a second model holding low-bit copies of every routed expert
+/// (`convert --experts int2`); an expert that is among the `experts` lightest of every token of
+/// the step that chose it, and is neither cached nor on its way, is read from its copy instead.
+/// Changes results, and they then depend on what the cache holds.
+#[derive(Debug, Clone)]
+pub struct LowBitCopies {
+    pub model: Arc<Model>,
+    pub experts: usize,
+}
+
+/// A cache key's flag for a low-bit copy: `(layer, expert | LOW_BIT)`.
+pub(crate) const LOW_BIT: u32 = 1 << 31;
+
+impl LowBitCopies {
+    /// Refuses copies of another model: the architecture and each expert matrix's name and
+    /// shape must be the model's, and `experts` leave at least one expert a token read whole.
+    pub(crate) fn check(&self, model: &Model, cfg: &ModelConfig) -> Result<(), EngineError> {
+        let (a, b) = (&model.manifest().architecture, &self.model.manifest().architecture);
+        let fields = [
+            ("layers", a.layers.to_string(), b.layers.to_string()),
+            ("hidden", a.hidden.to_string(), b.hidden.to_string()),
+            ("experts", a.experts.to_string(), b.experts.to_string()),
+            ("moe_layers", format!("{:?}", a.moe_layers), format!("{:?}", b.moe_layers)),
+        ];
+        for (what, mine, theirs) in fields {
+            if mine != theirs {
+                return Err(EngineError::Config(format!(
+                    "low-bit copies: their {what} is {theirs}, the model's {mine}: copies of another model"
+                )));
+            }
+        }
+        let shapes = |m: &Model| -> Vec<(String, Vec<u64>)> {
+            m.manifest()
+                .expert_layouts
+                .iter()
+                .flat_map(|l| l.matrices.iter().map(|t| (t.name.clone(), t.shape.clone())))
+                .collect()
+        };
+        let (mine, theirs) = (shapes(model), shapes(&self.model));
+        if let Some((n, s)) = mine.iter().find(|m| !theirs.contains(m)) {
+            return Err(EngineError::Config(format!("low-bit copies hold no expert matrix `{n}` of shape {s:?}")));
+        }
+        let moe = cfg
+            .moe
+            .as_ref()
+            .ok_or_else(|| EngineError::Config("low-bit copies given, but the model has no routed experts".into()))?;
+        let k = moe.keep.unwrap_or(moe.top_k).min(moe.top_k);
+        if self.experts == 0 || self.experts >= k {
+            return Err(EngineError::Config(format!(
+                "low-bit experts {}: each token uses {k} routed experts here; give 1 to {} (one is read whole)",
+                self.experts,
+                k.saturating_sub(1)
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -21,7 +21,7 @@ mod state_file;
 mod stats;
 pub mod tap;
 
-pub use approx::{ExpertApprox, LowBit};
+pub use approx::{ExpertApprox, LowBit, LowBitCopies};
 pub use forward::{Logits, Seq};
 pub use layers::activate;
 pub use options::{ActivationPrecision, EngineOptions};
@@ -117,6 +117,9 @@ impl<'m> Engine<'m> {
         let mut cfg = ModelConfig::parse(std::path::Path::new("config.json"), raw)?;
         routing_knobs(&mut cfg, &opts)?;
         opts.approx.check(&cfg)?;
+        if let Some(c) = &opts.low_bit_copies {
+            c.check(model, &cfg)?;
+        }
         let (d, vocab) = (cfg.hidden as usize, cfg.vocab as usize);
         let embed = matrix(model, names::EMBED)?;
         if !matches!(embed, Matrix::F32 { .. } | Matrix::Bf16 { .. }) || embed.rows() != vocab || embed.cols() != d {

@@ -118,7 +118,7 @@ fn land(
 ) -> Result<(), EngineError> {
     io.cache.release(d.key);
     stats.expert_compute_seconds += d.span.1 - d.span.0;
-    clock.push(SpanKind::Expert(d.key.1), d.span.0, d.span.1);
+    clock.push(SpanKind::Expert(d.key.1 & !approx::LOW_BIT), d.span.0, d.span.1);
     for (slot, v) in d.outputs? {
         ys[slot * zd..(slot + 1) * zd].copy_from_slice(&v);
     }
@@ -161,6 +161,8 @@ impl<'m> Engine<'m> {
         let io = self.io.as_ref().ok_or_else(|| EngineError::Input("the model has no expert shards".into()))?;
         let mut io = io.lock().map_err(|_| EngineError::Input("a previous expert read panicked".into()))?;
         let io = &mut *io;
+        let keys = self.low_bit_keys(keys, routings, io);
+        stats.experts_low_bit += keys.iter().filter(|k| k.1 & approx::LOW_BIT != 0).count() as u64;
         io.cache.set_layer(layer.index);
         io.cache.protect(&keys);
         stats.experts_computed += keys.len() as u64;
@@ -253,6 +255,20 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
+    /// HOBBIT: each of `keys` that is among the lightest experts of every token that chose it,
+    /// and is neither cached nor on its way, becomes its low-bit copy's key.
+    fn low_bit_keys(&self, keys: Vec<Key>, routings: &[Routing], io: &ExpertIo) -> Vec<Key> {
+        let Some(c) = &self.opts.low_bit_copies else {
+            return keys;
+        };
+        let light: Vec<Vec<bool>> = routings.iter().map(|r| approx::lightest(r, c.experts)).collect();
+        let light_everywhere =
+            |e: u32| routings.iter().zip(&light).all(|(r, l)| r.experts.iter().zip(l).all(|(&x, &is)| x != e || is));
+        keys.into_iter()
+            .map(|k| if io.cache.contains(k) || !light_everywhere(k.1) { k } else { (k.0, k.1 | approx::LOW_BIT) })
+            .collect()
+    }
+
     /// Routes every token of the chunk (the gate as one product over the chunk); returns the
     /// chunk's distinct experts as cache keys, in order of first use.
     fn route_chunk(&self, moe: &Moe<'_>, rows: Rows<'_>, routings: &mut [Routing], layer: u32) -> Vec<Key> {
@@ -315,7 +331,12 @@ impl<'m> Engine<'m> {
         prep: &Prepared,
         k: usize,
     ) -> Result<Vec<(usize, Vec<f32>)>, EngineError> {
-        let rec = self.model.expert(key.0, key.1)?.parse(lease.bytes(), false)?;
+        let (key, copy) = ((key.0, key.1 & !approx::LOW_BIT), key.1 & approx::LOW_BIT != 0);
+        let model = match &self.opts.low_bit_copies {
+            Some(c) if copy => &*c.model,
+            _ => self.model,
+        };
+        let rec = model.expert(key.0, key.1)?.parse(lease.bytes(), false)?;
         let r = &self.rotations;
         let raw = |name: &str| expert_matrix(name, rec.matrix(name)?, r);
         let act = self.opts.activations;

@@ -30,6 +30,9 @@ pub struct EngineOptions {
     /// Low-bit copies of, or deferral of, each token's lightest experts: measured for their
     /// cost (`k3-cli perplexity`), not offered for generation. Nothing by default.
     pub approx: super::ExpertApprox,
+    /// HOBBIT: low-bit copies read instead of a light expert's record on a miss. Changes results:
+    /// `None` (off) by default.
+    pub low_bit_copies: Option<super::LowBitCopies>,
     /// Reads in flight at once.
     pub queue_depth: usize,
     /// Tokens of context the memory plan reserves MLA cache for (sessions reserve it up front).
@@ -72,6 +75,7 @@ impl Default for EngineOptions {
             experts_per_token: None,
             expert_top_p: None,
             approx: super::ExpertApprox::default(),
+            low_bit_copies: None,
             queue_depth: 32,
             context: 4096,
             sequences: 1,

@@ -36,6 +36,8 @@ pub struct RunStats {
     /// Distinct routed experts computed, summed over the MoE layers of every step this session
     /// was part of (a step's experts serve all of its rows, of every sequence in it).
     pub experts_computed: u64,
+    /// Of those, computed from a low-bit copy (HOBBIT).
+    pub experts_low_bit: u64,
     /// Steps this session was part of.
     pub steps: u64,
     /// The engine's expert-cache counters after this session's last step (the cache is shared by
@@ -51,6 +53,7 @@ impl RunStats {
         self.io_span_seconds += step.io_span_seconds;
         self.expert_compute_seconds += step.expert_compute_seconds;
         self.experts_computed += step.experts_computed;
+        self.experts_low_bit += step.experts_low_bit;
         self.steps += 1;
         if let Some(c) = cache {
             self.cache = c;
@@ -66,6 +69,7 @@ impl RunStats {
         self.io_span_seconds += later.io_span_seconds;
         self.expert_compute_seconds += later.expert_compute_seconds;
         self.experts_computed += later.experts_computed;
+        self.experts_low_bit += later.experts_low_bit;
         self.steps += later.steps;
         self.cache = later.cache;
     }
