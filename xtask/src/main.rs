@@ -76,6 +76,10 @@ enum Task {
         /// union factors, weight by rank, flat usage; see `cargo xtask bench routing`).
         #[arg(long, default_value = "weights", value_parser = ["weights", "k3-like"])]
         routing: String,
+        /// Fewer layers than the preset's (the first stays dense), for a smaller model of the
+        /// same shape [default: the preset's].
+        #[arg(long, value_name = "N")]
+        layers: Option<u32>,
     },
     /// Encoding error of MXFP4, RTN 3-bit and the VQ codecs on real and K3-shaped weights.
     Quality {
@@ -144,7 +148,9 @@ fn real_main() -> Result<()> {
     match Cli::parse().task {
         Task::Quality { data, max_layers, k3, json } => quality::run(&data, max_layers.unwrap_or(usize::MAX), k3, json),
         Task::Bench { what } => bench::run(what),
-        Task::Synth { preset, out, experts, routing } => models::synth(&preset, &out, experts, routing == "k3-like"),
+        Task::Synth { preset, out, experts, routing, layers } => {
+            models::synth(&preset, &out, experts, routing == "k3-like", layers)
+        }
         Task::Export { model, out } => models::export(&model, &out),
         Task::Convert(args) => k3_cli::convert::run(args),
     }

@@ -29,7 +29,13 @@ pub fn export(model: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>, k3_routing: bool) -> Result<()> {
+pub fn synth(
+    preset: &str,
+    out: &PathBuf,
+    experts: Option<Experts>,
+    k3_routing: bool,
+    layers: Option<u32>,
+) -> Result<()> {
     if preset == TOOL_CALLER {
         return tool_caller(out);
     }
@@ -38,14 +44,25 @@ pub fn synth(preset: &str, out: &PathBuf, experts: Option<Experts>, k3_routing: 
         format!("unknown preset `{preset}` (one of {})", names.join(", "))
     })?;
     p.k3_routing |= k3_routing;
+    if let Some(n) = layers {
+        if n < 2 || n > p.layers {
+            bail!(
+                "--layers {n}: the preset {preset} has {} layers; give 2 to {} (the first is dense)",
+                p.layers,
+                p.layers
+            );
+        }
+        p.layers = n;
+    }
     let e = match experts {
         None | Some(Experts::Keep) => p.experts_default,
         Some(Experts::Vq3) => k3_convert::synth::SynthExperts::Vq3,
         Some(Experts::Mxfp4) => k3_convert::synth::SynthExperts::Mxfp4,
         Some(Experts::Int4) => k3_convert::synth::SynthExperts::Int4,
         Some(Experts::Fp8) => k3_convert::synth::SynthExperts::Fp8,
-        Some(Experts::Bf16 | Experts::F32 | Experts::Rtn3 | Experts::Int2) => {
-            bail!("synthetic models have MXFP4, INT4, FP8 or vq3 experts")
+        Some(Experts::Int2) => k3_convert::synth::SynthExperts::Int2,
+        Some(Experts::Bf16 | Experts::F32 | Experts::Rtn3) => {
+            bail!("synthetic models have MXFP4, INT4, FP8, int2 or vq3 experts")
         }
     };
     let mut bar = k3_cli::convert::PhaseBar::default();

@@ -58,6 +58,8 @@ pub enum SynthExperts {
     Vq3,
     /// FP8 e4m3 in 128 x 128 blocks with f32 scales: K2-Instruct's and DeepSeek-V3's experts.
     Fp8,
+    /// int2 in groups of 32 (f16 scales): HOBBIT's low-bit copies (`--low-bit-copies`).
+    Int2,
 }
 
 /// The expert matrices: (name, rows, columns).
@@ -70,6 +72,7 @@ fn writer_spec(p: &Preset, experts: SynthExperts) -> Result<WriterSpec, EngineEr
     let enc = |cols: usize| match experts {
         SynthExperts::Mxfp4 => Encoding::Mxfp4,
         SynthExperts::Int4 => Encoding::Int4Group { group: 32 },
+        SynthExperts::Int2 => Encoding::Int2Group { group: 32 },
         SynthExperts::Fp8 => Encoding::Fp8Block { block_rows: 128, block_cols: 128 },
         SynthExperts::Vq3 => Encoding::Vq {
             stages: 3,
@@ -316,6 +319,12 @@ fn write_experts(
                             parts.push(g.bytes(r * c / 2));
                             // Levels -8..7 (RMS about 4.6) times scales about 1/(4.6 sqrt(fan_in)).
                             let s = half::f16::from_f32(1.0 / (4.6 * (c as f32).sqrt()));
+                            parts.push((0..r * c / 32).flat_map(|_| s.to_le_bytes()).collect());
+                        }
+                        SynthExperts::Int2 => {
+                            parts.push(g.bytes(r * c / 4));
+                            // Levels -2..1 (RMS about 1.2) times scales about 1/(1.2 sqrt(fan_in)).
+                            let s = half::f16::from_f32(1.0 / (1.2 * (c as f32).sqrt()));
                             parts.push((0..r * c / 32).flat_map(|_| s.to_le_bytes()).collect());
                         }
                         SynthExperts::Fp8 => {

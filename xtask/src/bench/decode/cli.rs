@@ -32,7 +32,8 @@ pub struct Args {
     #[arg(long, default_value = "bench-out/decode-step.svg")]
     pub svg: PathBuf,
     /// Comma-separated subset of: read-then-compute, overlap, overlap+lookahead, lru, lfu,
-    /// global-cache (LFRU over the whole cache instead of per layer's share) [default: all of them].
+    /// global-cache (LFRU over the whole cache instead of per layer's share), hobbit (overlap with
+    /// `--low-bit-copies`; changes results) [default: all of them but hobbit].
     #[arg(long)]
     pub variants: Option<String>,
     /// Comma-separated compute thread counts to run every variant with [default: one per core].
@@ -61,6 +62,11 @@ pub struct Args {
     /// Sample at this temperature (seeded; default: greedy).
     #[arg(long, default_value_t = 0.0, value_parser = |s: &str| k3_engine::sample::check_temperature(s.parse().map_err(|_| format!("`{s}` is not a number"))?))]
     pub temperature: f32,
+    /// Low-bit copies of the model's experts (`convert --experts int2`, or `synth --experts
+    /// int2` of the same preset) for the `hobbit` variant: each token's lightest half of its
+    /// experts read from them on a miss [default: none; the variant needs them].
+    #[arg(long, value_name = "DIR")]
+    pub low_bit_copies: Option<PathBuf>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -93,6 +99,7 @@ pub fn task(args: Args) -> Result<()> {
         activations,
         prompt_file,
         temperature,
+        low_bit_copies,
         json,
     } = args;
     let activations = activations
@@ -125,6 +132,18 @@ pub fn task(args: Args) -> Result<()> {
     };
     let mem = mem.map(|m| k3_engine::budget::parse_size(&m)).transpose().map_err(anyhow::Error::msg)?;
     let m = Model::open(&model)?;
+    let low_bit_copies = match low_bit_copies {
+        Some(dir) => {
+            let copies = Model::open(&dir).with_context(|| format!("opening low-bit copies {}", dir.display()))?;
+            let experts = (m.manifest().architecture.experts_per_token as usize / 2).max(1);
+            Some(k3_engine::LowBitCopies { model: std::sync::Arc::new(copies), experts })
+        }
+        None => None,
+    };
+    anyhow::ensure!(
+        low_bit_copies.is_some() || !variants.iter().any(|v| v == "hobbit"),
+        "the hobbit variant reads low-bit copies: give --low-bit-copies DIR"
+    );
     let record = m.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(4096) as usize;
     let shard = m.shard_paths().first().cloned().context("the model has no expert shards")?;
     drop(m);
@@ -156,6 +175,7 @@ pub fn task(args: Args) -> Result<()> {
         activations,
         prompt_ids: prompt_ids.as_deref(),
         sampler: SamplerConfig { temperature, seed: 5, ..SamplerConfig::default() },
+        low_bit_copies,
     };
     let mut report = run(&o)?;
     ceiling.measure(&io)?;

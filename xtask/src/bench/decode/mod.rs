@@ -45,6 +45,8 @@ pub struct Options<'a> {
     pub prompt_ids: Option<&'a [u32]>,
     /// How tokens are chosen (greedy by default).
     pub sampler: SamplerConfig,
+    /// HOBBIT's copies, for the `hobbit` variant.
+    pub low_bit_copies: Option<k3_engine::LowBitCopies>,
 }
 
 pub const ALL_VARIANTS: [&str; 6] = ["read-then-compute", "overlap", "overlap+lookahead", "lru", "lfu", "global-cache"];
@@ -66,7 +68,9 @@ pub(super) fn options(name: &str, mem: Option<u64>, context: u64, threads: usize
         "lfu" => EngineOptions { policy: Policy::Lfu, ..base },
         // The policy over the whole cache, not per layer's share.
         "global-cache" => EngineOptions { cache_layer_shares: false, ..base },
-        other => anyhow::bail!("unknown variant `{other}` (one of {})", ALL_VARIANTS.join(", ")),
+        // Overlap with HOBBIT's copies (`run_once` adds them).
+        "hobbit" => EngineOptions { lookahead: false, ..base },
+        other => anyhow::bail!("unknown variant `{other}` (one of {}, hobbit)", ALL_VARIANTS.join(", ")),
     })
 }
 
@@ -191,6 +195,7 @@ fn run_once(model: &Model, run: &Run, o: &Options<'_>, prompts: &[Vec<u32>], con
     let opts = EngineOptions {
         chunk: run.chunk.map(|c| c as u64),
         activations: run.activations,
+        low_bit_copies: if run.variant == "hobbit" { o.low_bit_copies.clone() } else { None },
         ..options(&run.variant, o.mem, context, run.threads)?
     };
     let engine = Engine::load_with(model, opts)?;
@@ -239,6 +244,7 @@ fn measure(engine: &Engine<'_>, d: &Decoded) -> Value {
         "prefetch_wasted": after.cache.prefetches_wasted - before.cache.prefetches_wasted,
         "lookahead_recall": recall,
         "experts_per_step": (after.experts_computed - before.experts_computed) as f64 / steps,
+        "low_bit_per_step": (after.experts_low_bit - before.experts_low_bit) as f64 / steps,
         "tokens_per_step": n / steps,
         "acceptance_rate": spec.acceptance_rate(),
         "switched_off": spec.switched_off,
@@ -302,7 +308,7 @@ impl Run {
 }
 
 /// What the report keeps of each run, as medians over its repetitions.
-const MEDIAN_KEYS: [&str; 20] = [
+const MEDIAN_KEYS: [&str; 21] = [
     "tok_per_s",
     "prefill_tok_per_s",
     "prefill_bytes_per_token",
@@ -316,6 +322,7 @@ const MEDIAN_KEYS: [&str; 20] = [
     "prefetch_used",
     "prefetch_wasted",
     "experts_per_step",
+    "low_bit_per_step",
     "tokens_per_step",
     "acceptance_rate",
     "switched_off",
