@@ -84,6 +84,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
             exact.knobs.experts_per_token = None;
             exact.knobs.expert_top_p = None;
             exact.knobs.low_bit_copies = None;
+            exact.knobs.cache_aware_experts = None;
             let re = exact.load(&rm, reference, Needs::exact(context, chunk))?;
             let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
             let g = k3_engine::eval::agreement(&engine, &re, &ids, window, chunk, &mut |d| pb.set_position(d as u64))?;

@@ -53,6 +53,12 @@ pub struct EngineKnobs {
     /// weight (0-1]. Changes results [default: off].
     #[arg(long, value_name = "P")]
     pub expert_top_p: Option<f32>,
+    /// Cache-aware routing: each token's N lightest routed experts that the expert cache does not
+    /// hold are swapped for the best-scored runners-up it does hold (their weights kept), so
+    /// fewer reads. Changes results, and they then depend on what the cache holds: its measured
+    /// cost is in docs/EFFICIENCY.md [default: off].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub cache_aware_experts: Option<u16>,
     /// HOBBIT: a model directory of low-bit copies of this model's experts (`convert --experts
     /// int2` of the same checkpoint). An expert among each token's `--low-bit-experts` lightest
     /// that misses the cache is read from its copy, a fraction of the bytes. Changes results, and
@@ -105,6 +111,7 @@ impl EngineKnobs {
             experts_per_token: self.experts_per_token.map(usize::from),
             expert_top_p: self.expert_top_p,
             low_bit_copies: self.low_bit_copies()?,
+            cache_aware: self.cache_aware_experts.map(usize::from),
             context: self.context.unwrap_or(needs.context).max(needs.min_context),
             chunk: needs.chunk.map(|c| c as u64),
             reserved_bytes: needs.reserved_bytes,
@@ -313,6 +320,7 @@ impl EngineArgs {
             "steps": s.steps,
             "experts_computed_per_token": s.experts_computed as f64 / s.tokens.max(1) as f64,
             "experts_low_bit_per_token": s.experts_low_bit as f64 / s.tokens.max(1) as f64,
+            "experts_rerouted_per_token": s.experts_rerouted as f64 / s.tokens.max(1) as f64,
             "cache_hit_rate": c.hits as f64 / lookups as f64,
             "cache": {"hits": c.hits, "misses": c.misses, "evictions": c.evictions, "failed_reads": c.failed_reads},
             "prefetches": {"issued": c.prefetches_issued, "used": c.prefetches_used, "wasted": c.prefetches_wasted},
@@ -378,6 +386,9 @@ impl EngineArgs {
                     s.experts_computed,
                     100.0 * s.experts_low_bit as f64 / s.experts_computed.max(1) as f64
                 );
+            }
+            if s.experts_rerouted > 0 {
+                eprintln!("cache-aware routing: {} experts swapped for cached runners-up", s.experts_rerouted);
             }
             if let Some(sp) = spec.filter(|sp| sp.verifies > 0) {
                 eprintln!(

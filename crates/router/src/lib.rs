@@ -12,11 +12,13 @@
 //! - [`trace_stats`]: what a routing trace says about reuse (next-token reuse, union factors,
 //!   weight by rank, flatness, overlap of two texts), as the published K3 figures define it.
 
+mod cache_aware;
 pub mod lookahead;
 mod route;
 pub mod synthetic;
 pub mod trace_stats;
 pub mod usage;
 
+pub use cache_aware::prefer_cached;
 pub use route::{RouterConfig, Routing, route, select, trim};
 pub use usage::{Key, UsageError, UsageHistory};

@@ -102,6 +102,33 @@ fn routing_knobs(cfg: &mut ModelConfig, opts: &EngineOptions) -> Result<(), Engi
     Ok(())
 }
 
+/// Refuses cache-aware routing the model cannot take: it swaps 1 to k - 1 of a token's experts,
+/// for runners-up by a gate's score (a synthetic routing process has none).
+fn check_cache_aware(layers: &[Layer<'_>], cfg: &ModelConfig, opts: &EngineOptions) -> Result<(), EngineError> {
+    let Some(n) = opts.cache_aware else {
+        return Ok(());
+    };
+    let Some(moe) = cfg.moe.as_ref() else {
+        return Err(EngineError::Config(
+            "cache-aware routing was asked for, but the model has no routed experts".into(),
+        ));
+    };
+    let k = moe.keep.unwrap_or(moe.top_k).min(moe.top_k);
+    if n == 0 || n >= k {
+        return Err(EngineError::Config(format!(
+            "cache-aware experts {n}: each token uses {k} routed experts here; give 1 to {} (its heaviest stays)",
+            k.saturating_sub(1)
+        )));
+    }
+    if layers.iter().any(|l| matches!(&l.ffn, Ffn::Moe(m) if m.synthetic.is_some())) {
+        return Err(EngineError::Config(
+            "cache-aware routing needs a gate's scores for the runners-up; this model's synthetic routing has none"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 impl<'m> Engine<'m> {
     pub fn load(model: &'m Model) -> Result<Engine<'m>, EngineError> {
         Self::load_with(model, EngineOptions::default())
@@ -135,6 +162,7 @@ impl<'m> Engine<'m> {
             None => None,
         };
         let layers = layers::build(layers::Trunk { model, act: opts.activations.trunk() }, &cfg)?;
+        check_cache_aware(&layers, &cfg, &opts)?;
         let res_block = cfg.attn_res_block.unwrap_or(1);
         let plan = plan::plan(
             footprint(&layers, &cfg, res_block),

@@ -18,7 +18,7 @@ use k3_format::Model;
 use k3_io::{Key, Lease, Priority, Status};
 use k3_quant::Matrix;
 use k3_quant::vecops::rms_norm;
-use k3_router::{Routing, route};
+use k3_router::{Routing, prefer_cached, route, select};
 
 use super::approx;
 use super::expert_io::{ExpertIo, expert_error};
@@ -156,11 +156,11 @@ impl<'m> Engine<'m> {
         later: Option<&mut Vec<f32>>,
     ) -> Result<(), EngineError> {
         let t_moe = clock.now();
-        let keys = self.route_chunk(moe, rows, routings, layer.index);
         let xs = rows.xs;
         let io = self.io.as_ref().ok_or_else(|| EngineError::Input("the model has no expert shards".into()))?;
         let mut io = io.lock().map_err(|_| EngineError::Input("a previous expert read panicked".into()))?;
         let io = &mut *io;
+        let keys = self.route_chunk(moe, rows, routings, layer.index, io, stats);
         let keys = self.low_bit_keys(keys, routings, io);
         stats.experts_low_bit += keys.iter().filter(|k| k.1 & approx::LOW_BIT != 0).count() as u64;
         io.cache.set_layer(layer.index);
@@ -271,7 +271,15 @@ impl<'m> Engine<'m> {
 
     /// Routes every token of the chunk (the gate as one product over the chunk); returns the
     /// chunk's distinct experts as cache keys, in order of first use.
-    fn route_chunk(&self, moe: &Moe<'_>, rows: Rows<'_>, routings: &mut [Routing], layer: u32) -> Vec<Key> {
+    fn route_chunk(
+        &self,
+        moe: &Moe<'_>,
+        rows: Rows<'_>,
+        routings: &mut [Routing],
+        layer: u32,
+        io: &ExpertIo,
+        stats: &mut RunStats,
+    ) -> Vec<Key> {
         match &moe.synthetic {
             // A synthetic model: the process routes, from the rows' tokens; no gate product.
             Some(p) => {
@@ -285,6 +293,12 @@ impl<'m> Engine<'m> {
                 self.compute.matmul(&moe.gate, rows.xs, &mut logits);
                 for (l, r) in logits.chunks_exact(e).zip(routings.iter_mut()) {
                     route(&moe.router, l, &moe.bias, r);
+                    if let Some(n) = self.opts.cache_aware {
+                        // The runners-up: the next experts by the gate's selection score.
+                        let runners = select(&moe.router, l, &moe.bias, 2 * moe.router.top_k);
+                        let swapped = prefer_cached(r, &runners, n, |x| io.cache.contains((layer, x)));
+                        stats.experts_rerouted += swapped as u64;
+                    }
                 }
             }
         }

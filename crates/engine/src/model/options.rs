@@ -33,6 +33,10 @@ pub struct EngineOptions {
     /// HOBBIT: low-bit copies read instead of a light expert's record on a miss. Changes results:
     /// `None` (off) by default.
     pub low_bit_copies: Option<super::LowBitCopies>,
+    /// Cache-aware routing: each token's `n` lightest routed experts that the cache does not
+    /// hold are swapped for the best-scored runners-up it does hold. Changes results: `None`
+    /// (off) by default.
+    pub cache_aware: Option<usize>,
     /// Reads in flight at once.
     pub queue_depth: usize,
     /// Tokens of context the memory plan reserves MLA cache for (sessions reserve it up front).
@@ -76,6 +80,7 @@ impl Default for EngineOptions {
             expert_top_p: None,
             approx: super::ExpertApprox::default(),
             low_bit_copies: None,
+            cache_aware: None,
             queue_depth: 32,
             context: 4096,
             sequences: 1,

@@ -59,6 +59,9 @@ impl Engine<'_> {
                 bytes.extend_from_slice(format!("expert_top_p={p}").as_bytes());
             }
             bytes.extend_from_slice(self.opts.approx.describe().as_bytes());
+            if let Some(n) = self.opts.cache_aware {
+                bytes.extend_from_slice(format!("cache_aware={n}").as_bytes());
+            }
             if let Some(c) = &self.opts.low_bit_copies {
                 // The copies' own manifest: other copies compute other states.
                 bytes.extend_from_slice(format!("low_bit_copies={}", c.experts).as_bytes());

@@ -38,6 +38,8 @@ pub struct RunStats {
     pub experts_computed: u64,
     /// Of those, computed from a low-bit copy (HOBBIT).
     pub experts_low_bit: u64,
+    /// Routed experts swapped for cached runners-up (cache-aware routing).
+    pub experts_rerouted: u64,
     /// Steps this session was part of.
     pub steps: u64,
     /// The engine's expert-cache counters after this session's last step (the cache is shared by
@@ -54,6 +56,7 @@ impl RunStats {
         self.expert_compute_seconds += step.expert_compute_seconds;
         self.experts_computed += step.experts_computed;
         self.experts_low_bit += step.experts_low_bit;
+        self.experts_rerouted += step.experts_rerouted;
         self.steps += 1;
         if let Some(c) = cache {
             self.cache = c;
@@ -70,6 +73,7 @@ impl RunStats {
         self.expert_compute_seconds += later.expert_compute_seconds;
         self.experts_computed += later.experts_computed;
         self.experts_low_bit += later.experts_low_bit;
+        self.experts_rerouted += later.experts_rerouted;
         self.steps += later.steps;
         self.cache = later.cache;
     }
