@@ -82,14 +82,7 @@ pub fn matmul_at(level: Level, q: &[u8], scale: &[f16], group: usize, cols: usiz
             for (width, xb, yb) in crate::simd::groups(xs, ys, cols, rows) {
                 let xp = crumb_order(xb);
                 // SAFETY: as in `matvec_at`; `width` whole vectors.
-                unsafe {
-                    match width {
-                        4 => crate::int4::avx2::matmul_n::<4, 2>(q, scale, group, cols, &xp, yb),
-                        3 => crate::int4::avx2::matmul_n::<3, 2>(q, scale, group, cols, &xp, yb),
-                        2 => crate::int4::avx2::matmul_n::<2, 2>(q, scale, group, cols, &xp, yb),
-                        _ => crate::int4::avx2::matmul_n::<1, 2>(q, scale, group, cols, &xp, yb),
-                    }
-                }
+                unsafe { crate::int4::avx2::matmul_width::<2>(width, q, scale, group, cols, &xp, yb) }
             }
         }
         _ => {

@@ -106,3 +106,22 @@ pub(crate) fn matmul_n<const N: usize, const BITS: usize>(
         }
     }
 }
+
+/// [`matmul_n`] for a group of `width` (1 to 4) vectors.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn matmul_width<const BITS: usize>(
+    width: usize,
+    q: &[u8],
+    scale: &[f16],
+    group: usize,
+    cols: usize,
+    xp: &[f32],
+    ys: &mut [f32],
+) {
+    match width {
+        4 => matmul_n::<4, BITS>(q, scale, group, cols, xp, ys),
+        3 => matmul_n::<3, BITS>(q, scale, group, cols, xp, ys),
+        2 => matmul_n::<2, BITS>(q, scale, group, cols, xp, ys),
+        _ => matmul_n::<1, BITS>(q, scale, group, cols, xp, ys),
+    }
+}

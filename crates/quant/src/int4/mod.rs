@@ -109,13 +109,7 @@ pub fn matmul_at(level: Level, q: &[u8], scale: &[f16], group: usize, cols: usiz
                 with_nibble_order(xb, |xp| {
                     // SAFETY: `supported` returns Avx2 only when the CPU has AVX2, FMA and F16C;
                     // shapes checked, `width` whole vectors.
-                    unsafe {
-                        match width {
-                            4 => avx2::matmul_n::<4, 4>(q, scale, group, cols, xp, yb),
-                            3 => avx2::matmul_n::<3, 4>(q, scale, group, cols, xp, yb),
-                            _ => avx2::matmul_n::<2, 4>(q, scale, group, cols, xp, yb),
-                        }
-                    }
+                    unsafe { avx2::matmul_width::<4>(width, q, scale, group, cols, xp, yb) }
                 });
             }
         }
