@@ -161,11 +161,9 @@ impl<'m> Engine<'m> {
         let mut io = io.lock().map_err(|_| EngineError::Input("a previous expert read panicked".into()))?;
         let io = &mut *io;
         let keys = self.route_chunk(moe, rows, routings, layer.index, io, stats);
-        let keys = self.low_bit_keys(keys, routings, io);
-        stats.experts_low_bit += keys.iter().filter(|k| k.1 & approx::LOW_BIT != 0).count() as u64;
+        let keys = self.low_bit_keys(keys, routings, io, stats);
         io.cache.set_layer(layer.index);
         io.cache.protect(&keys);
-        stats.experts_computed += keys.len() as u64;
         let mut reads = Reads { queue: keys.iter().copied().collect(), ..Reads::default() };
         let t_io = Instant::now();
         reads.fill(io, self.model)?;
@@ -240,33 +238,49 @@ impl<'m> Engine<'m> {
             return Err(e);
         }
         let t_sum = clock.now();
-        match later {
-            // Expert Deferral: the deferred experts' share is what the whole sum adds to the sum
-            // without them (through LatentMoE's norm and up-projection, no simple sum).
-            Some(later) => {
-                let mut whole = vec![0f32; outs.len()];
-                self.combine(moe, routings, &prep, &ys, &mut whole, 0);
-                self.combine(moe, routings, &prep, &ys, outs, self.opts.approx.defer);
-                *later = whole.iter().zip(outs.iter()).map(|(a, b)| a - b).collect();
-            }
-            None => self.combine(moe, routings, &prep, &ys, outs, 0),
-        }
+        self.combine_or_defer(moe, routings, &prep, &ys, outs, later);
         clock.span(SpanKind::MoeOther, t_sum);
         Ok(())
     }
 
+    /// [`combine`](Self::combine) into `outs`; under Expert Deferral (`later`), `outs` without
+    /// each token's deferred experts and `later` their share: what the whole sum adds to the sum
+    /// without them (through LatentMoE's norm and up-projection, no simple sum).
+    fn combine_or_defer(
+        &self,
+        moe: &Moe<'m>,
+        routings: &[Routing],
+        prep: &Prepared,
+        ys: &[f32],
+        outs: &mut [f32],
+        later: Option<&mut Vec<f32>>,
+    ) {
+        let Some(later) = later else {
+            return self.combine(moe, routings, prep, ys, outs, 0);
+        };
+        let mut whole = vec![0f32; outs.len()];
+        self.combine(moe, routings, prep, ys, &mut whole, 0);
+        self.combine(moe, routings, prep, ys, outs, self.opts.approx.defer);
+        *later = whole.iter().zip(outs.iter()).map(|(a, b)| a - b).collect();
+    }
+
     /// HOBBIT: each of `keys` that is among the lightest experts of every token that chose it,
     /// and is neither cached nor on its way, becomes its low-bit copy's key.
-    fn low_bit_keys(&self, keys: Vec<Key>, routings: &[Routing], io: &ExpertIo) -> Vec<Key> {
+    /// Counts the step's experts, and those read from copies.
+    fn low_bit_keys(&self, keys: Vec<Key>, routings: &[Routing], io: &ExpertIo, stats: &mut RunStats) -> Vec<Key> {
+        stats.experts_computed += keys.len() as u64;
         let Some(c) = &self.opts.low_bit_copies else {
             return keys;
         };
         let light: Vec<Vec<bool>> = routings.iter().map(|r| approx::lightest(r, c.experts)).collect();
         let light_everywhere =
             |e: u32| routings.iter().zip(&light).all(|(r, l)| r.experts.iter().zip(l).all(|(&x, &is)| x != e || is));
-        keys.into_iter()
+        let keys: Vec<Key> = keys
+            .into_iter()
             .map(|k| if io.cache.contains(k) || !light_everywhere(k.1) { k } else { (k.0, k.1 | approx::LOW_BIT) })
-            .collect()
+            .collect();
+        stats.experts_low_bit += keys.iter().filter(|k| k.1 & approx::LOW_BIT != 0).count() as u64;
+        keys
     }
 
     /// Routes every token of the chunk (the gate as one product over the chunk); returns the
