@@ -289,6 +289,12 @@ mod tests {
         assert!(Encoding::Int4Group { group: 0 }.parts(&[4, 64]).is_err());
         let odd = Encoding::Int4Group { group: 3 }.parts(&[4, 6]).unwrap_err();
         assert!(odd.contains("odd"), "{odd}");
+        // int2: the kernels' shape checks can only hold for groups of whole bytes dividing a row.
+        assert!(Encoding::Int2Group { group: 0 }.parts(&[4, 64]).is_err());
+        let split = Encoding::Int2Group { group: 6 }.parts(&[4, 12]).unwrap_err();
+        assert!(split.contains("not whole bytes"), "{split}");
+        assert!(Encoding::Int2Group { group: 32 }.parts(&[4, 48]).is_err());
+        assert_eq!(Encoding::Int2Group { group: 16 }.parts(&[4, 48]).unwrap()[0].shape, [4, 12]);
         assert!(Encoding::F32.parts(&[u64::MAX, 2]).is_err());
     }
 

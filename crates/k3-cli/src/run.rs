@@ -379,32 +379,38 @@ impl EngineArgs {
                 overlap,
                 rss.unwrap_or(0) as f64 / 1e6
             );
-            if s.experts_low_bit > 0 {
-                eprintln!(
-                    "low-bit copies: {} of {} experts computed ({:.1}%) read from their copies",
-                    s.experts_low_bit,
-                    s.experts_computed,
-                    100.0 * s.experts_low_bit as f64 / s.experts_computed.max(1) as f64
-                );
-            }
-            if s.experts_rerouted > 0 {
-                eprintln!("cache-aware routing: {} experts swapped for cached runners-up", s.experts_rerouted);
-            }
-            if let Some(sp) = spec.filter(|sp| sp.verifies > 0) {
-                eprintln!(
-                    "speculation: {} verify steps, {} drafted, {} accepted ({:.1}%), switched off {} times; \
-                     {:.1} experts and {:.2} MB read per token",
-                    sp.verifies,
-                    sp.drafted,
-                    sp.accepted,
-                    100.0 * sp.acceptance_rate(),
-                    sp.switched_off,
-                    s.experts_computed as f64 / s.tokens.max(1) as f64,
-                    c.bytes_read as f64 / 1e6 / s.tokens.max(1) as f64,
-                );
-            }
+            print_expert_levers(s, spec, c.bytes_read);
         }
         Ok(())
+    }
+}
+
+/// The summary lines of the levers that change which experts run: low-bit copies, cache-aware
+/// routing, speculation (only those that acted).
+fn print_expert_levers(s: &RunStats, spec: Option<&SpecStats>, bytes_read: u64) {
+    if s.experts_low_bit > 0 {
+        eprintln!(
+            "low-bit copies: {} of {} experts computed ({:.1}%) read from their copies",
+            s.experts_low_bit,
+            s.experts_computed,
+            100.0 * s.experts_low_bit as f64 / s.experts_computed.max(1) as f64
+        );
+    }
+    if s.experts_rerouted > 0 {
+        eprintln!("cache-aware routing: {} experts swapped for cached runners-up", s.experts_rerouted);
+    }
+    if let Some(sp) = spec.filter(|sp| sp.verifies > 0) {
+        eprintln!(
+            "speculation: {} verify steps, {} drafted, {} accepted ({:.1}%), switched off {} times; \
+             {:.1} experts and {:.2} MB read per token",
+            sp.verifies,
+            sp.drafted,
+            sp.accepted,
+            100.0 * sp.acceptance_rate(),
+            sp.switched_off,
+            s.experts_computed as f64 / s.tokens.max(1) as f64,
+            bytes_read as f64 / 1e6 / s.tokens.max(1) as f64,
+        );
     }
 }
 

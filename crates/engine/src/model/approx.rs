@@ -43,30 +43,14 @@ impl ExpertApprox {
         if self.is_none() {
             return Ok(());
         }
-        let Some(moe) = cfg.moe.as_ref() else {
-            return Err(EngineError::Config(
-                "expert approximations were given, but the model has no routed experts".into(),
-            ));
-        };
-        let k = moe.keep.unwrap_or(moe.top_k).min(moe.top_k);
-        let within = |what: &str, n: usize| {
-            if n == 0 || n >= k {
-                Err(EngineError::Config(format!(
-                    "{what} {n}: each token uses {k} routed experts here; give 1 to {} (one stays exact)",
-                    k.saturating_sub(1)
-                )))
-            } else {
-                Ok(())
-            }
-        };
         if let Some(lb) = self.low_bit {
-            within("low-bit experts", lb.experts)?;
+            light_experts(cfg, "low-bit experts", lb.experts)?;
             if !(2..=8).contains(&lb.bits) {
                 return Err(EngineError::Config(format!("low-bit copies of {} bits: give 2 to 8", lb.bits)));
             }
         }
         if self.defer > 0 {
-            within("deferred experts", self.defer)?;
+            light_experts(cfg, "deferred experts", self.defer)?;
         }
         Ok(())
     }
@@ -126,20 +110,25 @@ impl LowBitCopies {
         if let Some((n, s)) = mine.iter().find(|m| !theirs.contains(m)) {
             return Err(EngineError::Config(format!("low-bit copies hold no expert matrix `{n}` of shape {s:?}")));
         }
-        let moe = cfg
-            .moe
-            .as_ref()
-            .ok_or_else(|| EngineError::Config("low-bit copies given, but the model has no routed experts".into()))?;
-        let k = moe.keep.unwrap_or(moe.top_k).min(moe.top_k);
-        if self.experts == 0 || self.experts >= k {
-            return Err(EngineError::Config(format!(
-                "low-bit experts {}: each token uses {k} routed experts here; give 1 to {} (one is read whole)",
-                self.experts,
-                k.saturating_sub(1)
-            )));
-        }
-        Ok(())
+        light_experts(cfg, "low-bit experts", self.experts)
     }
+}
+
+/// Refuses a count of each token's lightest experts (`what`: the option's name) that the model
+/// cannot take: 1 to k - 1 of the k it uses (after top-k reduction), so the heaviest stays as it
+/// was.
+pub(crate) fn light_experts(cfg: &ModelConfig, what: &str, n: usize) -> Result<(), EngineError> {
+    let Some(moe) = cfg.moe.as_ref() else {
+        return Err(EngineError::Config(format!("{what} {n} was given, but the model has no routed experts")));
+    };
+    let k = moe.keep.unwrap_or(moe.top_k).min(moe.top_k);
+    if n == 0 || n >= k {
+        return Err(EngineError::Config(format!(
+            "{what} {n}: each token uses {k} routed experts here; give 1 to {} (its heaviest stays as it is)",
+            k.saturating_sub(1)
+        )));
+    }
+    Ok(())
 }
 
 /// Which of a token's routed experts are its `n` lightest: by weight, and of equal weights the

@@ -108,18 +108,7 @@ fn check_cache_aware(layers: &[Layer<'_>], cfg: &ModelConfig, opts: &EngineOptio
     let Some(n) = opts.cache_aware else {
         return Ok(());
     };
-    let Some(moe) = cfg.moe.as_ref() else {
-        return Err(EngineError::Config(
-            "cache-aware routing was asked for, but the model has no routed experts".into(),
-        ));
-    };
-    let k = moe.keep.unwrap_or(moe.top_k).min(moe.top_k);
-    if n == 0 || n >= k {
-        return Err(EngineError::Config(format!(
-            "cache-aware experts {n}: each token uses {k} routed experts here; give 1 to {} (its heaviest stays)",
-            k.saturating_sub(1)
-        )));
-    }
+    approx::light_experts(cfg, "cache-aware experts", n)?;
     if layers.iter().any(|l| matches!(&l.ffn, Ffn::Moe(m) if m.synthetic.is_some())) {
         return Err(EngineError::Config(
             "cache-aware routing needs a gate's scores for the runners-up; this model's synthetic routing has none"

@@ -272,12 +272,15 @@ impl<'m> Engine<'m> {
         let Some(c) = &self.opts.low_bit_copies else {
             return keys;
         };
-        let light: Vec<Vec<bool>> = routings.iter().map(|r| approx::lightest(r, c.experts)).collect();
-        let light_everywhere =
-            |e: u32| routings.iter().zip(&light).all(|(r, l)| r.experts.iter().zip(l).all(|(&x, &is)| x != e || is));
+        // The experts some token of the step holds among its heavy ones: read whole.
+        let mut heavy = std::collections::HashSet::new();
+        for r in routings {
+            let light = approx::lightest(r, c.experts);
+            heavy.extend(r.experts.iter().zip(light).filter(|(_, l)| !l).map(|(e, _)| *e));
+        }
         let keys: Vec<Key> = keys
             .into_iter()
-            .map(|k| if io.cache.contains(k) || !light_everywhere(k.1) { k } else { (k.0, k.1 | approx::LOW_BIT) })
+            .map(|k| if io.cache.contains(k) || heavy.contains(&k.1) { k } else { (k.0, k.1 | approx::LOW_BIT) })
             .collect();
         stats.experts_low_bit += keys.iter().filter(|k| k.1 & approx::LOW_BIT != 0).count() as u64;
         keys
@@ -428,8 +431,10 @@ impl<'m> Engine<'m> {
         let n = routings.len();
         let mut us = vec![0f32; n * zd];
         for ((t, r), u) in routings.iter().enumerate().zip(us.chunks_exact_mut(zd)) {
-            let out = approx::lightest(r, leave_out);
-            for (rank, w) in r.weights.iter().enumerate().filter(|(rank, _)| !out[*rank]) {
+            // Only Expert Deferral leaves any out: the decode path sorts nothing.
+            let out = if leave_out == 0 { Vec::new() } else { approx::lightest(r, leave_out) };
+            for (rank, w) in r.weights.iter().enumerate().filter(|(rank, _)| !out.get(*rank).copied().unwrap_or(false))
+            {
                 u.iter_mut().zip(&ys[(t * k + rank) * zd..(t * k + rank + 1) * zd]).for_each(|(a, b)| *a += w * b);
             }
         }

@@ -1,6 +1,6 @@
 //! `bench decode`'s command line: its switches, and the drive's ceiling measured before the runs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use k3_engine::ActivationPrecision as Activations;
@@ -72,6 +72,21 @@ pub struct Args {
     pub json: bool,
 }
 
+/// The `hobbit` variant's low-bit copies of `m`'s experts (the lighter half of each token's),
+/// opened; refused when the variant is asked for without them.
+fn copies(dir: Option<&Path>, m: &Model, variants: &[String]) -> Result<Option<k3_engine::LowBitCopies>> {
+    let Some(dir) = dir else {
+        anyhow::ensure!(
+            !variants.iter().any(|v| v == "hobbit"),
+            "the hobbit variant reads low-bit copies: give --low-bit-copies DIR"
+        );
+        return Ok(None);
+    };
+    let copies = Model::open(dir).with_context(|| format!("opening low-bit copies {}", dir.display()))?;
+    let experts = (m.manifest().architecture.experts_per_token as usize / 2).max(1);
+    Ok(Some(k3_engine::LowBitCopies { model: std::sync::Arc::new(copies), experts }))
+}
+
 /// A comma-separated list of counts in `lo..=hi`.
 fn counts(s: &str, what: &str, lo: usize, hi: usize) -> Result<Vec<usize>> {
     s.split(',')
@@ -132,18 +147,7 @@ pub fn task(args: Args) -> Result<()> {
     };
     let mem = mem.map(|m| k3_engine::budget::parse_size(&m)).transpose().map_err(anyhow::Error::msg)?;
     let m = Model::open(&model)?;
-    let low_bit_copies = match low_bit_copies {
-        Some(dir) => {
-            let copies = Model::open(&dir).with_context(|| format!("opening low-bit copies {}", dir.display()))?;
-            let experts = (m.manifest().architecture.experts_per_token as usize / 2).max(1);
-            Some(k3_engine::LowBitCopies { model: std::sync::Arc::new(copies), experts })
-        }
-        None => None,
-    };
-    anyhow::ensure!(
-        low_bit_copies.is_some() || !variants.iter().any(|v| v == "hobbit"),
-        "the hobbit variant reads low-bit copies: give --low-bit-copies DIR"
-    );
+    let low_bit_copies = copies(low_bit_copies.as_deref(), &m, &variants)?;
     let record = m.manifest().expert_layouts.iter().map(|l| l.record_bytes).max().unwrap_or(4096) as usize;
     let shard = m.shard_paths().first().cloned().context("the model has no expert shards")?;
     drop(m);
