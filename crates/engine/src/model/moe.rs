@@ -161,6 +161,7 @@ impl<'m> Engine<'m> {
         let mut io = io.lock().map_err(|_| EngineError::Input("a previous expert read panicked".into()))?;
         let io = &mut *io;
         let keys = self.route_chunk(moe, rows, routings, layer.index, io, stats);
+        stats.experts_computed += keys.len() as u64;
         let keys = self.low_bit_keys(keys, routings, io, stats);
         io.cache.set_layer(layer.index);
         io.cache.protect(&keys);
@@ -265,10 +266,8 @@ impl<'m> Engine<'m> {
     }
 
     /// HOBBIT: each of `keys` that is among the lightest experts of every token that chose it,
-    /// and is neither cached nor on its way, becomes its low-bit copy's key.
-    /// Counts the step's experts, and those read from copies.
+    /// and is neither cached nor on its way, becomes its low-bit copy's key (counted in `stats`).
     fn low_bit_keys(&self, keys: Vec<Key>, routings: &[Routing], io: &ExpertIo, stats: &mut RunStats) -> Vec<Key> {
-        stats.experts_computed += keys.len() as u64;
         let Some(c) = &self.opts.low_bit_copies else {
             return keys;
         };
