@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::linalg::{ROW_BLOCK, products, spd_inverse, transposed};
+use super::linalg::{Mat, ROW_BLOCK, add_rows, gemm, spd_inverse};
 use super::search::Searcher;
 use super::train::{Codebooks, reconstruct, reconstruct_all};
 
@@ -38,54 +38,89 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
+/// Rows whose start is one product (`gemm`) with `H`; their steps then go [`ROW_BLOCK`] rows at
+/// a time, chunk by chunk, so the rows of `h` a step reads are read once for a block's rows.
+const GEMM_ROWS: usize = ROW_BLOCK;
+
 /// `rounds` sweeps of coordinate descent over each row of `w` (`cols` wide; the rows GPTQ
 /// encoded, in the same basis) and its `codes`, under the (damped) second-moment matrix `h`.
 /// A chunk's search weighs its dimensions by `H_kk`'s diagonal with `width` (the search's
-/// first-stage picks or beam); the exact error decides. Does nothing if a diagonal block of `h`
-/// is not positive definite (damping makes them so).
-pub fn descend(w: &[f32], cols: usize, h: &[f64], cb: &Codebooks, width: usize, rounds: usize, codes: &mut [u16]) {
+/// first-stage picks or beam); the exact error decides. No sweeps if a diagonal block of `h` is
+/// not positive definite (damping makes them so).
+///
+/// Returns each row's output energies over the calibration inputs, `(w^T H w, q^T H q)` of the
+/// row and its reconstruction: the second from the descent's own `g = H e` as
+/// `w^T H w - 2 g.w + g.e`, so the energies cost one product, not two.
+pub fn descend(
+    w: &[f32],
+    cols: usize,
+    h: &[f64],
+    cb: &Codebooks,
+    width: usize,
+    rounds: usize,
+    codes: &mut [u16],
+) -> Vec<(f64, f64)> {
     let (d, s_n) = (cb.dim, cb.stages);
     let chunks = cols / d;
-    let Some(diag) = (0..chunks).map(|k| Block::new(h, cols, k * d, d)).collect::<Option<Vec<Block>>>() else {
-        return;
-    };
-    let ctx = Context { h, cb, width };
-    // Rows go in blocks, chunk by chunk (as in GPTQ): the rows of `h` a step reads are then read
-    // once for a block's rows. Each row's own steps, and so its codes, are the same.
-    let init = || (Searcher::for_codebooks(cb), (0..ROW_BLOCK).map(|_| Row::new(cols, d, s_n)).collect::<Vec<Row>>());
-    let blocks = w.par_chunks(cols * ROW_BLOCK).zip(codes.par_chunks_mut(chunks * s_n * ROW_BLOCK));
-    blocks.for_each_init(init, |(searcher, states), (rows, outs)| {
+    let diag = (0..chunks).map(|k| Block::new(h, cols, k * d, d)).collect::<Option<Vec<Block>>>();
+    let rounds = if diag.is_some() { rounds } else { 0 };
+    let diag = diag.unwrap_or_default();
+    // The start's product in f32 (twice the f64 rate; its sums are then widened): `g` and the
+    // energies to ~1e-6, far inside what a step's choice or an f16 scale can tell.
+    let h32: Vec<f32> = h.iter().map(|&v| v as f32).collect();
+    let ctx = Context { h, h32: &h32, cb, width };
+    let mut energies = vec![(0.0, 0.0); w.len() / cols.max(1)];
+    let init = || (Searcher::for_codebooks(cb), (0..GEMM_ROWS).map(|_| Row::new(cols, d, s_n)).collect::<Vec<Row>>());
+    let blocks = w.par_chunks(cols * GEMM_ROWS).zip(codes.par_chunks_mut(chunks * s_n * GEMM_ROWS));
+    let blocks = blocks.zip(energies.par_chunks_mut(GEMM_ROWS));
+    blocks.for_each_init(init, |(searcher, states), ((rows, outs), energies)| {
         let states = &mut states[..rows.len() / cols];
-        start(states, rows, outs, &ctx);
-        for _ in 0..rounds {
-            for (k, blk) in diag.iter().enumerate() {
-                for (r, m) in states.iter_mut().enumerate() {
-                    let out = &mut outs[(r * chunks + k) * s_n..][..s_n];
-                    m.step(k, blk, &rows[r * cols..][..cols], out, &ctx, searcher);
+        let targets = start(states, rows, outs, &ctx);
+        for (b, block) in states.chunks_mut(ROW_BLOCK).enumerate() {
+            let first = b * ROW_BLOCK;
+            for _ in 0..rounds {
+                for (k, blk) in diag.iter().enumerate() {
+                    for (r, m) in block.iter_mut().enumerate() {
+                        let out = &mut outs[((first + r) * chunks + k) * s_n..][..s_n];
+                        m.step(k, blk, &rows[(first + r) * cols..][..cols], out, &ctx, searcher);
+                    }
                 }
             }
         }
+        for ((m, row), (e, &wtw)) in states.iter().zip(rows.chunks_exact(cols)).zip(energies.iter_mut().zip(&targets)) {
+            let gw: f64 = m.g.iter().zip(row).map(|(g, w)| g * f64::from(*w)).sum();
+            *e = (wtw, wtw - 2.0 * gw + dot(&m.g, &m.e));
+        }
     });
+    energies
 }
 
-/// Each row's error `e = w - q` from its codes, then `g = H e` for all of them at once.
-fn start(states: &mut [Row], rows: &[f32], codes: &[u16], ctx: &Context<'_>) {
+/// Each row's error `e = w - q` from its codes, and `g = H e` with `H w` for all of them in one
+/// product; returns each row's `w^T H w`.
+fn start(states: &mut [Row], rows: &[f32], codes: &[u16], ctx: &Context<'_>) -> Vec<f64> {
     let n = states.len();
     let cols = rows.len() / n.max(1);
     let mut q = vec![0f32; rows.len()];
     reconstruct_all(ctx.cb, codes, &mut q);
-    let e: Vec<f64> = rows.iter().zip(&q).map(|(w, q)| f64::from(w - q)).collect();
-    let mut g = vec![0f64; n * cols];
-    products(ctx.h, cols, &transposed(&e, cols), &mut g);
+    // [E; W] H: rows' errors, then the rows themselves (H is symmetric: row r of `E H` is `H e_r`).
+    let mut ew: Vec<f32> = rows.iter().zip(&q).map(|(w, q)| w - q).collect();
+    ew.extend_from_slice(rows);
+    let mut out = vec![0f32; 2 * n * cols];
+    gemm(1.0, Mat::new(&ew, 2 * n, cols, cols), Mat::new(ctx.h32, cols, cols, cols), 0.0, &mut out, cols);
+    let (g, hw) = out.split_at(n * cols);
     for (r, m) in states.iter_mut().enumerate() {
-        m.e.copy_from_slice(&e[r * cols..][..cols]);
-        m.g.iter_mut().enumerate().for_each(|(i, v)| *v = g[i * n + r]);
+        m.e.iter_mut().zip(&ew[r * cols..][..cols]).for_each(|(e, v)| *e = f64::from(*v));
+        m.g.iter_mut().zip(&g[r * cols..][..cols]).for_each(|(g, v)| *g = f64::from(*v));
     }
+    let w = ew[n * cols..].chunks_exact(cols);
+    hw.chunks_exact(cols).zip(w).map(|(hw, w)| hw.iter().zip(w).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum()).collect()
 }
 
 /// What every row's descent reads.
 struct Context<'a> {
     h: &'a [f64],
+    /// `h` in f32, for the start's product.
+    h32: &'a [f32],
     cb: &'a Codebooks,
     width: usize,
 }
@@ -146,11 +181,11 @@ impl Row {
         if blk.cost(&self.err, &self.b) >= blk.cost(&self.e[c0..c0 + d], &self.b) {
             return;
         }
+        // `err` becomes the chunk's change of error, which moves `g` by `H`'s rows.
         for a in 0..d {
-            let delta = self.err[a] - self.e[c0 + a];
-            self.g.iter_mut().zip(&h[(c0 + a) * cols..][..cols]).for_each(|(g, hv)| *g += hv * delta);
-            self.e[c0 + a] = self.err[a];
+            (self.e[c0 + a], self.err[a]) = (self.err[a], self.err[a] - self.e[c0 + a]);
         }
+        add_rows(&mut self.g, &h[c0 * cols..(c0 + d) * cols], &self.err);
         code.copy_from_slice(&self.code);
     }
 }
@@ -191,8 +226,19 @@ mod tests {
         let mut codes: Vec<u16> = (0..rows * cols / 4 * 3).map(|i| (i * 7 % 16) as u16).collect();
         let mut last = output_error(&w, &codes, &h, &cb, cols);
         for round in 0..3 {
-            descend(&w, cols, &h, &cb, 16, 1, &mut codes);
+            let energies = descend(&w, cols, &h, &cb, 16, 1, &mut codes);
             let now = output_error(&w, &codes, &h, &cb, cols);
+            // The energies are each row's and its reconstruction's `x^T H x`, computed directly
+            // (to 1e-5: the encoder's product is in f32).
+            let mut q = vec![0f32; w.len()];
+            reconstruct_all(&cb, &codes, &mut q);
+            for (r, &(num, den)) in energies.iter().enumerate() {
+                let quad = |x: &[f32]| -> f64 {
+                    (0..cols).map(|i| f64::from(x[i]) * (0..cols).map(|j| h[i * cols + j] * f64::from(x[j])).sum::<f64>()).sum()
+                };
+                let (want_num, want_den) = (quad(&w[r * cols..][..cols]), quad(&q[r * cols..][..cols]));
+                assert!((num - want_num).abs() < 1e-5 * want_num && (den - want_den).abs() < 1e-5 * want_den, "row {r}: {num} {den} vs {want_num} {want_den}");
+            }
             assert!(now <= last * (1.0 + 1e-9), "round {round}: {now} after {last}");
             if round == 0 {
                 assert!(now < last * 0.5, "the first round from arbitrary codes: {now} after {last}");

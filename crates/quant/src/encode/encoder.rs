@@ -95,8 +95,9 @@ pub struct Calibration {
 struct OutputMetric {
     /// `H` itself: descent's objective and the output energy the row scales keep.
     moment: Vec<f64>,
-    /// GPTQ's `U` ([`gptq::gptq_factor`]).
-    factor: Vec<f64>,
+    /// GPTQ's `U` ([`gptq::gptq_factor`]), in f32 (as GPTQ's own runs it): its products move
+    /// f32 weights.
+    factor: Vec<f32>,
 }
 
 impl Calibration {
@@ -108,10 +109,10 @@ impl Calibration {
         }
         let rotation = opts.rotation(cols);
         let inputs = rotated_inputs(xs, cols, rotation.as_ref());
-        let mut moment = second_moment(&inputs, cols);
+        let mut moment = linalg::second_moment(&inputs, cols);
         // `gptq_factor` damps `moment` in place.
         let factor = opts.gptq.then(|| gptq::gptq_factor(&mut moment, cols, 0.01)).flatten();
-        let output = factor.map(|factor| OutputMetric { moment, factor });
+        let output = factor.map(|u| OutputMetric { moment, factor: u.iter().map(|&v| v as f32).collect() });
         Ok(Calibration {
             cols,
             rotation: rotation.map(|r| (r.block, r.seed)),
@@ -183,8 +184,8 @@ pub fn encode_owned(codec: Codec, w: Vec<f32>, cols: usize, opts: &EncodeOptions
             work.copy_from_slice(&original);
             gptq::gptq_encode(&mut work, cols, u, &cb, opts.beam.max(1), &mut codes);
         }
-        descent::descend(&original, cols, h, &cb, opts.descent_width, opts.descent_rounds, &mut codes);
-        match_output_energy(&mut scale, &original, &codes, &cb, h);
+        let energies = descent::descend(&original, cols, h, &cb, opts.descent_width, opts.descent_rounds, &mut codes);
+        match_output_energy(&mut scale, &energies);
         return Ok(finish(codec, rows, cols, &codes, scale, cb.values, rotation));
     }
     search::encode(data, &cb, opts.beam.max(1), &mut codes);
@@ -235,35 +236,15 @@ fn match_energy(
 }
 
 /// [`match_energy`] in the output basis: each row's scale keeps `w^T H w`, its output energy
-/// over the calibration inputs (`h` their damped second moments). On the default model this
-/// took next-token KL from 0.00081 to 0.00074 nats against the per-column weighting
-/// (docs/LEARNED.md, "Descent and output energy").
-fn match_output_energy(scale: &mut [f32], target: &[f32], codes: &[u16], cb: &train::Codebooks, h: &[f64]) {
-    use rayon::prelude::*;
-    let cols = target.len() / scale.len().max(1);
-    let per_row = cols / cb.dim * cb.stages;
-    let block = linalg::ROW_BLOCK;
-    // Rows in blocks, each row of `h` read once for a block (as GPTQ does).
-    scale.par_chunks_mut(block).enumerate().for_each(|(b, scales)| {
-        let n = scales.len();
-        let first = b * block;
-        let ws = &target[first * cols..][..n * cols];
-        let mut rec = vec![0f32; n * cols];
-        train::reconstruct_all(cb, &codes[first * per_row..][..n * per_row], &mut rec);
-        // `x^T H x` of every row: its `H x` a block at a time, then summed in `i` order.
-        let quads = |rows: &[f32]| -> Vec<f64> {
-            let xt = linalg::transposed(rows, cols);
-            let mut hx = vec![0f64; n * cols];
-            linalg::products(h, cols, &xt, &mut hx);
-            (0..n).map(|r| (0..cols).map(|i| xt[i * n + r] * hx[i * n + r]).sum()).collect()
-        };
-        let (num, den) = (quads(ws), quads(&rec));
-        for ((s, num), den) in scales.iter_mut().zip(num).zip(den) {
-            if den > 0.0 && num > 0.0 {
-                *s *= (num / den).sqrt() as f32;
-            }
+/// over the calibration inputs (`energies` from [`descent::descend`]: the row's and its
+/// reconstruction's). On the default model this took next-token KL from 0.00081 to 0.00074 nats
+/// against the per-column weighting (docs/LEARNED.md, "Descent and output energy").
+fn match_output_energy(scale: &mut [f32], energies: &[(f64, f64)]) {
+    for (s, &(num, den)) in scale.iter_mut().zip(energies) {
+        if den > 0.0 && num > 0.0 {
+            *s *= (num / den).sqrt() as f32;
         }
-    });
+    }
 }
 
 /// `sum_i m_i x_i²` in eight f32 running sums side by side, added in a fixed order (the same
@@ -339,29 +320,6 @@ fn importance(xs: &[f64], cols: usize) -> Vec<f32> {
     }
     let mean = imp.iter().sum::<f64>() / cols as f64;
     imp.iter().map(|v| ((v / mean.max(1e-30)) as f32).max(1e-4)).collect()
-}
-
-/// `E[x x^T]` of the (rotated) calibration vectors, `cols x cols`: the lower triangle summed,
-/// then mirrored (the matrix is symmetric).
-fn second_moment(xs: &[f64], cols: usize) -> Vec<f64> {
-    use rayon::prelude::*;
-    let n = xs.len() / cols;
-    let mut h = vec![0f64; cols * cols];
-    h.par_chunks_exact_mut(cols).enumerate().for_each(|(i, row)| {
-        for x in xs.chunks_exact(cols) {
-            let xi = x[i];
-            for (hv, xj) in row[..=i].iter_mut().zip(x) {
-                *hv += xi * xj;
-            }
-        }
-        row[..=i].iter_mut().for_each(|v| *v /= n as f64);
-    });
-    for i in 0..cols {
-        for j in 0..i {
-            h[j * cols + i] = h[i * cols + j];
-        }
-    }
-    h
 }
 
 fn finish(
