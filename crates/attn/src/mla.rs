@@ -98,7 +98,8 @@ pub struct MlaSeq<'s> {
 }
 
 /// The per-layer cache: for every position so far, the normalized latent and the shared key.
-#[derive(Debug, Clone, PartialEq)]
+/// (`Default`: an empty cache of no shape, the placeholder for a layer a session never runs.)
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct MlaCache {
     c: Vec<f32>,
     kext: Vec<f32>,

@@ -53,6 +53,9 @@ pub enum ConvertError {
     Unsupported(String),
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// The calibration pass (the source model reading the calibration tokens) failed.
+    #[error("calibration: {0}")]
+    Calibration(Box<k3_engine::EngineError>),
     #[error("verification after conversion found {count} bad item(s); first: {first}")]
     Verify { count: usize, first: String },
 }
@@ -114,8 +117,9 @@ pub struct ConvertOptions {
     pub shards: u16,
     /// Directories (one per drive) the shards are striped over; empty = the output directory.
     pub shard_dirs: Vec<PathBuf>,
-    /// Re-encoded VQ experts minimize the error on these inputs (`crate::calibrate`).
-    pub calibration: Option<std::sync::Arc<calibrate::Calibration>>,
+    /// Re-encoded VQ experts minimize the error on the inputs the source model gives them
+    /// reading these tokens (`crate::calibrate`), a layer at a time.
+    pub calibration: Option<std::sync::Arc<calibrate::CalibrationPlan>>,
 }
 
 impl ConvertOptions {
@@ -167,6 +171,8 @@ pub struct ConvertReport {
     pub verified_bytes: u64,
     /// Tensors stored in another encoding than the checkpoint's, grouped, with why.
     pub re_encoded: Vec<ReEncoded>,
+    /// Per MoE layer this run calibrated: how its experts' inputs were weighted.
+    pub calibrated: Vec<calibrate::LayerCalibration>,
 }
 
 /// The options with every path in one spelling (so a resumed conversion is recognised however

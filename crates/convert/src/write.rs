@@ -11,7 +11,7 @@ use safetensors::Dtype as StDtype;
 use super::plan::{LayerPlan, Plan, SourceExperts, expert_parts};
 use super::{ConvertError, ConvertOptions, ConvertReport, Progress, Source, TrunkFormat, Unit};
 use super::{dequant, encode};
-use crate::calibrate::Calibration;
+use crate::calibrate::{Calibration, CalibrationPlan, Walker};
 use crate::tensors::Storage;
 use k3_engine::names::{EXPERT_MATRICES, expert as expert_name};
 
@@ -84,12 +84,14 @@ fn fp8_trunk(
     encode::trunk(name, StDtype::F32, shape, &f, fmt, storage)
 }
 
-/// Every expert record the writer does not have yet, in (layer, expert) order.
+/// Every expert record the writer does not have yet, in (layer, expert) order; with a
+/// calibration plan, each MoE layer's experts weighted by the inputs the source model's walk
+/// gives that layer (held only while the layer is encoded).
 pub(super) fn experts(
     w: &mut ModelWriter,
     plan: &Plan,
     src: &Source,
-    calibration: Option<&Calibration>,
+    calibration: Option<&CalibrationPlan>,
     report: &mut ConvertReport,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<(), ConvertError> {
@@ -103,17 +105,35 @@ pub(super) fn experts(
             record_bytes[usize::from(p.layout)] * (0..experts).filter(|e| w.has_expert(p.layer, *e)).count() as u64
         })
         .sum();
+    let source = match calibration {
+        Some(c) if resumed < total => Some((Model::open(&c.source)?, c)),
+        _ => None,
+    };
+    let mut walker = match &source {
+        Some((model, c)) => Some(Walker::new(model, c).map_err(|e| ConvertError::Calibration(Box::new(e)))?),
+        None => None,
+    };
     let mut done = 0u64;
     for p in &plan.layers {
         let rb = record_bytes[usize::from(p.layout)];
         let todo: Vec<u32> = (0..experts).filter(|e| !w.has_expert(p.layer, *e)).collect();
         done += rb * u64::from(experts - todo.len() as u32);
+        if todo.is_empty() {
+            continue;
+        }
+        let layer_cal = match (walker.as_mut(), p.target) {
+            (Some(walker), Some(encode::ExpertTarget::Vq(_))) => {
+                Some(walker.layer(p.layer).map_err(|e| ConvertError::Calibration(Box::new(e)))?)
+            }
+            _ => None,
+        };
+        report.calibrated.extend(layer_cal.as_ref().map(Calibration::report));
         // Re-encoding runs on every core, a few experts at a time (bounded memory); records are
         // still written in (layer, expert) order.
         let batch = if p.target.is_some() { rayon::current_num_threads().max(1) * 2 } else { 1 };
         for chunk in todo.chunks(batch) {
             let encoded: Vec<Result<Vec<Vec<u8>>, ConvertError>> =
-                chunk.par_iter().map(|&expert| record(src, plan, p, expert, calibration)).collect();
+                chunk.par_iter().map(|&expert| record(src, plan, p, expert, layer_cal.as_ref())).collect();
             for (&expert, parts) in chunk.iter().zip(encoded) {
                 let parts = parts?;
                 let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
@@ -191,9 +211,6 @@ fn record(
     Ok(parts)
 }
 
-/// Fewest inputs of its own an expert needs to be weighted by them (else its layer's are used).
-const MIN_OWN_INPUTS: usize = 16;
-
 /// One expert's calibration, prepared for encoding: what w1 and w3 read, and what w2 reads.
 struct ExpertCalibration {
     input: Arc<k3_quant::encode::Calibration>,
@@ -211,7 +228,7 @@ fn expert_inputs(
     expert: u32,
     mats: &[(String, usize, usize, Vec<f32>)],
 ) -> Result<Option<ExpertCalibration>, ConvertError> {
-    let Some(sample) = c.inputs(p.layer, expert, MIN_OWN_INPUTS) else { return Ok(None) };
+    let Some(sample) = c.inputs(expert) else { return Ok(None) };
     let (w1, w3) = (&mats[0], &mats[2]);
     if sample.dim != w1.2 {
         return Err(ConvertError::Unsupported(format!(

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k3_convert::calibrate::collect;
+use k3_convert::calibrate::{CalibrationPlan, Walker};
 use k3_convert::{ConvertOptions, ExpertFormat, convert};
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::weights::{Rotations, expert_matrix};
@@ -52,12 +52,15 @@ fn default_model() -> (PathBuf, Model, Vec<u32>) {
 fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
     let (source, model, ids) = default_model();
     let ids = &ids[..2048];
-    let cal = Arc::new(collect(&model, ids, 256, 256, &mut |_, _| {}).unwrap());
-    let (experts, inputs) = cal.coverage();
-    assert!(experts > 0 && inputs >= 2048 * 4, "{experts} experts, {inputs} inputs");
+    let plan = Arc::new(CalibrationPlan { source: source.clone(), ids: ids.to_vec(), window: 256, cap: 256 });
+    let mut walker = Walker::new(&model, &plan).unwrap();
+    let layers: Vec<_> = model.manifest().architecture.moe_layers.iter().map(|&l| walker.layer(l).unwrap()).collect();
+    let inputs: u64 = layers.iter().map(|c| c.report().inputs).sum();
+    let moe = layers.len() as u64;
+    assert_eq!(inputs, 2048 * 4 * moe, "every token's four experts at every MoE layer");
     // Every kept input has its routing weight: positive, and not one value for all (top-4 of a
     // sigmoid router, renormalized, gives each token's experts different shares).
-    let s = cal.inputs(1, 0, 16).unwrap();
+    let s = layers[0].inputs(0).unwrap();
     assert_eq!(s.gates.len(), s.len());
     assert!(s.gates.iter().all(|g| g.is_finite() && *g > 0.0), "{:?}", s.gates);
     assert!(s.gates.iter().any(|g| *g != s.gates[0]), "{:?}", s.gates);
@@ -67,7 +70,7 @@ fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
     convert(&plain, &mut |_| {}).unwrap();
     let calibrated = ConvertOptions {
         experts: ExpertFormat::Vq3,
-        calibration: Some(cal.clone()),
+        calibration: Some(plan.clone()),
         ..ConvertOptions::new(&source, d.path().join("calibrated"))
     };
     convert(&calibrated, &mut |_| {}).unwrap();
@@ -75,9 +78,10 @@ fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
 
     // w1's error on the inputs each expert saw, summed over the experts the text routed to.
     let (mut err_plain, mut err_cal) = (0f64, 0f64);
-    for &layer in &model.manifest().architecture.moe_layers {
+    for cal in &layers {
+        let layer = cal.layer();
         for e in 0..model.manifest().architecture.experts {
-            let Some(s) = cal.inputs(layer, e, 16) else { continue };
+            let Some(s) = cal.inputs(e) else { continue };
             err_plain += output_error(&model, &p, (layer, e), "w1", &s.vectors, &s.gates);
             err_cal += output_error(&model, &c, (layer, e), "w1", &s.vectors, &s.gates);
         }
@@ -91,12 +95,14 @@ fn calibrated_vq3_experts_err_less_on_the_inputs_they_see() {
 /// cannot mix experts encoded for two samples); the same calibration finds the model complete.
 #[test]
 fn a_calibrated_conversion_is_held_to_its_calibration() {
-    let (source, model, ids) = default_model();
-    let sample = |from: usize| Arc::new(collect(&model, &ids[from..from + 512], 256, 256, &mut |_, _| {}).unwrap());
+    let (source, _, ids) = default_model();
+    let sample = |from: usize| {
+        Arc::new(CalibrationPlan { source: source.clone(), ids: ids[from..from + 512].to_vec(), window: 256, cap: 256 })
+    };
     let (a, b) = (sample(0), sample(512));
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("m");
-    let opts = |cal: Option<&Arc<k3_convert::calibrate::Calibration>>| ConvertOptions {
+    let opts = |cal: Option<&Arc<CalibrationPlan>>| ConvertOptions {
         experts: ExpertFormat::Vq3,
         calibration: cal.cloned(),
         ..ConvertOptions::new(&source, &out)
@@ -104,7 +110,7 @@ fn a_calibrated_conversion_is_held_to_its_calibration() {
     convert(&opts(Some(&a)), &mut |_| {}).unwrap();
     let recorded = Model::open(&out).unwrap().manifest().provenance["options"]["calibration"].clone();
     assert_eq!(recorded, a.provenance(), "the model records its calibration");
-    assert_ne!(a.provenance()["xxh3"], b.provenance()["xxh3"], "two samples, two fingerprints");
+    assert_ne!(a.provenance()["ids_xxh3"], b.provenance()["ids_xxh3"], "two samples, two fingerprints");
     for other in [Some(&b), None] {
         let err = convert(&opts(other), &mut |_| {}).unwrap_err().to_string();
         assert!(err.contains("converted with other options"), "{err}");

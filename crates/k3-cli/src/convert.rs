@@ -70,17 +70,22 @@ pub struct ConvertArgs {
     /// [default: none: every shard beside the header in --out].
     #[arg(long = "shard-dir")]
     pub shard_dirs: Vec<PathBuf>,
-    /// Calibrate VQ experts on this text: the source model reads it (a checkpoint is converted as
-    /// stored first, beside the output), each expert's inputs are sampled, and its matrices are
-    /// encoded to minimize the error on them [default: none: uncalibrated].
-    #[arg(long)]
+    /// Calibrate VQ experts on this text: the source model reads it a layer at a time (a
+    /// checkpoint is converted as stored first, beside the output), each expert's inputs are
+    /// sampled, and its matrices are encoded to minimize the error on them [default: none:
+    /// uncalibrated].
+    #[arg(long, conflicts_with = "calibrate_ids")]
     pub calibrate: Option<PathBuf>,
+    /// Calibrate on these token ids instead of a text (a JSON array, or ids separated by
+    /// whitespace): for a model whose tokenizer is not embedded.
+    #[arg(long, value_name = "FILE")]
+    pub calibrate_ids: Option<PathBuf>,
     /// Tokens of the calibration text to run (in 256-token windows spread evenly over the text).
-    #[arg(long, default_value_t = 16384, requires = "calibrate")]
+    #[arg(long, default_value_t = 16384)]
     pub calibrate_tokens: usize,
     /// Inputs sampled per expert (a larger sample estimates an expert's input statistics better;
     /// memory is checked before the run).
-    #[arg(long, default_value_t = 4096, requires = "calibrate")]
+    #[arg(long, default_value_t = 4096)]
     pub calibrate_samples: usize,
 }
 
@@ -88,9 +93,10 @@ pub struct ConvertArgs {
 const CALIBRATION_WINDOW: usize = 256;
 
 pub fn run(args: ConvertArgs) -> Result<()> {
-    let calibration = match &args.calibrate {
-        Some(text) => Some(std::sync::Arc::new(calibrate(&args, text)?)),
-        None => None,
+    // The scratch copy a checkpoint's calibration runs on lives until the conversion ends.
+    let (calibration, _scratch) = match calibration_plan(&args)? {
+        Some((plan, scratch)) => (Some(std::sync::Arc::new(plan)), scratch),
+        None => (None, None),
     };
     let ConvertArgs { hf, out, experts, trunk, align, shards, shard_dirs, .. } = args;
     let experts = match experts {
@@ -142,6 +148,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     for r in &report.re_encoded {
         println!("re-encoded {} tensor(s) {} -> {} (e.g. {}): {}", r.count, r.from, r.to, r.example, r.why);
     }
+    print_calibration(&report.calibrated);
     if !report.ignored.is_empty() {
         println!(
             "ignored {} tensors k3 does not run (a vision tower, multi-token-prediction layers; e.g. {})",
@@ -152,50 +159,110 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     Ok(())
 }
 
-/// The calibration pass: the source model reads the text and its experts' inputs are sampled.
-fn calibrate(args: &ConvertArgs, text: &Path) -> Result<k3_convert::calibrate::Calibration> {
+/// The calibration to run, if asked for: the source as a WASTE model (a checkpoint converted as
+/// stored into a scratch directory beside the output, returned to be kept until the end) and the
+/// token ids, spread over the text.
+fn calibration_plan(
+    args: &ConvertArgs,
+) -> Result<Option<(k3_convert::calibrate::CalibrationPlan, Option<tempfile::TempDir>)>> {
+    // From a text (the tokenizer reads it) or from ids.
+    let (text, ids_file) = match (&args.calibrate, &args.calibrate_ids) {
+        (None, None) if args.calibrate_tokens != 16384 || args.calibrate_samples != 4096 => {
+            bail!("--calibrate-tokens and --calibrate-samples need --calibrate TEXT or --calibrate-ids FILE")
+        }
+        (None, None) => return Ok(None),
+        (text, ids) => (text.as_deref(), ids.as_deref()),
+    };
     if !matches!(args.experts, Experts::Vq3) {
-        bail!("--calibrate weights VQ encodings: use it with --experts vq3");
+        bail!("calibration weights VQ encodings: use --calibrate or --calibrate-ids with --experts vq3");
     }
-    // The engine runs WASTE models: a checkpoint is converted as stored first, into a scratch
-    // directory beside the output (removed afterwards).
-    let scratch;
+    if args.calibrate_samples == 0 {
+        bail!("--calibrate-samples must be at least 1");
+    }
+    let mut scratch = None;
     let source = if args.hf.join(k3_format::HEADER_FILE).exists() {
         args.hf.clone()
     } else {
         let parent = args.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-        scratch =
+        let dir =
             tempfile::tempdir_in(parent).with_context(|| format!("a scratch directory in {}", parent.display()))?;
-        let as_stored = scratch.path().join("as-stored");
+        let as_stored = dir.path().join("as-stored");
         println!("calibration runs the model: converting {} as stored first", args.hf.display());
         run_convert(&ConvertOptions::new(&args.hf, &as_stored), &mut |_| {})?;
+        scratch = Some(dir);
         as_stored
     };
     let model = k3_format::Model::open(&source)?;
-    let tok = k3_engine::tokenizer::Tokenizer::from_model(&model)
-        .with_context(|| format!("{} embeds no tokenizer to read the calibration text with", args.hf.display()))??;
-    let words = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
-    let all = tok.encode(&words);
+    let (all, what) = match (text, ids_file) {
+        (Some(text), _) => {
+            let tok = k3_engine::tokenizer::Tokenizer::from_model(&model).with_context(|| {
+                format!(
+                    "{} embeds no tokenizer to read the calibration text with (use --calibrate-ids)",
+                    args.hf.display()
+                )
+            })??;
+            let words = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
+            (tok.encode(&words), text)
+        }
+        (None, file) => {
+            let file = file.context("--calibrate-ids names no file")?;
+            (read_ids(file, model.manifest().architecture.vocab)?, file)
+        }
+    };
     let ids = k3_convert::calibrate::spread(&all, args.calibrate_tokens, CALIBRATION_WINDOW);
     if ids.is_empty() {
-        bail!("{} has no text to calibrate on", text.display());
+        bail!("{} has no tokens to calibrate on", what.display());
     }
-    let pb = bar(ids.len() as u64);
-    pb.set_message("calibrate");
-    let cal =
-        k3_convert::calibrate::collect(&model, &ids, CALIBRATION_WINDOW, args.calibrate_samples, &mut |done, _| {
-            pb.set_position(done as u64)
-        })?;
-    pb.finish_and_clear();
-    let (experts, inputs) = cal.coverage();
     println!(
-        "calibrated on {} of the {} tokens of {} (windows spread over it): {experts} experts saw {inputs} inputs",
+        "calibrating on {} of the {} tokens of {} (windows spread over it), a layer at a time",
         ids.len(),
         all.len(),
-        text.display()
+        what.display()
     );
-    Ok(cal)
+    let plan =
+        k3_convert::calibrate::CalibrationPlan { source, ids, window: CALIBRATION_WINDOW, cap: args.calibrate_samples };
+    Ok(Some((plan, scratch)))
+}
+
+/// Token ids from `file`: a JSON array of integers, or integers separated by whitespace; each
+/// below `vocab`.
+fn read_ids(file: &Path, vocab: u64) -> Result<Vec<u32>> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let ids: Vec<u64> = if text.trim_start().starts_with('[') {
+        serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a JSON array of non-negative integer token ids", file.display()))?
+    } else {
+        let parse = |(i, t): (usize, &str)| {
+            t.parse::<u64>().with_context(|| format!("{}: item {} (`{t}`) is not a token id", file.display(), i + 1))
+        };
+        text.split_whitespace().enumerate().map(parse).collect::<Result<_>>()?
+    };
+    if let Some((i, bad)) = ids.iter().enumerate().find(|(_, t)| **t >= vocab) {
+        bail!("{}: item {} is token id {bad}, outside the model's vocabulary of {vocab}", file.display(), i + 1);
+    }
+    Ok(ids.into_iter().map(|t| t as u32).collect())
+}
+
+/// Per calibrated layer, how its experts' inputs were weighted (and how many fell back).
+fn print_calibration(layers: &[k3_convert::calibrate::LayerCalibration]) {
+    if layers.is_empty() {
+        return;
+    }
+    let (shrunk, pooled): (u32, u32) = layers.iter().fold((0, 0), |(s, p), l| (s + l.shrunk, p + l.pooled));
+    println!(
+        "calibrated {} MoE layer(s): experts weighted by their own inputs, shrunk toward their layer's (fewer \
+         inputs than their width), or by the layer's alone (fewer than {}):",
+        layers.len(),
+        k3_convert::calibrate::MIN_OWN_INPUTS
+    );
+    for l in layers {
+        println!(
+            "  layer {:>3}: {:>5} own, {:>5} shrunk, {:>5} fell back; {} inputs",
+            l.layer, l.own, l.shrunk, l.pooled, l.inputs
+        );
+    }
+    println!("  in all: {shrunk} shrunk, {pooled} fell back");
 }
 
 /// A conversion's (or `synth`'s) progress on standard error: one bar a phase over what this run
@@ -264,15 +331,4 @@ fn say_how_to_resume_when_interrupted() {
             libc::signal(sig, interrupted as *const () as libc::sighandler_t);
         }
     }
-}
-
-/// A progress bar on standard error (hidden when it is not a terminal).
-fn bar(total: u64) -> ProgressBar {
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template("{msg:>9} [{bar:40}] {pos}/{len} ETA {eta}")
-            .expect("a constant template parses")
-            .progress_chars("=> "),
-    );
-    pb
 }

@@ -52,19 +52,19 @@ impl<'s> Seq<'s> {
 }
 
 /// The activations of one chunk as it goes through the layers.
-struct Chunk {
-    n: usize,
+pub(super) struct Chunk {
+    pub(super) n: usize,
     /// Rows per sequence, in order.
-    rows: Vec<usize>,
+    pub(super) rows: Vec<usize>,
     /// The residual stream `[n, d]` (K3: the running partial sum's layer output).
-    h: Vec<f32>,
+    pub(super) h: Vec<f32>,
     /// The layer's partial sum `[n, d]`.
     p: Vec<f32>,
     normed: Vec<f32>,
     /// Attention output, then the MLP's.
     out: Vec<f32>,
     /// K3 AttnRes block snapshots per row.
-    blocks: Vec<Vec<Vec<f32>>>,
+    pub(super) blocks: Vec<Vec<Vec<f32>>>,
     routings: Vec<Routing>,
     /// Per row: what the predictors said about the current layer.
     guesses: Vec<Guesses>,
@@ -73,6 +73,27 @@ struct Chunk {
     /// Expert Deferral: the previous layer's deferred experts' share `[n, d]`, added at the end
     /// of this one.
     late: Option<Vec<f32>>,
+}
+
+impl Chunk {
+    /// A chunk of `rows` (rows per sequence) whose residual stream is `h` and AttnRes snapshots
+    /// `blocks`, before a layer.
+    pub(super) fn at(rows: Vec<usize>, h: Vec<f32>, blocks: Vec<Vec<Vec<f32>>>, contexts: Vec<RowContext>) -> Self {
+        let n = blocks.len();
+        Chunk {
+            n,
+            rows,
+            normed: vec![0f32; h.len()],
+            out: vec![0f32; h.len()],
+            h,
+            p: Vec::new(),
+            blocks,
+            routings: vec![Routing::default(); n],
+            guesses: vec![[None, None]; n],
+            contexts,
+            late: None,
+        }
+    }
 }
 
 impl Chunk {
@@ -164,19 +185,9 @@ impl<'m> Engine<'m> {
             }
         }
         let n = ids.len();
-        let mut c = Chunk {
-            n,
-            rows: seqs.iter().map(|s| s.ids.len()).collect(),
-            h: self.embed(&ids),
-            p: Vec::new(),
-            normed: vec![0f32; n * d],
-            out: vec![0f32; n * d],
-            blocks: vec![Vec::new(); n],
-            routings: vec![Routing::default(); n],
-            guesses: vec![[None, None]; n],
-            contexts: if self.synthetic_routing() { row_contexts(seqs) } else { Vec::new() },
-            late: None,
-        };
+        let contexts = if self.synthetic_routing() { row_contexts(seqs) } else { Vec::new() };
+        let rows = seqs.iter().map(|s| s.ids.len()).collect();
+        let mut c = Chunk::at(rows, self.embed(&ids), vec![Vec::new(); n], contexts);
         if let Some(tr) = trace.as_deref_mut() {
             tr.clear();
             tr.resize(n * nl * d, 0.0);
@@ -239,7 +250,7 @@ impl<'m> Engine<'m> {
         }
     }
 
-    fn embed(&self, ids: &[u32]) -> Vec<f32> {
+    pub(super) fn embed(&self, ids: &[u32]) -> Vec<f32> {
         let d = self.hidden;
         let mut h = vec![0f32; ids.len() * d];
         for (&t, row) in ids.iter().zip(h.chunks_exact_mut(d)) {
@@ -255,7 +266,7 @@ impl<'m> Engine<'m> {
 
     /// The attention input (K3: the AttnRes mix of the blocks and the partial sum; a fresh block
     /// snapshots it), attention, and the partial sum after it.
-    fn attention(
+    pub(super) fn attention(
         &self,
         seqs: &mut [Seq<'_>],
         li: usize,
@@ -317,7 +328,7 @@ impl<'m> Engine<'m> {
 
     /// The MLP input (K3: the AttnRes mix), the dense MLP or the streaming MoE step, and the new
     /// residual stream; the lookahead's guesses for the next layer on the way.
-    fn feed_forward(
+    pub(super) fn feed_forward(
         &self,
         seqs: &mut [Seq<'_>],
         li: usize,

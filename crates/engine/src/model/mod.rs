@@ -20,6 +20,7 @@ mod session;
 mod state_file;
 mod stats;
 pub mod tap;
+mod walk;
 
 pub use approx::{ExpertApprox, LowBit, LowBitCopies};
 pub use forward::{Logits, Seq};
@@ -28,6 +29,7 @@ pub use options::{ActivationPrecision, EngineOptions};
 pub use session::{LayerState, RoutedToken, Session};
 pub use state_file::{STATE_FILE_VERSION, SavedState, StateFileError, StateHeader, read_state_header};
 pub use stats::{RunStats, Span, SpanKind};
+pub use walk::{GROUP_ROWS as WALK_GROUP_ROWS, LayerWalk};
 
 use std::sync::Mutex;
 

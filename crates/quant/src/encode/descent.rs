@@ -113,7 +113,10 @@ fn start(states: &mut [Row], rows: &[f32], codes: &[u16], ctx: &Context<'_>) -> 
         m.g.iter_mut().zip(&g[r * cols..][..cols]).for_each(|(g, v)| *g = f64::from(*v));
     }
     let w = ew[n * cols..].chunks_exact(cols);
-    hw.chunks_exact(cols).zip(w).map(|(hw, w)| hw.iter().zip(w).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum()).collect()
+    hw.chunks_exact(cols)
+        .zip(w)
+        .map(|(hw, w)| hw.iter().zip(w).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum())
+        .collect()
 }
 
 /// What every row's descent reads.
@@ -234,10 +237,15 @@ mod tests {
             reconstruct_all(&cb, &codes, &mut q);
             for (r, &(num, den)) in energies.iter().enumerate() {
                 let quad = |x: &[f32]| -> f64 {
-                    (0..cols).map(|i| f64::from(x[i]) * (0..cols).map(|j| h[i * cols + j] * f64::from(x[j])).sum::<f64>()).sum()
+                    (0..cols)
+                        .map(|i| f64::from(x[i]) * (0..cols).map(|j| h[i * cols + j] * f64::from(x[j])).sum::<f64>())
+                        .sum()
                 };
                 let (want_num, want_den) = (quad(&w[r * cols..][..cols]), quad(&q[r * cols..][..cols]));
-                assert!((num - want_num).abs() < 1e-5 * want_num && (den - want_den).abs() < 1e-5 * want_den, "row {r}: {num} {den} vs {want_num} {want_den}");
+                assert!(
+                    (num - want_num).abs() < 1e-5 * want_num && (den - want_den).abs() < 1e-5 * want_den,
+                    "row {r}: {num} {den} vs {want_num} {want_den}"
+                );
             }
             assert!(now <= last * (1.0 + 1e-9), "round {round}: {now} after {last}");
             if round == 0 {

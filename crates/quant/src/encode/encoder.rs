@@ -50,7 +50,7 @@ impl Default for EncodeOptions {
             beam: 4,
             calibration: None,
             gptq: true,
-            descent_rounds: 3,
+            descent_rounds: 2,
             descent_width: 16,
         }
     }

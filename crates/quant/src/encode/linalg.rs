@@ -199,17 +199,52 @@ pub(super) trait Gemm: Copy {
     /// As `matrixmultiply::dgemm`: every index the strides reach is inside its allocation, and
     /// `c` does not overlap `a` or `b`.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn raw(m: usize, k: usize, n: usize, alpha: Self, a: Mat<'_, Self>, b: Mat<'_, Self>, beta: Self, c: *mut Self, ldc: usize);
+    unsafe fn raw(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: Mat<'_, Self>,
+        b: Mat<'_, Self>,
+        beta: Self,
+        c: *mut Self,
+        ldc: usize,
+    );
 }
 
 macro_rules! impl_gemm {
     ($t:ty, $f:path) => {
         impl Gemm for $t {
-            unsafe fn raw(m: usize, k: usize, n: usize, alpha: $t, a: Mat<'_, $t>, b: Mat<'_, $t>, beta: $t, c: *mut $t, ldc: usize) {
+            unsafe fn raw(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: $t,
+                a: Mat<'_, $t>,
+                b: Mat<'_, $t>,
+                beta: $t,
+                c: *mut $t,
+                ldc: usize,
+            ) {
                 let s = |v: usize| v as isize;
                 // SAFETY: the caller's contract, passed on.
                 unsafe {
-                    $f(m, k, n, alpha, a.data.as_ptr(), s(a.rs), s(a.cs), b.data.as_ptr(), s(b.rs), s(b.cs), beta, c, s(ldc), 1)
+                    $f(
+                        m,
+                        k,
+                        n,
+                        alpha,
+                        a.data.as_ptr(),
+                        s(a.rs),
+                        s(a.cs),
+                        b.data.as_ptr(),
+                        s(b.rs),
+                        s(b.cs),
+                        beta,
+                        c,
+                        s(ldc),
+                        1,
+                    )
                 }
             }
         }
