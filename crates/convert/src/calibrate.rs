@@ -5,7 +5,7 @@
 //!
 //! The model reads the text one layer at a time ([`Walker`], over the engine's `LayerWalk`):
 //! between layers only the calibration tokens' boundary states are held, and each MoE layer's
-//! samples only while that layer's experts are encoded. Memory: [`peak_bytes`].
+//! samples only while that layer's experts are encoded. Memory: [`PeakMemory`].
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -159,12 +159,37 @@ fn layer_sample_bytes(arch: &k3_format::Architecture, width: u64, tokens: u64, c
     (per_layer + cap) * (width + 1) * 4
 }
 
-/// A walk's peak memory beyond the engine's own plan (trunk, expert cache, a step's
-/// activations for [`k3_engine::WALK_GROUP_ROWS`] rows): the boundary states
-/// (`Engine::walk_bytes`) and one MoE layer's samples; the samples of every layer at once
-/// (the old pass) were `moe_layers` times the second term.
-pub fn peak_bytes(walk_bytes: u64, arch: &k3_format::Architecture, width: u64, tokens: u64, cap: u64) -> u64 {
-    walk_bytes + layer_sample_bytes(arch, width, tokens, cap)
+/// A calibrated conversion's peak memory, by part (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PeakMemory {
+    /// The engine's own plan: trunk, expert cache (a quarter of the machine's memory at most),
+    /// a step's activations for [`k3_engine::WALK_GROUP_ROWS`] rows.
+    pub engine: u64,
+    /// Every token's state between layers (`Engine::walk_bytes`).
+    pub boundary: u64,
+    /// One MoE layer's samples ([`layer_sample_bytes`]); all layers' at once (the old pass) were
+    /// `moe_layers` times this.
+    pub samples: u64,
+    /// The experts encoded at once, each with its two prepared input sets: `H` in f64 and f32
+    /// and GPTQ's f32 factor, 16 bytes per entry of the `width^2` and `mid^2` matrices.
+    pub encoding: u64,
+}
+
+impl PeakMemory {
+    pub fn total(&self) -> u64 {
+        self.engine + self.boundary + self.samples + self.encoding
+    }
+
+    /// The encoding term for `in_flight` experts reading `width`-wide inputs with `mid`-wide
+    /// activations.
+    pub fn encoding_bytes(in_flight: u64, width: u64, mid: u64) -> u64 {
+        in_flight * 16 * (width * width + mid * mid)
+    }
+}
+
+/// Experts a conversion encodes at once (`write::experts`' batches).
+pub fn experts_in_flight() -> u64 {
+    2 * rayon::current_num_threads().max(1) as u64
 }
 
 /// The calibration pass over a source model: the walk, and the tap it samples through.
@@ -180,38 +205,59 @@ pub struct Walker<'m> {
 
 impl<'m> Walker<'m> {
     /// The engine on `model` with the sampling tap, before the first layer; refused when its
-    /// peak ([`peak_bytes`] plus the engine's plan) is over half of this machine's memory.
+    /// peak ([`PeakMemory`]) is over three quarters of this machine's memory.
     pub fn new(model: &'m k3_format::Model, plan: &CalibrationPlan) -> Result<Self, EngineError> {
         let m = model.manifest();
         let inputs = Arc::new(ExpertInputs::new(plan.cap));
+        // The walk reads each expert once per group of rows: a cache buys it little, so it gets
+        // a quarter of the machine's memory at most, the rest left to the samples and encoding.
+        let machine = k3_engine::budget::total_memory_bytes();
         let opts = k3_engine::EngineOptions {
             calibrate: Some(inputs.clone()),
+            mem_budget: machine.map(|t| t / 4),
             context: plan.window.max(1) as u64,
             chunk: Some(k3_engine::WALK_GROUP_ROWS as u64),
             ..k3_engine::EngineOptions::default()
         };
         let engine = Engine::load_with(model, opts)?;
         let width = input_width(m);
-        let (tokens, cap) = (plan.ids.len() as u64, plan.cap as u64);
-        let need = engine.plan().total() + peak_bytes(engine.walk_bytes(tokens), &m.architecture, width, tokens, cap);
-        if let Some(total) = k3_engine::budget::total_memory_bytes()
-            && need > total / 2
+        let walk = engine.walk(plan.windows())?;
+        let experts = m.architecture.experts;
+        let walker = Walker { engine, walk, inputs, cap: plan.cap, width: width as usize, experts };
+        let peak = walker.peak(m);
+        if let Some(total) = machine
+            && peak.total() > total / 4 * 3
         {
             let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
             return Err(EngineError::Input(format!(
-                "calibrating on {tokens} tokens keeping up to {cap} inputs per expert needs {:.1} GiB at its peak \
-                 (the engine {:.1}, the tokens' states between layers {:.1}, one layer's samples {:.1}), more than \
-                 the {:.1} GiB allowed (half of this machine's memory): calibrate on fewer tokens or samples",
-                gib(need),
-                gib(engine.plan().total()),
-                gib(engine.walk_bytes(tokens)),
-                gib(layer_sample_bytes(&m.architecture, width, tokens, cap)),
-                gib(total / 2)
+                "calibrating on {} tokens keeping up to {} inputs per expert needs {:.1} GiB at its peak (the \
+                 engine {:.1}, the tokens' states between layers {:.1}, one layer's samples {:.1}, the experts \
+                 encoded at once {:.1}), more than the {:.1} GiB allowed (three quarters of this machine's \
+                 memory): calibrate on fewer tokens or samples",
+                plan.ids.len(),
+                plan.cap,
+                gib(peak.total()),
+                gib(peak.engine),
+                gib(peak.boundary),
+                gib(peak.samples),
+                gib(peak.encoding),
+                gib(total / 4 * 3)
             )));
         }
-        let walk = engine.walk(plan.windows())?;
-        let experts = m.architecture.experts;
-        Ok(Walker { engine, walk, inputs, cap: plan.cap, width: width as usize, experts })
+        Ok(walker)
+    }
+
+    /// This walk's peak memory by part ([`PeakMemory`]).
+    pub fn peak(&self, m: &k3_format::Manifest) -> PeakMemory {
+        let (tokens, cap, width) = (self.walk.rows() as u64, self.cap as u64, self.width as u64);
+        let mid = m.expert_layouts.iter().flat_map(|l| &l.matrices).filter(|t| t.name == "w2");
+        let mid = mid.filter_map(|t| t.shape.get(1).copied()).max().unwrap_or(0);
+        PeakMemory {
+            engine: self.engine.plan().total(),
+            boundary: self.engine.walk_bytes(tokens),
+            samples: layer_sample_bytes(&m.architecture, width, tokens, cap),
+            encoding: PeakMemory::encoding_bytes(experts_in_flight(), width, mid),
+        }
     }
 
     /// MoE layer `layer`'s calibration: the walk runs up to and through it (sampling only the
@@ -298,7 +344,7 @@ mod tests {
     }
 
     #[test]
-    fn peak_memory_is_one_layer_of_samples_and_the_boundary() {
+    fn one_layer_of_samples_at_a_time() {
         let arch = |name: &str, experts, k, moe: u32| k3_format::Architecture {
             name: name.into(),
             layers: moe + 1,
@@ -319,7 +365,9 @@ mod tests {
         let samples = layer_sample_bytes(&k3, 3584, 16384, 4096);
         assert_eq!(samples, (16384 * 16 + 4096) * 3585 * 4);
         let boundary = 16384 * 7168 * 4 * 9;
-        assert!(peak_bytes(boundary, &k3, 3584, 16384, 4096) < 8 << 30);
+        assert!(boundary + samples < 8 << 30);
+        // 32 experts in flight (16 cores) with their 3,584- and 3,072-wide inputs: 11.4 GB.
+        assert_eq!(PeakMemory::encoding_bytes(32, 3584, 3072), 32 * 16 * (3584 * 3584 + 3072 * 3072));
     }
 
     /// The input width comes from the stored experts: tiny-k3's experts read its 128-wide latent,

@@ -117,3 +117,43 @@ fn a_calibrated_conversion_is_held_to_its_calibration() {
     }
     convert(&opts(Some(&a)), &mut |_| {}).unwrap();
 }
+
+/// A calibrated conversion stopped part way resumes to the same bytes as one that ran through:
+/// the walk passes the layers already written without encoding them again.
+#[test]
+fn an_interrupted_calibrated_conversion_resumes_to_identical_bytes() {
+    let (source, _, ids) = default_model();
+    let plan = Arc::new(CalibrationPlan { source: source.clone(), ids: ids[..1024].to_vec(), window: 256, cap: 256 });
+    let d = tempfile::tempdir().unwrap();
+    let opts = |out: &str| ConvertOptions {
+        experts: ExpertFormat::Vq3,
+        calibration: Some(plan.clone()),
+        ..ConvertOptions::new(&source, d.path().join(out))
+    };
+    let whole = convert(&opts("whole"), &mut |_| {}).unwrap();
+    assert_eq!(whole.calibrated.len(), 3);
+    // Stop two thirds into the experts, after a second (progress is journaled every second).
+    let mut slept = false;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        convert(&opts("cut"), &mut |p| {
+            if p.phase == "experts" && p.done * 2 > p.total && !slept {
+                std::thread::sleep(std::time::Duration::from_millis(1100));
+                slept = true;
+            }
+            if p.phase == "experts" && p.done * 3 > p.total * 2 {
+                panic!("interrupted");
+            }
+        })
+    }));
+    assert!(r.is_err());
+    let resumed = convert(&opts("cut"), &mut |_| {}).unwrap();
+    assert!(resumed.resumed_items > 0);
+    assert!(resumed.calibrated.len() < 3, "layers already written are not calibrated again: {:?}", resumed.calibrated);
+    for f in ["experts-00000.waste", "trunk.waste"] {
+        let (a, b) = (
+            std::fs::read(d.path().join("whole").join(f)).unwrap(),
+            std::fs::read(d.path().join("cut").join(f)).unwrap(),
+        );
+        assert!(a == b, "{f} differs after resuming");
+    }
+}
