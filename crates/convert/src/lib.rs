@@ -173,6 +173,8 @@ pub struct ConvertReport {
     pub re_encoded: Vec<ReEncoded>,
     /// Per MoE layer this run calibrated: how its experts' inputs were weighted.
     pub calibrated: Vec<calibrate::LayerCalibration>,
+    /// The calibration walk's peak memory by part, as checked before it ran.
+    pub calibration_peak: Option<calibrate::PeakMemory>,
 }
 
 /// The options with every path in one spelling (so a resumed conversion is recognised however

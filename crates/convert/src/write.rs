@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use k3_format::{Model, ModelWriter, OpenOptions};
 
-use k3_quant::Matrix;
+use k3_quant::encode::products;
 use rayon::prelude::*;
 use safetensors::Dtype as StDtype;
 
@@ -114,6 +114,9 @@ pub(super) fn experts(
         Some((model, c)) => Some(Walker::new(model, c).map_err(|e| ConvertError::Calibration(Box::new(e)))?),
         None => None,
     };
+    if let (Some(w), Some((model, _))) = (&walker, &source) {
+        report.calibration_peak = Some(w.peak(model.manifest()));
+    }
     let mut done = 0u64;
     for p in &plan.layers {
         let rb = record_bytes[usize::from(p.layout)];
@@ -238,13 +241,9 @@ fn expert_inputs(
         )));
     }
     let (inter, n) = (w1.1, sample.len());
-    // Every input through w1 and w3 at once (batched products: a matrix-vector product per input
-    // was a third of a K3-shaped proxy's calibrated conversion).
-    let (mut g, mut u) = (vec![0f32; n * inter], vec![0f32; n * inter]);
-    let (m1, m3) =
-        (Matrix::F32 { w: &w1.3, rows: inter, cols: w1.2 }, Matrix::F32 { w: &w3.3, rows: inter, cols: w3.2 });
-    m1.matmul(&sample.vectors, &mut g);
-    m3.matmul(&sample.vectors, &mut u);
+    // Every input through w1 and w3 at once (`products`: a matrix-vector product per input was a
+    // fifth of a K3-shaped proxy's calibrated conversion).
+    let (g, u) = (products(&sample.vectors, &w1.3, w1.2), products(&sample.vectors, &w3.3, w3.2));
     let mut h = Vec::with_capacity(n * inter);
     for ((g, u), gate) in g.chunks_exact(inter).zip(u.chunks_exact(inter)).zip(&sample.gates) {
         h.extend(g.iter().zip(u).map(|(g, u)| gate * k3_engine::activate(plan.activation, *g, *u)));

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use indicatif::{DecimalBytes, ProgressBar, ProgressStyle};
+use k3_convert::calibrate::PeakMemory;
 use k3_convert::{ConvertOptions, ExpertFormat, Progress, TrunkFormat, Unit, convert as run_convert};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -148,7 +149,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     for r in &report.re_encoded {
         println!("re-encoded {} tensor(s) {} -> {} (e.g. {}): {}", r.count, r.from, r.to, r.example, r.why);
     }
-    print_calibration(&report.calibrated);
+    print_calibration(&report.calibrated, report.calibration_peak);
     if !report.ignored.is_empty() {
         println!(
             "ignored {} tensors k3 does not run (a vision tower, multi-token-prediction layers; e.g. {})",
@@ -245,7 +246,18 @@ fn read_ids(file: &Path, vocab: u64) -> Result<Vec<u32>> {
 }
 
 /// Per calibrated layer, how its experts' inputs were weighted (and how many fell back).
-fn print_calibration(layers: &[k3_convert::calibrate::LayerCalibration]) {
+fn print_calibration(layers: &[k3_convert::calibrate::LayerCalibration], peak: Option<PeakMemory>) {
+    if let Some(p) = peak {
+        println!(
+            "calibration's peak memory: {} (engine {}, tokens' states between layers {}, one layer's samples {}, \
+             experts encoded at once {})",
+            DecimalBytes(p.total()),
+            DecimalBytes(p.engine),
+            DecimalBytes(p.boundary),
+            DecimalBytes(p.samples),
+            DecimalBytes(p.encoding)
+        );
+    }
     if layers.is_empty() {
         return;
     }

@@ -295,27 +295,22 @@ fn code_norms(cb: &train::Codebooks) -> Vec<f32> {
         .collect()
 }
 
-/// The calibration vectors (`[n, cols]`) rotated into the encoding's basis, as f64.
-fn rotated_inputs(xs: &[f32], cols: usize, rotation: Option<&Rotation>) -> Vec<f64> {
-    let mut buf = vec![0f32; cols];
-    let mut out = Vec::with_capacity(xs.len());
-    for x in xs.chunks_exact(cols) {
-        buf.copy_from_slice(x);
-        if let Some(r) = rotation {
-            r.apply(&mut buf);
-        }
-        out.extend(buf.iter().map(|v| f64::from(*v)));
+/// The calibration vectors (`[n, cols]`) rotated into the encoding's basis.
+fn rotated_inputs(xs: &[f32], cols: usize, rotation: Option<&Rotation>) -> Vec<f32> {
+    let mut out = xs.to_vec();
+    if let Some(r) = rotation {
+        out.chunks_exact_mut(cols).for_each(|x| r.apply(x));
     }
     out
 }
 
 /// Each column's `E[x^2]` relative to the mean column's (floored at 1e-4): the encoder's
 /// per-column distance weights.
-fn importance(xs: &[f64], cols: usize) -> Vec<f32> {
+fn importance(xs: &[f32], cols: usize) -> Vec<f32> {
     let mut imp = vec![0f64; cols];
     for x in xs.chunks_exact(cols) {
         for (m, v) in imp.iter_mut().zip(x) {
-            *m += v * v;
+            *m += f64::from(*v) * f64::from(*v);
         }
     }
     let mean = imp.iter().sum::<f64>() / cols as f64;

@@ -268,24 +268,28 @@ pub(super) fn gemm<T: Gemm>(alpha: T, a: Mat<'_, T>, b: Mat<'_, T>, beta: T, c: 
 }
 
 /// `E[x x^T]` of `n` vectors (`xs`, `[n, cols]`), `cols x cols`: the lower triangle in strips of
-/// rows (`gemm` of the inputs' columns with themselves), then mirrored.
-pub(super) fn second_moment(xs: &[f64], cols: usize) -> Vec<f64> {
+/// rows (`gemm` of the inputs' columns with themselves, in f32: twice the f64 rate, its sums to
+/// ~1e-6, far inside the 1% damping added to the diagonal), widened, then mirrored.
+pub(super) fn second_moment(xs: &[f32], cols: usize) -> Vec<f64> {
     use rayon::prelude::*;
     let n = xs.len() / cols.max(1);
-    let mut h = vec![0f64; cols * cols];
+    let mut h = vec![0f32; cols * cols];
     let x = Mat::new(xs, n, cols, cols);
     h.par_chunks_mut(cols * NB).enumerate().for_each(|(s, strip)| {
         let (i0, rows) = (s * NB, strip.len() / cols);
         let xi = Mat::new(&xs[i0..], n, rows, cols).t();
         let upto = Mat { cols: i0 + rows, ..x };
-        gemm(1.0 / n.max(1) as f64, xi, upto, 0.0, strip, cols);
+        gemm(1.0 / n.max(1) as f32, xi, upto, 0.0, strip, cols);
     });
+    let mut out = vec![0f64; cols * cols];
     for i in 0..cols {
-        for j in 0..i {
-            h[j * cols + i] = h[i * cols + j];
+        for j in 0..=i {
+            let v = f64::from(h[i * cols + j]);
+            out[i * cols + j] = v;
+            out[j * cols + i] = v;
         }
     }
-    h
+    out
 }
 
 #[cfg(test)]
@@ -321,8 +325,14 @@ mod tests {
     #[test]
     fn blocked_cholesky_factors() {
         let n = 2 * NB + 37;
-        let x: Vec<f64> = crate::rng::noise(2 * n * n, 5, 1.0).iter().map(|v| f64::from(*v)).collect();
+        let x = crate::rng::noise(2 * n * n, 5, 1.0);
         let h = second_moment(&x, n);
+        // The second moments are the plain averages (to f32's sums), symmetric.
+        for (i, j) in [(0, 0), (5, 3), (n - 1, 2), (NB + 1, NB - 1), (n - 1, n - 1)] {
+            let want: f64 = x.chunks_exact(n).map(|r| f64::from(r[i]) * f64::from(r[j])).sum::<f64>() / (2 * n) as f64;
+            assert!((h[i * n + j] - want).abs() < 1e-5 * (1.0 + want.abs()), "({i}, {j}): {} vs {want}", h[i * n + j]);
+            assert_eq!(h[i * n + j], h[j * n + i]);
+        }
         let l = cholesky_lower(&h, n).unwrap();
         for i in (0..n).step_by(7) {
             for j in 0..n {
