@@ -147,7 +147,8 @@ pub enum Unit {
 }
 
 /// Progress of a conversion (or of `synth`), by phase (`trunk`, `experts`, `verify`), each with
-/// its own total.
+/// its own total; a calibrated conversion also says `calibrate` (MoE layer `done` of `total`)
+/// as the walk starts on each layer's samples, within the `experts` phase.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {
     pub phase: &'static str,

@@ -118,12 +118,16 @@ pub(super) fn experts(
         report.calibration_peak = Some(w.peak(model.manifest()));
     }
     let mut done = 0u64;
-    for p in &plan.layers {
+    for (at, p) in plan.layers.iter().enumerate() {
         let rb = record_bytes[usize::from(p.layout)];
         let todo: Vec<u32> = (0..experts).filter(|e| !w.has_expert(p.layer, *e)).collect();
         done += rb * u64::from(experts - todo.len() as u32);
         if todo.is_empty() {
             continue;
+        }
+        if walker.is_some() {
+            let (done, total) = (at as u64 + 1, plan.layers.len() as u64);
+            progress(Progress { phase: "calibrate", done, total, resumed: 0, unit: Unit::Layers });
         }
         let layer_cal = match (walker.as_mut(), p.target) {
             (Some(walker), Some(encode::ExpertTarget::Vq(_))) => {

@@ -288,6 +288,16 @@ pub struct PhaseBar {
 
 impl PhaseBar {
     pub fn show(&mut self, p: Progress) {
+        // A calibrated conversion's layers, said above the experts' bar (whose rate and ETA
+        // include the walk) without resetting it.
+        if p.phase == "calibrate" {
+            let line = format!("calibrating MoE layer {} of {}: the source model reads the tokens", p.done, p.total);
+            match &self.pb {
+                Some(pb) => pb.suspend(|| eprintln!("{line}")),
+                None => eprintln!("{line}"),
+            }
+            return;
+        }
         if p.phase != self.phase || self.pb.is_none() {
             self.phase = p.phase;
             let counts = match p.unit {
@@ -342,5 +352,29 @@ fn say_how_to_resume_when_interrupted() {
         unsafe {
             libc::signal(sig, interrupted as *const () as libc::sighandler_t);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_ids;
+
+    #[test]
+    fn calibration_ids_are_read_as_json_or_words_and_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            let p = d.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        assert_eq!(read_ids(&file("a.json", " [1, 2,3]\n"), 10).unwrap(), [1, 2, 3]);
+        assert_eq!(read_ids(&file("a.txt", "4 5\n6\t7\n"), 10).unwrap(), [4, 5, 6, 7]);
+        let err = |name: &str, text: &str| format!("{:#}", read_ids(&file(name, text), 10).unwrap_err());
+        let e = err("b.txt", "1 two 3");
+        assert!(e.contains("b.txt") && e.contains("item 2") && e.contains("`two`"), "{e}");
+        let e = err("c.txt", "1 2 10");
+        assert!(e.contains("item 3") && e.contains("token id 10") && e.contains("vocabulary of 10"), "{e}");
+        let e = err("d.json", "[1, -2]");
+        assert!(e.contains("d.json") && e.contains("JSON array"), "{e}");
     }
 }
