@@ -78,7 +78,8 @@ pub struct ConvertArgs {
     #[arg(long, conflicts_with = "calibrate_ids")]
     pub calibrate: Option<PathBuf>,
     /// Calibrate on these token ids instead of a text (a JSON array, or ids separated by
-    /// whitespace): for a model whose tokenizer is not embedded.
+    /// whitespace): for a model whose tokenizer is not embedded [default: none: a text, or no
+    /// calibration].
     #[arg(long, value_name = "FILE")]
     pub calibrate_ids: Option<PathBuf>,
     /// Tokens of the calibration text to run (in 256-token windows spread evenly over the text).
