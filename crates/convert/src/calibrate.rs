@@ -148,8 +148,13 @@ fn shrink(own: &Sample, pool: &Sample, target: usize) -> Sample {
 /// The widest input a routed expert reads: its w1's columns (K3's latent width, the hidden size
 /// elsewhere).
 fn input_width(m: &k3_format::Manifest) -> u64 {
-    let w1 = m.expert_layouts.iter().flat_map(|l| &l.matrices).filter(|t| t.name == "w1");
-    w1.filter_map(|t| t.shape.get(1).copied()).max().unwrap_or(m.architecture.hidden)
+    columns(m, "w1").unwrap_or(m.architecture.hidden)
+}
+
+/// The most columns expert matrix `name` has in any layout (its input's width).
+fn columns(m: &k3_format::Manifest, name: &str) -> Option<u64> {
+    let mats = m.expert_layouts.iter().flat_map(|l| &l.matrices).filter(|t| t.name == name);
+    mats.filter_map(|t| t.shape.get(1).copied()).max()
 }
 
 /// The most one MoE layer's samples hold: every token's routed inputs or every expert's cap,
@@ -201,6 +206,7 @@ pub struct Walker<'m> {
     cap: usize,
     width: usize,
     experts: u32,
+    peak: PeakMemory,
 }
 
 impl<'m> Walker<'m> {
@@ -222,9 +228,13 @@ impl<'m> Walker<'m> {
         let engine = Engine::load_with(model, opts)?;
         let width = input_width(m);
         let walk = engine.walk(plan.windows())?;
-        let experts = m.architecture.experts;
-        let walker = Walker { engine, walk, inputs, cap: plan.cap, width: width as usize, experts };
-        let peak = walker.peak(m);
+        let (tokens, cap) = (plan.ids.len() as u64, plan.cap as u64);
+        let peak = PeakMemory {
+            engine: engine.plan().total(),
+            boundary: engine.walk_bytes(walk.rows() as u64),
+            samples: layer_sample_bytes(&m.architecture, width, tokens, cap),
+            encoding: PeakMemory::encoding_bytes(experts_in_flight(), width, columns(m, "w2").unwrap_or(0)),
+        };
         if let Some(total) = machine
             && peak.total() > total / 4 * 3
         {
@@ -244,20 +254,13 @@ impl<'m> Walker<'m> {
                 gib(total / 4 * 3)
             )));
         }
-        Ok(walker)
+        let experts = m.architecture.experts;
+        Ok(Walker { engine, walk, inputs, cap: plan.cap, width: width as usize, experts, peak })
     }
 
-    /// This walk's peak memory by part ([`PeakMemory`]).
-    pub fn peak(&self, m: &k3_format::Manifest) -> PeakMemory {
-        let (tokens, cap, width) = (self.walk.rows() as u64, self.cap as u64, self.width as u64);
-        let mid = m.expert_layouts.iter().flat_map(|l| &l.matrices).filter(|t| t.name == "w2");
-        let mid = mid.filter_map(|t| t.shape.get(1).copied()).max().unwrap_or(0);
-        PeakMemory {
-            engine: self.engine.plan().total(),
-            boundary: self.engine.walk_bytes(tokens),
-            samples: layer_sample_bytes(&m.architecture, width, tokens, cap),
-            encoding: PeakMemory::encoding_bytes(experts_in_flight(), width, mid),
-        }
+    /// This walk's peak memory by part ([`PeakMemory`]), as checked when it was made.
+    pub fn peak(&self) -> PeakMemory {
+        self.peak
     }
 
     /// MoE layer `layer`'s calibration: the walk runs up to and through it (sampling only the

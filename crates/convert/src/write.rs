@@ -114,9 +114,7 @@ pub(super) fn experts(
         Some((model, c)) => Some(Walker::new(model, c).map_err(|e| ConvertError::Calibration(Box::new(e)))?),
         None => None,
     };
-    if let (Some(w), Some((model, _))) = (&walker, &source) {
-        report.calibration_peak = Some(w.peak(model.manifest()));
-    }
+    report.calibration_peak = walker.as_ref().map(Walker::peak);
     let mut done = 0u64;
     for (at, p) in plan.layers.iter().enumerate() {
         let rb = record_bytes[usize::from(p.layout)];

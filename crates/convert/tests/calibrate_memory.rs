@@ -28,7 +28,7 @@ fn a_calibrated_conversion_stays_within_its_bound() {
     let plan = Arc::new(CalibrationPlan { source: source.clone(), ids, window: 256, cap });
     let model = k3_format::Model::open(&source).unwrap();
     let arch = model.manifest().architecture.clone();
-    let peak = Walker::new(&model, &plan).unwrap().peak(model.manifest());
+    let peak = Walker::new(&model, &plan).unwrap().peak();
     assert_eq!(peak.samples, (32768 * 4 + cap as u64) * 129 * 4, "one layer: every routed input, and the pool");
     let bound = peak.total() + (64 << 20);
     // The same run holding every layer's samples at once (the old pass) would need more: the
