@@ -4,7 +4,7 @@
 //! full-model conversions that rate implies; with `--calibrated N`, as a calibrated conversion
 //! encodes it (N sampled inputs prepared, then GPTQ and descent).
 
-use k3_quant::encode::EncodeOptions;
+use k3_quant::encode::{EncodeOptions, products};
 use k3_quant::mxfp4;
 use k3_quant::rng::noise;
 use k3_quant::vq::{self, Codec};
@@ -39,11 +39,19 @@ fn inputs(n: usize) -> Vec<f32> {
     xs
 }
 
-fn rel_error(w: &[f32], m: &vq::VqMatrix) -> f64 {
-    let d = m.decode();
-    let num: f64 = w.iter().zip(&d).map(|(a, b)| f64::from(a - b).powi(2)).sum();
-    let den: f64 = w.iter().map(|a| f64::from(*a).powi(2)).sum();
+/// `|a - b| / |a|` over all entries.
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+    let den: f64 = a.iter().map(|a| f64::from(*a).powi(2)).sum();
     (num / den).sqrt()
+}
+
+/// The encoding's relative weight error and, given the calibration inputs, its relative output
+/// error `|X (W - Q)^T| / |X W^T|`: what calibration minimizes, at K3's shape.
+fn errors(w: &[f32], m: &vq::VqMatrix, xs: Option<&[f32]>) -> (f64, Option<f64>) {
+    let q = m.decode();
+    let out = xs.map(|xs| rel_l2(&products(xs, w, COLS), &products(xs, &q, COLS)));
+    (rel_l2(w, &q), out)
 }
 
 pub fn run(reps: usize, opts: &EncodeOptions, calibrated: Option<usize>, json: bool) -> anyhow::Result<Value> {
@@ -51,7 +59,7 @@ pub fn run(reps: usize, opts: &EncodeOptions, calibrated: Option<usize>, json: b
     let xs = calibrated.map(inputs);
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
     let (mut secs, mut prep_secs) = (Vec::new(), Vec::new());
-    let mut err = 0.0;
+    let (mut err, mut out_err) = (0.0, None);
     for rep in 0..reps {
         if !json {
             eprintln!("  rep {rep}");
@@ -66,7 +74,7 @@ pub fn run(reps: usize, opts: &EncodeOptions, calibrated: Option<usize>, json: b
         // encoder works in (the copy is the decoder's, outside the timing).
         let (mut m, own) = (None, w.clone());
         secs.push(time(|| m = Some(one.install(|| k3_quant::encode::encode_owned(Codec::FastScan, own, COLS, &opts)))));
-        err = rel_error(&w, &m.expect("ran").map_err(anyhow::Error::msg)?);
+        (err, out_err) = errors(&w, &m.expect("ran").map_err(anyhow::Error::msg)?, xs.as_deref());
     }
     let t = median(secs);
     // An expert's inputs are prepared twice: once for w1 and w3, once for w2.
@@ -86,6 +94,7 @@ pub fn run(reps: usize, opts: &EncodeOptions, calibrated: Option<usize>, json: b
         "core_seconds": t,
         "prepare_core_seconds": prep,
         "relative_weight_error": err,
+        "relative_output_error": out_err,
         "hours": cores.iter().map(|&c| json!({
             "cores": c, "k3": project(K3_MATRICES, 1.0, c), "k2": k2(c),
         })).collect::<Vec<Value>>(),
@@ -103,7 +112,9 @@ pub fn run(reps: usize, opts: &EncodeOptions, calibrated: Option<usize>, json: b
     );
     if let Some(n) = calibrated {
         out.push_str(&format!(
-            "calibrated on {n} inputs: their preparation {prep:.2} core-seconds (one per w1+w3, one per w2)\n"
+            "calibrated on {n} inputs: their preparation {prep:.2} core-seconds (one per w1+w3, one per w2); \
+             relative output error {:.4}\n",
+            out_err.unwrap_or(f64::NAN)
         ));
     }
     out.push_str("full conversion, hours:   cores      K3 (247,296 matrices)   K2 (69,120 matrices)\n");

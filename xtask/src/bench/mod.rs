@@ -192,9 +192,16 @@ pub enum Bench {
         /// k-means iterations per stage [default: the converter's].
         #[arg(long, value_parser = |s: &str| bounded(s, 1, 1000))]
         kmeans_iters: Option<usize>,
+        /// Vectors (whole rows) GPTQ's refinement rounds encode, calibrated only; a matrix's
+        /// size or more refines on every row [default: the converter's].
+        #[arg(long, value_parser = |s: &str| bounded(s, 1, 1 << 30))]
+        refine_sample: Option<usize>,
         /// Sweeps of coordinate descent after GPTQ (calibrated only) [default: the converter's].
         #[arg(long, value_parser = |s: &str| bounded(s, 0, 64))]
         descent_rounds: Option<usize>,
+        /// First-stage entries each descent step searches (16: all) [default: the converter's].
+        #[arg(long, value_parser = |s: &str| bounded(s, 1, 16))]
+        descent_width: Option<usize>,
         /// Encode as a calibrated conversion does, for this many sampled inputs (the converter's
         /// `--calibrate-samples`, 4096 by default): their preparation (second moments, GPTQ's
         /// factor) and GPTQ with descent are timed too. Slow: minutes a repetition.
@@ -281,13 +288,15 @@ pub fn run(what: Bench) -> Result<()> {
             (prompt_cache::run(&prompt_cache::Options { model, prefix, question, reps, mem }, run.json)?, run.json)
         }
         Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
-        Bench::Encode { reps, beam, refine, kmeans_iters, descent_rounds, calibrated, json } => {
+        Bench::Encode { reps, beam, refine, refine_sample, kmeans_iters, descent_rounds, descent_width, calibrated, json } => {
             let d = k3_quant::encode::EncodeOptions::default();
             let opts = k3_quant::encode::EncodeOptions {
                 beam: beam.unwrap_or(d.beam),
                 refine_rounds: refine.unwrap_or(d.refine_rounds),
                 kmeans_iters: kmeans_iters.unwrap_or(d.kmeans_iters),
                 descent_rounds: descent_rounds.unwrap_or(d.descent_rounds),
+                refine_sample: refine_sample.unwrap_or(d.refine_sample),
+                descent_width: descent_width.unwrap_or(d.descent_width),
                 ..d
             };
             (encode::run(reps, &opts, calibrated, json)?, json)

@@ -38,6 +38,11 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
+/// `a . b` of f32 vectors, summed in f64.
+fn dot32(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum()
+}
+
 /// Rows whose start is one product (`gemm`) with `H`; their steps then go [`ROW_BLOCK`] rows at
 /// a time, chunk by chunk, so the rows of `h` a step reads are read once for a block's rows.
 const GEMM_ROWS: usize = ROW_BLOCK;
@@ -68,28 +73,38 @@ pub fn descend(
     // The start's product in f32 (twice the f64 rate; its sums are then widened): `g` and the
     // energies to ~1e-6, far inside what a step's choice or an f16 scale can tell.
     let h32: Vec<f32> = h.iter().map(|&v| v as f32).collect();
-    let ctx = Context { h, h32: &h32, cb, width };
+    let ctx = Context { h32: &h32, cb };
     let mut energies = vec![(0.0, 0.0); w.len() / cols.max(1)];
-    let init = || (Searcher::for_codebooks(cb), (0..GEMM_ROWS).map(|_| Row::new(cols, d, s_n)).collect::<Vec<Row>>());
+    let init = || {
+        let states = (0..GEMM_ROWS).map(|_| Row::new(cols, d)).collect::<Vec<Row>>();
+        (Searcher::for_codebooks(cb), states, Aims { targets: vec![0.0; ROW_BLOCK * d], found: vec![0; ROW_BLOCK * s_n] })
+    };
     let blocks = w.par_chunks(cols * GEMM_ROWS).zip(codes.par_chunks_mut(chunks * s_n * GEMM_ROWS));
     let blocks = blocks.zip(energies.par_chunks_mut(GEMM_ROWS));
-    blocks.for_each_init(init, |(searcher, states), ((rows, outs), energies)| {
+    blocks.for_each_init(init, |(searcher, states, aims), ((rows, outs), energies)| {
         let states = &mut states[..rows.len() / cols];
         let targets = start(states, rows, outs, &ctx);
         for (b, block) in states.chunks_mut(ROW_BLOCK).enumerate() {
-            let first = b * ROW_BLOCK;
+            let (first, n) = (b * ROW_BLOCK, block.len());
+            let row = |r: usize| &rows[(first + r) * cols..][..cols];
             for _ in 0..rounds {
+                // Chunk by chunk, every row of the block: targets, one search, then each row's
+                // exact test (rows are independent; a row's steps stay in order).
                 for (k, blk) in diag.iter().enumerate() {
-                    for (r, m) in block.iter_mut().enumerate() {
+                    for (r, (m, t)) in block.iter_mut().zip(aims.targets.chunks_exact_mut(d)).enumerate() {
+                        m.aim(k, blk, row(r), t);
+                    }
+                    let (targets, found) = (&aims.targets[..n * d], &mut aims.found[..n * s_n]);
+                    searcher.encode_many(targets, Some(&blk.weights), cb, width, found);
+                    for (r, (m, new)) in block.iter_mut().zip(found.chunks_exact(s_n)).enumerate() {
                         let out = &mut outs[((first + r) * chunks + k) * s_n..][..s_n];
-                        m.step(k, blk, &rows[(first + r) * cols..][..cols], out, &ctx, searcher);
+                        m.settle(k, blk, row(r), new, out, &ctx);
                     }
                 }
             }
         }
         for ((m, row), (e, &wtw)) in states.iter().zip(rows.chunks_exact(cols)).zip(energies.iter_mut().zip(&targets)) {
-            let gw: f64 = m.g.iter().zip(row).map(|(g, w)| g * f64::from(*w)).sum();
-            *e = (wtw, wtw - 2.0 * gw + dot(&m.g, &m.e));
+            *e = (wtw, wtw - 2.0 * dot32(&m.g, row) + dot32(&m.g, &m.e));
         }
     });
     energies
@@ -109,8 +124,8 @@ fn start(states: &mut [Row], rows: &[f32], codes: &[u16], ctx: &Context<'_>) -> 
     gemm(1.0, Mat::new(&ew, 2 * n, cols, cols), Mat::new(ctx.h32, cols, cols, cols), 0.0, &mut out, cols);
     let (g, hw) = out.split_at(n * cols);
     for (r, m) in states.iter_mut().enumerate() {
-        m.e.iter_mut().zip(&ew[r * cols..][..cols]).for_each(|(e, v)| *e = f64::from(*v));
-        m.g.iter_mut().zip(&g[r * cols..][..cols]).for_each(|(g, v)| *g = f64::from(*v));
+        m.e.copy_from_slice(&ew[r * cols..][..cols]);
+        m.g.copy_from_slice(&g[r * cols..][..cols]);
     }
     let w = ew[n * cols..].chunks_exact(cols);
     hw.chunks_exact(cols)
@@ -121,75 +136,82 @@ fn start(states: &mut [Row], rows: &[f32], codes: &[u16], ctx: &Context<'_>) -> 
 
 /// What every row's descent reads.
 struct Context<'a> {
-    h: &'a [f64],
-    /// `h` in f32, for the start's product.
+    /// `h` in f32: the start's product and the updates of `g`.
     h32: &'a [f32],
     cb: &'a Codebooks,
-    width: usize,
+}
+
+/// A block's targets for one chunk (`d` per row) and the codes the search found for them.
+struct Aims {
+    targets: Vec<f32>,
+    found: Vec<u16>,
 }
 
 /// One row's working state: its error `e = w - q` and `g = H e` ([`start`]), and one chunk's
-/// scratch (`qk` its new reconstruction).
+/// scratch (`b` from [`Row::aim`], `qk` the new reconstruction).
 struct Row {
-    e: Vec<f64>,
-    g: Vec<f64>,
+    e: Vec<f32>,
+    g: Vec<f32>,
     qk: Vec<f32>,
     b: Vec<f64>,
-    target: Vec<f32>,
     err: Vec<f64>,
-    code: Vec<u16>,
+    /// The chunk's current error (`e`'s entries) in f64.
+    cur: Vec<f64>,
+    /// The chunk's change of error, for [`add_rows`].
+    delta: Vec<f32>,
 }
 
 impl Row {
-    fn new(cols: usize, d: usize, s_n: usize) -> Row {
+    fn new(cols: usize, d: usize) -> Row {
         Row {
             e: vec![0.0; cols],
             g: vec![0.0; cols],
             qk: vec![0.0; d],
             b: vec![0.0; d],
-            target: vec![0.0; d],
             err: vec![0.0; d],
-            code: vec![0; s_n],
+            cur: vec![0.0; d],
+            delta: vec![0.0; d],
         }
     }
 
-    /// Chunk `k`: the best target given the rest, `w_k + H_kk^-1 b`, searched; the new code
-    /// kept (and `e`, `g` updated) if the exact error falls.
-    fn step(
-        &mut self,
-        k: usize,
-        blk: &Block,
-        row: &[f32],
-        code: &mut [u16],
-        ctx: &Context<'_>,
-        searcher: &mut Searcher,
-    ) {
-        let (cb, h) = (ctx.cb, ctx.h);
-        let (d, cols) = (cb.dim, row.len());
+    /// Chunk `k`'s best target given the rest, `w_k + H_kk^-1 b`, into `target`.
+    fn aim(&mut self, k: usize, blk: &Block, row: &[f32], target: &mut [f32]) {
+        let d = target.len();
         let c0 = k * d;
         for a in 0..d {
-            self.b[a] = self.g[c0 + a] - dot(&blk.h[a * d..][..d], &self.e[c0..c0 + d]);
+            self.cur[a] = f64::from(self.e[c0 + a]);
         }
         for a in 0..d {
-            self.target[a] = row[c0 + a] + dot(&blk.inv[a * d..][..d], &self.b) as f32;
+            self.b[a] = f64::from(self.g[c0 + a]) - dot(&blk.h[a * d..][..d], &self.cur);
         }
-        searcher.encode(&self.target, Some(&blk.weights), cb, ctx.width, &mut self.code);
-        if self.code[..] == code[..] {
+        for a in 0..d {
+            target[a] = row[c0 + a] + dot(&blk.inv[a * d..][..d], &self.b) as f32;
+        }
+    }
+
+    /// Chunk `k`'s searched code `new` kept in `code` (and `e`, `g` updated) if the exact error
+    /// falls.
+    fn settle(&mut self, k: usize, blk: &Block, row: &[f32], new: &[u16], code: &mut [u16], ctx: &Context<'_>) {
+        let cb = ctx.cb;
+        let (d, cols) = (cb.dim, row.len());
+        let c0 = k * d;
+        if new == code {
             return;
         }
-        reconstruct(cb, &self.code, &mut self.qk);
+        reconstruct(cb, new, &mut self.qk);
         for a in 0..d {
             self.err[a] = f64::from(row[c0 + a] - self.qk[a]);
         }
-        if blk.cost(&self.err, &self.b) >= blk.cost(&self.e[c0..c0 + d], &self.b) {
+        if blk.cost(&self.err, &self.b) >= blk.cost(&self.cur, &self.b) {
             return;
         }
-        // `err` becomes the chunk's change of error, which moves `g` by `H`'s rows.
+        // The chunk's change of error moves `g` by `H`'s rows.
         for a in 0..d {
-            (self.e[c0 + a], self.err[a]) = (self.err[a], self.err[a] - self.e[c0 + a]);
+            self.e[c0 + a] = self.err[a] as f32;
+            self.delta[a] = (self.err[a] - self.cur[a]) as f32;
         }
-        add_rows(&mut self.g, &h[c0 * cols..(c0 + d) * cols], &self.err);
-        code.copy_from_slice(&self.code);
+        add_rows(&mut self.g, &ctx.h32[c0 * cols..(c0 + d) * cols], &self.delta);
+        code.copy_from_slice(new);
     }
 }
 

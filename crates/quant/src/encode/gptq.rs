@@ -47,18 +47,25 @@ pub fn gptq_encode(w: &mut [f32], cols: usize, u: &[f32], cb: &Codebooks, beam: 
     let weights: Vec<f32> = (0..cols).map(|j| 1.0 / (u[j * cols + j] * u[j * cols + j])).collect();
     codes.resize(w.len() / d * s_n, 0);
     let width = (COL_BLOCK / d).max(1) * d;
-    // One searcher per worker, kept across its rows (its weighted tables are per column).
-    let init = || (Searcher::for_codebooks(cb), vec![0f32; d], vec![0u16; s_n], vec![0f32; ROWS * width]);
+    // One searcher per worker, kept across its rows (its weighted tables are per column); a
+    // chunk's vectors of all the worker's rows are searched in one call.
+    let init = || {
+        let searcher = Searcher::for_codebooks(cb);
+        (searcher, vec![0f32; d], vec![0f32; ROWS * d], vec![0u16; ROWS * s_n], vec![0f32; ROWS * width])
+    };
     let blocks = w.par_chunks_mut(cols * ROWS).zip(codes.par_chunks_mut(chunks * s_n * ROWS));
-    blocks.for_each_init(init, |(searcher, q, one, es), (rows, outs)| {
+    blocks.for_each_init(init, |(searcher, q, vs, found, es), (rows, outs)| {
         let n = rows.len() / cols;
         for b0 in (0..cols).step_by(width) {
             let b1 = (b0 + width).min(cols);
             let bw = b1 - b0;
             for k in b0 / d..b1 / d {
                 let c0 = k * d;
-                for (r, row) in rows.chunks_exact_mut(cols).enumerate() {
-                    searcher.encode(&row[c0..c0 + d], Some(&weights[c0..c0 + d]), cb, beam, one);
+                for (v, row) in vs.chunks_exact_mut(d).zip(rows.chunks_exact(cols)) {
+                    v.copy_from_slice(&row[c0..c0 + d]);
+                }
+                searcher.encode_many(&vs[..n * d], Some(&weights[c0..c0 + d]), cb, beam, &mut found[..n * s_n]);
+                for (r, (row, one)) in rows.chunks_exact_mut(cols).zip(found.chunks_exact(s_n)).enumerate() {
                     reconstruct(cb, one, q);
                     outs[(r * chunks + k) * s_n..][..s_n].copy_from_slice(one);
                     // Solve e U_bb = (w_b - q_b) for the row vector e (U_bb upper triangular).

@@ -105,11 +105,20 @@ impl Joint {
     /// all 256 pairs of the other two; codes to `out` (3 entries). On equal errors the first in
     /// (pick, second, third) order wins, in every kernel.
     pub fn encode(&mut self, v: &[f32], w: Option<&[f32]>, picks: usize, out: &mut [u16]) {
+        self.encode_many(v, w, picks, out);
+    }
+
+    /// [`encode`](Self::encode) for each vector of `vs`, all with the weights `w`, codes to
+    /// `out` (3 per vector): one table lookup and one kernel call for all of them, which takes
+    /// them [`BLOCK`] at a time (GPTQ and descent search a chunk of many rows at once).
+    pub fn encode_many(&mut self, vs: &[f32], w: Option<&[f32]>, picks: usize, out: &mut [u16]) {
         let Joint { books, plain, weighted, scratch, level } = self;
-        assert_eq!(v.len(), books.dim, "a {}-vector for {}-dim codebooks", v.len(), books.dim);
+        assert_eq!(vs.len() / books.dim * 3, out.len(), "3 codes per {}-vector", books.dim);
+        assert!(vs.len().is_multiple_of(books.dim), "whole {}-vectors", books.dim);
         let tables: &Tables = match w {
             None => plain,
             Some(w) => {
+                assert_eq!(w.len(), books.dim, "{} weights for {}-dim codebooks", w.len(), books.dim);
                 let mut key = [0u32; MAX_DIM];
                 key.iter_mut().zip(w).for_each(|(k, w)| *k = w.to_bits());
                 if weighted.len() == CACHED_TABLES && !weighted.contains_key(&key) {
@@ -118,15 +127,12 @@ impl Joint {
                 weighted.entry(key).or_insert_with(|| Box::new(books.tables(Some(w))))
             }
         };
-        run(*level, books, tables, Batch { vs: v, w, picks }, scratch, out);
+        run(*level, books, tables, Batch { vs, w, picks }, scratch, out);
     }
 
-    /// [`encode`](Self::encode) for each vector of `vs` (unweighted), codes to `out` (3 per
-    /// vector): one kernel call for all of them.
+    /// [`encode_many`](Self::encode_many) unweighted.
     pub fn encode_all(&mut self, vs: &[f32], picks: usize, out: &mut [u16]) {
-        let Joint { books, plain, scratch, level, .. } = self;
-        assert_eq!(vs.len() / books.dim * 3, out.len(), "3 codes per {}-vector", books.dim);
-        run(*level, books, plain, Batch { vs, w: None, picks }, scratch, out);
+        self.encode_many(vs, None, picks, out);
     }
 }
 

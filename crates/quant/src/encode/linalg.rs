@@ -35,9 +35,15 @@ pub(super) fn lower_inverse(l: &[f64], n: usize) -> Vec<f64> {
         let dinv = lower_inverse_small(&diag, nb);
         let (done, rest) = m.split_at_mut(i0 * n);
         if i0 > 0 {
+            // t = L_I,<I M_<I,<I, a block column at a time from its diagonal down (`M` is lower
+            // triangular: the whole product did twice the work).
             let mut t = vec![0f64; nb * i0];
-            let lrow = Mat::new(&l[i0 * n..], nb, i0, n);
-            gemm(1.0, lrow, Mat::new(done, i0, i0, n), 0.0, &mut t, i0);
+            for c0 in (0..i0).step_by(NB) {
+                let c1 = (c0 + NB).min(i0);
+                let lrow = Mat::new(&l[i0 * n + c0..], nb, i0 - c0, n);
+                let mcol = Mat::new(&done[c0 * n + c0..], i0 - c0, c1 - c0, n);
+                gemm(1.0, lrow, mcol, 0.0, &mut t[c0..], i0);
+            }
             gemm(-1.0, Mat::new(&dinv, nb, nb, nb), Mat::new(&t, nb, i0, i0), 0.0, rest, n);
         }
         for r in 0..nb {
@@ -67,17 +73,17 @@ fn lower_inverse_small(l: &[f64], n: usize) -> Vec<f64> {
 }
 
 /// The lower Cholesky factor `L` of a symmetric `n x n` matrix (`a = L L^T`, read from its lower
-/// triangle), `NB` columns at a time: the diagonal block factored, the panel below it solved,
-/// the rest of the lower triangle updated by the panel's product with itself (`gemm`). `None` if
-/// `a` is not positive definite.
+/// triangle), `NB` columns at a time: the diagonal block factored, the panel below it solved
+/// (`A_panel L_jj^-T`, one `gemm`: solved row by row it was half the factorization's time), the
+/// rest of the lower triangle updated by the panel's product with itself (`gemm`). `None` if `a`
+/// is not positive definite.
 pub(super) fn cholesky_lower(a: &[f64], n: usize) -> Option<Vec<f64>> {
     let mut l = a.to_vec();
     for j0 in (0..n).step_by(NB) {
         let j1 = (j0 + NB).min(n);
-        for i in j0..n {
-            // Row i of the panel: the diagonal block's rows are factored as they come, the rows
-            // below solved against them.
-            for j in j0..=i.min(j1 - 1) {
+        let (nb, below) = (j1 - j0, n - j1);
+        for i in j0..j1 {
+            for j in j0..=i {
                 let s = l[i * n + j] - (j0..j).map(|k| l[i * n + k] * l[j * n + k]).sum::<f64>();
                 if i == j {
                     if s <= 0.0 {
@@ -89,9 +95,15 @@ pub(super) fn cholesky_lower(a: &[f64], n: usize) -> Option<Vec<f64>> {
                 }
             }
         }
+        if below > 0 {
+            let diag: Vec<f64> = (0..nb * nb).map(|x| l[(j0 + x / nb) * n + j0 + x % nb]).collect();
+            let dinv = lower_inverse_small(&diag, nb);
+            let rows: Vec<f64> = (0..below * nb).map(|x| l[(j1 + x / nb) * n + j0 + x % nb]).collect();
+            let (rows, dinv_t) = (Mat::new(&rows, below, nb, nb), Mat::new(&dinv, nb, nb, nb).t());
+            gemm(1.0, rows, dinv_t, 0.0, &mut l[j1 * n + j0..], n);
+        }
         // The trailing lower triangle minus the panel's product with itself, a strip of rows at
         // a time (each strip only up to its own last column).
-        let (nb, below) = (j1 - j0, n - j1);
         let panel: Vec<f64> = (0..below * nb).map(|x| l[(j1 + x / nb) * n + j0 + x % nb]).collect();
         for i0 in (0..below).step_by(NB) {
             let i1 = (i0 + NB).min(below);
@@ -107,30 +119,35 @@ pub(super) fn cholesky_lower(a: &[f64], n: usize) -> Option<Vec<f64>> {
 }
 
 /// `g += sum_a deltas[a] * rows[a]` for `deltas.len()` consecutive rows of `cols` values
-/// (`rows`, row-major): descent's update of `H e` when a chunk's error changes (a quarter of the
-/// calibrated encoder's time as plain loops, which read `g` once per row and ran two lanes wide).
-pub(super) fn add_rows(g: &mut [f64], rows: &[f64], deltas: &[f64]) {
+/// (`rows`, row-major): descent's update of `H e` when a chunk's error changes. In f32: `g`
+/// starts from an f32 product anyway, and half the bytes of `H`'s rows and of `g` is what the
+/// update waits on (a quarter of the calibrated encoder's time as plain f64 loops).
+pub(super) fn add_rows(g: &mut [f32], rows: &[f32], deltas: &[f32]) {
     add_rows_at(crate::cpu::level(), g, rows, deltas)
 }
 
-pub(super) fn add_rows_at(level: crate::cpu::Level, g: &mut [f64], rows: &[f64], deltas: &[f64]) {
+pub(super) fn add_rows_at(level: crate::cpu::Level, g: &mut [f32], rows: &[f32], deltas: &[f32]) {
     use crate::cpu::{Level, supported};
     assert_eq!(rows.len(), g.len() * deltas.len(), "add_rows: one row of g's width per delta");
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `supported` returns Avx2 or Avx512 only when the CPU has AVX2 and FMA; the
-        // lengths are checked above.
-        Level::Avx2 | Level::Avx512 => unsafe { simd::add_rows(g, rows, deltas) },
+        // SAFETY: `supported` returns Avx2 only when the CPU has AVX2 and FMA; the lengths are
+        // checked above.
+        Level::Avx2 => unsafe { simd::add_rows::<false>(g, rows, deltas) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, and Avx512 only when the CPU has AVX-512 F.
+        Level::Avx512 => unsafe { simd::add_rows::<true>(g, rows, deltas) },
         Level::Scalar => add_rows_reference(g, rows, deltas),
     }
 }
 
-/// [`add_rows`]' scalar reference: each entry's terms in row order.
-fn add_rows_reference(g: &mut [f64], rows: &[f64], deltas: &[f64]) {
+/// [`add_rows`]' scalar reference: each entry's terms in row order, each fused (as the SIMD
+/// FMAs are, so every level gives the same bits).
+fn add_rows_reference(g: &mut [f32], rows: &[f32], deltas: &[f32]) {
     let cols = g.len();
     for (j, gv) in g.iter_mut().enumerate() {
         for (a, d) in deltas.iter().enumerate() {
-            *gv += d * rows[a * cols + j];
+            *gv = d.mul_add(rows[a * cols + j], *gv);
         }
     }
 }
@@ -139,26 +156,43 @@ fn add_rows_reference(g: &mut [f64], rows: &[f64], deltas: &[f64]) {
 mod simd {
     use std::arch::x86_64::*;
 
-    /// Four entries of `g` at a time, every row's term added with an FMA, in row order.
+    /// Sixteen entries of `g` at a time (AVX-512, `WIDE`) or eight (AVX2), every row's term
+    /// added with an FMA, in row order; the tail like the reference.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `rows.len() == g.len() * deltas.len()`.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn add_rows(g: &mut [f64], rows: &[f64], deltas: &[f64]) {
+    /// The CPU has AVX2 and FMA (and AVX-512 F if `WIDE`); `rows.len() == g.len() * deltas.len()`.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub unsafe fn add_rows<const WIDE: bool>(g: &mut [f32], rows: &[f32], deltas: &[f32]) {
         let cols = g.len();
-        let whole = cols / 4 * 4;
-        for j in (0..whole).step_by(4) {
-            // SAFETY: j + 4 <= cols, and row a's entries j..j + 4 lie inside `rows` (checked length).
-            unsafe {
-                let mut acc = _mm256_loadu_pd(g.as_ptr().add(j));
-                for (a, &d) in deltas.iter().enumerate() {
-                    let h = _mm256_loadu_pd(rows.as_ptr().add(a * cols + j));
-                    acc = _mm256_fmadd_pd(_mm256_set1_pd(d), h, acc);
+        let mut j = 0;
+        if WIDE {
+            while j + 16 <= cols {
+                // SAFETY: j + 16 <= cols, and row a's entries j..j + 16 lie inside `rows`
+                // (checked length).
+                unsafe {
+                    let mut acc = _mm512_loadu_ps(g.as_ptr().add(j));
+                    for (a, &d) in deltas.iter().enumerate() {
+                        let h = _mm512_loadu_ps(rows.as_ptr().add(a * cols + j));
+                        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), h, acc);
+                    }
+                    _mm512_storeu_ps(g.as_mut_ptr().add(j), acc);
                 }
-                _mm256_storeu_pd(g.as_mut_ptr().add(j), acc);
+                j += 16;
             }
         }
-        for j in whole..cols {
+        while j + 8 <= cols {
+            // SAFETY: as above, for 8 entries.
+            unsafe {
+                let mut acc = _mm256_loadu_ps(g.as_ptr().add(j));
+                for (a, &d) in deltas.iter().enumerate() {
+                    let h = _mm256_loadu_ps(rows.as_ptr().add(a * cols + j));
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), h, acc);
+                }
+                _mm256_storeu_ps(g.as_mut_ptr().add(j), acc);
+            }
+            j += 8;
+        }
+        for j in j..cols {
             for (a, d) in deltas.iter().enumerate() {
                 g[j] = d.mul_add(rows[a * cols + j], g[j]);
             }
@@ -345,30 +379,34 @@ mod tests {
         assert!(cholesky_lower(&bad, n).is_none());
     }
 
-    /// The SIMD row update is the reference's (FMA rounds once where the reference rounds
-    /// twice: within 1e-12 of it), for widths with and without a tail.
+    /// The SIMD row update is the reference's, bit for bit (both fuse each term), for widths
+    /// with and without 16- and 8-wide tails.
     #[test]
     fn add_rows_levels_agree() {
-        for cols in [3, 8, 37] {
-            let rows: Vec<f64> = crate::rng::noise(4 * cols, 7, 1.0).iter().map(|v| f64::from(*v)).collect();
-            let start: Vec<f64> = crate::rng::noise(cols, 8, 1.0).iter().map(|v| f64::from(*v)).collect();
+        for cols in [3, 8, 37, 61] {
+            let rows = crate::rng::noise(4 * cols, 7, 1.0);
+            let start = crate::rng::noise(cols, 8, 1.0);
             let deltas = [0.5, -1.25, 2.0, 0.125];
             let mut want = start.clone();
             add_rows_reference(&mut want, &rows, &deltas);
+            let plain: Vec<f64> = (0..cols)
+                .map(|j| f64::from(start[j]) + (0..4).map(|a| f64::from(deltas[a] * rows[a * cols + j])).sum::<f64>())
+                .collect();
+            for (w, p) in want.iter().zip(&plain) {
+                assert!((f64::from(*w) - p).abs() < 1e-5, "reference {w} vs the plain sum {p}");
+            }
             for level in crate::cpu::levels() {
                 let mut got = start.clone();
                 add_rows_at(level, &mut got, &rows, &deltas);
-                for (g, w) in got.iter().zip(&want) {
-                    assert!((g - w).abs() < 1e-12, "{level:?}, {cols} columns: {g} vs {w}");
-                }
+                assert_eq!(got, want, "{level:?}, {cols} columns");
             }
         }
     }
 
-    /// `L L^-1 = I` for a random well-conditioned lower triangular `L`.
+    /// `L L^-1 = I` for a random well-conditioned lower triangular `L` of three row blocks.
     #[test]
     fn lower_inverse_inverts() {
-        let n = NB + 11;
+        let n = 2 * NB + 11;
         let noise = crate::rng::noise(n * n, 3, 0.3);
         let l: Vec<f64> = (0..n * n)
             .map(|ij| match (ij / n, ij % n) {

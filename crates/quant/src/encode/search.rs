@@ -125,6 +125,19 @@ impl Searcher {
             Searcher::Beam(search) => encode_vec(v, w, cb, width, search, out),
         }
     }
+
+    /// [`encode`](Self::encode) for each `dim`-vector of `vs`, all with the weights `w` (a
+    /// chunk of many rows): the joint search takes them in one call.
+    pub fn encode_many(&mut self, vs: &[f32], w: Option<&[f32]>, cb: &Codebooks, width: usize, out: &mut [u16]) {
+        match self {
+            Searcher::Joint(joint) => joint.encode_many(vs, w, width, out),
+            Searcher::Beam(search) => {
+                for (v, out) in vs.chunks_exact(cb.dim).zip(out.chunks_exact_mut(cb.stages)) {
+                    encode_vec(v, w, cb, width, search, out);
+                }
+            }
+        }
+    }
 }
 
 /// Encodes every vector of `data`, in parallel. `codes` gets `stages` entries per vector.
