@@ -288,7 +288,17 @@ pub fn run(what: Bench) -> Result<()> {
             (prompt_cache::run(&prompt_cache::Options { model, prefix, question, reps, mem }, run.json)?, run.json)
         }
         Bench::Verify { model, reps, json } => (verify::run(model.as_deref(), reps, json)?, json),
-        Bench::Encode { reps, beam, refine, refine_sample, kmeans_iters, descent_rounds, descent_width, calibrated, json } => {
+        Bench::Encode {
+            reps,
+            beam,
+            refine,
+            refine_sample,
+            kmeans_iters,
+            descent_rounds,
+            descent_width,
+            calibrated,
+            json,
+        } => {
             let d = k3_quant::encode::EncodeOptions::default();
             let opts = k3_quant::encode::EncodeOptions {
                 beam: beam.unwrap_or(d.beam),

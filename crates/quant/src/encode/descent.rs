@@ -77,7 +77,11 @@ pub fn descend(
     let mut energies = vec![(0.0, 0.0); w.len() / cols.max(1)];
     let init = || {
         let states = (0..GEMM_ROWS).map(|_| Row::new(cols, d)).collect::<Vec<Row>>();
-        (Searcher::for_codebooks(cb), states, Aims { targets: vec![0.0; ROW_BLOCK * d], found: vec![0; ROW_BLOCK * s_n] })
+        (
+            Searcher::for_codebooks(cb),
+            states,
+            Aims { targets: vec![0.0; ROW_BLOCK * d], found: vec![0; ROW_BLOCK * s_n] },
+        )
     };
     let blocks = w.par_chunks(cols * GEMM_ROWS).zip(codes.par_chunks_mut(chunks * s_n * GEMM_ROWS));
     let blocks = blocks.zip(energies.par_chunks_mut(GEMM_ROWS));

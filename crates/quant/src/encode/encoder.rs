@@ -35,13 +35,14 @@ pub struct EncodeOptions {
     pub gptq: bool,
     /// With GPTQ: the vectors (as whole rows, evenly spread) its refinement rounds encode to
     /// refit the codebooks; only the last pass encodes every row. A codebook of 48 entries is
-    /// fitted as well from ~300 K3 rows as from 3,072, at a tenth of the passes' cost.
+    /// fitted about as well from ~300 K3 rows as from 3,072 (output error 1.0005x), at a tenth of
+    /// the passes' cost (docs/EFFICIENCY.md).
     pub refine_sample: usize,
     /// After GPTQ: sweeps of coordinate descent on the output error (`super::descent`).
     pub descent_rounds: usize,
-    /// The search width of those sweeps (16: every first-stage entry of the fast-scan codec). At
-    /// 8 the K3-shaped bench's output error is 1.00014x that of 16's, at 4 1.0042x (which cost
-    /// the default model's KL 3%): docs/EFFICIENCY.md.
+    /// The search width of those sweeps (16: every first-stage entry of the fast-scan codec).
+    /// Narrower is cheaper but costs quality: 8 took the default model's KL from 0.000631 to
+    /// 0.000643, 4 to 0.000650 (docs/EFFICIENCY.md).
     pub descent_width: usize,
 }
 
@@ -58,7 +59,7 @@ impl Default for EncodeOptions {
             gptq: true,
             refine_sample: 1 << 18,
             descent_rounds: 2,
-            descent_width: 8,
+            descent_width: 16,
         }
     }
 }

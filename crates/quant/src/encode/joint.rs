@@ -412,20 +412,23 @@ mod tests {
             }
         }
 
-        /// A batch's codes (whole blocks of vectors through each step, the last block short)
-        /// are the scalar reference's, vector by vector, at every level.
+        /// A batch's codes (whole blocks of vectors through each step, the last block short),
+        /// unweighted or all with one set of weights (GPTQ's and descent's chunks), are the
+        /// scalar reference's, vector by vector, at every level.
         #[test]
-        fn a_batch_is_the_reference(seed in 0u64..1000, picks in 1usize..=16) {
+        fn a_batch_is_the_reference(seed in 0u64..1000, picks in 1usize..=16, weighted: bool) {
             let cb = codebooks(seed, 4);
             let vs = noise(41 * 4, seed + 3, 1.5);
+            let ws: Vec<f32> = noise(4, seed + 4, 1.0).iter().map(|v| v.abs() + 0.05).collect();
+            let w = weighted.then_some(&ws[..]);
             let mut scalar = Joint::at(Level::Scalar, &cb).unwrap();
             for lvl in levels() {
                 let mut joint = Joint::at(lvl, &cb).unwrap();
                 let mut all = vec![0u16; 41 * 3];
-                joint.encode_all(&vs, picks, &mut all);
+                joint.encode_many(&vs, w, picks, &mut all);
                 for (i, (v, got)) in vs.chunks_exact(4).zip(all.chunks_exact(3)).enumerate() {
                     let mut want = [0u16; 3];
-                    scalar.encode(v, None, picks, &mut want);
+                    scalar.encode(v, w, picks, &mut want);
                     prop_assert_eq!(got, &want[..], "{:?}, vector {}", lvl, i);
                 }
             }
