@@ -14,13 +14,15 @@ use k3_engine::config::ModelConfig;
 use k3_engine::names::{EXPERT_MATRICES, expert as expert_name};
 
 /// Files copied into the header verbatim when the checkpoint has them.
-pub(super) const EMBEDDED_FILES: [&str; 6] = [
+pub(super) const EMBEDDED_FILES: [&str; 7] = [
     "config.json",
     "tiktoken.model",
     "tokenizer_config.json",
     "tokenizer.json",
     "chat_template.jinja",
     k3_engine::generation_config::FILE,
+    // The image processor's settings (K3).
+    "preprocessor_config.json",
 ];
 
 /// One MoE layer's experts: how the source stores them, their shapes, the record layout they
@@ -38,7 +40,8 @@ pub(super) struct Plan {
     pub table: TensorTable,
     pub arch: Architecture,
     pub trunk_names: Vec<String>,
-    /// Checkpoint tensors k3 does not run: a vision tower, DeepSeek-V3's multi-token-prediction layers.
+    /// Checkpoint tensors k3 does not run: DeepSeek-V3's multi-token-prediction layers (and a
+    /// vision tower whose config has no `vision_config`).
     pub ignored: Vec<String>,
     pub layouts: Vec<ExpertLayout>,
     pub layers: Vec<LayerPlan>,
@@ -61,7 +64,7 @@ impl Plan {
         check_generation_config(src)?;
         let table = crate::tensors::table(&config);
         let arch = config.architecture();
-        let (trunk_names, ignored) = sort_tensors(opts, src, &arch)?;
+        let (trunk_names, ignored) = sort_tensors(opts, src, &arch, config.vision.is_some())?;
         check_trunk(&table, src, &trunk_names, config.family.name())?;
         let fp8_block = fp8_block(&config_path, &config_bytes)?;
         let (layouts, layers) = plan_experts(opts, src, &arch, &table.experts, fp8_block)?;
@@ -131,10 +134,11 @@ fn sort_tensors(
     opts: &ConvertOptions,
     src: &Source,
     arch: &Architecture,
+    vision: bool,
 ) -> Result<(Vec<String>, Vec<String>), ConvertError> {
     let (mut trunk, mut ignored) = (Vec::new(), Vec::new());
     for name in src.names() {
-        match role(name, arch.layers) {
+        match role(name, arch.layers, vision) {
             Role::Expert { layer, expert } => {
                 if arch.moe_layers.binary_search(&layer).is_err() || expert >= arch.experts {
                     return Err(ConvertError::Source {
@@ -267,8 +271,10 @@ enum Role {
 
 /// `layers`: the model's own; DeepSeek-V3's multi-token-prediction layers come after them and are
 /// not part of the model k3 runs.
-fn role(name: &str, layers: u32) -> Role {
-    if k3_engine::names::layer_of(name).is_some_and(|l| l >= layers) {
+fn role(name: &str, layers: u32, vision: bool) -> Role {
+    if vision && (name.starts_with("vision_tower.") || name.starts_with("mm_projector.")) {
+        Role::Trunk
+    } else if k3_engine::names::layer_of(name).is_some_and(|l| l >= layers) {
         Role::Ignored
     } else if let Some((layer, expert)) = k3_engine::names::parse_expert(name) {
         Role::Expert { layer, expert }

@@ -153,6 +153,17 @@ pub fn table(cfg: &ModelConfig) -> TensorTable {
             _ => t.mlp(&MlpNames::dense(i), cfg.dense_inter.unwrap_or(0), d),
         }
     }
+    if let Some(v) = &cfg.vision {
+        // The tower's projections take the trunk's encoding; norms, positions and the patch
+        // convolution stay exact.
+        for (name, shape, role) in k3_vision::tower::tensors(&v.tower) {
+            let storage = match role {
+                k3_vision::tower::TensorRole::Matrix => Storage::Matrix,
+                k3_vision::tower::TensorRole::Values => Storage::Exact,
+            };
+            t.put(&name, Expect::Shape(shape), storage);
+        }
+    }
     let (inter, z) = cfg.moe.map_or((0, d), |m| (m.inter, m.latent.unwrap_or(d)));
     let (inter, z) = (inter as u64, z as u64);
     TensorTable { trunk: t.0, experts: ExpertShapes { w1: [inter, z], w2: [z, inter], w3: [inter, z] } }

@@ -4,6 +4,9 @@
 //! a missing field.
 
 mod check;
+mod vision;
+
+pub use vision::Vision;
 
 use std::path::{Path, PathBuf};
 
@@ -170,6 +173,8 @@ struct Root {
     model_type: String,
     text_config: Option<serde_json::Value>,
     eos_token_id: Option<TokenIds>,
+    vision_config: Option<serde_json::Value>,
+    media_placeholder_token_id: Option<u32>,
 }
 
 /// A KDA layer's shape.
@@ -267,6 +272,8 @@ pub struct ModelConfig {
     pub positions: PositionEmbedding,
     /// The text model's fields as read.
     pub text: TextConfig,
+    /// K3's vision tower, when the config has one.
+    pub vision: Option<Vision>,
 }
 
 /// A required size field, or the error naming it.
@@ -398,6 +405,16 @@ impl ModelConfig {
         if let Some(f) = text.scoring_func.as_deref().filter(|f| *f != "sigmoid") {
             return Err(err(format!("scoring_func `{f}` is not supported (sigmoid)")));
         }
+        let vision = match family {
+            Family::KimiK3 => Vision::parse(
+                root.vision_config.as_ref(),
+                root.media_placeholder_token_id,
+                text.hidden_size,
+                text.vocab_size,
+            )
+            .map_err(err)?,
+            Family::KimiLinear | Family::DeepseekV3 => None,
+        };
         let mut eos: Vec<u32> = root.eos_token_id.iter().chain(&text.eos_token_id).flat_map(TokenIds::ids).collect();
         eos.dedup();
         let cfg = ModelConfig {
@@ -421,6 +438,7 @@ impl ModelConfig {
             max_positions: text.max_position_embeddings,
             positions,
             text,
+            vision,
         };
         if cfg.first_k_dense_replace > 0 && cfg.dense_inter.is_none() {
             return Err(err("missing field `intermediate_size` (the dense MLP's width)".into()));

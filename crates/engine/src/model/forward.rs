@@ -42,12 +42,19 @@ pub struct Seq<'s> {
     /// Verify speculative drafts: the rows are computed but the session keeps only what
     /// [`Engine::accept`] later keeps of them.
     pub tentative: bool,
+    /// Images in this chunk: their rows replace the placeholder tokens' embeddings.
+    pub images: &'s [super::Inserted],
 }
 
 impl<'s> Seq<'s> {
     /// `ids` run into `session` for good, returning the logits asked for.
     pub fn new(session: &'s mut Session, ids: &'s [u32], logits: Logits) -> Self {
-        Seq { session, ids, logits, tentative: false }
+        Seq { session, ids, logits, tentative: false, images: &[] }
+    }
+
+    /// The same step with `images` in place of their placeholder rows.
+    pub fn with_images(self, images: &'s [super::Inserted]) -> Self {
+        Seq { images, ..self }
     }
 }
 
@@ -144,7 +151,7 @@ impl<'m> Engine<'m> {
     /// every position's logits returned `[n, vocab]`, but the session keeps nothing of them until
     /// [`accept`](Self::accept) says how many rows to keep.
     pub fn verify(&self, session: &mut Session, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let mut seqs = [Seq { session, ids, logits: Logits::All, tentative: true }];
+        let mut seqs = [Seq { session, ids, logits: Logits::All, tentative: true, images: &[] }];
         Ok(self.run(&mut seqs, None)?.pop().expect("one sequence"))
     }
 
@@ -187,7 +194,15 @@ impl<'m> Engine<'m> {
         let n = ids.len();
         let contexts = if self.synthetic_routing() { row_contexts(seqs) } else { Vec::new() };
         let rows = seqs.iter().map(|s| s.ids.len()).collect();
-        let mut c = Chunk::at(rows, self.embed(&ids), vec![Vec::new(); n], contexts);
+        let mut h = self.embed(&ids);
+        let mut at = 0;
+        for s in seqs.iter() {
+            for img in s.images {
+                h[(at + img.at) * d..][..img.rows.len()].copy_from_slice(&img.rows);
+            }
+            at += s.ids.len();
+        }
+        let mut c = Chunk::at(rows, h, vec![Vec::new(); n], contexts);
         if let Some(tr) = trace.as_deref_mut() {
             tr.clear();
             tr.resize(n * nl * d, 0.0);
@@ -229,7 +244,7 @@ impl<'m> Engine<'m> {
         if s.session.pending.is_some() {
             return Err(EngineError::Input("the session has a verified chunk awaiting `accept`".into()));
         }
-        Ok(())
+        self.check_images(s.ids, s.images)
     }
 
     /// What `accept` will need to keep a prefix of the tentative chunk `ids`.

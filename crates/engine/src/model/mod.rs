@@ -20,6 +20,7 @@ mod session;
 mod state_file;
 mod stats;
 pub mod tap;
+mod vision;
 mod walk;
 
 pub use approx::{ExpertApprox, LowBit, LowBitCopies};
@@ -29,6 +30,7 @@ pub use options::{ActivationPrecision, EngineOptions};
 pub use session::{LayerState, RoutedToken, Session};
 pub use state_file::{STATE_FILE_VERSION, SavedState, StateFileError, StateHeader, read_state_header};
 pub use stats::{RunStats, Span, SpanKind};
+pub use vision::Inserted;
 pub use walk::{GROUP_ROWS as WALK_GROUP_ROWS, LayerWalk};
 
 use std::sync::Mutex;
@@ -73,6 +75,8 @@ pub struct Engine<'m> {
     /// What identifies the model a saved state belongs to ([`Engine::fingerprint`]), computed
     /// once: K3's manifest lists every expert record.
     fingerprint: std::sync::OnceLock<u64>,
+    /// K3's vision tower, when the model was converted with one.
+    eyes: Option<vision::Eyes<'m>>,
 }
 
 /// Applies the options that change routing (top-k reduction, top-p) to the model's MoE, refusing
@@ -176,7 +180,9 @@ impl<'m> Engine<'m> {
         };
         let lookahead_margin = (cfg.experts_per_token as usize).div_ceil(2);
         let compute = Compute::new(opts.threads)?;
+        let eyes = vision::load(model, &cfg)?;
         Ok(Engine {
+            eyes,
             compute,
             model,
             hidden: d,

@@ -8,7 +8,7 @@ mod attention;
 mod names;
 mod pos;
 
-pub use names::{TensorRole, tensors};
+pub use names::{TensorRole, block as block_name, tensors};
 
 use k3_quant::{Matrix, par, vecops::rms_norm};
 
@@ -228,7 +228,7 @@ fn erf(x: f64) -> f64 {
         // erfc(a) = exp(-a^2)/sqrt(pi) * 1/(a + 1/2/(a + 1/(a + 3/2/(a + ...)))), evaluated backwards.
         let mut f = a;
         for k in (1..60).rev() {
-            f = a + (k as f64 / 2.0) / f;
+            f = a + (f64::from(k) / 2.0) / f;
         }
         1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * f)
     };

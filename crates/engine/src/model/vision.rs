@@ -1,0 +1,162 @@
+//! The model's eyes: K3's vision tower built from the WASTE trunk (when the model was converted
+//! with it), an image turned into prompt rows, and where those rows go in a sequence.
+
+use half::bf16;
+use k3_format::{Encoding, Model};
+use k3_quant::Matrix;
+use k3_vision::tower::{BlockWeights, TowerWeights, tensors};
+use k3_vision::{Layout, Picture, ProcessorConfig, Tower};
+
+use super::Engine;
+use crate::EngineError;
+use crate::config::ModelConfig;
+use crate::weights::{matrix, vector_of};
+
+/// The processor's settings inside the model (conversion embeds the checkpoint's file).
+const PROCESSOR_FILE: &str = "preprocessor_config.json";
+
+/// An image's rows in a sequence's chunk: rows `at..at + n` of the chunk take `rows`
+/// (`[n, hidden]`) in place of their placeholder tokens' table rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inserted {
+    pub at: usize,
+    pub rows: Vec<f32>,
+}
+
+/// The tower, its processor settings and the placeholder id, when the model sees.
+#[derive(Debug)]
+pub(super) struct Eyes<'m> {
+    pub tower: Tower<'m>,
+    pub processor: ProcessorConfig,
+    pub placeholder: u32,
+}
+
+fn tensor_err(name: &str, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Shape(format!("vision tensor `{name}`: {e}"))
+}
+
+/// The patch convolution `[out, 3, p, p]` as a `[out, 3 p p]` matrix.
+fn conv_matrix<'m>(model: &'m Model, name: &str) -> Result<Matrix<'m>, EngineError> {
+    let t = model.tensor(name)?;
+    let rows = *t.shape.first().ok_or_else(|| tensor_err(name, "has no shape"))? as usize;
+    let cols = t.shape.iter().skip(1).product::<u64>() as usize;
+    match t.encoding {
+        Encoding::F32 => Matrix::f32(t.typed::<f32>("data")?, rows, cols).map_err(|e| tensor_err(name, e)),
+        Encoding::Bf16 => Matrix::bf16(t.typed::<bf16>("data")?, rows, cols).map_err(|e| tensor_err(name, e)),
+        other => Err(tensor_err(
+            name,
+            format!("is stored as {}; the patch convolution is read as f32 or bf16", other.label()),
+        )),
+    }
+}
+
+/// The tower, if the config has one and the model was converted with it.
+pub(super) fn load<'m>(model: &'m Model, cfg: &ModelConfig) -> Result<Option<Eyes<'m>>, EngineError> {
+    let Some(v) = &cfg.vision else { return Ok(None) };
+    let list = tensors(&v.tower);
+    if model.tensor(&list[list.len() - 1].0).is_err() {
+        return Ok(None);
+    }
+    let len =
+        |name: &str| list.iter().find(|(n, ..)| n == name).map_or(0, |(_, s, _)| s.iter().product::<u64>() as usize);
+    let vals = |name: &str| vector_of(model, name, len(name));
+    let c = &v.tower;
+    let blocks = (0..c.vt_num_hidden_layers)
+        .map(|i| {
+            let n = |s: &str| k3_vision::tower::block_name(i, s);
+            Ok(BlockWeights {
+                norm0: vals(&n("norm0.weight"))?,
+                norm1: vals(&n("norm1.weight"))?,
+                wqkv: matrix(model, &n("wqkv.weight"))?,
+                wo: matrix(model, &n("wo.weight"))?,
+                fc0: matrix(model, &n("mlp.fc0.weight"))?,
+                fc1: matrix(model, &n("mlp.fc1.weight"))?,
+            })
+        })
+        .collect::<Result<Vec<_>, EngineError>>()?;
+    let w = TowerWeights {
+        patch_embed: conv_matrix(model, "vision_tower.patch_embed.proj.weight")?,
+        pos_emb: vals("vision_tower.patch_embed.pos_emb.weight")?,
+        blocks,
+        final_norm: vals("vision_tower.encoder.final_layernorm.weight")?,
+        proj0: matrix(model, "mm_projector.proj.0.weight")?,
+        proj2: matrix(model, "mm_projector.proj.2.weight")?,
+        post_norm: vals("mm_projector.post_norm.weight")?,
+    };
+    let tower = Tower::new(c.clone(), w).map_err(|e| EngineError::Shape(e.to_string()))?;
+    let processor = match model.blob(PROCESSOR_FILE) {
+        Some(bytes) => ProcessorConfig::parse(bytes, c),
+        None => ProcessorConfig::default_for(c),
+    }
+    .map_err(|e| EngineError::Config(e.to_string()))?;
+    Ok(Some(Eyes { tower, processor, placeholder: v.placeholder }))
+}
+
+impl Engine<'_> {
+    fn eyes(&self) -> Result<&Eyes<'_>, EngineError> {
+        self.eyes.as_ref().ok_or_else(|| {
+            EngineError::Input(match &self.cfg.vision {
+                Some(_) => "this model was converted without its vision tower: convert the checkpoint again with this k3 to read images".into(),
+                None => "this model reads no images (its config has no vision_config)".into(),
+            })
+        })
+    }
+
+    /// Whether the model reads images.
+    pub fn sees(&self) -> bool {
+        self.eyes.is_some()
+    }
+
+    /// The id an image's prompt positions carry.
+    pub fn image_placeholder(&self) -> Option<u32> {
+        self.eyes.as_ref().map(|e| e.placeholder)
+    }
+
+    /// How an image of this size is resized and how many prompt positions it takes.
+    pub fn image_layout(&self, width: u32, height: u32) -> Result<Layout, EngineError> {
+        Layout::of(width, height, &self.eyes()?.processor).map_err(|e| EngineError::Input(e.to_string()))
+    }
+
+    /// The prompt rows of `pic`, `[positions, hidden]`: the processor, the tower and the
+    /// projector, on the engine's threads.
+    pub fn image_rows(&self, pic: &Picture) -> Result<Vec<f32>, EngineError> {
+        let eyes = self.eyes()?;
+        let patches = k3_vision::patch_image(pic, &eyes.processor).map_err(|e| EngineError::Input(e.to_string()))?;
+        self.compute.run(|| eyes.tower.embed(&patches)).map_err(|e| EngineError::Input(e.to_string()))
+    }
+}
+
+impl Engine<'_> {
+    /// Each image's rows lie inside the chunk, whole rows of the hidden width, on positions that
+    /// carry the placeholder id (so the session's ids say where images were), not overlapping.
+    pub(super) fn check_images(&self, ids: &[u32], images: &[Inserted]) -> Result<(), EngineError> {
+        if images.is_empty() {
+            return Ok(());
+        }
+        let placeholder = self.eyes()?.placeholder;
+        let d = self.hidden;
+        let mut end = 0;
+        for img in images {
+            let n = img.rows.len() / d;
+            if n == 0 || img.rows.len() != n * d {
+                return Err(EngineError::Input(format!("an image's rows are not whole {d}-wide rows")));
+            }
+            if img.at < end || img.at + n > ids.len() {
+                return Err(EngineError::Input(format!(
+                    "an image at position {} ({n} rows) overlaps another or runs past the chunk of {}",
+                    img.at,
+                    ids.len()
+                )));
+            }
+            if let Some(p) = ids[img.at..img.at + n].iter().position(|&t| t != placeholder) {
+                return Err(EngineError::Input(format!(
+                    "position {} of an image carries token {} instead of the image placeholder {placeholder}",
+                    img.at + p,
+                    ids[img.at + p]
+                )));
+            }
+            end = img.at + n;
+        }
+        Ok(())
+    }
+}

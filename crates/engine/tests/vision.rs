@@ -1,0 +1,86 @@
+//! K3 with an image, end to end against references this project did not write
+//! (`fixtures/golden/tiny-k3-vision`, `tools/golden/kimi_k3_vision.py`): the checkpoint converted
+//! with its tower, the picture decoded, resized, patched and embedded (SGLang's MoonViT3d and
+//! projector) and the prompt's logits with the image in place (WARP's PyTorch K3 oracle, which
+//! reproduces the text golden to 3.3e-6). Tolerance: relative L2 1e-4, as for the text golden.
+
+use std::path::{Path, PathBuf};
+
+use k3_engine::{Engine, Inserted, Seq};
+use k3_format::Model;
+use k3_vision::{DecodeLimits, decode};
+
+fn golden() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden/tiny-k3-vision")
+}
+
+fn f32s(name: &str) -> Vec<f32> {
+    let b = std::fs::read(golden().join("golden").join(name)).unwrap();
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+fn converted(dir: &Path) -> Model {
+    let opts = k3_convert::ConvertOptions::new(golden(), dir.join("m"));
+    let report = k3_convert::convert(&opts, &mut |_| {}).unwrap();
+    assert!(report.ignored.is_empty(), "the tower is kept: {:?}", report.ignored);
+    Model::open(dir.join("m")).unwrap()
+}
+
+#[test]
+fn an_image_prompt_matches_the_references() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = converted(dir.path());
+    let engine = Engine::load(&model).unwrap();
+    assert!(engine.sees());
+    let pic = decode(&std::fs::read(golden().join("golden/picture.png")).unwrap(), &DecodeLimits::default()).unwrap();
+    let layout = engine.image_layout(pic.width, pic.height).unwrap();
+    assert_eq!(layout.positions, 20);
+    let rows = engine.image_rows(&pic).unwrap();
+    let e = rel_l2(&rows, &f32s("embeds.f32"));
+    let ids: Vec<u32> = std::fs::read_to_string(golden().join("golden/ids.txt"))
+        .unwrap()
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let placeholder = engine.image_placeholder().unwrap();
+    let at = ids.iter().position(|&t| t == placeholder).unwrap();
+    let images = [Inserted { at, rows }];
+    let mut session = engine.session();
+    let mut seqs = [Seq::new(&mut session, &ids, k3_engine::Logits::All).with_images(&images)];
+    let logits = engine.forward_batch(&mut seqs).unwrap().pop().unwrap();
+    let l = rel_l2(&logits, &f32s("logits.f32"));
+    eprintln!("image rows relative L2 {e:.3e} (SGLang), logits {l:.3e} (WARP's oracle)");
+    assert!(e < 1e-4, "image rows relative L2 {e}");
+    assert!(l < 1e-4, "logits relative L2 {l}");
+    // Without the image the logits move: the test can fail.
+    let plain = engine.forward(&mut engine.session(), &ids, None).unwrap();
+    assert!(rel_l2(&plain, &f32s("logits.f32")) > 1e-2);
+}
+
+#[test]
+fn misplaced_image_rows_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = converted(dir.path());
+    let engine = Engine::load(&model).unwrap();
+    let d = 256;
+    let ids = [5u32, 500, 500, 7];
+    let bad = [
+        (Inserted { at: 0, rows: vec![0.0; 2 * d] }, "instead of the image placeholder"),
+        (Inserted { at: 1, rows: vec![0.0; 4 * d] }, "runs past"),
+        (Inserted { at: 1, rows: vec![0.0; d + 1] }, "whole"),
+    ];
+    for (img, want) in bad {
+        let images = [img];
+        let mut session = engine.session();
+        let mut seqs = [Seq::new(&mut session, &ids, k3_engine::Logits::All).with_images(&images)];
+        let e = engine.forward_batch(&mut seqs).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
+}
