@@ -236,6 +236,24 @@ def warp_logits(args, cfg, ids, image_rows=None):
         return ref.forward(torch.tensor(ids))
 
 
+SPECIALS = {256: "<|open|>", 257: "<|close|>", 258: "<|sep|>", 259: "<|end_of_msg|>", 260: "<|media_begin|>",
+            261: "<|media_content|>", 262: "<|media_end|>", PLACEHOLDER: "<|kimi_image_placeholder|>",
+            508: "[BOS]", 510: "[EOS]", 511: "[PAD]"}
+
+
+def write_tokenizer(out):
+    """Not a reference: a byte-level tokenizer that fits the tiny vocabulary (512), with K3's chat
+    and media markers as special tokens, so the tiny model can be chatted with (k3-cli, the server)."""
+    import base64
+
+    with open(os.path.join(out, "tiktoken.model"), "w") as f:
+        for b in range(256):
+            f.write(f"{base64.b64encode(bytes([b])).decode()} {b}\n")
+    added = {str(i): {"content": c, "special": True} for i, c in SPECIALS.items()}
+    json.dump({"added_tokens_decoder": added, "bos_token": "[BOS]", "eos_token": "[EOS]"},
+              open(os.path.join(out, "tokenizer_config.json"), "w"), indent=1)
+
+
 def rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
@@ -249,6 +267,7 @@ def main():
     ap.add_argument("out")
     args = ap.parse_args()
     os.makedirs(os.path.join(args.out, "golden"), exist_ok=True)
+    write_tokenizer(args.out)
     vl, navit, patchify = load_sglang(args.sglang)
     torch.manual_seed(0)
 

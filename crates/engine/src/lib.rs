@@ -13,6 +13,7 @@ pub mod generate;
 pub mod generation_config;
 pub mod json_prefix;
 pub mod json_schema;
+pub mod media;
 mod model;
 pub mod names;
 pub mod owned;

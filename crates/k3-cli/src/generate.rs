@@ -23,6 +23,10 @@ pub struct GenerateArgs {
     model: Option<PathBuf>,
     #[command(flatten)]
     prompt: PromptArgs,
+    /// An image for a model that sees (K3; repeat for several): placed where the prompt spells
+    /// `<|kimi_image_placeholder|>`, else before the prompt [default: none].
+    #[arg(long = "image", value_name = "FILE")]
+    images: Vec<PathBuf>,
     /// The most tokens to generate.
     #[arg(short = 'n', long, default_value_t = 64)]
     max_tokens: u64,
@@ -84,6 +88,17 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         logprobs: a.logprobs.map(usize::from),
         ..GenerateParams::default()
     };
+    let (prompt, images) = with_images(&engine, tok.as_ref(), prompt, &a.images)?;
+    anyhow::ensure!(
+        images.is_empty() || a.prompt_cache.is_off(),
+        "--prompt-cache keeps token states, which do not say which image a prompt held: give one or the other"
+    );
+    if let Some(n) = Some(prompt.len() as u64).filter(|&n| n >= engine.plan().context) {
+        anyhow::bail!(
+            "the prompt with its images is {n} tokens, which leaves no room in a context of {}: raise --context",
+            engine.plan().context
+        );
+    }
     let mut cache = a.prompt_cache.open(&engine)?;
     let (mut session, kept_logits, restored) = crate::prompt_cache::start(cache.as_mut(), &engine, &prompt);
     let rest = &prompt[restored.tokens..];
@@ -97,11 +112,13 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let mut g = match (rest.is_empty(), kept_logits) {
         // The whole prompt was kept, with its logits: sampling starts at once.
         (true, Some(logits)) => Generator::resume(&engine, &mut session, logits, tok.as_ref(), params)?,
-        _ => Generator::start(&engine, &mut session, rest, tok.as_ref(), params, &mut |done, _| {
-            if let Some(pb) = &pb {
-                pb.set_position(done as u64);
-            }
-        })?,
+        _ => {
+            Generator::start_with_images(&engine, &mut session, rest, &images, tok.as_ref(), params, &mut |done, _| {
+                if let Some(pb) = &pb {
+                    pb.set_position(done as u64);
+                }
+            })?
+        }
     };
     if let Some(pb) = pb {
         pb.finish_and_clear();
@@ -135,6 +152,25 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         Some(e) => Err(anyhow::Error::new(e).context("writing the generated text")),
         None => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// The prompt with `--image` files framed in it, and where their rows go.
+fn with_images(
+    engine: &k3_engine::Engine<'_>,
+    tok: Option<&Tokenizer>,
+    prompt: Vec<u32>,
+    paths: &[PathBuf],
+) -> Result<(Vec<u32>, Vec<k3_engine::Inserted>)> {
+    if paths.is_empty() {
+        return Ok((prompt, Vec::new()));
+    }
+    let tok = tok.ok_or_else(|| anyhow::anyhow!("--image needs a model with a tokenizer"))?;
+    let placeholder = engine.image_placeholder().ok_or_else(|| {
+        anyhow::anyhow!("--image: {}", engine.image_layout(1, 1).err().map_or_else(String::new, |e| e.to_string()))
+    })?;
+    let images = crate::images::read_all(engine, paths)?;
+    let ids = k3_engine::media::place_in_raw(&prompt, placeholder, images.len())?;
+    Ok(k3_engine::media::expand(tok, placeholder, engine.hidden(), &ids, &images)?)
 }
 
 /// What streaming a turn's text gave: per-token statistics, logprobs, and the write error that

@@ -5,6 +5,7 @@ mod arrays;
 mod chat;
 mod default_model;
 mod generate;
+mod images;
 mod inspect;
 mod lookahead;
 mod perplexity;

@@ -23,6 +23,13 @@ pub struct PromptCacheArgs {
     prompt_cache_size: String,
 }
 
+impl PromptCacheArgs {
+    /// No `--prompt-cache` was given.
+    pub fn is_off(&self) -> bool {
+        self.prompt_cache.is_none()
+    }
+}
+
 /// What a run restored: tokens, bytes, seconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Restored {

@@ -119,7 +119,12 @@ impl VisionConfig {
                 format!("merge_kernel_size {:?} is not implemented (k3 runs [2, 2])", self.merge_kernel_size),
             ));
         }
-        if self.projector_ln_eps.is_nan() || self.projector_ln_eps <= 0.0 || self.patch_size > 64 || heads > 1024 || self.vt_num_hidden_layers > 1024 {
+        if self.projector_ln_eps.is_nan()
+            || self.projector_ln_eps <= 0.0
+            || self.patch_size > 64
+            || heads > 1024
+            || self.vt_num_hidden_layers > 1024
+        {
             return Err(refuse(CONFIG, "projector_ln_eps, patch_size, heads or layers out of range".into()));
         }
         Ok(())

@@ -66,7 +66,13 @@ pub struct Message {
     pub tool_calls: Vec<Call>,
     /// A tool result: the id of the call it answers.
     pub tool_call_id: Option<String>,
+    /// Images in a user or system turn: where each sits in `content` (byte offsets, ascending;
+    /// K3 writes the image placeholder there, [`crate::media`] expands it).
+    pub images: Vec<usize>,
 }
+
+/// The token K3's chat format writes for an image (its template's `image_prompts` unset).
+pub const IMAGE_PLACEHOLDER: &str = "<|kimi_image_placeholder|>";
 
 impl Message {
     pub fn new(role: Role, content: impl Into<String>) -> Self {
@@ -77,7 +83,14 @@ impl Message {
             name: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            images: Vec::new(),
         }
+    }
+
+    /// The same message with an image after its text so far.
+    pub fn with_image_at_end(mut self) -> Self {
+        self.images.push(self.content.len());
+        self
     }
 }
 
@@ -206,6 +219,7 @@ impl<'t> ChatFormat<'t> {
     /// messages (tool calls and results in the model's markup), the format's closing notes, and
     /// the prompt for the assistant's next turn.
     pub fn prompt_with(&self, messages: &[Message], o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
+        self.check_images(messages)?;
         if let Some(t) = self.template() {
             return t?.render(self.tok, messages, o, true);
         }
@@ -255,10 +269,30 @@ impl<'t> ChatFormat<'t> {
     /// One complete turn with no tool calls or results (those need the conversation around them:
     /// use [`prompt_with`](Self::prompt_with)).
     pub fn turn(&self, m: &Message, think: bool) -> Result<Vec<u32>, ChatError> {
+        self.check_images(std::slice::from_ref(m))?;
         match self.family {
             Family::KimiK3 => self.xtml_turn(m, think),
             Family::KimiLinear | Family::DeepseekV3 => self.im_turn(m, &mut im::Numbering::default()),
         }
+    }
+
+    /// Images only where the format has a place for them: K3's user and system turns, at
+    /// character boundaries of the text, in order.
+    fn check_images(&self, messages: &[Message]) -> Result<(), ChatError> {
+        for (i, m) in messages.iter().enumerate().filter(|(_, m)| !m.images.is_empty()) {
+            let what = format!("messages[{i}]");
+            if self.family != Family::KimiK3 {
+                return Err(ChatError::invalid(what, "this model's chat format has no place for images"));
+            }
+            if !matches!(m.role, Role::User | Role::System) {
+                return Err(ChatError::invalid(what, "images go in user or system turns"));
+            }
+            let ordered = m.images.windows(2).all(|w| w[0] <= w[1]);
+            if !ordered || m.images.iter().any(|&at| !m.content.is_char_boundary(at)) {
+                return Err(ChatError::invalid(what, "image positions must be ascending character boundaries"));
+            }
+        }
+        Ok(())
     }
 
     /// The id that ends the assistant's turn.

@@ -37,8 +37,25 @@ impl ChatFormat<'_> {
 
     /// A whole message whose body is `text`.
     fn xtml_message(&self, out: &mut Vec<u32>, attrs: &[(&str, &str)], text: &str) -> Result<(), TokenizerError> {
+        self.xtml_message_with(out, attrs, text, &[])
+    }
+
+    /// A message whose text has images at byte offsets `images`: the placeholder token there.
+    fn xtml_message_with(
+        &self,
+        out: &mut Vec<u32>,
+        attrs: &[(&str, &str)],
+        text: &str,
+        images: &[usize],
+    ) -> Result<(), TokenizerError> {
         self.xtml_open(out, "message", attrs)?;
-        out.extend(self.tok.encode(text));
+        let mut from = 0;
+        for &at in images {
+            out.extend(self.tok.encode(&text[from..at]));
+            out.push(self.special(super::IMAGE_PLACEHOLDER)?);
+            from = at;
+        }
+        out.extend(self.tok.encode(&text[from..]));
         self.xtml_close(out, "message")?;
         out.push(self.special("<|end_of_msg|>")?);
         Ok(())
@@ -145,7 +162,7 @@ impl ChatFormat<'_> {
             attrs.push(("name", name));
         }
         match m.role {
-            Role::System | Role::User => self.xtml_message(&mut out, &attrs, &m.content)?,
+            Role::System | Role::User => self.xtml_message_with(&mut out, &attrs, &m.content, &m.images)?,
             Role::Assistant => {
                 self.xtml_open(&mut out, "message", &attrs)?;
                 if think {

@@ -176,6 +176,20 @@ impl<'s, 't> Generator<'s, 't> {
         params: GenerateParams,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Generator<'s, 't>, EngineError> {
+        Self::start_with_images(engine, session, prompt, &[], tok, params, progress)
+    }
+
+    /// As [`start`](Self::start), with images' rows at their positions in `prompt`
+    /// ([`crate::media::expand`] gives both).
+    pub fn start_with_images(
+        engine: &Engine<'_>,
+        session: &'s mut Session,
+        prompt: &[u32],
+        images: &[crate::Inserted],
+        tok: Option<&'t Tokenizer>,
+        params: GenerateParams,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Generator<'s, 't>, EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::Input("the prompt is empty".into()));
         }
@@ -197,7 +211,14 @@ impl<'s, 't> Generator<'s, 't> {
                 let _ = g.decoder.stop(Finish::Cancelled);
                 break;
             }
-            g.logits = engine.forward_last(g.session, c)?;
+            let start = i * chunk;
+            g.logits = if images.is_empty() {
+                engine.forward_last(g.session, c)?
+            } else {
+                let here = crate::media::in_range(images, start..start + c.len(), engine.hidden());
+                let mut seqs = [crate::Seq::new(g.session, c, crate::Logits::Last).with_images(&here)];
+                engine.forward_batch(&mut seqs)?.pop().unwrap_or_default()
+            };
             progress(((i + 1) * chunk).min(prompt.len()), prompt.len());
         }
         g.prefill.1 = t0.elapsed().as_secs_f64();

@@ -18,6 +18,8 @@ pub enum Command {
     Set(Setting),
     Save(PathBuf),
     Load(PathBuf),
+    /// An image for the next message.
+    Image(PathBuf),
     Exit,
 }
 
@@ -44,6 +46,7 @@ pub const HELP: &str = "\
 /set think on|off          K3 and thinking models: think before answering
 /save FILE                 write the conversation as JSON messages (an existing file is kept)
 /load FILE                 start a new conversation from JSON messages
+/image FILE                send an image (PNG, JPEG, WebP) with your next message (K3)
 /exit, /bye                quit (also Ctrl-D)
 //TEXT                     send TEXT starting with a slash
 Ctrl-C stops an answer; the conversation keeps what was said.";
@@ -68,6 +71,7 @@ pub fn parse(line: &str) -> Result<Command, String> {
         "set" => Command::Set(setting(rest)?),
         "save" => Command::Save(path("save")?),
         "load" => Command::Load(path("load")?),
+        "image" | "img" => Command::Image(path("image")?),
         "exit" | "bye" | "quit" => Command::Exit,
         other => return Err(format!("unknown command /{other}: /help lists them (// sends a line starting with /)")),
     })
@@ -117,9 +121,11 @@ mod tests {
         assert_eq!(parse("/set temperature 0.2"), Ok(Command::Set(Setting::Temperature(0.2))));
         assert_eq!(parse("/set think off"), Ok(Command::Set(Setting::Think(false))));
         assert_eq!(parse("/save my chat.json"), Ok(Command::Save("my chat.json".into())));
+        assert_eq!(parse("/image my cat.png"), Ok(Command::Image("my cat.png".into())));
         for (bad, says) in [
             ("/frobnicate", "unknown command /frobnicate"),
             ("/save", "needs a file name"),
+            ("/image", "needs a file name"),
             ("/set temperature", "needs a value"),
             ("/set temperature hot", "not a number"),
             ("/set top_p 2", "top-p"),

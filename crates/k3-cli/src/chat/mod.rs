@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use k3_engine::chat::{ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
 use k3_engine::config::Family;
 use k3_engine::generate::{Finish, GenerateParams, Generator};
+use k3_engine::media::PromptImage;
 use k3_engine::speculate::SpecStats;
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, Session};
@@ -47,6 +48,10 @@ pub struct ChatArgs {
     /// The most tokens of one answer, thinking not counted (/set max_tokens N).
     #[arg(short = 'n', long, default_value_t = 512)]
     max_tokens: u64,
+    /// An image sent with the first message (K3; repeat for several; /image FILE sends one with
+    /// a later message) [default: none].
+    #[arg(long = "image", value_name = "FILE")]
+    images: Vec<PathBuf>,
     /// The most tokens of thinking before the model is made to answer (/set max_thinking N).
     #[arg(long, value_name = "N", default_value_t = 4096)]
     max_thinking: u64,
@@ -71,6 +76,9 @@ struct Chat<'t> {
     messages: Vec<Message>,
     /// The session holds `messages` (false after /load, /clear and /system).
     live: bool,
+    /// Every image of the conversation in order, the last `queued` waiting for the next message.
+    images: Vec<PromptImage>,
+    queued: usize,
 }
 
 impl Chat<'_> {
@@ -81,9 +89,12 @@ impl Chat<'_> {
 
     /// The tokens of the next user turn: the whole conversation when the session is fresh.
     fn pending(&self, session: &Session, text: &str) -> Result<Vec<u32>> {
-        let user = Message::new(Role::User, text);
+        let user = self.user(text);
         Ok(match (session.tokens(), self.messages.is_empty()) {
-            (0, true) => self.format.first_turn(&self.opening(), self.system.as_deref(), text)?,
+            (0, true) => {
+                let system = self.system.as_deref().map(|s| Message::new(Role::System, s));
+                self.format.prompt_with(&system.into_iter().chain([user]).collect::<Vec<_>>(), &self.opening())?
+            }
             (0, false) => {
                 let mut all = self.messages.clone();
                 all.push(user);
@@ -93,8 +104,22 @@ impl Chat<'_> {
         })
     }
 
+    /// The user's message, the queued images first.
+    fn user(&self, text: &str) -> Message {
+        let mut m = Message::new(Role::User, text);
+        m.images = vec![0; self.queued];
+        m
+    }
+
+    /// The images `pending` holds: all of them when it renders the whole conversation.
+    fn images_of(&self, session: &Session) -> &[PromptImage] {
+        if session.tokens() == 0 { &self.images } else { &self.images[self.images.len() - self.queued..] }
+    }
+
     /// A new conversation: `messages` from the start (the system prompt's message first).
     fn restart(&mut self, messages: Vec<Message>) {
+        self.images.clear();
+        self.queued = 0;
         self.messages = messages;
         if self.messages.is_empty()
             && let Some(s) = &self.system
@@ -138,8 +163,20 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         speculate: a.sampling.speculate as usize,
         ..GenerateParams::default()
     };
-    let mut chat = Chat { format, params, thinks, think, system: a.system.clone(), messages: Vec::new(), live: true };
+    let mut chat = Chat {
+        format,
+        params,
+        thinks,
+        think,
+        system: a.system.clone(),
+        messages: Vec::new(),
+        live: true,
+        images: Vec::new(),
+        queued: 0,
+    };
     chat.restart(Vec::new());
+    chat.images = crate::images::read_all(&engine, &a.images)?;
+    chat.queued = chat.images.len();
     let mut cache = a.prompt_cache.open(&engine)?;
     let mut session = engine.session();
     let mut speculation = SpecStats::default();
@@ -256,6 +293,18 @@ fn command(cmd: Command, chat: &mut Chat<'_>, engine: &Engine<'_>, style: Style)
             }
             Err(e) => style.note(&format!("[not loaded: {e:#}]")),
         },
+        Command::Image(path) => match crate::images::read(engine, &path) {
+            Ok(img) => {
+                let n = img.rows.len() / engine.hidden().max(1);
+                style.note(&format!(
+                    "[{} x {} image, {n} positions: it goes with your next message]",
+                    img.width, img.height
+                ));
+                chat.images.push(img);
+                chat.queued += 1;
+            }
+            Err(e) => style.note(&format!("[no image: {e:#}]")),
+        },
         Command::Say(_) | Command::Exit => {}
     }
     Ok(false)
@@ -302,6 +351,12 @@ impl Turn<'_, '_> {
     ) -> Result<SpecStats> {
         let context = engine.plan().context as usize;
         let pending = chat.pending(session, text)?;
+        let (pending, images) = match engine.image_placeholder() {
+            Some(p) if !chat.images_of(session).is_empty() => {
+                k3_engine::media::expand(tok, p, engine.hidden(), &pending, chat.images_of(session))?
+            }
+            _ => (pending, Vec::new()),
+        };
         // Room for the turn and at least one answer token.
         if session.tokens() + pending.len() >= context {
             style.note(&format!(
@@ -312,7 +367,8 @@ impl Turn<'_, '_> {
         self.cancel.store(false, std::sync::atomic::Ordering::SeqCst);
         let t0 = std::time::Instant::now();
         let first = session.tokens() == 0 && chat.messages.iter().all(|m| m.role == Role::System);
-        let mut cache = self.cache.filter(|_| first);
+        // Token states do not say which image a prompt held: a prompt with images is computed.
+        let mut cache = self.cache.filter(|_| first && images.is_empty());
         let (from, kept_logits) = match cache.as_deref_mut() {
             Some(c) => {
                 let boundary = system_boundary(&chat.format, &chat.opening(), chat.system.as_deref(), &pending);
@@ -327,11 +383,19 @@ impl Turn<'_, '_> {
         let params = chat.params.clone();
         let turn = match (from == pending.len(), kept_logits) {
             (true, Some(l)) => Generator::resume(engine, session, l, Some(tok), params)?,
-            _ => Generator::start(engine, session, &pending[from..], Some(tok), params, &mut |done, _| {
-                if let Some(pb) = &pb {
-                    pb.set_position(done as u64);
-                }
-            })?,
+            _ => Generator::start_with_images(
+                engine,
+                session,
+                &pending[from..],
+                &images,
+                Some(tok),
+                params,
+                &mut |done, _| {
+                    if let Some(pb) = &pb {
+                        pb.set_position(done as u64);
+                    }
+                },
+            )?,
         };
         if let Some(pb) = pb {
             pb.finish_and_clear();
@@ -345,7 +409,8 @@ impl Turn<'_, '_> {
         }
         let calls = k3_engine::toolcall::ToolCallReader::new(tok, engine.config().family);
         let a = show::answer(engine, turn, tok, calls, style, show_thinking, out)?;
-        chat.messages.push(Message::new(Role::User, text));
+        chat.messages.push(chat.user(text));
+        chat.queued = 0;
         let mut said = Message::new(Role::Assistant, a.text.clone());
         said.thinking = (!a.thinking.is_empty()).then(|| a.thinking.clone());
         chat.messages.push(said);

@@ -1,0 +1,107 @@
+//! Images in prompts. The chat format writes one placeholder token per image where the image
+//! sits; [`expand`] frames each as K3's release does (`<|media_begin|>image WxH<|media_content|>`,
+//! one placeholder per position the image takes, `<|media_end|>`: SGLang's
+//! `_expand_k3_image_prompt_token_ids`) and says which prompt rows take the image's embeddings.
+
+pub use k3_vision::DecodeLimits;
+use k3_vision::decode;
+
+use crate::tokenizer::Tokenizer;
+use crate::{Engine, EngineError, Inserted};
+
+/// An image ready for a prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptImage {
+    /// As given (the framing states it).
+    pub width: u32,
+    pub height: u32,
+    /// `[positions, hidden]`.
+    pub rows: Vec<f32>,
+    /// The image file's hash: two prompts share a prefix through an image only if this agrees.
+    pub digest: u64,
+}
+
+impl Engine<'_> {
+    /// Decodes an image file's bytes (within `limits`) and computes its prompt rows.
+    pub fn prompt_image(&self, bytes: &[u8], limits: &DecodeLimits) -> Result<PromptImage, EngineError> {
+        // The model's side first: a model without eyes says so before any decoding.
+        self.image_layout(1, 1)?;
+        let pic = decode(bytes, limits).map_err(|e| EngineError::Input(e.to_string()))?;
+        let rows = self.image_rows(&pic)?;
+        Ok(PromptImage { width: pic.width, height: pic.height, rows, digest: xxhash_rust::xxh3::xxh3_64(bytes) })
+    }
+}
+
+/// `ids` with each placeholder (in order, one per image) expanded into the image's framed span,
+/// and where each image's rows go.
+pub fn expand(
+    tok: &Tokenizer,
+    placeholder: u32,
+    hidden: usize,
+    ids: &[u32],
+    images: &[PromptImage],
+) -> Result<(Vec<u32>, Vec<Inserted>), EngineError> {
+    let found = ids.iter().filter(|&&t| t == placeholder).count();
+    if found != images.len() {
+        return Err(EngineError::Input(format!(
+            "the prompt has {found} image placeholders for {} images",
+            images.len()
+        )));
+    }
+    let end = tok.special("<|media_end|>").ok_or_else(|| {
+        EngineError::Input("the tokenizer has no <|media_end|> token: the model cannot frame images".into())
+    })?;
+    if tok.special("<|media_begin|>").is_none() || tok.special("<|media_content|>").is_none() {
+        return Err(EngineError::Input("the tokenizer has no <|media_begin|> / <|media_content|> tokens".into()));
+    }
+    let mut out =
+        Vec::with_capacity(ids.len() + images.iter().map(|i| i.rows.len() / hidden.max(1) + 16).sum::<usize>());
+    let mut inserted = Vec::with_capacity(images.len());
+    let mut next = images.iter();
+    for &t in ids {
+        if t != placeholder {
+            out.push(t);
+            continue;
+        }
+        let Some(img) = next.next() else { break };
+        out.extend(
+            tok.encode_with_specials(&format!("<|media_begin|>image {}x{}<|media_content|>", img.width, img.height)),
+        );
+        let n = img.rows.len() / hidden.max(1);
+        inserted.push(Inserted { at: out.len(), rows: img.rows.clone() });
+        out.extend(std::iter::repeat_n(placeholder, n));
+        out.push(end);
+    }
+    Ok((out, inserted))
+}
+
+/// A raw prompt (no chat format) with `count` images: where its text spells the model's image
+/// placeholder the images go there, in order; with none, they go first (llama.cpp's `mtmd` puts
+/// media where its marker is, or first). A count that disagrees is an error.
+pub fn place_in_raw(ids: &[u32], placeholder: u32, count: usize) -> Result<Vec<u32>, EngineError> {
+    let found = ids.iter().filter(|&&t| t == placeholder).count();
+    match found {
+        0 => Ok(std::iter::repeat_n(placeholder, count).chain(ids.iter().copied()).collect()),
+        n if n == count => Ok(ids.to_vec()),
+        n => Err(EngineError::Input(format!(
+            "the prompt has {n} image placeholders ({}) for {count} images",
+            crate::chat::IMAGE_PLACEHOLDER
+        ))),
+    }
+}
+
+/// The images of `images` that fall in `range` of the prompt, re-based to the range's start (an
+/// image split by a chunk boundary gives each chunk its rows).
+pub fn in_range(images: &[Inserted], range: std::ops::Range<usize>, hidden: usize) -> Vec<Inserted> {
+    images
+        .iter()
+        .filter_map(|img| {
+            let n = img.rows.len() / hidden.max(1);
+            let (s, e) = (img.at.max(range.start), (img.at + n).min(range.end));
+            (s < e).then(|| Inserted {
+                at: s - range.start,
+                rows: img.rows[(s - img.at) * hidden..(e - img.at) * hidden].to_vec(),
+            })
+        })
+        .collect()
+}
