@@ -69,8 +69,8 @@ pub struct ServeArgs {
     /// Requests waiting for a place in the batch at most; more are answered 429.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     queue: u16,
-    /// The largest request body accepted (413 beyond), e.g. 4M.
-    #[arg(long, value_name = "SIZE", default_value = "4M")]
+    /// The largest request body accepted (413 beyond), e.g. 4M; images arrive base64 in the body.
+    #[arg(long, value_name = "SIZE", default_value = "20M")]
     max_body: String,
     /// Memory for the prefix cache: states after prompts (with their logits), answers, system
     /// turns and the message before the last, so a next turn, a regenerate or a new

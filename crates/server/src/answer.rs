@@ -66,7 +66,14 @@ pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Res
     };
     let calling = p.tools;
     let logprobs = p.params.logprobs;
-    match s.handle.submit(Job { prompt: p.prompt, params: p.params, events: tx, scope, checkpoints: p.checkpoints }) {
+    match s.handle.submit(Job {
+        prompt: p.prompt,
+        params: p.params,
+        events: tx,
+        scope,
+        checkpoints: p.checkpoints,
+        images: p.images,
+    }) {
         Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
         Err(Refused::Busy) => {
             s.metrics.requests_refused.fetch_add(1, Ordering::Relaxed);

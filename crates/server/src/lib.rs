@@ -81,7 +81,7 @@ impl ServerOptions {
             max_batch: 8,
             queue: 64,
             boundary: Boundary::default(),
-            body_limit: 4 << 20,
+            body_limit: 20 << 20,
             prefix_cache: 1 << 30,
             prompt_cache_dir: None,
             prompt_cache_disk: 10 << 30,
@@ -192,6 +192,7 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
         layers: engine.layers(),
         hidden: engine.hidden(),
         eos: engine.config().eos.clone(),
+        sees: engine.sees(),
         max_token_bytes: shared_tok
             .as_ref()
             .and_then(|t| t.token_texts().iter().flatten().map(String::len).max())

@@ -10,7 +10,7 @@ use std::sync::{Arc, mpsc};
 
 use k3_engine::generate::{Decoder, Emit, Finish, GenerateParams};
 use k3_engine::tokenizer::Tokenizer;
-use k3_engine::{Engine, Logits, Seq, Session};
+use k3_engine::{Engine, Inserted, Logits, Seq, Session};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::metrics::Metrics;
@@ -50,6 +50,9 @@ pub struct Job {
     /// prompts of later requests are likely to part from this one's (the chat template's
     /// boundaries, [`crate::api::ChatRequest::prepare`]).
     pub checkpoints: Vec<usize>,
+    /// Decoded images, one per placeholder of `prompt`, in order: their rows are computed and
+    /// the prompt framed ([`k3_engine::media::expand`]) when the job is admitted.
+    pub images: Vec<crate::api::images::RequestImage>,
 }
 
 pub use k3_engine::sample::TokenLogprob;
@@ -84,6 +87,8 @@ pub struct ModelInfo {
     pub layers: usize,
     pub hidden: usize,
     pub eos: Vec<u32>,
+    /// The model reads images.
+    pub sees: bool,
     /// The longest token's text in bytes (1 without a tokenizer).
     pub max_token_bytes: usize,
     /// The sampling settings of a request that states none: the model's recommended ones
@@ -112,6 +117,8 @@ struct Active<'t> {
     /// No tokenizer: each token's id is its text.
     ids_out: bool,
     scope: Scope,
+    /// The prompt's images' rows at their positions.
+    images: Vec<Inserted>,
 }
 
 impl Active<'_> {
@@ -209,6 +216,13 @@ fn admit<'t>(
     status: &Status,
 ) {
     status.queued.fetch_sub(1, Ordering::Relaxed);
+    let (job, images) = match with_images(engine, tok, job) {
+        Ok(j) => j,
+        Err((events, e)) => {
+            let _ = events.send(Event::Failed(e));
+            return;
+        }
+    };
     match Decoder::new(tok, job.params) {
         Ok(mut decoder) => {
             decoder.observe(&job.prompt);
@@ -230,12 +244,66 @@ fn admit<'t>(
                 events: job.events,
                 ids_out: tok.is_none(),
                 scope: job.scope,
+                images,
             })
         }
         Err(e) => {
             let _ = job.events.send(Event::Failed(e.to_string()));
         }
     }
+}
+
+/// A job with its images' rows computed (the tower runs here, on the engine's thread) and its
+/// prompt framed. A prompt with images keeps and resumes states under a scope that also names
+/// the images (their positions and file hashes): identical image bytes resume, others never.
+fn with_images(
+    engine: &Engine<'_>,
+    tok: Option<&Tokenizer>,
+    mut job: Job,
+) -> Result<(Job, Vec<Inserted>), (tmpsc::UnboundedSender<Event>, String)> {
+    if job.images.is_empty() {
+        return Ok((job, Vec::new()));
+    }
+    let fail = |job: Job, e: String| Err((job.events, e));
+    let (Some(tok), Some(placeholder)) = (tok, engine.image_placeholder()) else {
+        return fail(job, "this model reads no images".into());
+    };
+    let mut images = Vec::with_capacity(job.images.len());
+    for img in &job.images {
+        match engine.image_rows(&img.picture) {
+            Ok(rows) => images.push(k3_engine::media::PromptImage {
+                width: img.picture.width,
+                height: img.picture.height,
+                rows,
+                digest: img.digest,
+            }),
+            Err(e) => return fail(job, e.to_string()),
+        }
+    }
+    let (prompt, inserted) = match k3_engine::media::expand(tok, placeholder, engine.hidden(), &job.prompt, &images) {
+        Ok(p) => p,
+        Err(e) => return fail(job, e.to_string()),
+    };
+    let context = engine.plan().context as usize;
+    if prompt.len() >= context {
+        let e = format!(
+            "the prompt with its images is {} tokens, which leaves no room in a context of {context}",
+            prompt.len()
+        );
+        return fail(job, e);
+    }
+    let mut key = job.scope.0.to_le_bytes().to_vec();
+    for (i, img) in inserted.iter().zip(&images) {
+        key.extend((i.at as u64).to_le_bytes());
+        key.extend(img.digest.to_le_bytes());
+    }
+    job.scope = Scope(xxhash_rust::xxh3::xxh3_64(&key) | 1);
+    // The template's checkpoints counted the unframed prompt: past the first image they move.
+    let first = inserted.first().map_or(usize::MAX, |i| i.at);
+    job.checkpoints.retain(|&c| c < first);
+    job.prompt = prompt;
+    job.images.clear();
+    Ok((job, inserted))
 }
 
 /// One forward step over the batch, then each decoding sequence's next token.
@@ -302,12 +370,22 @@ fn forward(
     inputs: &[Vec<u32>],
     metrics: &Metrics,
 ) -> Vec<Option<Vec<f32>>> {
+    let hidden = engine.hidden();
+    let images: Vec<Vec<Inserted>> = active
+        .iter()
+        .zip(inputs)
+        .map(|(a, ids)| match a.prefilling() {
+            true => k3_engine::media::in_range(&a.images, a.fed..a.fed + ids.len(), hidden),
+            false => Vec::new(),
+        })
+        .collect();
     let result = {
         let mut seqs: Vec<Seq<'_>> = active
             .iter_mut()
             .zip(inputs)
-            .filter(|(a, _)| a.pending.is_none())
-            .map(|(a, ids)| Seq::new(&mut a.session, ids, Logits::Last))
+            .zip(&images)
+            .filter(|((a, _), _)| a.pending.is_none())
+            .map(|((a, ids), im)| Seq::new(&mut a.session, ids, Logits::Last).with_images(im))
             .collect();
         if seqs.is_empty() {
             Ok(Vec::new())
@@ -326,7 +404,7 @@ fn forward(
                 .iter_mut()
                 .zip(inputs)
                 .filter(|(a, _)| a.pending.is_none())
-                .map(|(a, ids)| match alone(engine, &mut a.session, ids) {
+                .map(|(a, ids)| match alone(engine, &mut a.session, ids, &a.images) {
                     Ok(row) => Some(row),
                     Err(e) => {
                         a.send(Event::Failed(client_message(&e)));
@@ -419,13 +497,19 @@ fn guarded<T>(step: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
 
 /// `session` rebuilt from the tokens it held before a failed step, then `input` fed to it
 /// alone: its last logits, or why this sequence cannot go on.
-fn alone(engine: &Engine<'_>, session: &mut Session, input: &[u32]) -> Result<Vec<f32>, String> {
+fn alone(engine: &Engine<'_>, session: &mut Session, input: &[u32], images: &[Inserted]) -> Result<Vec<f32>, String> {
     let held = session.ids().to_vec();
     let mut fresh = engine.session();
-    for chunk in held.chunks(engine.prefill_chunk().max(1)) {
-        guarded(|| engine.forward_last(&mut fresh, chunk).map_err(|e| e.to_string()))?;
+    let run = |s: &mut Session, ids: &[u32], at: usize| {
+        let im = k3_engine::media::in_range(images, at..at + ids.len(), engine.hidden());
+        let mut seqs = [Seq::new(s, ids, Logits::Last).with_images(&im)];
+        guarded(|| engine.forward_batch(&mut seqs).map_err(|e| e.to_string())).map(|mut l| l.pop().unwrap_or_default())
+    };
+    let chunk = engine.prefill_chunk().max(1);
+    for (i, c) in held.chunks(chunk).enumerate() {
+        run(&mut fresh, c, i * chunk)?;
     }
-    let row = guarded(|| engine.forward_last(&mut fresh, input).map_err(|e| e.to_string()))?;
+    let row = run(&mut fresh, input, held.len())?;
     *session = fresh;
     Ok(row)
 }

@@ -6,7 +6,7 @@
 
 use std::io::Cursor;
 
-use image::{ImageDecoder, ImageFormat, ImageReader};
+use image::{ImageFormat, ImageReader};
 
 use crate::VisionError;
 
@@ -69,6 +69,16 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Picture, VisionErro
         ImageFormat::Gif => return Err(bad("GIF is not supported: give a PNG, JPEG or WebP image")),
         other => return Err(bad(format!("{other:?} is not supported: give a PNG, JPEG or WebP image"))),
     }
+    let name = match format {
+        ImageFormat::Png => "PNG",
+        ImageFormat::Jpeg => "JPEG",
+        _ => "WebP",
+    };
+    // The declared size, from the header alone, before the decoder allocates anything.
+    let (width, height) = ImageReader::with_format(Cursor::new(bytes), format)
+        .into_dimensions()
+        .map_err(|e| bad(format!("{name} header: {e}")))?;
+    check_size(width, height, limits)?;
     if animated(bytes, format)? {
         return Err(bad("the image is animated; give one still frame (PNG, JPEG or WebP)"));
     }
@@ -79,10 +89,8 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Picture, VisionErro
     // The decoder's own buffer plus our RGB copy.
     l.max_alloc = Some(limits.max_pixels.saturating_mul(8));
     reader.limits(l);
-    let decoder = reader.into_decoder().map_err(|e| bad(format!("{format:?} header: {e}")))?;
-    let (width, height) = decoder.dimensions();
-    check_size(width, height, limits)?;
-    let img = image::DynamicImage::from_decoder(decoder).map_err(|e| bad(format!("{format:?} data: {e}")))?;
+    let decoder = reader.into_decoder().map_err(|e| bad(format!("{name} header: {e}")))?;
+    let img = image::DynamicImage::from_decoder(decoder).map_err(|e| bad(format!("{name} data: {e}")))?;
     Ok(Picture { width, height, rgb: img.into_rgb8().into_raw() })
 }
 

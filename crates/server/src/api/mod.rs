@@ -3,6 +3,7 @@
 //! `tools`; fields it cannot honour (`echo`, `suffix`, `best_of`, `n` > 1) refused by name;
 //! fields that ask nothing of the answer (`user`, `metadata`) ignored, as OpenAI's clients expect.
 
+pub mod images;
 mod sampling;
 mod tools;
 
@@ -97,6 +98,7 @@ pub struct Part {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    pub image_url: Option<images::ImageUrl>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -131,6 +133,8 @@ pub struct Prepared {
     pub tools: bool,
     /// Where to keep the state while prefilling ([`crate::scheduler::Job::checkpoints`]).
     pub checkpoints: Vec<usize>,
+    /// The images, in prompt order (one placeholder each in `prompt`).
+    pub images: Vec<images::RequestImage>,
 }
 
 /// OpenAI's `finish_reason` for how a turn ended.
@@ -175,9 +179,9 @@ impl ChatMessage {
         content + self.reasoning_content.as_ref().map_or(0, String::len)
     }
 
-    /// The engine's message for `messages[i]`: text parts only (nothing is fetched), tool calls
-    /// with their arguments as written.
-    fn to_message(&self, i: usize) -> Result<Message, ApiError> {
+    /// The engine's message for `messages[i]`: text parts and images (data only: nothing is
+    /// fetched), tool calls with their arguments as written; the images decoded, in order.
+    fn to_message(&self, i: usize, sees: bool) -> Result<(Message, Vec<images::RequestImage>), ApiError> {
         let role = match self.role.as_str() {
             "system" | "developer" => Role::System,
             "user" => Role::User,
@@ -190,18 +194,31 @@ impl ChatMessage {
                 ));
             }
         };
+        let (mut at, mut pics) = (Vec::new(), Vec::new());
         let content = match &self.content {
             None => String::new(),
             Some(Content::Text(t)) => t.clone(),
             Some(Content::Parts(parts)) => {
                 let mut text = String::new();
                 for (j, p) in parts.iter().enumerate() {
-                    match (p.kind.as_str(), &p.text) {
-                        ("text", Some(t)) => text.push_str(t),
-                        (kind, _) => {
+                    let field = format!("messages[{i}].content[{j}]");
+                    match (p.kind.as_str(), &p.text, &p.image_url) {
+                        ("text", Some(t), _) => text.push_str(t),
+                        ("image_url", _, Some(u)) if sees => {
+                            let field = format!("{field}.image_url.url");
+                            pics.push(images::picture(&images::data_url(&u.url, &field)?, &field)?);
+                            at.push(text.len());
+                        }
+                        ("image_url", ..) => {
                             return Err(ApiError::bad(
-                                &format!("messages[{i}].content[{j}]"),
-                                format!("content part `{kind}` is not supported: this model reads text"),
+                                &field,
+                                "this model reads no images (a K3 model converted with its vision tower does)",
+                            ));
+                        }
+                        (kind, ..) => {
+                            return Err(ApiError::bad(
+                                &field,
+                                format!("content part `{kind}` is not supported (text, image_url)"),
                             ));
                         }
                     }
@@ -210,6 +227,7 @@ impl ChatMessage {
             }
         };
         let mut msg = Message::new(role, content);
+        msg.images = at;
         msg.thinking = self.reasoning_content.clone();
         msg.name = self.name.clone();
         msg.tool_call_id = self.tool_call_id.clone();
@@ -218,7 +236,7 @@ impl ChatMessage {
             let arguments = serde_json::from_str::<String>(raw).unwrap_or_else(|_| raw.to_string());
             msg.tool_calls.push(Call { id: t.id.clone(), name: t.function.name.clone(), arguments });
         }
-        Ok(msg)
+        Ok((msg, pics))
     }
 }
 
@@ -238,7 +256,12 @@ impl ChatRequest {
         if self.messages.is_empty() {
             return Err(ApiError::bad("messages", "messages is empty"));
         }
-        let messages = self.messages.iter().enumerate().map(|(i, m)| m.to_message(i)).collect::<Result<Vec<_>, _>>()?;
+        let (mut messages, mut images) = (Vec::new(), Vec::new());
+        for (i, m) in self.messages.iter().enumerate() {
+            let (msg, pics) = m.to_message(i, info.sees)?;
+            messages.push(msg);
+            images.extend(pics);
+        }
         let t = self.tools(&messages, tok, info)?;
         let (tools, tool_choice) = (t.declared.as_deref(), t.choice);
         let think = self.think(info)?;
@@ -277,6 +300,7 @@ impl ChatRequest {
             include_usage: include_usage(&self.stream_options),
             tools: tools.is_some() && tool_choice != ToolChoice::None,
             checkpoints,
+            images,
         })
     }
 
@@ -394,6 +418,7 @@ impl CompletionRequest {
             include_usage: include_usage(&self.stream_options),
             tools: false,
             checkpoints: Vec::new(),
+            images: Vec::new(),
         })
     }
 }
