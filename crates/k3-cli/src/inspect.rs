@@ -78,6 +78,7 @@ pub fn summary(model: &Model) -> Value {
         "shards": shards,
         "total_bytes": m.trunk.bytes + expert_bytes,
         "sampling": sampling(model),
+        "vision": vision(model),
         "embedded_files": m.blobs.iter().map(|b| json!({"name": b.name, "bytes": b.len})).collect::<Vec<_>>(),
         "provenance": m.provenance,
     })
@@ -100,6 +101,36 @@ fn sampling(model: &Model) -> Value {
         Err(_) => "an unusable generation_config.json",
     };
     json!({"from": from, "generate": settings(false), "chat_and_serve": settings(true)})
+}
+
+/// K3's vision tower: its shape, whether the model holds it, and the processor's settings.
+fn vision(model: &Model) -> Value {
+    let Some(cfg) = model.blob("config.json") else { return Value::Null };
+    let Ok(cfg) = k3_engine::config::ModelConfig::parse(Path::new("config.json"), cfg) else { return Value::Null };
+    let Some(v) = cfg.vision else { return Value::Null };
+    let t = &v.tower;
+    let (mut tensors, mut bytes) = (0, 0);
+    for e in model.manifest().trunk.tensors.iter().filter(|e| {
+        e.tensor.name.starts_with("vision_tower.") || e.tensor.name.starts_with("mm_projector.")
+    }) {
+        tensors += 1;
+        bytes += e.len;
+    }
+    let processor = match model.blob("preprocessor_config.json") {
+        Some(b) => k3_vision::ProcessorConfig::parse(b, t).map(|p| (p, "preprocessor_config.json")),
+        None => k3_vision::ProcessorConfig::default_for(t).map(|p| (p, "the reference's defaults")),
+    };
+    json!({
+        "tower": "MoonViT3d", "blocks": t.vt_num_hidden_layers, "hidden": t.vt_hidden_size,
+        "heads": t.vt_num_attention_heads, "head_dim": t.head_dim(), "mlp": t.vt_intermediate_size,
+        "patch": t.patch_size, "merge": t.merge_kernel_size, "projects_to": t.text_hidden_size,
+        "placeholder_token": v.placeholder, "tensors_kept": tensors, "bytes": bytes,
+        "processor": match processor {
+            Ok((p, from)) => json!({"in_patch_limit": p.in_patch_limit, "patch_limit_on_one_side": p.patch_limit_on_one_side,
+                "image_mean": p.image_mean, "image_std": p.image_std, "from": from}),
+            Err(e) => json!({"error": e.to_string()}),
+        },
+    })
 }
 
 /// Every trunk tensor with its stored encoding, shape and size, for a person.
@@ -177,6 +208,24 @@ pub fn table(model: &Model) -> String {
         );
     }
     let _ = writeln!(o, "total       {}", human_bytes(s["total_bytes"].as_u64().unwrap_or(0)));
+    let v = &s["vision"];
+    if !v.is_null() {
+        let kept = match v["tensors_kept"].as_u64() {
+            Some(0) | None => "not in this model (converted without it: convert again to read images)".to_string(),
+            Some(n) => format!("{n} tensors, {}", human_bytes(v["bytes"].as_u64().unwrap_or(0))),
+        };
+        let p = &v["processor"];
+        let _ = writeln!(
+            o,
+            "vision      MoonViT3d: {} blocks, {} wide, {} heads of {}, MLP {}; {}x{} patches merged 2x2 into {}; {kept}",
+            v["blocks"], v["hidden"], v["heads"], v["head_dim"], v["mlp"], v["patch"], v["patch"], v["projects_to"]
+        );
+        let _ = writeln!(
+            o,
+            "images      at most {} patches ({} a side), an image takes (h/{})(w/{})/4 positions  (from {})",
+            p["in_patch_limit"], p["patch_limit_on_one_side"], v["patch"], v["patch"], p["from"].as_str().unwrap_or("?")
+        );
+    }
     let blobs: Vec<String> = m.blobs.iter().map(|b| format!("{} ({})", b.name, human_bytes(b.len))).collect();
     let _ = writeln!(o, "embedded    {}", if blobs.is_empty() { "nothing".into() } else { blobs.join(", ") });
     let samp = &s["sampling"];
