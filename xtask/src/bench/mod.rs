@@ -14,6 +14,7 @@ pub mod serve;
 pub mod threads;
 pub mod timeline;
 pub mod verify;
+mod vision;
 
 use std::time::Instant;
 
@@ -211,6 +212,22 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// K3's vision tower on an 896 x 896 image at the release's shape (random weights): seconds
+    /// per thread count, the FLOP rate, and the 8-core projection.
+    Vision {
+        /// Blocks timed (of 27; each costs the same, the rest is scaled).
+        #[arg(long, default_value_t = 3, value_parser = |s: &str| bounded(s, 1, 27))]
+        blocks: usize,
+        /// Thread counts 1..=N.
+        #[arg(long, default_value_t = 2, value_parser = |s: &str| bounded(s, 1, 1024))]
+        threads: usize,
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 3, value_parser = reps)]
+        reps: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every k3-quant kernel on K3's expert shapes, hot and cold, next to memory bandwidth; with
     /// --threads, trunk and expert matvecs split over 1..N threads against the bandwidth.
     Kernels {
@@ -311,6 +328,7 @@ pub fn run(what: Bench) -> Result<()> {
             };
             (encode::run(reps, &opts, calibrated, json)?, json)
         }
+        Bench::Vision { blocks, threads, reps, json } => (vision::run(blocks, threads, reps, json)?, json),
         Bench::Kernels { reps, threads: Some(n), json, .. } => (threads::run(n, reps, json), json),
         Bench::Kernels { reps, threads: None, rows, json } => (kernels::run(reps, &rows, json), json),
     };
