@@ -110,9 +110,13 @@ fn vision(model: &Model) -> Value {
     let Some(v) = cfg.vision else { return Value::Null };
     let t = &v.tower;
     let (mut tensors, mut bytes) = (0, 0);
-    for e in model.manifest().trunk.tensors.iter().filter(|e| {
-        e.tensor.name.starts_with("vision_tower.") || e.tensor.name.starts_with("mm_projector.")
-    }) {
+    for e in model
+        .manifest()
+        .trunk
+        .tensors
+        .iter()
+        .filter(|e| e.tensor.name.starts_with("vision_tower.") || e.tensor.name.starts_with("mm_projector."))
+    {
         tensors += 1;
         bytes += e.len;
     }
@@ -223,7 +227,11 @@ pub fn table(model: &Model) -> String {
         let _ = writeln!(
             o,
             "images      at most {} patches ({} a side), an image takes (h/{})(w/{})/4 positions  (from {})",
-            p["in_patch_limit"], p["patch_limit_on_one_side"], v["patch"], v["patch"], p["from"].as_str().unwrap_or("?")
+            p["in_patch_limit"],
+            p["patch_limit_on_one_side"],
+            v["patch"],
+            v["patch"],
+            p["from"].as_str().unwrap_or("?")
         );
     }
     let blobs: Vec<String> = m.blobs.iter().map(|b| format!("{} ({})", b.name, human_bytes(b.len))).collect();

@@ -308,6 +308,7 @@ async fn markup_in_content_stays_text() {
         layers: 4,
         hidden: 256,
         eos: vec![],
+        sees: false,
         max_token_bytes: 16,
         sampling: k3_engine::generation_config::fallback(true),
         about: Default::default(),

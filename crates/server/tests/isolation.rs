@@ -28,7 +28,17 @@ fn routed(engine: &Engine<'_>, id: u32, layer: u32) -> Vec<u32> {
 fn job(prompt: u32) -> (Job, tmpsc::UnboundedReceiver<Event>) {
     let (tx, rx) = tmpsc::unbounded_channel();
     let params = GenerateParams { max_tokens: 1, logprobs: Some(0), ..GenerateParams::default() };
-    (Job { prompt: vec![prompt], params, events: tx, scope: Scope::default(), checkpoints: Vec::new() }, rx)
+    (
+        Job {
+            prompt: vec![prompt],
+            params,
+            events: tx,
+            scope: Scope::default(),
+            checkpoints: Vec::new(),
+            images: Vec::new(),
+        },
+        rx,
+    )
 }
 
 fn events(mut rx: tmpsc::UnboundedReceiver<Event>) -> Vec<Event> {

@@ -76,15 +76,14 @@ pub fn run(blocks: usize, threads: usize, reps: usize, json_out: bool) -> anyhow
             })
             .collect(),
         patch: weights(d * 588, 0.04, &mut rng),
-        proj: [weights(full.merged_width().pow(2), 0.016, &mut rng), weights(7168 * full.merged_width(), 0.016, &mut rng)],
+        proj: [
+            weights(full.merged_width().pow(2), 0.016, &mut rng),
+            weights(7168 * full.merged_width(), 0.016, &mut rng),
+        ],
     };
     let p = ProcessorConfig::default_for(&full)?;
     let layout = Layout::of(896, 896, &p)?;
-    let patches = Patches {
-        layout,
-        patch: 14,
-        values: (0..layout.patches() * 588).map(|_| rng.gaussian()).collect(),
-    };
+    let patches = Patches { layout, patch: 14, values: (0..layout.patches() * 588).map(|_| rng.gaussian()).collect() };
     let mut rows = Vec::new();
     for t in 1..=threads {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
@@ -92,7 +91,8 @@ pub fn run(blocks: usize, threads: usize, reps: usize, json_out: bool) -> anyhow
         // part (patch embedding, final norm, merge, projector).
         let time = |nb: usize| -> anyhow::Result<f64> {
             let cfg = VisionConfig { vt_num_hidden_layers: nb, ..full.clone() };
-            let sub = Owned { blocks: owned.blocks[..nb].to_vec(), patch: owned.patch.clone(), proj: owned.proj.clone() };
+            let sub =
+                Owned { blocks: owned.blocks[..nb].to_vec(), patch: owned.patch.clone(), proj: owned.proj.clone() };
             let tw = tower(&cfg, &sub)?;
             let mut s = Vec::new();
             for _ in 0..reps {
@@ -111,7 +111,8 @@ pub fn run(blocks: usize, threads: usize, reps: usize, json_out: bool) -> anyhow
             "fixed_s": fixed, "tower_27_s": whole}));
     }
     let one_thread = rows[0]["tower_27_s"].as_f64().unwrap_or(0.0);
-    let best_core = rows.iter().filter_map(|r| Some(r["tower_27_s"].as_f64()? * r["threads"].as_f64()?)).fold(f64::MAX, f64::min);
+    let best_core =
+        rows.iter().filter_map(|r| Some(r["tower_27_s"].as_f64()? * r["threads"].as_f64()?)).fold(f64::MAX, f64::min);
     // Patches n = 4096: per block 2 n (3qd + dq + 2md) + attention 4 n^2 q FLOPs.
     let n = layout.patches() as f64;
     let (df, qf, mf) = (d as f64, q as f64, m as f64);
@@ -123,12 +124,20 @@ pub fn run(blocks: usize, threads: usize, reps: usize, json_out: bool) -> anyhow
         "projected_8_cores_s": best_core / 8.0, "one_thread_s": one_thread,
     });
     if !json_out {
-        println!("K3 vision tower, 896 x 896 ({} patches -> {} positions), {blocks} of 27 blocks timed, median of {reps}", layout.patches(), layout.positions);
+        println!(
+            "K3 vision tower, 896 x 896 ({} patches -> {} positions), {blocks} of 27 blocks timed, median of {reps}",
+            layout.patches(),
+            layout.positions
+        );
         for r in &rows {
             println!(
                 "  {} thread(s): 1 block {:.2} s, {blocks} blocks {:.2} s -> per block {:.2} s, fixed {:.2} s, whole tower {:.1} s",
-                r["threads"], r["one_block_s"].as_f64().unwrap_or(0.0), r["blocks_s"].as_f64().unwrap_or(0.0),
-                r["per_block_s"].as_f64().unwrap_or(0.0), r["fixed_s"].as_f64().unwrap_or(0.0), r["tower_27_s"].as_f64().unwrap_or(0.0)
+                r["threads"],
+                r["one_block_s"].as_f64().unwrap_or(0.0),
+                r["blocks_s"].as_f64().unwrap_or(0.0),
+                r["per_block_s"].as_f64().unwrap_or(0.0),
+                r["fixed_s"].as_f64().unwrap_or(0.0),
+                r["tower_27_s"].as_f64().unwrap_or(0.0)
             );
         }
         println!(
