@@ -136,3 +136,23 @@ async fn bad_images_are_a_400_naming_the_part() {
         assert_eq!(v["error"]["param"], "messages[0].content[1].image_url.url");
     }
 }
+
+#[tokio::test]
+async fn ollama_images_are_read_and_a_text_model_refuses_them() {
+    let router = server(ServerOptions::new(model())).await;
+    let (_, show) = json_call(&router, post("/api/show", &json!({"model": "m"}))).await;
+    assert!(show["capabilities"].as_array().unwrap().contains(&json!("vision")), "{show}");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(picture());
+    let body = json!({"model": "m", "stream": false, "options": {"num_predict": 2},
+        "messages": [{"role": "user", "content": "What is in this picture?", "images": [b64]}]});
+    let (status, v) = json_call(&router, post("/api/chat", &body)).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["prompt_eval_count"].as_u64().unwrap() > 20 + 8, "{v}");
+    let text =
+        server(ServerOptions::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/default.waste"))).await;
+    let mut body = body;
+    body["model"] = json!("default");
+    let (status, v) = json_call(&text, post("/api/chat", &body)).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("reads no images"), "{v}");
+}

@@ -177,6 +177,10 @@ pub async fn show(State(s): State<AppState>, req: Request) -> Response {
             if info.about.thinking {
                 capabilities.push("thinking");
             }
+            // Ollama's word for a model that takes images (Open WebUI offers uploads then).
+            if info.sees {
+                capabilities.push("vision");
+            }
             Ok(Json(json!({
                 "license": "", "modelfile": "", "parameters": parameters,
                 "template": info.about.template.clone().unwrap_or_default(),

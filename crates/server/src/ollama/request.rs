@@ -131,12 +131,10 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
     let m = m.as_object().ok_or_else(|| ApiError::bad(&field, "a message is an object"))?;
     check_fields(m, &["role", "content", "thinking", "images", "tool_calls", "tool_name"])
         .map_err(|e| ApiError::bad(&format!("{field}.{}", e.param.unwrap_or_default()), e.message))?;
-    if m.get("images").is_some_and(|i| i.as_array().is_none_or(|a| !a.is_empty())) {
-        return Err(ApiError::bad(&format!("{field}.images"), "this model reads text: images are not supported"));
-    }
     let mut out = Map::new();
     out.insert("role".into(), m.get("role").cloned().unwrap_or(Value::Null));
-    out.insert("content".into(), m.get("content").cloned().unwrap_or(json!("")));
+    let content = m.get("content").cloned().unwrap_or(json!(""));
+    out.insert("content".into(), with_images(m.get("images"), content, &format!("{field}.images"))?);
     if let Some(t) = m.get("thinking").filter(|t| !t.is_null()) {
         out.insert("reasoning_content".into(), t.clone());
     }
@@ -193,9 +191,6 @@ pub fn generate(body: &Value, context: u64) -> Result<Generate, ApiError> {
         body,
         &["model", "prompt", "system", "raw", "stream", "format", "options", "keep_alive", "think", "images", "suffix"],
     )?;
-    if body.get("images").is_some_and(|i| i.as_array().is_none_or(|a| !a.is_empty())) {
-        return Err(ApiError::bad("images", "this model reads text: images are not supported"));
-    }
     if body.get("suffix").is_some_and(|s| s.as_str() != Some("")) {
         return Err(ApiError::bad("suffix", "fill-in-the-middle (suffix) is not supported"));
     }
@@ -212,6 +207,9 @@ pub fn generate(body: &Value, context: u64) -> Result<Generate, ApiError> {
         if system.is_some() {
             return Err(ApiError::bad("system", "a raw prompt is sent as it is: put the system text in it"));
         }
+        if body.get("images").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+            return Err(ApiError::bad("images", "images go in a chat prompt: send them without raw"));
+        }
         out.remove("reasoning_effort");
         out.insert("prompt".into(), json!(prompt));
         return Ok(Generate::Raw(Value::Object(out)));
@@ -220,9 +218,31 @@ pub fn generate(body: &Value, context: u64) -> Result<Generate, ApiError> {
     if let Some(s) = system {
         messages.push(json!({"role": "system", "content": s}));
     }
-    messages.push(json!({"role": "user", "content": prompt}));
+    messages.push(json!({"role": "user", "content": with_images(body.get("images"), json!(prompt), "images")?}));
     out.insert("messages".into(), json!(messages));
     Ok(Generate::Chat(Value::Object(out)))
+}
+
+/// Ollama's `images` (base64, no data URL) as OpenAI content parts before the text: `image_url`
+/// parts the chat request reads like any other (a model without eyes refuses them there).
+fn with_images(images: Option<&Value>, content: Value, field: &str) -> Result<Value, ApiError> {
+    let images = match images {
+        None | Some(Value::Null) => return Ok(content),
+        Some(Value::Array(a)) if a.is_empty() => return Ok(content),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(ApiError::bad(field, "images is a list of base64 strings")),
+    };
+    let mut parts = Vec::with_capacity(images.len() + 1);
+    for (j, img) in images.iter().enumerate() {
+        let b64 = img.as_str().ok_or_else(|| ApiError::bad(&format!("{field}[{j}]"), "an image is a base64 string"))?;
+        parts.push(json!({"type": "image_url", "image_url": {"url": format!("data:image/*;base64,{b64}")}}));
+    }
+    match content {
+        Value::String(t) if !t.is_empty() => parts.push(json!({"type": "text", "text": t})),
+        Value::String(_) | Value::Null => {}
+        other => return Err(ApiError::bad(field, format!("{other}: content is text"))),
+    }
+    Ok(json!(parts))
 }
 
 /// An error about an OpenAI field, renamed to the Ollama field the client sent.
@@ -265,7 +285,11 @@ mod tests {
             assert_eq!(chat(&body, 4096).unwrap_err().param.as_deref(), Some(field));
         }
         let body = json!({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]});
-        assert_eq!(chat(&body, 4096).unwrap_err().param.as_deref(), Some("messages[0].images"));
+        let parts = &chat(&body, 4096).unwrap()["messages"][0]["content"];
+        assert_eq!(parts[0]["image_url"]["url"], "data:image/*;base64,aGk=");
+        assert_eq!(parts[1], json!({"type": "text", "text": "x"}));
+        let body = json!({"messages": [{"role": "user", "content": "x", "images": [7]}]});
+        assert_eq!(chat(&body, 4096).unwrap_err().param.as_deref(), Some("messages[0].images[0]"));
         assert_eq!(chat(&json!({"messages": [], "bogus": 1}), 4096).unwrap_err().param.as_deref(), Some("bogus"));
     }
 
