@@ -64,6 +64,29 @@ fn an_image_prompt_matches_the_references() {
     assert!(rel_l2(&plain, &f32s("logits.f32")) > 1e-2);
 }
 
+/// What the CLI and server run: the trunk's batches, and so the tower's products, on bf16
+/// activations (8 significant bits, a relative rounding of at most 2^-9 = 2e-3 per value): the
+/// rows stay within 1e-2 of the f32 reference, and the logits with them.
+#[test]
+fn bf16_activations_stay_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = converted(dir.path());
+    let opts = k3_engine::EngineOptions {
+        activations: k3_engine::ActivationPrecision::Bf16Trunk,
+        ..k3_engine::EngineOptions::default()
+    };
+    let engine = Engine::load_with(&model, opts).unwrap();
+    let pic = decode(&std::fs::read(golden().join("golden/picture.png")).unwrap(), &DecodeLimits::default()).unwrap();
+    let rows = engine.image_rows(&pic).unwrap();
+    let e = rel_l2(&rows, &f32s("embeds.f32"));
+    eprintln!("bf16 activations: image rows relative L2 {e:.3e}");
+    assert!(e < 1e-2, "{e}");
+    // Not the f32 tower's bits where the CPU has bf16 products (elsewhere they stay exact).
+    if k3_quant::bf16dot::available_at(k3_quant::cpu::level()) {
+        assert!(e > 1e-5, "{e}");
+    }
+}
+
 #[test]
 fn misplaced_image_rows_are_refused() {
     let dir = tempfile::tempdir().unwrap();

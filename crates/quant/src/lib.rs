@@ -13,6 +13,7 @@ pub mod bf16dot;
 pub mod cpu;
 pub mod dense;
 pub mod encode;
+pub mod expf;
 pub mod fp8;
 pub mod gemm;
 pub mod int2;

@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use half::bf16;
-use k3_quant::Matrix;
+use k3_quant::{Activations, Matrix};
 use k3_quant::rng::XorShift;
 use k3_vision::tower::{BlockWeights, TowerWeights};
 use k3_vision::{Layout, Patches, ProcessorConfig, Tower, VisionConfig};
@@ -24,9 +24,9 @@ struct Owned {
     proj: [Vec<bf16>; 2],
 }
 
-fn tower<'a>(cfg: &VisionConfig, w: &'a Owned) -> anyhow::Result<Tower<'a>> {
+fn tower<'a>(cfg: &VisionConfig, w: &'a Owned, act: Activations) -> anyhow::Result<Tower<'a>> {
     let (d, q, m) = (cfg.vt_hidden_size, cfg.qkv_hidden_size, cfg.vt_intermediate_size);
-    let mat = |v: &'a [bf16], r: usize, c: usize| Matrix::bf16(v, r, c);
+    let mat = |v: &'a [bf16], r: usize, c: usize| Matrix::bf16(v, r, c).map(|m| m.with_activations(act));
     let blocks = w
         .blocks
         .iter()
@@ -85,7 +85,8 @@ pub fn run(blocks: usize, threads: usize, reps: usize, json_out: bool) -> anyhow
     let layout = Layout::of(896, 896, &p)?;
     let patches = Patches { layout, patch: 14, values: (0..layout.patches() * 588).map(|_| rng.gaussian()).collect() };
     let mut rows = Vec::new();
-    for t in 1..=threads {
+    // Exact (f32) and bf16 activations (what the CLI and server run), side by side per count.
+    for (t, act) in (1..=threads).flat_map(|t| [(t, Activations::Exact), (t, Activations::Bf16)]) {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
         // 1 block and `blocks` blocks: the difference is the per-block cost, the rest the fixed
         // part (patch embedding, final norm, merge, projector).
@@ -93,7 +94,7 @@ pub fn run(blocks: usize, threads: usize, reps: usize, json_out: bool) -> anyhow
             let cfg = VisionConfig { vt_num_hidden_layers: nb, ..full.clone() };
             let sub =
                 Owned { blocks: owned.blocks[..nb].to_vec(), patch: owned.patch.clone(), proj: owned.proj.clone() };
-            let tw = tower(&cfg, &sub)?;
+            let tw = tower(&cfg, &sub, act)?;
             let mut s = Vec::new();
             for _ in 0..reps {
                 let t0 = Instant::now();
@@ -107,21 +108,52 @@ pub fn run(blocks: usize, threads: usize, reps: usize, json_out: bool) -> anyhow
         let per_block = if blocks > 1 { (many - one) / (blocks - 1) as f64 } else { one };
         let fixed = (one - per_block).max(0.0);
         let whole = fixed + per_block * full.vt_num_hidden_layers as f64;
-        rows.push(json!({"threads": t, "one_block_s": one, "blocks_s": many, "per_block_s": per_block,
+        rows.push(json!({"threads": t, "activations": format!("{act:?}"), "one_block_s": one, "blocks_s": many, "per_block_s": per_block,
             "fixed_s": fixed, "tower_27_s": whole}));
     }
+    // One block's parts on one thread: the four products, and attention over the image.
+    let split = {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
+        let n = layout.patches();
+        let x: Vec<f32> = (0..n * d).map(|_| rng.gaussian()).collect();
+        let [qkv, o, f0, f1] = &owned.blocks[0];
+        let mats = [(qkv, 3 * q, d), (o, d, q), (f0, m, d), (f1, d, m)];
+        let mut products = Vec::new();
+        let mut attention = Vec::new();
+        for _ in 0..reps {
+            let t0 = Instant::now();
+            for (w, r, c) in mats {
+                let mm = Matrix::bf16(w, r, c)?;
+                let xs = if c == d { x.clone() } else { vec![0.1f32; n * c] };
+                let mut ys = vec![0f32; n * r];
+                pool.install(|| k3_quant::par::matmul(&mm, &xs, &mut ys));
+            }
+            products.push(t0.elapsed().as_secs_f64());
+            let qkv_act: Vec<f32> = (0..n * 3 * q).map(|_| rng.gaussian() * 0.1).collect();
+            let t1 = Instant::now();
+            pool.install(|| k3_vision::tower::attention::attend(&qkv_act, n, full.vt_num_attention_heads, full.head_dim()));
+            attention.push(t1.elapsed().as_secs_f64());
+        }
+        json!({"products_s": median(products), "attention_s": median(attention)})
+    };
     let one_thread = rows[0]["tower_27_s"].as_f64().unwrap_or(0.0);
-    let best_core =
-        rows.iter().filter_map(|r| Some(r["tower_27_s"].as_f64()? * r["threads"].as_f64()?)).fold(f64::MAX, f64::min);
+    let core_s = |a: &str| {
+        rows.iter()
+            .filter(|r| r["activations"] == a)
+            .filter_map(|r| Some(r["tower_27_s"].as_f64()? * r["threads"].as_f64()?))
+            .fold(f64::MAX, f64::min)
+    };
+    let (best_core, best_bf16) = (core_s("Exact"), core_s("Bf16"));
     // Patches n = 4096: per block 2 n (3qd + dq + 2md) + attention 4 n^2 q FLOPs.
     let n = layout.patches() as f64;
     let (df, qf, mf) = (d as f64, q as f64, m as f64);
     let flops = full.vt_num_hidden_layers as f64 * (2.0 * n * (4.0 * qf * df + 2.0 * mf * df) + 4.0 * n * n * qf);
     let report = json!({
         "image": "896 x 896", "patches": layout.patches(), "positions": layout.positions,
-        "blocks_timed": blocks, "reps": reps, "rows": rows,
+        "blocks_timed": blocks, "reps": reps, "rows": rows, "one_block_one_thread": split,
         "tower_flops": flops, "gflops_per_core": flops / best_core / 1e9,
-        "projected_8_cores_s": best_core / 8.0, "one_thread_s": one_thread,
+        "projected_8_cores_s": best_core / 8.0, "projected_8_cores_bf16_s": best_bf16 / 8.0,
+        "one_thread_s": one_thread,
     });
     if !json_out {
         println!(
@@ -131,8 +163,9 @@ pub fn run(blocks: usize, threads: usize, reps: usize, json_out: bool) -> anyhow
         );
         for r in &rows {
             println!(
-                "  {} thread(s): 1 block {:.2} s, {blocks} blocks {:.2} s -> per block {:.2} s, fixed {:.2} s, whole tower {:.1} s",
+                "  {} thread(s), {:<5}: 1 block {:.2} s, {blocks} blocks {:.2} s -> per block {:.2} s, fixed {:.2} s, whole tower {:.1} s",
                 r["threads"],
+                r["activations"].as_str().unwrap_or(""),
                 r["one_block_s"].as_f64().unwrap_or(0.0),
                 r["blocks_s"].as_f64().unwrap_or(0.0),
                 r["per_block_s"].as_f64().unwrap_or(0.0),
@@ -141,10 +174,19 @@ pub fn run(blocks: usize, threads: usize, reps: usize, json_out: bool) -> anyhow
             );
         }
         println!(
-            "  {:.2} TFLOP a tower: {:.1} GFLOP/s per core at best; 8 cores at that rate: {:.1} s",
+            "  one block on one thread: products {:.2} s ({:.0} GFLOP/s), attention {:.2} s ({:.0} GFLOP/s)",
+            split["products_s"].as_f64().unwrap_or(0.0),
+            2.0 * n * (4.0 * qf * df + 2.0 * mf * df) / split["products_s"].as_f64().unwrap_or(1.0) / 1e9,
+            split["attention_s"].as_f64().unwrap_or(0.0),
+            4.0 * n * n * qf / split["attention_s"].as_f64().unwrap_or(1.0) / 1e9
+        );
+        println!(
+            "  {:.2} TFLOP a tower: {:.1} GFLOP/s per core at best (bf16 {:.1}); 8 cores at those rates: {:.1} s (bf16 {:.1} s)",
             flops / 1e12,
             flops / best_core / 1e9,
-            best_core / 8.0
+            flops / best_bf16 / 1e9,
+            best_core / 8.0,
+            best_bf16 / 8.0
         );
     }
     Ok(report)

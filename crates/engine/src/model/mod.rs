@@ -180,7 +180,7 @@ impl<'m> Engine<'m> {
         };
         let lookahead_margin = (cfg.experts_per_token as usize).div_ceil(2);
         let compute = Compute::new(opts.threads)?;
-        let eyes = vision::load(model, &cfg)?;
+        let eyes = vision::load(model, &cfg, opts.activations.trunk())?;
         Ok(Engine {
             eyes,
             compute,

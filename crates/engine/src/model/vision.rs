@@ -51,7 +51,13 @@ fn conv_matrix<'m>(model: &'m Model, name: &str) -> Result<Matrix<'m>, EngineErr
 }
 
 /// The tower, if the config has one and the model was converted with it.
-pub(super) fn load<'m>(model: &'m Model, cfg: &ModelConfig) -> Result<Option<Eyes<'m>>, EngineError> {
+/// The tower's products take the trunk's activation precision (`act`): f32 when exact, bf16
+/// under `Bf16Trunk` (what the CLI and server run; the reference serves its tower in bf16 too).
+pub(super) fn load<'m>(
+    model: &'m Model,
+    cfg: &ModelConfig,
+    act: k3_quant::Activations,
+) -> Result<Option<Eyes<'m>>, EngineError> {
     let Some(v) = &cfg.vision else { return Ok(None) };
     let list = tensors(&v.tower);
     if model.tensor(&list[list.len() - 1].0).is_err() {
@@ -60,6 +66,7 @@ pub(super) fn load<'m>(model: &'m Model, cfg: &ModelConfig) -> Result<Option<Eye
     let len =
         |name: &str| list.iter().find(|(n, ..)| n == name).map_or(0, |(_, s, _)| s.iter().product::<u64>() as usize);
     let vals = |name: &str| vector_of(model, name, len(name));
+    let matrix = |model: &'m Model, name: &str| matrix(model, name).map(|m| m.with_activations(act));
     let c = &v.tower;
     let blocks = (0..c.vt_num_hidden_layers)
         .map(|i| {
@@ -75,7 +82,7 @@ pub(super) fn load<'m>(model: &'m Model, cfg: &ModelConfig) -> Result<Option<Eye
         })
         .collect::<Result<Vec<_>, EngineError>>()?;
     let w = TowerWeights {
-        patch_embed: conv_matrix(model, "vision_tower.patch_embed.proj.weight")?,
+        patch_embed: conv_matrix(model, "vision_tower.patch_embed.proj.weight")?.with_activations(act),
         pos_emb: vals("vision_tower.patch_embed.pos_emb.weight")?,
         blocks,
         final_norm: vals("vision_tower.encoder.final_layernorm.weight")?,

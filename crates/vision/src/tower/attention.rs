@@ -47,11 +47,9 @@ pub fn attend(qkv: &[f32], n: usize, heads: usize, hd: usize) -> Vec<f32> {
 
 fn softmax(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
-    for v in row.iter_mut() {
-        *v = (*v - max).exp();
-        sum += f64::from(*v);
-    }
+    // The vectorized exp (k3_quant::expf): the library's scalar one cost more than the products.
+    k3_quant::expf::exp_shifted(row, max);
+    let sum: f64 = row.iter().map(|v| f64::from(*v)).sum();
     let inv = (1.0 / sum) as f32;
     row.iter_mut().for_each(|v| *v *= inv);
 }

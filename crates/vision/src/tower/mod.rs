@@ -4,7 +4,7 @@
 //! GELU-tanh MLP), a final RMSNorm, each 2 x 2 group of patches side by side, and the projector
 //! (linear, exact GELU, linear, RMSNorm) into the language model's width.
 
-mod attention;
+pub mod attention;
 mod names;
 mod pos;
 
