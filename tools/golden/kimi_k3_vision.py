@@ -152,6 +152,18 @@ def make_image(path):
     Image.fromarray(img, "RGB").save(path)
 
 
+def other_encodings(g):
+    """The picture as JPEG (quality 90) and lossless WebP, with Pillow's decodes of them (RGB u8):
+    the decoders' reference (libjpeg-turbo's IDCT differs from other decoders' by a level or two;
+    lossless WebP decodes exactly everywhere)."""
+    src = Image.open(os.path.join(g, "picture.png")).convert("RGB")
+    src.save(os.path.join(g, "picture.jpg"), quality=90)
+    src.save(os.path.join(g, "picture.webp"), lossless=True)
+    for name in ("picture.jpg", "picture.webp"):
+        a = np.asarray(Image.open(os.path.join(g, name)).convert("RGB"))
+        a.astype(np.uint8).tofile(os.path.join(g, name.replace(".", "-") + ".rgb"))
+
+
 def preprocess(path, navit, patchify):
     cfg = PROCESSOR["media_proc_cfg"]
     image = Image.open(path).convert("RGB")
@@ -290,6 +302,7 @@ def main():
 
     image_path = os.path.join(args.out, "golden", "picture.png")
     make_image(image_path)
+    other_encodings(os.path.join(args.out, "golden"))
     rc, resized, pixels, grid = preprocess(image_path, navit, patchify)
     with torch.no_grad():
         merged = tower(pixels, torch.tensor([grid]))

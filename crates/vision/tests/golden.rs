@@ -118,3 +118,20 @@ fn the_tower_and_projector_match_sglang() {
     eprintln!("tower rel-L2 {:e}, embeddings rel-L2 {err:e}", rel_l2(&merged, &f32s("tower.f32")));
     assert!(err < 1e-4, "projected rows rel-L2 {err:e}");
 }
+
+/// JPEG and lossless WebP decode as Pillow decodes them: WebP exactly; JPEG within the IDCT's
+/// and chroma upsampling (libjpeg-turbo against the `image` crate: measured 4 levels at most,
+/// 0.39 on average; bounded at twice that, as the decoders' SIMD paths differ by CPU).
+#[test]
+fn jpeg_and_webp_decode_as_pillow_does() {
+    for (file, max_diff, max_mean) in [("picture.webp", 0u8, 0.0f64), ("picture.jpg", 8, 1.0)] {
+        let pic = decode(&std::fs::read(dir().join("golden").join(file)).unwrap(), &DecodeLimits::default()).unwrap();
+        let want = std::fs::read(dir().join("golden").join(file.replace('.', "-") + ".rgb")).unwrap();
+        assert_eq!((pic.width, pic.height, pic.rgb.len()), (200, 150, want.len()), "{file}");
+        let diffs: Vec<u8> = pic.rgb.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).collect();
+        let max = diffs.iter().copied().max().unwrap_or(0);
+        let mean = diffs.iter().map(|&d| f64::from(d)).sum::<f64>() / diffs.len() as f64;
+        eprintln!("{file}: largest difference from Pillow {max}, mean {mean:.3}");
+        assert!(max <= max_diff && mean <= max_mean, "{file}: max {max}, mean {mean}");
+    }
+}

@@ -8,8 +8,8 @@
 use std::time::Instant;
 
 use half::bf16;
-use k3_quant::{Activations, Matrix};
 use k3_quant::rng::XorShift;
+use k3_quant::{Activations, Matrix};
 use k3_vision::tower::{BlockWeights, TowerWeights};
 use k3_vision::{Layout, Patches, ProcessorConfig, Tower, VisionConfig};
 use serde_json::{Value, json};
@@ -131,7 +131,9 @@ pub fn run(blocks: usize, threads: usize, reps: usize, json_out: bool) -> anyhow
             products.push(t0.elapsed().as_secs_f64());
             let qkv_act: Vec<f32> = (0..n * 3 * q).map(|_| rng.gaussian() * 0.1).collect();
             let t1 = Instant::now();
-            pool.install(|| k3_vision::tower::attention::attend(&qkv_act, n, full.vt_num_attention_heads, full.head_dim()));
+            pool.install(|| {
+                k3_vision::tower::attention::attend(&qkv_act, n, full.vt_num_attention_heads, full.head_dim())
+            });
             attention.push(t1.elapsed().as_secs_f64());
         }
         json!({"products_s": median(products), "attention_s": median(attention)})
