@@ -153,6 +153,13 @@ pub struct ProcessorConfig {
     pub merge_kernel_size: usize,
     pub image_mean: [f32; 3],
     pub image_std: [f32; 3],
+    /// The background a transparent image is composited over (`pattern`: white, black, gray,
+    /// chessboard), if the processor names one: k3 refuses transparent images then rather than
+    /// composite differently.
+    pub transparent_bg_config: Option<serde_json::Value>,
+    /// A fixed number of positions per image, if the processor names one (not implemented:
+    /// refused when set).
+    pub fixed_output_tokens: Option<serde_json::Value>,
 }
 
 impl Default for ProcessorConfig {
@@ -164,6 +171,8 @@ impl Default for ProcessorConfig {
             merge_kernel_size: 2,
             image_mean: [0.5; 3],
             image_std: [0.5; 3],
+            transparent_bg_config: None,
+            fixed_output_tokens: None,
         }
     }
 }
@@ -207,10 +216,51 @@ impl ProcessorConfig {
                 "in_patch_limit and patch_limit_on_one_side must be 1 or more (at most 4096 a side)".into(),
             ));
         }
+        if self.fixed_output_tokens.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(refuse(
+                PROCESSOR,
+                "fixed_output_tokens is not implemented (k3 sizes images by the patch limits)".into(),
+            ));
+        }
         if self.image_std.iter().any(|s| !(s.is_finite() && *s > 0.0)) || self.image_mean.iter().any(|m| !m.is_finite())
         {
             return Err(refuse(PROCESSOR, "image_std must be positive and image_mean finite".into()));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn processor_settings_k3_cannot_honour_are_refused_or_named() {
+        let tower = VisionConfig::default();
+        let ok = br#"{"media_proc_cfg": {"in_patch_limit": 16384, "patch_limit_on_one_side": 512}}"#;
+        let p = ProcessorConfig::parse(ok, &tower).unwrap();
+        assert_eq!((p.in_patch_limit, p.image_mean), (16384, [0.5; 3]));
+        let fixed = br#"{"media_proc_cfg": {"fixed_output_tokens": 256}}"#;
+        assert!(ProcessorConfig::parse(fixed, &tower).unwrap_err().to_string().contains("fixed_output_tokens"));
+        let mismatch = br#"{"media_proc_cfg": {"patch_size": 16}}"#;
+        assert!(ProcessorConfig::parse(mismatch, &tower).unwrap_err().to_string().contains("patch_size 16"));
+        assert!(ProcessorConfig::parse(b"{}", &tower).unwrap_err().to_string().contains("media_proc_cfg"));
+        let bad_std = br#"{"media_proc_cfg": {"image_std": [0.5, 0, 0.5]}}"#;
+        assert!(ProcessorConfig::parse(bad_std, &tower).is_err());
+    }
+
+    #[test]
+    fn a_transparent_image_is_refused_where_the_processor_composites() {
+        let tower = VisionConfig { patch_size: 14, ..VisionConfig::default() };
+        let bg = br#"{"media_proc_cfg": {"transparent_bg_config": {"pattern": "chessboard"}}}"#;
+        let p = ProcessorConfig::parse(bg, &tower).unwrap();
+        let mut pic = crate::Picture { width: 28, height: 28, rgb: vec![9; 28 * 28 * 3], had_alpha: true };
+        let e = crate::patch_image(&pic, &p).unwrap_err().to_string();
+        assert!(e.contains("transparent"), "{e}");
+        pic.had_alpha = false;
+        assert!(crate::patch_image(&pic, &p).is_ok());
+        // Without a background the alpha is dropped, as the reference drops it.
+        pic.had_alpha = true;
+        assert!(crate::patch_image(&pic, &ProcessorConfig::default_for(&tower).unwrap()).is_ok());
     }
 }

@@ -47,6 +47,9 @@ pub struct Picture {
     pub width: u32,
     pub height: u32,
     pub rgb: Vec<u8>,
+    /// The file had an alpha channel (dropped here, as the reference drops it when its processor
+    /// names no background to composite over).
+    pub had_alpha: bool,
 }
 
 fn bad(reason: impl Into<String>) -> VisionError {
@@ -91,7 +94,8 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Picture, VisionErro
     reader.limits(l);
     let decoder = reader.into_decoder().map_err(|e| bad(format!("{name} header: {e}")))?;
     let img = image::DynamicImage::from_decoder(decoder).map_err(|e| bad(format!("{name} data: {e}")))?;
-    Ok(Picture { width, height, rgb: img.into_rgb8().into_raw() })
+    let had_alpha = img.color().has_alpha();
+    Ok(Picture { width, height, rgb: img.into_rgb8().into_raw(), had_alpha })
 }
 
 fn check_size(width: u32, height: u32, limits: &DecodeLimits) -> Result<(), VisionError> {

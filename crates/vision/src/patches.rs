@@ -70,6 +70,13 @@ pub struct Patches {
 /// Resizes `pic` as the processor does and cuts it into normalized patches; the padding is
 /// black before normalization (`-mean / std` after), as the reference pads.
 pub fn patches(pic: &Picture, p: &ProcessorConfig) -> Result<Patches, VisionError> {
+    if pic.had_alpha && p.transparent_bg_config.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(VisionError::Image(
+            "the image is transparent, and this model's processor composites transparent images over a background \
+             (transparent_bg_config) that k3 does not reproduce: flatten the image (e.g. save it as JPEG) first"
+                .into(),
+        ));
+    }
     let layout = Layout::of(pic.width, pic.height, p)?;
     let resized = bicubic_resize(pic, layout.new_width, layout.new_height);
     Ok(cut(&resized, layout, p))

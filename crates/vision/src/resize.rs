@@ -97,7 +97,7 @@ pub fn bicubic_resize(pic: &Picture, width: u32, height: u32) -> Picture {
         (ih, iw, pic.rgb.clone())
     };
     if ih == oh {
-        return Picture { width: ow as u32, height: rows as u32, rgb: tmp };
+        return Picture { width: ow as u32, height: rows as u32, rgb: tmp, had_alpha: pic.had_alpha };
     }
     // The horizontal pass kept only rows y0..y1; without it every row is there.
     let shift = if iw != ow { y0 } else { 0 };
@@ -109,7 +109,7 @@ pub fn bicubic_resize(pic: &Picture, width: u32, height: u32) -> Picture {
             *v = tap(&tmp, start * stride + i, stride, &vert.weights[y]);
         }
     }
-    Picture { width: ow as u32, height: oh as u32, rgb: out }
+    Picture { width: ow as u32, height: oh as u32, rgb: out, had_alpha: pic.had_alpha }
 }
 
 #[cfg(test)]
@@ -129,7 +129,7 @@ mod tests {
 
     #[test]
     fn a_flat_picture_stays_flat() {
-        let pic = Picture { width: 37, height: 23, rgb: [10u8, 200, 77].repeat(37 * 23) };
+        let pic = Picture { width: 37, height: 23, rgb: [10u8, 200, 77].repeat(37 * 23), had_alpha: false };
         let out = bicubic_resize(&pic, 11, 30);
         assert_eq!((out.width, out.height), (11, 30));
         assert!(out.rgb.chunks_exact(3).all(|p| p == [10, 200, 77]));

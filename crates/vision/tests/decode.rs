@@ -73,3 +73,33 @@ fn truncated_empty_unknown_and_gif_are_refused() {
     let big = DecodeLimits { max_bytes: 10, ..DecodeLimits::default() };
     assert!(decode(&whole, &big).unwrap_err().to_string().contains("bytes is larger than the limit"));
 }
+
+fn riff_chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
+    let mut out = kind.to_vec();
+    out.extend((data.len() as u32).to_le_bytes());
+    out.extend(data);
+    if data.len() % 2 == 1 {
+        out.push(0);
+    }
+    out
+}
+
+#[test]
+fn an_animated_webp_is_refused() {
+    // VP8X with the animation flag, ANIM, and one ANMF frame holding a 1 x 1 lossless image.
+    let mut vp8x = vec![0x02, 0, 0, 0];
+    vp8x.extend([0, 0, 0, 0, 0, 0]);
+    let vp8l = riff_chunk(b"VP8L", &[0x2f, 0, 0, 0, 0x10, 0x07, 0x10, 0x11, 0x11, 0x88, 0x88, 0xfe, 0x07, 0x00]);
+    let mut anmf = vec![0u8; 16];
+    anmf[12..15].copy_from_slice(&[100, 0, 0]);
+    anmf.extend(&vp8l);
+    let mut body = b"WEBP".to_vec();
+    body.extend(riff_chunk(b"VP8X", &vp8x));
+    body.extend(riff_chunk(b"ANIM", &[0, 0, 0, 0, 0, 0]));
+    body.extend(riff_chunk(b"ANMF", &anmf));
+    let mut file = b"RIFF".to_vec();
+    file.extend((body.len() as u32).to_le_bytes());
+    file.extend(body);
+    let e = refused(&file);
+    assert!(e.contains("animated"), "{e}");
+}
