@@ -98,13 +98,15 @@ fn every_sh_block_of_the_readme_runs_on_the_default_model() {
         );
     }
 
-    // A fresh directory: the repository's fixtures visible, outputs land here, not in the tree.
+    // A fresh directory: the repository's fixtures and docs visible, outputs land here, not in the tree.
     let work = std::env::temp_dir().join(format!("k3-readme-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     let bin = work.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_k3-cli"), bin.join("k3-cli")).unwrap();
     std::os::unix::fs::symlink(root.join("fixtures"), work.join("fixtures")).unwrap();
+    // The README's pictures (an image example reads the chat page's screenshot).
+    std::os::unix::fs::symlink(root.join("docs"), work.join("docs")).unwrap();
     let data = work.join("data");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
 

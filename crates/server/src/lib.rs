@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod ollama;
 pub mod page;
 pub mod prefix;
+mod preparing;
 pub mod reqlog;
 pub mod routes;
 pub mod scheduler;

@@ -16,6 +16,7 @@ use tokio::sync::mpsc as tmpsc;
 use crate::metrics::Metrics;
 use crate::prefix::Scope;
 use crate::prefix::{Kept, PrefixCache};
+use crate::preparing::Preparing;
 pub use crate::status::Status;
 
 /// Prompt tokens a prefilling sequence feeds per step while others decode: long prompts advance
@@ -169,17 +170,19 @@ pub fn run(
     metrics: &Metrics,
 ) {
     let mut active: Vec<Active<'_>> = Vec::new();
+    // Jobs whose images are going through the tower, a block per loop beside the batch's step.
+    let mut preparing: Vec<Preparing<'_>> = Vec::new();
     loop {
         // Wait for work when idle; otherwise take what has arrived, up to the batch size.
-        if active.is_empty() {
+        if active.is_empty() && preparing.is_empty() {
             match jobs.recv() {
-                Ok(j) => admit(engine, tok, j, &mut active, cache, status),
+                Ok(j) => take(engine, tok, j, (&mut active, &mut preparing), cache, status),
                 Err(_) => return,
             }
         }
-        while active.len() < max_batch {
+        while active.len() + preparing.len() < max_batch {
             match jobs.try_recv() {
-                Ok(j) => admit(engine, tok, j, &mut active, cache, status),
+                Ok(j) => take(engine, tok, j, (&mut active, &mut preparing), cache, status),
                 Err(_) => break,
             }
         }
@@ -189,11 +192,26 @@ pub fn run(
                 a.decoder.stop(Finish::Cancelled);
                 a.done(Finish::Cancelled);
             }
+            for p in preparing.drain(..) {
+                p.cancel();
+            }
         }
         // A client that disconnected stops costing tokens here.
-        let before = active.len();
+        let before = active.len() + preparing.len();
+        preparing.retain(|p| !p.closed());
         active.retain(|a| !a.events.is_closed());
-        metrics.cancelled.fetch_add((before - active.len()) as u64, Ordering::Relaxed);
+        metrics.cancelled.fetch_add((before - active.len() - preparing.len()) as u64, Ordering::Relaxed);
+        // One tower block of the first image being prepared; a finished job joins the batch.
+        if let Some(p) = preparing.first_mut()
+            && p.advance(engine)
+        {
+            match preparing.remove(0).into_job(engine, tok) {
+                Ok(ready) => admit(engine, tok, ready, &mut active, cache),
+                Err((events, e)) => {
+                    let _ = events.send(Event::Failed(e));
+                }
+            }
+        }
         status.active.store(active.len(), Ordering::Relaxed);
         if active.is_empty() {
             continue;
@@ -207,22 +225,29 @@ pub fn run(
     }
 }
 
-fn admit<'t>(
-    engine: &Engine<'_>,
+/// A job from the queue: into the batch, or, with images, to the tower first.
+fn take<'t, 'e>(
+    engine: &'e Engine<'_>,
     tok: Option<&'t Tokenizer>,
     job: Job,
-    active: &mut Vec<Active<'t>>,
+    (active, preparing): (&mut Vec<Active<'t>>, &mut Vec<Preparing<'e>>),
     cache: &mut PrefixCache,
     status: &Status,
 ) {
     status.queued.fetch_sub(1, Ordering::Relaxed);
-    let (job, images) = match with_images(engine, tok, job) {
-        Ok(j) => j,
-        Err((events, e)) => {
-            let _ = events.send(Event::Failed(e));
-            return;
-        }
-    };
+    match job.images.is_empty() {
+        true => admit(engine, tok, (job, Vec::new()), active, cache),
+        false => preparing.push(Preparing::new(job)),
+    }
+}
+
+fn admit<'t>(
+    engine: &Engine<'_>,
+    tok: Option<&'t Tokenizer>,
+    (job, images): (Job, Vec<Inserted>),
+    active: &mut Vec<Active<'t>>,
+    cache: &mut PrefixCache,
+) {
     match Decoder::new(tok, job.params) {
         Ok(mut decoder) => {
             decoder.observe(&job.prompt);
@@ -251,59 +276,6 @@ fn admit<'t>(
             let _ = job.events.send(Event::Failed(e.to_string()));
         }
     }
-}
-
-/// A job with its images' rows computed (the tower runs here, on the engine's thread) and its
-/// prompt framed. A prompt with images keeps and resumes states under a scope that also names
-/// the images (their positions and file hashes): identical image bytes resume, others never.
-fn with_images(
-    engine: &Engine<'_>,
-    tok: Option<&Tokenizer>,
-    mut job: Job,
-) -> Result<(Job, Vec<Inserted>), (tmpsc::UnboundedSender<Event>, String)> {
-    if job.images.is_empty() {
-        return Ok((job, Vec::new()));
-    }
-    let fail = |job: Job, e: String| Err((job.events, e));
-    let (Some(tok), Some(placeholder)) = (tok, engine.image_placeholder()) else {
-        return fail(job, "this model reads no images".into());
-    };
-    let mut images = Vec::with_capacity(job.images.len());
-    for img in &job.images {
-        match engine.image_rows(&img.picture) {
-            Ok(rows) => images.push(k3_engine::media::PromptImage {
-                width: img.picture.width,
-                height: img.picture.height,
-                rows,
-                digest: img.digest,
-            }),
-            Err(e) => return fail(job, e.to_string()),
-        }
-    }
-    let (prompt, inserted) = match k3_engine::media::expand(tok, placeholder, engine.hidden(), &job.prompt, &images) {
-        Ok(p) => p,
-        Err(e) => return fail(job, e.to_string()),
-    };
-    let context = engine.plan().context as usize;
-    if prompt.len() >= context {
-        let e = format!(
-            "the prompt with its images is {} tokens, which leaves no room in a context of {context}",
-            prompt.len()
-        );
-        return fail(job, e);
-    }
-    let mut key = job.scope.0.to_le_bytes().to_vec();
-    for (i, img) in inserted.iter().zip(&images) {
-        key.extend((i.at as u64).to_le_bytes());
-        key.extend(img.digest.to_le_bytes());
-    }
-    job.scope = Scope(xxhash_rust::xxh3::xxh3_64(&key) | 1);
-    // The template's checkpoints counted the unframed prompt: past the first image they move.
-    let first = inserted.first().map_or(usize::MAX, |i| i.at);
-    job.checkpoints.retain(|&c| c < first);
-    job.prompt = prompt;
-    job.images.clear();
-    Ok((job, inserted))
 }
 
 /// One forward step over the batch, then each decoding sequence's next token.

@@ -30,7 +30,7 @@ pub use options::{ActivationPrecision, EngineOptions};
 pub use session::{LayerState, RoutedToken, Session};
 pub use state_file::{STATE_FILE_VERSION, SavedState, StateFileError, StateHeader, read_state_header};
 pub use stats::{RunStats, Span, SpanKind};
-pub use vision::Inserted;
+pub use vision::{ImageWork, Inserted};
 pub use walk::{GROUP_ROWS as WALK_GROUP_ROWS, LayerWalk};
 
 use std::sync::Mutex;

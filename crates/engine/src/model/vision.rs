@@ -167,3 +167,42 @@ impl Engine<'_> {
         Ok(())
     }
 }
+
+/// An image part way through the tower ([`Engine::start_image`]): a server advances it a block
+/// at a time between steps, so the sequences it serves are not held up for a whole tower.
+#[derive(Debug)]
+pub struct ImageWork<'e> {
+    run: k3_vision::tower::TowerRun<'e, 'e>,
+    width: u32,
+    height: u32,
+    digest: u64,
+}
+
+impl ImageWork<'_> {
+    /// Tower blocks still to run.
+    pub fn blocks_left(&self) -> usize {
+        self.run.blocks_left()
+    }
+}
+
+impl<'m> Engine<'m> {
+    /// Starts the tower on `pic` (its patches embedded; no block run yet).
+    pub fn start_image(&self, pic: &Picture, digest: u64) -> Result<ImageWork<'_>, EngineError> {
+        let eyes = self.eyes()?;
+        let patches = k3_vision::patch_image(pic, &eyes.processor).map_err(|e| EngineError::Input(e.to_string()))?;
+        let run = self.compute.run(|| eyes.tower.start(&patches)).map_err(|e| EngineError::Input(e.to_string()))?;
+        Ok(ImageWork { run, width: pic.width, height: pic.height, digest })
+    }
+
+    /// Runs one more block of `work`'s tower; false when none is left.
+    pub fn advance_image(&self, work: &mut ImageWork<'_>) -> bool {
+        self.compute.run(|| work.run.step())
+    }
+
+    /// The rest of the tower and the projector: the image ready for a prompt.
+    pub fn finish_image(&self, work: ImageWork<'_>) -> crate::media::PromptImage {
+        let (width, height, digest) = (work.width, work.height, work.digest);
+        let rows = self.compute.run(|| work.run.finish());
+        crate::media::PromptImage { width, height, rows, digest }
+    }
+}

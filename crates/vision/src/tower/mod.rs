@@ -112,6 +112,14 @@ impl<'a> Tower<'a> {
 
     /// The tower's output with each 2 x 2 group of patches side by side, `[positions, 4 * hidden]`.
     pub fn merged(&self, patches: &Patches) -> Result<Vec<f32>, VisionError> {
+        let mut run = self.start(patches)?;
+        while run.step() {}
+        Ok(run.merged())
+    }
+
+    /// A run of the tower over `patches` that advances a block at a time ([`TowerRun::step`]),
+    /// so a caller with other work (a server's decoding sequences) can interleave it.
+    pub fn start(&self, patches: &Patches) -> Result<TowerRun<'_, 'a>, VisionError> {
         let (cfg, l) = (&self.cfg, &patches.layout);
         if patches.patch != cfg.patch_size || patches.values.len() != l.patches() * 3 * cfg.patch_size.pow(2) {
             return Err(VisionError::Image(format!(
@@ -126,12 +134,7 @@ impl<'a> Tower<'a> {
         let pos = pos::interpolate(&self.w.pos_emb, table.0, table.1, d, l.grid_h, l.grid_w);
         x.iter_mut().zip(&pos).for_each(|(a, b)| *a += b);
         let rot = pos::rotary(l.grid_h, l.grid_w, cfg.head_dim());
-        for b in &self.w.blocks {
-            self.block(b, &mut x, n, &rot);
-        }
-        let mut normed = vec![0f32; n * d];
-        norm_rows(&x, &self.w.final_norm, BLOCK_NORM_EPS, &mut normed);
-        Ok(merge(&normed, l.grid_h, l.grid_w, d))
+        Ok(TowerRun { tower: self, x, n, rot, grid: (l.grid_h, l.grid_w), next: 0 })
     }
 
     /// The projector over merged rows, `[positions, text_hidden]`.
@@ -174,6 +177,49 @@ impl<'a> Tower<'a> {
         mid.iter_mut().for_each(|v| *v = gelu_tanh(*v));
         par::matmul(&b.fc1, &mid, &mut o);
         x.iter_mut().zip(&o).for_each(|(a, v)| *a += v);
+    }
+}
+
+/// The tower part way through an image.
+#[derive(Debug)]
+pub struct TowerRun<'t, 'a> {
+    tower: &'t Tower<'a>,
+    x: Vec<f32>,
+    n: usize,
+    rot: Vec<(f32, f32)>,
+    grid: (usize, usize),
+    next: usize,
+}
+
+impl TowerRun<'_, '_> {
+    /// Runs the next block; false when none is left.
+    pub fn step(&mut self) -> bool {
+        let Some(b) = self.tower.w.blocks.get(self.next) else { return false };
+        self.tower.block(b, &mut self.x, self.n, &self.rot);
+        self.next += 1;
+        self.next < self.tower.w.blocks.len()
+    }
+
+    /// Blocks not yet run.
+    pub fn blocks_left(&self) -> usize {
+        self.tower.w.blocks.len() - self.next
+    }
+
+    /// The final norm and the 2 x 2 merge (after every block).
+    pub fn merged(mut self) -> Vec<f32> {
+        while self.blocks_left() > 0 {
+            self.step();
+        }
+        let d = self.tower.cfg.vt_hidden_size;
+        let mut normed = vec![0f32; self.n * d];
+        norm_rows(&self.x, &self.tower.w.final_norm, BLOCK_NORM_EPS, &mut normed);
+        merge(&normed, self.grid.0, self.grid.1, d)
+    }
+
+    /// The image's prompt rows: the rest of the tower, then the projector.
+    pub fn finish(self) -> Vec<f32> {
+        let tower = self.tower;
+        tower.project(&self.merged())
     }
 }
 
