@@ -4,7 +4,11 @@ error the client raises as OpenAI's; with a second model that calls tools (`carg
 --preset tool-caller`), a tool-call round trip streamed the way agents consume it. Run by .ci/run
 in a venv it makes:
 
-    python tools/server/openai_client_test.py target/debug/k3-cli fixtures/default.waste [TOOL_CALLER]
+    python tools/server/openai_client_test.py target/debug/k3-cli fixtures/default.waste [TOOL_CALLER [VISION]]
+
+VISION is a K3 converted with its vision tower (`fixtures/golden/tiny-k3-vision`): a picture sent
+as an `image_url` data URL the way the client's users send one, the same picture again resumed
+from the prefix cache, and a remote URL refused.
 """
 
 import json
@@ -91,6 +95,32 @@ def tool_round_trip(cli: str, model: str) -> None:
     print(f"openai {openai.__version__}: tool-call round trip (streamed calls, results sent back) ok")
 
 
+def image_round_trip(cli: str, model: str) -> None:
+    import base64
+    import pathlib
+
+    png = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "chat-page.png").read_bytes()
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    with serve(cli, model) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="sesame")
+        name = client.models.list().data[0].id
+        messages = [{"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": url, "detail": "auto"}},
+        ]}]
+        first = client.chat.completions.create(model=name, messages=messages, max_tokens=4, temperature=0)
+        again = client.chat.completions.create(model=name, messages=messages, max_tokens=4, temperature=0)
+        assert first.usage.prompt_tokens > 100, first.usage
+        assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens, again.usage
+        try:
+            client.chat.completions.create(model=name, max_tokens=4, messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])
+            raise SystemExit("a remote image URL was accepted")
+        except openai.BadRequestError as e:
+            assert "never fetched" in str(e), e
+    print(f"openai {openai.__version__}: an image as a data URL (resumed the second time), a remote URL refused ok")
+
+
 def main() -> None:
     cli, model = sys.argv[1], sys.argv[2]
     with serve(cli, model) as base:
@@ -135,6 +165,8 @@ def main() -> None:
         structured(client)
     if len(sys.argv) > 3:
         tool_round_trip(cli, sys.argv[3])
+    if len(sys.argv) > 4:
+        image_round_trip(cli, sys.argv[4])
 
 
 if __name__ == "__main__":
