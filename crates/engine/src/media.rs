@@ -25,11 +25,23 @@ impl Engine<'_> {
     /// Decodes an image file's bytes (within `limits`) and computes its prompt rows.
     pub fn prompt_image(&self, bytes: &[u8], limits: &DecodeLimits) -> Result<PromptImage, EngineError> {
         // The model's side first: a model without eyes says so before any decoding.
-        self.image_layout(1, 1)?;
+        self.check_sees()?;
         let pic = decode(bytes, limits).map_err(|e| EngineError::Input(e.to_string()))?;
-        let rows = self.image_rows(&pic)?;
-        Ok(PromptImage { width: pic.width, height: pic.height, rows, digest: xxhash_rust::xxh3::xxh3_64(bytes) })
+        Ok(self.finish_image(self.start_image(&pic, xxhash_rust::xxh3::xxh3_64(bytes))?))
     }
+}
+
+/// The tokenizer has the special tokens images are written with (the chat format's placeholder
+/// and the release's framing); gives `<|media_end|>`'s id. Checked when an image is given, so a
+/// model that cannot frame one says so then, not at the turn that would use it.
+pub fn check_tokenizer(tok: &Tokenizer) -> Result<u32, EngineError> {
+    let names = [crate::chat::IMAGE_PLACEHOLDER, "<|media_begin|>", "<|media_content|>", "<|media_end|>"];
+    if let Some(missing) = names.iter().find(|n| tok.special(n).is_none()) {
+        return Err(EngineError::Input(format!(
+            "the tokenizer has no {missing} token: this model cannot be given images"
+        )));
+    }
+    tok.special("<|media_end|>").ok_or_else(|| EngineError::Input("the tokenizer has no <|media_end|> token".into()))
 }
 
 /// `ids` with each placeholder (in order, one per image) expanded into the image's framed span,
@@ -48,12 +60,7 @@ pub fn expand(
             images.len()
         )));
     }
-    let end = tok.special("<|media_end|>").ok_or_else(|| {
-        EngineError::Input("the tokenizer has no <|media_end|> token: the model cannot frame images".into())
-    })?;
-    if tok.special("<|media_begin|>").is_none() || tok.special("<|media_content|>").is_none() {
-        return Err(EngineError::Input("the tokenizer has no <|media_begin|> / <|media_content|> tokens".into()));
-    }
+    let end = check_tokenizer(tok)?;
     let mut out =
         Vec::with_capacity(ids.len() + images.iter().map(|i| i.rows.len() / hidden.max(1) + 16).sum::<usize>());
     let mut inserted = Vec::with_capacity(images.len());
@@ -88,20 +95,4 @@ pub fn place_in_raw(ids: &[u32], placeholder: u32, count: usize) -> Result<Vec<u
             crate::chat::IMAGE_PLACEHOLDER
         ))),
     }
-}
-
-/// The images of `images` that fall in `range` of the prompt, re-based to the range's start (an
-/// image split by a chunk boundary gives each chunk its rows).
-pub fn in_range(images: &[Inserted], range: std::ops::Range<usize>, hidden: usize) -> Vec<Inserted> {
-    images
-        .iter()
-        .filter_map(|img| {
-            let n = img.rows.len() / hidden.max(1);
-            let (s, e) = (img.at.max(range.start), (img.at + n).min(range.end));
-            (s < e).then(|| Inserted {
-                at: s - range.start,
-                rows: img.rows[(s - img.at) * hidden..(e - img.at) * hidden].to_vec(),
-            })
-        })
-        .collect()
 }

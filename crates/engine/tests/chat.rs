@@ -222,8 +222,8 @@ fn k2_templates_render_as_jinja2_renders_them() {
         let rendered =
             |k: usize| all.iter().filter(|c| c["template"] == name).nth(k).unwrap()["rendered"].as_str().unwrap();
         let o = PromptOptions::default();
-        assert_eq!(text(f.first_turn(&o, None, "Hi there").unwrap()), rendered(0), "{name}");
-        let mut fed = f.first_turn(&o, Some("Be brief."), "Name a colour.").unwrap();
+        assert_eq!(text(f.first_turn(&o, None, &Message::new(Role::User, "Hi there")).unwrap()), rendered(0), "{name}");
+        let mut fed = f.first_turn(&o, Some("Be brief."), &Message::new(Role::User, "Name a colour.")).unwrap();
         assert!(rendered(1).starts_with(&text(fed.clone())), "{name}: {}", text(fed.clone()));
         if !name.contains("Thinking") {
             fed.extend(tok.encode("Blue."));

@@ -6,6 +6,8 @@
 //! moves the logits 0.43-0.63 (relative L2) from the exact ones, so a wrong choice of experts,
 //! bits or layer shows thousands of times over the tolerance.
 
+mod common;
+use common::rel_l2;
 use std::path::{Path, PathBuf};
 
 use k3_engine::{Engine, EngineOptions, ExpertApprox, LowBit};
@@ -17,13 +19,6 @@ fn fixtures() -> PathBuf {
 
 fn f32s(path: &Path) -> Vec<f32> {
     std::fs::read(path).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 /// The logits, or the error's text.

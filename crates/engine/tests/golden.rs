@@ -5,6 +5,8 @@
 //! engine that keeps BF16 trunk weights and MXFP4 experts exact (float noise is ~1e-6, and AttnRes
 //! amplifies summation-order differences through depth).
 
+mod common;
+use common::rel_l2;
 use std::path::{Path, PathBuf};
 
 use k3_convert::{ExpertFormat, TrunkFormat};
@@ -21,13 +23,6 @@ fn f32s(path: &Path) -> Vec<f32> {
 
 fn ids(path: &Path) -> Vec<u32> {
     std::fs::read_to_string(path).unwrap().split_whitespace().map(|t| t.parse().unwrap()).collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 fn argmax(row: &[f32]) -> usize {

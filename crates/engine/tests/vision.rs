@@ -4,6 +4,8 @@
 //! projector) and the prompt's logits with the image in place (WARP's PyTorch K3 oracle, which
 //! reproduces the text golden to 3.3e-6). Tolerance: relative L2 1e-4, as for the text golden.
 
+mod common;
+use common::rel_l2;
 use std::path::{Path, PathBuf};
 
 use k3_engine::{Engine, Inserted, Seq};
@@ -17,13 +19,6 @@ fn golden() -> PathBuf {
 fn f32s(name: &str) -> Vec<f32> {
     let b = std::fs::read(golden().join("golden").join(name)).unwrap();
     b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 fn converted(dir: &Path) -> Model {
@@ -53,12 +48,22 @@ fn an_image_prompt_matches_the_references() {
     let at = ids.iter().position(|&t| t == placeholder).unwrap();
     let images = [Inserted { at, rows }];
     let mut session = engine.session();
-    let mut seqs = [Seq::new(&mut session, &ids, k3_engine::Logits::All).with_images(&images)];
+    let mut seqs = [Seq::new(&mut session, &ids, k3_engine::Logits::All).with_images(&images, 0)];
     let logits = engine.forward_batch(&mut seqs).unwrap().pop().unwrap();
     let l = rel_l2(&logits, &f32s("logits.f32"));
     eprintln!("image rows relative L2 {e:.3e} (SGLang), logits {l:.3e} (WARP's oracle)");
     assert!(e < 1e-4, "image rows relative L2 {e}");
     assert!(l < 1e-4, "logits relative L2 {l}");
+    // In chunks of 5 rows the image is split four ways: the last position's logits are the
+    // reference's all the same.
+    let mut split = engine.session();
+    let mut last = Vec::new();
+    for (i, c) in ids.chunks(5).enumerate() {
+        last = engine.forward_last_with_images(&mut split, c, &images, i * 5).unwrap();
+    }
+    let want_last = &f32s("logits.f32")[(ids.len() - 1) * 512..];
+    let s = rel_l2(&last, want_last);
+    assert!(s < 1e-4, "chunked logits relative L2 {s}");
     // Without the image the logits move: the test can fail.
     let plain = engine.forward(&mut engine.session(), &ids, None).unwrap();
     assert!(rel_l2(&plain, &f32s("logits.f32")) > 1e-2);
@@ -96,13 +101,18 @@ fn misplaced_image_rows_are_refused() {
     let ids = [5u32, 500, 500, 7];
     let bad = [
         (Inserted { at: 0, rows: vec![0.0; 2 * d] }, "instead of the image placeholder"),
-        (Inserted { at: 1, rows: vec![0.0; 4 * d] }, "runs past"),
+        (Inserted { at: 1, rows: vec![0.0; 4 * d] }, "position 3 of an image carries token 7"),
         (Inserted { at: 1, rows: vec![0.0; d + 1] }, "whole"),
     ];
+    let overlapping = [Inserted { at: 1, rows: vec![0.0; 2 * d] }, Inserted { at: 2, rows: vec![0.0; d] }];
+    let mut session = engine.session();
+    let mut seqs = [Seq::new(&mut session, &ids, k3_engine::Logits::All).with_images(&overlapping, 0)];
+    let e = engine.forward_batch(&mut seqs).unwrap_err().to_string();
+    assert!(e.contains("overlaps"), "{e}");
     for (img, want) in bad {
         let images = [img];
         let mut session = engine.session();
-        let mut seqs = [Seq::new(&mut session, &ids, k3_engine::Logits::All).with_images(&images)];
+        let mut seqs = [Seq::new(&mut session, &ids, k3_engine::Logits::All).with_images(&images, 0)];
         let e = engine.forward_batch(&mut seqs).unwrap_err().to_string();
         assert!(e.contains(want), "{e}");
     }

@@ -3,6 +3,8 @@
 //! for windows run side by side from empty states. Tolerance as in `golden.rs` (relative L2
 //! 1e-4: float noise is ~1e-6, AttnRes amplifies summation-order differences through depth).
 
+mod common;
+use common::rel_l2;
 use std::path::{Path, PathBuf};
 
 use k3_engine::Engine;
@@ -10,13 +12,6 @@ use k3_format::Model;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 #[test]

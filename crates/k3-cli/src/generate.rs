@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use k3_engine::generate::{Finish, GenerateParams, Generator};
 use k3_engine::tokenizer::Tokenizer;
 
@@ -165,10 +165,9 @@ fn with_images(
         return Ok((prompt, Vec::new()));
     }
     let tok = tok.ok_or_else(|| anyhow::anyhow!("--image needs a model with a tokenizer"))?;
-    let placeholder = engine.image_placeholder().ok_or_else(|| {
-        anyhow::anyhow!("--image: {}", engine.image_layout(1, 1).err().map_or_else(String::new, |e| e.to_string()))
-    })?;
-    let images = crate::images::read_all(engine, paths)?;
+    engine.check_sees().context("--image")?;
+    let placeholder = engine.image_placeholder().context("--image: the model has no image placeholder")?;
+    let images = crate::images::read_all(engine, tok, paths)?;
     let ids = k3_engine::media::place_in_raw(&prompt, placeholder, images.len())?;
     Ok(k3_engine::media::expand(tok, placeholder, engine.hidden(), &ids, &images)?)
 }

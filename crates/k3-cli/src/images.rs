@@ -6,9 +6,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use k3_engine::Engine;
 use k3_engine::media::{DecodeLimits, PromptImage};
+use k3_engine::tokenizer::Tokenizer;
 
-/// Reads and embeds one image file.
-pub fn read(engine: &Engine<'_>, path: &Path) -> Result<PromptImage> {
+/// Reads and embeds one image file, for a model whose tokenizer can frame it.
+pub fn read(engine: &Engine<'_>, tok: &Tokenizer, path: &Path) -> Result<PromptImage> {
+    engine.check_sees()?;
+    k3_engine::media::check_tokenizer(tok)?;
     let limits = DecodeLimits::default();
     let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     anyhow::ensure!(
@@ -22,6 +25,6 @@ pub fn read(engine: &Engine<'_>, path: &Path) -> Result<PromptImage> {
 }
 
 /// Every file of `paths`, in order.
-pub fn read_all(engine: &Engine<'_>, paths: &[PathBuf]) -> Result<Vec<PromptImage>> {
-    paths.iter().map(|p| read(engine, p)).collect()
+pub fn read_all(engine: &Engine<'_>, tok: &Tokenizer, paths: &[PathBuf]) -> Result<Vec<PromptImage>> {
+    paths.iter().map(|p| read(engine, tok, p)).collect()
 }

@@ -1,10 +1,11 @@
 //! `exp` over a row of f32, vectorized: a softmax's `exp(v - max)` for many scores at once (the
-//! vision tower's attention computes 200 M of them a block for an 896 x 896 image, where the
-//! library's scalar `exp` took longer than the products). Cephes' `expf`: `x = n ln 2 + r`,
-//! `|r| <= ln 2 / 2`, a degree-5 polynomial for `exp(r)` (relative error below 2e-7), `2^n`
-//! put into the exponent bits. Inputs below -87.3 are clamped there (`exp` is then ~1e-38, as
-//! good as 0 beside the maximum's 1). The scalar reference does the same operations in the same
-//! order with fused multiply-adds, so every level gives the same bits.
+//! vision tower's attention computes 200 M of them a block for an 896 x 896 image; on the
+//! library's scalar `exp` a tower block took ~1.1x as long, docs/EFFICIENCY.md). Cephes' `expf`:
+//! `x = n ln 2 + r`, `|r| <= ln 2 / 2`, a degree-5 polynomial for `exp(r)` (relative error below
+//! 3e-7), `2^n` put into the exponent bits. Inputs are clamped to [-87.3, 88] first (below, `exp`
+//! is ~1e-38, as good as 0 beside the maximum's 1; above, `2^n` stays a finite power; a NaN, from
+//! whatever a damaged model scores, is taken as -87.3). The scalar reference does the same
+//! operations in the same order with fused multiply-adds, so every level gives the same bits.
 
 use crate::cpu::{Level, level, supported};
 
@@ -12,9 +13,11 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 const LOWEST: f32 = -87.3;
+const HIGHEST: f32 = 88.0;
 const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
 
-/// `v[i] = exp(v[i] - shift)` for `v[i] <= shift` (a softmax's scores less their maximum).
+/// `v[i] = exp(v[i] - shift)`, meant for `v[i] <= shift` (a softmax's scores less their maximum);
+/// any input gives a value (see the clamp above), never a panic.
 pub fn exp_shifted(v: &mut [f32], shift: f32) {
     exp_shifted_at(level(), v, shift)
 }
@@ -36,7 +39,10 @@ pub mod reference {
 
     /// One value, as every level computes it.
     pub fn exp1(x: f32) -> f32 {
-        let x = x.max(LOWEST);
+        // max before min, as the SIMD levels (their max takes the second operand for a NaN);
+        // `clamp` would keep a NaN.
+        #[allow(clippy::manual_clamp)]
+        let x = x.max(LOWEST).min(HIGHEST);
         let n = (x * LOG2E).round_ties_even();
         let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
         let mut p = P[0];
@@ -76,7 +82,7 @@ mod avx512 {
 
     #[target_feature(enable = "avx512f")]
     fn exp16(x: __m512) -> __m512 {
-        let x = _mm512_max_ps(x, _mm512_set1_ps(LOWEST));
+        let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(LOWEST)), _mm512_set1_ps(HIGHEST));
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
             x,
             _mm512_set1_ps(LOG2E),
@@ -117,7 +123,7 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma")]
     fn exp8(x: __m256) -> __m256 {
-        let x = _mm256_max_ps(x, _mm256_set1_ps(LOWEST));
+        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(LOWEST)), _mm256_set1_ps(HIGHEST));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
             x,
             _mm256_set1_ps(LOG2E),
@@ -156,6 +162,9 @@ mod tests {
     proptest! {
         #[test]
         fn every_level_gives_the_reference_bits(v in proptest::collection::vec(-100f32..0.0, 0..70), shift in -3f32..3.0) {
+            let mut v = v;
+            // Inputs a damaged model could give: NaN, infinities, far above the shift.
+            v.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, 95.0]);
             let mut want = v.clone();
             reference::exp_shifted(&mut want, shift);
             for l in crate::cpu::levels() {

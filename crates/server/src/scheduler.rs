@@ -342,22 +342,16 @@ fn forward(
     inputs: &[Vec<u32>],
     metrics: &Metrics,
 ) -> Vec<Option<Vec<f32>>> {
-    let hidden = engine.hidden();
-    let images: Vec<Vec<Inserted>> = active
-        .iter()
-        .zip(inputs)
-        .map(|(a, ids)| match a.prefilling() {
-            true => k3_engine::media::in_range(&a.images, a.fed..a.fed + ids.len(), hidden),
-            false => Vec::new(),
-        })
-        .collect();
     let result = {
         let mut seqs: Vec<Seq<'_>> = active
             .iter_mut()
             .zip(inputs)
-            .zip(&images)
-            .filter(|((a, _), _)| a.pending.is_none())
-            .map(|((a, ids), im)| Seq::new(&mut a.session, ids, Logits::Last).with_images(im))
+            .filter(|(a, _)| a.pending.is_none())
+            .map(|(a, ids)| {
+                // The session holds the prompt from its start: its length is where the chunk is.
+                let from = a.session.tokens();
+                Seq::new(&mut a.session, ids, Logits::Last).with_images(&a.images, from)
+            })
             .collect();
         if seqs.is_empty() {
             Ok(Vec::new())
@@ -472,10 +466,8 @@ fn guarded<T>(step: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
 fn alone(engine: &Engine<'_>, session: &mut Session, input: &[u32], images: &[Inserted]) -> Result<Vec<f32>, String> {
     let held = session.ids().to_vec();
     let mut fresh = engine.session();
-    let run = |s: &mut Session, ids: &[u32], at: usize| {
-        let im = k3_engine::media::in_range(images, at..at + ids.len(), engine.hidden());
-        let mut seqs = [Seq::new(s, ids, Logits::Last).with_images(&im)];
-        guarded(|| engine.forward_batch(&mut seqs).map_err(|e| e.to_string())).map(|mut l| l.pop().unwrap_or_default())
+    let run = |s: &mut Session, ids: &[u32], from: usize| {
+        guarded(|| engine.forward_last_with_images(s, ids, images, from).map_err(|e| e.to_string()))
     };
     let chunk = engine.prefill_chunk().max(1);
     for (i, c) in held.chunks(chunk).enumerate() {

@@ -63,57 +63,15 @@ async fn an_image_is_read_and_the_same_bytes_resume() {
     // One pixel differs: same size, same tokens, another image: nothing of it resumes.
     let mut pic = k3_vision::decode(&picture(), &Default::default()).unwrap();
     pic.rgb[0] ^= 0xff;
-    let mut png = Vec::new();
-    image_png(&pic, &mut png);
+    let mut png = std::io::Cursor::new(Vec::new());
+    image::RgbImage::from_raw(pic.width, pic.height, pic.rgb)
+        .unwrap()
+        .write_to(&mut png, image::ImageFormat::Png)
+        .unwrap();
+    let png = png.into_inner();
     let (_, other) = json_call(&router, post("/v1/chat/completions", &ask(&data_url(&png)))).await;
     assert_eq!(other["usage"]["prompt_tokens"].as_u64(), Some(prompt));
     assert_eq!(other["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(0));
-}
-
-/// `pic` as a PNG, written by hand (stored deflate blocks), so the test needs no encoder.
-fn image_png(pic: &k3_vision::Picture, out: &mut Vec<u8>) {
-    let crc = |b: &[u8]| {
-        let mut c = !0u32;
-        for &x in b {
-            c ^= u32::from(x);
-            for _ in 0..8 {
-                c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
-            }
-        }
-        !c
-    };
-    let chunk = |out: &mut Vec<u8>, kind: &[u8], data: &[u8]| {
-        out.extend((data.len() as u32).to_be_bytes());
-        let body: Vec<u8> = kind.iter().chain(data).copied().collect();
-        out.extend(&body);
-        out.extend(crc(&body).to_be_bytes());
-    };
-    let raw: Vec<u8> = pic
-        .rgb
-        .chunks_exact(pic.width as usize * 3)
-        .flat_map(|row| std::iter::once(0u8).chain(row.iter().copied()))
-        .collect();
-    let mut z = vec![0x78, 0x01];
-    let blocks: Vec<&[u8]> = raw.chunks(65_535).collect();
-    for (i, b) in blocks.iter().enumerate() {
-        z.push(u8::from(i + 1 == blocks.len()));
-        z.extend((b.len() as u16).to_le_bytes());
-        z.extend((!(b.len() as u16)).to_le_bytes());
-        z.extend(*b);
-    }
-    let (mut a, mut b) = (1u32, 0u32);
-    for &x in &raw {
-        a = (a + u32::from(x)) % 65_521;
-        b = (b + a) % 65_521;
-    }
-    z.extend(((b << 16) | a).to_be_bytes());
-    out.extend(b"\x89PNG\r\n\x1a\n");
-    let mut ihdr = pic.width.to_be_bytes().to_vec();
-    ihdr.extend(pic.height.to_be_bytes());
-    ihdr.extend([8, 2, 0, 0, 0]);
-    chunk(out, b"IHDR", &ihdr);
-    chunk(out, b"IDAT", &z);
-    chunk(out, b"IEND", &[]);
 }
 
 #[tokio::test]
@@ -135,6 +93,14 @@ async fn bad_images_are_a_400_naming_the_part() {
         assert!(msg.contains(want), "{url:.40}: {msg}");
         assert_eq!(v["error"]["param"], "messages[0].content[1].image_url.url");
     }
+    let mut low = ask(&data_url(&png));
+    low["messages"][0]["content"][1]["image_url"]["detail"] = json!("low");
+    let (status, v) = json_call(&router, post("/v1/chat/completions", &low)).await;
+    assert_eq!(
+        (status.as_u16(), v["error"]["param"].as_str()),
+        (400, Some("messages[0].content[1].image_url.detail")),
+        "{v}"
+    );
 }
 
 #[tokio::test]

@@ -100,6 +100,19 @@ impl VisionConfig {
             ));
         }
         let heads = self.vt_num_attention_heads;
+        // Bounds far above any tower (K3: 1,024 wide, MLP 4,096, a 64 x 64 position table), so
+        // the shapes' products cannot overflow whatever a config says.
+        let bounded = [
+            ("vt_hidden_size", self.vt_hidden_size, 1 << 16),
+            ("qkv_hidden_size", self.qkv_hidden_size, 1 << 16),
+            ("vt_intermediate_size", self.vt_intermediate_size, 1 << 18),
+            ("init_pos_emb_height", self.init_pos_emb_height, 1 << 12),
+            ("init_pos_emb_width", self.init_pos_emb_width, 1 << 12),
+            ("text_hidden_size", self.text_hidden_size, 1 << 20),
+        ];
+        if let Some((field, v, max)) = bounded.iter().find(|(_, v, max)| v > max) {
+            return Err(refuse(CONFIG, format!("{field} {v} is larger than k3 takes ({max})")));
+        }
         let sizes = [self.patch_size, heads, self.vt_hidden_size, self.vt_intermediate_size, self.qkv_hidden_size];
         if sizes.contains(&0) || self.init_pos_emb_height == 0 || self.init_pos_emb_width == 0 {
             return Err(refuse(CONFIG, "a size is 0".into()));
@@ -210,10 +223,12 @@ impl ProcessorConfig {
                 ),
             ));
         }
-        if self.in_patch_limit == 0 || self.patch_limit_on_one_side == 0 || self.patch_limit_on_one_side > 4096 {
+        // The tower's rotary table has 512 positions a side: more patches than 512 x 512 could
+        // never be run.
+        if !(1..=512 * 512).contains(&self.in_patch_limit) || !(1..=4096).contains(&self.patch_limit_on_one_side) {
             return Err(refuse(
                 PROCESSOR,
-                "in_patch_limit and patch_limit_on_one_side must be 1 or more (at most 4096 a side)".into(),
+                "in_patch_limit must be 1 to 262,144 and patch_limit_on_one_side 1 to 4,096".into(),
             ));
         }
         if self.fixed_output_tokens.as_ref().is_some_and(|v| !v.is_null()) {
@@ -245,8 +260,25 @@ mod tests {
         let mismatch = br#"{"media_proc_cfg": {"patch_size": 16}}"#;
         assert!(ProcessorConfig::parse(mismatch, &tower).unwrap_err().to_string().contains("patch_size 16"));
         assert!(ProcessorConfig::parse(b"{}", &tower).unwrap_err().to_string().contains("media_proc_cfg"));
+        let huge = br#"{"media_proc_cfg": {"in_patch_limit": 18446744073709551615}}"#;
+        assert!(ProcessorConfig::parse(huge, &tower).unwrap_err().to_string().contains("in_patch_limit"));
         let bad_std = br#"{"media_proc_cfg": {"image_std": [0.5, 0, 0.5]}}"#;
         assert!(ProcessorConfig::parse(bad_std, &tower).is_err());
+    }
+
+    #[test]
+    fn sizes_that_would_overflow_are_refused() {
+        let v = serde_json::json!({"vt_hidden_size": 1u64 << 40, "vt_intermediate_size": 1u64 << 40});
+        let e = VisionConfig::parse(&v, 7168).unwrap_err().to_string();
+        assert!(e.contains("vt_hidden_size") && e.contains("larger than"), "{e}");
+        assert!(VisionConfig::parse(&serde_json::json!({}), 1 << 30).is_err());
+        assert!(VisionConfig::parse(&serde_json::json!({"vt_num_attention_heads": 0}), 7168).is_err());
+        assert!(
+            VisionConfig::parse(&serde_json::json!({"merge_type": "other"}), 7168)
+                .unwrap_err()
+                .to_string()
+                .contains("merge_type")
+        );
     }
 
     #[test]

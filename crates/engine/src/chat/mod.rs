@@ -86,12 +86,6 @@ impl Message {
             images: Vec::new(),
         }
     }
-
-    /// The same message with an image after its text so far.
-    pub fn with_image_at_end(mut self) -> Self {
-        self.images.push(self.content.len());
-        self
-    }
 }
 
 /// OpenAI's `tool_choice`, as far as a template renders it.
@@ -233,9 +227,14 @@ impl<'t> ChatFormat<'t> {
     /// for the answer: the whole conversation as [`prompt_with`](Self::prompt_with) writes it,
     /// so a template's default system turn comes where and as the template writes it
     /// (K2-Instruct's only together with the first message). What `k3-cli chat` feeds first.
-    pub fn first_turn(&self, o: &PromptOptions<'_>, system: Option<&str>, user: &str) -> Result<Vec<u32>, ChatError> {
+    pub fn first_turn(
+        &self,
+        o: &PromptOptions<'_>,
+        system: Option<&str>,
+        user: &Message,
+    ) -> Result<Vec<u32>, ChatError> {
         let mut messages: Vec<Message> = system.map(|s| Message::new(Role::System, s)).into_iter().collect();
-        messages.push(Message::new(Role::User, user));
+        messages.push(user.clone());
         self.prompt_with(&messages, o)
     }
 

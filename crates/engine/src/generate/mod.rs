@@ -211,14 +211,7 @@ impl<'s, 't> Generator<'s, 't> {
                 let _ = g.decoder.stop(Finish::Cancelled);
                 break;
             }
-            let start = i * chunk;
-            g.logits = if images.is_empty() {
-                engine.forward_last(g.session, c)?
-            } else {
-                let here = crate::media::in_range(images, start..start + c.len(), engine.hidden());
-                let mut seqs = [crate::Seq::new(g.session, c, crate::Logits::Last).with_images(&here)];
-                engine.forward_batch(&mut seqs)?.pop().unwrap_or_default()
-            };
+            g.logits = engine.forward_last_with_images(g.session, c, images, i * chunk)?;
             progress(((i + 1) * chunk).min(prompt.len()), prompt.len());
         }
         g.prefill.1 = t0.elapsed().as_secs_f64();

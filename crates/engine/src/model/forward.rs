@@ -42,19 +42,24 @@ pub struct Seq<'s> {
     /// Verify speculative drafts: the rows are computed but the session keeps only what
     /// [`Engine::accept`] later keeps of them.
     pub tentative: bool,
-    /// Images in this chunk: their rows replace the placeholder tokens' embeddings.
+    /// Images of the prompt this chunk is part of (positions counted from where `images_from`
+    /// counts): the rows that fall in the chunk replace the placeholder tokens' embeddings.
     pub images: &'s [super::Inserted],
+    /// The chunk's first row in the images' positions.
+    pub images_from: usize,
 }
 
 impl<'s> Seq<'s> {
     /// `ids` run into `session` for good, returning the logits asked for.
     pub fn new(session: &'s mut Session, ids: &'s [u32], logits: Logits) -> Self {
-        Seq { session, ids, logits, tentative: false, images: &[] }
+        Seq { session, ids, logits, tentative: false, images: &[], images_from: 0 }
     }
 
-    /// The same step with `images` in place of their placeholder rows.
-    pub fn with_images(self, images: &'s [super::Inserted]) -> Self {
-        Seq { images, ..self }
+    /// The same step with the prompt's `images` in place of their placeholder rows, the chunk
+    /// starting at position `from` of the prompt (an image a chunk boundary splits gives each
+    /// chunk its rows; none is copied).
+    pub fn with_images(self, images: &'s [super::Inserted], from: usize) -> Self {
+        Seq { images, images_from: from, ..self }
     }
 }
 
@@ -135,7 +140,19 @@ impl<'m> Engine<'m> {
     /// As [`forward`](Self::forward), returning only the last position's logits `[vocab]`
     /// ([`Logits::Last`]).
     pub fn forward_last(&self, session: &mut Session, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let mut seqs = [Seq::new(session, ids, Logits::Last)];
+        self.forward_last_with_images(session, ids, &[], 0)
+    }
+
+    /// As [`forward_last`](Self::forward_last), with a prompt's images ([`Seq::with_images`]):
+    /// `ids` start at position `from` of the prompt they place.
+    pub fn forward_last_with_images(
+        &self,
+        session: &mut Session,
+        ids: &[u32],
+        images: &[super::Inserted],
+        from: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let mut seqs = [Seq::new(session, ids, Logits::Last).with_images(images, from)];
         Ok(self.run(&mut seqs, None)?.pop().expect("one sequence"))
     }
 
@@ -151,7 +168,7 @@ impl<'m> Engine<'m> {
     /// every position's logits returned `[n, vocab]`, but the session keeps nothing of them until
     /// [`accept`](Self::accept) says how many rows to keep.
     pub fn verify(&self, session: &mut Session, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let mut seqs = [Seq { session, ids, logits: Logits::All, tentative: true, images: &[] }];
+        let mut seqs = [Seq { session, ids, logits: Logits::All, tentative: true, images: &[], images_from: 0 }];
         Ok(self.run(&mut seqs, None)?.pop().expect("one sequence"))
     }
 
@@ -197,8 +214,9 @@ impl<'m> Engine<'m> {
         let mut h = self.embed(&ids);
         let mut at = 0;
         for s in seqs.iter() {
-            for img in s.images {
-                h[(at + img.at) * d..][..img.rows.len()].copy_from_slice(&img.rows);
+            for (img, range) in super::vision::in_chunk(s.images, s.images_from, s.ids.len(), d) {
+                let rows = &img.rows[(range.start - img.at) * d..(range.end - img.at) * d];
+                h[(at + range.start - s.images_from) * d..][..rows.len()].copy_from_slice(rows);
             }
             at += s.ids.len();
         }
@@ -244,7 +262,7 @@ impl<'m> Engine<'m> {
         if s.session.pending.is_some() {
             return Err(EngineError::Input("the session has a verified chunk awaiting `accept`".into()));
         }
-        self.check_images(s.ids, s.images)
+        self.check_images(s)
     }
 
     /// What `accept` will need to keep a prefix of the tentative chunk `ids`.

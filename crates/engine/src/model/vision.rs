@@ -15,8 +15,8 @@ use crate::weights::{matrix, vector_of};
 /// The processor's settings inside the model (conversion embeds the checkpoint's file).
 const PROCESSOR_FILE: &str = "preprocessor_config.json";
 
-/// An image's rows in a sequence's chunk: rows `at..at + n` of the chunk take `rows`
-/// (`[n, hidden]`) in place of their placeholder tokens' table rows.
+/// An image's rows in a prompt: positions `at..at + n` take `rows` (`[n, hidden]`) in place of
+/// their placeholder tokens' table rows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Inserted {
     pub at: usize,
@@ -39,7 +39,12 @@ fn tensor_err(name: &str, e: impl std::fmt::Display) -> EngineError {
 fn conv_matrix<'m>(model: &'m Model, name: &str) -> Result<Matrix<'m>, EngineError> {
     let t = model.tensor(name)?;
     let rows = *t.shape.first().ok_or_else(|| tensor_err(name, "has no shape"))? as usize;
-    let cols = t.shape.iter().skip(1).product::<u64>() as usize;
+    let cols = t
+        .shape
+        .iter()
+        .skip(1)
+        .try_fold(1u64, |a, &b| a.checked_mul(b))
+        .ok_or_else(|| tensor_err(name, "shape overflows"))? as usize;
     match t.encoding {
         Encoding::F32 => Matrix::f32(t.typed::<f32>("data")?, rows, cols).map_err(|e| tensor_err(name, e)),
         Encoding::Bf16 => Matrix::bf16(t.typed::<bf16>("data")?, rows, cols).map_err(|e| tensor_err(name, e)),
@@ -114,6 +119,12 @@ impl Engine<'_> {
         self.eyes.is_some()
     }
 
+    /// `Ok` when the model reads images, else the error saying why not (no `vision_config`, or
+    /// converted without the tower).
+    pub fn check_sees(&self) -> Result<(), EngineError> {
+        self.eyes().map(|_| ())
+    }
+
     /// The id an image's prompt positions carry.
     pub fn image_placeholder(&self) -> Option<u32> {
         self.eyes.as_ref().map(|e| e.placeholder)
@@ -127,42 +138,55 @@ impl Engine<'_> {
     /// The prompt rows of `pic`, `[positions, hidden]`: the processor, the tower and the
     /// projector, on the engine's threads.
     pub fn image_rows(&self, pic: &Picture) -> Result<Vec<f32>, EngineError> {
-        let eyes = self.eyes()?;
-        let patches = k3_vision::patch_image(pic, &eyes.processor).map_err(|e| EngineError::Input(e.to_string()))?;
-        self.compute.run(|| eyes.tower.embed(&patches)).map_err(|e| EngineError::Input(e.to_string()))
+        Ok(self.finish_image(self.start_image(pic, 0)?).rows)
     }
 }
 
+/// The images of a chunk of `len` rows starting at position `from`, each with the positions of
+/// it that fall in the chunk.
+pub(super) fn in_chunk(
+    images: &[Inserted],
+    from: usize,
+    len: usize,
+    hidden: usize,
+) -> impl Iterator<Item = (&Inserted, std::ops::Range<usize>)> {
+    images.iter().filter_map(move |img| {
+        let n = img.rows.len() / hidden.max(1);
+        let (s, e) = (img.at.max(from), (img.at.saturating_add(n)).min(from + len));
+        (s < e).then_some((img, s..e))
+    })
+}
+
 impl Engine<'_> {
-    /// Each image's rows lie inside the chunk, whole rows of the hidden width, on positions that
-    /// carry the placeholder id (so the session's ids say where images were), not overlapping.
-    pub(super) fn check_images(&self, ids: &[u32], images: &[Inserted]) -> Result<(), EngineError> {
-        if images.is_empty() {
+    /// A sequence's images are whole rows of the hidden width, in order and not overlapping, and
+    /// the positions of them in its chunk carry the placeholder id (so the session's ids say
+    /// where images were).
+    pub(super) fn check_images(&self, s: &super::Seq<'_>) -> Result<(), EngineError> {
+        if s.images.is_empty() {
             return Ok(());
         }
         let placeholder = self.eyes()?.placeholder;
         let d = self.hidden;
         let mut end = 0;
-        for img in images {
+        for img in s.images {
             let n = img.rows.len() / d;
             if n == 0 || img.rows.len() != n * d {
                 return Err(EngineError::Input(format!("an image's rows are not whole {d}-wide rows")));
             }
-            if img.at < end || img.at + n > ids.len() {
-                return Err(EngineError::Input(format!(
-                    "an image at position {} ({n} rows) overlaps another or runs past the chunk of {}",
-                    img.at,
-                    ids.len()
-                )));
+            if img.at < end {
+                return Err(EngineError::Input(format!("an image at position {} overlaps the one before", img.at)));
             }
-            if let Some(p) = ids[img.at..img.at + n].iter().position(|&t| t != placeholder) {
+            end = img.at.saturating_add(n);
+        }
+        for (_, range) in in_chunk(s.images, s.images_from, s.ids.len(), d) {
+            let ids = &s.ids[range.start - s.images_from..range.end - s.images_from];
+            if let Some(p) = ids.iter().position(|&t| t != placeholder) {
                 return Err(EngineError::Input(format!(
                     "position {} of an image carries token {} instead of the image placeholder {placeholder}",
-                    img.at + p,
-                    ids[img.at + p]
+                    range.start + p,
+                    ids[p]
                 )));
             }
-            end = img.at + n;
         }
         Ok(())
     }

@@ -49,3 +49,12 @@ pub fn synthetic(cell: &'static std::sync::OnceLock<std::path::PathBuf>, name: &
     })
     .clone()
 }
+
+/// The relative L2 error of `a` against the reference `b` (the golden references' measure).
+#[allow(dead_code)]
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (num / den).sqrt()
+}

@@ -91,10 +91,7 @@ impl Chat<'_> {
     fn pending(&self, session: &Session, text: &str) -> Result<Vec<u32>> {
         let user = self.user(text);
         Ok(match (session.tokens(), self.messages.is_empty()) {
-            (0, true) => {
-                let system = self.system.as_deref().map(|s| Message::new(Role::System, s));
-                self.format.prompt_with(&system.into_iter().chain([user]).collect::<Vec<_>>(), &self.opening())?
-            }
+            (0, true) => self.format.first_turn(&self.opening(), self.system.as_deref(), &user)?,
             (0, false) => {
                 let mut all = self.messages.clone();
                 all.push(user);
@@ -175,7 +172,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         queued: 0,
     };
     chat.restart(Vec::new());
-    chat.images = crate::images::read_all(&engine, &a.images)?;
+    chat.images = crate::images::read_all(&engine, &tok, &a.images)?;
     chat.queued = chat.images.len();
     let mut cache = a.prompt_cache.open(&engine)?;
     let mut session = engine.session();
@@ -194,7 +191,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
             Ok(Command::Say(text)) => text,
             Ok(Command::Exit) => break,
             Ok(cmd) => {
-                if command(cmd, &mut chat, &engine, style)? {
+                if command(cmd, &mut chat, (&engine, &tok), style)? {
                     session = engine.session();
                 }
                 continue;
@@ -243,7 +240,7 @@ fn banner(
 }
 
 /// Carries out a command; `true` when the session must start over.
-fn command(cmd: Command, chat: &mut Chat<'_>, engine: &Engine<'_>, style: Style) -> Result<bool> {
+fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Tokenizer), style: Style) -> Result<bool> {
     match cmd {
         Command::Help => eprintln!("{}", commands::HELP),
         Command::Clear => {
@@ -293,7 +290,7 @@ fn command(cmd: Command, chat: &mut Chat<'_>, engine: &Engine<'_>, style: Style)
             }
             Err(e) => style.note(&format!("[not loaded: {e:#}]")),
         },
-        Command::Image(path) => match crate::images::read(engine, &path) {
+        Command::Image(path) => match crate::images::read(engine, tok, &path) {
             Ok(img) => {
                 let n = img.rows.len() / engine.hidden().max(1);
                 style.note(&format!(

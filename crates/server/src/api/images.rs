@@ -14,10 +14,27 @@ use crate::error::ApiError;
 #[derive(Debug, Deserialize)]
 pub struct ImageUrl {
     pub url: String,
-    /// `auto`, `low` or `high`: accepted, and without effect (the processor's rule sizes every
-    /// image; a client cannot ask for fewer positions).
-    #[allow(dead_code)]
+    /// `auto` or `high` (the processor's rule sizes every image at the model's full resolution);
+    /// `low` asks for fewer positions, which k3 cannot give: refused.
     pub detail: Option<String>,
+}
+
+impl ImageUrl {
+    /// The image's bytes; `field` names the `image_url` object in errors.
+    pub fn bytes(&self, field: &str) -> Result<Vec<u8>, ApiError> {
+        match self.detail.as_deref() {
+            None | Some("auto" | "high") => {}
+            Some(other) => {
+                return Err(ApiError::bad(
+                    &format!("{field}.detail"),
+                    format!(
+                        "detail `{other}` is not supported: every image is read at the model's resolution (auto, high)"
+                    ),
+                ));
+            }
+        }
+        data_url(&self.url, &format!("{field}.url"))
+    }
 }
 
 /// A decoded image of a request, and its file's hash (a prompt resumes a kept state through an

@@ -205,8 +205,8 @@ impl ChatMessage {
                     match (p.kind.as_str(), &p.text, &p.image_url) {
                         ("text", Some(t), _) => text.push_str(t),
                         ("image_url", _, Some(u)) if sees => {
-                            let field = format!("{field}.image_url.url");
-                            pics.push(images::picture(&images::data_url(&u.url, &field)?, &field)?);
+                            let field = format!("{field}.image_url");
+                            pics.push(images::picture(&u.bytes(&field)?, &format!("{field}.url"))?);
                             at.push(text.len());
                         }
                         ("image_url", ..) => {
@@ -261,6 +261,9 @@ impl ChatRequest {
             let (msg, pics) = m.to_message(i, info.sees)?;
             messages.push(msg);
             images.extend(pics);
+        }
+        if !images.is_empty() {
+            k3_engine::media::check_tokenizer(tok).map_err(|e| ApiError::bad("messages", e.to_string()))?;
         }
         let t = self.tools(&messages, tok, info)?;
         let (tools, tool_choice) = (t.declared.as_deref(), t.choice);

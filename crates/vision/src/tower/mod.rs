@@ -112,9 +112,7 @@ impl<'a> Tower<'a> {
 
     /// The tower's output with each 2 x 2 group of patches side by side, `[positions, 4 * hidden]`.
     pub fn merged(&self, patches: &Patches) -> Result<Vec<f32>, VisionError> {
-        let mut run = self.start(patches)?;
-        while run.step() {}
-        Ok(run.merged())
+        Ok(self.start(patches)?.merged())
     }
 
     /// A run of the tower over `patches` that advances a block at a time ([`TowerRun::step`]),
