@@ -20,14 +20,14 @@ pub enum InputError {
     },
     #[error("{path} is {kind}, not a regular file")]
     NotRegular { path: PathBuf, kind: &'static str },
-    #[error("{path} is {}; {what} reads at most {}", size(*.bytes), size(*.limit))]
+    #[error("{path} is {}; {what} at most {}", size(*.bytes), size(*.limit))]
     TooLarge { path: PathBuf, what: String, bytes: u64, limit: u64 },
-    #[error("{path} grew past {} while it was read; {what} reads at most {}", size(*.limit), size(*.limit))]
+    #[error("{path} grew past {} while it was read; {what} at most that", size(*.limit))]
     Grew { path: PathBuf, what: String, limit: u64 },
 }
 
-/// The whole of the regular file `path`, at most `limit` bytes; `what` names the reader in the
-/// refusal ("/load", "a prompt file").
+/// The whole of the regular file `path`, at most `limit` bytes; `what` says whose bound it is in
+/// the refusal (`/load reads`: "… is 133.0 MiB; /load reads at most 128.0 MiB").
 pub fn read_input(path: &Path, what: &str, limit: u64) -> Result<Vec<u8>, InputError> {
     let io = |source| InputError::Io { path: path.to_path_buf(), source };
     // O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer; on
@@ -92,7 +92,7 @@ mod tests {
         let ok = d.path().join("ok.txt");
         std::fs::write(&ok, b"hello").unwrap();
         assert_eq!(read_input(&ok, "a test", 5).unwrap(), b"hello");
-        let e = read_input(&ok, "a test", 4).unwrap_err().to_string();
+        let e = read_input(&ok, "a test reads", 4).unwrap_err().to_string();
         assert!(e.contains("ok.txt is 5 bytes; a test reads at most 4 bytes"), "{e}");
         let e = read_input(d.path(), "a test", 5).unwrap_err().to_string();
         assert!(e.ends_with("is a directory, not a regular file"), "{e}");
