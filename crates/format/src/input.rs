@@ -32,8 +32,11 @@ pub fn read_input(path: &Path, what: &str, limit: u64) -> Result<Vec<u8>, InputE
     let io = |source| InputError::Io { path: path.to_path_buf(), source };
     // O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer; on
     // the regular file we go on to read, the flag has no effect.
-    let file =
-        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path).map_err(io)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(io)?;
     let meta = file.metadata().map_err(io)?;
     if !meta.is_file() {
         return Err(InputError::NotRegular { path: path.to_path_buf(), kind: kind(meta.file_type()) });

@@ -59,7 +59,12 @@ impl TextBound {
 impl PromptArgs {
     /// The prompt's token ids; `model` names the model in errors, `bound` limits text read from a
     /// file or standard input.
-    pub fn ids(&self, tok: Option<&Tokenizer>, model: &Path, bound: &dyn Fn(&Tokenizer) -> TextBound) -> Result<Vec<u32>> {
+    pub fn ids(
+        &self,
+        tok: Option<&Tokenizer>,
+        model: &Path,
+        bound: &dyn Fn(&Tokenizer) -> TextBound,
+    ) -> Result<Vec<u32>> {
         if let Some(ids) = &self.ids {
             return parse_ids(ids);
         }
@@ -84,7 +89,11 @@ impl PromptArgs {
 /// more).
 fn read_stdin_bounded(bound: &TextBound) -> Result<String> {
     let mut bytes = Vec::new();
-    std::io::stdin().lock().take(bound.bytes.saturating_add(1)).read_to_end(&mut bytes).context("reading standard input")?;
+    std::io::stdin()
+        .lock()
+        .take(bound.bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .context("reading standard input")?;
     anyhow::ensure!(
         bytes.len() as u64 <= bound.bytes,
         "standard input holds more than {} bytes; {} at most that",

@@ -144,7 +144,8 @@ impl Chat<'_> {
     fn record(&mut self, text: &str, a: Option<&show::Answered>) {
         self.messages.push(self.user(text));
         self.queued = 0;
-        let Some(a) = a.filter(|a| a.failed.is_none() || !(a.text.is_empty() && a.thinking.is_empty() && a.calls.is_empty()))
+        let Some(a) =
+            a.filter(|a| a.failed.is_none() || !(a.text.is_empty() && a.thinking.is_empty() && a.calls.is_empty()))
         else {
             return;
         };
@@ -318,10 +319,12 @@ fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Toke
             );
         }
         Command::Set(s) => set(s, chat, style),
-        Command::Save(path) => match saved::save(&path, &chat.messages, &chat.image_files[..chat.image_files.len() - chat.queued]) {
-            Ok(()) => style.note(&format!("[saved {} messages to {}]", chat.messages.len(), path.display())),
-            Err(e) => style.note(&format!("[not saved: {e:#}]")),
-        },
+        Command::Save(path) => {
+            match saved::save(&path, &chat.messages, &chat.image_files[..chat.image_files.len() - chat.queued]) {
+                Ok(()) => style.note(&format!("[saved {} messages to {}]", chat.messages.len(), path.display())),
+                Err(e) => style.note(&format!("[not saved: {e:#}]")),
+            }
+        }
         Command::Load(path) => match load(&path, engine, tok) {
             Ok((loaded, images)) => {
                 style.note(&format!(
