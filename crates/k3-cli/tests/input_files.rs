@@ -1,5 +1,5 @@
 //! The files a user hands the CLI as input (prompt files, `--image`, chat's `/image` and
-//! `/load`), and standard input: a FIFO or a device is refused at once by kind (never a hang, never
+//! `/load`, perplexity's text, a tokenizer file), and standard input: a FIFO or a device is refused at once by kind (never a hang, never
 //! read until memory runs out), a file past its bound is refused before any work, naming the
 //! path and the limit; `-n 0` is refused; a conversation saved with images and tool calls loads
 //! back whole; an answer that fails keeps the conversation; a signal ends a CLI waiting for input.
@@ -95,6 +95,11 @@ fn fifos_and_devices_are_refused_at_once_by_kind() {
         assert_eq!(code, Some(0), "{err}");
         assert!(err.contains(&format!("[no image: {file} {kind}, not a regular file]")), "/image {file}: {err}");
         assert!(err.contains(&format!("[not loaded: {file} {kind}, not a regular file]")), "/load {file}: {err}");
+        for args in [&["perplexity", file][..], &["tokenize", "--tokenizer", file]] {
+            let (code, err) = run(args, "In the beginning");
+            assert_eq!(code, Some(1), "{err}");
+            assert!(err.contains(&format!("{file} {kind}, not a regular file")), "{args:?}: {err}");
+        }
     }
 }
 

@@ -321,7 +321,15 @@ fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Toke
         Command::Set(s) => set(s, chat, style),
         Command::Save(path) => {
             match saved::save(&path, &chat.messages, &chat.image_files[..chat.image_files.len() - chat.queued]) {
-                Ok(()) => style.note(&format!("[saved {} messages to {}]", chat.messages.len(), path.display())),
+                Ok(()) => style.note(&format!(
+                    "[saved {} messages{} to {}]",
+                    chat.messages.len(),
+                    match chat.image_files.len() - chat.queued {
+                        0 => String::new(),
+                        n => format!(" and {n} image{}", if n == 1 { "" } else { "s" }),
+                    },
+                    path.display()
+                )),
                 Err(e) => style.note(&format!("[not saved: {e:#}]")),
             }
         }
