@@ -62,12 +62,15 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).transpose()?;
-    let bound = crate::prompt::TextBound::for_run(&model, a.engine.knobs.context);
-    let prompt = a.prompt.ids(tok.as_ref(), &path, &bound)?;
+    let most = crate::prompt::RunContext::of(&model, a.engine.knobs.context);
+    let prompt = a.prompt.ids(tok.as_ref(), &path, &most.text())?;
     let n = prompt.len() as u64;
-    if let Some(c) = a.engine.knobs.context.filter(|&c| n >= c) {
-        anyhow::bail!("the prompt is {n} tokens, which leaves no room in a context of {c} tokens: raise --context");
-    }
+    anyhow::ensure!(
+        n < most.tokens,
+        "the prompt is {n} tokens, which leaves no room in a context of {} tokens: {}",
+        most.tokens,
+        most.remedy
+    );
     let needs = Needs {
         context: DEFAULT_CONTEXT.max(n.saturating_add(a.max_tokens.min(DEFAULT_CONTEXT))),
         min_context: 0,

@@ -35,8 +35,8 @@ pub fn run(a: LookaheadArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model)?;
     let m = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&m).transpose()?;
-    let bound = crate::prompt::TextBound::for_run(&m, a.engine.knobs.context);
-    let ids = a.prompt.ids(tok.as_ref(), &path, &bound)?;
+    let most = crate::prompt::RunContext::of(&m, a.engine.knobs.context);
+    let ids = a.prompt.ids(tok.as_ref(), &path, &most.text())?;
     let mut engine = a.engine.load(&m, &path, Needs::exact(ids.len() as u64, a.chunk as usize))?;
     // This command is about the predictors: measure all three.
     engine.measure_lookahead();

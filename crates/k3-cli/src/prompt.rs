@@ -36,17 +36,39 @@ pub struct TextBound {
 /// longest of the models k3 runs, for a model whose config names none.
 const LONGEST_CONTEXT: u64 = 1 << 20;
 
-impl TextBound {
-    /// For a run of `context` tokens (`--context`), else the model's own longest context
-    /// (`max_position_embeddings`), else [`LONGEST_CONTEXT`].
-    pub fn for_run(model: &k3_engine::Model, context: Option<u64>) -> impl Fn(&Tokenizer) -> TextBound {
+/// The most tokens a run's prompt may take, and what set it (said in a refusal).
+#[derive(Debug, Clone, Copy)]
+pub struct RunContext {
+    pub tokens: u64,
+    pub remedy: &'static str,
+}
+
+impl RunContext {
+    /// `--context`, else the model's own longest context (`max_position_embeddings`), else
+    /// [`LONGEST_CONTEXT`]: a prompt sizes the context it is planned with, so without a bound a
+    /// huge one plans (and allocates) a context no memory holds.
+    pub fn of(model: &k3_engine::Model, flag: Option<u64>) -> RunContext {
+        if let Some(tokens) = flag {
+            return RunContext { tokens, remedy: "raise --context" };
+        }
         let config = model
             .blob("config.json")
             .and_then(|raw| k3_engine::config::ModelConfig::parse(Path::new("config.json"), raw).ok());
-        let context = context.or(config.and_then(|c| c.max_positions)).unwrap_or(LONGEST_CONTEXT);
-        move |tok: &Tokenizer| TextBound::of(tok, context)
+        match config.and_then(|c| c.max_positions) {
+            Some(tokens) => RunContext { tokens, remedy: "the model's max_position_embeddings: give a shorter prompt" },
+            None => {
+                RunContext { tokens: LONGEST_CONTEXT, remedy: "give a shorter prompt, or --context to plan for more" }
+            }
+        }
     }
 
+    /// The text bound for a tokenizer, as [`PromptArgs::ids`] takes it.
+    pub fn text(self) -> impl Fn(&Tokenizer) -> TextBound {
+        move |tok: &Tokenizer| TextBound::of(tok, self.tokens)
+    }
+}
+
+impl TextBound {
     pub fn of(tok: &Tokenizer, context: u64) -> TextBound {
         let longest = tok.token_texts().iter().flatten().map(String::len).max().unwrap_or(1).max(1) as u64;
         TextBound {

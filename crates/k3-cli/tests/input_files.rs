@@ -112,6 +112,13 @@ fn an_oversized_prompt_or_conversation_is_refused_before_any_work() {
     let (code, err) = run(&["generate", "-f", big.to_str().unwrap(), "-n", "1"], "");
     assert_eq!(code, Some(1), "a refusal, not an abort: {err}");
     assert!(err.contains("big.txt is 50.0 MiB; a prompt for a context of") && err.contains("holds at most"), "{err}");
+    // Within the bytes but past the model's context in tokens: refused once tokenized, not
+    // planned (a context of 1.1 M tokens) and prefilled for hours.
+    let many = d.path().join("many.txt");
+    std::fs::write(&many, " a".repeat(1_100_000)).unwrap();
+    let (code, err) = run(&["generate", "-f", many.to_str().unwrap(), "-n", "1"], "");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("the prompt is 1100000 tokens, which leaves no room in a context of 1048576"), "{err}");
     // Standard input is bounded the same way, by the context asked for.
     let (code, err) = run(&["generate", "-", "-n", "1", "--context", "64"], &"x".repeat(100_000));
     assert_eq!(code, Some(1), "{err}");
