@@ -183,8 +183,9 @@ fn save_and_load_keep_images_and_tool_calls() {
     assert_eq!(std::fs::read(&first).unwrap(), std::fs::read(&again).unwrap(), "loaded back whole");
 }
 
-/// Every answer fails (standard output is a full disk): each failure is said, the conversation
-/// keeps the user's turns and what was said, the chat goes on and `/save` writes it all.
+/// Every answer fails (standard output is a full disk; then the engine, on damaged experts): each
+/// failure is said, the conversation keeps the user's turns and what was said, the chat goes on
+/// and `/save` writes it all.
 #[test]
 fn a_failed_answer_keeps_the_conversation() {
     let d = tempfile::tempdir().unwrap();
@@ -213,6 +214,23 @@ fn a_failed_answer_keeps_the_conversation() {
         .collect();
     assert_eq!(users, ["In the beginning", "And then?"], "{saved}");
     assert!(saved.as_array().unwrap().iter().any(|m| m["role"] == "assistant"), "what was said stays: {saved}");
+
+    // The engine fails (every expert record damaged): each turn says so and is kept.
+    let model = common::copy_model("default.waste");
+    let shard = model.path().join("experts-00000.waste");
+    let mut b = std::fs::read(&shard).unwrap();
+    for e in &k3_format::Model::open(model.path()).unwrap().header().index {
+        b[(e.offset + e.length / 2) as usize] ^= 0x40;
+    }
+    std::fs::write(&shard, b).unwrap();
+    let file = d.path().join("damaged.json");
+    let script = format!("In the beginning\nAnd then?\n/save {}\n", file.display());
+    let (code, err) = run(&["chat", "-m", model.path().to_str().unwrap(), "-n", "4", "--temp", "0"], &script);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(err.matches("[the answer failed: expert record (layer ").count(), 2, "{err}");
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(saved[0]["content"], "In the beginning", "{saved}");
+    assert_eq!(saved[1]["content"], "And then?", "{saved}");
 }
 
 /// A chat waiting for a line on a pipe that never closes ends on Ctrl-C (SIGINT); so does

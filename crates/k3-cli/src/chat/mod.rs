@@ -247,10 +247,14 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
             chat.live = true;
         }
         let turn = Turn { cache: cache.as_mut(), stats: a.engine.stats, cancel: &cancel };
+        let before = chat.messages.len();
         match turn.run(&engine, &tok, &mut chat, &mut session, &text, style, a.show_thinking, &mut out) {
             Ok(said) => speculation.add(&said),
+            // Nothing ran: the conversation is as it was.
+            Err(e) if chat.messages.len() == before => style.note(&format!("[not sent: {}]", crate::tidy(&e))),
             Err(e) => style.note(&format!(
-                "[the answer failed: {e:#}; the conversation is kept (your message{}): the next message goes on from it]",
+                "[the answer failed: {}; the conversation is kept (your message{}): the next message goes on from it]",
+                crate::tidy(&e),
                 if chat.messages.last().is_some_and(|m| m.role == Role::Assistant) { " and what was said" } else { "" }
             )),
         }
@@ -330,7 +334,7 @@ fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Toke
                     },
                     path.display()
                 )),
-                Err(e) => style.note(&format!("[not saved: {e:#}]")),
+                Err(e) => style.note(&format!("[not saved: {}]", crate::tidy(&e))),
             }
         }
         Command::Load(path) => match load(&path, engine, tok) {
@@ -350,7 +354,7 @@ fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Toke
                 chat.image_files = loaded.images;
                 return Ok(true);
             }
-            Err(e) => style.note(&format!("[not loaded: {e:#}]")),
+            Err(e) => style.note(&format!("[not loaded: {}]", crate::tidy(&e))),
         },
         Command::Image(path) => match crate::images::read(engine, tok, &path) {
             Ok(img) => {
@@ -361,7 +365,7 @@ fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Toke
                 ));
                 chat.queue(img);
             }
-            Err(e) => style.note(&format!("[no image: {e:#}]")),
+            Err(e) => style.note(&format!("[no image: {}]", crate::tidy(&e))),
         },
         Command::Say(_) | Command::Exit => {}
     }
