@@ -328,10 +328,7 @@ fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Toke
                 Ok(()) => style.note(&format!(
                     "[saved {} messages{} to {}]",
                     chat.messages.len(),
-                    match chat.image_files.len() - chat.queued {
-                        0 => String::new(),
-                        n => format!(" and {n} image{}", if n == 1 { "" } else { "s" }),
-                    },
+                    and_images(chat.image_files.len() - chat.queued),
                     path.display()
                 )),
                 Err(e) => style.note(&format!("[not saved: {}]", crate::tidy(&e))),
@@ -342,10 +339,7 @@ fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Toke
                 style.note(&format!(
                     "[loaded {} messages{} from {}: a new conversation]",
                     loaded.messages.len(),
-                    match images.len() {
-                        0 => String::new(),
-                        n => format!(" and {n} image{}", if n == 1 { "" } else { "s" }),
-                    },
+                    and_images(images.len()),
                     path.display()
                 ));
                 chat.system = loaded.messages.first().filter(|m| m.role == Role::System).map(|m| m.content.clone());
@@ -370,6 +364,14 @@ fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Toke
         Command::Say(_) | Command::Exit => {}
     }
     Ok(false)
+}
+
+/// " and N images" after a count of messages (nothing without images).
+fn and_images(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        n => format!(" and {n} image{}", if n == 1 { "" } else { "s" }),
+    }
 }
 
 /// A saved conversation read (within the context's text) and its images embedded.
