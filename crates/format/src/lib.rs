@@ -15,6 +15,7 @@ mod encoding;
 mod error;
 mod header;
 mod index;
+mod input;
 mod lock;
 mod manifest;
 mod output;
@@ -28,6 +29,7 @@ pub use encoding::{CodebookSource, Dtype, Encoding, PartLayout};
 pub use error::{FormatError, Place, Result};
 pub use header::{Header, MAGIC, VERSION_MAJOR, VERSION_MINOR, seal};
 pub use index::IndexEntry;
+pub use input::{InputError, read_input};
 pub use manifest::{
     Architecture, BlobInfo, ExpertLayout, Hex64, Manifest, PartEntry, TensorEntry, TrunkTensor, check_alignment,
 };

@@ -27,8 +27,8 @@ pub struct GenerateArgs {
     /// `<|kimi_image_placeholder|>`, else before the prompt [default: none].
     #[arg(long = "image", value_name = "FILE")]
     images: Vec<PathBuf>,
-    /// The most tokens to generate.
-    #[arg(short = 'n', long, default_value_t = 64)]
+    /// The most tokens to generate (at least 1).
+    #[arg(short = 'n', long, default_value_t = 64, value_parser = crate::prompt::max_tokens)]
     max_tokens: u64,
     /// Stop before this text (repeat the flag for several); the text is not printed [default:
     /// none: the end of the message, --max-tokens or a full context stops].
@@ -62,11 +62,15 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).transpose()?;
-    let prompt = a.prompt.ids(tok.as_ref(), &path)?;
+    let most = crate::prompt::RunContext::of(&model, a.engine.knobs.context);
+    let prompt = a.prompt.ids(tok.as_ref(), &path, &most.text())?;
     let n = prompt.len() as u64;
-    if let Some(c) = a.engine.knobs.context.filter(|&c| n >= c) {
-        anyhow::bail!("the prompt is {n} tokens, which leaves no room in a context of {c} tokens: raise --context");
-    }
+    anyhow::ensure!(
+        n < most.tokens,
+        "the prompt is {n} tokens, which leaves no room in a context of {} tokens: {}",
+        most.tokens,
+        most.remedy
+    );
     let needs = Needs {
         context: DEFAULT_CONTEXT.max(n.saturating_add(a.max_tokens.min(DEFAULT_CONTEXT))),
         min_context: 0,
@@ -77,12 +81,11 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let engine = a.engine.load(&model, &path, needs)?;
     let sampler = a.sampling.config(&model, false, engine.vocab())?;
     a.sampling.say_seed(&sampler, a.engine.stats);
-    let params = GenerateParams {
+    let mut params = GenerateParams {
         max_tokens: a.max_tokens,
         sampler,
         stop_ids: if a.ignore_eos { Vec::new() } else { engine.config().eos.clone() },
         stop_strings: a.stop.clone(),
-        cancel: Some(signals::end_flag()),
         chunk: Some(engine.prefill_chunk()),
         speculate: a.sampling.speculate as usize,
         logprobs: a.logprobs.map(usize::from),
@@ -99,6 +102,10 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
             engine.plan().context
         );
     }
+    // Every input is read: from here a signal stops the run at the next token, which writes
+    // what it has (before, it ends the process, as nothing would look at the flag).
+    params.cancel = Some(signals::end_flag());
+    let _armed = signals::arm();
     let mut cache = a.prompt_cache.open(&engine)?;
     let (mut session, kept_logits, restored) = crate::prompt_cache::start(cache.as_mut(), &engine, &prompt);
     let rest = &prompt[restored.tokens..];
@@ -167,7 +174,7 @@ fn with_images(
     let tok = tok.ok_or_else(|| anyhow::anyhow!("--image needs a model with a tokenizer"))?;
     engine.check_sees().context("--image")?;
     let placeholder = engine.image_placeholder().context("--image: the model has no image placeholder")?;
-    let images = crate::images::read_all(engine, tok, paths)?;
+    let images: Vec<_> = crate::images::read_all(engine, tok, paths)?.into_iter().map(|i| i.prompt).collect();
     let ids = k3_engine::media::place_in_raw(&prompt, placeholder, images.len())?;
     Ok(k3_engine::media::expand(tok, placeholder, engine.hidden(), &ids, &images)?)
 }

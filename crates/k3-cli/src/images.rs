@@ -1,5 +1,6 @@
-//! `--image FILE` and `/image FILE`: image files read and turned into prompt rows by the engine,
-//! each error naming the file.
+//! `--image FILE` and `/image FILE`: image files read (never blocking: a FIFO or a device is
+//! refused, as is a file past the decoder's byte limit) and turned into prompt rows by the engine,
+//! each error naming the file. Chat keeps each file's bytes, which `/save` writes as a data URL.
 
 use std::path::{Path, PathBuf};
 
@@ -8,23 +9,28 @@ use k3_engine::Engine;
 use k3_engine::media::{DecodeLimits, PromptImage};
 use k3_engine::tokenizer::Tokenizer;
 
+/// An image as read: its file's bytes and its prompt rows.
+pub struct Image {
+    pub bytes: Vec<u8>,
+    pub prompt: PromptImage,
+}
+
 /// Reads and embeds one image file, for a model whose tokenizer can frame it.
-pub fn read(engine: &Engine<'_>, tok: &Tokenizer, path: &Path) -> Result<PromptImage> {
+pub fn read(engine: &Engine<'_>, tok: &Tokenizer, path: &Path) -> Result<Image> {
     engine.check_sees()?;
     k3_engine::media::check_tokenizer(tok)?;
     let limits = DecodeLimits::default();
-    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
-    anyhow::ensure!(
-        meta.len() <= limits.max_bytes as u64,
-        "{}: {} bytes is larger than the limit ({limits})",
-        path.display(),
-        meta.len()
-    );
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    engine.prompt_image(&bytes, &limits).with_context(|| path.display().to_string())
+    let bytes = k3_format::read_input(path, "an image file is", limits.max_bytes as u64)?;
+    let prompt = embed(engine, &bytes, &limits).with_context(|| path.display().to_string())?;
+    Ok(Image { bytes, prompt })
+}
+
+/// Embeds an image's bytes (from a file or a saved conversation) within the decoder's limits.
+pub fn embed(engine: &Engine<'_>, bytes: &[u8], limits: &DecodeLimits) -> Result<PromptImage> {
+    Ok(engine.prompt_image(bytes, limits)?)
 }
 
 /// Every file of `paths`, in order.
-pub fn read_all(engine: &Engine<'_>, tok: &Tokenizer, paths: &[PathBuf]) -> Result<Vec<PromptImage>> {
+pub fn read_all(engine: &Engine<'_>, tok: &Tokenizer, paths: &[PathBuf]) -> Result<Vec<Image>> {
     paths.iter().map(|p| read(engine, tok, p)).collect()
 }

@@ -35,7 +35,8 @@ pub fn run(a: LookaheadArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model)?;
     let m = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&m).transpose()?;
-    let ids = a.prompt.ids(tok.as_ref(), &path)?;
+    let most = crate::prompt::RunContext::of(&m, a.engine.knobs.context);
+    let ids = a.prompt.ids(tok.as_ref(), &path, &most.text())?;
     let mut engine = a.engine.load(&m, &path, Needs::exact(ids.len() as u64, a.chunk as usize))?;
     // This command is about the predictors: measure all three.
     engine.measure_lookahead();

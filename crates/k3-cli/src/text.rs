@@ -8,6 +8,14 @@ use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
 
 use crate::prompt::{parse_ids, read_stdin};
 
+/// The most bytes of a tokenizer file: o200k's ranks are 3.6 MB, the largest `tokenizer.json`
+/// files a few tens of MB.
+const TOKENIZER_LIMIT: u64 = 256 << 20;
+
+fn read_tokenizer_file(path: &Path) -> Result<Vec<u8>> {
+    Ok(k3_format::read_input(path, "a tokenizer file is", TOKENIZER_LIMIT)?)
+}
+
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     if path.is_dir() {
         let m = crate::run::open_model(path, &[])?;
@@ -15,16 +23,12 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
             .with_context(|| format!("{} embeds no tiktoken.model or tokenizer.json", path.display()))??);
     }
     if path.extension().is_some_and(|e| e == "json") {
-        let json = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let json = read_tokenizer_file(path)?;
         return Tokenizer::from_hf_json(&json).with_context(|| format!("loading {}", path.display()));
     }
-    let ranks = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let ranks = read_tokenizer_file(path)?;
     let cfg_path = path.with_file_name("tokenizer_config.json");
-    let cfg = if cfg_path.exists() {
-        Some(std::fs::read(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?)
-    } else {
-        None
-    };
+    let cfg = if cfg_path.exists() { Some(read_tokenizer_file(&cfg_path)?) } else { None };
     Tokenizer::from_tiktoken(&ranks, cfg.as_deref(), KIMI_PATTERN)
         .with_context(|| format!("loading {}", path.display()))
 }

@@ -21,7 +21,9 @@ impl Input {
         let mut ed = rustyline::DefaultEditor::new().context("starting the line editor")?;
         let history = crate::default_model::data_dir().ok().map(|d| d.join("chat-history"));
         // One line per entry; an unreadable history only costs the recall of old lines.
-        if let Some(text) = history.as_ref().and_then(|h| std::fs::read_to_string(h).ok()) {
+        // Opened without blocking and bounded (1,000 lines are kept): a FIFO there is not waited on.
+        let text = history.as_ref().and_then(|h| k3_format::read_input(h, "the line history is", 16 << 20).ok());
+        if let Some(text) = text.and_then(|b| String::from_utf8(b).ok()) {
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
                 let _ = ed.add_history_entry(line);
             }

@@ -3,7 +3,9 @@
 //! (`input`), slash commands (`commands`: /help, /clear, /system, /set, /save, /load, /bye), a
 //! counting thinking line or the thinking shown dimmed and apart, tool calls as name and
 //! arguments (`show`), colour unless `NO_COLOR`. Ctrl-C stops the current answer and keeps the
-//! session; an answer cut short is closed and says so.
+//! session; an answer cut short is closed and says so. An answer that fails (the engine's error,
+//! standard output gone) keeps the conversation: the user's turn and what was said stay, the
+//! error is said, and the next turn is computed afresh from the messages.
 
 mod commands;
 mod input;
@@ -14,7 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use k3_engine::chat::{ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
+use k3_engine::chat::{Call, ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
 use k3_engine::config::Family;
 use k3_engine::generate::{Finish, GenerateParams, Generator};
 use k3_engine::media::PromptImage;
@@ -45,8 +47,8 @@ pub struct ChatArgs {
     /// standard error counts its tokens].
     #[arg(long)]
     show_thinking: bool,
-    /// The most tokens of one answer, thinking not counted (/set max_tokens N).
-    #[arg(short = 'n', long, default_value_t = 512)]
+    /// The most tokens of one answer, thinking not counted, at least 1 (/set max_tokens N).
+    #[arg(short = 'n', long, default_value_t = 512, value_parser = crate::prompt::max_tokens)]
     max_tokens: u64,
     /// An image sent with the first message (K3; repeat for several; /image FILE sends one with
     /// a later message) [default: none].
@@ -78,6 +80,8 @@ struct Chat<'t> {
     live: bool,
     /// Every image of the conversation in order, the last `queued` waiting for the next message.
     images: Vec<PromptImage>,
+    /// The files' bytes of `images`, in the same order (what `/save` writes).
+    image_files: Vec<Vec<u8>>,
     queued: usize,
 }
 
@@ -116,6 +120,7 @@ impl Chat<'_> {
     /// A new conversation: `messages` from the start (the system prompt's message first).
     fn restart(&mut self, messages: Vec<Message>) {
         self.images.clear();
+        self.image_files.clear();
         self.queued = 0;
         self.messages = messages;
         if self.messages.is_empty()
@@ -124,6 +129,40 @@ impl Chat<'_> {
             self.messages.push(Message::new(Role::System, s.clone()));
         }
         self.live = false;
+    }
+
+    /// An image for the next message.
+    fn queue(&mut self, image: crate::images::Image) {
+        self.images.push(image.prompt);
+        self.image_files.push(image.bytes);
+        self.queued += 1;
+    }
+
+    /// The conversation goes on with the user's `text` and what the answer `a` said (the user's
+    /// turn alone when it failed before a word, or before it started: `None`); tool calls the
+    /// model gave no id are named as the server names them.
+    fn record(&mut self, text: &str, a: Option<&show::Answered>) {
+        self.messages.push(self.user(text));
+        self.queued = 0;
+        let Some(a) =
+            a.filter(|a| a.failed.is_none() || !(a.text.is_empty() && a.thinking.is_empty() && a.calls.is_empty()))
+        else {
+            return;
+        };
+        let index = self.messages.len();
+        let mut said = Message::new(Role::Assistant, a.text.clone());
+        said.thinking = (!a.thinking.is_empty()).then(|| a.thinking.clone());
+        said.tool_calls = a
+            .calls
+            .iter()
+            .enumerate()
+            .map(|(j, c)| Call {
+                id: Some(if c.id.is_empty() { format!("call-{index}-{j}") } else { c.id.clone() }),
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            })
+            .collect();
+        self.messages.push(said);
     }
 }
 
@@ -169,11 +208,13 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         messages: Vec::new(),
         live: true,
         images: Vec::new(),
+        image_files: Vec::new(),
         queued: 0,
     };
     chat.restart(Vec::new());
-    chat.images = crate::images::read_all(&engine, &tok, &a.images)?;
-    chat.queued = chat.images.len();
+    for image in crate::images::read_all(&engine, &tok, &a.images)? {
+        chat.queue(image);
+    }
     let mut cache = a.prompt_cache.open(&engine)?;
     let mut session = engine.session();
     let mut speculation = SpecStats::default();
@@ -206,8 +247,17 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
             chat.live = true;
         }
         let turn = Turn { cache: cache.as_mut(), stats: a.engine.stats, cancel: &cancel };
-        let said = turn.run(&engine, &tok, &mut chat, &mut session, &text, style, a.show_thinking, &mut out)?;
-        speculation.add(&said);
+        let before = chat.messages.len();
+        match turn.run(&engine, &tok, &mut chat, &mut session, &text, style, a.show_thinking, &mut out) {
+            Ok(said) => speculation.add(&said),
+            // Nothing ran: the conversation is as it was.
+            Err(e) if chat.messages.len() == before => style.note(&format!("[not sent: {}]", crate::tidy(&e))),
+            Err(e) => style.note(&format!(
+                "[the answer failed: {}; the conversation is kept (your message{}): the next message goes on from it]",
+                crate::tidy(&e),
+                if chat.messages.last().is_some_and(|m| m.role == Role::Assistant) { " and what was said" } else { "" }
+            )),
+        }
     }
     input.save()?;
     drop(out);
@@ -273,38 +323,70 @@ fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Toke
             );
         }
         Command::Set(s) => set(s, chat, style),
-        Command::Save(path) => match saved::save(&path, &chat.messages) {
-            Ok(()) => style.note(&format!("[saved {} messages to {}]", chat.messages.len(), path.display())),
-            Err(e) => style.note(&format!("[not saved: {e:#}]")),
-        },
-        Command::Load(path) => match saved::load(&path) {
-            Ok(messages) => {
+        Command::Save(path) => {
+            match saved::save(&path, &chat.messages, &chat.image_files[..chat.image_files.len() - chat.queued]) {
+                Ok(()) => style.note(&format!(
+                    "[saved {} messages{} to {}]",
+                    chat.messages.len(),
+                    and_images(chat.image_files.len() - chat.queued),
+                    path.display()
+                )),
+                Err(e) => style.note(&format!("[not saved: {}]", crate::tidy(&e))),
+            }
+        }
+        Command::Load(path) => match load(&path, engine, tok) {
+            Ok((loaded, images)) => {
                 style.note(&format!(
-                    "[loaded {} messages from {}: a new conversation]",
-                    messages.len(),
+                    "[loaded {} messages{} from {}: a new conversation]",
+                    loaded.messages.len(),
+                    and_images(images.len()),
                     path.display()
                 ));
-                chat.system = messages.first().filter(|m| m.role == Role::System).map(|m| m.content.clone());
-                chat.restart(messages);
+                chat.system = loaded.messages.first().filter(|m| m.role == Role::System).map(|m| m.content.clone());
+                chat.restart(loaded.messages);
+                chat.images = images;
+                chat.image_files = loaded.images;
                 return Ok(true);
             }
-            Err(e) => style.note(&format!("[not loaded: {e:#}]")),
+            Err(e) => style.note(&format!("[not loaded: {}]", crate::tidy(&e))),
         },
         Command::Image(path) => match crate::images::read(engine, tok, &path) {
             Ok(img) => {
-                let n = img.rows.len() / engine.hidden().max(1);
+                let n = img.prompt.rows.len() / engine.hidden().max(1);
                 style.note(&format!(
                     "[{} x {} image, {n} positions: it goes with your next message]",
-                    img.width, img.height
+                    img.prompt.width, img.prompt.height
                 ));
-                chat.images.push(img);
-                chat.queued += 1;
+                chat.queue(img);
             }
-            Err(e) => style.note(&format!("[no image: {e:#}]")),
+            Err(e) => style.note(&format!("[no image: {}]", crate::tidy(&e))),
         },
         Command::Say(_) | Command::Exit => {}
     }
     Ok(false)
+}
+
+/// " and N images" after a count of messages (nothing without images).
+fn and_images(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        n => format!(" and {n} image{}", if n == 1 { "" } else { "s" }),
+    }
+}
+
+/// A saved conversation read (within the context's text) and its images embedded.
+fn load(path: &std::path::Path, engine: &Engine<'_>, tok: &Tokenizer) -> Result<(saved::Saved, Vec<PromptImage>)> {
+    let loaded = saved::load(path, &crate::prompt::TextBound::of(tok, engine.plan().context))?;
+    let limits = k3_engine::media::DecodeLimits::default();
+    let mut images = Vec::with_capacity(loaded.images.len());
+    for (i, bytes) in loaded.images.iter().enumerate() {
+        let image = crate::images::embed(engine, bytes, &limits);
+        images.push(image.with_context(|| format!("{}: image {}", path.display(), i + 1))?);
+    }
+    if !images.is_empty() {
+        k3_engine::media::check_tokenizer(tok)?;
+    }
+    Ok((loaded, images))
 }
 
 fn set(s: Setting, chat: &mut Chat<'_>, style: Style) {
@@ -334,6 +416,8 @@ struct Turn<'a, 'c> {
 }
 
 impl Turn<'_, '_> {
+    /// Runs the turn; an error after the session was touched keeps the user's turn (and what
+    /// was said) in `chat` and has the next turn computed afresh from the messages.
     #[allow(clippy::too_many_arguments)]
     fn run(
         self,
@@ -362,14 +446,64 @@ impl Turn<'_, '_> {
             return Ok(SpecStats::default());
         }
         self.cancel.store(false, std::sync::atomic::Ordering::SeqCst);
+        let _armed = signals::arm();
         let t0 = std::time::Instant::now();
+        let stats = self.stats;
+        let turn = match self.start(engine, tok, chat, session, &pending, &images) {
+            Ok(turn) => turn,
+            Err(e) => {
+                chat.record(text, None);
+                chat.live = false;
+                return Err(e);
+            }
+        };
+        let calls = k3_engine::toolcall::ToolCallReader::new(tok, engine.config().family);
+        let mut a = show::answer(engine, turn, tok, calls, style, show_thinking, out);
+        chat.record(text, Some(&a));
+        if let Some(e) = a.failed.take() {
+            chat.live = false;
+            return Err(e);
+        }
+        match a.finish {
+            Some(Finish::Length) => style.note(&format!(
+                "[answer cut at --max-tokens {}: /set max_tokens N allows more]",
+                chat.params.max_tokens
+            )),
+            Some(Finish::Cancelled) => style.note("[stopped]"),
+            Some(Finish::ContextFull) => style.note(&format!(
+                "[answer cut: the context of {context} tokens is full: /clear starts a new conversation]"
+            )),
+            _ => {}
+        }
+        if stats {
+            eprintln!(
+                "turn: {} prompt tokens, {} answer tokens in {:.2} s; {} of {context} context tokens used",
+                pending.len(),
+                a.tokens,
+                t0.elapsed().as_secs_f64(),
+                session.tokens()
+            );
+        }
+        Ok(a.spec)
+    }
+
+    /// The turn's prompt run (from the prompt cache on the first turn), ready to answer.
+    fn start<'s, 'e>(
+        self,
+        engine: &'e Engine<'_>,
+        tok: &'e Tokenizer,
+        chat: &Chat<'_>,
+        session: &'s mut Session,
+        pending: &[u32],
+        images: &[k3_engine::Inserted],
+    ) -> Result<Generator<'s, 'e>> {
         let first = session.tokens() == 0 && chat.messages.iter().all(|m| m.role == Role::System);
         // Token states do not say which image a prompt held: a prompt with images is computed.
         let mut cache = self.cache.filter(|_| first && images.is_empty());
         let (from, kept_logits) = match cache.as_deref_mut() {
             Some(c) => {
-                let boundary = system_boundary(&chat.format, &chat.opening(), chat.system.as_deref(), &pending);
-                first_turn_from_cache(engine, c, session, &pending, boundary, self.stats)?
+                let boundary = system_boundary(&chat.format, &chat.opening(), chat.system.as_deref(), pending);
+                first_turn_from_cache(engine, c, session, pending, boundary, self.stats)?
             }
             None => (0, None),
         };
@@ -384,7 +518,7 @@ impl Turn<'_, '_> {
                 engine,
                 session,
                 &pending[from..],
-                &images,
+                images,
                 Some(tok),
                 params,
                 &mut |done, _| {
@@ -400,38 +534,11 @@ impl Turn<'_, '_> {
         if let Some(c) = cache
             && from < pending.len()
             && turn.session().tokens() > 0
-            && turn.session().ids().ends_with(&pending)
+            && turn.session().ids().ends_with(pending)
         {
             c.keep(engine, turn.session(), Some(turn.last_logits(engine)));
         }
-        let calls = k3_engine::toolcall::ToolCallReader::new(tok, engine.config().family);
-        let a = show::answer(engine, turn, tok, calls, style, show_thinking, out)?;
-        chat.messages.push(chat.user(text));
-        chat.queued = 0;
-        let mut said = Message::new(Role::Assistant, a.text.clone());
-        said.thinking = (!a.thinking.is_empty()).then(|| a.thinking.clone());
-        chat.messages.push(said);
-        match a.finish {
-            Some(Finish::Length) => style.note(&format!(
-                "[answer cut at --max-tokens {}: /set max_tokens N allows more]",
-                chat.params.max_tokens
-            )),
-            Some(Finish::Cancelled) => style.note("[stopped]"),
-            Some(Finish::ContextFull) => style.note(&format!(
-                "[answer cut: the context of {context} tokens is full: /clear starts a new conversation]"
-            )),
-            _ => {}
-        }
-        if self.stats {
-            eprintln!(
-                "turn: {} prompt tokens, {} answer tokens in {:.2} s; {} of {context} context tokens used",
-                pending.len(),
-                a.tokens,
-                t0.elapsed().as_secs_f64(),
-                session.tokens()
-            );
-        }
-        Ok(a.spec)
+        Ok(turn)
     }
 }
 

@@ -8,7 +8,7 @@ use anyhow::Result;
 use k3_engine::generate::{Finish, Generator};
 use k3_engine::speculate::SpecStats;
 use k3_engine::tokenizer::Tokenizer;
-use k3_engine::toolcall::{Piece, ToolCallReader};
+use k3_engine::toolcall::{Piece, ToolCall, ToolCallReader};
 
 /// Terminal escapes, or none.
 #[derive(Debug, Clone, Copy)]
@@ -54,17 +54,24 @@ impl Style {
     }
 }
 
-/// One answer as it was streamed.
+/// One answer as it was streamed: all of it, or what was said before `failed`.
+#[derive(Default)]
 pub struct Answered {
     pub text: String,
     pub thinking: String,
+    /// The tool calls, apart from the text (shown as name and arguments).
+    pub calls: Vec<ToolCall>,
     pub tokens: u64,
     pub finish: Option<Finish>,
     pub spec: SpecStats,
+    /// What ended the answer early: the engine's error, or standard output's.
+    pub failed: Option<anyhow::Error>,
+    /// What was last written ends a line (a call is shown on a line of its own).
+    at_line_start: bool,
 }
 
 /// Streams one answer to `out`, thinking shown apart (`show_thinking`) or counted on standard
-/// error's status line.
+/// error's status line. An error part way keeps what was said before it (`failed`).
 pub fn answer(
     engine: &k3_engine::Engine<'_>,
     mut turn: Generator<'_, '_>,
@@ -73,10 +80,28 @@ pub fn answer(
     style: Style,
     show_thinking: bool,
     out: &mut impl Write,
-) -> Result<Answered> {
-    let mut a =
-        Answered { text: String::new(), thinking: String::new(), tokens: 0, finish: None, spec: SpecStats::default() };
-    let mut calls = calls;
+) -> Answered {
+    let mut a = Answered { at_line_start: true, ..Answered::default() };
+    if let Err(e) = stream(engine, &mut turn, tok, calls, (style, show_thinking), out, &mut a) {
+        // The line the answer was on is closed, if standard output still takes it.
+        let _ = writeln!(out);
+        a.failed = Some(e);
+    }
+    a.tokens = turn.produced();
+    a.finish = turn.finish();
+    a.spec = turn.spec;
+    a
+}
+
+fn stream(
+    engine: &k3_engine::Engine<'_>,
+    turn: &mut Generator<'_, '_>,
+    tok: &Tokenizer,
+    mut calls: Option<ToolCallReader>,
+    (style, show_thinking): (Style, bool),
+    out: &mut impl Write,
+    a: &mut Answered,
+) -> Result<()> {
     let mut shown_thinking = false;
     let mut status = false;
     let clear_status = |status: &mut bool| {
@@ -114,41 +139,38 @@ pub fn answer(
                 writeln!(out, "\n")?;
                 shown_thinking = false;
             }
-            show(&mut a, p, style, out)?;
+            show(a, p, style, out)?;
         }
         out.flush()?;
     }
     clear_status(&mut status);
     let rest = turn.flush();
     if !rest.is_empty() {
-        show(&mut a, Piece::Text(rest), style, out)?;
+        show(a, Piece::Text(rest), style, out)?;
     }
     for p in calls.as_mut().map(ToolCallReader::finish).unwrap_or_default() {
-        show(&mut a, p, style, out)?;
+        show(a, p, style, out)?;
     }
     writeln!(out)?;
-    a.tokens = turn.produced();
-    a.finish = turn.finish();
-    a.spec = turn.spec;
-    Ok(a)
+    Ok(())
 }
 
-/// Text as it is; a call as its name and arguments.
+/// Text as it is; a call as its name and arguments, on a line of its own, kept apart.
 fn show(a: &mut Answered, p: Piece, style: Style, out: &mut impl Write) -> Result<()> {
     match p {
         Piece::Text(t) => {
-            write!(out, "{t}")?;
             a.text.push_str(&t);
+            if !t.is_empty() {
+                a.at_line_start = t.ends_with('\n');
+            }
+            write!(out, "{t}")?;
         }
         Piece::Call(c) => {
             let line = format!("[tool call] {}({})", c.name, c.arguments);
-            write!(
-                out,
-                "{}{}",
-                if a.text.ends_with('\n') || a.text.is_empty() { "" } else { "\n" },
-                style.cyan(&line)
-            )?;
-            a.text.push_str(&line);
+            let newline = if a.at_line_start { "" } else { "\n" };
+            a.calls.push(c);
+            a.at_line_start = false;
+            write!(out, "{newline}{}", style.cyan(&line))?;
         }
     }
     Ok(())
