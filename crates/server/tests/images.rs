@@ -247,6 +247,16 @@ async fn images_beyond_the_in_flight_budget_are_a_503_not_more_memory() {
     // Once it is through, the pixels are back: the next request gets them.
     let (status, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
     assert_eq!(status, 200, "{v}");
+    // An image whose data fails to decode gives its pixels back too (twice: none leaked).
+    let side = (pic.pixels() as f64).sqrt() as u32;
+    for _ in 0..2 {
+        let (status, v) =
+            json_call(&router, post("/v1/chat/completions", &ask(&data_url(&claimed_png(side, side))))).await;
+        assert_eq!(status, 400, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("PNG data"), "{v}");
+    }
+    let (status, v) = json_call(&router, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, 200, "{v}");
 }
 
 async fn call_owned(router: axum::Router, body: Value) -> (u16, String) {

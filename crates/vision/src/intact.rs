@@ -117,6 +117,15 @@ mod tests {
     }
 
     #[test]
+    fn a_webp_holds_what_its_riff_header_declares() {
+        let mut w = b"RIFF".to_vec();
+        w.extend(8u32.to_le_bytes());
+        w.extend(b"WEBPVP8L");
+        assert_eq!(webp(&w), Ok(()));
+        assert!(webp(&w[..w.len() - 1]).unwrap_err().contains("declares 16 bytes, the file has 15"));
+    }
+
+    #[test]
     fn a_png_ends_with_iend() {
         let mut p = b"\x89PNG\r\n\x1a\n".to_vec();
         p.extend([0, 0, 0, 0]);
