@@ -9,6 +9,7 @@ use k3_engine::budget::parse_size;
 use std::time::Duration;
 
 use k3_server::boundary::Boundary;
+use k3_server::image_budget::ImageLimits;
 use k3_server::reqlog::LogFormat;
 use k3_server::{Limits, ServerOptions};
 
@@ -102,6 +103,21 @@ pub struct ServeArgs {
     /// ended (each with its finish chunk and [DONE]); new requests get 503 meanwhile.
     #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
     drain_timeout: u64,
+    /// Megapixels of images one request may bring, counted from their headers before any is
+    /// decoded (400 naming the image beyond). Decoding takes 3 to 3.4 MB a megapixel (measured on
+    /// 64-megapixel PNGs and JPEGs), so the default, two of the largest images the decoder takes
+    /// (64 megapixels each), is ~400 MB.
+    #[arg(long, value_name = "MEGAPIXELS", default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_image_megapixels: u64,
+    /// Megapixels of images decoded and not yet resized across the server at once (at least
+    /// --max-image-megapixels): four of the largest images by default, ~800 MB. A request
+    /// waits --image-wait seconds for room, then gets 503.
+    #[arg(long, value_name = "MEGAPIXELS", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    image_megapixels_in_flight: u64,
+    /// Seconds a request with images waits for room in --image-megapixels-in-flight before it
+    /// is answered 503.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    image_wait: u64,
     #[command(flatten)]
     engine: EngineKnobs,
 }
@@ -189,6 +205,11 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
         },
         stop_bytes: 4096,
         log_format: if a.log_format == "json" { LogFormat::Json } else { LogFormat::Text },
+        images: ImageLimits {
+            per_request: a.max_image_megapixels * 1_000_000,
+            in_flight: a.image_megapixels_in_flight.max(a.max_image_megapixels) * 1_000_000,
+            wait: Duration::from_secs(a.image_wait),
+        },
     };
     let files = raise_open_files();
     if files > 0 && (files as usize) < opts.limits.max_connections + 64 {

@@ -12,6 +12,7 @@ pub mod api;
 pub mod boundary;
 pub mod error;
 pub mod histogram;
+pub mod image_budget;
 pub mod listen;
 pub mod logprobs;
 pub mod metrics;
@@ -70,6 +71,8 @@ pub struct ServerOptions {
     pub stop_bytes: usize,
     /// How the ready line and the request lines are written on standard error.
     pub log_format: reqlog::LogFormat,
+    /// Image pixels a request may bring and how many may be decoded at once across the server.
+    pub images: image_budget::ImageLimits,
 }
 
 impl ServerOptions {
@@ -89,6 +92,7 @@ impl ServerOptions {
             limits: Limits::default(),
             stop_bytes: 4096,
             log_format: reqlog::LogFormat::Text,
+            images: image_budget::ImageLimits::default(),
         }
     }
 }
@@ -109,6 +113,8 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         body_timeout: opts.limits.body_timeout,
         stop_bytes: opts.stop_bytes,
         log_format: opts.log_format,
+        image_limits: opts.images,
+        images_in_flight: image_budget::InFlight::new(opts.images.in_flight.max(opts.images.per_request)),
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
     let loader = state.clone();

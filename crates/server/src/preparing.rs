@@ -1,21 +1,35 @@
-//! A job's images on their way through the tower: a block at a time, on the scheduler's thread
-//! between steps of the batch (a whole K3 tower is ~20 s on 8 cores; a block is a 27th of it), so
-//! the sequences already decoding keep getting tokens. When the last image is done the prompt is
-//! framed ([`k3_engine::media::expand`]) and the job joins the batch.
+//! A job's images on their way to the batch, in slices so the sequences already decoding keep
+//! getting tokens: each image is resized and cut into patches on a thread of its own (a
+//! 64-megapixel resize is about a second of one core, which on the scheduler's thread paused
+//! every stream that long), then goes through the tower a block at a time on the scheduler's
+//! thread between steps of the batch (a whole K3 tower is ~20 s on 8 cores; a block is a 27th of
+//! it). An image's share of the in-flight pixel budget is given back once its patches are made.
+//! When the last image is done the prompt is framed ([`k3_engine::media::expand`]) and the job
+//! joins the batch.
+
+use std::sync::mpsc;
+use std::time::Duration;
 
 use k3_engine::generate::Finish;
 use k3_engine::media::PromptImage;
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, ImageWork, Inserted};
+use k3_vision::Patches;
 use tokio::sync::mpsc as tmpsc;
 
 use crate::prefix::Scope;
 use crate::scheduler::{Event, Job};
 
+/// How long a scheduler loop waits for patches still being made before stepping the batch
+/// again (it would spin otherwise when nothing else runs; a step waits at most this).
+const PATCHES_WAIT: Duration = Duration::from_millis(1);
+
 /// A job and how far its images are.
 pub struct Preparing<'e> {
     job: Job,
     done: Vec<PromptImage>,
+    /// The job's images' patches, in order, from the thread making them.
+    patches: Option<mpsc::Receiver<Result<Patches, String>>>,
     work: Option<ImageWork<'e>>,
     /// Why it cannot go on (told when it is taken out).
     failed: Option<String>,
@@ -23,7 +37,7 @@ pub struct Preparing<'e> {
 
 impl<'e> Preparing<'e> {
     pub fn new(job: Job) -> Self {
-        Preparing { job, done: Vec::new(), work: None, failed: None }
+        Preparing { job, done: Vec::new(), patches: None, work: None, failed: None }
     }
 
     /// The client went away.
@@ -37,26 +51,65 @@ impl<'e> Preparing<'e> {
         let _ = self.job.events.send(done);
     }
 
-    /// One tower block (or an image started or finished); true when every image is done or the
-    /// job has failed: it is ready to be taken out.
+    /// One slice: an image's patches taken (or waited for a moment), one tower block, or an
+    /// image finished; true when every image is done or the job has failed: it is ready to be
+    /// taken out.
     pub fn advance(&mut self, engine: &'e Engine<'_>) -> bool {
-        if self.failed.is_some() {
+        if self.failed.is_some() || self.done.len() == self.job.images.len() {
             return true;
         }
-        let Some(work) = self.work.as_mut() else {
-            let Some(img) = self.job.images.get(self.done.len()) else { return true };
-            match engine.start_image(&img.picture, img.digest) {
+        if let Some(work) = self.work.as_mut() {
+            if !engine.advance_image(work)
+                && let Some(w) = self.work.take()
+            {
+                self.done.push(engine.finish_image(w));
+            }
+            return self.done.len() == self.job.images.len();
+        }
+        if self.patches.is_none() {
+            match self.start_patches(engine) {
+                Ok(rx) => self.patches = Some(rx),
+                Err(e) => self.failed = Some(e),
+            }
+        }
+        let Some(rx) = &self.patches else { return true };
+        match rx.recv_timeout(PATCHES_WAIT) {
+            Ok(Ok(p)) => match engine.start_patches(&p, self.job.images[self.done.len()].digest) {
                 Ok(w) => self.work = Some(w),
                 Err(e) => self.failed = Some(e.to_string()),
+            },
+            Ok(Err(e)) => self.failed = Some(e),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                self.failed = Some("the images' preparation stopped before their patches were made".into());
             }
-            return self.failed.is_some();
-        };
-        if !engine.advance_image(work)
-            && let Some(w) = self.work.take()
-        {
-            self.done.push(engine.finish_image(w));
         }
-        self.done.len() == self.job.images.len()
+        self.failed.is_some()
+    }
+
+    /// Starts the thread that resizes and patches the job's decoded pictures, one at a time
+    /// and one ahead of the tower at most; each picture, and its share of the in-flight budget,
+    /// is dropped once its patches are made (or when the job is gone).
+    fn start_patches(&mut self, engine: &Engine<'_>) -> Result<mpsc::Receiver<Result<Patches, String>>, String> {
+        let processor = engine.image_processor().cloned().ok_or("this model reads no images")?;
+        let pictures: Vec<_> = self.job.images.iter_mut().filter_map(|i| i.take_picture()).collect();
+        if pictures.len() != self.job.images.len() {
+            return Err("an image of the request was not decoded".into());
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("k3-image-patches".into())
+            .spawn(move || {
+                for (picture, lease) in pictures {
+                    let patches = k3_vision::patch_image(&picture, &processor).map_err(|e| e.to_string());
+                    drop((picture, lease));
+                    if tx.send(patches).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| format!("could not start preparing the images: {e}"))?;
+        Ok(rx)
     }
 
     /// The job with its prompt framed and where its images' rows go, or the error to send.

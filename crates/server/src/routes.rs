@@ -123,8 +123,9 @@ pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         .map_err(|e| ApiError::bad("body", format!("the request body is not a valid request: {e}")))
 }
 
-/// Reads, checks and tokenizes a request on a blocking thread (tokenizing a long prompt is
-/// CPU work that must not stall the async workers serving everyone else).
+/// Reads, checks and tokenizes a request, and decodes its images within their budgets, on a
+/// blocking thread (tokenizing a long prompt and decoding are CPU work that must not stall the
+/// async workers serving everyone else).
 pub(crate) async fn prepared<T, F>(s: &AppState, req: Request, prepare: F) -> Result<Prepared, ApiError>
 where
     T: DeserializeOwned + Send + 'static,
@@ -155,7 +156,9 @@ where
     tokio::task::spawn_blocking(move || {
         let r: T = parse(&bytes)?;
         let (info, tok) = state.ready()?;
-        prepare(r, info, tok)
+        let mut p = prepare(r, info, tok)?;
+        crate::api::images::admit(&mut p.images, &state.image_limits, &state.images_in_flight)?;
+        Ok(p)
     })
     .await
     .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "checking the request failed"))?

@@ -28,6 +28,10 @@ pub struct AppState {
     pub stop_bytes: usize,
     /// How request lines are written on standard error.
     pub log_format: crate::reqlog::LogFormat,
+    /// Image pixels a request may bring, and the server's pixels in flight
+    /// ([`crate::image_budget`]).
+    pub image_limits: crate::image_budget::ImageLimits,
+    pub images_in_flight: Arc<crate::image_budget::InFlight>,
     /// Unix seconds at start (the models' `created`).
     pub created: u64,
 }

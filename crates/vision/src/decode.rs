@@ -2,7 +2,7 @@
 //! is recognized from the bytes (PNG, JPEG, WebP; GIF only to say that it is refused), the
 //! declared size is checked against [`DecodeLimits`] (a pixel bomb is refused by its header),
 //! animation is refused (an animated PNG or WebP is not one picture), and a truncated or corrupt
-//! file is an error, never a partial picture.
+//! file is an error, never a partial picture ([`crate::intact`] checks its structure first).
 
 use std::io::Cursor;
 
@@ -56,9 +56,33 @@ fn bad(reason: impl Into<String>) -> VisionError {
     VisionError::Image(reason.into())
 }
 
-/// Decodes `bytes` into RGB, within `limits`. Grey and palette images become RGB; an alpha
-/// channel is dropped (the processor composites nothing for an opaque-background config).
-pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Picture, VisionError> {
+/// What an image's header says, checked against the limits: enough to count its pixels (and so
+/// the memory its decoding takes) before any is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub format: ImageFormat,
+    pub width: u32,
+    pub height: u32,
+}
+
+impl Header {
+    pub fn pixels(&self) -> u64 {
+        u64::from(self.width) * u64::from(self.height)
+    }
+
+    fn name(&self) -> &'static str {
+        match self.format {
+            ImageFormat::Png => "PNG",
+            ImageFormat::Jpeg => "JPEG",
+            _ => "WebP",
+        }
+    }
+}
+
+/// Reads `bytes`' header and structure without decoding a pixel: the format, the declared size
+/// within `limits`, no animation, and the file whole (see [`crate::intact`]). What [`decode`]
+/// checks first; a server sums the pixels of a request's images with it before decoding any.
+pub fn probe(bytes: &[u8], limits: &DecodeLimits) -> Result<Header, VisionError> {
     if bytes.is_empty() {
         return Err(bad("the file is empty"));
     }
@@ -72,11 +96,8 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Picture, VisionErro
         ImageFormat::Gif => return Err(bad("GIF is not supported: give a PNG, JPEG or WebP image")),
         other => return Err(bad(format!("{other:?} is not supported: give a PNG, JPEG or WebP image"))),
     }
-    let name = match format {
-        ImageFormat::Png => "PNG",
-        ImageFormat::Jpeg => "JPEG",
-        _ => "WebP",
-    };
+    let name = Header { format, width: 0, height: 0 }.name();
+    crate::intact::check(bytes, format).map_err(bad)?;
     // The declared size, from the header alone, before the decoder allocates anything.
     let (width, height) = ImageReader::with_format(Cursor::new(bytes), format)
         .into_dimensions()
@@ -85,7 +106,15 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Picture, VisionErro
     if animated(bytes, format)? {
         return Err(bad("the image is animated; give one still frame (PNG, JPEG or WebP)"));
     }
-    let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
+    Ok(Header { format, width, height })
+}
+
+/// Decodes `bytes` into RGB, within `limits`. Grey and palette images become RGB; an alpha
+/// channel is dropped (the processor composites nothing for an opaque-background config).
+pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Picture, VisionError> {
+    let header = probe(bytes, limits)?;
+    let name = header.name();
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), header.format);
     let mut l = image::Limits::default();
     l.max_image_width = Some(limits.max_side);
     l.max_image_height = Some(limits.max_side);
@@ -94,8 +123,17 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Picture, VisionErro
     reader.limits(l);
     let decoder = reader.into_decoder().map_err(|e| bad(format!("{name} header: {e}")))?;
     let img = image::DynamicImage::from_decoder(decoder).map_err(|e| bad(format!("{name} data: {e}")))?;
+    if (img.width(), img.height()) != (header.width, header.height) {
+        return Err(bad(format!(
+            "{name} data: the header says {} x {} pixels, the data holds {} x {}",
+            header.width,
+            header.height,
+            img.width(),
+            img.height()
+        )));
+    }
     let had_alpha = img.color().has_alpha();
-    Ok(Picture { width, height, rgb: img.into_rgb8().into_raw(), had_alpha })
+    Ok(Picture { width: header.width, height: header.height, rgb: img.into_rgb8().into_raw(), had_alpha })
 }
 
 fn check_size(width: u32, height: u32, limits: &DecodeLimits) -> Result<(), VisionError> {

@@ -9,12 +9,13 @@
 
 pub mod config;
 pub mod decode;
+pub mod intact;
 pub mod patches;
 pub mod resize;
 pub mod tower;
 
 pub use config::{ProcessorConfig, VisionConfig};
-pub use decode::{DecodeLimits, Picture, decode};
+pub use decode::{DecodeLimits, Header, Picture, decode, probe};
 pub use patches::{Layout, Patches, patches as patch_image};
 pub use tower::{Tower, TowerWeights};
 

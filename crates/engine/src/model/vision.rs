@@ -5,7 +5,7 @@ use half::bf16;
 use k3_format::{Encoding, Model};
 use k3_quant::Matrix;
 use k3_vision::tower::{BlockWeights, TowerWeights, tensors};
-use k3_vision::{Layout, Picture, ProcessorConfig, Tower};
+use k3_vision::{Layout, Patches, Picture, ProcessorConfig, Tower};
 
 use super::Engine;
 use crate::EngineError;
@@ -214,8 +214,21 @@ impl<'m> Engine<'m> {
     pub fn start_image(&self, pic: &Picture, digest: u64) -> Result<ImageWork<'_>, EngineError> {
         let eyes = self.eyes()?;
         let patches = k3_vision::patch_image(pic, &eyes.processor).map_err(|e| EngineError::Input(e.to_string()))?;
-        let run = self.compute.run(|| eyes.tower.start(&patches)).map_err(|e| EngineError::Input(e.to_string()))?;
-        Ok(ImageWork { run, width: pic.width, height: pic.height, digest })
+        self.start_patches(&patches, digest)
+    }
+
+    /// The processor's settings, when the model sees: with them a server resizes and patches an
+    /// image off the engine's thread (a 64-megapixel resize is a second of one core) and starts
+    /// the tower on the result ([`Self::start_patches`]).
+    pub fn image_processor(&self) -> Option<&ProcessorConfig> {
+        self.eyes.as_ref().map(|e| &e.processor)
+    }
+
+    /// [`Self::start_image`] on patches already made with [`Self::image_processor`]'s settings.
+    pub fn start_patches(&self, patches: &Patches, digest: u64) -> Result<ImageWork<'_>, EngineError> {
+        let eyes = self.eyes()?;
+        let run = self.compute.run(|| eyes.tower.start(patches)).map_err(|e| EngineError::Input(e.to_string()))?;
+        Ok(ImageWork { run, width: patches.layout.width, height: patches.layout.height, digest })
     }
 
     /// Runs one more block of `work`'s tower; false when none is left.

@@ -133,7 +133,8 @@ pub struct Prepared {
     pub tools: bool,
     /// Where to keep the state while prefilling ([`crate::scheduler::Job::checkpoints`]).
     pub checkpoints: Vec<usize>,
-    /// The images, in prompt order (one placeholder each in `prompt`).
+    /// The images, in prompt order (one placeholder each in `prompt`); decoded by
+    /// [`images::admit`] before the request is queued.
     pub images: Vec<images::RequestImage>,
 }
 
@@ -180,7 +181,8 @@ impl ChatMessage {
     }
 
     /// The engine's message for `messages[i]`: text parts and images (data only: nothing is
-    /// fetched), tool calls with their arguments as written; the images decoded, in order.
+    /// fetched), tool calls with their arguments as written; the images, in order, checked by
+    /// their headers (decoded later, within the budgets: [`images::admit`]).
     fn to_message(&self, i: usize, sees: bool) -> Result<(Message, Vec<images::RequestImage>), ApiError> {
         let role = match self.role.as_str() {
             "system" | "developer" => Role::System,
@@ -206,7 +208,7 @@ impl ChatMessage {
                         ("text", Some(t), _) => text.push_str(t),
                         ("image_url", _, Some(u)) if sees => {
                             let field = format!("{field}.image_url");
-                            pics.push(images::picture(&u.bytes(&field)?, &format!("{field}.url"))?);
+                            pics.push(images::probed(u.bytes(&field)?, &format!("{field}.url"))?);
                             at.push(text.len());
                         }
                         ("image_url", ..) => {
