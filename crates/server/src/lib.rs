@@ -14,6 +14,7 @@ pub mod error;
 pub mod histogram;
 pub mod listen;
 pub mod logprobs;
+mod masks;
 pub mod metrics;
 pub mod ollama;
 pub mod page;
