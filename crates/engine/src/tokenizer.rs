@@ -159,7 +159,15 @@ impl Tokenizer {
         let mut plain = t.clone();
         plain.set_encode_special_tokens(true);
         let bpe = Backend::HuggingFace { plain: Box::new(plain), specials: Box::new(t) };
-        Ok(Tokenizer { bpe, specials, special_names, vocab, texts: Default::default(), trie: Default::default(), chat_template: None })
+        Ok(Tokenizer {
+            bpe,
+            specials,
+            special_names,
+            vocab,
+            texts: Default::default(),
+            trie: Default::default(),
+            chat_template: None,
+        })
     }
 
     /// The tokenizer a WASTE model embeds (`tiktoken.model` with `tokenizer_config.json`, or a

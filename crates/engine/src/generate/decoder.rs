@@ -321,3 +321,62 @@ fn close_think(tok: &Tokenizer, params: &GenerateParams) -> Result<Vec<u32>, Eng
     ids.push(sep);
     Ok(ids)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::SamplerConfig;
+
+    fn default_tokenizer() -> Tokenizer {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/default.waste");
+        Tokenizer::from_model(&k3_format::Model::open(path).unwrap()).unwrap().unwrap()
+    }
+
+    /// Logits over a padded vocabulary (64 rows past the tokenizer's ids, the likeliest by far):
+    /// greedy and sampled draws alike stay among the ids the tokenizer decodes.
+    #[test]
+    fn padded_ids_are_never_sampled() {
+        let tok = default_tokenizer();
+        let n = tok.vocab();
+        let mut logits: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.1).collect();
+        logits.extend(std::iter::repeat_n(50.0, 64));
+        for temperature in [0.0, 1.0] {
+            let sampler = SamplerConfig { temperature, seed: 3, ..SamplerConfig::default() };
+            let mut d = Decoder::new(Some(&tok), GenerateParams { sampler, ..GenerateParams::default() }).unwrap();
+            for _ in 0..50 {
+                let id = d.sample(&logits);
+                assert!((id as usize) < n, "{id} is past the tokenizer's {n} ids");
+            }
+        }
+        // Without a tokenizer the ids are the output: every row may be drawn.
+        let mut bare = Decoder::new(None, GenerateParams::default()).unwrap();
+        assert!(bare.sample(&logits) as usize >= n);
+    }
+
+    /// A mask made elsewhere is used only at the point it was made for, and gives what the
+    /// decoder computes itself.
+    #[test]
+    fn a_mask_from_elsewhere_samples_as_the_decoders_own() {
+        let tok = default_tokenizer();
+        let params = GenerateParams { json_object: true, ..GenerateParams::default() };
+        let logits: Vec<f32> = (0..tok.vocab()).map(|i| ((i * 37) % 101) as f32 / 10.0).collect();
+        let (mut a, mut b) =
+            (Decoder::new(Some(&tok), params.clone()).unwrap(), Decoder::new(Some(&tok), params).unwrap());
+        let mut stale = None;
+        for step in 0..12 {
+            let job = b.mask_job().expect("a JSON answer is masked");
+            let mask = job.run_now();
+            let id = b.sample_with(&logits, Some(&mask));
+            assert_eq!(id, a.sample(&logits), "step {step}");
+            // A stale mask (the first one) is not used.
+            let other = a.sample_with(&logits, stale.as_ref());
+            assert_eq!(other, id, "step {step}");
+            stale.get_or_insert(mask);
+            let (ea, eb) = (a.emit(id, step, 1000).unwrap(), b.emit(id, step, 1000).unwrap());
+            assert_eq!(ea, eb);
+            if matches!(ea, Emit::End(..)) {
+                break;
+            }
+        }
+    }
+}

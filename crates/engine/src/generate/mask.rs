@@ -204,7 +204,8 @@ mod tests {
         let schema = Arc::new(JsonSchema::compile(&schema).unwrap());
         // 0 `{`, 1 `{"`, 2 `{"ok"`, 3 `"`, 4 `"ok":`, 5 `"no"`, 6 none, 7 `x`, 8 `{"x`, 9 `{"ok"` again
         // (two ids may share a text), 10 `tr`, 11 `true}`, 12 `ok`.
-        let t = texts(&["{", "{\"", "{\"ok\"", "\"", "\"ok\":", "\"no\"", "", "x", "{\"x", "{\"ok\"", "tr", "true}", "ok"]);
+        let t =
+            texts(&["{", "{\"", "{\"ok\"", "\"", "\"ok\":", "\"no\"", "", "x", "{\"x", "{\"ok\"", "tr", "true}", "ok"]);
         let start = job(Shape::Schema(Box::new(schema.prefix())), &t);
         assert_eq!(allowed(&start.run_now()), [0, 1, 2, 9]);
         let mut after = schema.prefix();
@@ -269,8 +270,10 @@ mod tests {
         let tok = default_tokenizer();
         let (texts, trie) = (tok.token_texts(), tok.token_trie());
         let cases: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/json-schema/cases.json"))
-                .unwrap(),
+            &std::fs::read(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/json-schema/cases.json"),
+            )
+            .unwrap(),
         )
         .unwrap();
         let mut shapes: Vec<(Shape, String)> = Vec::new();
@@ -309,7 +312,13 @@ mod tests {
         let tok = default_tokenizer();
         let (texts, trie) = (tok.token_texts(), tok.token_trie());
         let costly = Arc::new(JsonSchema::compile(&costly_schema()).unwrap());
-        let points = ["", "{", "{\"p1", "{\"p1\": \"the val", "{\"p1\": \"the val\", \"p2\": \"the value number 2 of property 2 in 9\","];
+        let points = [
+            "",
+            "{",
+            "{\"p1",
+            "{\"p1\": \"the val",
+            "{\"p1\": \"the val\", \"p2\": \"the value number 2 of property 2 in 9\",",
+        ];
         for point in points {
             let mut p = costly.prefix();
             assert!(p.push_str(point));
