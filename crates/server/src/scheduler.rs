@@ -3,7 +3,10 @@
 //! its prompt while it prefills, else the token sampled after its last step — through one
 //! [`Engine::forward_batch`], so trunk weights and shared experts are read once for all of them;
 //! each sequence's logits are the bits it would get alone, so what a client receives does not
-//! depend on who else is being served.
+//! depend on who else is being served. A constrained answer's next mask is computed on the mask
+//! threads ([`crate::masks`]) while the batch steps; a sequence whose mask has not landed keeps
+//! its logits and sits out the steps until it does, so a costly schema holds up only its own
+//! request.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
