@@ -57,6 +57,8 @@ pub struct Tokenizer {
     /// Each id's text alone (`None`: a special token, or bytes that are not whole characters),
     /// computed when first asked for.
     texts: std::sync::OnceLock<Vec<Option<String>>>,
+    /// Those texts as a trie, for constrained answers' masks, built when first asked for.
+    trie: std::sync::OnceLock<std::sync::Arc<crate::generate::TokenTrie>>,
     /// The model's own Jinja chat template, when it ships one.
     chat_template: Option<String>,
 }
@@ -136,6 +138,7 @@ impl Tokenizer {
             special_names,
             vocab,
             texts: Default::default(),
+            trie: Default::default(),
             chat_template: None,
         })
     }
@@ -156,7 +159,15 @@ impl Tokenizer {
         let mut plain = t.clone();
         plain.set_encode_special_tokens(true);
         let bpe = Backend::HuggingFace { plain: Box::new(plain), specials: Box::new(t) };
-        Ok(Tokenizer { bpe, specials, special_names, vocab, texts: Default::default(), chat_template: None })
+        Ok(Tokenizer {
+            bpe,
+            specials,
+            special_names,
+            vocab,
+            texts: Default::default(),
+            trie: Default::default(),
+            chat_template: None,
+        })
     }
 
     /// The tokenizer a WASTE model embeds (`tiktoken.model` with `tokenizer_config.json`, or a
@@ -227,6 +238,11 @@ impl Tokenizer {
                 })
                 .collect()
         })
+    }
+
+    /// [`token_texts`](Self::token_texts) as a trie (built once, shared by every mask).
+    pub fn token_trie(&self) -> std::sync::Arc<crate::generate::TokenTrie> {
+        self.trie.get_or_init(|| std::sync::Arc::new(crate::generate::TokenTrie::new(self.token_texts()))).clone()
     }
 
     pub fn special(&self, name: &str) -> Option<u32> {

@@ -21,7 +21,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use crate::api::{Prepared, finish_reason};
 use crate::error::ApiError;
 use crate::prefix::Scope;
-use crate::reqlog::RequestLog;
+use crate::reqlog::{RequestLog, Tally};
 use crate::scheduler::{Event, Job, Refused, TokenLogprob};
 use crate::state::AppState;
 
@@ -66,6 +66,8 @@ pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Res
     };
     let calling = p.tools;
     let logprobs = p.params.logprobs;
+    let tally = Arc::new(Tally::default());
+    tally.prompt.store(p.prompt.len(), Ordering::Relaxed);
     match s.handle.submit(Job {
         prompt: p.prompt,
         params: p.params,
@@ -73,6 +75,7 @@ pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Res
         scope,
         checkpoints: p.checkpoints,
         images: p.images,
+        tally: tally.clone(),
     }) {
         Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
         Err(Refused::Busy) => {
@@ -95,7 +98,7 @@ pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Res
         tok: s.tok.clone(),
         call_prefix: format!("call-{id}"),
         want_logprobs: logprobs.is_some(),
-        log: RequestLog::new(s.log_format, &id, Some(s.metrics.clone())),
+        log: RequestLog::new(s.log_format, &id, Some(s.metrics.clone()), tally),
     };
     Ok(Submitted { rx, reply, id, model, seed })
 }
@@ -414,7 +417,7 @@ mod tests {
             tok: cell.clone(),
             call_prefix: "c".into(),
             want_logprobs: false,
-            log: RequestLog::new(crate::reqlog::LogFormat::Text, "test", None),
+            log: RequestLog::new(crate::reqlog::LogFormat::Text, "test", None, Default::default()),
         };
         let mut out = String::new();
         let mut made = Vec::new();

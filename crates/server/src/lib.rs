@@ -15,6 +15,7 @@ pub mod histogram;
 pub mod image_budget;
 pub mod listen;
 pub mod logprobs;
+mod masks;
 pub mod metrics;
 pub mod ollama;
 pub mod page;

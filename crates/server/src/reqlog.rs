@@ -3,6 +3,7 @@
 //! person (`text`) or a program (`json`: one object a line).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use serde_json::json;
@@ -36,6 +37,16 @@ pub(crate) fn ready(format: LogFormat, info: &ModelInfo, load_secs: f64) {
     }
 }
 
+/// A request's counts as the scheduler knows them, shared with its log line: what the line says
+/// when the request fails or its client leaves before an answer's usage comes back.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub prompt: AtomicUsize,
+    pub cached: AtomicUsize,
+    /// Tokens sampled.
+    pub completion: AtomicU64,
+}
+
 /// One request's line, written when it ends (also when the client leaves before that).
 #[derive(Debug)]
 pub(crate) struct RequestLog {
@@ -48,12 +59,14 @@ pub(crate) struct RequestLog {
     said: bool,
     /// Where the times go into `/metrics`' histograms.
     metrics: Option<Arc<Metrics>>,
+    tally: Arc<Tally>,
 }
 
 impl RequestLog {
-    pub fn new(format: LogFormat, id: &str, metrics: Option<Arc<Metrics>>) -> Self {
+    pub fn new(format: LogFormat, id: &str, metrics: Option<Arc<Metrics>>, tally: Arc<Tally>) -> Self {
         let started = Instant::now();
-        RequestLog { format, id: id.to_string(), started, first: None, last: None, tokens: 0, said: false, metrics }
+        let id = id.to_string();
+        RequestLog { format, id, started, first: None, last: None, tokens: 0, said: false, metrics, tally }
     }
 
     /// A token came out.
@@ -70,9 +83,13 @@ impl RequestLog {
         self.tokens += 1;
     }
 
-    /// The request ended: `finish` is its `finish_reason` (or why it did not finish).
+    /// The request ended: `finish` is its `finish_reason` (or why it did not finish). Counts the
+    /// caller does not have (a failure's zeros) are the scheduler's tally.
     pub fn done(&mut self, finish: &str, prompt: usize, cached: usize, completion: u64) {
         self.said = true;
+        let prompt = prompt.max(self.tally.prompt.load(Ordering::Relaxed));
+        let cached = cached.max(self.tally.cached.load(Ordering::Relaxed));
+        let completion = completion.max(self.tally.completion.load(Ordering::Relaxed));
         let total = self.started.elapsed().as_secs_f64();
         if let Some(m) = self.metrics.as_ref().filter(|_| !matches!(finish, "failed" | "cancelled")) {
             m.latency.observe(total);

@@ -3,16 +3,21 @@
 //! its prompt while it prefills, else the token sampled after its last step — through one
 //! [`Engine::forward_batch`], so trunk weights and shared experts are read once for all of them;
 //! each sequence's logits are the bits it would get alone, so what a client receives does not
-//! depend on who else is being served.
+//! depend on who else is being served. A constrained answer's next mask is computed on the mask
+//! threads ([`crate::masks`]) while the batch steps; a sequence whose mask has not landed keeps
+//! its logits and sits out the steps until it does, so a costly schema holds up only its own
+//! request.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
+use std::time::Duration;
 
 use k3_engine::generate::{Decoder, Emit, Finish, GenerateParams};
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, Inserted, Logits, Seq, Session};
 use tokio::sync::mpsc as tmpsc;
 
+use crate::masks::{Landed, MaskPool, PendingMask};
 use crate::metrics::Metrics;
 use crate::prefix::Scope;
 use crate::prefix::{Kept, PrefixCache};
@@ -54,6 +59,8 @@ pub struct Job {
     /// Decoded images, one per placeholder of `prompt`, in order: their rows are computed and
     /// the prompt framed ([`k3_engine::media::expand`]) when the job is admitted.
     pub images: Vec<crate::api::images::RequestImage>,
+    /// Its counts as they grow, for its log line however it ends.
+    pub tally: Arc<crate::reqlog::Tally>,
 }
 
 pub use k3_engine::sample::TokenLogprob;
@@ -111,15 +118,18 @@ struct Active<'t> {
     next: Option<u32>,
     /// Where the prefill stops next to keep the state (ascending, inside the prompt).
     checkpoints: Vec<usize>,
-    /// The logits after the whole prompt, kept with a state that holds it all: sampled from
-    /// without a step.
+    /// Logits to sample from without a step: the whole prompt's, kept with a state that holds
+    /// it all, or a step's, kept while the mask they are sampled under is computed.
     pending: Option<Vec<f32>>,
+    /// The mask the next token is sampled under, being computed ([`crate::masks`]).
+    mask: Option<PendingMask>,
     events: tmpsc::UnboundedSender<Event>,
     /// No tokenizer: each token's id is its text.
     ids_out: bool,
     scope: Scope,
     /// The prompt's images' rows at their positions.
     images: Vec<Inserted>,
+    tally: Arc<crate::reqlog::Tally>,
 }
 
 impl Active<'_> {
@@ -140,6 +150,17 @@ impl Active<'_> {
         } else {
             std::slice::from_ref(self.next.as_ref().expect("a decoding sequence has its next token"))
         }
+    }
+
+    /// Whether it cannot go on until its mask lands: it has its logits, not its mask.
+    fn waiting(&mut self) -> bool {
+        self.pending.is_some() && self.mask.as_mut().is_some_and(|m| matches!(m.poll(), Landed::Waiting))
+    }
+
+    /// Starts computing the mask of its next token, when it needs one (without mask threads,
+    /// the decoder computes it when it samples).
+    fn plan_mask(&mut self, pool: Option<&MaskPool>) {
+        self.mask = pool.and_then(|p| self.decoder.mask_job().map(|j| p.submit(j)));
     }
 
     fn send(&self, e: Event) {
@@ -169,6 +190,10 @@ pub fn run(
     status: &Status,
     metrics: &Metrics,
 ) {
+    let pool = MaskPool::new()
+        .inspect_err(|e| eprintln!("no threads for constrained answers' masks ({e}): the scheduler computes them"))
+        .ok();
+    let pool = pool.as_ref();
     let mut active: Vec<Active<'_>> = Vec::new();
     // Jobs whose images are going through the tower, a block per loop beside the batch's step.
     let mut preparing: Vec<Preparing<'_>> = Vec::new();
@@ -176,13 +201,13 @@ pub fn run(
         // Wait for work when idle; otherwise take what has arrived, up to the batch size.
         if active.is_empty() && preparing.is_empty() {
             match jobs.recv() {
-                Ok(j) => take(engine, tok, j, (&mut active, &mut preparing), cache, status),
+                Ok(j) => take(engine, tok, j, (&mut active, &mut preparing), cache, (status, pool)),
                 Err(_) => return,
             }
         }
         while active.len() + preparing.len() < max_batch {
             match jobs.try_recv() {
-                Ok(j) => take(engine, tok, j, (&mut active, &mut preparing), cache, status),
+                Ok(j) => take(engine, tok, j, (&mut active, &mut preparing), cache, (status, pool)),
                 Err(_) => break,
             }
         }
@@ -206,7 +231,7 @@ pub fn run(
             && p.advance(engine)
         {
             match preparing.remove(0).into_job(engine, tok) {
-                Ok(ready) => admit(engine, tok, ready, &mut active, cache),
+                Ok(ready) => admit(engine, tok, ready, &mut active, (cache, pool)),
                 Err((events, e)) => {
                     let _ = events.send(Event::Failed(e));
                 }
@@ -216,7 +241,16 @@ pub fn run(
         if active.is_empty() {
             continue;
         }
-        step(engine, &mut active, cache, status, metrics);
+        if let Some(p) = pool {
+            p.forget_landed();
+            if preparing.is_empty() && active.iter_mut().all(Active::waiting) {
+                // Nothing can step until a mask lands: wait for one, looking at the queue and
+                // the clients again at least this often.
+                p.wait(Duration::from_millis(20));
+                continue;
+            }
+        }
+        step(engine, &mut active, cache, (status, metrics), pool);
         status.active.store(active.len(), Ordering::Relaxed);
         metrics.record_prefix(cache);
         for w in cache.take_warnings() {
@@ -232,11 +266,11 @@ fn take<'t, 'e>(
     job: Job,
     (active, preparing): (&mut Vec<Active<'t>>, &mut Vec<Preparing<'e>>),
     cache: &mut PrefixCache,
-    status: &Status,
+    (status, pool): (&Status, Option<&MaskPool>),
 ) {
     status.queued.fetch_sub(1, Ordering::Relaxed);
     match job.images.is_empty() {
-        true => admit(engine, tok, (job, Vec::new()), active, cache),
+        true => admit(engine, tok, (job, Vec::new()), active, (cache, pool)),
         false => preparing.push(Preparing::new(job)),
     }
 }
@@ -246,7 +280,7 @@ fn admit<'t>(
     tok: Option<&'t Tokenizer>,
     (job, images): (Job, Vec<Inserted>),
     active: &mut Vec<Active<'t>>,
-    cache: &mut PrefixCache,
+    (cache, pool): (&mut PrefixCache, Option<&MaskPool>),
 ) {
     match Decoder::new(tok, job.params) {
         Ok(mut decoder) => {
@@ -256,8 +290,10 @@ fn admit<'t>(
                 None => (engine.session(), None),
             };
             let cached = session.tokens();
+            job.tally.prompt.store(job.prompt.len(), Ordering::Relaxed);
+            job.tally.cached.store(cached, Ordering::Relaxed);
             let checkpoints = job.checkpoints.into_iter().filter(|&c| c > cached && c < job.prompt.len()).collect();
-            active.push(Active {
+            let mut a = Active {
                 session,
                 decoder,
                 prompt: job.prompt,
@@ -266,11 +302,16 @@ fn admit<'t>(
                 next: None,
                 checkpoints,
                 pending,
+                mask: None,
                 events: job.events,
                 ids_out: tok.is_none(),
                 scope: job.scope,
                 images,
-            })
+                tally: job.tally,
+            };
+            // The first token's mask is computed while the prompt is.
+            a.plan_mask(pool);
+            active.push(a);
         }
         Err(e) => {
             let _ = job.events.send(Event::Failed(e.to_string()));
@@ -283,11 +324,12 @@ fn step(
     engine: &Engine<'_>,
     active: &mut Vec<Active<'_>>,
     cache: &mut PrefixCache,
-    status: &Status,
-    metrics: &Metrics,
+    (status, metrics): (&Status, &Metrics),
+    pool: Option<&MaskPool>,
 ) {
     let inputs = inputs(engine, active);
-    // Sequences resumed with the logits of their whole prompt sample from those: no step.
+    // Sequences with kept logits (their whole prompt's, or a step's whose mask was not ready)
+    // sample from those: no step.
     let stepping = active.iter().filter(|a| a.pending.is_none()).count();
     let mut stepped = forward(engine, active, &inputs, metrics).into_iter();
     if stepping > 0 {
@@ -308,7 +350,7 @@ fn step(
         .zip(logits)
         .zip(&inputs)
         .map(|((a, row), ids)| match row {
-            Some(row) => advance(engine, a, &row, ids.len(), cache, metrics),
+            Some(row) => advance(engine, a, row, ids.len(), cache, (metrics, pool)),
             None => true,
         })
         .collect();
@@ -384,14 +426,15 @@ fn forward(
 
 /// One sequence after a step that fed it `fed` tokens and gave `row`: its prefill advances
 /// (keeping the state at checkpoints and at the prompt's end), or its next token is sampled
-/// and sent. True when the sequence has ended.
+/// and sent — once its mask is ready; until then it keeps `row` and sits out the steps. True
+/// when the sequence has ended.
 fn advance(
     engine: &Engine<'_>,
     a: &mut Active<'_>,
-    row: &[f32],
+    row: Vec<f32>,
     fed: usize,
     cache: &mut PrefixCache,
-    metrics: &Metrics,
+    (metrics, pool): (&Metrics, Option<&MaskPool>),
 ) -> bool {
     if a.fed < a.prompt.len() {
         a.fed += fed;
@@ -405,7 +448,7 @@ fn advance(
         }
         // The state after the prompt, with its logits: where the same request again starts
         // sampling at once, and the same conversation's next request resumes.
-        cache.insert(engine, a.scope, &a.session, Kept::PromptEnd(row));
+        cache.insert(engine, a.scope, &a.session, Kept::PromptEnd(&row));
     }
     if let Some(why) = a.decoder.limit() {
         a.decoder.stop(why);
@@ -413,17 +456,34 @@ fn advance(
         a.done(why);
         return true;
     }
-    let id = a.decoder.sample(row);
-    let logprob = a.decoder.logprob(row, id);
+    let mask = match a.mask.as_mut().map(PendingMask::poll) {
+        Some(Landed::Waiting) => {
+            a.pending = Some(row);
+            return false;
+        }
+        Some(Landed::Failed) => {
+            a.send(Event::Failed("an internal error: the answer's constraint could not be checked".into()));
+            return true;
+        }
+        Some(Landed::Ready(m)) => Some(m),
+        None => None,
+    };
+    let id = a.decoder.sample_with(&row, mask);
+    a.mask = None;
+    let logprob = a.decoder.logprob(&row, id);
     metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
     metrics.recent_tokens.add(1);
-    match a.decoder.emit(id, a.session.tokens(), engine.plan().context) {
+    let emitted = a.decoder.emit(id, a.session.tokens(), engine.plan().context);
+    a.tally.completion.store(a.decoder.produced(), Ordering::Relaxed);
+    match emitted {
         Ok(Emit::Continue(text)) => {
             // Without a tokenizer, the ids are the text (as `k3-cli generate` prints them).
             let text = if a.ids_out { format!("{id} ") } else { text };
             let reasoning = a.decoder.take_reasoning();
             a.send(Event::Delta { text, reasoning, token: id, logprob });
             a.next = Some(id);
+            // Computed while the batch steps with this token.
+            a.plan_mask(pool);
             false
         }
         Ok(Emit::End(text, _)) => {

@@ -36,6 +36,7 @@ fn job(prompt: u32) -> (Job, tmpsc::UnboundedReceiver<Event>) {
             scope: Scope::default(),
             checkpoints: Vec::new(),
             images: Vec::new(),
+            tally: Default::default(),
         },
         rx,
     )

@@ -3,14 +3,15 @@
 //! [`Generator`](super::Generator) drives one with its own steps (and drafts); a server drives
 //! many in one batched step.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::mask::{Mask, MaskJob, Shape, TokenTrie};
 use super::strict_calls::StrictCalls;
 use super::text::TextOut;
 use super::{Finish, GenerateParams};
 use crate::EngineError;
 use crate::json_prefix::JsonPrefix;
-use crate::json_schema::SchemaPrefix;
 use crate::sample::{Sampler, TokenLogprob};
 use crate::tokenizer::Tokenizer;
 
@@ -38,40 +39,19 @@ pub struct Decoder<'t> {
     /// The markup that closes thinking, when there is a thinking budget.
     close_think: Vec<u32>,
     finish: Option<Finish>,
-    /// With `json_object` or `json_schema`: the answer so far, checked, and every token's text.
-    json: Option<(Shape, &'t [Option<String>])>,
-    /// Strict tools' arguments, constrained as they are written (with every token's text).
-    calls: Option<(StrictCalls, &'t [Option<String>])>,
-}
-
-/// What a JSON answer is checked against.
-#[derive(Debug, Clone)]
-enum Shape {
-    Object(JsonPrefix),
-    Schema(Box<SchemaPrefix>),
-}
-
-impl Shape {
-    fn accepts(&self, s: &str) -> bool {
-        match self {
-            Shape::Object(p) => p.accepts(s),
-            Shape::Schema(p) => p.accepts(s),
-        }
-    }
-
-    fn push_str(&mut self, s: &str) -> bool {
-        match self {
-            Shape::Object(p) => p.push_str(s),
-            Shape::Schema(p) => p.push_str(s),
-        }
-    }
-
-    fn complete(&self) -> bool {
-        match self {
-            Shape::Object(p) => p.complete(),
-            Shape::Schema(p) => p.complete(),
-        }
-    }
+    /// With `json_object` or `json_schema`: the answer so far, checked.
+    json: Option<Shape>,
+    /// Strict tools' arguments, constrained as they are written.
+    calls: Option<StrictCalls>,
+    /// Every token's text (empty without a tokenizer): what a constrained answer is fed.
+    texts: &'t [Option<String>],
+    /// The tokenizer's texts as a trie, with a constrained answer.
+    trie: Option<Arc<TokenTrie>>,
+    /// Ids the tokenizer can decode (`None`: no tokenizer, the ids are the output): logits past
+    /// these (a model whose vocabulary is padded) are never sampled.
+    decodable: Option<usize>,
+    /// No token continued a constrained answer: the turn ends, cut short.
+    dead_end: bool,
 }
 
 impl<'t> Decoder<'t> {
@@ -84,22 +64,38 @@ impl<'t> Decoder<'t> {
             (None, true) => Some(Shape::Object(JsonPrefix::for_generation())),
             (None, false) => None,
         };
-        let json = match (shape, tok) {
-            (None, _) => None,
-            (Some(shape), Some(t)) => Some((shape, t.token_texts())),
-            (Some(_), None) => return Err(EngineError::Input("a JSON answer needs the model's tokenizer".into())),
-        };
+        if shape.is_some() && tok.is_none() {
+            return Err(EngineError::Input("a JSON answer needs the model's tokenizer".into()));
+        }
         let calls = match (params.strict_tools.is_empty(), tok) {
             (true, _) => None,
-            (false, Some(t)) => StrictCalls::new(t, &params.strict_tools)?.map(|c| (c, t.token_texts())),
+            (false, Some(t)) => StrictCalls::new(t, &params.strict_tools)?,
             (false, None) => return Err(EngineError::Input("strict tools need the model's tokenizer".into())),
         };
+        let constrained = shape.is_some() || calls.is_some();
+        let trie = tok.filter(|_| constrained).map(Tokenizer::token_trie);
+        let texts = tok.map_or(&[][..], Tokenizer::token_texts);
         let close_think = match (params.max_thinking, tok) {
             (None, _) | (_, None) => Vec::new(),
             (Some(_), Some(t)) => close_think(t, &params)?,
         };
         let forced = Default::default();
-        Ok(Decoder { params, sampler, text, produced: 0, thought: 0, forced, close_think, finish: None, json, calls })
+        Ok(Decoder {
+            params,
+            sampler,
+            text,
+            produced: 0,
+            thought: 0,
+            forced,
+            close_think,
+            finish: None,
+            json: shape,
+            calls,
+            texts,
+            trie,
+            decodable: tok.map(Tokenizer::vocab),
+            dead_end: false,
+        })
     }
 
     /// Counts `ids` (the sequence so far: the prompt) for the repetition penalties.
@@ -169,38 +165,77 @@ impl<'t> Decoder<'t> {
 
     /// The next token from a position's logits `[vocab]` (with `json_object` or `json_schema`,
     /// once the answer begins, among the tokens that keep it an allowed JSON value in the making;
-    /// a stop id only if none can).
+    /// when none can, the turn ends cut short: [`Finish::Unfinished`]). Never an id the
+    /// tokenizer cannot decode.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if let Some(id) = self.forced.pop_front() {
+        self.sample_with(logits, None)
+    }
+
+    /// As [`sample`](Self::sample), with the mask [`mask_job`](Self::mask_job) made for this
+    /// point, when it was computed elsewhere (one made for another point is not used).
+    pub fn sample_with(&mut self, logits: &[f32], ready: Option<&Mask>) -> u32 {
+        if let Some(id) = self.take_forced() {
             return id;
         }
-        if self.params.max_thinking.is_some_and(|m| self.thought >= m) && self.thinking() {
+        let Some(job) = self.mask_job() else {
+            return match self.decodable.filter(|&n| n < logits.len()) {
+                Some(n) => self.sampler.sample(&masked(logits, |id| id < n)),
+                None => self.sampler.sample(logits),
+            };
+        };
+        let computed;
+        let mask = match ready.filter(|m| m.at == job.at) {
+            Some(m) => m,
+            None => {
+                computed = job.run_now();
+                &computed
+            }
+        };
+        let allowed = masked(logits, |id| mask.allows(id as u32));
+        if allowed.iter().any(|m| *m != f32::NEG_INFINITY) {
+            return self.sampler.sample(&allowed);
+        }
+        // No token continues the answer (it cannot be finished in this vocabulary): the turn
+        // ends with an end-of-message id (what closes the turn in the conversation), the answer
+        // reported as cut short, not as complete.
+        self.dead_end = true;
+        let stops = masked(logits, |id| self.params.stop_ids.contains(&(id as u32)));
+        match self.params.stop_ids.is_empty() {
+            true => self.params.close_turn.unwrap_or(0),
+            false => self.sampler.sample(&stops),
+        }
+    }
+
+    /// The token the decoder writes for the model next, if any (the close of a thinking budget
+    /// spent, strict calls' markup).
+    fn take_forced(&mut self) -> Option<u32> {
+        if self.forced.is_empty() && self.budget_spent() {
             // The thinking budget is spent: close the thinking for the model.
             self.forced.extend(self.close_think.iter().copied());
-            if let Some(id) = self.forced.pop_front() {
-                return id;
-            }
         }
-        if let Some((prefix, end, texts)) = self.calls.as_ref().and_then(|(c, t)| c.active().map(|(p, e)| (p, e, t))) {
+        self.forced.pop_front()
+    }
+
+    fn budget_spent(&self) -> bool {
+        self.params.max_thinking.is_some_and(|m| self.thought >= m) && self.thinking()
+    }
+
+    /// The mask the next [`sample`](Self::sample) needs, as a job that may run on any thread:
+    /// `None` when it needs none (no constraint is active, or the next token is written for the
+    /// model).
+    pub fn mask_job(&self) -> Option<MaskJob> {
+        if !self.forced.is_empty() || (self.budget_spent() && !self.close_think.is_empty()) {
+            return None;
+        }
+        let trie = self.trie.clone()?;
+        let at = self.produced;
+        if let Some((prefix, end)) = self.calls.as_ref().and_then(StrictCalls::active) {
             // A strict call's arguments; once whole, only the marker that ends the call.
-            let extra: Vec<u32> = end.filter(|_| prefix.complete()).into_iter().collect();
-            let masked = mask(logits, texts, |t| prefix.accepts(t), &extra);
-            return self.sampler.sample(&masked);
+            let keep = end.filter(|_| prefix.complete()).into_iter().collect();
+            return Some(MaskJob { shape: Shape::Schema(Box::new(prefix.clone())), trie, keep, at });
         }
-        let answering = self.answering();
-        let Some((prefix, texts)) = self.json.as_ref().filter(|_| answering) else {
-            return self.sampler.sample(logits);
-        };
-        let mut masked = mask(logits, texts, |t| prefix.accepts(t), &[]);
-        if masked.iter().all(|m| *m == f32::NEG_INFINITY) {
-            // No token continues the object (it cannot be finished in this vocabulary): stop.
-            for &s in &self.params.stop_ids {
-                if let Some(m) = masked.get_mut(s as usize) {
-                    *m = 0.0;
-                }
-            }
-        }
-        self.sampler.sample(&masked)
+        let shape = self.json.as_ref().filter(|_| self.answering())?;
+        Some(MaskJob { shape: shape.clone(), trie, keep: Vec::new(), at })
     }
 
     /// Counts a sampled token at `position` and checks it against the stops.
@@ -209,12 +244,20 @@ impl<'t> Decoder<'t> {
         if self.thinking() {
             self.thought += 1;
         }
-        if let Some((calls, texts)) = &mut self.calls {
-            let forced = calls.observe(id, texts.get(id as usize).and_then(Option::as_deref).unwrap_or(""));
+        let texts = self.texts;
+        let text_of = |id: u32| texts.get(id as usize).and_then(Option::as_deref).unwrap_or("");
+        if let Some(calls) = &mut self.calls {
+            let forced = calls.observe(id, text_of(id));
             self.forced.extend(forced);
         }
         self.produced += 1;
         self.sampler.observe(&[id]);
+        if self.dead_end {
+            // Cut short: the id is the end of the message (fed when it is a stop id), no text.
+            self.finish = Some(Finish::Unfinished);
+            let feed = self.params.close_turn.map(|c| if self.params.stop_ids.contains(&id) { id } else { c });
+            return Ok(Emit::End(self.flush(), feed));
+        }
         if self.params.stop_ids.contains(&id) {
             self.finish = Some(Finish::Stop);
             // The end of the message belongs to the conversation.
@@ -232,8 +275,8 @@ impl<'t> Decoder<'t> {
             self.finish = Some(Finish::ContextFull);
             return Ok(Emit::End(text + &self.flush(), None));
         }
-        if let Some((prefix, texts)) = self.json.as_mut().filter(|_| answering) {
-            prefix.push_str(texts.get(id as usize).and_then(Option::as_deref).unwrap_or(""));
+        if let Some(prefix) = self.json.as_mut().filter(|_| answering) {
+            prefix.push_str(text_of(id));
             if prefix.complete() {
                 // The object is whole: the answer ends here.
                 self.finish = Some(Finish::Stop);
@@ -255,17 +298,9 @@ impl<'t> Decoder<'t> {
     }
 }
 
-/// `logits` with every token whose text `accepts` refuses (and every token without text) at
-/// minus infinity, except the ids in `keep`.
-fn mask(logits: &[f32], texts: &[Option<String>], accepts: impl Fn(&str) -> bool, keep: &[u32]) -> Vec<f32> {
-    let mut masked = vec![f32::NEG_INFINITY; logits.len()];
-    for (id, (m, l)) in masked.iter_mut().zip(logits).enumerate() {
-        let text = texts.get(id).and_then(Option::as_deref);
-        if keep.contains(&(id as u32)) || text.is_some_and(|t| !t.is_empty() && accepts(t)) {
-            *m = *l;
-        }
-    }
-    masked
+/// `logits` with every id `keep` refuses at minus infinity.
+fn masked(logits: &[f32], keep: impl Fn(usize) -> bool) -> Vec<f32> {
+    logits.iter().enumerate().map(|(id, &l)| if keep(id) { l } else { f32::NEG_INFINITY }).collect()
 }
 
 /// The tokens that close a thinking section: `</think>` for models that think between tags, K3's
@@ -285,4 +320,63 @@ fn close_think(tok: &Tokenizer, params: &GenerateParams) -> Result<Vec<u32>, Eng
     ids.extend(tok.encode("response"));
     ids.push(sep);
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::SamplerConfig;
+
+    fn default_tokenizer() -> Tokenizer {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/default.waste");
+        Tokenizer::from_model(&k3_format::Model::open(path).unwrap()).unwrap().unwrap()
+    }
+
+    /// Logits over a padded vocabulary (64 rows past the tokenizer's ids, the likeliest by far):
+    /// greedy and sampled draws alike stay among the ids the tokenizer decodes.
+    #[test]
+    fn padded_ids_are_never_sampled() {
+        let tok = default_tokenizer();
+        let n = tok.vocab();
+        let mut logits: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.1).collect();
+        logits.extend(std::iter::repeat_n(50.0, 64));
+        for temperature in [0.0, 1.0] {
+            let sampler = SamplerConfig { temperature, seed: 3, ..SamplerConfig::default() };
+            let mut d = Decoder::new(Some(&tok), GenerateParams { sampler, ..GenerateParams::default() }).unwrap();
+            for _ in 0..50 {
+                let id = d.sample(&logits);
+                assert!((id as usize) < n, "{id} is past the tokenizer's {n} ids");
+            }
+        }
+        // Without a tokenizer the ids are the output: every row may be drawn.
+        let mut bare = Decoder::new(None, GenerateParams::default()).unwrap();
+        assert!(bare.sample(&logits) as usize >= n);
+    }
+
+    /// A mask made elsewhere is used only at the point it was made for, and gives what the
+    /// decoder computes itself.
+    #[test]
+    fn a_mask_from_elsewhere_samples_as_the_decoders_own() {
+        let tok = default_tokenizer();
+        let params = GenerateParams { json_object: true, ..GenerateParams::default() };
+        let logits: Vec<f32> = (0..tok.vocab()).map(|i| ((i * 37) % 101) as f32 / 10.0).collect();
+        let (mut a, mut b) =
+            (Decoder::new(Some(&tok), params.clone()).unwrap(), Decoder::new(Some(&tok), params).unwrap());
+        let mut stale = None;
+        for step in 0..12 {
+            let job = b.mask_job().expect("a JSON answer is masked");
+            let mask = job.run_now();
+            let id = b.sample_with(&logits, Some(&mask));
+            assert_eq!(id, a.sample(&logits), "step {step}");
+            // A stale mask (the first one) is not used.
+            let other = a.sample_with(&logits, stale.as_ref());
+            assert_eq!(other, id, "step {step}");
+            stale.get_or_insert(mask);
+            let (ea, eb) = (a.emit(id, step, 1000).unwrap(), b.emit(id, step, 1000).unwrap());
+            assert_eq!(ea, eb);
+            if matches!(ea, Emit::End(..)) {
+                break;
+            }
+        }
+    }
 }

@@ -8,6 +8,7 @@
 //! server is the next.
 
 mod decoder;
+mod mask;
 mod strict_calls;
 mod text;
 
@@ -17,6 +18,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 pub use decoder::{Decoder, Emit};
+pub use mask::{Mask, MaskJob, TokenTrie};
 
 use crate::sample::{SamplerConfig, TokenLogprob};
 use crate::speculate::{self, Governor, SpecStats};
@@ -105,6 +107,9 @@ pub enum Finish {
     ContextFull,
     /// The cancellation flag was set.
     Cancelled,
+    /// No token of the vocabulary continues a constrained answer (`json_object`, `json_schema`)
+    /// that is not whole yet: it is cut short, not complete.
+    Unfinished,
 }
 
 /// One generated token.

@@ -142,7 +142,8 @@ pub struct Prepared {
 pub fn finish_reason(f: Finish) -> &'static str {
     match f {
         Finish::Stop | Finish::StopString | Finish::Cancelled => "stop",
-        Finish::Length | Finish::ContextFull => "length",
+        // Cut short with the answer unfinished: what OpenAI's clients read as an incomplete answer.
+        Finish::Length | Finish::ContextFull | Finish::Unfinished => "length",
     }
 }
 
