@@ -375,3 +375,17 @@ fn recursion_with_a_way_out_compiles() {
     let mut p = tree.prefix();
     assert!(p.push_str(r#"{"x":{"kids":[{"kids":[]},{"kids":[{"kids":[]}]}]}}"#) && p.complete());
 }
+
+/// Names with `/` or `~` are escaped in the pointers errors give (RFC 6901), and a `$ref` escaped
+/// so finds its definition.
+#[test]
+fn pointers_escape_names() {
+    let e =
+        compile(&json!({"type": "object", "properties": {"a/b~c": {"type": "integer", "minimum": 0}}})).unwrap_err();
+    assert_eq!(e.at, "/properties/a~1b~0c/minimum", "{e}");
+    let schema = json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/x~1y"}}, "required": ["p"],
+        "$defs": {"x/y": {"type": "integer"}}});
+    let schema = Arc::new(compile(&schema).unwrap());
+    let mut p = schema.prefix();
+    assert!(p.push_str(r#"{"p":12}"#) && p.complete());
+}

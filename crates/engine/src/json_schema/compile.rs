@@ -72,6 +72,11 @@ struct Compiler<'s> {
     depth: usize,
 }
 
+/// A name as one token of a JSON pointer (RFC 6901: `~` is `~0`, `/` is `~1`).
+fn token(name: &str) -> String {
+    name.replace('~', "~0").replace('/', "~1")
+}
+
 /// A count keyword (`minItems`, ...), if given.
 fn count(o: &Map<String, Value>, key: &str, at: &str) -> Result<Option<u32>, SchemaError> {
     match o.get(key) {
@@ -156,13 +161,13 @@ impl<'s> Compiler<'s> {
             other => return Err(err(at, format!("{other} is not a schema"))),
         };
         if let Some(k) = o.keys().find(|k| !ANNOTATIONS.contains(&k.as_str()) && !HONOURED.contains(&k.as_str())) {
-            return Err(err(&format!("{at}/{k}"), format!("the keyword `{k}` is not supported")));
+            return Err(err(&format!("{at}/{}", token(k)), format!("the keyword `{k}` is not supported")));
         }
         for defs in ["$defs", "definitions"] {
             if let Some(d) = o.get(defs) {
                 let d = d.as_object().ok_or_else(|| err(&format!("{at}/{defs}"), "not an object"))?;
                 for (name, schema) in d {
-                    self.defs.insert(format!("#/{defs}/{name}"), schema);
+                    self.defs.insert(format!("#/{defs}/{}", token(name)), schema);
                 }
             }
         }
@@ -244,7 +249,7 @@ impl<'s> Compiler<'s> {
         if !matches!(section, "$defs" | "definitions") {
             return None;
         }
-        self.root.get(section)?.get(name)
+        self.root.get(section)?.get(name.replace("~1", "/").replace("~0", "~"))
     }
 
     fn any_of(&mut self, alts: &'s Value, at: &str) -> Result<u32, SchemaError> {
@@ -328,7 +333,7 @@ impl<'s> Compiler<'s> {
         }
         let mut list = Vec::with_capacity(props.len());
         for (name, schema) in props {
-            let node = self.node(schema, &format!("{at}/properties/{name}"))?;
+            let node = self.node(schema, &format!("{at}/properties/{}", token(name)))?;
             list.push(Prop {
                 key: Value::String(name.clone()).to_string(),
                 node,
