@@ -196,7 +196,10 @@ mod tests {
         let tok = k3_tokenizer();
         let schema = serde_json::json!({"type": "object", "properties": {"city": {"enum": ["Oslo"]}},
             "required": ["city"], "additionalProperties": false});
-        let schemas = vec![("get_weather".to_string(), Arc::new(JsonSchema::compile(&schema).unwrap()))];
+        let schemas = vec![(
+            "get_weather".to_string(),
+            Arc::new(JsonSchema::compile(&schema, &crate::json_schema::SchemaLimits::new(4096, 16)).unwrap()),
+        )];
         let mut strict = StrictCalls::new(&tok, &schemas).unwrap().unwrap();
         let mut reader = ToolCallReader::new(&tok, Family::KimiK3).unwrap();
         let mut pieces = Vec::new();

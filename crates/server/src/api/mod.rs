@@ -255,7 +255,7 @@ impl ChatRequest {
         check_model(self.model.as_deref(), info)?;
         let text: usize = self.messages.iter().map(ChatMessage::text_bytes).sum();
         check_fits(text, info, "messages")?;
-        let answer = self.answer()?;
+        let answer = self.answer(info)?;
         if self.messages.is_empty() {
             return Err(ApiError::bad("messages", "messages is empty"));
         }
@@ -321,7 +321,7 @@ impl ChatRequest {
     }
 
     /// What `response_format` asks of the answer: text, a JSON object, or a value of a schema.
-    fn answer(&self) -> Result<Answer, ApiError> {
+    fn answer(&self, info: &ModelInfo) -> Result<Answer, ApiError> {
         let Some(f) = &self.response_format else { return Ok(Answer::default()) };
         match f.kind.as_str() {
             "text" => Ok(Answer::default()),
@@ -341,7 +341,7 @@ impl ChatRequest {
                 let schema = spec
                     .get("schema")
                     .ok_or_else(|| ApiError::bad("response_format.json_schema.schema", "the schema is missing"))?;
-                let compiled = k3_engine::json_schema::JsonSchema::compile(schema)
+                let compiled = k3_engine::json_schema::JsonSchema::compile(schema, &tools::schema_limits(info))
                     .map_err(|e| ApiError::bad("response_format.json_schema.schema", e.to_string()))?;
                 Ok(Answer { json_object: false, schema: Some((schema.to_string(), std::sync::Arc::new(compiled))) })
             }
@@ -355,7 +355,7 @@ impl ChatRequest {
     /// The declared tools (checked; see [`tools`]) and `tool_choice`; refused for a model that
     /// cannot call tools.
     fn tools(&self, messages: &[Message], tok: &Tokenizer, info: &ModelInfo) -> Result<tools::Tools, ApiError> {
-        let t = tools::check(self.tools.as_deref(), self.tool_choice.as_ref())?;
+        let t = tools::check(self.tools.as_deref(), self.tool_choice.as_ref(), &tools::schema_limits(info))?;
         let uses_tools =
             t.declared.is_some() || messages.iter().any(|m| m.role == Role::Tool || !m.tool_calls.is_empty());
         if uses_tools && ToolCallReader::new(tok, info.family).is_none() {

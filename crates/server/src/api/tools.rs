@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use k3_engine::chat::ToolChoice;
-use k3_engine::json_schema::JsonSchema;
+use k3_engine::json_schema::{JsonSchema, SchemaLimits};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -24,13 +24,18 @@ pub struct Tools {
     pub strict: Vec<(String, Arc<JsonSchema>, usize)>,
 }
 
+/// The room a schema's answer has: the model's context and longest token (see [`SchemaLimits`]).
+pub fn schema_limits(info: &crate::scheduler::ModelInfo) -> SchemaLimits {
+    SchemaLimits::new(info.context, info.max_token_bytes as u64)
+}
+
 fn bad(param: &str, message: impl Into<String>) -> ApiError {
     ApiError::bad(param, message)
 }
 
 /// One declaration's function name and, when it is strict, its compiled parameters; the
 /// declaration checked.
-fn declared(i: usize, raw: &RawValue) -> Result<(String, Option<Arc<JsonSchema>>), ApiError> {
+fn declared(i: usize, raw: &RawValue, limits: &SchemaLimits) -> Result<(String, Option<Arc<JsonSchema>>), ApiError> {
     let at = format!("tools[{i}]");
     let v: Value = serde_json::from_str(raw.get()).map_err(|e| bad(&at, e.to_string()))?;
     let Some(o) = v.as_object() else { return Err(bad(&at, "a tool is an object")) };
@@ -58,7 +63,7 @@ fn declared(i: usize, raw: &RawValue) -> Result<(String, Option<Arc<JsonSchema>>
         None | Some(Value::Null) | Some(Value::Bool(false)) => None,
         Some(Value::Bool(true)) => {
             let none = serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false});
-            let schema = JsonSchema::compile(f.get("parameters").unwrap_or(&none))
+            let schema = JsonSchema::compile(f.get("parameters").unwrap_or(&none), limits)
                 .map_err(|e| bad(&format!("{at}.function.parameters"), e.to_string()))?;
             Some(Arc::new(schema))
         }
@@ -69,13 +74,14 @@ fn declared(i: usize, raw: &RawValue) -> Result<(String, Option<Arc<JsonSchema>>
     Ok((name.to_string(), strict))
 }
 
-/// Checks `tools` and `tool_choice` together.
-pub fn check(tools: Option<&RawValue>, tool_choice: Option<&Value>) -> Result<Tools, ApiError> {
+/// Checks `tools` and `tool_choice` together; strict functions' parameters are compiled for
+/// answers within `limits`.
+pub fn check(tools: Option<&RawValue>, tool_choice: Option<&Value>, limits: &SchemaLimits) -> Result<Tools, ApiError> {
     let list: Vec<Box<RawValue>> = match tools {
         None => Vec::new(),
         Some(raw) => serde_json::from_str(raw.get()).map_err(|_| bad("tools", "tools is an array of tool objects"))?,
     };
-    let checked = list.iter().enumerate().map(|(i, t)| declared(i, t)).collect::<Result<Vec<_>, _>>()?;
+    let checked = list.iter().enumerate().map(|(i, t)| declared(i, t, limits)).collect::<Result<Vec<_>, _>>()?;
     let strict: Vec<(String, Arc<JsonSchema>, usize)> =
         checked.iter().enumerate().filter_map(|(i, (n, s))| s.clone().map(|s| (n.clone(), s, i))).collect();
     let names: Vec<String> = checked.into_iter().map(|(n, _)| n).collect();
@@ -125,7 +131,7 @@ mod tests {
 
     fn run(tools: &str, choice: Option<Value>) -> Result<Tools, ApiError> {
         let raw: Box<RawValue> = serde_json::from_str(tools).unwrap();
-        check(Some(&raw), choice.as_ref())
+        check(Some(&raw), choice.as_ref(), &SchemaLimits::new(4096, 16))
     }
 
     #[test]
@@ -162,7 +168,10 @@ mod tests {
             t.declared.as_deref(),
             Some(r#"[{"type": "function", "function": {"name": "b", "description": "B"}}]"#)
         );
-        assert!(check(None, Some(&Value::from("required"))).is_err(), "required with no tools");
+        assert!(
+            check(None, Some(&Value::from("required")), &SchemaLimits::new(4096, 16)).is_err(),
+            "required with no tools"
+        );
         assert_eq!(run(tools, None).unwrap().declared.as_deref(), Some(tools), "kept as written");
     }
 }
