@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::http::StatusCode;
 use http_body_util::BodyExt;
-use k3_engine::json_schema::JsonSchema;
+use k3_engine::json_schema::{JsonSchema, SchemaLimits};
 use k3_server::ServerOptions;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -97,7 +97,7 @@ async fn a_costly_schema_slows_only_its_own_request() {
     // The schema's answer is right too: a value of the schema in the making, cut at max_tokens.
     let (text, finish) = reading.await.unwrap();
     eprintln!("the schema's answer ({finish}): {text}");
-    let compiled = Arc::new(JsonSchema::compile(&schema).unwrap());
+    let compiled = Arc::new(JsonSchema::compile(&schema, &SchemaLimits::new(1 << 17, 16)).unwrap());
     let mut prefix = compiled.prefix();
     assert!(prefix.push_str(&text), "not a prefix of an allowed value: {text}");
     match finish.as_str() {

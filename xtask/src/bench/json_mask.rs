@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use k3_engine::json_prefix::JsonPrefix;
-use k3_engine::json_schema::JsonSchema;
+use k3_engine::json_schema::{JsonSchema, SchemaLimits};
 use k3_engine::sample::{Sampler, SamplerConfig};
 use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
 use serde_json::{Value, json};
@@ -64,7 +64,8 @@ pub fn run(reps: usize, json_out: bool) -> Result<Value> {
     let cases: Value = serde_json::from_slice(&std::fs::read(root.join("fixtures/json-schema/cases.json"))?)?;
     let case =
         cases.as_array().and_then(|c| c.iter().find(|c| c["name"] == "work/openai-strict")).context("the case")?;
-    let schema = Arc::new(JsonSchema::compile(&case["schema"]).map_err(anyhow::Error::msg)?);
+    let schema =
+        Arc::new(JsonSchema::compile(&case["schema"], &SchemaLimits::new(128 << 10, 16)).map_err(anyhow::Error::msg)?);
     let doc =
         case["docs"].as_array().and_then(|d| d.iter().find(|d| d["valid"] == true)).context("a valid document")?;
     let doc = doc["text"].as_str().context("text")?;

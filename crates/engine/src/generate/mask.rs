@@ -182,7 +182,7 @@ impl MaskJob {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::json_schema::JsonSchema;
+    use crate::json_schema::{JsonSchema, SchemaLimits};
 
     fn texts(words: &[&str]) -> Vec<Option<String>> {
         words.iter().map(|w| (!w.is_empty()).then(|| w.to_string())).collect()
@@ -201,7 +201,7 @@ mod tests {
     fn a_small_schemas_masks_are_the_texts_it_allows() {
         let schema = serde_json::json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
             "required": ["ok"], "additionalProperties": false});
-        let schema = Arc::new(JsonSchema::compile(&schema).unwrap());
+        let schema = Arc::new(JsonSchema::compile(&schema, &SchemaLimits::new(1 << 17, 16)).unwrap());
         // 0 `{`, 1 `{"`, 2 `{"ok"`, 3 `"`, 4 `"ok":`, 5 `"no"`, 6 none, 7 `x`, 8 `{"x`, 9 `{"ok"` again
         // (two ids may share a text), 10 `tr`, 11 `true}`, 12 `ok`.
         let t =
@@ -278,13 +278,13 @@ mod tests {
         .unwrap();
         let mut shapes: Vec<(Shape, String)> = Vec::new();
         for case in cases.as_array().unwrap() {
-            let schema = Arc::new(JsonSchema::compile(&case["schema"]).unwrap());
+            let schema = Arc::new(JsonSchema::compile(&case["schema"], &SchemaLimits::new(1 << 17, 16)).unwrap());
             let doc = case["docs"].as_array().unwrap().iter().find(|d| d["valid"] == true).unwrap();
             shapes.push((Shape::Schema(Box::new(schema.prefix())), doc["text"].as_str().unwrap().to_string()));
         }
         let object = "{ \"a\": [1, -2.5e3, true, null], \"b\\u00e9\": {\"c\": \"x y\"} }";
         shapes.push((Shape::Object(JsonPrefix::for_generation()), object.to_string()));
-        let costly = Arc::new(JsonSchema::compile(&costly_schema()).unwrap());
+        let costly = Arc::new(JsonSchema::compile(&costly_schema(), &SchemaLimits::new(1 << 17, 16)).unwrap());
         let answer = "{\"p0\": \"the value number 3 of property 0 in 7\", \"p5\": \"the value";
         shapes.push((Shape::Schema(Box::new(costly.prefix())), answer.to_string()));
         let mut compared = 0;
@@ -311,7 +311,7 @@ mod tests {
     fn mask_time() {
         let tok = default_tokenizer();
         let (texts, trie) = (tok.token_texts(), tok.token_trie());
-        let costly = Arc::new(JsonSchema::compile(&costly_schema()).unwrap());
+        let costly = Arc::new(JsonSchema::compile(&costly_schema(), &SchemaLimits::new(1 << 17, 16)).unwrap());
         let points = [
             "",
             "{",
