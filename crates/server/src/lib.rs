@@ -28,6 +28,7 @@ pub mod tokens;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use std::sync::{Arc, OnceLock, mpsc};
 
 use axum::Router;
@@ -37,7 +38,7 @@ use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{EngineOptions, OpenOptions, OwnedEngine};
 
 use crate::boundary::Boundary;
-pub use crate::listen::{Limits, ServeError, serve};
+pub use crate::listen::{Limits, ServeError};
 use crate::metrics::Metrics;
 use crate::scheduler::{Handle, Job, ModelInfo, Status};
 use crate::state::AppState;
@@ -111,9 +112,18 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         log_format: opts.log_format,
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
-    let loader = state.clone();
-    let spawned =
-        std::thread::Builder::new().name("k3-scheduler".into()).spawn(move || load_and_run(&opts, &loader, &rx));
+    // The loader holds no sender of `jobs`: once the HTTP side is gone, the scheduler's channel
+    // closes, it returns, and the prompt cache is written out (see [`serve`]).
+    let loader = Loader {
+        status: status.clone(),
+        metrics: state.metrics.clone(),
+        info: state.info.clone(),
+        tok: state.tok.clone(),
+    };
+    let spawned = std::thread::Builder::new().name("k3-scheduler".into()).spawn(move || {
+        let _ended = Ended(loader.status.clone());
+        load_and_run(&opts, &loader, &rx);
+    });
     if let Err(e) = spawned {
         fail(&status, format!("could not start the scheduler thread: {e}"));
     }
@@ -147,8 +157,81 @@ fn fail(status: &Status, why: String) {
     }
 }
 
-fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Job>) {
-    let status = &state.handle.status;
+/// How long a stop may take writing the prompt cache's states out, once the drain is over
+/// (states go out at about the drive's rate: a gigabyte of RAM tier takes seconds).
+pub const STOP_FLUSH: Duration = Duration::from_secs(30);
+
+/// Serves as [`listen::serve`] does, then, at a stop, waits for the scheduler to end and the
+/// prompt cache's states to be on disk (at most [`STOP_FLUSH`] and a little more; a further
+/// stop signal ends the wait): a state kept before the stop is there after it.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    state: AppState,
+    limits: Limits,
+) -> Result<(), ServeError> {
+    let status = state.handle.status.clone();
+    // The router and the state hold the scheduler's channel: both go with `listen::serve`.
+    listen::serve(listener, router, state, limits).await?;
+    if !status.ready.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let mut again = Again::new().map_err(ServeError::Signals)?;
+    let ended = async {
+        while !status.ended.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! {
+        () = ended => {}
+        () = tokio::time::sleep(STOP_FLUSH + Duration::from_secs(5)) => {
+            eprintln!("stopping: the prompt cache's states were not all written within {} s", STOP_FLUSH.as_secs());
+        }
+        () = again.next() => eprintln!("stopping now (another signal): the prompt cache's writes are cut short"),
+    }
+    Ok(())
+}
+
+/// A stop signal after the first.
+struct Again(Vec<tokio::signal::unix::Signal>);
+
+impl Again {
+    fn new() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let kinds = [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::hangup()];
+        Ok(Again(kinds.into_iter().map(signal).collect::<Result<_, _>>()?))
+    }
+
+    async fn next(&mut self) {
+        let [a, b, c] = &mut self.0[..] else { return std::future::pending().await };
+        tokio::select! {
+            _ = a.recv() => {}
+            _ = b.recv() => {}
+            _ = c.recv() => {}
+        }
+    }
+}
+
+/// What the scheduler thread shares with the HTTP side (not its channel's sender).
+struct Loader {
+    status: Arc<Status>,
+    metrics: Arc<Metrics>,
+    info: Arc<OnceLock<ModelInfo>>,
+    tok: Arc<OnceLock<Tokenizer>>,
+}
+
+/// Says the scheduler thread has ended, however it ends (the model failed, the channel closed,
+/// a panic).
+struct Ended(Arc<Status>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.ended.store(true, Ordering::SeqCst);
+    }
+}
+
+fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>) {
+    let status = &state.status;
     let loading = std::time::Instant::now();
     // The memory plan holds a full batch (each request's state and a prompt chunk) and the
     // prefix cache's kept states; a budget too small for them is refused at load, naming them.
@@ -225,5 +308,14 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
         let what = p.downcast_ref::<String>().map(String::as_str).or(p.downcast_ref::<&str>().copied());
         status.ready.store(false, Ordering::SeqCst);
         fail(status, format!("the scheduler stopped on an internal error: {}", what.unwrap_or("a panic")));
+        return;
+    }
+    // Every sender is gone (the server stops): what RAM holds goes to disk.
+    let left = cache.flush(engine, STOP_FLUSH);
+    for w in cache.take_warnings() {
+        eprintln!("prompt cache: {w}");
+    }
+    if left > 0 {
+        eprintln!("prompt cache: {left} kept states were not written within {} s", STOP_FLUSH.as_secs());
     }
 }
