@@ -34,14 +34,13 @@ pub enum WholeRead {
 /// what it is.
 pub fn open_regular(path: &Path) -> Result<(File, Metadata), IoError> {
     let open_err = |source| IoError::Open { path: path.to_path_buf(), source };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => open_err(std::io::Error::other("is a symbolic link, which is not followed")),
-            _ => open_err(e),
-        })?;
+    let file =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(
+            |e| match e.raw_os_error() {
+                Some(libc::ELOOP) => open_err(std::io::Error::other("is a symbolic link, which is not followed")),
+                _ => open_err(e),
+            },
+        )?;
     let meta = file.metadata().map_err(open_err)?;
     if !meta.is_file() {
         let what = kind(&meta);
@@ -102,7 +101,9 @@ pub fn read_open(file: &File, path: &Path, len: usize, how: WholeRead) -> Result
     if aligned > 0 {
         direct(&again, &mut out[..aligned]).map_err(|e| match e {
             IoError::Open { source, .. } => IoError::Open { path: path.to_path_buf(), source },
-            IoError::Read { offset, len, source, .. } => IoError::Read { path: path.to_path_buf(), offset, len, source },
+            IoError::Read { offset, len, source, .. } => {
+                IoError::Read { path: path.to_path_buf(), offset, len, source }
+            }
             IoError::Eof { offset, got, len, .. } => IoError::Eof { path: path.to_path_buf(), offset, got, len },
             e => e,
         })?;

@@ -28,8 +28,8 @@ pub mod tokens;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 use std::sync::{Arc, OnceLock, mpsc};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;

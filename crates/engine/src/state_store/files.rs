@@ -64,11 +64,7 @@ fn temporary(target: &Path) -> std::io::Result<(PathBuf, File)> {
     let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let unique = (u64::from(nanos) << 20) ^ NEXT.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!(".{name}.{}.{unique:x}.{TMP_EXT}", std::process::id()));
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
     Ok((tmp, file))
 }
 

@@ -25,12 +25,14 @@ pub struct Written {
     pub result: Result<u64, String>,
 }
 
-/// States being written at most, and waiting (the channel's bound): past that, `save` skips.
+/// States being written and waiting at most: past that, `save` skips. The channel holds as many,
+/// so a state sent while fewer are outstanding always finds room (the writer may not have taken
+/// the one before off the channel yet).
 pub const QUEUE: usize = 2;
 
 /// Starts the writer: work in, finished writes out.
 pub fn spawn() -> std::io::Result<(SyncSender<Work>, JoinHandle<()>, Receiver<Written>)> {
-    let (work_tx, work_rx) = sync_channel::<Work>(QUEUE - 1);
+    let (work_tx, work_rx) = sync_channel::<Work>(QUEUE);
     let (done_tx, done_rx) = channel();
     let thread = std::thread::Builder::new().name("k3-state-writer".into()).spawn(move || {
         for Work { path, bytes, owner, ids, logits } in work_rx {
