@@ -9,7 +9,6 @@ use std::time::Duration;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use axum::Router;
-use k3_engine::state_store::owner::KEY_FILE;
 use k3_server::ServerOptions;
 use serde_json::{Value, json};
 
@@ -37,6 +36,9 @@ fn on_disk(dir: &Path) -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// The file holding a cache directory's naming key (`k3_engine::state_store::owner::KEY_FILE`).
+const KEY_FILE: &str = "k3state.key";
 
 /// The directory's naming key, copied (files are named by it: a copy of the files without it is
 /// found under no name).
