@@ -27,7 +27,7 @@ pub mod status;
 pub mod tokens;
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
 use std::time::Duration;
 
@@ -162,8 +162,9 @@ fn fail(status: &Status, why: String) {
 pub const STOP_FLUSH: Duration = Duration::from_secs(30);
 
 /// Serves as [`listen::serve`] does, then, at a stop, waits for the scheduler to end and the
-/// prompt cache's states to be on disk (at most [`STOP_FLUSH`] and a little more; a further
-/// stop signal ends the wait): a state kept before the stop is there after it.
+/// prompt cache's states to be on disk (at most [`STOP_FLUSH`] and a little more): a state kept
+/// before the stop is there after it. A second stop signal (during the drain or this wait)
+/// means now, as it does for the drain.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -171,45 +172,42 @@ pub async fn serve(
     limits: Limits,
 ) -> Result<(), ServeError> {
     let status = state.handle.status.clone();
+    let signals = Arc::new(AtomicUsize::new(0));
+    let counting = tokio::spawn(count_signals(signals.clone()).map_err(ServeError::Signals)?);
     // The router and the state hold the scheduler's channel: both go with `listen::serve`.
-    listen::serve(listener, router, state, limits).await?;
-    if !status.ready.load(Ordering::SeqCst) {
-        return Ok(());
-    }
-    let mut again = Again::new().map_err(ServeError::Signals)?;
-    let ended = async {
-        while !status.ended.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::select! {
-        () = ended => {}
-        () = tokio::time::sleep(STOP_FLUSH + Duration::from_secs(5)) => {
+    let served = listen::serve(listener, router, state, limits).await;
+    if served.is_ok() && status.ready.load(Ordering::SeqCst) {
+        let ended = async {
+            while !status.ended.load(Ordering::SeqCst) && signals.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        if tokio::time::timeout(STOP_FLUSH + Duration::from_secs(5), ended).await.is_err() {
             eprintln!("stopping: the prompt cache's states were not all written within {} s", STOP_FLUSH.as_secs());
+        } else if !status.ended.load(Ordering::SeqCst) {
+            eprintln!("stopping now (another signal): the prompt cache's writes are cut short");
         }
-        () = again.next() => eprintln!("stopping now (another signal): the prompt cache's writes are cut short"),
     }
-    Ok(())
+    counting.abort();
+    served
 }
 
-/// A stop signal after the first.
-struct Again(Vec<tokio::signal::unix::Signal>);
-
-impl Again {
-    fn new() -> std::io::Result<Self> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let kinds = [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::hangup()];
-        Ok(Again(kinds.into_iter().map(signal).collect::<Result<_, _>>()?))
-    }
-
-    async fn next(&mut self) {
-        let [a, b, c] = &mut self.0[..] else { return std::future::pending().await };
-        tokio::select! {
-            _ = a.recv() => {}
-            _ = b.recv() => {}
-            _ = c.recv() => {}
+/// Counts SIGINT, SIGTERM and SIGHUP into `count` (`listen::serve` acts on them; this only
+/// tells a first from a second).
+fn count_signals(count: Arc<AtomicUsize>) -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int, mut hup) =
+        (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?, signal(SignalKind::hangup())?);
+    Ok(async move {
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = hup.recv() => {}
+            }
+            count.fetch_add(1, Ordering::SeqCst);
         }
-    }
+    })
 }
 
 /// What the scheduler thread shares with the HTTP side (not its channel's sender).
