@@ -113,3 +113,43 @@ fn sigterm_right_after_an_answer_keeps_its_states() {
     assert!(m.contains(&format!("k3_prefix_cache_disk_files {}", 1 + 2 * questions.len())), "{m}");
     assert!(m.contains("k3_prefix_cache_disk_refused_total 0"), "{m}");
 }
+
+#[test]
+fn generate_stopped_by_sigterm_keeps_its_prompt_privately() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = dir.path().to_str().unwrap();
+    for i in 0..3 {
+        let prompt = format!("{PROMPT} and on the day {i}");
+        let mut child = common::bin()
+            .args(["generate", &prompt, "--max-tokens", "3000", "--temperature", "0", "--prompt-cache", d])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Once it answers, its prompt has been computed and kept.
+        let mut first = [0u8; 1];
+        std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+        // SAFETY: a signal to the child this test started.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let t = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            assert!(t.elapsed() < Duration::from_secs(120), "generate did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (files, tmp) = states(dir.path());
+        assert_eq!(files.len(), i + 1, "run {i}: {files:?}");
+        assert!(!tmp, "run {i}: a temporary is left");
+    }
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(dir.path()), 0o700, "a directory that was 0755 is made private");
+    for f in states(dir.path()).0 {
+        assert_eq!(mode(&dir.path().join(&f)), 0o600, "{f}");
+    }
+    let prompt = format!("{PROMPT} and on the day 0");
+    let (ok, _, err) =
+        k3(&["generate", &prompt, "--max-tokens", "4", "--temperature", "0", "--stats", "--prompt-cache", d]);
+    assert!(ok && err.contains("restored from"), "{err}");
+}
