@@ -35,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k3_io::whole::{WholeRead, kind, read_open};
 
-use self::files::{EXT, Unread};
+use self::files::Unread;
 use self::owner::NameKey;
 use self::writer::{QUEUE, Work, Written};
 use crate::{Engine, SavedState, Session, StateFileError, StateFileLayout};
@@ -398,6 +398,3 @@ impl Drop for StateStore {
 fn damaged(e: &StateFileError) -> bool {
     !matches!(e, StateFileError::Model { .. } | StateFileError::Version { .. })
 }
-
-/// The extension of state files, for those who list them.
-pub const STATE_EXT: &str = EXT;
