@@ -1,6 +1,6 @@
 //! The disk tier's directory holds only what k3 made: a file grown after it was indexed is
 //! refused at its restore without being read, another user's file is left unread, and another
-//! user's directory is refused with a reason.
+//! user's directory is refused with a reason, and so is a shared (sticky) one such as /tmp.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -77,4 +77,17 @@ fn another_users_file_and_directory_are_not_used() {
     std::os::unix::fs::chown(dir.path(), Some(65534), Some(65534)).unwrap();
     let err = StateStore::open(dir.path(), 1 << 30, &engine).unwrap_err();
     assert!(err.to_string().contains("owned by user 65534, not this one"), "{err}");
+}
+
+#[test]
+fn a_shared_sticky_directory_is_refused_not_made_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let model = model();
+    let engine = Engine::load(&model).unwrap();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let err = StateStore::open(dir.path(), 1 << 30, &engine).unwrap_err();
+    assert!(err.to_string().contains("shared with other users"), "{err}");
+    let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o1777, "left as it was");
 }

@@ -35,6 +35,10 @@ pub fn make_private(dir: &Path) -> Result<Option<String>, StoreError> {
         return Err(StoreError::NotMine { path: dir.to_path_buf(), uid: meta.uid() });
     }
     let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o1000 != 0 {
+        // A sticky directory (/tmp) is shared by design: made private, it would fail the others.
+        return Err(StoreError::Shared(dir.to_path_buf()));
+    }
     if mode & 0o077 == 0 {
         return Ok(None);
     }

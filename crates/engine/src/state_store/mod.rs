@@ -53,6 +53,8 @@ pub enum StoreError {
     NotDir(PathBuf),
     #[error("prompt cache directory {path}: owned by user {uid}, not this one; give a directory of your own")]
     NotMine { path: PathBuf, uid: u32 },
+    #[error("prompt cache directory {0}: is shared with other users (sticky, as /tmp is); give a directory of its own")]
+    Shared(PathBuf),
     #[error("prompt cache directory: its naming key: {0}")]
     Key(String),
     #[error("prompt cache: cannot start its writer thread: {0}")]
