@@ -29,7 +29,7 @@ pub mod weights;
 pub use model::{
     ActivationPrecision, Engine, EngineOptions, ExpertApprox, ImageWork, Inserted, LayerState, LayerWalk, Logits,
     LowBit, LowBitCopies, RoutedToken, RunStats, STATE_FILE_VERSION, SavedState, Seq, Session, Span, SpanKind,
-    StateFileError, StateHeader, WALK_GROUP_ROWS, activate, read_state_header, tap,
+    StateFileError, StateFileLayout, StateHeader, WALK_GROUP_ROWS, activate, read_state_header, tap,
 };
 pub use owned::OwnedEngine;
 pub use plan::MemoryPlan;

@@ -16,7 +16,11 @@ const PROMPT: [u32; 9] = [5, 77, 300, 120, 9, 44, 200, 301, 17];
 const SETTLE: Duration = Duration::from_secs(20);
 
 fn files(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "k3state"))
+        .collect();
     v.sort();
     v
 }

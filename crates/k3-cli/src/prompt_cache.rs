@@ -12,10 +12,11 @@ use k3_engine::{Engine, SavedState, Session};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct PromptCacheArgs {
-    /// Keep prompt states in DIR (created private to you if missing) and start from the longest
-    /// one this prompt begins with: a long system prompt or document is computed once, then
-    /// restored from disk. Files of another model or version are left alone; a damaged one is
-    /// removed and its prompt computed [default: off].
+    /// Keep prompt states in DIR and start from the longest one this prompt begins with: a long
+    /// system prompt or document is computed once, then restored from disk. DIR is made private
+    /// (0700, its files 0600; another user's is refused); only regular files k3 wrote are read
+    /// or removed. Files of another model or version are left alone; a damaged one is removed
+    /// and its prompt computed [default: off].
     #[arg(long, value_name = "DIR")]
     prompt_cache: Option<PathBuf>,
     /// The most bytes the files in --prompt-cache may take (the least recently used go first).

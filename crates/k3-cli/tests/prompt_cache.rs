@@ -4,7 +4,7 @@
 //! cache's (greedy).
 
 mod common;
-use common::{k3, k3_stdin};
+use common::{k3, k3_stdin, server};
 
 const PROMPT: &str = "And God said, Let there be light: and there was light. And God saw the light, that it was good";
 
@@ -59,4 +59,97 @@ fn chat_resumes_a_system_prompt_computed_before() {
     let (out, err) = chat("What came after the light?", true);
     assert!(err.contains("restored from"), "a new chat with the same system prompt: {err}");
     assert_eq!(out, chat("What came after the light?", false).0);
+}
+
+/// The state files in `dir`, and whether any temporary is left.
+fn states(dir: &std::path::Path) -> (Vec<String>, bool) {
+    let names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let tmp = names.iter().any(|n| n.ends_with(".k3tmp"));
+    (names.into_iter().filter(|n| n.ends_with(".k3state")).collect(), tmp)
+}
+
+#[test]
+fn sigterm_right_after_an_answer_keeps_its_states() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let system = "You are a careful storyteller. Every answer is one short paragraph in the style of an old chronicle.";
+    let ask = |s: &server::Server, q: &str| {
+        let body = serde_json::json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            "max_tokens": 8, "temperature": 0});
+        let r = s.post("/v1/chat/completions", &[], &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let questions =
+        ["Tell of the flood", "And then?", "Who built the ark?", "How long did it rain?", "Where did it rest?"];
+    for (i, q) in questions.iter().enumerate() {
+        let mut s = server::Server::start(&["--prompt-cache-dir", d]);
+        ask(&s, q);
+        // SAFETY: a signal to the child this test started.
+        assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
+        let t = Instant::now();
+        let status = loop {
+            if let Some(st) = s.child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(t.elapsed() < Duration::from_secs(120), "the server did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "{status:?}");
+        // Each question leaves its prompt's end and its answer's end; the system turn's end is
+        // shared.
+        let (files, tmp) = states(dir.path());
+        assert_eq!(files.len(), 1 + 2 * (i + 1), "run {i}: {files:?}");
+        assert!(!tmp, "run {i}: a temporary is left");
+    }
+    // All of them are read back as whole states of this model: the same request again resumes
+    // its whole prompt from disk (the RAM tier is empty after a start).
+    let s = server::Server::start(&["--prompt-cache-dir", d]);
+    let v = ask(&s, questions[0]);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], v["usage"]["prompt_tokens"], "{}", v["usage"]);
+    let m = s.get("/metrics").1;
+    assert!(m.contains(&format!("k3_prefix_cache_disk_files {}", 1 + 2 * questions.len())), "{m}");
+    assert!(m.contains("k3_prefix_cache_disk_refused_total 0"), "{m}");
+}
+
+#[test]
+fn generate_stopped_by_sigterm_keeps_its_prompt_privately() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = dir.path().to_str().unwrap();
+    for i in 0..3 {
+        let prompt = format!("{PROMPT} and on the day {i}");
+        let mut child = common::bin()
+            .args(["generate", &prompt, "--max-tokens", "3000", "--temperature", "0", "--prompt-cache", d])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Once it answers, its prompt has been computed and kept.
+        let mut first = [0u8; 1];
+        std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+        // SAFETY: a signal to the child this test started.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let t = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            assert!(t.elapsed() < Duration::from_secs(120), "generate did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (files, tmp) = states(dir.path());
+        assert_eq!(files.len(), i + 1, "run {i}: {files:?}");
+        assert!(!tmp, "run {i}: a temporary is left");
+    }
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(dir.path()), 0o700, "a directory that was 0755 is made private");
+    for f in states(dir.path()).0 {
+        assert_eq!(mode(&dir.path().join(&f)), 0o600, "{f}");
+    }
+    let prompt = format!("{PROMPT} and on the day 0");
+    let (ok, _, err) =
+        k3(&["generate", &prompt, "--max-tokens", "4", "--temperature", "0", "--stats", "--prompt-cache", d]);
+    assert!(ok && err.contains("restored from"), "{err}");
 }

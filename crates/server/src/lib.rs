@@ -29,8 +29,9 @@ pub mod status;
 pub mod tokens;
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -39,7 +40,7 @@ use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{EngineOptions, OpenOptions, OwnedEngine};
 
 use crate::boundary::Boundary;
-pub use crate::listen::{Limits, ServeError, serve};
+pub use crate::listen::{Limits, ServeError};
 use crate::metrics::Metrics;
 use crate::scheduler::{Handle, Job, ModelInfo, Status};
 use crate::state::AppState;
@@ -118,9 +119,18 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         images_in_flight: image_budget::InFlight::new(opts.images.in_flight.max(opts.images.per_request)),
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
-    let loader = state.clone();
-    let spawned =
-        std::thread::Builder::new().name("k3-scheduler".into()).spawn(move || load_and_run(&opts, &loader, &rx));
+    // The loader holds no sender of `jobs`: once the HTTP side is gone, the scheduler's channel
+    // closes, it returns, and the prompt cache is written out (see [`serve`]).
+    let loader = Loader {
+        status: status.clone(),
+        metrics: state.metrics.clone(),
+        info: state.info.clone(),
+        tok: state.tok.clone(),
+    };
+    let spawned = std::thread::Builder::new().name("k3-scheduler".into()).spawn(move || {
+        let _ended = Ended(loader.status.clone());
+        load_and_run(&opts, &loader, &rx);
+    });
     if let Err(e) = spawned {
         fail(&status, format!("could not start the scheduler thread: {e}"));
     }
@@ -154,8 +164,79 @@ fn fail(status: &Status, why: String) {
     }
 }
 
-fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Job>) {
-    let status = &state.handle.status;
+/// How long a stop may take writing the prompt cache's states out, once the drain is over
+/// (states go out at about the drive's rate: a gigabyte of RAM tier takes seconds).
+pub const STOP_FLUSH: Duration = Duration::from_secs(30);
+
+/// Serves as [`listen::serve`] does, then, at a stop, waits for the scheduler to end and the
+/// prompt cache's states to be on disk (at most [`STOP_FLUSH`] and a little more): a state kept
+/// before the stop is there after it. A second stop signal (during the drain or this wait)
+/// means now, as it does for the drain.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    state: AppState,
+    limits: Limits,
+) -> Result<(), ServeError> {
+    let status = state.handle.status.clone();
+    let signals = Arc::new(AtomicUsize::new(0));
+    let counting = tokio::spawn(count_signals(signals.clone()).map_err(ServeError::Signals)?);
+    // The router and the state hold the scheduler's channel: both go with `listen::serve`.
+    let served = listen::serve(listener, router, state, limits).await;
+    if served.is_ok() && status.ready.load(Ordering::SeqCst) {
+        let ended = async {
+            while !status.ended.load(Ordering::SeqCst) && signals.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        if tokio::time::timeout(STOP_FLUSH + Duration::from_secs(5), ended).await.is_err() {
+            eprintln!("stopping: the prompt cache's states were not all written within {} s", STOP_FLUSH.as_secs());
+        } else if !status.ended.load(Ordering::SeqCst) {
+            eprintln!("stopping now (another signal): the prompt cache's writes are cut short");
+        }
+    }
+    counting.abort();
+    served
+}
+
+/// Counts SIGINT, SIGTERM and SIGHUP into `count` (`listen::serve` acts on them; this only
+/// tells a first from a second).
+fn count_signals(count: Arc<AtomicUsize>) -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int, mut hup) =
+        (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?, signal(SignalKind::hangup())?);
+    Ok(async move {
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = hup.recv() => {}
+            }
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+    })
+}
+
+/// What the scheduler thread shares with the HTTP side (not its channel's sender).
+struct Loader {
+    status: Arc<Status>,
+    metrics: Arc<Metrics>,
+    info: Arc<OnceLock<ModelInfo>>,
+    tok: Arc<OnceLock<Tokenizer>>,
+}
+
+/// Says the scheduler thread has ended, however it ends (the model failed, the channel closed,
+/// a panic).
+struct Ended(Arc<Status>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.ended.store(true, Ordering::SeqCst);
+    }
+}
+
+fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>) {
+    let status = &state.status;
     let loading = std::time::Instant::now();
     // The memory plan holds a full batch (each request's state and a prompt chunk) and the
     // prefix cache's kept states; a budget too small for them is refused at load, naming them.
@@ -232,5 +313,14 @@ fn load_and_run(opts: &ServerOptions, state: &AppState, jobs: &mpsc::Receiver<Jo
         let what = p.downcast_ref::<String>().map(String::as_str).or(p.downcast_ref::<&str>().copied());
         status.ready.store(false, Ordering::SeqCst);
         fail(status, format!("the scheduler stopped on an internal error: {}", what.unwrap_or("a panic")));
+        return;
+    }
+    // Every sender is gone (the server stops): what RAM holds goes to disk.
+    let left = cache.flush(engine, STOP_FLUSH);
+    for w in cache.take_warnings() {
+        eprintln!("prompt cache: {w}");
+    }
+    if left > 0 {
+        eprintln!("prompt cache: {left} kept states were not written within {} s", STOP_FLUSH.as_secs());
     }
 }

@@ -24,6 +24,8 @@ use k3_engine::{Engine, Session};
 
 /// Whose entries a request may see and make: a hash of the API key it came with (0 when keys
 /// are shared or there are none) — the same after a restart, so files on disk keep their owner.
+/// It is never written as it is: the disk tier names files by a keyed hash of it
+/// ([`k3_engine::state_store::owner`]), so a file name is no oracle for guessing keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Scope(pub u64);
 
@@ -166,16 +168,31 @@ impl PrefixCache {
             Kept::Checkpoint | Kept::AnswerEnd => None,
         };
         let now = !matches!(why, Kept::AnswerEnd);
-        if let Some(disk) = self.disk.as_mut()
-            && now
-        {
-            disk.save(engine, scope.0, session, logits);
-        }
-        if !self.keep_in_ram(engine, scope, session, logits, now)
+        // On disk only if it was queued: one the writer had no room for is written when RAM
+        // drops it, or at the stop.
+        let on_disk = now && self.disk.as_mut().is_some_and(|disk| disk.save(engine, scope.0, session, logits));
+        if !self.keep_in_ram(engine, scope, session, logits, on_disk)
             && let Some(disk) = self.disk.as_mut()
+            && !on_disk
         {
             disk.save(engine, scope.0, session, logits);
         }
+    }
+
+    /// At a stop: writes to disk every state RAM holds that no file holds (the most recently used
+    /// first), waiting for the writer rather than skipping, and waits for the writes; all within
+    /// `timeout`. The states left unwritten when it runs out, if any.
+    pub fn flush(&mut self, engine: &Engine<'_>, timeout: std::time::Duration) -> usize {
+        let until = std::time::Instant::now() + timeout;
+        let Some(disk) = self.disk.as_mut() else { return 0 };
+        self.entries.sort_by_key(|e| std::cmp::Reverse(e.last_use));
+        let mut left = 0;
+        for e in self.entries.iter_mut().filter(|e| !e.on_disk) {
+            e.on_disk = disk.save_until(engine, e.scope.0, &e.session, e.logits.as_deref(), Some(until));
+            left += usize::from(!e.on_disk);
+        }
+        disk.settle(until.saturating_duration_since(std::time::Instant::now()));
+        left + disk.pending()
     }
 
     /// Keeps a fork of `session` in RAM (`on_disk`: a file holds it already); false when it is

@@ -13,6 +13,8 @@ pub struct Status {
     pub draining: AtomicBool,
     /// The drain is over: answers still running end at the next step.
     pub cut: AtomicBool,
+    /// The scheduler thread has ended (its prompt cache written out, if it had one).
+    pub ended: AtomicBool,
     /// Why loading failed, if it did.
     pub failed: Mutex<Option<String>>,
     /// Jobs sent but not yet running.

@@ -28,7 +28,9 @@ pub use forward::{Logits, Seq};
 pub use layers::activate;
 pub use options::{ActivationPrecision, EngineOptions};
 pub use session::{LayerState, RoutedToken, Session};
-pub use state_file::{STATE_FILE_VERSION, SavedState, StateFileError, StateHeader, read_state_header};
+pub use state_file::{
+    STATE_FILE_VERSION, SavedState, StateFileError, StateFileLayout, StateHeader, read_state_header, state_ids_bytes,
+};
 pub use stats::{RunStats, Span, SpanKind};
 pub use vision::{ImageWork, Inserted};
 pub use walk::{GROUP_ROWS as WALK_GROUP_ROWS, LayerWalk};

@@ -171,33 +171,86 @@ pub struct StateHeader {
     pub logits: bool,
 }
 
-/// The bytes of a state file's head before its token ids, and how many more the head needs
-/// (`ids` of them, then the logits' count).
+/// The bytes of a state file's head before its token ids: magic, version, fingerprint and the
+/// count of token ids ([`parse_state_head`]).
 pub const STATE_HEAD_BYTES: usize = MAGIC.len() + 4 + 8 + 8;
 
-/// The head of a state file: `read(n)` gives its next `n` bytes (fewer at its end).
-pub fn read_state_header(
-    mut read: impl FnMut(usize) -> std::io::Result<Vec<u8>>,
-) -> Result<StateHeader, StateFileError> {
-    let head = read(STATE_HEAD_BYTES).map_err(|e| StateFileError::Invalid(e.to_string()))?;
+/// The first [`STATE_HEAD_BYTES`] of a state file: its format version, model fingerprint and
+/// token count. Checks the magic and the version only.
+pub fn parse_state_head(head: &[u8]) -> Result<(u32, u64, u64), StateFileError> {
     if head.len() < MAGIC.len() || &head[..MAGIC.len()] != MAGIC {
         return Err(StateFileError::Magic);
     }
-    let mut c = Cursor { bytes: &head, at: MAGIC.len() };
+    let mut c = Cursor { bytes: head, at: MAGIC.len() };
     let version = u32::from_le_bytes(c.array()?);
     if version != STATE_FILE_VERSION {
         return Err(StateFileError::Version { found: version });
     }
-    let fingerprint = c.u64()?;
-    let n = c.u64()?;
-    let need = usize::try_from(n).ok().and_then(|n| n.checked_mul(4)).and_then(|b| b.checked_add(8));
-    let need =
-        need.filter(|&b| b <= 1 << 31).ok_or_else(|| StateFileError::Invalid(format!("a count of {n} tokens")))?;
+    Ok((version, c.u64()?, c.u64()?))
+}
+
+/// Bytes of a state file's head after [`STATE_HEAD_BYTES`] for `tokens` token ids: the ids and
+/// the logits' count (`None` past 2 GiB: no state has so many tokens).
+pub fn state_ids_bytes(tokens: u64) -> Option<usize> {
+    let need = usize::try_from(tokens).ok()?.checked_mul(4)?.checked_add(8)?;
+    (need <= 1 << 31).then_some(need)
+}
+
+/// The head of a state file: `read(n)` gives its next `n` bytes (fewer at its end). The ids are
+/// read only once `fits(fingerprint, tokens)` accepts the head (a caller that knows the file's
+/// length refuses a count that length cannot hold, or another model's file, before reading).
+pub fn read_state_header(
+    mut read: impl FnMut(usize) -> std::io::Result<Vec<u8>>,
+    fits: impl FnOnce(u64, u64) -> Result<(), StateFileError>,
+) -> Result<StateHeader, StateFileError> {
+    let head = read(STATE_HEAD_BYTES).map_err(|e| StateFileError::Invalid(e.to_string()))?;
+    let (version, fingerprint, n) = parse_state_head(&head)?;
+    let need = state_ids_bytes(n).ok_or_else(|| StateFileError::Invalid(format!("a count of {n} tokens")))?;
+    fits(fingerprint, n)?;
     let rest = read(need).map_err(|e| StateFileError::Invalid(e.to_string()))?;
     let mut c = Cursor { bytes: &rest, at: 0 };
     let ids = c.take(need - 8)?.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     let logits = c.u64()? > 0;
     Ok(StateHeader { version, fingerprint, ids, logits })
+}
+
+/// How long an engine's state files are: `base + tokens * per_token`, and `logits` more when
+/// the logits after the last token are kept. Every file [`Engine::state_file`] writes has
+/// exactly this length (the recurrent layers' states are of a fixed size, the attention caches
+/// grow by a fixed size per token), so a file of any other length is refused before a byte of
+/// its body is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateFileLayout {
+    pub base: u64,
+    pub per_token: u64,
+    pub logits: u64,
+}
+
+impl StateFileLayout {
+    /// The length of a file of `tokens` tokens (`None` when it overflows).
+    pub fn len(&self, tokens: u64, logits: bool) -> Option<u64> {
+        let body = tokens.checked_mul(self.per_token)?.checked_add(self.base)?;
+        body.checked_add(if logits { self.logits } else { 0 })
+    }
+}
+
+impl Engine<'_> {
+    /// The length of this engine's state files ([`StateFileLayout`]): measured once on an empty
+    /// session (its fixed-size parts as they are written), the per-token part from the
+    /// attention caches' width.
+    pub fn state_file_layout(&self) -> StateFileLayout {
+        let empty = self.session();
+        let base = self.state_file(&empty, None).len() as u64;
+        let per_position: usize = empty
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Mla(m) => m.bytes_per_position(),
+                LayerState::Kda(_) => 0,
+            })
+            .sum();
+        StateFileLayout { base, per_token: 4 + per_position as u64, logits: 4 * self.vocab as u64 }
+    }
 }
 
 struct Cursor<'a> {

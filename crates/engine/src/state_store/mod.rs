@@ -2,29 +2,43 @@
 //! budget, found again after a restart — the prefix cache's second tier (the server's
 //! `--prompt-cache-dir`, the CLI's `--prompt-cache`).
 //!
-//! - A file is named by its scope (whose requests may resume it) and a hash of its tokens, so
-//!   the same state kept again replaces its file. It is written on a thread of its own, through
-//!   a temporary renamed over the name ([`crate::write_atomic`]): a reader sees a whole file or
-//!   none, and the caller's step does not wait on the drive.
+//! - The directory is private (0700, made so if it was open to others; another user's is
+//!   refused) and its files 0600: they hold conversations' token ids.
+//! - A file is named by keyed hashes of its scope (whose requests may resume it) and of its tokens
+//!   ([`owner`]: no name tells anything of an API key or a conversation without the directory's
+//!   key), so the same state kept again replaces its file. It is written on a thread of its own,
+//!   through a temporary synced and renamed over the name: a reader sees a whole file or none,
+//!   and the caller's step does not wait on the drive. [`settle`](StateStore::settle) waits for
+//!   the writes queued (a stop calls it), and dropping the store finishes them.
+//! - Only regular files of this user's are read, replaced or removed ([`files`]): a symbolic link,
+//!   FIFO, socket, device or directory under a state's name is skipped with a warning and left as
+//!   it is, never followed, opened to block, or deleted. A temporary left by a process that is
+//!   gone is removed at open.
 //! - At open, each file's head (format version, model fingerprint, token ids) is read into the
-//!   index; another model's or another version's files are left alone and not counted.
-//! - A restore reads the whole file with O_DIRECT ([`k3_io::whole`]) and checks all of it
-//!   ([`Engine::read_state_file`]) and that its tokens are the index's. A file that fails is
-//!   dropped from the index with a warning (removed if it is this model's and damaged) and the
-//!   caller recomputes: a bad file costs time, never an answer.
+//!   index once its length is the one the head implies ([`crate::StateFileLayout`]): a file with a
+//!   tail (sparse or not) is refused without reading it. Another model's or another version's
+//!   files are left alone and not counted.
+//! - A restore reads the whole file with O_DIRECT ([`k3_io::whole`]) from the descriptor it
+//!   checked (still the length indexed), checks all of it ([`Engine::read_state_file`]) and that
+//!   its tokens are the index's. A file that fails is dropped from the index with a warning
+//!   (removed if it is this model's and damaged) and the caller recomputes: a bad file costs
+//!   time, never an answer.
 
-use std::io::Read;
+mod files;
+pub mod owner;
+mod writer;
+
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use k3_io::whole::{WholeRead, read_file};
-use xxhash_rust::xxh3::xxh3_64;
+use k3_io::whole::{WholeRead, kind, read_open};
 
-use crate::{Engine, SavedState, Session, StateFileError, read_state_header};
-
-const EXT: &str = "k3state";
+use self::files::Unread;
+use self::owner::NameKey;
+use self::writer::{QUEUE, Work, Written};
+use crate::{Engine, SavedState, Session, StateFileError, StateFileLayout};
 
 /// Why a store could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +51,12 @@ pub enum StoreError {
     },
     #[error("prompt cache directory {0}: is not a directory")]
     NotDir(PathBuf),
+    #[error("prompt cache directory {path}: owned by user {uid}, not this one; give a directory of your own")]
+    NotMine { path: PathBuf, uid: u32 },
+    #[error("prompt cache directory {0}: is shared with other users (sticky, as /tmp is); give a directory of its own")]
+    Shared(PathBuf),
+    #[error("prompt cache directory: its naming key: {0}")]
+    Key(String),
     #[error("prompt cache: cannot start its writer thread: {0}")]
     Thread(std::io::Error),
 }
@@ -64,7 +84,8 @@ pub struct StoreStats {
 #[derive(Debug)]
 struct Entry {
     path: PathBuf,
-    scope: u64,
+    /// The keyed hash of its scope ([`NameKey::owner`]).
+    owner: u64,
     ids: Vec<u32>,
     logits: bool,
     bytes: u64,
@@ -72,23 +93,14 @@ struct Entry {
     last_use: u128,
 }
 
-/// A write the writer thread has finished.
-struct Written {
-    path: PathBuf,
-    scope: u64,
-    ids: Vec<u32>,
-    logits: bool,
-    result: Result<u64, String>,
-}
-
-type Work = (PathBuf, Vec<u8>, u64, Vec<u32>, bool);
-
 /// The directory's index and its writer.
 #[derive(Debug)]
 pub struct StateStore {
     dir: PathBuf,
     budget: u64,
     fingerprint: u64,
+    layout: StateFileLayout,
+    key: NameKey,
     entries: Vec<Entry>,
     /// Files queued for writing, not yet in the index.
     queued: Vec<PathBuf>,
@@ -106,40 +118,23 @@ impl StateStore {
     /// Opens (creating, private to this user) `dir` for `engine`'s states within `budget` bytes,
     /// indexing the files already there; the oldest beyond the budget are removed.
     pub fn open(dir: &Path, budget: u64, engine: &Engine<'_>) -> Result<StateStore, StoreError> {
-        let dir_err = |source| StoreError::Dir { path: dir.to_path_buf(), source };
-        if !dir.exists() {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(dir_err)?;
-        }
-        if !dir.is_dir() {
-            return Err(StoreError::NotDir(dir.to_path_buf()));
-        }
-        let (work_tx, work_rx) = sync_channel::<Work>(1);
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("k3-state-writer".into())
-            .spawn(move || {
-                for (path, bytes, scope, ids, logits) in work_rx {
-                    let result = crate::write_atomic(&path, &bytes).map(|()| bytes.len() as u64);
-                    let result = result.map_err(|e| e.to_string());
-                    if done_tx.send(Written { path, scope, ids, logits, result }).is_err() {
-                        break;
-                    }
-                }
-            })
-            .map_err(StoreError::Thread)?;
+        let made_private = files::make_private(dir)?;
+        let key = NameKey::of_dir(dir).map_err(StoreError::Key)?;
+        let (work_tx, thread, done_rx) = writer::spawn().map_err(StoreError::Thread)?;
         let mut store = StateStore {
             dir: dir.to_path_buf(),
             budget,
             fingerprint: engine.fingerprint(),
+            layout: engine.state_file_layout(),
+            key,
             entries: Vec::new(),
             queued: Vec::new(),
             writer: Some((work_tx, thread)),
             written: done_rx,
             stats: StoreStats::default(),
-            warnings: Vec::new(),
+            warnings: made_private.into_iter().collect(),
         };
-        store.scan().map_err(dir_err)?;
+        store.scan().map_err(|source| StoreError::Dir { path: dir.to_path_buf(), source })?;
         store.evict();
         Ok(store)
     }
@@ -147,26 +142,30 @@ impl StateStore {
     fn scan(&mut self) -> std::io::Result<()> {
         let mut foreign = 0;
         for item in std::fs::read_dir(&self.dir)? {
-            let path = item?.path();
-            let Some(scope) = parse_name(&path) else {
-                remove_stale_temporary(&path);
+            let item = item?;
+            let path = item.path();
+            // Not followed: the entry itself.
+            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            let Some(owner) = files::parse_name(&path) else {
+                files::remove_dead_temporary(&path, &meta);
                 continue;
             };
-            match head(&path) {
-                Ok(h) if h.fingerprint == self.fingerprint => {
-                    let meta = std::fs::metadata(&path)?;
+            if !meta.is_file() {
+                self.warnings.push(format!("{}: is {}, not a state file; left as it is", path.display(), kind(&meta)));
+                continue;
+            }
+            match files::index_file(&path, self.fingerprint, &self.layout, self.budget) {
+                Ok((h, bytes)) => {
                     let last_use = meta.modified().ok().and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok());
-                    self.entries.push(Entry {
-                        path,
-                        scope,
-                        ids: h.ids,
-                        logits: h.logits,
-                        bytes: meta.len(),
-                        last_use: last_use.map_or(0, |d| d.as_nanos()),
-                    });
+                    let last_use = last_use.map_or(0, |d| d.as_nanos());
+                    self.entries.push(Entry { path, owner, ids: h.ids, logits: h.logits, bytes, last_use });
                 }
-                Ok(_) | Err(StateFileError::Version { .. }) => foreign += 1,
-                Err(e) => {
+                Err(Unread::Foreign) => foreign += 1,
+                Err(Unread::NotOurs(why) | Unread::TooLarge(why)) => {
+                    self.stats.refused += 1;
+                    self.warnings.push(format!("{why}; left as it is"));
+                }
+                Err(Unread::Damaged(e)) => {
                     self.stats.refused += 1;
                     self.warnings.push(format!("{}: {e}; removed", path.display()));
                     let _ = std::fs::remove_file(&path);
@@ -206,8 +205,8 @@ impl StateStore {
                     self.entries.retain(|e| e.path != w.path);
                     self.stats.writes += 1;
                     self.stats.bytes_written += bytes;
-                    let (path, scope, ids, logits) = (w.path, w.scope, w.ids, w.logits);
-                    self.entries.push(Entry { path, scope, ids, logits, bytes, last_use: now_nanos() });
+                    let (path, owner, ids, logits) = (w.path, w.owner, w.ids, w.logits);
+                    self.entries.push(Entry { path, owner, ids, logits, bytes, last_use: now_nanos() });
                     any = true;
                 }
                 Err(e) => {
@@ -231,6 +230,11 @@ impl StateStore {
         self.poll();
     }
 
+    /// States queued and not yet written.
+    pub fn pending(&self) -> usize {
+        self.queued.len()
+    }
+
     fn evict(&mut self) {
         let mut used: u64 = self.entries.iter().map(|e| e.bytes).sum();
         while used > self.budget {
@@ -239,7 +243,10 @@ impl StateStore {
             };
             let e = self.entries.swap_remove(i);
             used -= e.bytes;
-            let _ = std::fs::remove_file(&e.path);
+            // Only what is still a regular file (a name swapped for anything else is left).
+            if std::fs::symlink_metadata(&e.path).is_ok_and(|m| m.is_file()) {
+                let _ = std::fs::remove_file(&e.path);
+            }
         }
     }
 
@@ -250,9 +257,10 @@ impl StateStore {
     }
 
     fn find(&self, scope: u64, prompt: &[u32]) -> Option<usize> {
+        let owner = self.key.owner(scope);
         let usable = |e: &Entry| {
             let n = e.ids.len();
-            e.scope == scope && (n < prompt.len() || (n == prompt.len() && e.logits)) && prompt.starts_with(&e.ids)
+            e.owner == owner && (n < prompt.len() || (n == prompt.len() && e.logits)) && prompt.starts_with(&e.ids)
         };
         (0..self.entries.len()).filter(|&i| usable(&self.entries[i])).max_by_key(|&i| self.entries[i].ids.len())
     }
@@ -263,32 +271,17 @@ impl StateStore {
         self.poll();
         let i = self.find(scope, prompt)?;
         let t0 = Instant::now();
-        let read = read_file(&self.entries[i].path, WholeRead::Direct);
-        let checked = read.map_err(|e| e.to_string()).and_then(|bytes| {
-            let n = bytes.len() as u64;
-            let saved = engine.read_state_file(&bytes).map_err(|e| (e.to_string(), damaged(&e)));
-            match saved {
-                Ok(s) if s.session.ids() == self.entries[i].ids => Ok((s, n)),
-                Ok(_) => Err("its tokens are not the ones its head gave at startup".into()),
-                Err((why, bad)) => {
-                    if bad {
-                        let _ = std::fs::remove_file(&self.entries[i].path);
-                    }
-                    Err(why)
-                }
-            }
-        });
-        match checked {
-            Ok((saved, n)) => {
+        match self.read_entry(engine, i) {
+            Ok((saved, file)) => {
                 self.stats.read_seconds += t0.elapsed().as_secs_f64();
                 self.stats.hits += 1;
                 self.stats.tokens_restored += saved.session.tokens() as u64;
-                self.stats.bytes_read += n;
                 let e = &mut self.entries[i];
+                self.stats.bytes_read += e.bytes;
                 e.last_use = now_nanos();
-                // Best effort: the order survives a restart.
-                let _ =
-                    std::fs::File::options().write(true).open(&e.path).and_then(|f| f.set_modified(SystemTime::now()));
+                // Best effort, on the file read (never what the name gives by now): the order
+                // survives a restart.
+                let _ = file.set_modified(SystemTime::now());
                 Some(saved)
             }
             Err(why) => {
@@ -300,6 +293,28 @@ impl StateStore {
         }
     }
 
+    /// Entry `i`'s state and its open file: opened only if it is still a regular file of this
+    /// user's of the length indexed, then read whole and checked.
+    fn read_entry(&self, engine: &Engine<'_>, i: usize) -> Result<(SavedState, std::fs::File), String> {
+        let e = &self.entries[i];
+        let (file, meta) = files::open_own(&e.path)?;
+        if meta.len() != e.bytes {
+            return Err(format!("{} bytes, {} when it was indexed: changed since", meta.len(), e.bytes));
+        }
+        let len = usize::try_from(e.bytes).map_err(|_| "too large to read".to_string())?;
+        let bytes = read_open(&file, &e.path, len, WholeRead::Direct).map_err(|e| e.to_string())?;
+        match engine.read_state_file(&bytes) {
+            Ok(s) if s.session.ids() == e.ids => Ok((s, file)),
+            Ok(_) => Err("its tokens are not the ones its head gave at startup".into()),
+            Err(err) => {
+                if damaged(&err) {
+                    let _ = std::fs::remove_file(&e.path);
+                }
+                Err(err.to_string())
+            }
+        }
+    }
+
     /// Whether `ids` are kept in `scope` (with logits, if `logits`), or queued to be.
     pub fn holds(&self, scope: u64, ids: &[u32], logits: bool) -> bool {
         let path = self.path(scope, ids);
@@ -307,33 +322,66 @@ impl StateStore {
     }
 
     fn path(&self, scope: u64, ids: &[u32]) -> PathBuf {
-        let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-        self.dir.join(format!("{scope:016x}-{:016x}.{EXT}", xxh3_64(&bytes)))
+        self.dir.join(files::name(self.key.owner(scope), self.key.tokens(ids)))
     }
 
     /// Keeps `session`'s state (with `logits` after its last token, if given) in `scope`: queued
     /// for the writer unless it is kept already, the writer is busy, or it exceeds the budget.
-    pub fn save(&mut self, engine: &Engine<'_>, scope: u64, session: &Session, logits: Option<&[f32]>) {
+    /// Whether it is kept or queued now.
+    pub fn save(&mut self, engine: &Engine<'_>, scope: u64, session: &Session, logits: Option<&[f32]>) -> bool {
+        self.save_until(engine, scope, session, logits, None)
+    }
+
+    /// As [`save`](Self::save), waiting (until `until`, when given) for the writer to have room
+    /// rather than skipping: a stop writing what RAM holds.
+    pub fn save_until(
+        &mut self,
+        engine: &Engine<'_>,
+        scope: u64,
+        session: &Session,
+        logits: Option<&[f32]>,
+        until: Option<Instant>,
+    ) -> bool {
         self.poll();
-        if session.tokens() == 0 || self.holds(scope, session.ids(), logits.is_some()) {
-            return;
+        if session.tokens() == 0 {
+            return false;
+        }
+        if self.holds(scope, session.ids(), logits.is_some()) {
+            return true;
         }
         if session.state_bytes() as u64 > self.budget {
             self.stats.skipped += 1;
-            return;
+            return false;
         }
         // One state being written and one waiting at most (the channel's bound): past that the
         // state is not even serialized, so a busy drive costs the caller nothing.
-        if self.queued.len() >= 2 {
+        while self.queued.len() >= QUEUE && until.is_some_and(|t| Instant::now() < t) {
+            std::thread::sleep(Duration::from_millis(2));
+            self.poll();
+        }
+        if self.queued.len() >= QUEUE {
             self.stats.skipped += 1;
-            return;
+            return false;
         }
         let path = self.path(scope, session.ids());
         let bytes = engine.state_file(session, logits);
-        let Some((tx, _)) = &self.writer else { return };
-        match tx.try_send((path.clone(), bytes, scope, session.ids().to_vec(), logits.is_some())) {
-            Ok(()) => self.queued.push(path),
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.stats.skipped += 1,
+        let Some((tx, _)) = &self.writer else { return false };
+        let work = Work {
+            path: path.clone(),
+            bytes,
+            owner: self.key.owner(scope),
+            ids: session.ids().to_vec(),
+            logits: logits.is_some(),
+        };
+        match tx.try_send(work) {
+            Ok(()) => {
+                self.queued.push(path);
+                true
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.stats.skipped += 1;
+                false
+            }
         }
     }
 }
@@ -351,34 +399,4 @@ impl Drop for StateStore {
 /// Whether a refused file is this model's own and damaged (removed), rather than another's.
 fn damaged(e: &StateFileError) -> bool {
     !matches!(e, StateFileError::Model { .. } | StateFileError::Version { .. })
-}
-
-/// The scope a store file's name gives (`{scope:016x}-{hash:016x}.k3state`).
-fn parse_name(path: &Path) -> Option<u64> {
-    let name = path.file_name()?.to_str()?.strip_suffix(&format!(".{EXT}"))?;
-    let (scope, hash) = name.split_once('-')?;
-    let hex = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
-    (hex(scope) && hex(hash)).then(|| u64::from_str_radix(scope, 16).ok()).flatten()
-}
-
-/// A write's temporary left by a process that was killed (over an hour old).
-fn remove_stale_temporary(path: &Path) {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    if name.starts_with('.') && name.contains(&format!(".{EXT}.")) && name.ends_with(".k3tmp") {
-        let old = std::fs::metadata(path)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t.elapsed().is_ok_and(|a| a > Duration::from_secs(3600)));
-        if old {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-fn head(path: &Path) -> Result<crate::StateHeader, StateFileError> {
-    let mut f = std::fs::File::open(path).map_err(|e| StateFileError::Invalid(e.to_string()))?;
-    read_state_header(|n| {
-        let mut buf = Vec::with_capacity(n);
-        (&mut f).take(n as u64).read_to_end(&mut buf)?;
-        Ok(buf)
-    })
 }
