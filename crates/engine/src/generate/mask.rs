@@ -148,6 +148,11 @@ impl Mask {
     pub fn allows(&self, id: u32) -> bool {
         self.allowed.get(id as usize).copied().unwrap_or(false)
     }
+
+    /// How many ids may be sampled.
+    pub fn count(&self) -> usize {
+        self.allowed.iter().filter(|a| **a).count()
+    }
 }
 
 /// Everything one mask needs, owned: it may run on any thread ([`run`](Self::run)).
@@ -161,6 +166,16 @@ pub struct MaskJob {
 }
 
 impl MaskJob {
+    /// The mask of a `json_schema` answer written up to `prefix`, outside a decoder (benchmarks).
+    pub fn for_schema(prefix: SchemaPrefix, trie: Arc<TokenTrie>) -> MaskJob {
+        MaskJob { shape: Shape::Schema(Box::new(prefix)), trie, keep: Vec::new(), at: 0 }
+    }
+
+    /// The mask of a `json_object` answer written up to `prefix`, outside a decoder.
+    pub fn for_object(prefix: JsonPrefix, trie: Arc<TokenTrie>) -> MaskJob {
+        MaskJob { shape: Shape::Object(prefix), trie, keep: Vec::new(), at: 0 }
+    }
+
     /// The mask, or `None` when `abandon` was set before it was done.
     pub fn run(&self, abandon: &AtomicBool) -> Option<Mask> {
         let mut allowed = self.trie.allowed(&self.shape, abandon)?;
