@@ -79,3 +79,55 @@ async fn health_says_when_the_model_cannot_serve() {
     let (s, _) = json_call(&router, post("/v1/chat/completions", &chat("Once upon a time"))).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
 }
+
+/// Ollama's routes take each field as Ollama's Go structs type it: a value of another JSON type
+/// (`stream: "false"`, a number as `model` or `system`) is a 400 naming the field, in Ollama's
+/// error shape; `null` is a field's zero value, as in Go.
+#[tokio::test]
+async fn ollama_fields_of_the_wrong_type_are_refused_by_name() {
+    let router = server(ServerOptions::new(default_model())).await;
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        ("/api/chat", json!({"messages": user, "stream": "false"}), "stream"),
+        ("/api/chat", json!({"messages": user, "stream": 0}), "stream"),
+        ("/api/chat", json!({"model": 5, "messages": user}), "model"),
+        ("/api/chat", json!({"messages": "hi"}), "messages"),
+        ("/api/chat", json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
+        ("/api/chat", json!({"messages": [{"role": 1, "content": "x"}]}), "messages[0].role"),
+        ("/api/chat", json!({"messages": [{"role": "user", "content": "x", "thinking": 2}]}), "messages[0].thinking"),
+        (
+            "/api/chat",
+            json!({"messages": [{"role": "tool", "content": "x", "tool_name": []}]}),
+            "messages[0].tool_name",
+        ),
+        (
+            "/api/chat",
+            json!({"messages": [{"role": "user", "content": "x", "tool_calls": {}}]}),
+            "messages[0].tool_calls",
+        ),
+        ("/api/chat", json!({"messages": user, "keep_alive": true}), "keep_alive"),
+        ("/api/chat", json!({"messages": user, "tools": {}}), "tools"),
+        ("/api/chat", json!({"messages": user, "options": [1]}), "options"),
+        ("/api/generate", json!({"prompt": "hi", "system": 5}), "system"),
+        ("/api/generate", json!({"prompt": "hi", "stream": "false"}), "stream"),
+        ("/api/generate", json!({"prompt": "hi", "raw": "yes"}), "raw"),
+        ("/api/generate", json!({"model": 5}), "model"),
+        ("/api/generate", json!({"prompt": 5}), "prompt"),
+        ("/api/generate", json!({"prompt": "hi", "images": "aGk="}), "images"),
+        ("/api/generate", json!({"prompt": "hi", "suffix": 5}), "suffix"),
+        ("/api/show", json!({"model": 5}), "model"),
+        ("/api/show", json!({"model": "default", "verbose": "yes"}), "verbose"),
+    ];
+    for (path, body, field) in cases {
+        let (s, v) = json_call(&router, post(path, &body)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{path} {body}: {v}");
+        let e = v["error"].as_str().unwrap_or_else(|| panic!("{path} {body}: not Ollama's error shape: {v}"));
+        assert!(e.starts_with(&format!("{field}: ")), "{path} {body}: the error names not `{field}`: {e}");
+    }
+    // Nulls are fields left unset; the right types are taken.
+    let body = json!({"model": null, "prompt": "hi", "system": null, "stream": false, "keep_alive": "5m",
+                      "options": {"num_predict": 2}, "suffix": null, "images": null});
+    let (s, v) = json_call(&router, post("/api/generate", &body)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["done"], true, "{v}");
+}
