@@ -1,5 +1,6 @@
 //! The server's edges: a damaged shard fails only the requests that read it (and is read again
-//! once its bytes are back), `/tokenize` bounded and off the async workers.
+//! once its bytes are back), `/health` honest about a stopped scheduler, Ollama's fields typed
+//! as Ollama types them, `/tokenize` and `/detokenize` bounded and off the async workers.
 
 use std::path::{Path, PathBuf};
 
@@ -130,4 +131,61 @@ async fn ollama_fields_of_the_wrong_type_are_refused_by_name() {
     let (s, v) = json_call(&router, post("/api/generate", &body)).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["done"], true, "{v}");
+}
+
+/// `/tokenize` and `/detokenize` are bounded like prompts: more text than a context can hold
+/// (the context times the longest token's bytes), more tokens than a context, refused up front
+/// with the limit named.
+#[tokio::test]
+async fn tokenize_and_detokenize_are_bounded_by_the_context() {
+    let router = server(ServerOptions::new(default_model())).await;
+    // The default model: a context of 4096 tokens, its longest token 15 bytes.
+    let (s, v) =
+        json_call(&router, post("/tokenize", &json!({"content": " ".repeat(61_441), "with_pieces": true}))).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("content")), "{}", v["error"]);
+    let e = v["error"]["message"].as_str().unwrap();
+    assert!(e.contains("61441 bytes") && e.contains("61440 bytes") && e.contains("4096 tokens"), "{e}");
+    // Within the bytes, but each letter a token of its own: more tokens than the context.
+    let (s, v) = json_call(&router, post("/tokenize", &json!({"content": "a".repeat(5000)}))).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("content")), "{}", v["error"]);
+    assert!(v["error"]["message"].as_str().unwrap().contains("5000 tokens, more than the context of 4096"), "{v}");
+    let (s, v) = json_call(&router, post("/detokenize", &json!({"tokens": vec![64; 4097]}))).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("tokens")), "{}", v["error"]);
+    assert!(v["error"]["message"].as_str().unwrap().contains("4097 tokens are more than the context of 4096"), "{v}");
+    // A context's worth is taken.
+    let (s, v) = json_call(&router, post("/detokenize", &json!({"tokens": vec![64; 4096]}))).await;
+    assert_eq!((s, v["content"].as_str().map(str::len)), (StatusCode::OK, Some(4096)), "{v}");
+}
+
+/// Tokenizing runs off the async workers: on a runtime with one worker, `/health` asked after
+/// eight large (allowed) tokenize requests answers before any of them. The order is
+/// deterministic, not a race: were tokenizing done on the worker, each request would run whole
+/// before `/health` is polled (spawned tasks run in order); off it, every tokenize request waits
+/// for its blocking work (or its turn) and its end is queued behind `/health`.
+#[tokio::test]
+async fn health_answers_before_tokenize_requests_asked_earlier() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let router = server(ServerOptions::new(default_model())).await;
+    let text = "hello world ".repeat(1300);
+    let finished = Arc::new(AtomicUsize::new(0));
+    let mut tokenizing = Vec::new();
+    for _ in 0..8 {
+        let (router, finished, body) =
+            (router.clone(), finished.clone(), json!({"content": text, "with_pieces": true}));
+        tokenizing.push(tokio::spawn(async move {
+            let (s, v) = json_call(&router, post("/tokenize", &body)).await;
+            (s, v["tokens"].as_array().map_or(0, Vec::len), finished.fetch_add(1, Ordering::SeqCst))
+        }));
+    }
+    let (r, f) = (router.clone(), finished.clone());
+    let health = tokio::spawn(async move { (json_call(&r, get("/health")).await.0, f.fetch_add(1, Ordering::SeqCst)) });
+    let (status, place) = health.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(place, 0, "/health answered after {place} tokenize requests");
+    for t in tokenizing {
+        let (s, tokens, _) = t.await.unwrap();
+        assert_eq!(s, StatusCode::OK);
+        assert!((3000..=4096).contains(&tokens), "{tokens} tokens");
+    }
 }
