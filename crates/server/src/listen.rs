@@ -32,7 +32,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// A request's body must arrive within this.
     pub body_timeout: Duration,
-    /// Open connections at most.
+    /// Open connections at most: at the cap, a new one takes the place of the oldest holding no
+    /// request (still sending its headers, or idle); only when all hold one is it answered 503.
     pub max_connections: usize,
     /// How long answers under way may run on after a stop signal before they are ended.
     pub drain: Duration,
