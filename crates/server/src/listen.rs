@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -71,7 +71,7 @@ struct Conn {
 #[derive(Default)]
 struct Conns {
     open: Mutex<BTreeMap<u64, Arc<Conn>>>,
-    next: AtomicUsize,
+    next: AtomicU64,
 }
 
 impl Conns {
@@ -93,7 +93,7 @@ impl Conns {
                 c.evict.notify_one();
             }
         }
-        let id = self.next.fetch_add(1, Ordering::SeqCst) as u64;
+        let id = self.next.fetch_add(1, Ordering::SeqCst);
         let conn = Arc::new(Conn::default());
         open.insert(id, conn.clone());
         Some(Registered { conns: self.clone(), id, conn })
