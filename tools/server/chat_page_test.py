@@ -1,12 +1,14 @@
 """The chat page at `/` in headless Chromium (Debian's `chromium` package, driven by Playwright
 from PyPI with `executable_path`, so no browser is downloaded): the page asks for the API key,
 a message goes out and a streamed answer renders, a thinking model's thinking shows apart in a
-collapsed section, Stop ends an answer, New chat empties the page, and the page fetches nothing
+collapsed section, Stop ends an answer, New chat empties the page (and, while an answer streams,
+stops and forgets it), and the page fetches nothing
 but this server. Saves a screenshot. Run by .ci/run when Chromium is installed (or installable):
 
     python tools/server/chat_page_test.py target/debug/k3-cli fixtures/default.waste SCREENSHOT.png [TOOL_CALLER]
 """
 
+import json
 import os
 import sys
 
@@ -23,6 +25,31 @@ def open_page(browser, base):
     page.on("request", lambda r: None if r.url.startswith(base) else outside.append(r.url))
     page.goto(base + "/")
     return page, outside
+
+
+def new_chat_while_streaming(page) -> None:
+    """New chat while an answer streams stops it and forgets it: no partial answer and no
+    "(stopped)" note reach the new conversation, whose first request carries only its own
+    message."""
+    sent = []
+    page.on("request", lambda r: sent.append(r.post_data) if r.url.endswith("/v1/chat/completions") else None)
+    page.fill("#prompt", "Let there be light")
+    page.press("#prompt", "Enter")
+    expect(page.locator(".assistant .answer").first).not_to_be_empty(timeout=60_000)
+    expect(page.locator("#stop")).to_be_visible()
+    page.click("#new")
+    expect(page.locator("#send")).to_be_visible()
+    page.fill("#max", "5")
+    page.dispatch_event("#max", "change")
+    page.fill("#prompt", "In the beginning")
+    page.press("#prompt", "Enter")
+    expect(page.locator("#send")).to_be_visible(timeout=120_000)
+    assert len(sent) == 2, f"{len(sent)} requests"
+    messages = json.loads(sent[1])["messages"]
+    assert messages == [{"role": "user", "content": "In the beginning"}], f"the new chat sent {messages}"
+    expect(page.locator(".user")).to_have_count(1)
+    expect(page.locator(".assistant")).to_have_count(1)
+    expect(page.locator(".note", has_text="stopped")).to_have_count(0)
 
 
 def main() -> None:
@@ -60,6 +87,7 @@ def main() -> None:
             expect(page.locator("#send")).to_be_visible()
             page.click("#new")
             expect(page.locator(".msg")).to_have_count(0)
+            new_chat_while_streaming(page)
             assert not outside, f"the page fetched {outside}"
             print(f"chat page: key, a streamed answer ({len(first)} characters), stop, new chat ok; screenshot {shot}")
         if len(sys.argv) > 4:

@@ -1,6 +1,6 @@
 //! A checkpoint is untrusted input. Its `config.json` is checked whole before anything is
 //! written: each field a family uses, broken one at a time in the golden checkpoints, is refused
-//! by name — never a panic, a model that converts and then fails in the router, or NaN logits.
+//! by its name in the file (`n_group`, not k3's `num_expert_group`) — never a panic, a model that converts and then fails in the router, or NaN logits.
 //! Its files must be regular files: a FIFO given as a shard is refused, not waited on. Its chat
 //! template must render a probe conversation within its limits.
 
@@ -69,11 +69,11 @@ fn every_broken_field_is_refused_by_name_before_anything_is_written() {
         ("tiny-k3", k3("v_head_dim"), json!(0), "v_head_dim"),
         ("tiny-k3", "/eos_token_id".into(), json!(9999), "eos_token_id"),
         ("tiny-kimi-linear", "/num_experts_per_token".into(), json!(17), "num_experts_per_token"),
-        ("tiny-kimi-linear", "/model_max_length".into(), json!(0), "max_position_embeddings"),
-        ("deepseek-v3/bf16", "/n_group".into(), json!(3), "num_expert_group"),
+        ("tiny-kimi-linear", "/model_max_length".into(), json!(0), "`model_max_length`"),
+        ("deepseek-v3/bf16", "/n_group".into(), json!(3), "`n_group`"),
         ("deepseek-v3/bf16", "/topk_group".into(), json!(5), "topk_group"),
         // Four groups of four experts, two groups kept: at most eight reachable.
-        ("deepseek-v3/bf16", "/num_experts_per_tok".into(), json!(9), "num_experts_per_token"),
+        ("deepseek-v3/bf16", "/num_experts_per_tok".into(), json!(9), "`num_experts_per_tok`"),
         ("deepseek-v3/bf16", "/rope_theta".into(), json!(-5.0), "rope_theta"),
         ("deepseek-v3/bf16", "/rope_scaling/factor".into(), json!(0.0), "rope_scaling.factor"),
         ("deepseek-v3/bf16", "/rope_scaling/original_max_position_embeddings".into(), json!(0), "original_max"),

@@ -96,7 +96,8 @@ pub struct ServeArgs {
     /// Seconds a client has to send a request's body (408 beyond).
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     body_timeout: u64,
-    /// Open connections at most; the next one is answered 503 and closed.
+    /// Open connections at most; at the cap a new one takes the place of the oldest holding no
+    /// request (still sending its headers, or idle), and is answered 503 only when all hold one.
     #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_connections: u32,
     /// Seconds answers under way may run on after SIGINT, SIGTERM or SIGHUP before they are

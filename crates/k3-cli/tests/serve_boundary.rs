@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -125,16 +126,101 @@ fn slow_idle_and_oversized_clients_are_cut_off() {
     assert!(head[..n].starts_with(b"HTTP/1.1 413"), "{}", String::from_utf8_lossy(&head[..n]));
     // Wait for the server's side of it to close, or it still counts against the cap below.
     let _ = big.read_to_end(&mut Vec::new());
-    drop(big);
-    std::thread::sleep(Duration::from_millis(200));
-    // The connection cap: three held open, the fourth is told 503 and closed.
-    let held: Vec<_> = (0..3).map(|_| s.connect()).collect();
-    std::thread::sleep(Duration::from_millis(200));
-    let mut fourth = s.connect();
+}
+
+/// A connection whose request is under way: its headers sent (asking for `100 Continue`) and
+/// answered, so the server has taken the request; its body not yet sent. The body follows with
+/// [`finish`].
+fn under_way(s: &Server) -> (TcpStream, String) {
+    let body = chat("Hi", 1).to_string();
+    let mut c = s.connect();
+    write!(
+        c,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    let mut head = [0u8; 25];
+    c.read_exact(&mut head).unwrap();
+    assert!(head.starts_with(b"HTTP/1.1 100 Continue"), "{}", String::from_utf8_lossy(&head));
+    (c, body)
+}
+
+/// Sends the rest of an [`under_way`] request; its status line.
+fn finish((mut c, body): (TcpStream, String)) -> String {
+    c.write_all(body.as_bytes()).unwrap();
     let mut out = String::new();
-    let _ = fourth.read_to_string(&mut out);
-    assert!(out.starts_with("HTTP/1.1 503"), "{out}");
-    drop(held);
+    let _ = c.read_to_string(&mut out);
+    out.lines().next().unwrap_or_default().to_string()
+}
+
+/// A request over a connection of its own (read to its end); its status line.
+fn health(s: &Server) -> String {
+    let r = s.raw("GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    format!("HTTP/1.1 {}", r.status)
+}
+
+#[test]
+fn the_connection_cap_refuses_only_when_every_connection_holds_a_request() {
+    let s = Server::start(&["--header-timeout", "60", "--body-timeout", "60", "--max-connections", "3"]);
+    let held: Vec<_> = (0..3).map(|_| under_way(&s)).collect();
+    // Three requests under way: the fourth connection is told 503 and closed.
+    assert_eq!(health(&s), "HTTP/1.1 503");
+    for c in held {
+        assert_eq!(finish(c), "HTTP/1.1 200 OK");
+    }
+}
+
+/// `GET /health` on a new keep-alive connection: the connection (left open, idle) and the status
+/// line.
+fn health_kept_open(s: &Server) -> (TcpStream, String) {
+    let mut c = s.connect();
+    c.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    // The head and the short JSON body it announces.
+    while !String::from_utf8_lossy(&got).contains("}") {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0, "closed after {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    (c, text.lines().next().unwrap_or_default().to_string())
+}
+
+/// A slowloris (connections that trickle their headers and never finish them) filling the cap
+/// turns nobody away: a new connection takes the place of the oldest one still sending its
+/// headers (then of idle keep-alive ones); a request under way keeps its connection.
+#[test]
+fn connections_still_sending_headers_go_first_when_the_cap_is_reached() {
+    let s = Server::start(&["--header-timeout", "120", "--body-timeout", "120", "--max-connections", "3"]);
+    let request = under_way(&s);
+    let mut slow: Vec<_> = (0..2).map(|_| s.connect()).collect();
+    for c in &mut slow {
+        c.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: a").unwrap();
+    }
+    // The cap is full: each new connection takes the place of the oldest half-sent one.
+    let (_first, status) = health_kept_open(&s);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let (_second, status) = health_kept_open(&s);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    for mut c in slow {
+        // Closed at once, not at the header timeout (120 s; 30 s here is only a bound for a
+        // loaded machine): an evicted connection ends without an answer (a reset when the
+        // server closed it before reading what it had sent).
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut buf = [0u8; 64];
+        let r = c.read(&mut buf);
+        let closed = match &r {
+            Ok(n) => *n == 0,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(closed, "the half-sent connection was not closed: {r:?}");
+    }
+    // Then an idle keep-alive connection gives its place; the request under way keeps its own.
+    assert_eq!(health(&s), "HTTP/1.1 200");
+    assert_eq!(finish(request), "HTTP/1.1 200 OK");
 }
 
 #[test]

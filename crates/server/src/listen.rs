@@ -1,14 +1,21 @@
 //! Connections, as a server left running must treat them: headers within a time, bodies within
 //! a time (in [`routes`](crate::routes)), idle keep-alive connections closed, at most so many
-//! open at once (the next one is answered 503 and closed), and an orderly end on SIGINT, SIGTERM
-//! or SIGHUP: no new requests (503), the answers under way run on for a bounded drain and then
-//! end with their finish chunk and `[DONE]`.
+//! open at once, and an orderly end on SIGINT, SIGTERM or SIGHUP: no new requests (503), the
+//! answers under way run on for a bounded drain and then end with their finish chunk and `[DONE]`.
+//!
+//! At the cap, a new connection takes the place of the oldest one that holds no request (still
+//! sending its headers, or idle between requests): a slowloris client trickling headers on many
+//! sockets cannot turn others away. Only when every connection carries a request is the new one
+//! answered 503 and closed.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -25,7 +32,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// A request's body must arrive within this.
     pub body_timeout: Duration,
-    /// Open connections at most.
+    /// Open connections at most: at the cap, a new one takes the place of the oldest holding no
+    /// request (still sending its headers, or idle); only when all hold one is it answered 503.
     pub max_connections: usize,
     /// How long answers under way may run on after a stop signal before they are ended.
     pub drain: Duration,
@@ -51,12 +59,108 @@ pub enum ServeError {
     Signals(std::io::Error),
 }
 
-/// Open connections, counted down when each one's task ends.
-struct Open(Arc<AtomicUsize>);
+/// A connection's share of the registry: how many of its requests are under way (from their
+/// headers' arrival until their response's body is done), and the signal that closes it.
+#[derive(Default)]
+struct Conn {
+    requests: AtomicUsize,
+    evict: tokio::sync::Notify,
+}
 
-impl Drop for Open {
+/// The open connections, by accept order (the oldest first).
+#[derive(Default)]
+struct Conns {
+    open: Mutex<BTreeMap<u64, Arc<Conn>>>,
+    next: AtomicU64,
+}
+
+impl Conns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Conn>>> {
+        self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// A place for a new connection: free under `cap`, else the oldest connection holding no
+    /// request is told to close and its place taken; `None` when every one holds a request.
+    fn admit(self: &Arc<Self>, cap: usize) -> Option<Registered> {
+        let mut open = self.lock();
+        if open.len() >= cap {
+            let idle = open.iter().find(|(_, c)| c.requests.load(Ordering::SeqCst) == 0).map(|(id, _)| *id)?;
+            if let Some(c) = open.remove(&idle) {
+                c.evict.notify_one();
+            }
+        }
+        let id = self.next.fetch_add(1, Ordering::SeqCst);
+        let conn = Arc::new(Conn::default());
+        open.insert(id, conn.clone());
+        Some(Registered { conns: self.clone(), id, conn })
+    }
+}
+
+/// A connection in the registry, taken out when its task ends.
+struct Registered {
+    conns: Arc<Conns>,
+    id: u64,
+    conn: Arc<Conn>,
+}
+
+impl Drop for Registered {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.conns.lock().remove(&self.id);
+    }
+}
+
+/// A request under way on its connection (counted until dropped with its response's body).
+struct UnderWay(Arc<Conn>);
+
+impl UnderWay {
+    fn start(conn: &Arc<Conn>) -> Self {
+        conn.requests.fetch_add(1, Ordering::SeqCst);
+        UnderWay(conn.clone())
+    }
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        self.0.requests.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Serves one accepted connection until it ends, or until it is evicted to make room.
+fn connection(
+    http: &hyper::server::conn::http1::Builder,
+    graceful: &GracefulShutdown,
+    stream: TcpStream,
+    router: &Router,
+    place: Registered,
+) -> impl Future<Output = ()> + Send + 'static {
+    let inner = TowerToHyperService::new(router.clone());
+    let conn = place.conn.clone();
+    // hyper calls the service once a request's headers are complete: from then until the
+    // response's body is done (or dropped) the connection holds a request and is not evicted.
+    let service = hyper::service::service_fn(move |req| {
+        let under_way = UnderWay::start(&conn);
+        let answer = hyper::service::Service::call(&inner, req);
+        async move {
+            let response = answer.await?;
+            Ok::<_, Infallible>(response.map(|body| {
+                body.map_frame(move |frame| {
+                    let _held = &under_way;
+                    frame
+                })
+            }))
+        }
+    });
+    let served = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+    async move {
+        tokio::select! {
+            _ = served => {}
+            () = place.conn.evict.notified() => {}
+        }
+        drop(place);
     }
 }
 
@@ -65,7 +169,7 @@ impl Drop for Open {
 pub async fn serve(listener: TcpListener, router: Router, state: AppState, limits: Limits) -> Result<(), ServeError> {
     let mut stop = Stop::new().map_err(ServeError::Signals)?;
     let graceful = GracefulShutdown::new();
-    let open = Arc::new(AtomicUsize::new(0));
+    let conns = Arc::new(Conns::default());
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_headers(128);
     let failed = state.handle.status.clone();
@@ -80,18 +184,14 @@ pub async fn serve(listener: TcpListener, router: Router, state: AppState, limit
                         continue;
                     }
                 };
-                if open.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
-                    open.fetch_sub(1, Ordering::SeqCst);
-                    tokio::spawn(refuse(stream));
-                    continue;
+                match conns.admit(limits.max_connections.max(1)) {
+                    Some(place) => {
+                        tokio::spawn(connection(&http, &graceful, stream, &router, place));
+                    }
+                    None => {
+                        tokio::spawn(refuse(stream));
+                    }
                 }
-                let guard = Open(open.clone());
-                let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _guard = guard;
-                    let _ = conn.await;
-                });
             }
             () = stop.next() => break,
             why = model_failed(&failed) => return Err(ServeError::ModelFailed(why)),
@@ -110,7 +210,7 @@ pub async fn serve(listener: TcpListener, router: Router, state: AppState, limit
             // Answers still running end now, each with its finish chunk and [DONE].
             status.cut.store(true, Ordering::SeqCst);
             let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                while open.load(Ordering::SeqCst) > 0 {
+                while conns.len() > 0 {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             })

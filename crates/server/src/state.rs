@@ -40,13 +40,15 @@ impl AppState {
     /// The model's shape and its tokenizer (`None`: the model is served token ids).
     pub(crate) fn ready(&self) -> Result<(&ModelInfo, Option<&Tokenizer>), ApiError> {
         match self.info.get() {
-            Some(i) if self.handle.status.ready.load(Ordering::SeqCst) => Ok((i, self.tok.get())),
+            Some(i) if self.handle.status.ready.load(Ordering::SeqCst) && self.handle.status.failure().is_none() => {
+                Ok((i, self.tok.get()))
+            }
             _ => Err(self.unavailable()),
         }
     }
 
     pub(crate) fn unavailable(&self) -> ApiError {
-        let failed = self.handle.status.failed.lock().ok().and_then(|f| f.clone());
+        let failed = self.handle.status.failure();
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, failed.unwrap_or_else(|| "Loading model".into()))
     }
 }

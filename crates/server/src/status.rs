@@ -24,3 +24,11 @@ pub struct Status {
     /// The engine's expert-cache counters after the latest step.
     pub cache: Mutex<Option<k3_engine::CacheStats>>,
 }
+
+impl Status {
+    /// Why the model cannot serve, once it cannot: its load failed, or the scheduler stopped
+    /// (`/health` then answers 503 with this, whatever `ready` says).
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}

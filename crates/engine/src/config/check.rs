@@ -2,7 +2,8 @@
 //! in range and consistent with the others, refused with its name and value. `config.json` is
 //! untrusted input; what passes here cannot make the router, the attention or the memory plan
 //! panic, divide by zero, overflow, or compute NaN (an `rms_norm_eps` of -1 would give NaN
-//! logits; `num_expert_group` that does not divide the experts, a router panic).
+//! logits; `num_expert_group` that does not divide the experts, a router panic). Each field is
+//! named as the file writes it (`n_group` in a DeepSeek-V3 config, see [`super::Spelling`]).
 
 use super::{Activation, ModelConfig, PositionEmbedding};
 
@@ -47,7 +48,7 @@ impl ModelConfig {
             return Err(field("eos_token_id", bad, &format!("is outside the vocabulary of {}", self.vocab)));
         }
         if let Some(m) = t.max_position_embeddings.filter(|&m| m == 0) {
-            return Err(field("max_position_embeddings", m, "must be at least 1"));
+            return Err(field(&t.spelling.key("max_position_embeddings"), m, "must be at least 1"));
         }
         self.check_layers()?;
         self.check_moe()?;
@@ -59,13 +60,14 @@ impl ModelConfig {
         if let PositionEmbedding::Rope(r) = &self.positions {
             positive_finite("rope_theta", r.theta)?;
             if let Some(y) = &r.yarn {
-                positive_finite("rope_scaling.factor", y.factor)?;
-                finite("rope_scaling.beta_fast", y.beta_fast)?;
-                finite("rope_scaling.beta_slow", y.beta_slow)?;
-                y.mscale.map_or(Ok(()), |m| finite("rope_scaling.mscale", m))?;
-                y.mscale_all_dim.map_or(Ok(()), |m| finite("rope_scaling.mscale_all_dim", m))?;
+                let key = |f: &str| t.spelling.key(&format!("rope_scaling.{f}"));
+                positive_finite(&key("factor"), y.factor)?;
+                finite(&key("beta_fast"), y.beta_fast)?;
+                finite(&key("beta_slow"), y.beta_slow)?;
+                y.mscale.map_or(Ok(()), |m| finite(&key("mscale"), m))?;
+                y.mscale_all_dim.map_or(Ok(()), |m| finite(&key("mscale_all_dim"), m))?;
                 if y.original_max_positions == 0 {
-                    return Err(field("rope_scaling.original_max_position_embeddings", 0, "must be at least 1"));
+                    return Err(field(&key("original_max_position_embeddings"), 0, "must be at least 1"));
                 }
             }
         }
@@ -103,7 +105,8 @@ impl ModelConfig {
             width("intermediate_size", i as u64)?;
         }
         if self.experts == 0 && self.dense_inter.is_none() {
-            return Err("no `num_experts` and no `intermediate_size`: the layers have no MLP".into());
+            let experts = t.spelling.key("num_experts");
+            return Err(format!("no `{experts}` and no `intermediate_size`: the layers have no MLP"));
         }
         if let Some(b) = t.attn_res_block_size.filter(|&b| b == 0 || b > u64::from(self.layers)) {
             return Err(field("attn_res_block_size", b, &format!("must be in 1..={}", self.layers)));
@@ -113,18 +116,24 @@ impl ModelConfig {
 
     fn check_moe(&self) -> Result<(), String> {
         let t = &self.text;
+        let key = |name: &str| t.spelling.key(name);
         let Some(m) = &self.moe else {
             if self.experts_per_token > 0 {
-                return Err(field("num_experts_per_token", self.experts_per_token, "but the model has no experts"));
+                return Err(field(
+                    &key("num_experts_per_token"),
+                    self.experts_per_token,
+                    "but the model has no experts",
+                ));
             }
             return Ok(());
         };
         if self.experts > MAX_EXPERTS {
-            return Err(field("num_experts", self.experts, &format!("must be at most {MAX_EXPERTS}")));
+            return Err(field(&key("num_experts"), self.experts, &format!("must be at most {MAX_EXPERTS}")));
         }
+        let groups = key("num_expert_group");
         if t.num_expert_group == 0 || !self.experts.is_multiple_of(t.num_expert_group) {
             return Err(field(
-                "num_expert_group",
+                &groups,
                 t.num_expert_group,
                 &format!("must divide the {} experts into equal groups", self.experts),
             ));
@@ -133,13 +142,13 @@ impl ModelConfig {
             return Err(field(
                 "topk_group",
                 t.topk_group,
-                &format!("must be in 1..={} (num_expert_group)", t.num_expert_group),
+                &format!("must be in 1..={} ({groups})", t.num_expert_group),
             ));
         }
         let reachable = (self.experts / t.num_expert_group) * t.topk_group;
         if m.top_k == 0 || m.top_k as u32 > reachable {
             return Err(field(
-                "num_experts_per_token",
+                &key("num_experts_per_token"),
                 m.top_k,
                 &format!("must be in 1..={reachable} (the experts in the {} groups kept)", t.topk_group),
             ));
@@ -149,7 +158,7 @@ impl ModelConfig {
             width("routed_expert_hidden_size", z as u64)?;
         }
         if t.num_shared_experts > 64 {
-            return Err(field("num_shared_experts", t.num_shared_experts, "must be at most 64"));
+            return Err(field(&key("num_shared_experts"), t.num_shared_experts, "must be at most 64"));
         }
         positive_finite("routed_scaling_factor", t.routed_scaling_factor)
     }

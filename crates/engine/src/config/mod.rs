@@ -164,6 +164,44 @@ pub struct TextConfig {
     /// DeepSeek-V3's multi-token-prediction layers (after the model's own): not run.
     #[serde(default)]
     pub num_nextn_predict_layers: u32,
+    /// Which spelling of each two-named field the file used (errors name the field as written).
+    #[serde(skip)]
+    pub spelling: Spelling,
+}
+
+/// The fields `config.json` may spell two ways: k3's name (the serde field) and the other
+/// releases' (the serde alias).
+const ALIASES: [(&str, &str); 7] = [
+    ("num_experts", "n_routed_experts"),
+    ("num_experts_per_token", "num_experts_per_tok"),
+    ("num_shared_experts", "n_shared_experts"),
+    ("num_expert_group", "n_group"),
+    ("moe_renormalize", "norm_topk_prob"),
+    ("max_position_embeddings", "model_max_length"),
+    ("rope_scaling", "rope_parameters"),
+];
+
+/// The aliases a config's text fields were written with.
+#[derive(Debug, Clone, Default)]
+pub struct Spelling(Vec<(&'static str, &'static str)>);
+
+impl Spelling {
+    /// The aliases among `text`'s keys.
+    fn of(text: &serde_json::Value) -> Spelling {
+        let written = |k: &str| text.get(k).is_some();
+        Spelling(ALIASES.iter().copied().filter(|&(name, alias)| written(alias) && !written(name)).collect())
+    }
+
+    /// `name` (k3's field, or a dotted path under one) as the file writes it: `num_expert_group`
+    /// is `n_group` in a DeepSeek-V3 config, `rope_scaling.factor` may be `rope_parameters.factor`.
+    pub fn key(&self, name: &str) -> String {
+        let (head, rest) = name.split_once('.').map_or((name, None), |(h, r)| (h, Some(r)));
+        let head = self.0.iter().find(|(n, _)| *n == head).map_or(head, |(_, alias)| alias);
+        match rest {
+            Some(r) => format!("{head}.{r}"),
+            None => head.to_string(),
+        }
+    }
 }
 
 /// The root object: the family, and where the text model's fields are.
@@ -326,11 +364,12 @@ impl TextConfig {
             None | Some("default") => None,
             Some("yarn") => {
                 let s = s.expect("a rope type comes from a rope_scaling");
-                let factor = s.factor.ok_or("rope_scaling: yarn needs `factor`")?;
+                let rope = self.spelling.key("rope_scaling");
+                let factor = s.factor.ok_or_else(|| format!("{rope}: yarn needs `factor`"))?;
                 let original = s
                     .original_max_position_embeddings
                     .or(self.max_position_embeddings)
-                    .ok_or("rope_scaling: yarn needs `original_max_position_embeddings`")?;
+                    .ok_or_else(|| format!("{rope}: yarn needs `original_max_position_embeddings`"))?;
                 Some(Yarn {
                     factor,
                     beta_fast: s.beta_fast.unwrap_or(32.0),
@@ -340,7 +379,10 @@ impl TextConfig {
                     original_max_positions: original,
                 })
             }
-            Some(other) => return Err(format!("rope_scaling type `{other}` is not supported (yarn, default)")),
+            Some(other) => {
+                let rope = self.spelling.key("rope_scaling");
+                return Err(format!("{rope} type `{other}` is not supported (yarn, default)"));
+            }
         };
         Ok(PositionEmbedding::Rope(Rope { theta, yarn }))
     }
@@ -374,7 +416,9 @@ impl ModelConfig {
             }
         };
         let text_value = root.text_config.clone().unwrap_or(root_value);
-        let text: TextConfig = serde_json::from_value(text_value).map_err(|e| err(e.to_string()))?;
+        let spelling = Spelling::of(&text_value);
+        let mut text: TextConfig = serde_json::from_value(text_value).map_err(|e| err(e.to_string()))?;
+        text.spelling = spelling;
         let need = |v: Option<u64>, field: &str| required(v, field).map_err(err);
         let lac = text.linear_attn_config.clone();
         let kda_layers: Vec<u32> =
@@ -498,5 +542,40 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("num_attention_heads"), "{e}");
+    }
+
+    /// A golden checkpoint's `config.json` with `key` set to `value`: the error.
+    fn broken(checkpoint: &str, key: &str, value: serde_json::Value) -> String {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden").join(checkpoint);
+        let mut cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path.join("config.json")).unwrap()).unwrap();
+        assert!(cfg.get(key).is_some(), "{checkpoint} writes no `{key}`");
+        cfg[key] = value;
+        parse(cfg).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn faults_name_the_field_as_the_file_writes_it() {
+        for (checkpoint, key, value, internal) in [
+            ("deepseek-v3/bf16", "n_group", serde_json::json!(3), "num_expert_group"),
+            ("deepseek-v3/bf16", "n_group", serde_json::json!(0), "num_expert_group"),
+            ("deepseek-v3/bf16", "num_experts_per_tok", serde_json::json!(9), "num_experts_per_token"),
+            ("deepseek-v3/bf16", "n_shared_experts", serde_json::json!(65), "num_shared_experts"),
+            ("tiny-kimi-linear", "model_max_length", serde_json::json!(0), "max_position_embeddings"),
+        ] {
+            let e = broken(checkpoint, key, value.clone());
+            assert!(e.contains(&format!("`{key}` = {value}")), "{checkpoint}: {e}");
+            assert!(!e.contains(internal), "{checkpoint}: the error names k3's `{internal}`: {e}");
+        }
+        // topk_group's bound names the groups' field as written too.
+        let e = broken("deepseek-v3/bf16", "topk_group", serde_json::json!(5));
+        assert!(e.contains("`topk_group` = 5") && e.contains("(n_group)"), "{e}");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden/deepseek-v3/bf16/config.json");
+        let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let rope = cfg.as_object_mut().unwrap().remove("rope_scaling").unwrap();
+        cfg["rope_parameters"] = rope;
+        cfg["rope_parameters"]["factor"] = serde_json::json!(0.0);
+        let e = parse(cfg).unwrap_err().to_string();
+        assert!(e.contains("`rope_parameters.factor` = 0"), "{e}");
     }
 }

@@ -232,10 +232,14 @@ impl<'m> Engine<'m> {
         });
         stats.io_span_seconds += t_io.elapsed().as_secs_f64();
         if let Err(e) = result {
-            // Whatever the step did not use must not stay protected.
+            // Whatever the step did not use must not stay protected; and no read of this failed
+            // step may stay in flight, or its failure would be delivered to the next step that
+            // asks for the record (a stale error outliving the fault, e.g. a shard since
+            // restored): each record is read afresh next time.
             for k in &keys {
                 io.cache.release(*k);
             }
+            io.cache.drain();
             return Err(e);
         }
         let t_sum = clock.now();

@@ -159,6 +159,7 @@ pub async fn show(State(s): State<AppState>, req: Request) -> Response {
             let bytes = body(&s, req).await?;
             let (info, _) = s.ready()?;
             let v: Value = parse(&bytes)?;
+            request::show(&v)?;
             let asked = v.get("model").or(v.get("name")).and_then(Value::as_str).unwrap_or_default();
             check_model(asked, info)?;
             let d = &info.sampling;

@@ -50,6 +50,125 @@ fn check_fields(body: &Map<String, Value>, known: &[&str]) -> Result<(), ApiErro
     }
 }
 
+/// A field's JSON type as Ollama's Go structs declare it. `null` is every field's zero value
+/// (Go's `encoding/json` leaves the field unset), so it passes as each type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Type {
+    Text,
+    Bool,
+    List,
+    Object,
+    /// `keep_alive`: a duration string (`"5m"`) or a number of seconds.
+    Duration,
+    /// Checked where the field is read (`format`, `think`: more than one type).
+    Any,
+}
+
+impl Type {
+    fn fits(self, v: &Value) -> bool {
+        match self {
+            Type::Text => v.is_string(),
+            Type::Bool => v.is_boolean(),
+            Type::List => v.is_array(),
+            Type::Object => v.is_object(),
+            Type::Duration => v.is_string() || v.is_number(),
+            Type::Any => true,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Type::Text => "a string",
+            Type::Bool => "true or false",
+            Type::List => "a list",
+            Type::Object => "an object",
+            Type::Duration => "a duration (\"5m\") or a number of seconds",
+            Type::Any => "any value",
+        }
+    }
+}
+
+/// `/api/chat`'s fields and their types.
+const CHAT: [(&str, Type); 8] = [
+    ("model", Type::Text),
+    ("messages", Type::List),
+    ("tools", Type::List),
+    ("format", Type::Any),
+    ("options", Type::Object),
+    ("stream", Type::Bool),
+    ("keep_alive", Type::Duration),
+    ("think", Type::Any),
+];
+
+/// `/api/generate`'s fields and their types.
+const GENERATE: [(&str, Type); 11] = [
+    ("model", Type::Text),
+    ("prompt", Type::Text),
+    ("system", Type::Text),
+    ("raw", Type::Bool),
+    ("stream", Type::Bool),
+    ("format", Type::Any),
+    ("options", Type::Object),
+    ("keep_alive", Type::Duration),
+    ("think", Type::Any),
+    ("images", Type::List),
+    ("suffix", Type::Text),
+];
+
+/// A message's fields and their types.
+const MESSAGE: [(&str, Type); 6] = [
+    ("role", Type::Text),
+    ("content", Type::Text),
+    ("thinking", Type::Text),
+    ("images", Type::List),
+    ("tool_calls", Type::List),
+    ("tool_name", Type::Text),
+];
+
+/// `/api/show`'s fields and their types (others are ignored, as Ollama ignores them).
+const SHOW: [(&str, Type); 6] = [
+    ("model", Type::Text),
+    ("name", Type::Text),
+    ("verbose", Type::Bool),
+    ("system", Type::Text),
+    ("template", Type::Text),
+    ("options", Type::Object),
+];
+
+/// Each of `fields` present in `body` is of its type (Ollama answers 400 otherwise: a string
+/// `"false"` is not `stream: false`); the error names the field (`prefix` before it).
+fn check_types(body: &Map<String, Value>, fields: &[(&str, Type)], prefix: &str) -> Result<(), ApiError> {
+    for (name, ty) in fields {
+        match body.get(*name) {
+            Some(v) if !v.is_null() && !ty.fits(v) => {
+                let field = format!("{prefix}{name}");
+                return Err(ApiError::bad(&field, format!("{} is not {}", short(v), ty.name())));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A value as an error quotes it: whole when short, else its JSON type.
+fn short(v: &Value) -> String {
+    let text = v.to_string();
+    if text.len() <= 40 {
+        return text;
+    }
+    match v {
+        Value::String(_) => "a long string".into(),
+        Value::Array(_) => "a list".into(),
+        Value::Object(_) => "an object".into(),
+        _ => "this value".into(),
+    }
+}
+
+/// `POST /api/show`'s body: its fields' types.
+pub fn show(body: &Value) -> Result<(), ApiError> {
+    check_types(object(body)?, &SHOW, "")
+}
+
 /// The served model's names: its id, and the id with Ollama's `:latest` tag.
 pub fn same_model(asked: &str, id: &str) -> bool {
     asked.is_empty() || asked == id || asked.strip_suffix(":latest") == Some(id)
@@ -129,8 +248,9 @@ fn options(body: &Map<String, Value>, context: u64, out: &mut Map<String, Value>
 fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
     let field = format!("messages[{i}]");
     let m = m.as_object().ok_or_else(|| ApiError::bad(&field, "a message is an object"))?;
-    check_fields(m, &["role", "content", "thinking", "images", "tool_calls", "tool_name"])
+    check_fields(m, &MESSAGE.map(|(name, _)| name))
         .map_err(|e| ApiError::bad(&format!("{field}.{}", e.param.unwrap_or_default()), e.message))?;
+    check_types(m, &MESSAGE, &format!("{field}."))?;
     let mut out = Map::new();
     out.insert("role".into(), m.get("role").cloned().unwrap_or(Value::Null));
     let content = m.get("content").cloned().unwrap_or(json!(""));
@@ -158,7 +278,8 @@ fn object(body: &Value) -> Result<&Map<String, Value>, ApiError> {
 /// `POST /api/chat`'s body as a `/v1/chat/completions` body.
 pub fn chat(body: &Value, context: u64) -> Result<Value, ApiError> {
     let body = object(body)?;
-    check_fields(body, &["model", "messages", "tools", "format", "options", "stream", "keep_alive", "think"])?;
+    check_fields(body, &CHAT.map(|(name, _)| name))?;
+    check_types(body, &CHAT, "")?;
     let mut out = Map::new();
     options(body, context, &mut out)?;
     let messages = body
@@ -187,11 +308,9 @@ pub enum Generate {
 /// `POST /api/generate`'s body.
 pub fn generate(body: &Value, context: u64) -> Result<Generate, ApiError> {
     let body = object(body)?;
-    check_fields(
-        body,
-        &["model", "prompt", "system", "raw", "stream", "format", "options", "keep_alive", "think", "images", "suffix"],
-    )?;
-    if body.get("suffix").is_some_and(|s| s.as_str() != Some("")) {
+    check_fields(body, &GENERATE.map(|(name, _)| name))?;
+    check_types(body, &GENERATE, "")?;
+    if body.get("suffix").is_some_and(|s| !s.is_null() && s.as_str() != Some("")) {
         return Err(ApiError::bad("suffix", "fill-in-the-middle (suffix) is not supported"));
     }
     let prompt = match body.get("prompt") {
