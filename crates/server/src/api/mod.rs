@@ -141,9 +141,10 @@ pub struct Prepared {
 /// OpenAI's `finish_reason` for how a turn ended.
 pub fn finish_reason(f: Finish) -> &'static str {
     match f {
-        Finish::Stop | Finish::StopString | Finish::Cancelled => "stop",
-        // Cut short with the answer unfinished: what OpenAI's clients read as an incomplete answer.
-        Finish::Length | Finish::ContextFull | Finish::Unfinished => "length",
+        Finish::Stop | Finish::StopString => "stop",
+        // Cut short with the answer unfinished (a limit, a full context, JSON no token continues,
+        // or the server's drain ending it): what OpenAI's clients read as an incomplete answer.
+        Finish::Length | Finish::ContextFull | Finish::Unfinished | Finish::Cancelled => "length",
     }
 }
 
