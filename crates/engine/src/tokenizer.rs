@@ -128,19 +128,24 @@ impl Tokenizer {
                 }
             }
         }
-        let special_names = specials.iter().map(|(k, v)| (*v, k.clone())).collect();
         let special_fx: rustc_hash::FxHashMap<String, u32> = specials.iter().map(|(k, v)| (k.clone(), *v)).collect();
         let vocab = vocab.max(specials.values().map(|v| *v as usize + 1).max().unwrap_or(0));
         let bpe = CoreBPE::new(encoder, special_fx, pattern).map_err(|e| TokenizerError::Build(e.to_string()))?;
-        Ok(Tokenizer {
-            bpe: Backend::Tiktoken(bpe),
+        Ok(Tokenizer::with(Backend::Tiktoken(bpe), specials, vocab))
+    }
+
+    /// A tokenizer over `bpe`, its texts and trie made when first asked for.
+    fn with(bpe: Backend, specials: HashMap<String, u32>, vocab: usize) -> Tokenizer {
+        let special_names = specials.iter().map(|(k, v)| (*v, k.clone())).collect();
+        Tokenizer {
+            bpe,
             specials,
             special_names,
             vocab,
             texts: Default::default(),
             trie: Default::default(),
             chat_template: None,
-        })
+        }
     }
 
     /// From a Hugging Face `tokenizer.json` (its added tokens are the specials).
@@ -152,22 +157,13 @@ impl Tokenizer {
         t.with_truncation(None).map_err(|e| TokenizerError::Build(e.to_string()))?;
         let specials: HashMap<String, u32> =
             t.get_added_tokens_decoder().into_iter().map(|(id, tok)| (tok.content, id)).collect();
-        let special_names = specials.iter().map(|(k, v)| (*v, k.clone())).collect();
         let vocab = t.get_vocab_size(true);
         // Text that spells a special token (a user pasting `<|im_end|>`) must stay text: it would
         // otherwise forge chat markup.
         let mut plain = t.clone();
         plain.set_encode_special_tokens(true);
         let bpe = Backend::HuggingFace { plain: Box::new(plain), specials: Box::new(t) };
-        Ok(Tokenizer {
-            bpe,
-            specials,
-            special_names,
-            vocab,
-            texts: Default::default(),
-            trie: Default::default(),
-            chat_template: None,
-        })
+        Ok(Tokenizer::with(bpe, specials, vocab))
     }
 
     /// The tokenizer a WASTE model embeds (`tiktoken.model` with `tokenizer_config.json`, or a
