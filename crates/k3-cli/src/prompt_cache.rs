@@ -84,6 +84,13 @@ impl PromptCache {
         warn(&mut self.store);
     }
 
+    /// Waits (at most 30 s) until every state kept so far is on disk: `chat` calls it before it
+    /// waits for the next line, where a signal ends the process at once.
+    pub fn settle(&mut self) {
+        self.store.settle(Duration::from_secs(30));
+        warn(&mut self.store);
+    }
+
     /// The `--stats` line for a prompt of `prompt` tokens.
     pub fn describe(&self, r: Restored, prompt: usize) -> String {
         let dir = self.store.dir().display();

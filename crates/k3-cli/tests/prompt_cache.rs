@@ -153,3 +153,49 @@ fn generate_stopped_by_sigterm_keeps_its_prompt_privately() {
         k3(&["generate", &prompt, "--max-tokens", "4", "--temperature", "0", "--stats", "--prompt-cache", d]);
     assert!(ok && err.contains("restored from"), "{err}");
 }
+
+/// `chat` keeps a turn's states on disk before it waits for the next line, so SIGTERM there (the
+/// default action: the process ends at once) loses none and leaves no temporary.
+#[test]
+fn chat_stopped_by_sigterm_at_its_prompt_keeps_its_states() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let d = dir.path().to_str().unwrap();
+    for i in 0..5 {
+        let system = format!("You are a chronicler, number {i}, who answers in one short paragraph.");
+        let mut child = common::bin()
+            .args(["chat", "--system", &system, "--max-tokens", "1", "--temperature", "0", "--prompt-cache", d])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let mut prompts = 0;
+        let (mut seen, mut byte) = (Vec::new(), [0u8; 1]);
+        while prompts < 2 {
+            assert_eq!(stderr.read(&mut byte).unwrap(), 1, "chat ended: {}", String::from_utf8_lossy(&seen));
+            seen.push(byte[0]);
+            if seen.ends_with(b"> ") {
+                prompts += 1;
+                if prompts == 1 {
+                    stdin.write_all(format!("{PROMPT}, day {i}\n").as_bytes()).unwrap();
+                }
+            }
+        }
+        // SAFETY: a signal to the child this test started, which waits for its next line.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let t = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            assert!(t.elapsed() < Duration::from_secs(60), "chat did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(stdin);
+        let (files, tmp) = states(dir.path());
+        // Each chat keeps its system turn's state and its first prompt's.
+        assert_eq!(files.len(), 2 * (i + 1), "run {i}: {files:?}");
+        assert!(!tmp, "run {i}: a temporary is left");
+    }
+}

@@ -258,6 +258,11 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
                 if chat.messages.last().is_some_and(|m| m.role == Role::Assistant) { " and what was said" } else { "" }
             )),
         }
+        // What the turn kept is on disk before chat waits again: a signal there ends the process
+        // at once, and nothing may be left half written.
+        if let Some(c) = cache.as_mut() {
+            c.settle();
+        }
     }
     input.save()?;
     drop(out);
