@@ -204,7 +204,7 @@ fn calibration_plan(
                     args.hf.display()
                 )
             })??;
-            let words = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
+            let words = crate::text_file::read_text(text, "a calibration text is")?;
             (tok.encode(&words), text)
         }
         (None, file) => {
@@ -230,7 +230,7 @@ fn calibration_plan(
 /// Token ids from `file`: a JSON array of integers, or integers separated by whitespace; each
 /// below `vocab`.
 fn read_ids(file: &Path, vocab: u64) -> Result<Vec<u32>> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text = crate::text_file::read_text(file, "--calibrate-ids reads")?;
     let ids: Vec<u64> = if text.trim_start().starts_with('[') {
         serde_json::from_str(&text)
             .with_context(|| format!("{}: not a JSON array of non-negative integer token ids", file.display()))?

@@ -51,18 +51,11 @@ pub struct PerplexityArgs {
     engine: EngineArgs,
 }
 
-/// The most text perplexity reads from a file: WikiText-103's whole training split is 540 MB
-/// (its test split, what is usually scored, 1.3 MB).
-const PERPLEXITY_LIMIT: u64 = 1 << 30;
-
 pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model)?;
     let text = match a.file.as_deref().filter(|f| f.as_os_str() != "-") {
-        Some(f) => {
-            let bytes = k3_format::read_input(f, "perplexity reads", PERPLEXITY_LIMIT)?;
-            String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", f.display()))?
-        }
-        None => crate::prompt::read_stdin()?,
+        Some(f) => k3_cli::text_file::read_text(f, "perplexity reads")?,
+        None => crate::prompt::read_stdin("perplexity reads")?,
     };
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;

@@ -6,6 +6,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use k3_cli::text_file::TEXT_LIMIT;
 use k3_engine::tokenizer::Tokenizer;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -125,10 +126,9 @@ fn read_stdin_bounded(bound: &TextBound) -> Result<String> {
     String::from_utf8(bytes).context("standard input is not UTF-8 text")
 }
 
-pub fn read_stdin() -> Result<String> {
-    let mut s = String::new();
-    std::io::stdin().read_to_string(&mut s).context("reading standard input")?;
-    Ok(s)
+/// Standard input as text, within [`TEXT_LIMIT`]; `what` reads "tokenize reads".
+pub fn read_stdin(what: &str) -> Result<String> {
+    read_stdin_bounded(&TextBound { bytes: TEXT_LIMIT, what: what.into() })
 }
 
 /// Token ids separated by whitespace or commas.

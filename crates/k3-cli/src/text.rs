@@ -35,7 +35,7 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
 
 pub fn tokenize(tokenizer: &Path, specials: bool, pieces: bool) -> Result<ExitCode> {
     let tok = load_tokenizer(tokenizer)?;
-    let text = read_stdin()?;
+    let text = read_stdin("tokenize reads")?;
     let ids = if specials { tok.encode_with_specials(&text) } else { tok.encode(&text) };
     if !pieces {
         println!("{}", serde_json::to_string(&ids)?);
@@ -54,7 +54,7 @@ pub fn tokenize(tokenizer: &Path, specials: bool, pieces: bool) -> Result<ExitCo
 
 pub fn detokenize(tokenizer: &Path) -> Result<ExitCode> {
     let tok = load_tokenizer(tokenizer)?;
-    let input = read_stdin()?;
+    let input = read_stdin("detokenize reads")?;
     let ids = parse_ids(input.trim().trim_start_matches('[').trim_end_matches(']'))?;
     let bytes = tok.decode_bytes(&ids)?;
     print!("{}", String::from_utf8_lossy(&bytes));

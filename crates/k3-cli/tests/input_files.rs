@@ -95,7 +95,14 @@ fn fifos_and_devices_are_refused_at_once_by_kind() {
         assert_eq!(code, Some(0), "{err}");
         assert!(err.contains(&format!("[no image: {file} {kind}, not a regular file]")), "/image {file}: {err}");
         assert!(err.contains(&format!("[not loaded: {file} {kind}, not a regular file]")), "/load {file}: {err}");
-        for args in [&["perplexity", file][..], &["tokenize", "--tokenizer", file]] {
+        let out = d.path().join(format!("calibrated-{}", file.rsplit('/').next().unwrap_or("x")));
+        let out = out.to_str().unwrap();
+        let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/golden/tiny-k3");
+        for args in [
+            &["perplexity", file][..],
+            &["tokenize", "--tokenizer", file],
+            &["convert", "--hf", tiny, "--out", out, "--experts", "vq3", "--calibrate-ids", file],
+        ] {
             let (code, err) = run(args, "In the beginning");
             assert_eq!(code, Some(1), "{err}");
             assert!(err.contains(&format!("{file} {kind}, not a regular file")), "{args:?}: {err}");
