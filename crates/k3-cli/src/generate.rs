@@ -140,15 +140,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     }
     let t1 = std::time::Instant::now();
     let Streamed { per_token, logprobs, lost } = stream(&engine, &mut g, tok.is_some())?;
-    match g.finish() {
-        Some(Finish::ContextFull) => eprintln!(
-            "[stopped: the context of {} tokens is full; raise --context for longer generations]",
-            engine.plan().context
-        ),
-        Some(Finish::Cancelled) if g.produced() == 0 => eprintln!("[interrupted during the prompt]"),
-        Some(Finish::Cancelled) => eprintln!("[interrupted]"),
-        _ => {}
-    }
+    say_stop(g.finish(), g.produced(), engine.plan().context);
     let (prefill, produced, spec) = (g.prefill, g.produced() as usize, g.spec);
     drop(g);
     let decode = (produced, t1.elapsed().as_secs_f64());
@@ -158,6 +150,18 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     match lost {
         Some(e) => Err(anyhow::Error::new(e).context("writing the generated text")),
         None => Ok(ExitCode::SUCCESS),
+    }
+}
+
+/// Says on standard error why a run stopped before its end, when it did.
+fn say_stop(finish: Option<Finish>, produced: u64, context: u64) {
+    match finish {
+        Some(Finish::ContextFull) => {
+            eprintln!("[stopped: the context of {context} tokens is full; raise --context for longer generations]")
+        }
+        Some(Finish::Cancelled) if produced == 0 => eprintln!("[interrupted during the prompt]"),
+        Some(Finish::Cancelled) => eprintln!("[interrupted]"),
+        _ => {}
     }
 }
 

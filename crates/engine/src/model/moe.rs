@@ -167,7 +167,10 @@ impl<'m> Engine<'m> {
         io.cache.protect(&keys);
         let mut reads = Reads { queue: keys.iter().copied().collect(), ..Reads::default() };
         let t_io = Instant::now();
-        reads.fill(io, self.model)?;
+        if let Err(e) = reads.fill(io, self.model) {
+            abandon(io, &keys);
+            return Err(e);
+        }
         let prep = self.prepare(moe, xs);
         clock.span(SpanKind::MoeOther, t_moe);
         // Expert outputs per (token, routing rank), summed in rank order at the end.
@@ -232,14 +235,7 @@ impl<'m> Engine<'m> {
         });
         stats.io_span_seconds += t_io.elapsed().as_secs_f64();
         if let Err(e) = result {
-            // Whatever the step did not use must not stay protected; and no read of this failed
-            // step may stay in flight, or its failure would be delivered to the next step that
-            // asks for the record (a stale error outliving the fault, e.g. a shard since
-            // restored): each record is read afresh next time.
-            for k in &keys {
-                io.cache.release(*k);
-            }
-            io.cache.drain();
+            abandon(io, &keys);
             return Err(e);
         }
         let t_sum = clock.now();
@@ -464,4 +460,14 @@ fn gather(slots: &[(usize, usize)], prep: &Prepared) -> Vec<f32> {
 /// A low-bit copy `(values, rows, cols)` as a matrix.
 fn dense((w, rows, cols): &(Vec<f32>, usize, usize)) -> Result<Matrix<'_>, EngineError> {
     Matrix::f32(w, *rows, *cols).map_err(|e| EngineError::Shape(e.to_string()))
+}
+
+/// A failed step's records let go: none stays protected, and no read of the step stays in flight,
+/// or its failure would be delivered to the next step that asks for the record (a stale error
+/// outliving the fault, e.g. a shard since restored): each record is read afresh next time.
+fn abandon(io: &mut ExpertIo, keys: &[Key]) {
+    for k in keys {
+        io.cache.release(*k);
+    }
+    io.cache.drain();
 }

@@ -250,13 +250,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
         let before = chat.messages.len();
         match turn.run(&engine, &tok, &mut chat, &mut session, &text, style, a.show_thinking, &mut out) {
             Ok(said) => speculation.add(&said),
-            // Nothing ran: the conversation is as it was.
-            Err(e) if chat.messages.len() == before => style.note(&format!("[not sent: {}]", crate::tidy(&e))),
-            Err(e) => style.note(&format!(
-                "[the answer failed: {}; the conversation is kept (your message{}): the next message goes on from it]",
-                crate::tidy(&e),
-                if chat.messages.last().is_some_and(|m| m.role == Role::Assistant) { " and what was said" } else { "" }
-            )),
+            Err(e) => style.note(&failure_note(&chat, before, &e)),
         }
         // What the turn kept is on disk before chat waits again: a signal there ends the process
         // at once, and nothing may be left half written.
@@ -411,6 +405,20 @@ fn set(s: Setting, chat: &mut Chat<'_>, style: Style) {
         Setting::MaxThinking(_) | Setting::Think(_) => return style.note("[this model does not think]"),
     }
     style.note("[set]");
+}
+
+/// What chat says of a turn that failed, `before` the number of messages it started with: nothing
+/// ran (the conversation is as it was), or what was kept.
+fn failure_note(chat: &Chat<'_>, before: usize, e: &anyhow::Error) -> String {
+    if chat.messages.len() == before {
+        return format!("[not sent: {}]", crate::tidy(e));
+    }
+    let said = chat.messages.last().is_some_and(|m| m.role == Role::Assistant);
+    format!(
+        "[the answer failed: {}; the conversation is kept (your message{}): the next message goes on from it]",
+        crate::tidy(e),
+        if said { " and what was said" } else { "" }
+    )
 }
 
 /// One user turn: its prompt run (from the prompt cache on the first), the answer streamed.
