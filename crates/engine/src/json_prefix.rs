@@ -135,6 +135,12 @@ impl JsonPrefix {
         }
     }
 
+    /// Takes `c` if it keeps the text a prefix of an object; on a refusal the state is spoilt, so
+    /// callers push onto a copy they drop then (a mask's trie walk: no second copy per character).
+    pub(crate) fn push_char(&mut self, c: char) -> bool {
+        self.push(c)
+    }
+
     /// Whether `s` would be taken (the state is unchanged).
     pub fn accepts(&self, s: &str) -> bool {
         let mut next = self.clone();

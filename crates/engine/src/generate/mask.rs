@@ -41,9 +41,12 @@ impl Shape {
         }
     }
 
+    /// Takes `c`, or spoils the state (the trie walk pushes onto a copy it drops on a refusal).
     fn push_char(&mut self, c: char) -> bool {
-        let mut buf = [0u8; 4];
-        self.push_str(c.encode_utf8(&mut buf))
+        match self {
+            Shape::Object(p) => p.push_char(c),
+            Shape::Schema(p) => p.push_char(c),
+        }
     }
 }
 

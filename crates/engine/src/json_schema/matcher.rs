@@ -129,25 +129,39 @@ impl SchemaPrefix {
         self.after(s).is_some()
     }
 
+    /// Takes `c` if the text stays a prefix of an allowed value; on a refusal the state is spoilt,
+    /// so callers push onto a copy they drop then (a mask's trie walk: no second copy per
+    /// character).
+    pub(crate) fn push_char(&mut self, c: char) -> bool {
+        let paths = std::mem::take(&mut self.paths);
+        self.paths = self.advance(paths, c);
+        !self.paths.is_empty()
+    }
+
     fn after(&self, s: &str) -> Option<Vec<Path>> {
         let mut paths = self.paths.clone();
         for c in s.chars() {
-            let mut next = Vec::with_capacity(paths.len());
-            for p in paths {
-                self.step(p, c, &mut next);
-            }
-            let mut unique: Vec<Path> = Vec::with_capacity(next.len());
-            for p in next {
-                if unique.len() < MOST_PATHS && !unique.contains(&p) {
-                    unique.push(p);
-                }
-            }
-            if unique.is_empty() {
+            paths = self.advance(paths, c);
+            if paths.is_empty() {
                 return None;
             }
-            paths = unique;
         }
         Some(paths)
+    }
+
+    /// Every way `paths` go on with `c`, each once, at most [`MOST_PATHS`].
+    fn advance(&self, paths: Vec<Path>, c: char) -> Vec<Path> {
+        let mut next = Vec::with_capacity(paths.len());
+        for p in paths {
+            self.step(p, c, &mut next);
+        }
+        let mut unique: Vec<Path> = Vec::with_capacity(next.len());
+        for p in next {
+            if unique.len() < MOST_PATHS && !unique.contains(&p) {
+                unique.push(p);
+            }
+        }
+        unique
     }
 
     fn node(&self, n: u32) -> &Node {
