@@ -8,11 +8,14 @@
 //! its logits and sits out the steps until it does, so a costly schema holds up only its own
 //! request.
 
+mod job;
+mod prefill;
+
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use k3_engine::generate::{Decoder, Emit, Finish, GenerateParams};
+use k3_engine::generate::{Decoder, Emit, Finish};
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, Inserted, Logits, Seq, Session};
 use tokio::sync::mpsc as tmpsc;
@@ -22,89 +25,9 @@ use crate::metrics::Metrics;
 use crate::prefix::Scope;
 use crate::prefix::{Kept, PrefixCache};
 use crate::preparing::Preparing;
-pub use crate::status::Status;
 
-/// Prompt tokens a prefilling sequence feeds per step while others decode: long prompts advance
-/// a chunk at a time, so the sequences already decoding keep getting tokens.
-pub const PREFILL_CHUNK: usize = 64;
-
-/// Prompt rows each prefilling sequence feeds in the next step (`remaining[i]`: tokens of its
-/// prompt left), beside `decoding` sequences feeding one token each, in a step of at most
-/// `budget` rows (the engine's planned chunk: what the memory plan holds activations for).
-///
-/// The rule: while any sequence decodes, a prefilling one feeds at most `PREFILL_CHUNK` rows,
-/// so a decoding sequence waits at most that much prefill per prefilling sequence for its next
-/// token; with none decoding, the prefilling ones share the whole budget, so a long prompt on a
-/// model whose experts stream from disk is read in as few chunks as memory holds (each chunk
-/// reads its experts once). Every prefilling sequence feeds at least one row: each step makes
-/// progress.
-pub fn prefill_rows(budget: usize, decoding: usize, remaining: &[usize]) -> Vec<usize> {
-    let share = (budget.saturating_sub(decoding) / remaining.len().max(1)).max(1);
-    let cap = if decoding > 0 { share.min(PREFILL_CHUNK) } else { share };
-    remaining.iter().map(|&r| r.min(cap)).collect()
-}
-
-/// One request for the scheduler.
-#[derive(Debug)]
-pub struct Job {
-    pub prompt: Vec<u32>,
-    pub params: GenerateParams,
-    pub events: tmpsc::UnboundedSender<Event>,
-    /// Whose kept states it may start from and leave behind.
-    pub scope: Scope,
-    /// Prompt lengths (ascending) at which to stop the prefill and keep the state: where the
-    /// prompts of later requests are likely to part from this one's (the chat template's
-    /// boundaries, [`crate::api::ChatRequest::prepare`]).
-    pub checkpoints: Vec<usize>,
-    /// Decoded images, one per placeholder of `prompt`, in order: their rows are computed and
-    /// the prompt framed ([`k3_engine::media::expand`]) when the job is admitted.
-    pub images: Vec<crate::api::images::RequestImage>,
-    /// Its counts as they grow, for its log line however it ends.
-    pub tally: Arc<crate::reqlog::Tally>,
-}
-
-pub use k3_engine::sample::TokenLogprob;
-
-/// What a request hears back, in order: text deltas, then one `Done` or `Failed`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// Text of the answer and (K3 thinking) of the reasoning; `token` is `u32::MAX` for text
-    /// flushed at the end.
-    Delta {
-        text: String,
-        reasoning: String,
-        token: u32,
-        logprob: Option<TokenLogprob>,
-    },
-    Done {
-        finish: Finish,
-        prompt_tokens: usize,
-        cached_tokens: usize,
-        completion_tokens: u64,
-    },
-    Failed(String),
-}
-
-/// The model's shape, for `/v1/models`, and what requests are checked against.
-#[derive(Debug, Clone)]
-pub struct ModelInfo {
-    pub id: String,
-    pub family: k3_engine::config::Family,
-    pub context: u64,
-    pub vocab: usize,
-    pub layers: usize,
-    pub hidden: usize,
-    pub eos: Vec<u32>,
-    /// The model reads images.
-    pub sees: bool,
-    /// The longest token's text in bytes (1 without a tokenizer).
-    pub max_token_bytes: usize,
-    /// The sampling settings of a request that states none: the model's recommended ones
-    /// (`generation_config.json`), else temperature 0.6 and top-p 0.95.
-    pub sampling: k3_engine::sample::SamplerConfig,
-    /// Size, parameters, template and abilities, for Ollama's `/api/tags` and `/api/show`.
-    pub about: crate::about::About,
-}
+pub use job::{Event, Handle, Job, ModelInfo, Refused, Status, TokenLogprob};
+pub use prefill::{PREFILL_CHUNK, prefill_rows};
 
 /// A sequence in the running batch.
 struct Active<'t> {
@@ -563,67 +486,5 @@ mod tests {
         );
         assert_eq!(m, "the model failed: reading (experts-00001.waste): expert record (layer 3, expert 7)");
         assert!(!super::client_message("`/home/u/m/trunk.waste` bad").contains("/home"));
-    }
-
-    #[test]
-    fn a_prompt_alone_takes_the_whole_chunk_and_beside_decoders_at_most_a_shared_one() {
-        use super::{PREFILL_CHUNK, prefill_rows};
-        // Alone, a long prompt on a streaming model is fed as the plan's whole chunk.
-        assert_eq!(prefill_rows(2048, 0, &[5000]), [2048]);
-        assert_eq!(prefill_rows(2048, 0, &[300]), [300]);
-        // Two prompts alone share it.
-        assert_eq!(prefill_rows(2048, 0, &[5000, 5000]), [1024, 1024]);
-        // Beside sequences that decode, each prompt feeds at most PREFILL_CHUNK rows a step, so
-        // every decoding sequence gets its next token after that much prefill at most.
-        for decoding in 1..8 {
-            for prompts in 1..8 {
-                let rows = prefill_rows(2048, decoding, &vec![10_000; prompts]);
-                assert!(rows.iter().all(|&r| (1..=PREFILL_CHUNK).contains(&r)), "{rows:?}");
-            }
-        }
-        // A step never carries more rows than the plan holds, and every prompt moves.
-        for budget in [1, 7, 64, 512] {
-            for decoding in 0..10 {
-                let rows = prefill_rows(budget, decoding, &[10_000; 9]);
-                assert!(rows.iter().all(|&r| r >= 1));
-                if budget >= decoding + 9 {
-                    assert!(decoding + rows.iter().sum::<usize>() <= budget, "{budget} {decoding} {rows:?}");
-                }
-            }
-        }
-    }
-}
-
-/// The scheduler's side of the channel, shared by the HTTP handlers.
-#[derive(Debug, Clone)]
-pub struct Handle {
-    jobs: mpsc::SyncSender<Job>,
-    pub status: Arc<Status>,
-}
-
-/// Why a job was not taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
-    /// The queue is full (429).
-    Busy,
-    /// The scheduler is gone (the model failed to load, or the server is stopping).
-    Gone,
-}
-
-impl Handle {
-    pub fn new(jobs: mpsc::SyncSender<Job>, status: Arc<Status>) -> Self {
-        Handle { jobs, status }
-    }
-
-    /// Queues a job, or says why not.
-    pub fn submit(&self, job: Job) -> Result<(), Refused> {
-        self.status.queued.fetch_add(1, Ordering::Relaxed);
-        self.jobs.try_send(job).map_err(|e| {
-            self.status.queued.fetch_sub(1, Ordering::Relaxed);
-            match e {
-                mpsc::TrySendError::Full(_) => Refused::Busy,
-                mpsc::TrySendError::Disconnected(_) => Refused::Gone,
-            }
-        })
     }
 }

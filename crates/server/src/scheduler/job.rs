@@ -1,0 +1,106 @@
+//! What the HTTP side and the scheduler exchange: a [`Job`] in, [`Event`]s back, through a
+//! [`Handle`]; and the [`ModelInfo`] requests are checked against.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+
+use k3_engine::generate::{Finish, GenerateParams};
+use tokio::sync::mpsc as tmpsc;
+
+use crate::prefix::Scope;
+pub use crate::status::Status;
+
+/// One request for the scheduler.
+#[derive(Debug)]
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub params: GenerateParams,
+    pub events: tmpsc::UnboundedSender<Event>,
+    /// Whose kept states it may start from and leave behind.
+    pub scope: Scope,
+    /// Prompt lengths (ascending) at which to stop the prefill and keep the state: where the
+    /// prompts of later requests are likely to part from this one's (the chat template's
+    /// boundaries, [`crate::api::ChatRequest::prepare`]).
+    pub checkpoints: Vec<usize>,
+    /// Decoded images, one per placeholder of `prompt`, in order: their rows are computed and
+    /// the prompt framed ([`k3_engine::media::expand`]) when the job is admitted.
+    pub images: Vec<crate::api::images::RequestImage>,
+    /// Its counts as they grow, for its log line however it ends.
+    pub tally: Arc<crate::reqlog::Tally>,
+}
+
+pub use k3_engine::sample::TokenLogprob;
+
+/// What a request hears back, in order: text deltas, then one `Done` or `Failed`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Text of the answer and (K3 thinking) of the reasoning; `token` is `u32::MAX` for text
+    /// flushed at the end.
+    Delta {
+        text: String,
+        reasoning: String,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    Done {
+        finish: Finish,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+        completion_tokens: u64,
+    },
+    Failed(String),
+}
+
+/// The model's shape, for `/v1/models`, and what requests are checked against.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub id: String,
+    pub family: k3_engine::config::Family,
+    pub context: u64,
+    pub vocab: usize,
+    pub layers: usize,
+    pub hidden: usize,
+    pub eos: Vec<u32>,
+    /// The model reads images.
+    pub sees: bool,
+    /// The longest token's text in bytes (1 without a tokenizer).
+    pub max_token_bytes: usize,
+    /// The sampling settings of a request that states none: the model's recommended ones
+    /// (`generation_config.json`), else temperature 0.6 and top-p 0.95.
+    pub sampling: k3_engine::sample::SamplerConfig,
+    /// Size, parameters, template and abilities, for Ollama's `/api/tags` and `/api/show`.
+    pub about: crate::about::About,
+}
+
+#[derive(Debug, Clone)]
+pub struct Handle {
+    jobs: mpsc::SyncSender<Job>,
+    pub status: Arc<Status>,
+}
+
+/// Why a job was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The queue is full (429).
+    Busy,
+    /// The scheduler is gone (the model failed to load, or the server is stopping).
+    Gone,
+}
+
+impl Handle {
+    pub fn new(jobs: mpsc::SyncSender<Job>, status: Arc<Status>) -> Self {
+        Handle { jobs, status }
+    }
+
+    /// Queues a job, or says why not.
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        self.status.queued.fetch_add(1, Ordering::Relaxed);
+        self.jobs.try_send(job).map_err(|e| {
+            self.status.queued.fetch_sub(1, Ordering::Relaxed);
+            match e {
+                mpsc::TrySendError::Full(_) => Refused::Busy,
+                mpsc::TrySendError::Disconnected(_) => Refused::Gone,
+            }
+        })
+    }
+}
