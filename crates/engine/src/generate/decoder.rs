@@ -178,10 +178,10 @@ impl<'t> Decoder<'t> {
             return id;
         }
         let Some(job) = self.mask_job() else {
-            // Padded ids sit past the tokenizer's: sampling the rows before them is masking
-            // them, without a copy of the row per token.
-            let n = self.decodable.map_or(logits.len(), |n| n.min(logits.len()));
-            return self.sampler.sample(&logits[..n]);
+            return match self.decodable.filter(|&n| n < logits.len()) {
+                Some(n) => self.sampler.sample(&masked(logits, |id| id < n)),
+                None => self.sampler.sample(logits),
+            };
         };
         let computed;
         let mask = match ready.filter(|m| m.at == job.at) {
