@@ -19,6 +19,24 @@ from k3serve import serve
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 
+# Chromium's own start is not under test: a container's shared memory or crash reporter has
+# crashed it at launch (SIGSEGV before any page, once in CI), so it starts without /dev/shm, a GPU
+# or the crash reporter, and a failed launch is tried again (at most three times, each failure
+# printed) before the test fails.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--disable-crash-reporter"]
+
+
+def launch(p):
+    for attempt in range(1, 4):
+        try:
+            return p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        except Exception as e:  # Playwright raises its own Error; any launch failure is retried
+            if attempt == 3:
+                raise
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            print(f"chromium launch {attempt} failed ({first}); trying again", file=sys.stderr)
+
+
 def open_page(browser, base):
     page = browser.new_page()
     outside = []
@@ -55,7 +73,7 @@ def new_chat_while_streaming(page) -> None:
 def main() -> None:
     cli, model, shot = sys.argv[1], sys.argv[2], sys.argv[3]
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        browser = launch(p)
         with serve(cli, model) as base:
             page, outside = open_page(browser, base)
             expect(page.locator("#model")).to_have_text("enter the API key")
