@@ -20,7 +20,7 @@ pub(super) const EMBEDDED_FILES: [&str; 7] = [
     "tokenizer_config.json",
     "tokenizer.json",
     "chat_template.jinja",
-    k3_engine::generation_config::FILE,
+    k3_generate::generation_config::FILE,
     // The image processor's settings (K3).
     "preprocessor_config.json",
 ];
@@ -158,7 +158,7 @@ fn sort_tensors(
 /// One layout per distinct (source kind, shapes) — K3 and Kimi-Linear need one — and each MoE
 /// layer's plan.
 /// The checkpoint's chat template, if it ships one with a tokenizer, must render a probe
-/// conversation within its limits ([`k3_engine::chat::ChatFormat::check`]).
+/// conversation within its limits ([`k3_text::chat::ChatFormat::check`]).
 fn check_chat_template(src: &Source, family: k3_engine::config::Family) -> Result<(), ConvertError> {
     let mut files = std::collections::HashMap::new();
     for name in EMBEDDED_FILES {
@@ -166,11 +166,11 @@ fn check_chat_template(src: &Source, family: k3_engine::config::Family) -> Resul
             files.insert(name, bytes);
         }
     }
-    let Some(Ok(tok)) = k3_engine::tokenizer::Tokenizer::from_files(|n| files.get(n).map(Vec::as_slice)) else {
+    let Some(Ok(tok)) = k3_text::tokenizer::Tokenizer::from_files(|n| files.get(n).map(Vec::as_slice)) else {
         return Ok(());
     };
     let at = if files.contains_key("chat_template.jinja") { "chat_template.jinja" } else { "tokenizer_config.json" };
-    k3_engine::chat::ChatFormat::new(&tok, family)
+    k3_text::chat::ChatFormat::new(&tok, k3_generate::dialect(family))
         .check()
         .map_err(|e| ConvertError::Source { path: src.path_of(at), reason: e.to_string() })
 }
@@ -178,9 +178,9 @@ fn check_chat_template(src: &Source, family: k3_engine::config::Family) -> Resul
 /// Refuses a `generation_config.json` whose sampling settings could not be used, naming the field,
 /// before anything is written (generate, chat and serve take their defaults from it).
 fn check_generation_config(src: &Source) -> Result<(), ConvertError> {
-    let name = k3_engine::generation_config::FILE;
+    let name = k3_generate::generation_config::FILE;
     match src.file(name)? {
-        Some(bytes) => k3_engine::generation_config::Recommended::parse(&bytes)
+        Some(bytes) => k3_generate::generation_config::Recommended::parse(&bytes)
             .map(|_| ())
             .map_err(|e| ConvertError::Source { path: src.path_of(name), reason: e.to_string() }),
         None => Ok(()),

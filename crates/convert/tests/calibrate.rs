@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use k3_convert::calibrate::{CalibrationPlan, Walker};
 use k3_convert::{ConvertOptions, ExpertFormat, convert};
-use k3_engine::tokenizer::Tokenizer;
 use k3_engine::weights::{Rotations, expert_matrix};
 use k3_format::Model;
 
@@ -42,7 +41,7 @@ fn output_error(a: &Model, b: &Model, (layer, expert): (u32, u32), w: &str, xs: 
 fn default_model() -> (PathBuf, Model, Vec<u32>) {
     let source = fixtures().join("default.waste");
     let model = Model::open(&source).unwrap();
-    let tok = Tokenizer::from_model(&model).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&model).unwrap().unwrap();
     let text = std::fs::read_to_string(fixtures().join("default-model/heldout.txt")).unwrap();
     let ids = tok.encode(&text);
     (source, model, ids)

@@ -288,7 +288,7 @@ fn measure_the_default_model() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
     let shipped = fixtures.join("default.waste");
     let m = Model::open(&shipped).unwrap();
-    let tok = k3_engine::tokenizer::Tokenizer::from_model(&m).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
     let text = std::fs::read_to_string(fixtures.join("default-model/heldout.txt")).unwrap();
     let ids: Vec<u32> = tok.encode(&text).into_iter().take(512).collect();
     let (want, base_routing) = run(&shipped, &ids);

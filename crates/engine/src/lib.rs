@@ -1,35 +1,25 @@
 #![recursion_limit = "256"]
 //! # k3-engine
 //!
-//! The model side of k3: the model's config and the Kimi forward pass ([`model::Engine`]) over a
-//! WASTE model, generation, and the text around it (tokenizer, chat formats, tool calls).
-//! Conversion is `k3-convert`'s.
+//! The model: its config, tensor names, weights, memory plan, checksum verification and the Kimi
+//! forward pass ([`Engine`]) over a WASTE model, streaming experts through `k3-io`. Text (the
+//! tokenizer, chat formats, tool calls) is `k3-text`'s, a turn of generation `k3-generate`'s,
+//! conversion `k3-convert`'s.
 
 pub mod budget;
-pub mod chat;
 pub mod config;
-pub mod eval;
-pub mod generate;
-pub mod generation_config;
-pub mod json_prefix;
-pub mod json_schema;
-pub mod media;
 mod model;
 pub mod names;
 pub mod owned;
 pub mod plan;
-pub mod sample;
-pub mod speculate;
-pub mod state_store;
-pub mod tokenizer;
-pub mod toolcall;
 pub mod verify;
 pub mod weights;
 
 pub use model::{
     ActivationPrecision, Engine, EngineOptions, ExpertApprox, ImageWork, Inserted, LayerState, LayerWalk, Logits,
-    LowBit, LowBitCopies, RoutedToken, RunStats, STATE_FILE_VERSION, SavedState, Seq, Session, Span, SpanKind,
-    StateFileError, StateFileLayout, StateHeader, WALK_GROUP_ROWS, activate, read_state_header, tap,
+    LowBit, LowBitCopies, PromptImage, RoutedToken, RunStats, STATE_FILE_VERSION, SavedState, Seq, Session, Span,
+    SpanKind, StateFileError, StateFileLayout, StateHeader, WALK_GROUP_ROWS, activate, read_state_header,
+    state_ids_bytes, tap,
 };
 pub use owned::OwnedEngine;
 pub use plan::MemoryPlan;
@@ -57,8 +47,6 @@ pub enum EngineError {
         #[source]
         source: k3_format::FormatError,
     },
-    #[error(transparent)]
-    Tokenizer(#[from] tokenizer::TokenizerError),
     #[error("model config: {0}")]
     Config(String),
     #[error("{0}")]

@@ -6,14 +6,15 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::mask::{Mask, MaskJob, Shape, TokenTrie};
-use super::strict_calls::StrictCalls;
-use super::text::TextOut;
-use super::{Finish, GenerateParams};
-use crate::EngineError;
-use crate::json_prefix::JsonPrefix;
+use k3_text::Tokenizer;
+use k3_text::json_prefix::JsonPrefix;
+use k3_text::mask::{Mask, MaskJob, Shape, TokenTrie};
+use k3_text::strict::StrictCalls;
+
+use crate::GenerateError;
+use crate::generator::{Finish, GenerateParams};
 use crate::sample::{Sampler, TokenLogprob};
-use crate::tokenizer::Tokenizer;
+use crate::visible::TextOut;
 
 /// What a sampled token does to the turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +57,7 @@ pub struct Decoder<'t> {
 
 impl<'t> Decoder<'t> {
     /// A decoder for valid settings; `tok` (when given) turns ids into visible text.
-    pub fn new(tok: Option<&'t Tokenizer>, params: GenerateParams) -> Result<Self, EngineError> {
+    pub fn new(tok: Option<&'t Tokenizer>, params: GenerateParams) -> Result<Self, GenerateError> {
         let sampler = Sampler::new(params.sampler.clone())?;
         let text = tok.map(|t| TextOut::new(t, &params));
         let shape = match (&params.json_schema, params.json_object) {
@@ -65,12 +66,12 @@ impl<'t> Decoder<'t> {
             (None, false) => None,
         };
         if shape.is_some() && tok.is_none() {
-            return Err(EngineError::Input("a JSON answer needs the model's tokenizer".into()));
+            return Err(GenerateError::Input("a JSON answer needs the model's tokenizer".into()));
         }
         let calls = match (params.strict_tools.is_empty(), tok) {
             (true, _) => None,
             (false, Some(t)) => StrictCalls::new(t, &params.strict_tools)?,
-            (false, None) => return Err(EngineError::Input("strict tools need the model's tokenizer".into())),
+            (false, None) => return Err(GenerateError::Input("strict tools need the model's tokenizer".into())),
         };
         let constrained = shape.is_some() || calls.is_some();
         let trie = tok.filter(|_| constrained).map(Tokenizer::token_trie);
@@ -239,7 +240,7 @@ impl<'t> Decoder<'t> {
     }
 
     /// Counts a sampled token at `position` and checks it against the stops.
-    pub fn emit(&mut self, id: u32, position: usize, context: u64) -> Result<Emit, EngineError> {
+    pub fn emit(&mut self, id: u32, position: usize, context: u64) -> Result<Emit, GenerateError> {
         let answering = self.answering();
         if self.thinking() {
             self.thought += 1;
@@ -305,13 +306,13 @@ fn masked(logits: &[f32], keep: impl Fn(usize) -> bool) -> Vec<f32> {
 
 /// The tokens that close a thinking section: `</think>` for models that think between tags, K3's
 /// `<|close|>think<|sep|><|open|>response<|sep|>` otherwise.
-fn close_think(tok: &Tokenizer, params: &GenerateParams) -> Result<Vec<u32>, EngineError> {
+fn close_think(tok: &Tokenizer, params: &GenerateParams) -> Result<Vec<u32>, GenerateError> {
     if let Some([_, close]) = params.think_tags {
         return Ok(vec![close]);
     }
     let special = |name: &str| {
         tok.special(name)
-            .ok_or_else(|| EngineError::Input(format!("a thinking budget needs `{name}`, which the tokenizer lacks")))
+            .ok_or_else(|| GenerateError::Input(format!("a thinking budget needs `{name}`, which the tokenizer lacks")))
     };
     let (open, close, sep) = (special("<|open|>")?, special("<|close|>")?, special("<|sep|>")?);
     let mut ids = vec![close];
@@ -329,7 +330,7 @@ mod tests {
 
     fn default_tokenizer() -> Tokenizer {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/default.waste");
-        Tokenizer::from_model(&k3_format::Model::open(path).unwrap()).unwrap().unwrap()
+        crate::model_tokenizer(&k3_format::Model::open(path).unwrap()).unwrap().unwrap()
     }
 
     /// Logits over a padded vocabulary (64 rows past the tokenizer's ids, the likeliest by far):

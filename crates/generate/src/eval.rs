@@ -5,7 +5,9 @@
 //! definition `tools/train/train_kimi_linear.py` uses, so the two numbers are comparable.
 
 use crate::sample::argmax;
-use crate::{Engine, EngineError, RunStats};
+use k3_engine::{Engine, RunStats};
+
+use crate::GenerateError;
 
 /// The negative log-likelihood of the tokens one window scored.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -43,7 +45,7 @@ pub fn perplexity(
     window: usize,
     chunk: usize,
     progress: &mut dyn FnMut(usize),
-) -> Result<Perplexity, EngineError> {
+) -> Result<Perplexity, GenerateError> {
     check_window(window)?;
     let v = engine.vocab();
     let mut out = Perplexity::default();
@@ -66,7 +68,7 @@ pub fn perplexity(
         progress(i + 1);
     }
     if out.windows.is_empty() {
-        return Err(EngineError::Input("the text is too short to score: it needs at least 2 tokens".into()));
+        return Err(GenerateError::Input("the text is too short to score: it needs at least 2 tokens".into()));
     }
     Ok(out)
 }
@@ -111,11 +113,11 @@ pub fn agreement(
     window: usize,
     chunk: usize,
     progress: &mut dyn FnMut(usize),
-) -> Result<Agreement, EngineError> {
+) -> Result<Agreement, GenerateError> {
     check_window(window)?;
     let v = model.vocab();
     if reference.vocab() != v {
-        return Err(EngineError::Input(format!(
+        return Err(GenerateError::Input(format!(
             "the reference model has a vocabulary of {}, this one {v}: not comparable",
             reference.vocab()
         )));
@@ -142,9 +144,9 @@ pub fn agreement(
     Ok(out)
 }
 
-fn check_window(window: usize) -> Result<(), EngineError> {
+fn check_window(window: usize) -> Result<(), GenerateError> {
     if window < 2 {
-        return Err(EngineError::Input(format!("a scoring window needs at least 2 tokens, not {window}")));
+        return Err(GenerateError::Input(format!("a scoring window needs at least 2 tokens, not {window}")));
     }
     Ok(())
 }

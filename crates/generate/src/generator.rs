@@ -7,23 +7,18 @@
 //! following `step`s without a forward pass. `k3-cli generate` and `chat` are thin callers; a
 //! server is the next.
 
-mod decoder;
-mod mask;
-mod strict_calls;
-mod text;
-
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-pub use decoder::{Decoder, Emit};
-pub use mask::{Mask, MaskJob, TokenTrie};
-
 use crate::sample::{SamplerConfig, TokenLogprob};
 use crate::speculate::{self, Governor, SpecStats};
-use crate::tokenizer::Tokenizer;
-use crate::{Engine, EngineError, RunStats, Session};
+use k3_engine::{Engine, RunStats, Session};
+use k3_text::Tokenizer;
+
+use crate::GenerateError;
+use crate::decoder::{Decoder, Emit};
 
 /// How a turn is generated.
 #[derive(Debug, Clone)]
@@ -44,10 +39,10 @@ pub struct GenerateParams {
     pub json_object: bool,
     /// The answer is a value this schema allows (`response_format: json_schema`), checked as
     /// `json_object` is; takes the place of `json_object`. Needs a tokenizer.
-    pub json_schema: Option<Arc<crate::json_schema::JsonSchema>>,
+    pub json_schema: Option<Arc<k3_text::json_schema::JsonSchema>>,
     /// Strict tools: each function's name and parameter schema; a call's arguments are
     /// constrained to it as they are written (`im_` markup). Needs a tokenizer.
-    pub strict_tools: Vec<(String, Arc<crate::json_schema::JsonSchema>)>,
+    pub strict_tools: Vec<(String, Arc<k3_text::json_schema::JsonSchema>)>,
     /// Thinking tokens at most; then the thinking is closed for the model (K3's markup, or the
     /// `</think>` token) and it answers. With a budget, `max_tokens` counts the answer only.
     pub max_thinking: Option<u64>,
@@ -180,7 +175,7 @@ impl<'s, 't> Generator<'s, 't> {
         tok: Option<&'t Tokenizer>,
         params: GenerateParams,
         progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<Generator<'s, 't>, EngineError> {
+    ) -> Result<Generator<'s, 't>, GenerateError> {
         Self::start_with_images(engine, session, prompt, &[], tok, params, progress)
     }
 
@@ -190,17 +185,17 @@ impl<'s, 't> Generator<'s, 't> {
         engine: &Engine<'_>,
         session: &'s mut Session,
         prompt: &[u32],
-        images: &[crate::Inserted],
+        images: &[k3_engine::Inserted],
         tok: Option<&'t Tokenizer>,
         params: GenerateParams,
         progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<Generator<'s, 't>, EngineError> {
+    ) -> Result<Generator<'s, 't>, GenerateError> {
         if prompt.is_empty() {
-            return Err(EngineError::Input("the prompt is empty".into()));
+            return Err(GenerateError::Input("the prompt is empty".into()));
         }
         let context = engine.plan().context as usize;
         if session.tokens() + prompt.len() >= context {
-            return Err(EngineError::Input(format!(
+            return Err(GenerateError::Input(format!(
                 "the prompt is {} tokens, which leaves no room in a context of {context} tokens",
                 session.tokens() + prompt.len()
             )));
@@ -231,16 +226,16 @@ impl<'s, 't> Generator<'s, 't> {
         logits: Vec<f32>,
         tok: Option<&'t Tokenizer>,
         params: GenerateParams,
-    ) -> Result<Generator<'s, 't>, EngineError> {
+    ) -> Result<Generator<'s, 't>, GenerateError> {
         if logits.len() != engine.vocab() || session.tokens() == 0 {
-            return Err(EngineError::Input(format!(
+            return Err(GenerateError::Input(format!(
                 "{} logits after {} tokens: a resumed turn needs the logits of its last token",
                 logits.len(),
                 session.tokens()
             )));
         }
         if session.tokens() >= engine.plan().context as usize {
-            return Err(EngineError::Input("the context is full".into()));
+            return Err(GenerateError::Input("the context is full".into()));
         }
         Generator::new(session, logits, tok, params)
     }
@@ -250,7 +245,7 @@ impl<'s, 't> Generator<'s, 't> {
         logits: Vec<f32>,
         tok: Option<&'t Tokenizer>,
         params: GenerateParams,
-    ) -> Result<Generator<'s, 't>, EngineError> {
+    ) -> Result<Generator<'s, 't>, GenerateError> {
         let mut decoder = Decoder::new(tok, params)?;
         decoder.observe(session.ids());
         Ok(Generator {
@@ -286,7 +281,7 @@ impl<'s, 't> Generator<'s, 't> {
     }
 
     /// The next token, or `None` once the turn has ended ([`finish`](Self::finish) says why).
-    pub fn step(&mut self, engine: &Engine<'_>) -> Result<Option<Token>, EngineError> {
+    pub fn step(&mut self, engine: &Engine<'_>) -> Result<Option<Token>, GenerateError> {
         if self.ready.is_empty() && self.decoder.finish().is_none() {
             self.advance(engine)?;
         }
@@ -294,7 +289,7 @@ impl<'s, 't> Generator<'s, 't> {
     }
 
     /// Samples the next token and feeds it (or ends the turn).
-    fn advance(&mut self, engine: &Engine<'_>) -> Result<(), EngineError> {
+    fn advance(&mut self, engine: &Engine<'_>) -> Result<(), GenerateError> {
         if let Some(f) = self.decoder.limit() {
             // Held-back text is kept by `flush` for the caller.
             let feed = self.decoder.stop(f);
@@ -322,7 +317,7 @@ impl<'s, 't> Generator<'s, 't> {
 
     /// Feeds `id` after the turn ended, when the session must be ready for another turn and
     /// has room.
-    fn feed_end(&mut self, engine: &Engine<'_>, id: Option<u32>) -> Result<(), EngineError> {
+    fn feed_end(&mut self, engine: &Engine<'_>, id: Option<u32>) -> Result<(), GenerateError> {
         if let Some(id) = id
             && (self.session.tokens() as u64) < engine.plan().context
         {
@@ -338,7 +333,7 @@ impl<'s, 't> Generator<'s, 't> {
         id: u32,
         text: String,
         logprob: Option<TokenLogprob>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<(), GenerateError> {
         let (t0, before) = (Instant::now(), self.session.stats);
         let drafts = self.drafts(engine, id);
         if drafts.is_empty() {

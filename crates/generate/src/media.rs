@@ -6,42 +6,32 @@
 pub use k3_vision::DecodeLimits;
 use k3_vision::decode;
 
-use crate::tokenizer::Tokenizer;
-use crate::{Engine, EngineError, Inserted};
+use k3_engine::{Engine, Inserted};
+use k3_text::Tokenizer;
 
-/// An image ready for a prompt.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PromptImage {
-    /// As given (the framing states it).
-    pub width: u32,
-    pub height: u32,
-    /// `[positions, hidden]`.
-    pub rows: Vec<f32>,
-    /// The image file's hash: two prompts share a prefix through an image only if this agrees.
-    pub digest: u64,
-}
+use crate::GenerateError;
 
-impl Engine<'_> {
-    /// Decodes an image file's bytes (within `limits`) and computes its prompt rows.
-    pub fn prompt_image(&self, bytes: &[u8], limits: &DecodeLimits) -> Result<PromptImage, EngineError> {
-        // The model's side first: a model without eyes says so before any decoding.
-        self.check_sees()?;
-        let pic = decode(bytes, limits).map_err(|e| EngineError::Input(e.to_string()))?;
-        Ok(self.finish_image(self.start_image(&pic, xxhash_rust::xxh3::xxh3_64(bytes))?))
-    }
+pub use k3_engine::PromptImage;
+
+/// Decodes an image file's bytes (within `limits`) and computes its prompt rows.
+pub fn prompt_image(engine: &Engine<'_>, bytes: &[u8], limits: &DecodeLimits) -> Result<PromptImage, GenerateError> {
+    // The model's side first: a model without eyes says so before any decoding.
+    engine.check_sees()?;
+    let pic = decode(bytes, limits).map_err(|e| GenerateError::Input(e.to_string()))?;
+    Ok(engine.finish_image(engine.start_image(&pic, xxhash_rust::xxh3::xxh3_64(bytes))?))
 }
 
 /// The tokenizer has the special tokens images are written with (the chat format's placeholder
 /// and the release's framing); gives `<|media_end|>`'s id. Checked when an image is given, so a
 /// model that cannot frame one says so then, not at the turn that would use it.
-pub fn check_tokenizer(tok: &Tokenizer) -> Result<u32, EngineError> {
-    let names = [crate::chat::IMAGE_PLACEHOLDER, "<|media_begin|>", "<|media_content|>", "<|media_end|>"];
+pub fn check_tokenizer(tok: &Tokenizer) -> Result<u32, GenerateError> {
+    let names = [k3_text::chat::IMAGE_PLACEHOLDER, "<|media_begin|>", "<|media_content|>", "<|media_end|>"];
     if let Some(missing) = names.iter().find(|n| tok.special(n).is_none()) {
-        return Err(EngineError::Input(format!(
+        return Err(GenerateError::Input(format!(
             "the tokenizer has no {missing} token: this model cannot be given images"
         )));
     }
-    tok.special("<|media_end|>").ok_or_else(|| EngineError::Input("the tokenizer has no <|media_end|> token".into()))
+    tok.special("<|media_end|>").ok_or_else(|| GenerateError::Input("the tokenizer has no <|media_end|> token".into()))
 }
 
 /// `ids` with each placeholder (in order, one per image) expanded into the image's framed span,
@@ -52,10 +42,10 @@ pub fn expand(
     hidden: usize,
     ids: &[u32],
     images: &[PromptImage],
-) -> Result<(Vec<u32>, Vec<Inserted>), EngineError> {
+) -> Result<(Vec<u32>, Vec<Inserted>), GenerateError> {
     let found = ids.iter().filter(|&&t| t == placeholder).count();
     if found != images.len() {
-        return Err(EngineError::Input(format!(
+        return Err(GenerateError::Input(format!(
             "the prompt has {found} image placeholders for {} images",
             images.len()
         )));
@@ -85,14 +75,14 @@ pub fn expand(
 /// A raw prompt (no chat format) with `count` images: where its text spells the model's image
 /// placeholder the images go there, in order; with none, they go first (llama.cpp's `mtmd` puts
 /// media where its marker is, or first). A count that disagrees is an error.
-pub fn place_in_raw(ids: &[u32], placeholder: u32, count: usize) -> Result<Vec<u32>, EngineError> {
+pub fn place_in_raw(ids: &[u32], placeholder: u32, count: usize) -> Result<Vec<u32>, GenerateError> {
     let found = ids.iter().filter(|&&t| t == placeholder).count();
     match found {
         0 => Ok(std::iter::repeat_n(placeholder, count).chain(ids.iter().copied()).collect()),
         n if n == count => Ok(ids.to_vec()),
-        n => Err(EngineError::Input(format!(
+        n => Err(GenerateError::Input(format!(
             "the prompt has {n} image placeholders ({}) for {count} images",
-            crate::chat::IMAGE_PLACEHOLDER
+            k3_text::chat::IMAGE_PLACEHOLDER
         ))),
     }
 }

@@ -140,8 +140,8 @@ pub struct Sampler {
 
 impl Sampler {
     /// A sampler for valid settings ([`SamplerConfig::check`]).
-    pub fn new(cfg: SamplerConfig) -> Result<Self, crate::EngineError> {
-        cfg.check().map_err(crate::EngineError::Input)?;
+    pub fn new(cfg: SamplerConfig) -> Result<Self, crate::GenerateError> {
+        cfg.check().map_err(crate::GenerateError::Input)?;
         let rng = XorShift::new(cfg.seed);
         Ok(Sampler { cfg, rng, history: Vec::new() })
     }

@@ -2,7 +2,7 @@
 //! recent n-gram that ends the text seen so far, and what followed its last earlier occurrence;
 //! no draft model), and the governor that turns speculation off while it does not pay.
 //!
-//! Verification and acceptance live in [`crate::generate`]: the drafts are run as one tentative
+//! Verification and acceptance live in [`crate::Generator`]: the drafts are run as one tentative
 //! chunk, each row's token is sampled exactly as plain decoding would sample it, and a draft is
 //! accepted when it is the token sampled. For a deterministic draft that is the standard
 //! speculative rule (accept with probability p(d), else draw from p with d removed), and it

@@ -1,9 +1,10 @@
 //! What a person sees of the generated tokens: UTF-8 across tokens, K3's markup and (unless
 //! asked) thinking hidden, stop strings cut.
 
-use super::GenerateParams;
-use crate::EngineError;
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use k3_text::tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::GenerateError;
+use crate::generator::GenerateParams;
 
 /// Token ids to the text a person sees: UTF-8 across tokens, K3's markup and (unless asked)
 /// thinking hidden, stop strings cut.
@@ -33,7 +34,7 @@ impl<'t> TextOut<'t> {
 
     /// The visible text `id` adds, and whether a stop string was reached (the text before it is
     /// returned, the stop string and anything after it are not).
-    pub(super) fn push(&mut self, id: u32) -> Result<(String, bool), EngineError> {
+    pub(super) fn push(&mut self, id: u32) -> Result<(String, bool), GenerateError> {
         let piece = self.decoder.push(self.tok, id)?;
         match self.visibility.show(self.tok, id)? {
             Shown::Hidden => return Ok((String::new(), false)),
@@ -129,7 +130,7 @@ impl Visibility {
     }
 
     /// Where token `id`'s text goes.
-    fn show(&mut self, tok: &Tokenizer, id: u32) -> Result<Shown, EngineError> {
+    fn show(&mut self, tok: &Tokenizer, id: u32) -> Result<Shown, GenerateError> {
         match self.tags {
             Some([open, _]) if id == open => {
                 self.state = self.thinking;
@@ -173,10 +174,10 @@ impl Visibility {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::KIMI_PATTERN;
+    use k3_text::tokenizer::KIMI_PATTERN;
 
     fn k3_tokenizer() -> Tokenizer {
-        crate::tokenizer::k3_test_tokenizer()
+        k3_text::tokenizer::k3_test_tokenizer()
     }
 
     fn visible(tok: &Tokenizer, params: &GenerateParams, text: &str) -> (String, bool) {

@@ -6,9 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use k3_engine::generate::{Finish, GenerateParams, Generator};
-use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, EngineOptions, Model};
+use k3_generate::{Finish, GenerateParams, Generator};
+use k3_text::tokenizer::Tokenizer;
 
 fn default_model() -> Model {
     Model::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/default.waste")).unwrap()
@@ -31,7 +31,7 @@ fn turn(engine: &Engine<'_>, tok: &Tokenizer, prompt: &[u32], params: GeneratePa
 fn greedy_generation_is_the_models_argmax_and_its_text_is_the_tokens() {
     let m = default_model();
     let engine = Engine::load(&m).unwrap();
-    let tok = Tokenizer::from_model(&m).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
     let prompt = tok.encode("And God said");
     let params = GenerateParams { max_tokens: 12, ..GenerateParams::default() };
     let (ids, text, finish) = turn(&engine, &tok, &prompt, params);
@@ -54,7 +54,7 @@ fn greedy_generation_is_the_models_argmax_and_its_text_is_the_tokens() {
 fn a_stop_string_ends_the_text_before_it() {
     let m = default_model();
     let engine = Engine::load(&m).unwrap();
-    let tok = Tokenizer::from_model(&m).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
     let prompt = tok.encode("And God said");
     let (_, full, _) = turn(&engine, &tok, &prompt, GenerateParams { max_tokens: 40, ..GenerateParams::default() });
     // A stop string from the middle of what the model says.
@@ -70,7 +70,7 @@ fn a_stop_string_ends_the_text_before_it() {
 #[test]
 fn end_of_message_context_and_cancellation_end_the_turn() {
     let m = default_model();
-    let tok = Tokenizer::from_model(&m).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
     let prompt = tok.encode("In the beginning");
     // The context: the prompt and five more tokens.
     let opts = EngineOptions { context: prompt.len() as u64 + 5, ..EngineOptions::default() };
@@ -105,7 +105,7 @@ fn end_of_message_context_and_cancellation_end_the_turn() {
 fn a_closed_turn_leaves_the_end_of_message_in_the_session() {
     let m = default_model();
     let engine = Engine::load(&m).unwrap();
-    let tok = Tokenizer::from_model(&m).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
     let prompt = tok.encode("In the beginning");
     let end = 7;
     let params = GenerateParams { max_tokens: 4, close_turn: Some(end), ..GenerateParams::default() };

@@ -4,7 +4,7 @@
 //! reference's. The reference takes the long way (a full softmax, explicit counts, sorting by
 //! probability), so agreement is not the code agreeing with itself.
 
-use k3_engine::sample::{Sampler, SamplerConfig, logprobs};
+use k3_generate::sample::{Sampler, SamplerConfig, logprobs};
 use k3_quant::rng::XorShift;
 
 /// The reference: the adjusted logits, then the distribution over candidates.

@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use k3_engine::generate::{Finish, GenerateParams, Generator};
-use k3_engine::sample::SamplerConfig;
-use k3_engine::speculate::SpecStats;
-use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, EngineOptions, Model, Session};
+use k3_generate::sample::SamplerConfig;
+use k3_generate::speculate::SpecStats;
+use k3_generate::{Finish, GenerateParams, Generator};
+use k3_text::tokenizer::Tokenizer;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
@@ -59,7 +59,7 @@ was without form, and void; and darkness was upon the face of the deep. In the b
 fn greedy_speculation_is_plain_decoding_on_the_default_model() {
     let m = Model::open(fixtures().join("default.waste")).unwrap();
     let engine = Engine::load(&m).unwrap();
-    let tok = Tokenizer::from_model(&m).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
     let s = same_either_way(
         &engine,
         Some(&tok),
@@ -77,7 +77,7 @@ fn greedy_speculation_is_plain_decoding_on_the_default_model() {
 fn sampled_speculation_draws_the_same_tokens_for_a_seed() {
     let m = Model::open(fixtures().join("default.waste")).unwrap();
     let engine = Engine::load(&m).unwrap();
-    let tok = Tokenizer::from_model(&m).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
     let prompt = tok.encode(COPY);
     let mut total = SpecStats::default();
     for seed in 0..4 {
@@ -97,7 +97,7 @@ fn sampled_speculation_draws_the_same_tokens_for_a_seed() {
 #[test]
 fn every_stop_ends_a_speculative_turn_where_a_plain_one_ends() {
     let m = Model::open(fixtures().join("default.waste")).unwrap();
-    let tok = Tokenizer::from_model(&m).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
     let prompt = tok.encode(COPY);
     let engine = Engine::load(&m).unwrap();
     let full = turn(&engine, Some(&tok), &prompt, GenerateParams { max_tokens: 40, ..Default::default() });
@@ -156,7 +156,7 @@ fn a_draft_is_kept_with_its_probability_and_a_rejection_draws_the_residual() {
     for d in [3u32, 0, 5] {
         let cfg =
             SamplerConfig { temperature: temperature as f32, seed: 17 + u64::from(d), ..SamplerConfig::default() };
-        let mut sampler = k3_engine::sample::Sampler::new(cfg).unwrap();
+        let mut sampler = k3_generate::sample::Sampler::new(cfg).unwrap();
         let (mut kept, mut residual) = (0usize, [0usize; 8]);
         for _ in 0..n {
             let x = sampler.sample(&logits);

@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use k3_engine::state_store::StateStore;
 use k3_engine::{Engine, Model};
+use k3_generate::cache::disk::StateStore;
 
 fn open(name: &str) -> Model {
     Model::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)).unwrap()

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k3_engine::state_store::StateStore;
 use k3_engine::{Engine, Model};
+use k3_generate::cache::disk::StateStore;
 
 const PROMPT: [u32; 9] = [5, 77, 300, 120, 9, 44, 200, 301, 17];
 

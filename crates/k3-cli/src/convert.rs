@@ -198,7 +198,7 @@ fn calibration_plan(
     let model = k3_format::Model::open(&source)?;
     let (all, what) = match (text, ids_file) {
         (Some(text), _) => {
-            let tok = k3_engine::tokenizer::Tokenizer::from_model(&model).with_context(|| {
+            let tok = k3_generate::model_tokenizer(&model).with_context(|| {
                 format!(
                     "{} embeds no tokenizer to read the calibration text with (use --calibrate-ids)",
                     args.hf.display()

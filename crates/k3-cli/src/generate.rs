@@ -1,14 +1,14 @@
 //! `generate`: continue a prompt, streaming the new text. Stops at end of message, at
 //! `--max-tokens`, when the context is full, or on Ctrl-C — and says which, on standard error;
-//! statistics are written in every case. The work is `k3_engine::generate::Generator`'s.
+//! statistics are written in every case. The work is `k3_generate::Generator`'s.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use k3_engine::generate::{Finish, GenerateParams, Generator};
-use k3_engine::tokenizer::Tokenizer;
+use k3_generate::{Finish, GenerateParams, Generator};
+use k3_text::tokenizer::Tokenizer;
 
 use crate::prompt::PromptArgs;
 use crate::prompt_cache::PromptCacheArgs;
@@ -61,7 +61,7 @@ const DEFAULT_CONTEXT: u64 = 4096;
 pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
-    let tok = Tokenizer::from_model(&model).transpose()?;
+    let tok = k3_generate::model_tokenizer(&model).transpose()?;
     let most = crate::prompt::RunContext::of(&model, a.engine.knobs.context);
     let prompt = a.prompt.ids(tok.as_ref(), &path, &most.text())?;
     let n = prompt.len() as u64;
@@ -179,8 +179,8 @@ fn with_images(
     engine.check_sees().context("--image")?;
     let placeholder = engine.image_placeholder().context("--image: the model has no image placeholder")?;
     let images: Vec<_> = crate::images::read_all(engine, tok, paths)?.into_iter().map(|i| i.prompt).collect();
-    let ids = k3_engine::media::place_in_raw(&prompt, placeholder, images.len())?;
-    Ok(k3_engine::media::expand(tok, placeholder, engine.hidden(), &ids, &images)?)
+    let ids = k3_generate::media::place_in_raw(&prompt, placeholder, images.len())?;
+    Ok(k3_generate::media::expand(tok, placeholder, engine.hidden(), &ids, &images)?)
 }
 
 /// What streaming a turn's text gave: per-token statistics, logprobs, and the write error that

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use k3_engine::Engine;
-use k3_engine::media::{DecodeLimits, PromptImage};
-use k3_engine::tokenizer::Tokenizer;
+use k3_generate::media::{DecodeLimits, PromptImage};
+use k3_text::tokenizer::Tokenizer;
 
 /// An image as read: its file's bytes and its prompt rows.
 pub struct Image {
@@ -18,7 +18,7 @@ pub struct Image {
 /// Reads and embeds one image file, for a model whose tokenizer can frame it.
 pub fn read(engine: &Engine<'_>, tok: &Tokenizer, path: &Path) -> Result<Image> {
     engine.check_sees()?;
-    k3_engine::media::check_tokenizer(tok)?;
+    k3_generate::media::check_tokenizer(tok)?;
     let limits = DecodeLimits::default();
     let bytes = k3_format::read_input(path, "an image file is", limits.max_bytes as u64)?;
     let prompt = embed(engine, &bytes, &limits).with_context(|| path.display().to_string())?;
@@ -27,7 +27,7 @@ pub fn read(engine: &Engine<'_>, tok: &Tokenizer, path: &Path) -> Result<Image> 
 
 /// Embeds an image's bytes (from a file or a saved conversation) within the decoder's limits.
 pub fn embed(engine: &Engine<'_>, bytes: &[u8], limits: &DecodeLimits) -> Result<PromptImage> {
-    Ok(engine.prompt_image(bytes, limits)?)
+    Ok(k3_generate::media::prompt_image(engine, bytes, limits)?)
 }
 
 /// Every file of `paths`, in order.

@@ -86,7 +86,7 @@ pub fn summary(model: &Model) -> Value {
 
 /// The sampling defaults of generate, chat and serve for `model`, and where they come from.
 fn sampling(model: &Model) -> Value {
-    use k3_engine::generation_config::{Recommended, defaults, describe};
+    use k3_generate::generation_config::{Recommended, defaults, describe};
     let settings = |conversation| match defaults(model, conversation) {
         Ok(c) => json!({
             "temperature": c.temperature, "top_p": c.top_p, "top_k": c.top_k, "min_p": c.min_p,

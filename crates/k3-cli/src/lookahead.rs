@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use k3_engine::Predictor;
-use k3_engine::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
 use crate::prompt::PromptArgs;
@@ -34,7 +33,7 @@ pub struct LookaheadArgs {
 pub fn run(a: LookaheadArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model)?;
     let m = open_model(&path, &a.engine.knobs.shard_dirs)?;
-    let tok = Tokenizer::from_model(&m).transpose()?;
+    let tok = k3_generate::model_tokenizer(&m).transpose()?;
     let most = crate::prompt::RunContext::of(&m, a.engine.knobs.context);
     let ids = a.prompt.ids(tok.as_ref(), &path, &most.text())?;
     let mut engine = a.engine.load(&m, &path, Needs::exact(ids.len() as u64, a.chunk as usize))?;

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use k3_engine::tokenizer::Tokenizer;
 
 use crate::run::{EngineArgs, Needs, open_model};
 
@@ -58,7 +57,8 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
         None => crate::prompt::read_stdin("perplexity reads")?,
     };
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
-    let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
+    let tok =
+        k3_generate::model_tokenizer(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
     let ids = tok.encode(&text);
     let (window, chunk) = (a.window as usize, (a.chunk as usize).min(a.window as usize));
     // A window never holds more than `window` tokens of context, nor more than the text.
@@ -71,7 +71,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
     let windows = ids.len().div_ceil(window);
     let pb = crate::progress_bar(windows as u64, "perplexity [{bar:40}] {pos}/{len} windows ETA {eta}");
     let t0 = std::time::Instant::now();
-    let r = k3_engine::eval::perplexity(&engine, &ids, window, chunk, &mut |done| pb.set_position(done as u64))?;
+    let r = k3_generate::eval::perplexity(&engine, &ids, window, chunk, &mut |done| pb.set_position(done as u64))?;
     let seconds = t0.elapsed().as_secs_f64();
     pb.finish_and_clear();
     a.engine.report(&engine, &r.stats, None)?;
@@ -87,7 +87,8 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
             exact.knobs.cache_aware_experts = None;
             let re = exact.load(&rm, reference, Needs::exact(context, chunk))?;
             let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
-            let g = k3_engine::eval::agreement(&engine, &re, &ids, window, chunk, &mut |d| pb.set_position(d as u64))?;
+            let g =
+                k3_generate::eval::agreement(&engine, &re, &ids, window, chunk, &mut |d| pb.set_position(d as u64))?;
             pb.finish_and_clear();
             Some(g)
         }

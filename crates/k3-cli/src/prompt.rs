@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use k3_cli::text_file::TEXT_LIMIT;
-use k3_engine::tokenizer::Tokenizer;
+use k3_text::tokenizer::Tokenizer;
 
 #[derive(clap::Args, Debug, Clone)]
 #[group(required = true, multiple = false)]

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use k3_engine::state_store::StateStore;
 use k3_engine::{Engine, SavedState, Session};
+use k3_generate::cache::disk::StateStore;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct PromptCacheArgs {

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use k3_engine::Policy;
 use k3_engine::budget::{parse_size, peak_rss_bytes};
-use k3_engine::speculate::SpecStats;
 use k3_engine::{ActivationPrecision, Engine, EngineOptions, RunStats};
 use k3_engine::{Model, OutputFile};
+use k3_generate::speculate::SpecStats;
 
 /// How the engine runs: memory, context, threads, caching, where the shards are.
 #[derive(clap::Args, Debug, Clone)]

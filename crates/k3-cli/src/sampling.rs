@@ -1,8 +1,8 @@
 //! The sampling switches of `generate` and `chat`, with llama.cpp's names and meanings; the
-//! arithmetic is `k3_engine::sample`'s.
+//! arithmetic is `k3_generate::sample`'s.
 
 use anyhow::Result;
-use k3_engine::sample::SamplerConfig;
+use k3_generate::sample::SamplerConfig;
 
 /// The sampling switches of `generate` and `chat` (llama.cpp's names and meanings). A switch not
 /// given takes the model's recommended setting (its `generation_config.json`, shown by
@@ -62,7 +62,7 @@ impl SamplingArgs {
     /// fallback (`conversation`: chat and serve); checks that every biased token is in the
     /// vocabulary of `vocab`.
     pub fn config(&self, model: &k3_engine::Model, conversation: bool, vocab: usize) -> Result<SamplerConfig> {
-        let default = k3_engine::generation_config::defaults(model, conversation)
+        let default = k3_generate::generation_config::defaults(model, conversation)
             .map_err(|e| anyhow::anyhow!("{}: {e}", model.dir().display()))?;
         if let Some(&(id, _)) = self.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
             anyhow::bail!("--logit-bias: token {id} is outside the vocabulary of {vocab}");
@@ -71,7 +71,7 @@ impl SamplingArgs {
             temperature: self.temperature.unwrap_or(default.temperature),
             top_k: self.top_k.unwrap_or(default.top_k),
             top_p: self.top_p.unwrap_or(default.top_p),
-            seed: self.seed.unwrap_or_else(k3_engine::sample::fresh_seed),
+            seed: self.seed.unwrap_or_else(k3_generate::sample::fresh_seed),
             min_p: self.min_p.unwrap_or(default.min_p),
             repeat_penalty: self.repeat_penalty.unwrap_or(default.repeat_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(default.frequency_penalty),
@@ -86,7 +86,7 @@ impl SamplingArgs {
     /// With --stats, the settings and the seed a sampled run drew (so it can be repeated).
     pub fn say_seed(&self, cfg: &SamplerConfig, stats: bool) {
         if stats {
-            eprintln!("sampling: {}", k3_engine::generation_config::describe(cfg));
+            eprintln!("sampling: {}", k3_generate::generation_config::describe(cfg));
         }
         if stats && cfg.temperature > 0.0 && self.seed.is_none() {
             eprintln!("sampling with seed {} (--seed {} repeats this run)", cfg.seed, cfg.seed);
@@ -95,15 +95,15 @@ impl SamplingArgs {
 }
 
 fn parse_min_p(s: &str) -> Result<f32, String> {
-    k3_engine::sample::check_min_p(s.parse().map_err(|_| format!("`{s}` is not a number"))?)
+    k3_generate::sample::check_min_p(s.parse().map_err(|_| format!("`{s}` is not a number"))?)
 }
 
 fn parse_repeat_penalty(s: &str) -> Result<f32, String> {
-    k3_engine::sample::check_repeat_penalty(s.parse().map_err(|_| format!("`{s}` is not a number"))?)
+    k3_generate::sample::check_repeat_penalty(s.parse().map_err(|_| format!("`{s}` is not a number"))?)
 }
 
 fn parse_penalty(name: &str, s: &str) -> Result<f32, String> {
-    k3_engine::sample::check_penalty(name, s.parse().map_err(|_| format!("`{s}` is not a number"))?)
+    k3_generate::sample::check_penalty(name, s.parse().map_err(|_| format!("`{s}` is not a number"))?)
 }
 
 /// `ID=BIAS`, BIAS a number or `-inf`.
@@ -118,9 +118,9 @@ fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
 }
 
 fn parse_temperature(s: &str) -> Result<f32, String> {
-    k3_engine::sample::check_temperature(s.parse().map_err(|_| format!("`{s}` is not a number"))?)
+    k3_generate::sample::check_temperature(s.parse().map_err(|_| format!("`{s}` is not a number"))?)
 }
 
 fn parse_top_p(s: &str) -> Result<f32, String> {
-    k3_engine::sample::check_top_p(s.parse().map_err(|_| format!("`{s}` is not a number"))?)
+    k3_generate::sample::check_top_p(s.parse().map_err(|_| format!("`{s}` is not a number"))?)
 }

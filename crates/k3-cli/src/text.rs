@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
+use k3_text::tokenizer::{KIMI_PATTERN, Tokenizer};
 
 use crate::prompt::{parse_ids, read_stdin};
 
@@ -19,7 +19,7 @@ fn read_tokenizer_file(path: &Path) -> Result<Vec<u8>> {
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     if path.is_dir() {
         let m = crate::run::open_model(path, &[])?;
-        return Ok(Tokenizer::from_model(&m)
+        return Ok(k3_generate::model_tokenizer(&m)
             .with_context(|| format!("{} embeds no tiktoken.model or tokenizer.json", path.display()))??);
     }
     if path.extension().is_some_and(|e| e == "json") {

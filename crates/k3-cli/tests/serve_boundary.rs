@@ -229,7 +229,7 @@ fn sigterm_ends_streams_with_their_finish_and_the_server_cleanly() {
     let mut c = s.connect();
     // The end of the turn banned: the answer is still running when the signal comes.
     let model = k3_engine::Model::open(common::fixture("default.waste")).unwrap();
-    let tok = k3_engine::tokenizer::Tokenizer::from_model(&model).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&model).unwrap().unwrap();
     let cfg =
         k3_engine::config::ModelConfig::parse(Path::new("config.json"), model.blob("config.json").unwrap()).unwrap();
     let mut banned = serde_json::Map::new();

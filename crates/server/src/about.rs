@@ -4,7 +4,7 @@
 
 use k3_engine::Model;
 use k3_engine::config::Family;
-use k3_engine::tokenizer::Tokenizer;
+use k3_text::tokenizer::Tokenizer;
 
 /// Facts read once at load.
 #[derive(Debug, Clone, Default)]
@@ -47,7 +47,8 @@ impl About {
             quantization: m.encodings.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "),
             modified,
             template: tok.and_then(|t| t.chat_template().map(str::to_string)),
-            tools: tok.is_some_and(|t| k3_engine::toolcall::ToolCallReader::new(t, family).is_some()),
+            tools: tok
+                .is_some_and(|t| k3_text::toolcall::ToolCallReader::new(t, k3_generate::dialect(family)).is_some()),
             thinking: family == Family::KimiK3 || tok.is_some_and(|t| t.think_tags().is_some()),
         }
     }

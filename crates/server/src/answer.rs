@@ -10,9 +10,9 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
-use k3_engine::generate::Finish;
-use k3_engine::tokenizer::Tokenizer;
-use k3_engine::toolcall::{Piece, ToolCall, ToolCallReader};
+use k3_generate::Finish;
+use k3_text::tokenizer::Tokenizer;
+use k3_text::toolcall::{Piece, ToolCall, ToolCallReader};
 use serde_json::{Value, json};
 use tokio::sync::mpsc as tmpsc;
 use tokio_stream::StreamExt;
@@ -20,10 +20,10 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::api::{Prepared, finish_reason};
 use crate::error::ApiError;
-use crate::prefix::Scope;
 use crate::reqlog::{RequestLog, Tally};
 use crate::scheduler::{Event, Job, Refused, TokenLogprob};
 use crate::state::AppState;
+use k3_generate::cache::Scope;
 
 /// Which endpoint's shapes a response takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +61,7 @@ pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Res
     // Calls are read whether or not tools may be called: one made when they may not comes back
     // as the text the model wrote.
     let calls = match (s.tok.get(), family) {
-        (Some(tok), Some(family)) => ToolCallReader::new(tok, family),
+        (Some(tok), Some(family)) => ToolCallReader::new(tok, k3_generate::dialect(family)),
         _ => None,
     };
     let calling = p.tools;
@@ -383,7 +383,7 @@ fn unix_now() -> u64 {
 mod tests {
     use super::*;
     use k3_engine::config::Family;
-    use k3_engine::tokenizer::KIMI_PATTERN;
+    use k3_text::tokenizer::KIMI_PATTERN;
 
     /// o200k's ranks with K3's markup as special tokens.
     fn k3_tokenizer() -> Tokenizer {
@@ -405,7 +405,7 @@ mod tests {
             <|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|>\
             <|close|>tools<|sep|><|close|>message<|sep|>";
         let cell = Arc::new(OnceLock::new());
-        let calls = ToolCallReader::new(&tok, Family::KimiK3);
+        let calls = ToolCallReader::new(&tok, k3_generate::dialect(Family::KimiK3));
         let _ = cell.set(tok);
         let tok = cell.get().unwrap();
         let mut r = Reply {

@@ -23,7 +23,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
-use crate::prefix::Scope;
+use k3_generate::cache::Scope;
 
 /// Who may reach the server, and from where.
 #[derive(Debug, Clone, Default)]

@@ -19,7 +19,6 @@ mod masks;
 pub mod metrics;
 pub mod ollama;
 pub mod page;
-pub mod prefix;
 mod preparing;
 pub mod reqlog;
 pub mod routes;
@@ -36,8 +35,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
-use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{EngineOptions, OpenOptions, OwnedEngine};
+use k3_text::tokenizer::Tokenizer;
 
 use crate::boundary::Boundary;
 pub use crate::listen::{Limits, ServeError};
@@ -253,7 +252,7 @@ fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>
         Err(e) => return fail(status, format!("the model at {} did not load: {e}", opts.model.display())),
     };
     // A model without a tokenizer is served token ids in, token ids out (`/v1/completions`).
-    let load_tok = || Tokenizer::from_model(owned.model()).transpose();
+    let load_tok = || k3_generate::model_tokenizer(owned.model()).transpose();
     let (tok, shared_tok) = match (load_tok(), load_tok()) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => return fail(status, format!("the model's tokenizer did not load: {e}")),
@@ -261,11 +260,11 @@ fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>
     let engine = owned.engine();
     // A chat template that fails or runs past its limits is refused here, not at a request.
     if let Some(t) = &tok
-        && let Err(e) = k3_engine::chat::ChatFormat::new(t, engine.config().family).check()
+        && let Err(e) = k3_text::chat::ChatFormat::new(t, k3_generate::dialect(engine.config().family)).check()
     {
         return fail(status, format!("the model's chat template cannot be used: {e}"));
     }
-    let sampling = match k3_engine::generation_config::defaults(owned.model(), true) {
+    let sampling = match k3_generate::generation_config::defaults(owned.model(), true) {
         Ok(s) => s,
         Err(e) => return fail(status, format!("{}: {e}", opts.model.display())),
     };
@@ -296,9 +295,9 @@ fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>
     let _ = state.info.set(info);
     status.ready.store(true, Ordering::SeqCst);
     let mut cache = match &opts.prompt_cache_dir {
-        None => prefix::PrefixCache::new(opts.prefix_cache),
-        Some(dir) => match k3_engine::state_store::StateStore::open(dir, opts.prompt_cache_disk, engine) {
-            Ok(store) => prefix::PrefixCache::with_disk(opts.prefix_cache, store),
+        None => k3_generate::cache::PrefixCache::new(opts.prefix_cache),
+        Some(dir) => match k3_generate::cache::disk::StateStore::open(dir, opts.prompt_cache_disk, engine) {
+            Ok(store) => k3_generate::cache::PrefixCache::with_disk(opts.prefix_cache, store),
             Err(e) => return fail(status, e.to_string()),
         },
     };

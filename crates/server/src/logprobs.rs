@@ -3,7 +3,7 @@
 //! "text_offset"}`. The numbers are the model's own (log-softmax of its logits, before any
 //! sampling setting), as OpenAI and vLLM report them.
 
-use k3_engine::tokenizer::Tokenizer;
+use k3_text::tokenizer::Tokenizer;
 use serde_json::{Map, Value, json};
 
 use crate::scheduler::TokenLogprob;

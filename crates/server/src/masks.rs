@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use k3_engine::generate::{Mask, MaskJob};
+use k3_text::mask::{Mask, MaskJob};
 
 /// Threads computing masks: enough that two costly schemas do not queue behind each other,
 /// few enough not to crowd the forward pass.

@@ -28,7 +28,7 @@ pub struct Metrics {
     pub prefix_bytes: AtomicU64,
     pub prefix_ram_hits: AtomicU64,
     /// The disk tier's counters at the last step.
-    pub disk: std::sync::Mutex<Option<k3_engine::state_store::StoreStats>>,
+    pub disk: std::sync::Mutex<Option<k3_generate::cache::disk::StoreStats>>,
     /// Seconds from a request's arrival to its first token.
     pub ttft: Histogram,
     /// Seconds between a request's consecutive tokens.
@@ -73,7 +73,7 @@ impl Metrics {
         self.step_rows.fetch_add(rows as u64, Ordering::Relaxed);
     }
 
-    pub(crate) fn record_prefix(&self, c: &mut crate::prefix::PrefixCache) {
+    pub(crate) fn record_prefix(&self, c: &mut k3_generate::cache::PrefixCache) {
         self.prefix_lookups.store(c.lookups, Ordering::Relaxed);
         self.prefix_hits.store(c.hits, Ordering::Relaxed);
         self.prefix_tokens_saved.store(c.tokens_saved, Ordering::Relaxed);

@@ -4,21 +4,21 @@
 //! every stream that long), then goes through the tower a block at a time on the scheduler's
 //! thread between steps of the batch (a whole K3 tower is ~20 s on 8 cores; a block is a 27th of
 //! it). An image's share of the in-flight pixel budget is given back once its patches are made.
-//! When the last image is done the prompt is framed ([`k3_engine::media::expand`]) and the job
+//! When the last image is done the prompt is framed ([`k3_generate::media::expand`]) and the job
 //! joins the batch.
 
 use std::sync::mpsc;
 use std::time::Duration;
 
-use k3_engine::generate::Finish;
-use k3_engine::media::PromptImage;
-use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, ImageWork, Inserted};
+use k3_generate::Finish;
+use k3_generate::media::PromptImage;
+use k3_text::tokenizer::Tokenizer;
 use k3_vision::Patches;
 use tokio::sync::mpsc as tmpsc;
 
-use crate::prefix::Scope;
 use crate::scheduler::{Event, Job};
+use k3_generate::cache::Scope;
 
 /// How long a scheduler loop waits for patches still being made before stepping the batch
 /// again (it would spin otherwise when nothing else runs; a step waits at most this).
@@ -138,7 +138,7 @@ fn frame(
     let (Some(tok), Some(placeholder)) = (tok, engine.image_placeholder()) else {
         return Err((job.events, "this model reads no images".into()));
     };
-    let (prompt, inserted) = match k3_engine::media::expand(tok, placeholder, engine.hidden(), &job.prompt, images) {
+    let (prompt, inserted) = match k3_generate::media::expand(tok, placeholder, engine.hidden(), &job.prompt, images) {
         Ok(p) => p,
         Err(e) => return Err((job.events, e.to_string())),
     };

@@ -8,16 +8,16 @@ use axum::body::Bytes;
 use axum::extract::{Extension, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use k3_engine::tokenizer::Tokenizer;
+use k3_text::tokenizer::Tokenizer;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::answer::{self, Kind};
 use crate::api::{ChatRequest, CompletionRequest, Prepared};
 use crate::error::ApiError;
-use crate::prefix::Scope;
 use crate::scheduler::ModelInfo;
 use crate::state::AppState;
+use k3_generate::cache::Scope;
 
 /// `GET /health`: 503 while the model loads (or if it failed to), then 200.
 pub async fn health(State(s): State<AppState>) -> Response {

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use axum::http::StatusCode;
-use k3_engine::tokenizer::Tokenizer;
+use k3_text::tokenizer::Tokenizer;
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;

@@ -12,7 +12,7 @@
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use k3_engine::tokenizer::Tokenizer;
+use k3_text::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;

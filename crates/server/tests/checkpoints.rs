@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use axum::Router;
 use k3_engine::Model;
-use k3_engine::tokenizer::Tokenizer;
 use k3_server::ServerOptions;
 use serde_json::{Value, json};
 
@@ -57,7 +56,7 @@ async fn the_same_request_again_prefills_nothing() {
 #[tokio::test]
 async fn a_new_conversation_with_the_same_system_prompt_resumes_it() {
     let (cached_server, fresh) = servers().await;
-    let tok = Tokenizer::from_model(&Model::open(default_model()).unwrap()).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&Model::open(default_model()).unwrap()).unwrap().unwrap();
     let system_tokens = tok.encode(SYSTEM).len() as u64;
     let first =
         ask(&cached_server, &json!({"messages": system_and("And God said"), "max_tokens": 8, "temperature": 0})).await;

@@ -37,7 +37,7 @@ fn on_disk(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// The file holding a cache directory's naming key (`k3_engine::state_store::owner::KEY_FILE`).
+/// The file holding a cache directory's naming key (`k3_generate::cache::disk::owner::KEY_FILE`).
 const KEY_FILE: &str = "k3state.key";
 
 /// The directory's naming key, copied (files are named by it: a copy of the files without it is
@@ -249,7 +249,7 @@ async fn file_names_do_not_carry_the_api_keys_hash() {
     assert!(names.len() >= 2, "{names:?}");
     // The scope the server computes for a key (`Scope::of_key`): fast and unsalted.
     let raw = format!("{:016x}", xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), 0x6b33_5f73_636f_7065) | 1);
-    assert_eq!(raw, format!("{:016x}", k3_server::prefix::Scope::of_key(key).0));
+    assert_eq!(raw, format!("{:016x}", k3_generate::cache::Scope::of_key(key).0));
     assert!(names.iter().all(|n| !n.contains(&raw)), "{raw} in {names:?}");
 }
 

@@ -54,7 +54,7 @@ fn completion(extra: Value) -> Value {
 /// The tokens a completion's logprobs name, against the reference's ids spelled out.
 fn assert_tokens(v: &Value, want: &[(u32, Vec<f32>)]) {
     let model = Model::open(default_model()).unwrap();
-    let tok = k3_engine::tokenizer::Tokenizer::from_model(&model).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&model).unwrap().unwrap();
     let got = v["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
     assert!(!got.is_empty(), "{v}");
     for (k, t) in got.iter().enumerate() {

@@ -8,11 +8,10 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use k3_engine::chat::{ChatFormat, Message, Role};
-use k3_engine::generate::{GenerateParams, Generator};
-use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, Model};
+use k3_generate::{GenerateParams, Generator};
 use k3_server::{ServerOptions, app};
+use k3_text::chat::{ChatFormat, Message, Role};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -32,8 +31,8 @@ fn chat_body(user: &str, max_tokens: u64) -> Value {
 fn alone(user: &str, max_tokens: u64) -> String {
     let model = Model::open(default_model()).unwrap();
     let engine = Engine::load(&model).unwrap();
-    let tok = Tokenizer::from_model(&model).unwrap().unwrap();
-    let format = ChatFormat::new(&tok, engine.config().family);
+    let tok = k3_generate::model_tokenizer(&model).unwrap().unwrap();
+    let format = ChatFormat::new(&tok, k3_generate::dialect(engine.config().family));
     let prompt = format.prompt(&[Message::new(Role::User, user)], false).unwrap();
     let end = format.end_of_turn().unwrap();
     let stop_ids: Vec<u32> =
@@ -299,7 +298,7 @@ async fn a_client_that_leaves_mid_stream_frees_its_slot() {
 #[tokio::test]
 async fn markup_in_content_stays_text() {
     let m = Model::open(default_model()).unwrap();
-    let tok = Tokenizer::from_model(&m).unwrap().unwrap();
+    let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
     let info = k3_server::scheduler::ModelInfo {
         id: "default".into(),
         family: k3_engine::config::Family::KimiLinear,
@@ -310,7 +309,7 @@ async fn markup_in_content_stays_text() {
         eos: vec![],
         sees: false,
         max_token_bytes: 16,
-        sampling: k3_engine::generation_config::fallback(true),
+        sampling: k3_generate::generation_config::fallback(true),
         about: Default::default(),
     };
     let end = tok.special("<|im_end|>").unwrap();
@@ -372,7 +371,7 @@ async fn a_json_object_answer_is_json() {
                 assert!(parsed.is_object(), "{content}");
             }
             _ => {
-                let mut p = k3_engine::json_prefix::JsonPrefix::default();
+                let mut p = k3_text::json_prefix::JsonPrefix::default();
                 assert!(p.push_str(content) && !p.complete(), "the start of an object: {content}");
             }
         }

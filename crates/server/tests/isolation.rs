@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-use k3_engine::generate::GenerateParams;
 use k3_engine::{Engine, Model};
+use k3_generate::GenerateParams;
+use k3_generate::cache::PrefixCache;
+use k3_generate::cache::Scope;
 use k3_server::metrics::Metrics;
-use k3_server::prefix::PrefixCache;
-use k3_server::prefix::Scope;
 use k3_server::scheduler::{self, Event, Job, Status};
 use tokio::sync::mpsc as tmpsc;
 

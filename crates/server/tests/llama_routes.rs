@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use k3_engine::Model;
-use k3_engine::tokenizer::Tokenizer;
 use k3_server::ServerOptions;
+use k3_text::tokenizer::Tokenizer;
 use serde_json::json;
 
 mod common;
@@ -20,7 +20,7 @@ fn default_model() -> PathBuf {
 }
 
 fn tokenizer() -> Tokenizer {
-    Tokenizer::from_model(&Model::open(default_model()).unwrap()).unwrap().unwrap()
+    k3_generate::model_tokenizer(&Model::open(default_model()).unwrap()).unwrap().unwrap()
 }
 
 #[tokio::test]

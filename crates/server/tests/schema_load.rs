@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::http::StatusCode;
 use http_body_util::BodyExt;
-use k3_engine::json_schema::{JsonSchema, SchemaLimits};
 use k3_server::ServerOptions;
+use k3_text::json_schema::{JsonSchema, SchemaLimits};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 

@@ -13,15 +13,13 @@
 //! All are checked against Python jinja2 renderings of the releases' own chat templates
 //! (fixtures/chat/).
 
-mod im;
-mod json;
+pub(crate) mod json;
 mod template;
-mod xtml;
 
 pub use json::{object_entries, python_json, sorted_json};
 pub use template::{LIMITS as TEMPLATE_LIMITS, Limits as TemplateLimits};
 
-use crate::config::Family;
+use crate::Dialect;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +65,7 @@ pub struct Message {
     /// A tool result: the id of the call it answers.
     pub tool_call_id: Option<String>,
     /// Images in a user or system turn: where each sits in `content` (byte offsets, ascending;
-    /// K3 writes the image placeholder there, [`crate::media`] expands it).
+    /// K3 writes the image placeholder there, `k3_generate::media` expands it).
     pub images: Vec<usize>,
 }
 
@@ -130,7 +128,7 @@ pub enum ChatError {
 }
 
 impl ChatError {
-    fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
         ChatError::Invalid { what: what.into(), reason: reason.into() }
     }
 }
@@ -138,26 +136,26 @@ impl ChatError {
 /// Builds token sequences for one model family.
 #[derive(Debug)]
 pub struct ChatFormat<'t> {
-    tok: &'t Tokenizer,
-    family: Family,
+    pub(crate) tok: &'t Tokenizer,
+    pub(crate) dialect: Dialect,
     /// K2 / DeepSeek-V3: the model's own template, when it ships one (else K2's `im_` turns).
     template: Option<Result<template::Template, String>>,
 }
 
 impl<'t> ChatFormat<'t> {
-    pub fn new(tok: &'t Tokenizer, family: Family) -> Self {
-        Self::with_limits(tok, family, TEMPLATE_LIMITS)
+    pub fn new(tok: &'t Tokenizer, dialect: Dialect) -> Self {
+        Self::with_limits(tok, dialect, TEMPLATE_LIMITS)
     }
 
     /// As [`new`](Self::new), the model's template run within `limits`.
-    pub fn with_limits(tok: &'t Tokenizer, family: Family, limits: TemplateLimits) -> Self {
-        let template = match (family, tok.chat_template()) {
-            (Family::DeepseekV3, Some(source)) => {
+    pub fn with_limits(tok: &'t Tokenizer, dialect: Dialect, limits: TemplateLimits) -> Self {
+        let template = match (dialect, tok.chat_template()) {
+            (Dialect::Template, Some(source)) => {
                 Some(template::Template::with_limits(source, limits).map_err(|e| e.to_string()))
             }
             _ => None,
         };
-        ChatFormat { tok, family, template }
+        ChatFormat { tok, dialect, template }
     }
 
     /// Renders a probe conversation (a system turn, tools declared, a user turn, an assistant
@@ -196,7 +194,7 @@ impl<'t> ChatFormat<'t> {
         self.template.as_ref().map(|t| t.as_ref().map_err(|e| ChatError::invalid("chat_template", e.clone())))
     }
 
-    fn special(&self, name: &str) -> Result<u32, TokenizerError> {
+    pub(crate) fn special(&self, name: &str) -> Result<u32, TokenizerError> {
         self.tok.special(name).ok_or_else(|| TokenizerError::Config {
             file: "tokenizer_config.json".into(),
             reason: format!("the chat format needs the special token `{name}`, which the tokenizer does not have"),
@@ -217,9 +215,9 @@ impl<'t> ChatFormat<'t> {
         if let Some(t) = self.template() {
             return t?.render(self.tok, messages, o, true);
         }
-        match self.family {
-            Family::KimiK3 => self.xtml_prompt(messages, o),
-            Family::KimiLinear | Family::DeepseekV3 => self.im_prompt(messages, o),
+        match self.dialect {
+            Dialect::Xtml => self.xtml_prompt(messages, o),
+            Dialect::Im | Dialect::Template => self.im_prompt(messages, o),
         }
     }
 
@@ -259,9 +257,9 @@ impl<'t> ChatFormat<'t> {
 
     /// What opens the assistant's turn.
     pub fn generation_prompt(&self, think: bool) -> Result<Vec<u32>, TokenizerError> {
-        match self.family {
-            Family::KimiK3 => self.xtml_generation_prompt(think),
-            Family::KimiLinear | Family::DeepseekV3 => self.im_generation_prompt(),
+        match self.dialect {
+            Dialect::Xtml => self.xtml_generation_prompt(think),
+            Dialect::Im | Dialect::Template => self.im_generation_prompt(),
         }
     }
 
@@ -269,9 +267,9 @@ impl<'t> ChatFormat<'t> {
     /// use [`prompt_with`](Self::prompt_with)).
     pub fn turn(&self, m: &Message, think: bool) -> Result<Vec<u32>, ChatError> {
         self.check_images(std::slice::from_ref(m))?;
-        match self.family {
-            Family::KimiK3 => self.xtml_turn(m, think),
-            Family::KimiLinear | Family::DeepseekV3 => self.im_turn(m, &mut im::Numbering::default()),
+        match self.dialect {
+            Dialect::Xtml => self.xtml_turn(m, think),
+            Dialect::Im | Dialect::Template => self.im_turn(m, &mut crate::im::render::Numbering::default()),
         }
     }
 
@@ -280,7 +278,7 @@ impl<'t> ChatFormat<'t> {
     fn check_images(&self, messages: &[Message]) -> Result<(), ChatError> {
         for (i, m) in messages.iter().enumerate().filter(|(_, m)| !m.images.is_empty()) {
             let what = format!("messages[{i}]");
-            if self.family != Family::KimiK3 {
+            if self.dialect != Dialect::Xtml {
                 return Err(ChatError::invalid(what, "this model's chat format has no place for images"));
             }
             if !matches!(m.role, Role::User | Role::System) {
@@ -296,9 +294,9 @@ impl<'t> ChatFormat<'t> {
 
     /// The id that ends the assistant's turn.
     pub fn end_of_turn(&self) -> Result<u32, TokenizerError> {
-        match self.family {
-            Family::KimiK3 => self.special("<|end_of_msg|>"),
-            Family::KimiLinear | Family::DeepseekV3 => self.special("<|im_end|>"),
+        match self.dialect {
+            Dialect::Xtml => self.special("<|end_of_msg|>"),
+            Dialect::Im | Dialect::Template => self.special("<|im_end|>"),
         }
     }
 }

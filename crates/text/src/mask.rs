@@ -13,7 +13,7 @@ use crate::json_schema::SchemaPrefix;
 
 /// What an answer is checked against, character by character.
 #[derive(Debug, Clone)]
-pub(super) enum Shape {
+pub enum Shape {
     Object(JsonPrefix),
     Schema(Box<SchemaPrefix>),
 }
@@ -27,14 +27,14 @@ impl Shape {
         }
     }
 
-    pub(super) fn push_str(&mut self, s: &str) -> bool {
+    pub fn push_str(&mut self, s: &str) -> bool {
         match self {
             Shape::Object(p) => p.push_str(s),
             Shape::Schema(p) => p.push_str(s),
         }
     }
 
-    pub(super) fn complete(&self) -> bool {
+    pub fn complete(&self) -> bool {
         match self {
             Shape::Object(p) => p.complete(),
             Shape::Schema(p) => p.complete(),
@@ -142,8 +142,8 @@ impl TokenTrie {
 /// `produced()` count was `at` (a mask is used only at the point it was made for).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mask {
-    pub(super) at: u64,
-    pub(super) allowed: Vec<bool>,
+    pub at: u64,
+    pub allowed: Vec<bool>,
 }
 
 impl Mask {
@@ -161,11 +161,11 @@ impl Mask {
 /// Everything one mask needs, owned: it may run on any thread ([`run`](Self::run)).
 #[derive(Debug, Clone)]
 pub struct MaskJob {
-    pub(super) shape: Shape,
-    pub(super) trie: Arc<TokenTrie>,
+    pub shape: Shape,
+    pub trie: Arc<TokenTrie>,
     /// Ids allowed whatever their text (the marker that ends a whole strict call).
-    pub(super) keep: Vec<u32>,
-    pub(super) at: u64,
+    pub keep: Vec<u32>,
+    pub at: u64,
 }
 
 impl MaskJob {
@@ -252,7 +252,7 @@ mod tests {
     fn default_tokenizer() -> crate::tokenizer::Tokenizer {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/default.waste");
         let model = k3_format::Model::open(path).unwrap();
-        crate::tokenizer::Tokenizer::from_model(&model).unwrap().unwrap()
+        crate::tokenizer::Tokenizer::from_files(|n| model.blob(n)).unwrap().unwrap()
     }
 
     /// Today's algorithm before the trie: one check per token.

@@ -12,13 +12,12 @@
 
 use std::sync::Arc;
 
-use crate::EngineError;
-use crate::config::Family;
+use crate::Dialect;
 use crate::json_schema::{JsonSchema, SchemaPrefix};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]
-enum State {
+pub(crate) enum State {
     Outside,
     /// `im_`: the call's id so far (`functions.NAME:IDX`); XTML: a tag's text so far.
     Collecting(String),
@@ -30,7 +29,7 @@ enum State {
 
 /// The markup's tokens.
 #[derive(Debug, Clone)]
-enum Markup {
+pub(crate) enum Markup {
     /// `<|tool_call_begin|>`, `<|tool_call_argument_begin|>`, `<|tool_call_end|>`.
     Im([u32; 3]),
     Xtml {
@@ -43,30 +42,33 @@ enum Markup {
     },
 }
 
+/// Strict tools were declared but the tokenizer lacks a marker their calls are written with.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("strict tools need the `{0}` marker, which this model's tokenizer lacks")]
+pub struct MissingMarker(pub String);
+
+/// Holds strict functions' arguments to their schemas as calls are written: the markup's own
+/// steps are in the dialects' modules (`im/strict.rs`, `xtml/strict.rs`).
 #[derive(Debug, Clone)]
-pub(super) struct StrictCalls {
+pub struct StrictCalls {
     schemas: Vec<(String, Arc<JsonSchema>)>,
-    markup: Markup,
-    state: State,
+    pub(crate) markup: Markup,
+    pub(crate) state: State,
     /// Tokens still to come that the decoder writes for the model (not the model's).
-    skip: usize,
+    pub(crate) skip: usize,
 }
 
 impl StrictCalls {
     /// `None` without strict tools; the markup is the tokenizer's (`im_` markers, else K3's); an
     /// error when it has neither.
-    pub(super) fn new(tok: &Tokenizer, schemas: &[(String, Arc<JsonSchema>)]) -> Result<Option<Self>, EngineError> {
+    pub fn new(tok: &Tokenizer, schemas: &[(String, Arc<JsonSchema>)]) -> Result<Option<Self>, MissingMarker> {
         if schemas.is_empty() {
             return Ok(None);
         }
-        let m = |name: &str| {
-            tok.special(name).ok_or_else(|| {
-                EngineError::Input(format!("strict tools need the `{name}` marker, which this model's tokenizer lacks"))
-            })
-        };
-        let family = if tok.special("<|tool_call_begin|>").is_some() { Family::KimiLinear } else { Family::KimiK3 };
-        let markup = match family {
-            Family::KimiK3 => {
+        let m = |name: &str| tok.special(name).ok_or_else(|| MissingMarker(name.to_string()));
+        let dialect = if tok.special("<|tool_call_begin|>").is_some() { Dialect::Im } else { Dialect::Xtml };
+        let markup = match dialect {
+            Dialect::Xtml => {
                 let (open, close, sep) = (m("<|open|>")?, m("<|close|>")?, m("<|sep|>")?);
                 let mut json_open = vec![open];
                 json_open.extend(tok.encode("json type=\"object\""));
@@ -78,7 +80,7 @@ impl StrictCalls {
                 json_close.push(sep);
                 Markup::Xtml { open, sep, json_open, json_close }
             }
-            Family::KimiLinear | Family::DeepseekV3 => {
+            Dialect::Im | Dialect::Template => {
                 Markup::Im([m("<|tool_call_begin|>")?, m("<|tool_call_argument_begin|>")?, m("<|tool_call_end|>")?])
             }
         };
@@ -87,7 +89,7 @@ impl StrictCalls {
 
     /// Inside a strict call's arguments: what they are checked against, and the id allowed once
     /// they are whole (`im_`'s end marker; XTML closes the call itself).
-    pub(super) fn active(&self) -> Option<(&SchemaPrefix, Option<u32>)> {
+    pub fn active(&self) -> Option<(&SchemaPrefix, Option<u32>)> {
         match (&self.state, &self.markup) {
             (State::Arguments(p), Markup::Im([_, _, end])) => Some((p, Some(*end))),
             (State::Arguments(p), Markup::Xtml { .. }) if self.skip == 0 => Some((p, None)),
@@ -95,13 +97,13 @@ impl StrictCalls {
         }
     }
 
-    fn schema(&self, name: &str) -> Option<&Arc<JsonSchema>> {
+    pub(crate) fn schema(&self, name: &str) -> Option<&Arc<JsonSchema>> {
         self.schemas.iter().find(|(n, _)| n == name).map(|(_, s)| s)
     }
 
     /// Token `id` (text `text`, empty for markers) was written; returns the tokens to write for
     /// the model next.
-    pub(super) fn observe(&mut self, id: u32, text: &str) -> Vec<u32> {
+    pub fn observe(&mut self, id: u32, text: &str) -> Vec<u32> {
         if self.skip > 0 {
             self.skip -= 1;
             return Vec::new();
@@ -113,70 +115,6 @@ impl StrictCalls {
             }
             Markup::Xtml { .. } => self.xtml(id, text),
         }
-    }
-
-    fn im(&mut self, id: u32, text: &str, [begin, arguments, end]: [u32; 3]) {
-        self.state = match std::mem::replace(&mut self.state, State::Outside) {
-            _ if id == begin => State::Collecting(String::new()),
-            State::Collecting(name) if id == arguments => {
-                let name = crate::toolcall::im::name_of(name.trim()).unwrap_or_default();
-                match self.schema(name) {
-                    Some(schema) => State::Arguments(Box::new(schema.prefix())),
-                    None => State::Free,
-                }
-            }
-            State::Collecting(mut name) => {
-                name.push_str(text);
-                State::Collecting(name)
-            }
-            State::Arguments(mut p) if id != end => {
-                p.push_str(text);
-                State::Arguments(p)
-            }
-            State::Free if id != end => State::Free,
-            _ => State::Outside,
-        };
-    }
-
-    /// K3's `json` opening (or `closing`) markup, to write for the model: its tokens are skipped
-    /// as they come back through [`observe`](Self::observe).
-    fn forced(&mut self, closing: bool) -> Vec<u32> {
-        let Markup::Xtml { json_open, json_close, .. } = &self.markup else { return Vec::new() };
-        let ids = if closing { json_close.clone() } else { json_open.clone() };
-        self.skip = ids.len();
-        ids
-    }
-
-    /// K3's markup; returns the tokens to write for the model (cloned only when there are some).
-    fn xtml(&mut self, id: u32, text: &str) -> Vec<u32> {
-        let Markup::Xtml { open, sep, .. } = self.markup else { return Vec::new() };
-        match std::mem::replace(&mut self.state, State::Outside) {
-            State::Arguments(mut p) => {
-                p.push_str(text);
-                if p.complete() {
-                    // The object is whole: the json element and the call are closed for it.
-                    return self.forced(true);
-                }
-                self.state = State::Arguments(p);
-            }
-            _ if id == open => self.state = State::Collecting(String::new()),
-            State::Collecting(tag) if id == sep => {
-                let strict = crate::toolcall::xtml::parse_tag(&tag)
-                    .filter(|(name, _)| *name == "call")
-                    .and_then(|(_, attrs)| attrs.into_iter().find(|(k, _)| k == "tool").map(|(_, v)| v))
-                    .and_then(|tool| self.schema(&tool).cloned());
-                if let Some(schema) = strict {
-                    self.state = State::Arguments(Box::new(schema.prefix()));
-                    return self.forced(false);
-                }
-            }
-            State::Collecting(mut tag) => {
-                tag.push_str(text);
-                self.state = State::Collecting(tag);
-            }
-            _ => {}
-        }
-        Vec::new()
     }
 }
 
@@ -201,7 +139,7 @@ mod tests {
             Arc::new(JsonSchema::compile(&schema, &crate::json_schema::SchemaLimits::new(4096, 16)).unwrap()),
         )];
         let mut strict = StrictCalls::new(&tok, &schemas).unwrap().unwrap();
-        let mut reader = ToolCallReader::new(&tok, Family::KimiK3).unwrap();
+        let mut reader = ToolCallReader::new(&tok, Dialect::Xtml).unwrap();
         let mut pieces = Vec::new();
         let mut write = |ids: &[u32], strict: &mut StrictCalls, pieces: &mut Vec<Piece>| -> Vec<u32> {
             let mut forced = Vec::new();

@@ -58,7 +58,7 @@ pub struct Tokenizer {
     /// computed when first asked for.
     texts: std::sync::OnceLock<Vec<Option<String>>>,
     /// Those texts as a trie, for constrained answers' masks, built when first asked for.
-    trie: std::sync::OnceLock<std::sync::Arc<crate::generate::TokenTrie>>,
+    trie: std::sync::OnceLock<std::sync::Arc<crate::mask::TokenTrie>>,
     /// The model's own Jinja chat template, when it ships one.
     chat_template: Option<String>,
 }
@@ -166,12 +166,6 @@ impl Tokenizer {
         Ok(Tokenizer::with(bpe, specials, vocab))
     }
 
-    /// The tokenizer a WASTE model embeds (`tiktoken.model` with `tokenizer_config.json`, or a
-    /// Hugging Face `tokenizer.json`); `None` when it embeds neither.
-    pub fn from_model(m: &k3_format::Model) -> Option<Result<Tokenizer, TokenizerError>> {
-        Tokenizer::from_files(|name| m.blob(name))
-    }
-
     /// The tokenizer (and chat template) among a model's files, as `file(name)` gives them:
     /// `tiktoken.model` with `tokenizer_config.json`, else `tokenizer.json`; `None` when there
     /// is neither.
@@ -237,8 +231,8 @@ impl Tokenizer {
     }
 
     /// [`token_texts`](Self::token_texts) as a trie (built once, shared by every mask).
-    pub fn token_trie(&self) -> std::sync::Arc<crate::generate::TokenTrie> {
-        self.trie.get_or_init(|| std::sync::Arc::new(crate::generate::TokenTrie::new(self.token_texts()))).clone()
+    pub fn token_trie(&self) -> std::sync::Arc<crate::mask::TokenTrie> {
+        self.trie.get_or_init(|| std::sync::Arc::new(crate::mask::TokenTrie::new(self.token_texts()))).clone()
     }
 
     pub fn special(&self, name: &str) -> Option<u32> {
@@ -318,9 +312,10 @@ impl StreamDecoder {
     }
 }
 
-/// For the crate's unit tests: o200k's ranks with K3's chat markers as special tokens.
-#[cfg(test)]
-pub(crate) fn k3_test_tokenizer() -> Tokenizer {
+/// For tests (this crate's and `k3-generate`'s): o200k's ranks, read from the repository's
+/// fixtures, with K3's chat markers as special tokens.
+#[doc(hidden)]
+pub fn k3_test_tokenizer() -> Tokenizer {
     let ranks = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/tokenizer/o200k_base.tiktoken"))
         .expect("the tokenizer fixture");
     let names = ["<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>"];

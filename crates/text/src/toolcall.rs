@@ -4,11 +4,10 @@
 //! writes the characters `<|tool_call_begin|>` or `<|open|>` wrote text); markup that is
 //! malformed or cut off ends as the text it was, never as an error.
 
-pub(crate) mod im;
-pub(crate) mod xtml;
-
-use crate::config::Family;
+use crate::Dialect;
+use crate::im::calls::ImReader;
 use crate::tokenizer::Tokenizer;
+use crate::xtml::calls::XtmlReader;
 
 /// One call the model made.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,17 +31,17 @@ pub enum Piece {
 /// Reads tool calls out of a reply's tokens.
 #[derive(Debug, Clone)]
 pub enum ToolCallReader {
-    Im(im::ImReader),
-    Xtml(xtml::XtmlReader),
+    Im(ImReader),
+    Xtml(XtmlReader),
 }
 
 impl ToolCallReader {
     /// A reader for `family`'s markup; `None` when `tok` lacks the markers (the model cannot call
     /// tools).
-    pub fn new(tok: &Tokenizer, family: Family) -> Option<Self> {
-        match family {
-            Family::KimiK3 => xtml::XtmlReader::new(tok).map(ToolCallReader::Xtml),
-            Family::KimiLinear | Family::DeepseekV3 => im::ImReader::new(tok).map(ToolCallReader::Im),
+    pub fn new(tok: &Tokenizer, dialect: Dialect) -> Option<Self> {
+        match dialect {
+            Dialect::Xtml => XtmlReader::new(tok).map(ToolCallReader::Xtml),
+            Dialect::Im | Dialect::Template => ImReader::new(tok).map(ToolCallReader::Im),
         }
     }
 

@@ -5,16 +5,16 @@ mod common;
 use std::path::Path;
 
 use common::kimi_tokenizer as tokenizer;
-use k3_engine::chat::{Call, ChatFormat, Message, PromptOptions, Role, ToolChoice, python_json};
-use k3_engine::config::Family;
-use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
+use k3_text::Dialect;
+use k3_text::chat::{Call, ChatFormat, Message, PromptOptions, Role, ToolChoice, python_json};
+use k3_text::tokenizer::{KIMI_PATTERN, Tokenizer};
 
 #[test]
 fn k3_xtml_turns_and_generation_prompt() {
     let tok = tokenizer();
     let sp = |n: &str| tok.special(n).unwrap();
     let e = |s: &str| tok.encode(s);
-    let f = ChatFormat::new(&tok, Family::KimiK3);
+    let f = ChatFormat::new(&tok, Dialect::Xtml);
     let msgs = [Message::new(Role::System, "Be brief."), Message::new(Role::User, "Hi")];
     let got = f.prompt(&msgs, true).unwrap();
     let mut want = Vec::new();
@@ -49,7 +49,7 @@ fn k3_xtml_turns_and_generation_prompt() {
 #[test]
 fn k3_prior_assistant_turns_wrap_think_and_response() {
     let tok = tokenizer();
-    let f = ChatFormat::new(&tok, Family::KimiK3);
+    let f = ChatFormat::new(&tok, Dialect::Xtml);
     let mut a = Message::new(Role::Assistant, "Hello!");
     a.thinking = Some("greet".into());
     let conversation = [Message::new(Role::User, "Hi"), a];
@@ -72,7 +72,7 @@ fn k3_prior_assistant_turns_wrap_think_and_response() {
 #[test]
 fn kimi_linear_im_format() {
     let tok = tokenizer();
-    let f = ChatFormat::new(&tok, Family::KimiLinear);
+    let f = ChatFormat::new(&tok, Dialect::Im);
     let ids = f.prompt(&[Message::new(Role::User, "Hi")], false).unwrap();
     let text = String::from_utf8_lossy(&tok.decode_bytes(&ids).unwrap()).into_owned();
     assert_eq!(text, "<|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|>");
@@ -85,7 +85,7 @@ fn a_tokenizer_without_the_markers_is_a_clear_error() {
         std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizer/o200k_base.tiktoken"))
             .unwrap();
     let tok = Tokenizer::from_tiktoken(&ranks, None, KIMI_PATTERN).unwrap();
-    let e = ChatFormat::new(&tok, Family::KimiK3).prompt(&[], true).unwrap_err().to_string();
+    let e = ChatFormat::new(&tok, Dialect::Xtml).prompt(&[], true).unwrap_err().to_string();
     assert!(e.contains("<|open|>"), "{e}");
 }
 
@@ -140,7 +140,7 @@ fn cases(file: &str) -> Vec<serde_json::Value> {
 #[test]
 fn tool_turns_render_as_kimis_template_renders_them() {
     let tok = tokenizer();
-    let f = ChatFormat::new(&tok, Family::KimiLinear);
+    let f = ChatFormat::new(&tok, Dialect::Im);
     for (i, c) in cases("k2-tools.json").iter().enumerate() {
         let options = PromptOptions { tools: c["tools_text"].as_str(), ..PromptOptions::default() };
         let ids = f.prompt_with(&messages_of(c), &options).unwrap();
@@ -158,7 +158,7 @@ fn tool_turns_render_as_kimis_template_renders_them() {
 #[test]
 fn k3_tool_turns_render_as_k3s_template_renders_them() {
     let tok = tokenizer();
-    let f = ChatFormat::new(&tok, Family::KimiK3);
+    let f = ChatFormat::new(&tok, Dialect::Xtml);
     for (i, c) in cases("k3-tools.json").iter().enumerate() {
         let tools = serde_json::to_string(&c["tools"]).unwrap();
         let o = &c["options"];
@@ -205,7 +205,7 @@ fn k2_templates_render_as_jinja2_renders_them() {
         )
         .unwrap();
         let tok = tokenizer().with_chat_template(Some(source));
-        let f = ChatFormat::new(&tok, Family::DeepseekV3);
+        let f = ChatFormat::new(&tok, Dialect::Template);
         for (i, c) in all.iter().enumerate().filter(|(_, c)| c["template"] == name) {
             let options = PromptOptions { tools: c["tools_text"].as_str(), ..PromptOptions::default() };
             let ids = f.prompt_with(&messages_of(c), &options).unwrap();
@@ -244,7 +244,7 @@ fn k2_templates_render_as_jinja2_renders_them() {
     )
     .unwrap();
     let tok = tokenizer().with_chat_template(Some(source));
-    let f = ChatFormat::new(&tok, Family::DeepseekV3);
+    let f = ChatFormat::new(&tok, Dialect::Template);
     let bad = r#"[{"type":"function","function":{"name":"x","description":"<|im_end|>"}}]"#;
     let e = f.prompt_with(
         &[Message::new(Role::User, "hi")],
@@ -253,6 +253,6 @@ fn k2_templates_render_as_jinja2_renders_them() {
     assert!(e.unwrap_err().to_string().contains("<|im_end|>"));
     // A template that does not parse is a clear error when used.
     let tok = tokenizer().with_chat_template(Some("{% if %}".into()));
-    let e = ChatFormat::new(&tok, Family::DeepseekV3).prompt(&[Message::new(Role::User, "hi")], false).unwrap_err();
+    let e = ChatFormat::new(&tok, Dialect::Template).prompt(&[Message::new(Role::User, "hi")], false).unwrap_err();
     assert!(e.to_string().contains("chat template"), "{e}");
 }

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use k3_engine::json_schema::{JsonSchema, SchemaError, SchemaLimits};
+use k3_text::json_schema::{JsonSchema, SchemaError, SchemaLimits};
 use serde_json::{Map, Value, json};
 
 /// A 128K context of tokens of at most 16 bytes: room for any reasonable answer.

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::kimi_tokenizer;
-use k3_engine::chat::{ChatFormat, Message, Role, TEMPLATE_LIMITS, TemplateLimits};
-use k3_engine::config::Family;
+use k3_text::Dialect;
+use k3_text::chat::{ChatFormat, Message, Role, TEMPLATE_LIMITS, TemplateLimits};
 
 fn release(name: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/chat/templates").join(name))
@@ -25,7 +25,7 @@ fn the_releases_templates_pass_the_probe_with_a_hundredth_of_the_limits() {
     };
     for name in ["Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja"] {
         let tok = kimi_tokenizer().with_chat_template(Some(release(name)));
-        ChatFormat::with_limits(&tok, Family::DeepseekV3, small).check().unwrap_or_else(|e| panic!("{name}: {e}"));
+        ChatFormat::with_limits(&tok, Dialect::Template, small).check().unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
 
@@ -33,10 +33,10 @@ fn the_releases_templates_pass_the_probe_with_a_hundredth_of_the_limits() {
 fn hostile(source: &str) -> String {
     let tok = kimi_tokenizer().with_chat_template(Some(source.to_string()));
     let t = Instant::now();
-    let err = ChatFormat::new(&tok, Family::DeepseekV3).check().expect_err(source).to_string();
+    let err = ChatFormat::new(&tok, Dialect::Template).check().expect_err(source).to_string();
     assert!(t.elapsed() < Duration::from_secs(60), "{source}: took {:?}", t.elapsed());
     // The same from a request's rendering, not only the probe's.
-    let f = ChatFormat::new(&tok, Family::DeepseekV3);
+    let f = ChatFormat::new(&tok, Dialect::Template);
     assert!(f.prompt(&[Message::new(Role::User, "hi")], false).is_err(), "{source}");
     err
 }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use k3_engine::tokenizer::{KIMI_PATTERN, StreamDecoder, Tokenizer};
+use k3_text::tokenizer::{KIMI_PATTERN, StreamDecoder, Tokenizer};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizer")
@@ -100,7 +100,7 @@ fn a_hugging_face_tokenizer_json_loads_through_the_tokenizers_crate() {
 #[test]
 fn hugging_face_special_tokens_are_single_ids_only_when_asked() {
     let model = k3_format::Model::open(dir().join("../default.waste")).unwrap();
-    let tok = Tokenizer::from_model(&model).unwrap().unwrap();
+    let tok = Tokenizer::from_files(|n| model.blob(n)).unwrap().unwrap();
     let end = tok.special("<|im_end|>").expect("the default model's end of turn");
     assert!(!tok.encode("a<|im_end|>b").contains(&end), "as plain text it is ordinary tokens");
     assert!(tok.encode_with_specials("a<|im_end|>b").contains(&end));

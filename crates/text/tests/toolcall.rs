@@ -4,17 +4,17 @@
 mod common;
 
 use common::kimi_tokenizer as tokenizer;
-use k3_engine::config::Family;
-use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
-use k3_engine::toolcall::{Piece, ToolCall, ToolCallReader};
+use k3_text::Dialect;
+use k3_text::tokenizer::{KIMI_PATTERN, Tokenizer};
+use k3_text::toolcall::{Piece, ToolCall, ToolCallReader};
 
 /// Feeds `reply` (markup as special tokens) token by token: the pieces, text runs merged.
 fn read(tok: &Tokenizer, reply: &str) -> Vec<Piece> {
-    read_as(tok, reply, Family::KimiLinear)
+    read_as(tok, reply, Dialect::Im)
 }
 
-fn read_as(tok: &Tokenizer, reply: &str, family: Family) -> Vec<Piece> {
-    let mut r = ToolCallReader::new(tok, family).unwrap();
+fn read_as(tok: &Tokenizer, reply: &str, dialect: Dialect) -> Vec<Piece> {
+    let mut r = ToolCallReader::new(tok, dialect).unwrap();
     let mut out: Vec<Piece> = Vec::new();
     let ids = tok.encode_with_specials(reply);
     let pieces = ids.iter().flat_map(|&id| {
@@ -49,7 +49,7 @@ fn calls_come_out_whole_and_text_streams_around_them() {
         ]
     );
     // The same characters as ordinary tokens (a model spelling the markup out) are text.
-    let mut r = ToolCallReader::new(&tok, Family::KimiLinear).unwrap();
+    let mut r = ToolCallReader::new(&tok, Dialect::Im).unwrap();
     let mut shown = String::new();
     for id in tok.encode(reply) {
         let raw = tok.decode_bytes(&[id]).unwrap();
@@ -60,7 +60,7 @@ fn calls_come_out_whole_and_text_streams_around_them() {
     }
     assert_eq!(shown, reply);
     assert_eq!(
-        ToolCallReader::new(&Tokenizer::from_tiktoken(b"IQ== 0\n", None, KIMI_PATTERN).unwrap(), Family::KimiLinear)
+        ToolCallReader::new(&Tokenizer::from_tiktoken(b"IQ== 0\n", None, KIMI_PATTERN).unwrap(), Dialect::Im)
             .map(|_| ()),
         None
     );
@@ -103,7 +103,7 @@ fn k3_calls_are_read_from_the_markup_k3s_template_writes() {
     let rendered = cases[1]["rendered"].as_str().unwrap();
     let reply = &rendered[rendered.find("<|open|>response<|sep|>").unwrap() + "<|open|>response<|sep|>".len()..];
     let reply = &reply[..reply.find("<|end_of_msg|>").unwrap()];
-    let pieces = read_as(&tok, reply, Family::KimiK3);
+    let pieces = read_as(&tok, reply, Dialect::Xtml);
     let want = cases[1]["messages"][1]["tool_calls"].as_array().unwrap();
     let calls: Vec<_> = pieces.iter().filter_map(|p| if let Piece::Call(c) = p { Some(c) } else { None }).collect();
     assert_eq!(calls.len(), want.len(), "{pieces:?}");
@@ -134,7 +134,7 @@ fn k3_malformed_or_cut_off_calls_end_as_text() {
         // A call without a tool.
         "<|open|>tools<|sep|><|open|>call index=\"1\"<|sep|><|close|>call<|sep|>".to_string(),
     ] {
-        let pieces = read_as(&tok, &bad, Family::KimiK3);
+        let pieces = read_as(&tok, &bad, Dialect::Xtml);
         assert!(
             matches!(pieces.as_slice(), [Piece::Text(t)] if bad.starts_with(t.as_str()) && t.len() > 20),
             "{bad}: {pieces:?}"
@@ -142,7 +142,7 @@ fn k3_malformed_or_cut_off_calls_end_as_text() {
     }
     // The markup's characters as ordinary tokens are text, never a call.
     let spelled = "<|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|close|>call<|sep|>";
-    let mut r = ToolCallReader::new(&tok, Family::KimiK3).unwrap();
+    let mut r = ToolCallReader::new(&tok, Dialect::Xtml).unwrap();
     for id in tok.encode(spelled) {
         let raw = tok.decode_bytes(&[id]).unwrap();
         assert!(r.push(&tok, id, &String::from_utf8_lossy(&raw)).iter().all(|p| matches!(p, Piece::Text(_))));
@@ -151,7 +151,7 @@ fn k3_malformed_or_cut_off_calls_end_as_text() {
     let ok = format!(
         "{call}<|open|>argument key=\"a&quot;b\" type=\"array\"<|sep|>[1, \"x\"]<|close|>argument<|sep|><|open|>argument key=\"s\" type=\"string\"<|sep|>say \"hi\"<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool=\"g\" index=\"2\"<|sep|><|open|>json type=\"object\"<|sep|>{{\"k\": null}}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
     );
-    let pieces = read_as(&tok, &ok, Family::KimiK3);
+    let pieces = read_as(&tok, &ok, Dialect::Xtml);
     assert_eq!(
         pieces,
         vec![crate::call("", "f", r#"{"a\"b":[1, "x"],"s":"say \"hi\""}"#), crate::call("", "g", r#"{"k": null}"#)]

@@ -9,11 +9,11 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use k3_engine::generate::{MaskJob, TokenTrie};
-use k3_engine::json_prefix::JsonPrefix;
-use k3_engine::json_schema::{JsonSchema, SchemaLimits};
-use k3_engine::sample::{Sampler, SamplerConfig};
-use k3_engine::tokenizer::{KIMI_PATTERN, Tokenizer};
+use k3_generate::sample::{Sampler, SamplerConfig};
+use k3_text::json_prefix::JsonPrefix;
+use k3_text::json_schema::{JsonSchema, SchemaLimits};
+use k3_text::mask::{MaskJob, TokenTrie};
+use k3_text::tokenizer::{KIMI_PATTERN, Tokenizer};
 use serde_json::{Value, json};
 
 use super::{median, time};
@@ -88,7 +88,7 @@ pub fn run(reps: usize, json_out: bool) -> Result<Value> {
     let ranks = std::fs::read(root.join("fixtures/tokenizer/o200k_base.tiktoken"))?;
     let big = Tokenizer::from_tiktoken(&ranks, None, KIMI_PATTERN)?;
     let m = k3_engine::Model::open(root.join("fixtures/default.waste"))?;
-    let small = Tokenizer::from_model(&m).context("the default model's tokenizer")??;
+    let small = k3_generate::model_tokenizer(&m).context("the default model's tokenizer")??;
     let rows = vec![vocab(big.token_texts(), reps, &schema, doc), vocab(small.token_texts(), reps, &schema, doc)];
     if !json_out {
         println!(

@@ -10,8 +10,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use k3_engine::state_store::StateStore;
 use k3_engine::{Engine, EngineOptions, Model, Session};
+use k3_generate::cache::disk::StateStore;
 use k3_io::whole::{WholeRead, read_file};
 use serde_json::{Value, json};
 

@@ -7,11 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use k3_engine::sample::argmax;
-use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{EngineOptions, OpenOptions, OwnedEngine, Session};
+use k3_generate::sample::argmax;
 use k3_router::lookahead::Predictor;
 use k3_router::trace_stats::{TokenRoute, Trace, TraceStats, overlap};
+use k3_text::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
 /// Published K3 figures (WARP's traces of real text, warp-spark's verifier, colibri), with where
@@ -87,7 +87,7 @@ pub fn text_trace(model: &Path, file: &Path, n: usize) -> Result<(Trace, usize)>
     let opts = EngineOptions { context: n as u64 + 8, ..EngineOptions::default() };
     let owned = OwnedEngine::open(model, &OpenOptions::default(), opts)?;
     let engine = owned.engine();
-    let tok = Tokenizer::from_model(owned.model()).transpose()?;
+    let tok = k3_generate::model_tokenizer(owned.model()).transpose()?;
     let ids = match tok {
         Some(t) => {
             let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
@@ -113,7 +113,7 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
     };
     let owned = OwnedEngine::open(&o.model, &OpenOptions::default(), opts)?;
     let engine = owned.engine();
-    let tok = Tokenizer::from_model(owned.model()).transpose()?;
+    let tok = k3_generate::model_tokenizer(owned.model()).transpose()?;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let file = o.prompt_file.clone().unwrap_or_else(|| root.join("fixtures/default-model/heldout.txt"));
     let (a, b) = prompts(tok.as_ref(), &file, o.prompt_tokens, engine.vocab())?;

@@ -134,7 +134,7 @@ fn conversation(rep: usize) -> Vec<Value> {
 
 pub fn run(o: &Options, json_out: bool) -> Result<Value> {
     let model = k3_engine::Model::open(&o.model)?;
-    let ids = match k3_engine::tokenizer::Tokenizer::from_model(&model) {
+    let ids = match k3_generate::model_tokenizer(&model) {
         Some(_) => None,
         None => Some(model.manifest().architecture.vocab as u32),
     };

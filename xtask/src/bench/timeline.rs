@@ -4,8 +4,8 @@ use std::path::Path;
 
 use anyhow::Result;
 use k3_engine::Engine;
-use k3_engine::sample::{Sampler, SamplerConfig};
 use k3_format::Model;
+use k3_generate::sample::{Sampler, SamplerConfig};
 
 use super::decode::options;
 

@@ -32,7 +32,7 @@ pub use state_file::{
     STATE_FILE_VERSION, SavedState, StateFileError, StateFileLayout, StateHeader, read_state_header, state_ids_bytes,
 };
 pub use stats::{RunStats, Span, SpanKind};
-pub use vision::{ImageWork, Inserted};
+pub use vision::{ImageWork, Inserted, PromptImage};
 pub use walk::{GROUP_ROWS as WALK_GROUP_ROWS, LayerWalk};
 
 use std::sync::Mutex;

@@ -104,6 +104,18 @@ pub(super) fn load<'m>(
     Ok(Some(Eyes { tower, processor, placeholder: v.placeholder }))
 }
 
+/// An image ready for a prompt: the tower's and projector's rows for its placeholder's span.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptImage {
+    /// As given (the framing states it).
+    pub width: u32,
+    pub height: u32,
+    /// `[positions, hidden]`.
+    pub rows: Vec<f32>,
+    /// The image file's hash: two prompts share a prefix through an image only if this agrees.
+    pub digest: u64,
+}
+
 impl Engine<'_> {
     fn eyes(&self) -> Result<&Eyes<'_>, EngineError> {
         self.eyes.as_ref().ok_or_else(|| {
@@ -237,9 +249,9 @@ impl<'m> Engine<'m> {
     }
 
     /// The rest of the tower and the projector: the image ready for a prompt.
-    pub fn finish_image(&self, work: ImageWork<'_>) -> crate::media::PromptImage {
+    pub fn finish_image(&self, work: ImageWork<'_>) -> PromptImage {
         let (width, height, digest) = (work.width, work.height, work.digest);
         let rows = self.compute.run(|| work.run.finish());
-        crate::media::PromptImage { width, height, rows, digest }
+        PromptImage { width, height, rows, digest }
     }
 }

@@ -6,7 +6,7 @@
 //! - the end of a prompt, with the logits of its last token: the same request again (a
 //!   front-end's Regenerate) starts sampling at once, from the very logits a fresh prefill gives;
 //! - the end of an answer: the conversation's next turn, which quotes the answer back;
-//! - the boundaries the scheduler stops a prefill at ([`crate::scheduler::Job::checkpoints`]):
+//! - the boundaries the scheduler stops a prefill at (the server's scheduler; `k3-cli chat`'s turns):
 //!   after the system turn and tool declarations (a new conversation with the same ones), and
 //!   after the message before the last (the last message edited and sent again).
 //!
@@ -19,13 +19,15 @@
 //! RAM drops them; a lookup takes the longer of the two tiers' matches, and a state restored from
 //! disk is kept in RAM again. Files outlive the server: a restarted one resumes from them.
 
-use k3_engine::state_store::{StateStore, StoreStats};
+pub mod disk;
+
+use self::disk::{StateStore, StoreStats};
 use k3_engine::{Engine, Session};
 
 /// Whose entries a request may see and make: a hash of the API key it came with (0 when keys
 /// are shared or there are none) — the same after a restart, so files on disk keep their owner.
 /// It is never written as it is: the disk tier names files by a keyed hash of it
-/// ([`k3_engine::state_store::owner`]), so a file name is no oracle for guessing keys.
+/// ([`disk`]), so a file name is no oracle for guessing keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Scope(pub u64);
 

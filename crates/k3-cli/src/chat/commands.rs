@@ -84,7 +84,7 @@ fn setting(s: &str) -> Result<Setting, String> {
     }
     let number = |v: &str| v.parse::<f32>().map_err(|_| format!("`{v}` is not a number"));
     let count = |v: &str| v.parse::<u64>().map_err(|_| format!("`{v}` is not a count"));
-    use k3_engine::sample::{check_min_p, check_temperature, check_top_p};
+    use k3_generate::sample::{check_min_p, check_temperature, check_top_p};
     Ok(match name {
         "temperature" | "temp" => Setting::Temperature(check_temperature(number(value)?)?),
         "top_p" | "top-p" => Setting::TopP(check_top_p(number(value)?)?),

@@ -1,4 +1,4 @@
-//! `k3-cli chat`: an interactive multi-turn session over `k3_engine::generate::Generator`. Each
+//! `k3-cli chat`: an interactive multi-turn session over `k3_generate::Generator`. Each
 //! turn appends only its new tokens to the running session. On a terminal: a banner, line editing
 //! (`input`), slash commands (`commands`: /help, /clear, /system, /set, /save, /load, /bye), a
 //! counting thinking line or the thinking shown dimmed and apart, tool calls as name and
@@ -16,13 +16,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use k3_engine::chat::{Call, ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
 use k3_engine::config::Family;
-use k3_engine::generate::{Finish, GenerateParams, Generator};
-use k3_engine::media::PromptImage;
-use k3_engine::speculate::SpecStats;
-use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, Session};
+use k3_generate::media::PromptImage;
+use k3_generate::speculate::SpecStats;
+use k3_generate::{Finish, GenerateParams, Generator};
+use k3_text::chat::{Call, ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
+use k3_text::tokenizer::Tokenizer;
 
 use crate::prompt_cache::{PromptCache, PromptCacheArgs};
 use crate::run::{EngineArgs, Needs, RUN_ACTIVATIONS, open_model};
@@ -169,7 +169,8 @@ impl Chat<'_> {
 pub fn run(a: ChatArgs) -> Result<ExitCode> {
     let path = crate::default_model::or_default(a.model.clone())?;
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
-    let tok = Tokenizer::from_model(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
+    let tok =
+        k3_generate::model_tokenizer(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
     let engine = a.engine.load(
         &model,
         &path,
@@ -178,7 +179,7 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     let sampler = a.sampling.config(&model, true, engine.vocab())?;
     a.sampling.say_seed(&sampler, a.engine.stats);
     let family = engine.config().family;
-    let format = ChatFormat::new(&tok, family);
+    let format = ChatFormat::new(&tok, k3_generate::dialect(family));
     format.check().context("the model's chat template cannot be used")?;
     let end = format.end_of_turn()?;
     let think_tags = if family == Family::KimiK3 { None } else { tok.think_tags() };
@@ -281,7 +282,7 @@ fn banner(
         c.family.name(),
         engine.layers(),
         engine.plan().context,
-        k3_engine::generation_config::describe(&chat.params.sampler),
+        k3_generate::generation_config::describe(&chat.params.sampler),
         if chat.thinks { format!(" · thinking {}", if chat.think { "on" } else { "off" }) } else { String::new() },
     );
     let kept = history.map_or_else(|| "not kept".into(), |h| format!("kept in {}", h.display()));
@@ -311,7 +312,7 @@ fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Toke
             let p = &chat.params;
             eprintln!(
                 "{}; max_tokens {}; {}; context {} tokens",
-                k3_engine::generation_config::describe(&p.sampler),
+                k3_generate::generation_config::describe(&p.sampler),
                 p.max_tokens,
                 match (chat.thinks, chat.think) {
                     (false, _) => "this model does not think".to_string(),
@@ -376,14 +377,14 @@ fn and_images(n: usize) -> String {
 /// A saved conversation read (within the context's text) and its images embedded.
 fn load(path: &std::path::Path, engine: &Engine<'_>, tok: &Tokenizer) -> Result<(saved::Saved, Vec<PromptImage>)> {
     let loaded = saved::load(path, &crate::prompt::TextBound::of(tok, engine.plan().context))?;
-    let limits = k3_engine::media::DecodeLimits::default();
+    let limits = k3_generate::media::DecodeLimits::default();
     let mut images = Vec::with_capacity(loaded.images.len());
     for (i, bytes) in loaded.images.iter().enumerate() {
         let image = crate::images::embed(engine, bytes, &limits);
         images.push(image.with_context(|| format!("{}: image {}", path.display(), i + 1))?);
     }
     if !images.is_empty() {
-        k3_engine::media::check_tokenizer(tok)?;
+        k3_generate::media::check_tokenizer(tok)?;
     }
     Ok((loaded, images))
 }
@@ -447,7 +448,7 @@ impl Turn<'_, '_> {
         let pending = chat.pending(session, text)?;
         let (pending, images) = match engine.image_placeholder() {
             Some(p) if !chat.images_of(session).is_empty() => {
-                k3_engine::media::expand(tok, p, engine.hidden(), &pending, chat.images_of(session))?
+                k3_generate::media::expand(tok, p, engine.hidden(), &pending, chat.images_of(session))?
             }
             _ => (pending, Vec::new()),
         };
@@ -470,7 +471,7 @@ impl Turn<'_, '_> {
                 return Err(e);
             }
         };
-        let calls = k3_engine::toolcall::ToolCallReader::new(tok, engine.config().family);
+        let calls = k3_text::toolcall::ToolCallReader::new(tok, k3_generate::dialect(engine.config().family));
         let mut a = show::answer(engine, turn, tok, calls, style, show_thinking, out);
         chat.record(text, Some(&a));
         if let Some(e) = a.failed.take() {

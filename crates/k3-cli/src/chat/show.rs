@@ -5,10 +5,10 @@
 use std::io::{IsTerminal, Write};
 
 use anyhow::Result;
-use k3_engine::generate::{Finish, Generator};
-use k3_engine::speculate::SpecStats;
-use k3_engine::tokenizer::Tokenizer;
-use k3_engine::toolcall::{Piece, ToolCall, ToolCallReader};
+use k3_generate::speculate::SpecStats;
+use k3_generate::{Finish, Generator};
+use k3_text::tokenizer::Tokenizer;
+use k3_text::toolcall::{Piece, ToolCall, ToolCallReader};
 
 /// Terminal escapes, or none.
 #[derive(Debug, Clone, Copy)]

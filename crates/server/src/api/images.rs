@@ -8,7 +8,7 @@
 
 use axum::http::StatusCode;
 use base64::Engine as _;
-use k3_engine::media::DecodeLimits;
+use k3_generate::media::DecodeLimits;
 use k3_vision::{Header, Picture, decode, probe};
 use serde::Deserialize;
 

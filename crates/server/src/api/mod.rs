@@ -9,11 +9,11 @@ mod tools;
 
 pub use sampling::{Sampling, Stop};
 
-use k3_engine::chat::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
 use k3_engine::config::Family;
-use k3_engine::generate::{Finish, GenerateParams};
-use k3_engine::tokenizer::Tokenizer;
-use k3_engine::toolcall::ToolCallReader;
+use k3_generate::{Finish, GenerateParams};
+use k3_text::chat::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
+use k3_text::tokenizer::Tokenizer;
+use k3_text::toolcall::ToolCallReader;
 use serde::Deserialize;
 
 use crate::error::ApiError;
@@ -38,7 +38,7 @@ pub struct ResponseFormat {
 struct Answer {
     json_object: bool,
     /// The schema's JSON text (shown to K3) and its compiled form.
-    schema: Option<(String, std::sync::Arc<k3_engine::json_schema::JsonSchema>)>,
+    schema: Option<(String, std::sync::Arc<k3_text::json_schema::JsonSchema>)>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -267,18 +267,18 @@ impl ChatRequest {
             images.extend(pics);
         }
         if !images.is_empty() {
-            k3_engine::media::check_tokenizer(tok).map_err(|e| ApiError::bad("messages", e.to_string()))?;
+            k3_generate::media::check_tokenizer(tok).map_err(|e| ApiError::bad("messages", e.to_string()))?;
         }
         let t = self.tools(&messages, tok, info)?;
         let (tools, tool_choice) = (t.declared.as_deref(), t.choice);
         let think = self.think(info)?;
-        let format = ChatFormat::new(tok, info.family);
-        let internal = |e: k3_engine::tokenizer::TokenizerError| {
+        let format = ChatFormat::new(tok, k3_generate::dialect(info.family));
+        let internal = |e: k3_text::tokenizer::TokenizerError| {
             ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
         };
         let options = PromptOptions {
             think,
-            effort: think.then(|| self.reasoning_effort.as_deref().unwrap_or(k3_engine::chat::DEFAULT_EFFORT)),
+            effort: think.then(|| self.reasoning_effort.as_deref().unwrap_or(k3_text::chat::DEFAULT_EFFORT)),
             tools,
             tool_choice,
             json_object: answer.json_object,
@@ -342,7 +342,7 @@ impl ChatRequest {
                 let schema = spec
                     .get("schema")
                     .ok_or_else(|| ApiError::bad("response_format.json_schema.schema", "the schema is missing"))?;
-                let compiled = k3_engine::json_schema::JsonSchema::compile(schema, &tools::schema_limits(info))
+                let compiled = k3_text::json_schema::JsonSchema::compile(schema, &tools::schema_limits(info))
                     .map_err(|e| ApiError::bad("response_format.json_schema.schema", e.to_string()))?;
                 Ok(Answer { json_object: false, schema: Some((schema.to_string(), std::sync::Arc::new(compiled))) })
             }
@@ -359,7 +359,7 @@ impl ChatRequest {
         let t = tools::check(self.tools.as_deref(), self.tool_choice.as_ref(), &tools::schema_limits(info))?;
         let uses_tools =
             t.declared.is_some() || messages.iter().any(|m| m.role == Role::Tool || !m.tool_calls.is_empty());
-        if uses_tools && ToolCallReader::new(tok, info.family).is_none() {
+        if uses_tools && ToolCallReader::new(tok, k3_generate::dialect(info.family)).is_none() {
             return Err(ApiError::bad(
                 "tools",
                 "this model's tokenizer has no tool-call markers: it cannot call tools",

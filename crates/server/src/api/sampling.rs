@@ -1,9 +1,9 @@
 //! The sampling and stopping fields both endpoints take, checked into the engine's
-//! [`GenerateParams`]: each honoured (see `k3_engine::sample` for their meanings) or refused
+//! [`GenerateParams`]: each honoured (see `k3_generate::sample` for their meanings) or refused
 //! with a 400 naming it.
 
-use k3_engine::generate::GenerateParams;
-use k3_engine::sample::{
+use k3_generate::GenerateParams;
+use k3_generate::sample::{
     PENALTY_LAST_N, SamplerConfig, check_min_p, check_penalty, check_repeat_penalty, check_temperature, check_top_p,
 };
 use serde::Deserialize;
@@ -94,7 +94,7 @@ impl Sampling {
             temperature,
             top_k: self.top_k.unwrap_or(d.top_k),
             top_p,
-            seed: self.seed.unwrap_or_else(k3_engine::sample::fresh_seed),
+            seed: self.seed.unwrap_or_else(k3_generate::sample::fresh_seed),
             min_p: check_min_p(self.min_p.unwrap_or(d.min_p)).map_err(|e| ApiError::bad("min_p", e))?,
             repeat_penalty: check_repeat_penalty(self.repeat_penalty.unwrap_or(d.repeat_penalty))
                 .map_err(|e| ApiError::bad("repeat_penalty", e))?,

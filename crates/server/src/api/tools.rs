@@ -4,12 +4,12 @@
 //! `none`, `required` or `{"type": "function", "function": {"name"}}` naming a declared
 //! function. A named choice declares only that function to the model, so the call it is made to
 //! make can only be that one. A function with `"strict": true` has its `parameters` compiled
-//! (see `k3_engine::json_schema`): its calls' arguments are constrained to them.
+//! (see `k3_text::json_schema`): its calls' arguments are constrained to them.
 
 use std::sync::Arc;
 
-use k3_engine::chat::ToolChoice;
-use k3_engine::json_schema::{JsonSchema, SchemaLimits};
+use k3_text::chat::ToolChoice;
+use k3_text::json_schema::{JsonSchema, SchemaLimits};
 use serde_json::Value;
 use serde_json::value::RawValue;
 

@@ -16,10 +16,10 @@ use serde_json::{Value, json};
 use crate::answer::{self, Kind};
 use crate::api::{ChatRequest, CompletionRequest};
 use crate::error::ApiError;
-use crate::prefix::Scope;
 use crate::routes::{body, parse, prepared};
 use crate::scheduler::ModelInfo;
 use crate::state::AppState;
+use k3_generate::cache::Scope;
 use reply::Endpoint;
 use request::Generate;
 

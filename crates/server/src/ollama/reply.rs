@@ -8,8 +8,8 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use k3_engine::generate::Finish;
-use k3_engine::toolcall::Piece;
+use k3_generate::Finish;
+use k3_text::toolcall::Piece;
 use serde_json::{Value, json};
 use tokio::sync::mpsc as tmpsc;
 use tokio_stream::StreamExt;
@@ -78,7 +78,7 @@ impl Shape {
 }
 
 /// A call in Ollama's shape: the arguments as an object where they parse as one.
-fn call_json(c: &k3_engine::toolcall::ToolCall) -> Value {
+fn call_json(c: &k3_text::toolcall::ToolCall) -> Value {
     let arguments = serde_json::from_str::<Value>(&c.arguments).unwrap_or_else(|_| json!(c.arguments));
     json!({"function": {"name": c.name, "arguments": arguments}})
 }

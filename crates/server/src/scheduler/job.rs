@@ -4,11 +4,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 
-use k3_engine::generate::{Finish, GenerateParams};
+use k3_generate::{Finish, GenerateParams};
 use tokio::sync::mpsc as tmpsc;
 
-use crate::prefix::Scope;
 pub use crate::status::Status;
+use k3_generate::cache::Scope;
 
 /// One request for the scheduler.
 #[derive(Debug)]
@@ -23,13 +23,13 @@ pub struct Job {
     /// boundaries, [`crate::api::ChatRequest::prepare`]).
     pub checkpoints: Vec<usize>,
     /// Decoded images, one per placeholder of `prompt`, in order: their rows are computed and
-    /// the prompt framed ([`k3_engine::media::expand`]) when the job is admitted.
+    /// the prompt framed ([`k3_generate::media::expand`]) when the job is admitted.
     pub images: Vec<crate::api::images::RequestImage>,
     /// Its counts as they grow, for its log line however it ends.
     pub tally: Arc<crate::reqlog::Tally>,
 }
 
-pub use k3_engine::sample::TokenLogprob;
+pub use k3_generate::sample::TokenLogprob;
 
 /// What a request hears back, in order: text deltas, then one `Done` or `Failed`.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,7 +67,7 @@ pub struct ModelInfo {
     pub max_token_bytes: usize,
     /// The sampling settings of a request that states none: the model's recommended ones
     /// (`generation_config.json`), else temperature 0.6 and top-p 0.95.
-    pub sampling: k3_engine::sample::SamplerConfig,
+    pub sampling: k3_generate::sample::SamplerConfig,
     /// Size, parameters, template and abilities, for Ollama's `/api/tags` and `/api/show`.
     pub about: crate::about::About,
 }

@@ -15,16 +15,16 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use k3_engine::generate::{Decoder, Emit, Finish};
-use k3_engine::tokenizer::Tokenizer;
 use k3_engine::{Engine, Inserted, Logits, Seq, Session};
+use k3_generate::{Decoder, Emit, Finish};
+use k3_text::tokenizer::Tokenizer;
 use tokio::sync::mpsc as tmpsc;
 
 use crate::masks::{Landed, MaskPool, PendingMask};
 use crate::metrics::Metrics;
-use crate::prefix::Scope;
-use crate::prefix::{Kept, PrefixCache};
 use crate::preparing::Preparing;
+use k3_generate::cache::Scope;
+use k3_generate::cache::{Kept, PrefixCache};
 
 pub use job::{Event, Handle, Job, ModelInfo, Refused, Status, TokenLogprob};
 pub use prefill::{PREFILL_CHUNK, prefill_rows};

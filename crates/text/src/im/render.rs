@@ -5,18 +5,18 @@
 
 use std::collections::VecDeque;
 
-use super::{ChatError, ChatFormat, Message, PromptOptions, Role, python_json};
+use crate::chat::{ChatError, ChatFormat, Message, PromptOptions, Role, python_json};
 use crate::tokenizer::TokenizerError;
 
 /// Calls are numbered through the conversation; results answer them in order.
 #[derive(Debug, Default)]
-pub(super) struct Numbering {
+pub(crate) struct Numbering {
     calls: usize,
     unanswered: VecDeque<String>,
 }
 
 impl ChatFormat<'_> {
-    pub(super) fn im_prompt(&self, messages: &[Message], o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
+    pub(crate) fn im_prompt(&self, messages: &[Message], o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
         let mut out = self.im_preamble(o)?;
         let mut numbering = Numbering::default();
         for m in messages {
@@ -26,7 +26,7 @@ impl ChatFormat<'_> {
         Ok(out)
     }
 
-    pub(super) fn im_preamble(&self, o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
+    pub(crate) fn im_preamble(&self, o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
         let mut out = Vec::new();
         if let Some(tools) = o.tools {
             let text = python_json(tools).map_err(|e| ChatError::invalid("tools", format!("not valid JSON: {e}")))?;
@@ -39,13 +39,13 @@ impl ChatFormat<'_> {
         Ok(out)
     }
 
-    pub(super) fn im_generation_prompt(&self) -> Result<Vec<u32>, TokenizerError> {
+    pub(crate) fn im_generation_prompt(&self) -> Result<Vec<u32>, TokenizerError> {
         let mut out = Vec::new();
         self.im_open(&mut out, Role::Assistant, None)?;
         Ok(out)
     }
 
-    pub(super) fn im_turn(&self, m: &Message, n: &mut Numbering) -> Result<Vec<u32>, ChatError> {
+    pub(crate) fn im_turn(&self, m: &Message, n: &mut Numbering) -> Result<Vec<u32>, ChatError> {
         let mut out = Vec::new();
         self.im_open(&mut out, m.role, m.name.as_deref())?;
         match m.role {

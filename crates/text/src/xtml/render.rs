@@ -6,8 +6,8 @@
 //! matched to the calls by id. System notes carry the thinking effort, `tool_choice` and
 //! `response_format`.
 
-use super::json::{json_type, object_entries, python_json, sorted_json};
-use super::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
+use crate::chat::json::{json_type, object_entries, python_json, sorted_json};
+use crate::chat::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
 use crate::tokenizer::TokenizerError;
 
 const EFFORTS: [&str; 3] = ["low", "high", "max"];
@@ -52,7 +52,7 @@ impl ChatFormat<'_> {
         let mut from = 0;
         for &at in images {
             out.extend(self.tok.encode(&text[from..at]));
-            out.push(self.special(super::IMAGE_PLACEHOLDER)?);
+            out.push(self.special(crate::chat::IMAGE_PLACEHOLDER)?);
             from = at;
         }
         out.extend(self.tok.encode(&text[from..]));
@@ -66,7 +66,7 @@ impl ChatFormat<'_> {
         self.xtml_message(out, &[("role", "system"), ("type", kind)], body.trim())
     }
 
-    pub(super) fn xtml_prompt(&self, messages: &[Message], o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
+    pub(crate) fn xtml_prompt(&self, messages: &[Message], o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
         let mut out = self.xtml_preamble(o)?;
         let mut calls: &[Call] = &[];
         let mut i = 0;
@@ -119,7 +119,7 @@ impl ChatFormat<'_> {
     }
 
     /// Tool declarations, then the thinking effort when thinking.
-    pub(super) fn xtml_preamble(&self, o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
+    pub(crate) fn xtml_preamble(&self, o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
         let mut out = Vec::new();
         if let Some(tools) = o.tools {
             let json = sorted_json(tools).map_err(|e| ChatError::invalid("tools", format!("not valid JSON: {e}")))?;
@@ -147,7 +147,7 @@ impl ChatFormat<'_> {
         Ok(out)
     }
 
-    pub(super) fn xtml_generation_prompt(&self, think: bool) -> Result<Vec<u32>, TokenizerError> {
+    pub(crate) fn xtml_generation_prompt(&self, think: bool) -> Result<Vec<u32>, TokenizerError> {
         let mut out = Vec::new();
         self.xtml_open(&mut out, "message", &[("role", "assistant")])?;
         self.xtml_open(&mut out, if think { "think" } else { "response" }, &[])?;
@@ -155,7 +155,7 @@ impl ChatFormat<'_> {
     }
 
     /// A system, user or assistant message (an assistant's in its channels, with its calls).
-    pub(super) fn xtml_turn(&self, m: &Message, think: bool) -> Result<Vec<u32>, ChatError> {
+    pub(crate) fn xtml_turn(&self, m: &Message, think: bool) -> Result<Vec<u32>, ChatError> {
         let mut out = Vec::new();
         let mut attrs = vec![("role", m.role.name())];
         if let Some(name) = m.name.as_deref().filter(|n| !n.is_empty()) {

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use k3_engine::ActivationPrecision as Activations;
-use k3_engine::sample::SamplerConfig;
 use k3_format::Model;
+use k3_generate::sample::SamplerConfig;
 
 use super::{ALL_VARIANTS, Options, run};
 use crate::{bounded, reps};
@@ -60,7 +60,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub prompt_file: Option<PathBuf>,
     /// Sample at this temperature (seeded; default: greedy).
-    #[arg(long, default_value_t = 0.0, value_parser = |s: &str| k3_engine::sample::check_temperature(s.parse().map_err(|_| format!("`{s}` is not a number"))?))]
+    #[arg(long, default_value_t = 0.0, value_parser = |s: &str| k3_generate::sample::check_temperature(s.parse().map_err(|_| format!("`{s}` is not a number"))?))]
     pub temperature: f32,
     /// Low-bit copies of the model's experts (`convert --experts int2`, or `synth --experts
     /// int2` of the same preset) for the `hobbit` variant: each token's lightest half of its
@@ -132,7 +132,7 @@ pub fn task(args: Args) -> Result<()> {
         Some(f) => {
             let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
             let m = Model::open(&model)?;
-            let tok = k3_engine::tokenizer::Tokenizer::from_model(&m)
+            let tok = k3_generate::model_tokenizer(&m)
                 .with_context(|| format!("{} embeds no tokenizer to read --prompt-file with", model.display()))??;
             let ids = tok.encode(&text);
             anyhow::ensure!(!ids.is_empty(), "{} holds no text", f.display());

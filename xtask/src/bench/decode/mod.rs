@@ -7,11 +7,11 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use k3_engine::generate::{GenerateParams, Generator};
-use k3_engine::sample::{Sampler, SamplerConfig};
-use k3_engine::speculate::SpecStats;
 use k3_engine::{ActivationPrecision as Activations, Engine, EngineOptions, Logits, Seq, Session};
 use k3_format::Model;
+use k3_generate::sample::{Sampler, SamplerConfig};
+use k3_generate::speculate::SpecStats;
+use k3_generate::{GenerateParams, Generator};
 use k3_io::Policy;
 use k3_router::lookahead::Predictor;
 use serde_json::{Value, json};

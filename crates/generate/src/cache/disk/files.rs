@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime};
 
 use k3_io::whole::{is_mine, kind, open_regular};
 
+use k3_engine::{StateFileError, StateFileLayout, StateHeader, read_state_header, state_ids_bytes};
+
 use super::StoreError;
-use crate::model::{StateFileLayout, state_ids_bytes};
-use crate::{StateFileError, StateHeader, read_state_header};
 
 pub const EXT: &str = "k3state";
 const TMP_EXT: &str = "k3tmp";

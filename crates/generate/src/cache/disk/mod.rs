@@ -15,7 +15,7 @@
 //!   it is, never followed, opened to block, or deleted. A temporary left by a process that is
 //!   gone is removed at open.
 //! - At open, each file's head (format version, model fingerprint, token ids) is read into the
-//!   index once its length is the one the head implies ([`crate::StateFileLayout`]): a file with a
+//!   index once its length is the one the head implies ([`k3_engine::StateFileLayout`]): a file with a
 //!   tail (sparse or not) is refused without reading it. Another model's or another version's
 //!   files are left alone and not counted.
 //! - A restore reads the whole file with O_DIRECT ([`k3_io::whole`]) from the descriptor it
@@ -38,7 +38,7 @@ use k3_io::whole::{WholeRead, kind, read_open};
 use self::files::Unread;
 use self::owner::NameKey;
 use self::writer::{QUEUE, Work, Written};
-use crate::{Engine, SavedState, Session, StateFileError, StateFileLayout};
+use k3_engine::{Engine, SavedState, Session, StateFileError, StateFileLayout};
 
 /// Why a store could not be opened.
 #[derive(Debug, thiserror::Error)]

@@ -10,9 +10,9 @@
 
 use std::path::{Path, PathBuf};
 
-use k3_engine::tokenizer::Tokenizer;
-use k3_engine::{Engine, eval};
+use k3_engine::Engine;
 use k3_format::Model;
+use k3_generate::eval;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
@@ -23,7 +23,7 @@ fn metrics() -> serde_json::Value {
 }
 
 fn held_out_ids(model: &Model) -> Vec<u32> {
-    let tok = Tokenizer::from_model(model).expect("the default model embeds its tokenizer").unwrap();
+    let tok = k3_generate::model_tokenizer(model).expect("the default model embeds its tokenizer").unwrap();
     tok.encode(&std::fs::read_to_string(fixtures().join("default-model/heldout.txt")).unwrap())
 }
 

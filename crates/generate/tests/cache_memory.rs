@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use k3_engine::{Engine, Model};
-use k3_server::prefix::Scope;
-use k3_server::prefix::{Kept, PrefixCache};
+use k3_generate::cache::Scope;
+use k3_generate::cache::{Kept, PrefixCache};
 
 fn rss() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
