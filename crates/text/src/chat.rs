@@ -20,124 +20,18 @@ pub use json::{object_entries, python_json, sorted_json};
 pub use template::{LIMITS as TEMPLATE_LIMITS, Limits as TemplateLimits};
 
 use crate::Dialect;
+use crate::message::Writer;
+pub use crate::message::{
+    Call, ChatError, DEFAULT_EFFORT, IMAGE_PLACEHOLDER, Message, PromptOptions, Role, ToolChoice,
+};
 use crate::tokenizer::{Tokenizer, TokenizerError};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    System,
-    User,
-    Assistant,
-    /// A tool's result.
-    Tool,
-}
-
-impl Role {
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-        }
-    }
-}
-
-/// A tool call in an assistant turn of the history.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Call {
-    /// The id the client knows it by (results answer it by this id).
-    pub id: Option<String>,
-    pub name: String,
-    /// The arguments as JSON text, as written.
-    pub arguments: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
-    pub role: Role,
-    pub content: String,
-    /// An assistant turn's reasoning, kept in the history when the model produced one.
-    pub thinking: Option<String>,
-    /// The name the turn is written under (a tool result: the tool's).
-    pub name: Option<String>,
-    /// An assistant turn's tool calls.
-    pub tool_calls: Vec<Call>,
-    /// A tool result: the id of the call it answers.
-    pub tool_call_id: Option<String>,
-    /// Images in a user or system turn: where each sits in `content` (byte offsets, ascending;
-    /// K3 writes the image placeholder there, `k3_generate::media` expands it).
-    pub images: Vec<usize>,
-}
-
-/// The token K3's chat format writes for an image (its template's `image_prompts` unset).
-pub const IMAGE_PLACEHOLDER: &str = "<|kimi_image_placeholder|>";
-
-impl Message {
-    pub fn new(role: Role, content: impl Into<String>) -> Self {
-        Message {
-            role,
-            content: content.into(),
-            thinking: None,
-            name: None,
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-            images: Vec::new(),
-        }
-    }
-}
-
-/// OpenAI's `tool_choice`, as far as a template renders it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ToolChoice {
-    #[default]
-    Auto,
-    /// The model must call a tool.
-    Required,
-    /// The model must not call one.
-    None,
-}
-
-/// K3's `thinking_effort` when the caller names none: what its template assumes.
-pub const DEFAULT_EFFORT: &str = "max";
-
-/// What a prompt carries besides the messages.
-#[derive(Debug, Clone, Default)]
-pub struct PromptOptions<'a> {
-    /// Open the assistant's turn in the thinking channel (K3).
-    pub think: bool,
-    /// K3's `thinking_effort` (low, high, max) when thinking; `None` leaves it unsaid.
-    pub effort: Option<&'a str>,
-    /// The declared tools: a JSON array of OpenAI tool objects, as the client sent it.
-    pub tools: Option<&'a str>,
-    pub tool_choice: ToolChoice,
-    /// The answer must be a JSON object (`response_format: json_object`).
-    pub json_object: bool,
-    /// The answer must match this JSON schema (`response_format: json_schema`; the schema's
-    /// JSON text): K3's format shows it to the model.
-    pub json_schema: Option<&'a str>,
-}
-
-/// Why a conversation cannot be written in the model's format.
-#[derive(Debug, thiserror::Error)]
-pub enum ChatError {
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-    /// Part of the conversation is malformed: `what` names the part (as a request field).
-    #[error("{what}: {reason}")]
-    Invalid { what: String, reason: String },
-}
-
-impl ChatError {
-    pub(crate) fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
-        ChatError::Invalid { what: what.into(), reason: reason.into() }
-    }
-}
 
 /// Builds token sequences for one model family.
 #[derive(Debug)]
 pub struct ChatFormat<'t> {
-    pub(crate) tok: &'t Tokenizer,
-    pub(crate) dialect: Dialect,
+    tok: &'t Tokenizer,
+    w: Writer<'t>,
+    dialect: Dialect,
     /// K2 / DeepSeek-V3: the model's own template, when it ships one (else K2's `im_` turns).
     template: Option<Result<template::Template, String>>,
 }
@@ -155,7 +49,7 @@ impl<'t> ChatFormat<'t> {
             }
             _ => None,
         };
-        ChatFormat { tok, dialect, template }
+        ChatFormat { tok, w: Writer { tok }, dialect, template }
     }
 
     /// Renders a probe conversation (a system turn, tools declared, a user turn, an assistant
@@ -194,13 +88,6 @@ impl<'t> ChatFormat<'t> {
         self.template.as_ref().map(|t| t.as_ref().map_err(|e| ChatError::invalid("chat_template", e.clone())))
     }
 
-    pub(crate) fn special(&self, name: &str) -> Result<u32, TokenizerError> {
-        self.tok.special(name).ok_or_else(|| TokenizerError::Config {
-            file: "tokenizer_config.json".into(),
-            reason: format!("the chat format needs the special token `{name}`, which the tokenizer does not have"),
-        })
-    }
-
     /// The whole conversation, ending with the prompt for the assistant's next turn (with a
     /// thinking section first when `think`).
     pub fn prompt(&self, messages: &[Message], think: bool) -> Result<Vec<u32>, ChatError> {
@@ -216,8 +103,8 @@ impl<'t> ChatFormat<'t> {
             return t?.render(self.tok, messages, o, true);
         }
         match self.dialect {
-            Dialect::Xtml => self.xtml_prompt(messages, o),
-            Dialect::Im | Dialect::Template => self.im_prompt(messages, o),
+            Dialect::Xtml => self.w.xtml_prompt(messages, o),
+            Dialect::Im | Dialect::Template => self.w.im_prompt(messages, o),
         }
     }
 
@@ -258,8 +145,8 @@ impl<'t> ChatFormat<'t> {
     /// What opens the assistant's turn.
     pub fn generation_prompt(&self, think: bool) -> Result<Vec<u32>, TokenizerError> {
         match self.dialect {
-            Dialect::Xtml => self.xtml_generation_prompt(think),
-            Dialect::Im | Dialect::Template => self.im_generation_prompt(),
+            Dialect::Xtml => self.w.xtml_generation_prompt(think),
+            Dialect::Im | Dialect::Template => self.w.im_generation_prompt(),
         }
     }
 
@@ -268,8 +155,8 @@ impl<'t> ChatFormat<'t> {
     pub fn turn(&self, m: &Message, think: bool) -> Result<Vec<u32>, ChatError> {
         self.check_images(std::slice::from_ref(m))?;
         match self.dialect {
-            Dialect::Xtml => self.xtml_turn(m, think),
-            Dialect::Im | Dialect::Template => self.im_turn(m, &mut crate::im::render::Numbering::default()),
+            Dialect::Xtml => self.w.xtml_turn(m, think),
+            Dialect::Im | Dialect::Template => self.w.im_turn(m, &mut Default::default()),
         }
     }
 
@@ -295,8 +182,8 @@ impl<'t> ChatFormat<'t> {
     /// The id that ends the assistant's turn.
     pub fn end_of_turn(&self) -> Result<u32, TokenizerError> {
         match self.dialect {
-            Dialect::Xtml => self.special("<|end_of_msg|>"),
-            Dialect::Im | Dialect::Template => self.special("<|im_end|>"),
+            Dialect::Xtml => self.w.special("<|end_of_msg|>"),
+            Dialect::Im | Dialect::Template => self.w.special("<|im_end|>"),
         }
     }
 }

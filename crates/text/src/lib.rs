@@ -15,6 +15,7 @@ mod im;
 pub mod json_prefix;
 pub mod json_schema;
 pub mod mask;
+mod message;
 pub mod strict;
 pub mod tokenizer;
 pub mod toolcall;

@@ -6,27 +6,9 @@
 
 use crate::Dialect;
 use crate::im::calls::ImReader;
+pub use crate::message::{Piece, ToolCall};
 use crate::tokenizer::Tokenizer;
 use crate::xtml::calls::XtmlReader;
-
-/// One call the model made.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolCall {
-    /// As the model wrote it (`functions.NAME:IDX`), what its result is returned under; empty
-    /// when the markup has none (K3: the caller names the call).
-    pub id: String,
-    pub name: String,
-    /// The arguments as JSON text (`im_`: as the model wrote them, unchecked; K3: an object built
-    /// from the typed arguments, each checked).
-    pub arguments: String,
-}
-
-/// What a token adds to the reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
-    Text(String),
-    Call(ToolCall),
-}
 
 /// Reads tool calls out of a reply's tokens.
 #[derive(Debug, Clone)]

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use half::f16;
 
-use super::train::{self, Data};
+use super::distance::Data;
+use super::train;
 use super::{descent, gptq, linalg, search};
 use crate::vq::{Codec, Rotation, VqMatrix, fastscan};
 

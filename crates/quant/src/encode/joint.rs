@@ -16,7 +16,8 @@ mod avx512;
 
 use std::collections::HashMap;
 
-use super::train::{Codebooks, MAX_DIM, stage_dists_n};
+use super::distance::{MAX_DIM, stage_dists_n};
+use super::train::Codebooks;
 use crate::cpu::{Level, level, supported};
 
 const E: usize = 16;

@@ -5,6 +5,7 @@
 //! this folder.
 
 mod descent;
+mod distance;
 mod encoder;
 mod gptq;
 mod joint;

@@ -3,7 +3,7 @@
 //! first least. The SIMD versions find it without a branch per entry (the least of the lanes,
 //! then one compare against it); the scalar loop is their reference.
 
-use super::train::{Data, stage_dists_n};
+use super::distance::{Data, stage_dists_n};
 use crate::cpu::{Level, level};
 
 /// `assign[i]` = the nearest of the 16 centroids `soa` (transposed, `[dim][16]`) to vector

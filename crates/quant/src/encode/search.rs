@@ -3,8 +3,9 @@
 
 use rayon::prelude::*;
 
+use super::distance::{Data, MAX_DIM, MAX_STAGES, stage_dists};
 use super::joint::Joint;
-use super::train::{Codebooks, Data, MAX_DIM, MAX_STAGES, stage_dists};
+use super::train::Codebooks;
 
 /// A partial encoding in the beam search.
 #[derive(Debug, Clone, Copy)]
@@ -165,7 +166,7 @@ pub fn encode(data: Data<'_>, cb: &Codebooks, beam: usize, codes: &mut Vec<u16>)
 
 #[cfg(test)]
 mod tests {
-    use super::super::train::dist;
+    use super::super::distance::dist;
     use super::*;
 
     fn codebooks(seed: u64) -> Codebooks {

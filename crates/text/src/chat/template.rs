@@ -21,7 +21,7 @@ use minijinja::value::{Kwargs, Object, ObjectRepr, Value};
 use minijinja::{Environment, Error, ErrorKind, State};
 
 use super::json::{object_entries, python_json, sorted_json};
-use super::{ChatError, Message, PromptOptions, Role};
+use crate::message::{ChatError, Message, PromptOptions, Role};
 use crate::tokenizer::Tokenizer;
 
 /// Brackets a placeholder's index: code points of a private-use plane no template or tokenizer

@@ -3,8 +3,8 @@
 //! `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|>`,
 //! then `<|tool_calls_section_end|>`.
 
+use crate::message::{Piece, ToolCall};
 use crate::tokenizer::Tokenizer;
-use crate::toolcall::{Piece, ToolCall};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {

@@ -5,7 +5,8 @@
 
 use std::collections::VecDeque;
 
-use crate::chat::{ChatError, ChatFormat, Message, PromptOptions, Role, python_json};
+use crate::chat::json::python_json;
+use crate::message::{ChatError, Message, PromptOptions, Role, Writer};
 use crate::tokenizer::TokenizerError;
 
 /// Calls are numbered through the conversation; results answer them in order.
@@ -15,7 +16,7 @@ pub(crate) struct Numbering {
     unanswered: VecDeque<String>,
 }
 
-impl ChatFormat<'_> {
+impl Writer<'_> {
     pub(crate) fn im_prompt(&self, messages: &[Message], o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
         let mut out = self.im_preamble(o)?;
         let mut numbering = Numbering::default();

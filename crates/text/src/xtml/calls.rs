@@ -4,8 +4,8 @@
 //! `<|close|>call<|sep|>`, then `<|close|>tools<|sep|>`: the markup the chat format writes for
 //! calls in the history.
 
+use crate::message::{Piece, ToolCall};
 use crate::tokenizer::Tokenizer;
-use crate::toolcall::{Piece, ToolCall};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {

@@ -7,12 +7,12 @@
 //! `response_format`.
 
 use crate::chat::json::{json_type, object_entries, python_json, sorted_json};
-use crate::chat::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
+use crate::message::{Call, ChatError, Message, PromptOptions, Role, ToolChoice, Writer};
 use crate::tokenizer::TokenizerError;
 
 const EFFORTS: [&str; 3] = ["low", "high", "max"];
 
-impl ChatFormat<'_> {
+impl Writer<'_> {
     /// `<|open|>TAG ATTR="VALUE"...<|sep|>`.
     fn xtml_open(&self, out: &mut Vec<u32>, tag: &str, attrs: &[(&str, &str)]) -> Result<(), TokenizerError> {
         out.push(self.special("<|open|>")?);
@@ -52,7 +52,7 @@ impl ChatFormat<'_> {
         let mut from = 0;
         for &at in images {
             out.extend(self.tok.encode(&text[from..at]));
-            out.push(self.special(crate::chat::IMAGE_PLACEHOLDER)?);
+            out.push(self.special(crate::message::IMAGE_PLACEHOLDER)?);
             from = at;
         }
         out.extend(self.tok.encode(&text[from..]));
