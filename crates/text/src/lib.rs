@@ -1,27 +1,29 @@
 #![recursion_limit = "256"]
 //! # k3-text
 //!
-//! Text that needs no model: the [`tokenizer`], chat prompts in a model's own format ([`chat`]),
+//! Text that needs no model: the [`tokenizer`], chat prompts in a model's own format ([`chat_format`]),
 //! tool calls read out of a reply ([`toolcall`]) and held to their schemas as they are written
 //! ([`strict`]), and JSON answers checked as they grow ([`json_prefix`], [`json_schema`]) over a
 //! whole vocabulary at once ([`mask`]).
 //!
 //! Markup is organised by [`Dialect`]: everything about Kimi's `im_` turns (rendering, reading
 //! calls back, strict calls) sits in `im/`, K3's XTML in `xtml/`, a model's own Jinja template
-//! in `chat/template.rs`. The model crates do not appear here: `k3-generate` joins the two.
+//! in `template.rs`. The model crates do not appear here: `k3-generate` joins the two.
 
-pub mod chat;
+pub mod chat_format;
+mod json_style;
 mod im;
 pub mod json_prefix;
 pub mod json_schema;
 pub mod mask;
 mod message;
 pub mod strict;
+mod template;
 pub mod tokenizer;
 pub mod toolcall;
 mod xtml;
 
-pub use chat::{ChatFormat, Message, Role};
+pub use chat_format::{ChatFormat, Message, Role};
 pub use tokenizer::{Tokenizer, TokenizerError};
 
 /// The markup a model's chats and tool calls are written in.

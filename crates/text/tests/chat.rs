@@ -6,7 +6,7 @@ use std::path::Path;
 
 use common::kimi_tokenizer as tokenizer;
 use k3_text::Dialect;
-use k3_text::chat::{Call, ChatFormat, Message, PromptOptions, Role, ToolChoice, python_json};
+use k3_text::chat_format::{Call, ChatFormat, Message, PromptOptions, Role, ToolChoice, python_json};
 use k3_text::tokenizer::{KIMI_PATTERN, Tokenizer};
 
 #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::kimi_tokenizer;
 use k3_text::Dialect;
-use k3_text::chat::{ChatFormat, Message, Role, TEMPLATE_LIMITS, TemplateLimits};
+use k3_text::chat_format::{ChatFormat, Message, Role, TEMPLATE_LIMITS, TemplateLimits};
 
 fn release(name: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/chat/templates").join(name))

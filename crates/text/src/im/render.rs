@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use crate::chat::json::python_json;
+use crate::json_style::python_json;
 use crate::message::{ChatError, Message, PromptOptions, Role, Writer};
 use crate::tokenizer::TokenizerError;
 

@@ -6,7 +6,7 @@
 //! matched to the calls by id. System notes carry the thinking effort, `tool_choice` and
 //! `response_format`.
 
-use crate::chat::json::{json_type, object_entries, python_json, sorted_json};
+use crate::json_style::{json_type, object_entries, python_json, sorted_json};
 use crate::message::{Call, ChatError, Message, PromptOptions, Role, ToolChoice, Writer};
 use crate::tokenizer::TokenizerError;
 

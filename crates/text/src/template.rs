@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use minijinja::value::{Kwargs, Object, ObjectRepr, Value};
 use minijinja::{Environment, Error, ErrorKind, State};
 
-use super::json::{object_entries, python_json, sorted_json};
+use crate::json_style::{object_entries, python_json, sorted_json};
 use crate::message::{ChatError, Message, PromptOptions, Role};
 use crate::tokenizer::Tokenizer;
 

@@ -13,11 +13,8 @@
 //! All are checked against Python jinja2 renderings of the releases' own chat templates
 //! (fixtures/chat/).
 
-pub(crate) mod json;
-mod template;
-
-pub use json::{object_entries, python_json, sorted_json};
-pub use template::{LIMITS as TEMPLATE_LIMITS, Limits as TemplateLimits};
+pub use crate::json_style::python_json;
+pub use crate::template::{LIMITS as TEMPLATE_LIMITS, Limits as TemplateLimits};
 
 use crate::Dialect;
 use crate::message::Writer;
@@ -33,7 +30,7 @@ pub struct ChatFormat<'t> {
     w: Writer<'t>,
     dialect: Dialect,
     /// K2 / DeepSeek-V3: the model's own template, when it ships one (else K2's `im_` turns).
-    template: Option<Result<template::Template, String>>,
+    template: Option<Result<crate::template::Template, String>>,
 }
 
 impl<'t> ChatFormat<'t> {
@@ -45,7 +42,7 @@ impl<'t> ChatFormat<'t> {
     pub fn with_limits(tok: &'t Tokenizer, dialect: Dialect, limits: TemplateLimits) -> Self {
         let template = match (dialect, tok.chat_template()) {
             (Dialect::Template, Some(source)) => {
-                Some(template::Template::with_limits(source, limits).map_err(|e| e.to_string()))
+                Some(crate::template::Template::with_limits(source, limits).map_err(|e| e.to_string()))
             }
             _ => None,
         };
@@ -84,7 +81,7 @@ impl<'t> ChatFormat<'t> {
     }
 
     /// The model's template, or why it cannot be used.
-    fn template(&self) -> Option<Result<&template::Template, ChatError>> {
+    fn template(&self) -> Option<Result<&crate::template::Template, ChatError>> {
         self.template.as_ref().map(|t| t.as_ref().map_err(|e| ChatError::invalid("chat_template", e.clone())))
     }
 
