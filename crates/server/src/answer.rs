@@ -18,10 +18,10 @@ use tokio::sync::mpsc as tmpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::api::{Prepared, finish_reason};
 use crate::error::ApiError;
-use crate::reqlog::{RequestLog, Tally};
-use crate::scheduler::{Event, Job, Refused, TokenLogprob};
+use crate::job::{Event, Job, Refused, Tally, TokenLogprob};
+use crate::reqlog::RequestLog;
+use crate::request::Prepared;
 use crate::state::AppState;
 use k3_generate::cache::Scope;
 
@@ -30,6 +30,16 @@ use k3_generate::cache::Scope;
 pub enum Kind {
     Chat,
     Completion,
+}
+
+/// OpenAI's `finish_reason` for how a turn ended.
+pub fn finish_reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop | Finish::StopString => "stop",
+        // Cut short with the answer unfinished (a limit, a full context, JSON no token continues,
+        // or the server's drain ending it): what OpenAI's clients read as an incomplete answer.
+        Finish::Length | Finish::ContextFull | Finish::Unfinished | Finish::Cancelled => "length",
+    }
 }
 
 /// Submits a prepared request and answers it, streamed or whole.

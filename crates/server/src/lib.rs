@@ -13,6 +13,8 @@ pub mod boundary;
 pub mod error;
 pub mod histogram;
 pub mod image_budget;
+pub mod images;
+pub mod job;
 pub mod listen;
 pub mod logprobs;
 mod masks;
@@ -21,6 +23,7 @@ pub mod ollama;
 pub mod page;
 mod preparing;
 pub mod reqlog;
+pub mod request;
 pub mod routes;
 pub mod scheduler;
 pub mod state;
@@ -39,9 +42,9 @@ use k3_engine::{EngineOptions, OpenOptions, OwnedEngine};
 use k3_text::tokenizer::Tokenizer;
 
 use crate::boundary::Boundary;
+use crate::job::{Handle, Job, ModelInfo, Status};
 pub use crate::listen::{Limits, ServeError};
 use crate::metrics::Metrics;
-use crate::scheduler::{Handle, Job, ModelInfo, Status};
 use crate::state::AppState;
 
 /// How to serve.

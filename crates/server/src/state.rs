@@ -8,8 +8,8 @@ use axum::http::StatusCode;
 use k3_text::tokenizer::Tokenizer;
 
 use crate::error::ApiError;
+use crate::job::{Handle, ModelInfo};
 use crate::metrics::Metrics;
-use crate::scheduler::{Handle, ModelInfo};
 
 /// What every handler shares.
 #[derive(Debug, Clone)]

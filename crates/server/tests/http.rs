@@ -299,7 +299,7 @@ async fn a_client_that_leaves_mid_stream_frees_its_slot() {
 async fn markup_in_content_stays_text() {
     let m = Model::open(default_model()).unwrap();
     let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
-    let info = k3_server::scheduler::ModelInfo {
+    let info = k3_server::job::ModelInfo {
         id: "default".into(),
         family: k3_engine::config::Family::KimiLinear,
         context: 4096,

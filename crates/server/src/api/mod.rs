@@ -3,21 +3,22 @@
 //! `tools`; fields it cannot honour (`echo`, `suffix`, `best_of`, `n` > 1) refused by name;
 //! fields that ask nothing of the answer (`user`, `metadata`) ignored, as OpenAI's clients expect.
 
-pub mod images;
 mod sampling;
 mod tools;
 
 pub use sampling::{Sampling, Stop};
 
 use k3_engine::config::Family;
-use k3_generate::{Finish, GenerateParams};
 use k3_text::chat::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
 use k3_text::tokenizer::Tokenizer;
 use k3_text::toolcall::ToolCallReader;
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::scheduler::ModelInfo;
+// Also reachable as `api::images`, where `k3-cli chat` reads saved images with it.
+pub use crate::images;
+use crate::job::ModelInfo;
+use crate::request::Prepared;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamOptions {
@@ -120,32 +121,6 @@ pub enum Prompt {
     Text(String),
     Ids(Vec<u32>),
     Texts(Vec<String>),
-}
-
-/// A request checked and tokenized: what the scheduler runs and how to answer.
-#[derive(Debug)]
-pub struct Prepared {
-    pub prompt: Vec<u32>,
-    pub params: GenerateParams,
-    pub stream: bool,
-    pub include_usage: bool,
-    /// Tools were declared: the reply is read for tool calls.
-    pub tools: bool,
-    /// Where to keep the state while prefilling ([`crate::scheduler::Job::checkpoints`]).
-    pub checkpoints: Vec<usize>,
-    /// The images, in prompt order (one placeholder each in `prompt`); decoded by
-    /// [`images::admit`] before the request is queued.
-    pub images: Vec<images::RequestImage>,
-}
-
-/// OpenAI's `finish_reason` for how a turn ended.
-pub fn finish_reason(f: Finish) -> &'static str {
-    match f {
-        Finish::Stop | Finish::StopString => "stop",
-        // Cut short with the answer unfinished (a limit, a full context, JSON no token continues,
-        // or the server's drain ending it): what OpenAI's clients read as an incomplete answer.
-        Finish::Length | Finish::ContextFull | Finish::Unfinished | Finish::Cancelled => "length",
-    }
 }
 
 fn check_model(asked: Option<&str>, info: &ModelInfo) -> Result<(), ApiError> {
