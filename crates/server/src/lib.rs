@@ -10,6 +10,7 @@ pub mod about;
 pub mod answer;
 pub mod api;
 pub mod boundary;
+pub mod checkpoints;
 pub mod error;
 pub mod histogram;
 pub mod image_budget;
@@ -112,6 +113,7 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         info: Arc::new(OnceLock::new()),
         tok: Arc::new(OnceLock::new()),
         metrics: Arc::new(Metrics::default()),
+        beginnings: Arc::default(),
         boundary: Arc::new(opts.boundary.clone()),
         body_limit,
         body_timeout: opts.limits.body_timeout,

@@ -84,12 +84,12 @@ pub async fn chat(
     Extension(scope): Extension<Scope>,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let stop_bytes = s.stop_bytes;
+    let (stop_bytes, beginnings) = (s.stop_bytes, s.beginnings.clone());
     let p = prepared(&s, req, move |r: ChatRequest, info, tok| {
         let tok = tok.ok_or_else(|| {
             ApiError::bad("messages", "this model embeds no tokenizer: send token ids to /v1/completions")
         })?;
-        r.prepare(tok, info, stop_bytes)
+        r.prepare(tok, info, stop_bytes, &beginnings)
     })
     .await?;
     answer::run(&s, p, Kind::Chat, scope).await

@@ -33,13 +33,13 @@ fn either(r: Result<Response, ApiError>) -> Response {
 
 /// `POST /api/chat`.
 pub async fn chat(State(s): State<AppState>, Extension(scope): Extension<Scope>, req: Request) -> Response {
-    let stop_bytes = s.stop_bytes;
+    let (stop_bytes, beginnings) = (s.stop_bytes, s.beginnings.clone());
     either(
         async {
             let p = prepared(&s, req, move |v: Value, info, tok| {
                 let tok = tok.ok_or_else(|| ApiError::bad("messages", "this model embeds no tokenizer"))?;
                 let r: ChatRequest = openai_body(request::chat(&v, info.context)?)?;
-                r.prepare(tok, info, stop_bytes).map_err(request::renamed)
+                r.prepare(tok, info, stop_bytes, &beginnings).map_err(request::renamed)
             })
             .await?;
             let stream = p.stream;
@@ -52,7 +52,7 @@ pub async fn chat(State(s): State<AppState>, Extension(scope): Extension<Scope>,
 /// `POST /api/generate`: a user turn in the chat format, or a `raw` prompt as it is; no prompt
 /// at all is Ollama's "load the model", answered at once.
 pub async fn generate(State(s): State<AppState>, Extension(scope): Extension<Scope>, req: Request) -> Response {
-    let stop_bytes = s.stop_bytes;
+    let (stop_bytes, beginnings) = (s.stop_bytes, s.beginnings.clone());
     either(
         async {
             let bytes = body(&s, req).await?;
@@ -74,7 +74,7 @@ pub async fn generate(State(s): State<AppState>, Extension(scope): Extension<Sco
                 Generate::Chat(body) => {
                     let tok = tok.ok_or_else(|| ApiError::bad("prompt", "this model embeds no tokenizer"))?;
                     let r: ChatRequest = openai_body(body)?;
-                    r.prepare(tok, info, stop_bytes).map_err(request::renamed)
+                    r.prepare(tok, info, stop_bytes, &beginnings).map_err(request::renamed)
                 }
                 Generate::Load => Err(ApiError::bad("prompt", "no prompt")),
             })
