@@ -1,5 +1,6 @@
 //! What the HTTP side and the scheduler exchange: a [`Job`] in, [`Event`]s back, through a
-//! [`Handle`]; and the [`ModelInfo`] requests are checked against.
+//! [`Handle`], with the job's [`Tally`] as it runs; and the [`ModelInfo`] requests are checked
+//! against. Both sides import this; it imports neither.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
