@@ -18,10 +18,10 @@ use tokio::sync::mpsc as tmpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::api::{Prepared, finish_reason};
 use crate::error::ApiError;
-use crate::reqlog::{RequestLog, Tally};
-use crate::scheduler::{Event, Job, Refused, TokenLogprob};
+use crate::job::{Event, Job, Refused, Tally, TokenLogprob};
+use crate::reqlog::RequestLog;
+use crate::request::Prepared;
 use crate::state::AppState;
 use k3_generate::cache::Scope;
 
@@ -30,6 +30,16 @@ use k3_generate::cache::Scope;
 pub enum Kind {
     Chat,
     Completion,
+}
+
+/// OpenAI's `finish_reason` for how a turn ended.
+pub fn finish_reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop | Finish::StopString => "stop",
+        // Cut short with the answer unfinished (a limit, a full context, JSON no token continues,
+        // or the server's drain ending it): what OpenAI's clients read as an incomplete answer.
+        Finish::Length | Finish::ContextFull | Finish::Unfinished | Finish::Cancelled => "length",
+    }
 }
 
 /// Submits a prepared request and answers it, streamed or whole.
@@ -136,9 +146,7 @@ impl Reply {
                 }
                 match tok.special_name(token) {
                     Some(marker) => self.raw.push_str(marker),
-                    None => {
-                        self.raw.push_str(&String::from_utf8_lossy(&tok.decode_bytes(&[token]).unwrap_or_default()))
-                    }
+                    None => self.raw.push_str(&written(tok, token)),
                 }
                 if pieces.iter().any(|p| matches!(p, Piece::Call(_))) {
                     self.as_text = true;
@@ -183,6 +191,18 @@ impl Reply {
     fn call_json(&self, index: usize, c: &ToolCall) -> Value {
         let id = if c.id.is_empty() { format!("{}-{index}", self.call_prefix) } else { c.id.clone() };
         json!({"index": index, "id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+    }
+}
+
+/// What token `id` writes alone, as [`Reply::feed`] keeps it: its text from the tokenizer's
+/// table of token texts (the one the decoder reads; built when the model loaded, for
+/// [`ModelInfo::max_token_bytes`](crate::job::ModelInfo::max_token_bytes)), so a token is not
+/// decoded again; only an id the table has no text for (bytes that are no whole UTF-8 text
+/// alone) is decoded, lossily as before.
+fn written(tok: &Tokenizer, id: u32) -> std::borrow::Cow<'_, str> {
+    match tok.token_texts().get(id as usize) {
+        Some(Some(text)) => text.into(),
+        _ => String::from_utf8_lossy(&tok.decode_bytes(&[id]).unwrap_or_default()).into_owned().into(),
     }
 }
 
@@ -438,6 +458,19 @@ mod tests {
             }
         }
         (out, made)
+    }
+
+    /// Every id's text from the table is what decoding it alone gave (special tokens are their
+    /// names in `feed`, never looked up here).
+    #[test]
+    fn a_token_written_from_the_table_is_its_decoded_text() {
+        let tok = k3_tokenizer();
+        for id in 0..tok.vocab() as u32 + 2 {
+            if tok.special_name(id).is_none() {
+                let decoded = String::from_utf8_lossy(&tok.decode_bytes(&[id]).unwrap_or_default()).into_owned();
+                assert_eq!(written(&tok, id), decoded, "token {id}");
+            }
+        }
     }
 
     #[test]

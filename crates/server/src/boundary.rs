@@ -130,7 +130,7 @@ fn cors_headers(headers: &mut HeaderMap, origin: &HeaderValue) {
 /// The checks above, in order; `/health` needs no key (monitors probe it), but passes the rest.
 pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, next: Next) -> Response {
     // Ollama's routes answer errors in Ollama's shape, which its clients read.
-    let ollama = crate::ollama::is_ollama(req.uri().path());
+    let ollama = crate::error::is_ollama(req.uri().path());
     let headers = req.headers();
     if let Some(host) = headers.get(header::HOST) {
         let host = host.to_str().unwrap_or("");

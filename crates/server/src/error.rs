@@ -62,3 +62,8 @@ impl IntoResponse for ApiError {
         (self.status, Json(body)).into_response()
     }
 }
+
+/// Whether `path` is one of Ollama's routes (its errors take Ollama's shape).
+pub fn is_ollama(path: &str) -> bool {
+    path.starts_with("/api/")
+}

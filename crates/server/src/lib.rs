@@ -10,9 +10,12 @@ pub mod about;
 pub mod answer;
 pub mod api;
 pub mod boundary;
+pub mod checkpoints;
 pub mod error;
 pub mod histogram;
 pub mod image_budget;
+pub mod images;
+pub mod job;
 pub mod listen;
 pub mod logprobs;
 mod masks;
@@ -21,6 +24,7 @@ pub mod ollama;
 pub mod page;
 mod preparing;
 pub mod reqlog;
+pub mod request;
 pub mod routes;
 pub mod scheduler;
 pub mod state;
@@ -39,9 +43,9 @@ use k3_engine::{EngineOptions, OpenOptions, OwnedEngine};
 use k3_text::tokenizer::Tokenizer;
 
 use crate::boundary::Boundary;
+use crate::job::{Handle, Job, ModelInfo, Status};
 pub use crate::listen::{Limits, ServeError};
 use crate::metrics::Metrics;
-use crate::scheduler::{Handle, Job, ModelInfo, Status};
 use crate::state::AppState;
 
 /// How to serve.
@@ -109,6 +113,7 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         info: Arc::new(OnceLock::new()),
         tok: Arc::new(OnceLock::new()),
         metrics: Arc::new(Metrics::default()),
+        beginnings: Arc::default(),
         boundary: Arc::new(opts.boundary.clone()),
         body_limit,
         body_timeout: opts.limits.body_timeout,

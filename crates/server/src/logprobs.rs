@@ -6,7 +6,7 @@
 use k3_text::tokenizer::Tokenizer;
 use serde_json::{Map, Value, json};
 
-use crate::scheduler::TokenLogprob;
+use crate::job::TokenLogprob;
 
 /// A token's text and bytes (its id when the model has no tokenizer).
 fn piece(tok: Option<&Tokenizer>, id: u32) -> (String, Vec<u8>) {

@@ -17,7 +17,7 @@ use k3_text::tokenizer::Tokenizer;
 use k3_vision::Patches;
 use tokio::sync::mpsc as tmpsc;
 
-use crate::scheduler::{Event, Job};
+use crate::job::{Event, Job};
 use k3_generate::cache::Scope;
 
 /// How long a scheduler loop waits for patches still being made before stepping the batch

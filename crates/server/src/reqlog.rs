@@ -3,13 +3,13 @@
 //! person (`text`) or a program (`json`: one object a line).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use serde_json::json;
 
+use crate::job::{ModelInfo, Tally};
 use crate::metrics::Metrics;
-use crate::scheduler::ModelInfo;
 
 /// How the log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -35,16 +35,6 @@ pub(crate) fn ready(format: LogFormat, info: &ModelInfo, load_secs: f64) {
                    "context": info.context, "load_s": load_secs})
         ),
     }
-}
-
-/// A request's counts as the scheduler knows them, shared with its log line: what the line says
-/// when the request fails or its client leaves before an answer's usage comes back.
-#[derive(Debug, Default)]
-pub struct Tally {
-    pub prompt: AtomicUsize,
-    pub cached: AtomicUsize,
-    /// Tokens sampled.
-    pub completion: AtomicU64,
 }
 
 /// One request's line, written when it ends (also when the client leaves before that).

@@ -1,21 +1,17 @@
 //! The HTTP side: handlers that read and check a request and hand it to [`answer`], which
 //! submits it and turns the scheduler's events into the response.
 
-use std::sync::atomic::Ordering;
-
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::{Extension, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use k3_text::tokenizer::Tokenizer;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::answer::{self, Kind};
-use crate::api::{ChatRequest, CompletionRequest, Prepared};
+use crate::api::{ChatRequest, CompletionRequest};
 use crate::error::ApiError;
-use crate::scheduler::ModelInfo;
+use crate::job::ModelInfo;
+use crate::request::prepared;
 use crate::state::AppState;
 use k3_generate::cache::Scope;
 
@@ -52,7 +48,7 @@ pub async fn model(State(s): State<AppState>, Path(id): Path<String>) -> Result<
 
 /// Any path this server does not serve: a 404 in OpenAI's shape, naming the routes it has.
 pub async fn not_found(req: Request) -> Response {
-    let ollama = crate::ollama::is_ollama(req.uri().path());
+    let ollama = crate::error::is_ollama(req.uri().path());
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!(
@@ -72,7 +68,7 @@ pub async fn method_not_allowed(req: Request) -> Response {
         StatusCode::METHOD_NOT_ALLOWED,
         format!("{} does not take {} requests", req.uri().path(), req.method()),
     )
-    .shaped(crate::ollama::is_ollama(req.uri().path()))
+    .shaped(crate::error::is_ollama(req.uri().path()))
 }
 
 /// `GET /metrics`: Prometheus text.
@@ -82,100 +78,18 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
-/// The body of `req`, read within the server's size and time limits: a declared length over the
-/// limit is a 413 before anything is read, a body that does not arrive in time a 408.
-pub(crate) async fn body(s: &AppState, req: Request) -> Result<Bytes, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is larger than this server accepts ({} bytes)", s.body_limit),
-        )
-    };
-    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > s.body_limit as u64) {
-        return Err(too_large());
-    }
-    match tokio::time::timeout(s.body_timeout, axum::body::to_bytes(req.into_body(), s.body_limit)).await {
-        Err(_) => Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            format!("the request body did not arrive within {} s", s.body_timeout.as_secs()),
-        )),
-        Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
-        Ok(Err(e)) => Err(ApiError::new(StatusCode::BAD_REQUEST, format!("reading the request body: {e}"))),
-        Ok(Ok(b)) => Ok(b),
-    }
-}
-
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        source = err.source();
-    }
-    false
-}
-
-/// A JSON request body, with a 400 naming what is wrong.
-pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::bad("body", format!("the request body is not a valid request: {e}")))
-}
-
-/// Reads, checks and tokenizes a request, and decodes its images within their budgets, on a
-/// blocking thread (tokenizing a long prompt and decoding are CPU work that must not stall the
-/// async workers serving everyone else).
-pub(crate) async fn prepared<T, F>(s: &AppState, req: Request, prepare: F) -> Result<Prepared, ApiError>
-where
-    T: DeserializeOwned + Send + 'static,
-    F: FnOnce(T, &ModelInfo, Option<&Tokenizer>) -> Result<Prepared, ApiError> + Send + 'static,
-{
-    if s.handle.status.draining.load(Ordering::SeqCst) {
-        return Err(draining());
-    }
-    let bytes = body(s, req).await?;
-    prepared_bytes(s, bytes, prepare).await
-}
-
-fn draining() -> ApiError {
-    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")
-}
-
-/// [`prepared`] for a body already read.
-pub(crate) async fn prepared_bytes<T, F>(s: &AppState, bytes: Bytes, prepare: F) -> Result<Prepared, ApiError>
-where
-    T: DeserializeOwned + Send + 'static,
-    F: FnOnce(T, &ModelInfo, Option<&Tokenizer>) -> Result<Prepared, ApiError> + Send + 'static,
-{
-    if s.handle.status.draining.load(Ordering::SeqCst) {
-        return Err(draining());
-    }
-    s.ready()?;
-    let state = s.clone();
-    tokio::task::spawn_blocking(move || {
-        let r: T = parse(&bytes)?;
-        let (info, tok) = state.ready()?;
-        let mut p = prepare(r, info, tok)?;
-        crate::api::images::admit(&mut p.images, &state.image_limits, &state.images_in_flight)?;
-        Ok(p)
-    })
-    .await
-    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "checking the request failed"))?
-}
-
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     State(s): State<AppState>,
     Extension(scope): Extension<Scope>,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let stop_bytes = s.stop_bytes;
+    let (stop_bytes, beginnings) = (s.stop_bytes, s.beginnings.clone());
     let p = prepared(&s, req, move |r: ChatRequest, info, tok| {
         let tok = tok.ok_or_else(|| {
             ApiError::bad("messages", "this model embeds no tokenizer: send token ids to /v1/completions")
         })?;
-        r.prepare(tok, info, stop_bytes)
+        r.prepare(tok, info, stop_bytes, &beginnings)
     })
     .await?;
     answer::run(&s, p, Kind::Chat, scope).await

@@ -8,8 +8,8 @@ use axum::http::StatusCode;
 use k3_text::tokenizer::Tokenizer;
 
 use crate::error::ApiError;
+use crate::job::{Handle, ModelInfo};
 use crate::metrics::Metrics;
-use crate::scheduler::{Handle, ModelInfo};
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
@@ -19,6 +19,8 @@ pub struct AppState {
     pub info: Arc<OnceLock<ModelInfo>>,
     pub tok: Arc<OnceLock<Tokenizer>>,
     pub metrics: Arc<Metrics>,
+    /// Conversations' beginnings rendered for chat requests' checkpoints, for the next ones.
+    pub beginnings: Arc<crate::checkpoints::Beginnings>,
     pub boundary: Arc<crate::boundary::Boundary>,
     /// Largest request body accepted (413 beyond).
     pub body_limit: usize,

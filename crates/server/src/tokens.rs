@@ -16,8 +16,8 @@ use k3_text::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
-use crate::routes::{body, parse};
-use crate::scheduler::ModelInfo;
+use crate::job::ModelInfo;
+use crate::request::{body, parse};
 use crate::state::AppState;
 
 /// Tokenizer jobs running at once at most; more wait their turn (on no thread).

@@ -299,7 +299,7 @@ async fn a_client_that_leaves_mid_stream_frees_its_slot() {
 async fn markup_in_content_stays_text() {
     let m = Model::open(default_model()).unwrap();
     let tok = k3_generate::model_tokenizer(&m).unwrap().unwrap();
-    let info = k3_server::scheduler::ModelInfo {
+    let info = k3_server::job::ModelInfo {
         id: "default".into(),
         family: k3_engine::config::Family::KimiLinear,
         context: 4096,
@@ -318,7 +318,7 @@ async fn markup_in_content_stays_text() {
         json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": user}]}),
     )
     .unwrap();
-    let p = req.prepare(&tok, &info, 4096).unwrap();
+    let p = req.prepare(&tok, &info, 4096, &Default::default()).unwrap();
     assert_eq!(p.prompt.iter().filter(|&&t| t == end).count(), 2, "one end marker per message, none from content");
     let text = String::from_utf8(tok.decode_bytes(&p.prompt).unwrap()).unwrap();
     assert!(text.contains(user), "the content is in the prompt as text: {text}");

@@ -9,8 +9,9 @@ use k3_engine::{Engine, Model};
 use k3_generate::GenerateParams;
 use k3_generate::cache::PrefixCache;
 use k3_generate::cache::Scope;
+use k3_server::job::{Event, Job, Status};
 use k3_server::metrics::Metrics;
-use k3_server::scheduler::{self, Event, Job, Status};
+use k3_server::scheduler;
 use tokio::sync::mpsc as tmpsc;
 
 fn default_model() -> PathBuf {

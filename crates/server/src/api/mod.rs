@@ -3,21 +3,23 @@
 //! `tools`; fields it cannot honour (`echo`, `suffix`, `best_of`, `n` > 1) refused by name;
 //! fields that ask nothing of the answer (`user`, `metadata`) ignored, as OpenAI's clients expect.
 
-pub mod images;
 mod sampling;
 mod tools;
 
 pub use sampling::{Sampling, Stop};
 
 use k3_engine::config::Family;
-use k3_generate::{Finish, GenerateParams};
 use k3_text::chat::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
 use k3_text::tokenizer::Tokenizer;
 use k3_text::toolcall::ToolCallReader;
 use serde::Deserialize;
 
+use crate::checkpoints::{Beginnings, checkpoints};
 use crate::error::ApiError;
-use crate::scheduler::ModelInfo;
+// Also reachable as `api::images`, where `k3-cli chat` reads saved images with it.
+pub use crate::images;
+use crate::job::ModelInfo;
+use crate::request::Prepared;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamOptions {
@@ -120,32 +122,6 @@ pub enum Prompt {
     Text(String),
     Ids(Vec<u32>),
     Texts(Vec<String>),
-}
-
-/// A request checked and tokenized: what the scheduler runs and how to answer.
-#[derive(Debug)]
-pub struct Prepared {
-    pub prompt: Vec<u32>,
-    pub params: GenerateParams,
-    pub stream: bool,
-    pub include_usage: bool,
-    /// Tools were declared: the reply is read for tool calls.
-    pub tools: bool,
-    /// Where to keep the state while prefilling ([`crate::scheduler::Job::checkpoints`]).
-    pub checkpoints: Vec<usize>,
-    /// The images, in prompt order (one placeholder each in `prompt`); decoded by
-    /// [`images::admit`] before the request is queued.
-    pub images: Vec<images::RequestImage>,
-}
-
-/// OpenAI's `finish_reason` for how a turn ended.
-pub fn finish_reason(f: Finish) -> &'static str {
-    match f {
-        Finish::Stop | Finish::StopString => "stop",
-        // Cut short with the answer unfinished (a limit, a full context, JSON no token continues,
-        // or the server's drain ending it): what OpenAI's clients read as an incomplete answer.
-        Finish::Length | Finish::ContextFull | Finish::Unfinished | Finish::Cancelled => "length",
-    }
 }
 
 fn check_model(asked: Option<&str>, info: &ModelInfo) -> Result<(), ApiError> {
@@ -252,7 +228,14 @@ impl ChatRequest {
     /// Renders the conversation in the model's own chat format: structural markup as special
     /// tokens, every message's text tokenized on its own as plain text, so content can never
     /// forge a turn.
-    pub fn prepare(&self, tok: &Tokenizer, info: &ModelInfo, stop_bytes: usize) -> Result<Prepared, ApiError> {
+    /// `beginnings`: conversations' beginnings rendered for earlier requests' checkpoints.
+    pub fn prepare(
+        &self,
+        tok: &Tokenizer,
+        info: &ModelInfo,
+        stop_bytes: usize,
+        beginnings: &Beginnings,
+    ) -> Result<Prepared, ApiError> {
         check_model(self.model.as_deref(), info)?;
         let text: usize = self.messages.iter().map(ChatMessage::text_bytes).sum();
         check_fits(text, info, "messages")?;
@@ -288,7 +271,7 @@ impl ChatRequest {
             ChatError::Invalid { what, reason } => ApiError::bad(&what, reason),
             ChatError::Tokenizer(e) => internal(e),
         })?;
-        let checkpoints = checkpoints(&format, &messages, &options, &prompt);
+        let checkpoints = checkpoints(&format, &messages, &options, &prompt, beginnings);
         let end = format.end_of_turn().map_err(internal)?;
         let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
         let mut params = self.sampling.params(info, prompt.len(), stop_ids, stop_bytes)?;
@@ -428,36 +411,4 @@ impl CompletionRequest {
             images: Vec::new(),
         })
     }
-}
-
-/// Where a chat prompt's state is worth keeping while it prefills: after the leading system
-/// messages (with the tool declarations; when there are tools or a system message), and after
-/// the message before the last (when there are earlier messages). Each is where the prompt
-/// rendered up to that message, with the same options, parts from the whole one: the template's
-/// own boundary, whatever its markup. At most two a request (two states' memory); none where
-/// the rendering fails or the point is not inside the prompt.
-fn checkpoints(
-    format: &ChatFormat<'_>,
-    messages: &[Message],
-    options: &PromptOptions<'_>,
-    prompt: &[u32],
-) -> Vec<usize> {
-    let system = messages.iter().take_while(|m| m.role == Role::System).count();
-    let mut cuts = Vec::new();
-    if system > 0 || options.tools.is_some() {
-        cuts.push(system);
-    }
-    if messages.len() > system + 1 {
-        cuts.push(messages.len() - 1);
-    }
-    let mut at: Vec<usize> = cuts
-        .into_iter()
-        .filter(|&k| k < messages.len())
-        .filter_map(|k| format.prompt_with(&messages[..k], options).ok())
-        .map(|part| part.iter().zip(prompt).take_while(|(a, b)| a == b).count())
-        .filter(|&n| n > 0 && n < prompt.len())
-        .collect();
-    at.sort_unstable();
-    at.dedup();
-    at
 }

@@ -9,7 +9,7 @@ use k3_generate::sample::{
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::scheduler::ModelInfo;
+use crate::job::ModelInfo;
 
 /// Sampling and stopping fields both endpoints take.
 #[derive(Debug, Default, Deserialize)]

@@ -25,7 +25,7 @@ pub struct Tools {
 }
 
 /// The room a schema's answer has: the model's context and longest token (see [`SchemaLimits`]).
-pub fn schema_limits(info: &crate::scheduler::ModelInfo) -> SchemaLimits {
+pub fn schema_limits(info: &crate::job::ModelInfo) -> SchemaLimits {
     SchemaLimits::new(info.context, info.max_token_bytes as u64)
 }
 

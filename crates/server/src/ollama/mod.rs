@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use crate::answer::{self, Kind};
 use crate::api::{ChatRequest, CompletionRequest};
 use crate::error::ApiError;
-use crate::routes::{body, parse, prepared};
-use crate::scheduler::ModelInfo;
+use crate::job::ModelInfo;
+use crate::request::{body, parse, prepared, prepared_bytes};
 use crate::state::AppState;
 use k3_generate::cache::Scope;
 use reply::Endpoint;
@@ -26,11 +26,6 @@ use request::Generate;
 /// The Ollama release whose API these routes follow (clients gate features on it).
 pub const API_VERSION: &str = "0.12.0";
 
-/// Whether `path` is one of Ollama's routes (its errors take Ollama's shape).
-pub fn is_ollama(path: &str) -> bool {
-    path.starts_with("/api/")
-}
-
 /// The answer, or the error as Ollama's clients read it: `{"error": "field: message"}`.
 fn either(r: Result<Response, ApiError>) -> Response {
     r.unwrap_or_else(|e| e.shaped(true))
@@ -38,13 +33,13 @@ fn either(r: Result<Response, ApiError>) -> Response {
 
 /// `POST /api/chat`.
 pub async fn chat(State(s): State<AppState>, Extension(scope): Extension<Scope>, req: Request) -> Response {
-    let stop_bytes = s.stop_bytes;
+    let (stop_bytes, beginnings) = (s.stop_bytes, s.beginnings.clone());
     either(
         async {
             let p = prepared(&s, req, move |v: Value, info, tok| {
                 let tok = tok.ok_or_else(|| ApiError::bad("messages", "this model embeds no tokenizer"))?;
                 let r: ChatRequest = openai_body(request::chat(&v, info.context)?)?;
-                r.prepare(tok, info, stop_bytes).map_err(request::renamed)
+                r.prepare(tok, info, stop_bytes, &beginnings).map_err(request::renamed)
             })
             .await?;
             let stream = p.stream;
@@ -57,7 +52,7 @@ pub async fn chat(State(s): State<AppState>, Extension(scope): Extension<Scope>,
 /// `POST /api/generate`: a user turn in the chat format, or a `raw` prompt as it is; no prompt
 /// at all is Ollama's "load the model", answered at once.
 pub async fn generate(State(s): State<AppState>, Extension(scope): Extension<Scope>, req: Request) -> Response {
-    let stop_bytes = s.stop_bytes;
+    let (stop_bytes, beginnings) = (s.stop_bytes, s.beginnings.clone());
     either(
         async {
             let bytes = body(&s, req).await?;
@@ -71,19 +66,17 @@ pub async fn generate(State(s): State<AppState>, Extension(scope): Extension<Sco
                 .into_response());
             }
             let raw = matches!(request::generate(&v, info.context)?, Generate::Raw(_));
-            let p = crate::routes::prepared_bytes(&s, bytes, move |v: Value, info, tok| {
-                match request::generate(&v, info.context)? {
-                    Generate::Raw(body) => {
-                        let r: CompletionRequest = openai_body(body)?;
-                        r.prepare(tok, info, stop_bytes).map_err(request::renamed)
-                    }
-                    Generate::Chat(body) => {
-                        let tok = tok.ok_or_else(|| ApiError::bad("prompt", "this model embeds no tokenizer"))?;
-                        let r: ChatRequest = openai_body(body)?;
-                        r.prepare(tok, info, stop_bytes).map_err(request::renamed)
-                    }
-                    Generate::Load => Err(ApiError::bad("prompt", "no prompt")),
+            let p = prepared_bytes(&s, bytes, move |v: Value, info, tok| match request::generate(&v, info.context)? {
+                Generate::Raw(body) => {
+                    let r: CompletionRequest = openai_body(body)?;
+                    r.prepare(tok, info, stop_bytes).map_err(request::renamed)
                 }
+                Generate::Chat(body) => {
+                    let tok = tok.ok_or_else(|| ApiError::bad("prompt", "this model embeds no tokenizer"))?;
+                    let r: ChatRequest = openai_body(body)?;
+                    r.prepare(tok, info, stop_bytes, &beginnings).map_err(request::renamed)
+                }
+                Generate::Load => Err(ApiError::bad("prompt", "no prompt")),
             })
             .await?;
             let stream = p.stream;

@@ -15,10 +15,9 @@ use tokio::sync::mpsc as tmpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::answer::{Reply, Submitted};
-use crate::api::finish_reason;
+use crate::answer::{Reply, Submitted, finish_reason};
 use crate::error::ApiError;
-use crate::scheduler::Event;
+use crate::job::Event;
 
 /// Which endpoint's shape: `/api/chat` (`message`) or `/api/generate` (`response`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,6 @@
 //! its logits and sits out the steps until it does, so a costly schema holds up only its own
 //! request.
 
-mod job;
 mod prefill;
 
 use std::sync::atomic::Ordering;
@@ -20,13 +19,14 @@ use k3_generate::{Decoder, Emit, Finish};
 use k3_text::tokenizer::Tokenizer;
 use tokio::sync::mpsc as tmpsc;
 
+use crate::job::{Event, Job, Tally};
 use crate::masks::{Landed, MaskPool, PendingMask};
 use crate::metrics::Metrics;
 use crate::preparing::Preparing;
+use crate::status::Status;
 use k3_generate::cache::Scope;
 use k3_generate::cache::{Kept, PrefixCache};
 
-pub use job::{Event, Handle, Job, ModelInfo, Refused, Status, TokenLogprob};
 pub use prefill::{PREFILL_CHUNK, prefill_rows};
 
 /// A sequence in the running batch.
@@ -52,7 +52,7 @@ struct Active<'t> {
     scope: Scope,
     /// The prompt's images' rows at their positions.
     images: Vec<Inserted>,
-    tally: Arc<crate::reqlog::Tally>,
+    tally: Arc<Tally>,
 }
 
 impl Active<'_> {

@@ -4,7 +4,7 @@
 //! the request is checked ([`probed`]: a bad one is a 400 naming its field); then [`admit`]
 //! counts the request's pixels against its budget, takes them from the server's in-flight
 //! budget and decodes, all before the request is queued. The resize runs off the engine's thread
-//! and the tower on it ([`crate::preparing`]).
+//! and the tower on it (the preparing module).
 
 use axum::http::StatusCode;
 use base64::Engine as _;

@@ -1,7 +1,8 @@
 //! What the HTTP side and the scheduler exchange: a [`Job`] in, [`Event`]s back, through a
-//! [`Handle`]; and the [`ModelInfo`] requests are checked against.
+//! [`Handle`], with the job's [`Tally`] as it runs; and the [`ModelInfo`] requests are checked
+//! against. Both sides import this; it imports neither.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
 use k3_generate::{Finish, GenerateParams};
@@ -20,16 +21,26 @@ pub struct Job {
     pub scope: Scope,
     /// Prompt lengths (ascending) at which to stop the prefill and keep the state: where the
     /// prompts of later requests are likely to part from this one's (the chat template's
-    /// boundaries, [`crate::api::ChatRequest::prepare`]).
+    /// boundaries, `ChatRequest::prepare` in the OpenAI api).
     pub checkpoints: Vec<usize>,
     /// Decoded images, one per placeholder of `prompt`, in order: their rows are computed and
     /// the prompt framed ([`k3_generate::media::expand`]) when the job is admitted.
-    pub images: Vec<crate::api::images::RequestImage>,
+    pub images: Vec<crate::images::RequestImage>,
     /// Its counts as they grow, for its log line however it ends.
-    pub tally: Arc<crate::reqlog::Tally>,
+    pub tally: Arc<Tally>,
 }
 
 pub use k3_generate::sample::TokenLogprob;
+
+/// A request's counts as the scheduler knows them, shared with its log line: what the line says
+/// when the request fails or its client leaves before an answer's usage comes back.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub prompt: AtomicUsize,
+    pub cached: AtomicUsize,
+    /// Tokens sampled.
+    pub completion: AtomicU64,
+}
 
 /// What a request hears back, in order: text deltas, then one `Done` or `Failed`.
 #[derive(Debug, Clone, PartialEq)]
