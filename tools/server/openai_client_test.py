@@ -8,7 +8,7 @@ in a venv it makes:
 
 VISION is a K3 converted with its vision tower (`fixtures/golden/tiny-k3-vision`): a picture sent
 as an `image_url` data URL the way the client's users send one, the same picture again resumed
-from the prefix cache, and a remote URL refused.
+from the prompt cache, and a remote URL refused.
 """
 
 import json

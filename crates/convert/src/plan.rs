@@ -158,7 +158,7 @@ fn sort_tensors(
 /// One layout per distinct (source kind, shapes) — K3 and Kimi-Linear need one — and each MoE
 /// layer's plan.
 /// The checkpoint's chat template, if it ships one with a tokenizer, must render a probe
-/// conversation within its limits ([`k3_text::chat::ChatFormat::check`]).
+/// conversation within its limits ([`k3_text::chat_format::ChatFormat::check`]).
 fn check_chat_template(src: &Source, family: k3_engine::config::Family) -> Result<(), ConvertError> {
     let mut files = std::collections::HashMap::new();
     for name in EMBEDDED_FILES {
@@ -170,7 +170,7 @@ fn check_chat_template(src: &Source, family: k3_engine::config::Family) -> Resul
         return Ok(());
     };
     let at = if files.contains_key("chat_template.jinja") { "chat_template.jinja" } else { "tokenizer_config.json" };
-    k3_text::chat::ChatFormat::new(&tok, k3_generate::dialect(family))
+    k3_text::chat_format::ChatFormat::new(&tok, k3_generate::dialect(family))
         .check()
         .map_err(|e| ConvertError::Source { path: src.path_of(at), reason: e.to_string() })
 }

@@ -25,7 +25,7 @@ pub fn prompt_image(engine: &Engine<'_>, bytes: &[u8], limits: &DecodeLimits) ->
 /// and the release's framing); gives `<|media_end|>`'s id. Checked when an image is given, so a
 /// model that cannot frame one says so then, not at the turn that would use it.
 pub fn check_tokenizer(tok: &Tokenizer) -> Result<u32, GenerateError> {
-    let names = [k3_text::chat::IMAGE_PLACEHOLDER, "<|media_begin|>", "<|media_content|>", "<|media_end|>"];
+    let names = [k3_text::chat_format::IMAGE_PLACEHOLDER, "<|media_begin|>", "<|media_content|>", "<|media_end|>"];
     if let Some(missing) = names.iter().find(|n| tok.special(n).is_none()) {
         return Err(GenerateError::Input(format!(
             "the tokenizer has no {missing} token: this model cannot be given images"
@@ -82,7 +82,7 @@ pub fn place_in_raw(ids: &[u32], placeholder: u32, count: usize) -> Result<Vec<u
         n if n == count => Ok(ids.to_vec()),
         n => Err(GenerateError::Input(format!(
             "the prompt has {n} image placeholders ({}) for {count} images",
-            k3_text::chat::IMAGE_PLACEHOLDER
+            k3_text::chat_format::IMAGE_PLACEHOLDER
         ))),
     }
 }

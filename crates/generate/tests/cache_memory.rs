@@ -1,4 +1,4 @@
-//! The prefix cache's budget is what the process really holds: over a thousand distinct prompts
+//! The prompt cache's budget is what the process really holds: over a thousand distinct prompts
 //! kept and evicted, the resident memory grows by at most the budget and a stated margin. (Its
 //! own process: no other test's allocations move the figure.)
 
@@ -6,7 +6,7 @@ use std::path::Path;
 
 use k3_engine::{Engine, Model};
 use k3_generate::cache::Scope;
-use k3_generate::cache::{Kept, PrefixCache};
+use k3_generate::cache::{Kept, PromptCache};
 
 fn rss() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
@@ -18,15 +18,15 @@ fn a_thousand_prompts_stay_within_the_budget() {
     let model = Model::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/default.waste")).unwrap();
     let engine = Engine::load(&model).unwrap();
     let budget = 8 << 20;
-    let mut cache = PrefixCache::new(budget);
+    let mut cache = PromptCache::new(budget);
     let prompt = |i: u32| [1 + i % 4000, 7, 1 + (i * 7) % 4000, 9];
-    let run = |i: u32, cache: &mut PrefixCache| {
+    let run = |i: u32, cache: &mut PromptCache| {
         let mut s = engine.session();
         engine.forward_last(&mut s, &prompt(i)).unwrap();
         cache.insert(&engine, Scope(u64::from(i % 3)), &s, Kept::AnswerEnd);
     };
     // Warm up what every step allocates (activations, the expert cache), with the cache off.
-    let mut off = PrefixCache::new(0);
+    let mut off = PromptCache::new(0);
     for i in 0..20 {
         run(i, &mut off);
     }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use k3_engine::{Engine, Model};
-use k3_generate::cache::disk::StateStore;
+use k3_generate::cache::disk::DiskTier;
 
 fn open(name: &str) -> Model {
     Model::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)).unwrap()
@@ -33,12 +33,12 @@ fn a_saved_state_is_restored_after_a_restart() {
     let mut s = engine.session();
     let logits = engine.forward_last(&mut s, &PROMPT[..6]).unwrap();
     {
-        let mut store = StateStore::open(dir.path(), 1 << 30, &engine).unwrap();
+        let mut store = DiskTier::open(dir.path(), 1 << 30, &engine).unwrap();
         store.save(&engine, 7, &s, Some(&logits));
         store.settle(SETTLE);
         assert_eq!(store.stats().writes, 1);
     }
-    let mut store = StateStore::open(dir.path(), 1 << 30, &engine).unwrap();
+    let mut store = DiskTier::open(dir.path(), 1 << 30, &engine).unwrap();
     assert_eq!(store.stats().entries, 1);
     assert_eq!(store.best(7, &PROMPT), 6);
     assert_eq!(store.best(8, &PROMPT), 0, "another scope's state is not offered");
@@ -66,7 +66,7 @@ fn the_budget_drops_the_least_recently_used() {
         })
         .collect();
     let one = engine.state_file(&states[2], None).len() as u64;
-    let mut store = StateStore::open(dir.path(), 2 * one + 100, &engine).unwrap();
+    let mut store = DiskTier::open(dir.path(), 2 * one + 100, &engine).unwrap();
     store.save(&engine, 0, &states[0], None);
     store.settle(SETTLE);
     store.save(&engine, 0, &states[1], None);
@@ -77,7 +77,7 @@ fn the_budget_drops_the_least_recently_used() {
     assert_eq!(files(dir.path()).len(), 2);
     assert_eq!(store.best(0, &PROMPT[..5]), 3, "the 4-token state was dropped, the used 3-token one kept");
     drop(store);
-    let store = StateStore::open(dir.path(), one + 100, &engine).unwrap();
+    let store = DiskTier::open(dir.path(), one + 100, &engine).unwrap();
     assert_eq!(store.stats().entries, 1, "a smaller budget at open drops the oldest");
 }
 
@@ -91,19 +91,19 @@ fn bad_files_are_refused_never_restored() {
     let mut t = engine.session();
     engine.forward_last(&mut t, &PROMPT[..6]).unwrap();
     {
-        let mut store = StateStore::open(dir.path(), 1 << 30, &engine).unwrap();
+        let mut store = DiskTier::open(dir.path(), 1 << 30, &engine).unwrap();
         store.save(&engine, 0, &s, None);
         store.settle(SETTLE);
         let mut f = foreign.session();
         foreign.forward_last(&mut f, &PROMPT[..3]).unwrap();
-        let mut theirs = StateStore::open(dir.path(), 1 << 30, &foreign).unwrap();
+        let mut theirs = DiskTier::open(dir.path(), 1 << 30, &foreign).unwrap();
         theirs.save(&foreign, 0, &f, None);
         theirs.settle(SETTLE);
     }
     let all = files(dir.path());
     assert_eq!(all.len(), 2);
     let ours = all.into_iter().find(|p| std::fs::read(p).unwrap() == engine.state_file(&s, None)).unwrap();
-    let mut store = StateStore::open(dir.path(), 1 << 30, &engine).unwrap();
+    let mut store = DiskTier::open(dir.path(), 1 << 30, &engine).unwrap();
     assert_eq!(store.stats().entries, 1);
     assert_eq!(store.best(0, &PROMPT), 4);
     assert!(store.take_warnings().iter().any(|w| w.contains("another model")), "foreign files are named");
@@ -111,7 +111,7 @@ fn bad_files_are_refused_never_restored() {
 
     // Damaged after the scan: refused at the restore, removed.
     let good = std::fs::read(&ours).unwrap();
-    let mut store = StateStore::open(dir.path(), 1 << 30, &engine).unwrap();
+    let mut store = DiskTier::open(dir.path(), 1 << 30, &engine).unwrap();
     let mut bad = good.clone();
     let at = bad.len() / 2;
     bad[at] ^= 1;
@@ -123,7 +123,7 @@ fn bad_files_are_refused_never_restored() {
 
     // Swapped after the scan for another state of this model: its tokens are not the index's.
     std::fs::write(&ours, &good).unwrap();
-    let mut store = StateStore::open(dir.path(), 1 << 30, &engine).unwrap();
+    let mut store = DiskTier::open(dir.path(), 1 << 30, &engine).unwrap();
     std::fs::write(&ours, engine.state_file(&t, None)).unwrap();
     assert!(store.restore(&engine, 0, &PROMPT).is_none(), "a swapped file");
     assert!(ours.exists(), "a whole file of this model is not removed");
@@ -132,12 +132,12 @@ fn bad_files_are_refused_never_restored() {
     let mut newer = good.clone();
     newer[8] = 2;
     std::fs::write(&ours, &newer).unwrap();
-    let store = StateStore::open(dir.path(), 1 << 30, &engine).unwrap();
+    let store = DiskTier::open(dir.path(), 1 << 30, &engine).unwrap();
     assert_eq!(store.stats().entries, 0);
     assert!(ours.exists());
     drop(store);
     std::fs::write(&ours, &good[..20]).unwrap();
-    let store = StateStore::open(dir.path(), 1 << 30, &engine).unwrap();
+    let store = DiskTier::open(dir.path(), 1 << 30, &engine).unwrap();
     assert_eq!((store.stats().entries, store.stats().refused), (0, 1));
     assert!(!ours.exists());
     assert_eq!(files(dir.path()).len(), 1, "the other model's file is still there");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k3_engine::{Engine, SavedState, Session};
-use k3_generate::cache::disk::StateStore;
+use k3_generate::cache::disk::DiskTier;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct PromptCacheArgs {
@@ -41,7 +41,7 @@ pub struct Restored {
 
 /// An open prompt cache.
 pub struct PromptCache {
-    store: StateStore,
+    store: DiskTier,
 }
 
 impl PromptCacheArgs {
@@ -50,13 +50,13 @@ impl PromptCacheArgs {
         let size = k3_engine::budget::parse_size(&self.prompt_cache_size)
             .map_err(anyhow::Error::msg)
             .context("--prompt-cache-size")?;
-        let mut store = StateStore::open(dir, size, engine)?;
+        let mut store = DiskTier::open(dir, size, engine)?;
         warn(&mut store);
         Ok(Some(PromptCache { store }))
     }
 }
 
-fn warn(store: &mut StateStore) {
+fn warn(store: &mut DiskTier) {
     for w in store.take_warnings() {
         eprintln!("prompt cache: {w}");
     }

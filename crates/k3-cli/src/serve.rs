@@ -41,7 +41,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8000)]
     port: u16,
     /// Require `Authorization: Bearer KEY` on every route but /health; repeat for one key per
-    /// user or app (each key's prefix-cache entries are its own) [default: none: no key is
+    /// user or app (each key's prompt-cache entries are its own) [default: none: no key is
     /// asked for, so keep the server on 127.0.0.1].
     #[arg(long, value_name = "KEY")]
     api_key: Vec<String>,
@@ -60,10 +60,10 @@ pub struct ServeArgs {
     /// of other sites are refused.
     #[arg(long = "cors", value_name = "ORIGIN")]
     cors: Vec<String>,
-    /// Share the prefix cache between API keys: faster repeated prompts across users, but a
+    /// Share the prompt cache between API keys: faster repeated prompts across users, but a
     /// client can then tell from `cached_tokens` whether another client sent a prompt.
-    #[arg(long)]
-    prefix_cache_shared: bool,
+    #[arg(long, alias = "prefix-cache-shared")]
+    prompt_cache_shared: bool,
     /// Requests decoded together in one step at most.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     max_batch: u16,
@@ -73,13 +73,13 @@ pub struct ServeArgs {
     /// The largest request body accepted (413 beyond), e.g. 4M; images arrive base64 in the body.
     #[arg(long, value_name = "SIZE", default_value = "20M")]
     max_body: String,
-    /// Memory for the prefix cache: states after prompts (with their logits), answers, system
-    /// turns and the message before the last, so a next turn, a regenerate or a new
-    /// conversation with the same system prompt prefills only what is new (0 = off), e.g. 2G.
-    #[arg(long, value_name = "BYTES", default_value = "1G")]
-    prefix_cache: String,
+    /// Memory for the prompt cache's RAM tier: states after prompts (with their logits),
+    /// answers, system turns and the message before the last, so a next turn, a regenerate or a
+    /// new conversation with the same system prompt prefills only what is new (0 = off), e.g. 2G.
+    #[arg(long, value_name = "BYTES", default_value = "1G", alias = "prefix-cache")]
+    prompt_cache_ram: String,
     /// Keep prompt states on disk in DIR too (created private to you if missing): states at
-    /// the chat template's boundaries and at prompts' ends are written as they are kept, the
+    /// the chat template's resume points and at prompts' ends are written as they are kept, the
     /// others when RAM drops them, and a restarted server resumes from them. Files of another
     /// model or version are left alone; a damaged one is removed and its prompt computed
     /// [default: none: states are kept in RAM only].
@@ -177,7 +177,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     let model_id = a.alias.clone().or_else(|| a.model.is_none().then(|| "default".to_string()));
     let model = crate::default_model::or_default(a.model.clone())?;
     let body_limit = usize::try_from(parse_size(&a.max_body).map_err(anyhow::Error::msg)?)?;
-    let prefix_cache = usize::try_from(parse_size(&a.prefix_cache).map_err(anyhow::Error::msg)?)?;
+    let prompt_cache_ram = usize::try_from(parse_size(&a.prompt_cache_ram).map_err(anyhow::Error::msg)?)?;
     let needs = Needs { context: 4096, min_context: 0, chunk: None, reserved_bytes: 0, activations: RUN_ACTIVATIONS };
     let engine = a.engine.options(needs)?;
     let mut opts = ServerOptions {
@@ -192,10 +192,10 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
             allowed_hosts: a.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
             cors: a.cors.clone(),
             api_keys: api_keys(&a)?,
-            shared_cache: a.prefix_cache_shared,
+            shared_cache: a.prompt_cache_shared,
         },
         body_limit,
-        prefix_cache,
+        prompt_cache_ram,
         prompt_cache_dir: a.prompt_cache_dir.clone(),
         prompt_cache_disk: parse_size(&a.prompt_cache_disk).map_err(anyhow::Error::msg)?,
         limits: Limits {

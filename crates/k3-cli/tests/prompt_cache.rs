@@ -110,8 +110,8 @@ fn sigterm_right_after_an_answer_keeps_its_states() {
     let v = ask(&s, questions[0]);
     assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], v["usage"]["prompt_tokens"], "{}", v["usage"]);
     let m = s.get("/metrics").1;
-    assert!(m.contains(&format!("k3_prefix_cache_disk_files {}", 1 + 2 * questions.len())), "{m}");
-    assert!(m.contains("k3_prefix_cache_disk_refused_total 0"), "{m}");
+    assert!(m.contains(&format!("k3_prompt_cache_disk_files {}", 1 + 2 * questions.len())), "{m}");
+    assert!(m.contains("k3_prompt_cache_disk_refused_total 0"), "{m}");
 }
 
 #[test]

@@ -65,7 +65,7 @@ fn cors_and_hosts_are_opened_only_as_asked() {
 }
 
 #[test]
-fn keys_are_checked_and_each_keys_prefix_cache_is_its_own() {
+fn keys_are_checked_and_each_keys_prompt_cache_is_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("keys");
     std::fs::write(&file, "# one per app\nkey-b\n\n").unwrap();
@@ -88,13 +88,13 @@ fn keys_are_checked_and_each_keys_prefix_cache_is_its_own() {
     assert_eq!(cached("bearer key-b", &next), 0, "key b must not see key a's prompt (scheme in any case)");
     assert!(cached("BEARER key-a", &next) > 0, "key a's own prompt is kept");
 
-    let shared = Server::start(&["--api-key", "key-a", "--api-key", "key-b", "--prefix-cache-shared"]);
+    let shared = Server::start(&["--api-key", "key-a", "--api-key", "key-b", "--prompt-cache-shared"]);
     let cached = |key: &str, body: &serde_json::Value| {
         let r = shared.post("/v1/chat/completions", &[&format!("Authorization: Bearer {key}")], body);
         r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
     };
     assert_eq!(cached("key-a", &secret), 0);
-    assert!(cached("key-b", &next) > 0, "--prefix-cache-shared shares");
+    assert!(cached("key-b", &next) > 0, "--prompt-cache-shared shares");
 }
 
 #[test]

@@ -83,7 +83,7 @@ pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Res
         params: p.params,
         events: tx,
         scope,
-        checkpoints: p.checkpoints,
+        resume_points: p.resume_points,
         images: p.images,
         tally: tally.clone(),
     }) {

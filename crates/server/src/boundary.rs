@@ -37,7 +37,7 @@ pub struct Boundary {
     pub cors: Vec<String>,
     /// API keys; empty: none needed.
     pub api_keys: Vec<String>,
-    /// Every key's requests share one prefix cache (otherwise each key has its own).
+    /// Every key's requests share one prompt cache (otherwise each key has its own).
     pub shared_cache: bool,
 }
 

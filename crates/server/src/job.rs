@@ -22,7 +22,7 @@ pub struct Job {
     /// Prompt lengths (ascending) at which to stop the prefill and keep the state: where the
     /// prompts of later requests are likely to part from this one's (the chat template's
     /// boundaries, `ChatRequest::prepare` in the OpenAI api).
-    pub checkpoints: Vec<usize>,
+    pub resume_points: Vec<usize>,
     /// Decoded images, one per placeholder of `prompt`, in order: their rows are computed and
     /// the prompt framed ([`k3_generate::media::expand`]) when the job is admitted.
     pub images: Vec<crate::images::RequestImage>,

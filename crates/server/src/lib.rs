@@ -10,7 +10,6 @@ pub mod about;
 pub mod answer;
 pub mod api;
 pub mod boundary;
-pub mod checkpoints;
 pub mod error;
 pub mod histogram;
 pub mod image_budget;
@@ -25,6 +24,7 @@ pub mod page;
 mod preparing;
 pub mod reqlog;
 pub mod request;
+pub mod resume_points;
 pub mod routes;
 pub mod scheduler;
 pub mod state;
@@ -64,9 +64,9 @@ pub struct ServerOptions {
     pub boundary: Boundary,
     /// Largest request body accepted (413 beyond).
     pub body_limit: usize,
-    /// Bytes of kept states the prefix cache may hold (0: off).
-    pub prefix_cache: usize,
-    /// A directory for kept states on disk (the prefix cache's second tier; they outlive the
+    /// Bytes of kept states the prompt cache may hold (0: off).
+    pub prompt_cache_ram: usize,
+    /// A directory for kept states on disk (the prompt cache's second tier; they outlive the
     /// server), and the bytes its files may take.
     pub prompt_cache_dir: Option<PathBuf>,
     pub prompt_cache_disk: u64,
@@ -91,7 +91,7 @@ impl ServerOptions {
             queue: 64,
             boundary: Boundary::default(),
             body_limit: 20 << 20,
-            prefix_cache: 1 << 30,
+            prompt_cache_ram: 1 << 30,
             prompt_cache_dir: None,
             prompt_cache_disk: 10 << 30,
             limits: Limits::default(),
@@ -243,13 +243,13 @@ fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>
     let status = &state.status;
     let loading = std::time::Instant::now();
     // The memory plan holds a full batch (each request's state and a prompt chunk) and the
-    // prefix cache's kept states; a budget too small for them is refused at load, naming them.
+    // prompt cache's kept states; a budget too small for them is refused at load, naming them.
     // Left open, the chunk is the plan's (at least a prompt chunk per sequence of the batch).
     let batch = opts.max_batch.max(1) as u64;
     let engine_opts = EngineOptions {
         sequences: opts.engine.sequences.max(batch),
         chunk: opts.engine.chunk.map(|c| c.max(scheduler::PREFILL_CHUNK as u64 * batch)),
-        reserved_bytes: opts.engine.reserved_bytes.saturating_add(opts.prefix_cache as u64),
+        reserved_bytes: opts.engine.reserved_bytes.saturating_add(opts.prompt_cache_ram as u64),
         ..opts.engine.clone()
     };
     let owned = match OwnedEngine::open(&opts.model, &opts.open, engine_opts) {
@@ -265,7 +265,7 @@ fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>
     let engine = owned.engine();
     // A chat template that fails or runs past its limits is refused here, not at a request.
     if let Some(t) = &tok
-        && let Err(e) = k3_text::chat::ChatFormat::new(t, k3_generate::dialect(engine.config().family)).check()
+        && let Err(e) = k3_text::chat_format::ChatFormat::new(t, k3_generate::dialect(engine.config().family)).check()
     {
         return fail(status, format!("the model's chat template cannot be used: {e}"));
     }
@@ -300,9 +300,9 @@ fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>
     let _ = state.info.set(info);
     status.ready.store(true, Ordering::SeqCst);
     let mut cache = match &opts.prompt_cache_dir {
-        None => k3_generate::cache::PrefixCache::new(opts.prefix_cache),
-        Some(dir) => match k3_generate::cache::disk::StateStore::open(dir, opts.prompt_cache_disk, engine) {
-            Ok(store) => k3_generate::cache::PrefixCache::with_disk(opts.prefix_cache, store),
+        None => k3_generate::cache::PromptCache::new(opts.prompt_cache_ram),
+        Some(dir) => match k3_generate::cache::disk::DiskTier::open(dir, opts.prompt_cache_disk, engine) {
+            Ok(store) => k3_generate::cache::PromptCache::with_disk(opts.prompt_cache_ram, store),
             Err(e) => return fail(status, e.to_string()),
         },
     };

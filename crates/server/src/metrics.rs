@@ -22,13 +22,13 @@ pub struct Metrics {
     pub step_rows: AtomicU64,
     pub cancelled: AtomicU64,
     pub failed_steps: AtomicU64,
-    pub prefix_lookups: AtomicU64,
-    pub prefix_hits: AtomicU64,
-    pub prefix_tokens_saved: AtomicU64,
-    pub prefix_bytes: AtomicU64,
-    pub prefix_ram_hits: AtomicU64,
+    pub prompt_cache_lookups: AtomicU64,
+    pub prompt_cache_hits: AtomicU64,
+    pub prompt_cache_tokens_saved: AtomicU64,
+    pub prompt_cache_bytes: AtomicU64,
+    pub prompt_cache_ram_hits: AtomicU64,
     /// The disk tier's counters at the last step.
-    pub disk: std::sync::Mutex<Option<k3_generate::cache::disk::StoreStats>>,
+    pub disk: std::sync::Mutex<Option<k3_generate::cache::disk::DiskStats>>,
     /// Seconds from a request's arrival to its first token.
     pub ttft: Histogram,
     /// Seconds between a request's consecutive tokens.
@@ -52,11 +52,11 @@ impl Default for Metrics {
             step_rows: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             failed_steps: AtomicU64::new(0),
-            prefix_lookups: AtomicU64::new(0),
-            prefix_hits: AtomicU64::new(0),
-            prefix_tokens_saved: AtomicU64::new(0),
-            prefix_bytes: AtomicU64::new(0),
-            prefix_ram_hits: AtomicU64::new(0),
+            prompt_cache_lookups: AtomicU64::new(0),
+            prompt_cache_hits: AtomicU64::new(0),
+            prompt_cache_tokens_saved: AtomicU64::new(0),
+            prompt_cache_bytes: AtomicU64::new(0),
+            prompt_cache_ram_hits: AtomicU64::new(0),
             disk: std::sync::Mutex::new(None),
             ttft: Histogram::new(&LATENCY_BUCKETS),
             inter_token: Histogram::new(&TOKEN_BUCKETS),
@@ -73,12 +73,12 @@ impl Metrics {
         self.step_rows.fetch_add(rows as u64, Ordering::Relaxed);
     }
 
-    pub(crate) fn record_prefix(&self, c: &mut k3_generate::cache::PrefixCache) {
-        self.prefix_lookups.store(c.lookups, Ordering::Relaxed);
-        self.prefix_hits.store(c.hits, Ordering::Relaxed);
-        self.prefix_tokens_saved.store(c.tokens_saved, Ordering::Relaxed);
-        self.prefix_bytes.store(c.used() as u64, Ordering::Relaxed);
-        self.prefix_ram_hits.store(c.ram_hits, Ordering::Relaxed);
+    pub(crate) fn record_prompt_cache(&self, c: &mut k3_generate::cache::PromptCache) {
+        self.prompt_cache_lookups.store(c.lookups, Ordering::Relaxed);
+        self.prompt_cache_hits.store(c.hits, Ordering::Relaxed);
+        self.prompt_cache_tokens_saved.store(c.tokens_saved, Ordering::Relaxed);
+        self.prompt_cache_bytes.store(c.used() as u64, Ordering::Relaxed);
+        self.prompt_cache_ram_hits.store(c.ram_hits, Ordering::Relaxed);
         if let Ok(mut d) = self.disk.lock() {
             *d = c.disk_stats();
         }
@@ -118,33 +118,38 @@ impl Metrics {
                 get(&self.step_sequences) / get(&self.steps).max(1.0),
             ),
             ("failed_steps_total", c, "Steps that failed (every sequence in them failed).", get(&self.failed_steps)),
-            ("prefix_cache_lookups_total", c, "Requests looked up in the prefix cache.", get(&self.prefix_lookups)),
-            ("prefix_cache_hits_total", c, "Requests that resumed a kept state.", get(&self.prefix_hits)),
             (
-                "prefix_cache_tokens_saved_total",
+                "prompt_cache_lookups_total",
                 c,
-                "Prompt tokens not prefilled thanks to the prefix cache.",
-                get(&self.prefix_tokens_saved),
+                "Requests looked up in the prompt cache.",
+                get(&self.prompt_cache_lookups),
             ),
-            ("prefix_cache_bytes", g, "Bytes of state the prefix cache keeps in RAM.", get(&self.prefix_bytes)),
+            ("prompt_cache_hits_total", c, "Requests that resumed a kept state.", get(&self.prompt_cache_hits)),
             (
-                "prefix_cache_ram_hits_total",
+                "prompt_cache_tokens_saved_total",
+                c,
+                "Prompt tokens not prefilled thanks to the prompt cache.",
+                get(&self.prompt_cache_tokens_saved),
+            ),
+            ("prompt_cache_bytes", g, "Bytes of state the prompt cache keeps in RAM.", get(&self.prompt_cache_bytes)),
+            (
+                "prompt_cache_ram_hits_total",
                 c,
                 "Requests that resumed a state kept in RAM.",
-                get(&self.prefix_ram_hits),
+                get(&self.prompt_cache_ram_hits),
             ),
         ];
         if let Some(d) = self.disk.lock().ok().and_then(|d| *d) {
             let disk: [(&str, &str, &str, f64); 8] = [
-                ("prefix_cache_disk_hits_total", c, "Requests that resumed a state read from disk.", d.hits as f64),
-                ("prefix_cache_disk_tokens_total", c, "Prompt tokens restored from disk.", d.tokens_restored as f64),
-                ("prefix_cache_disk_bytes", g, "Bytes of the state files on disk.", d.bytes as f64),
-                ("prefix_cache_disk_files", g, "State files on disk.", d.entries as f64),
-                ("prefix_cache_disk_read_bytes_total", c, "Bytes of state files read back.", d.bytes_read as f64),
-                ("prefix_cache_disk_written_bytes_total", c, "Bytes of state files written.", d.bytes_written as f64),
-                ("prefix_cache_disk_refused_total", c, "State files found bad and ignored.", d.refused as f64),
+                ("prompt_cache_disk_hits_total", c, "Requests that resumed a state read from disk.", d.hits as f64),
+                ("prompt_cache_disk_tokens_total", c, "Prompt tokens restored from disk.", d.tokens_restored as f64),
+                ("prompt_cache_disk_bytes", g, "Bytes of the state files on disk.", d.bytes as f64),
+                ("prompt_cache_disk_files", g, "State files on disk.", d.entries as f64),
+                ("prompt_cache_disk_read_bytes_total", c, "Bytes of state files read back.", d.bytes_read as f64),
+                ("prompt_cache_disk_written_bytes_total", c, "Bytes of state files written.", d.bytes_written as f64),
+                ("prompt_cache_disk_refused_total", c, "State files found bad and ignored.", d.refused as f64),
                 (
-                    "prefix_cache_disk_skipped_total",
+                    "prompt_cache_disk_skipped_total",
                     c,
                     "States not written (writer busy, too large, failed).",
                     d.skipped as f64,

@@ -156,9 +156,9 @@ fn frame(
         key.extend(img.digest.to_le_bytes());
     }
     job.scope = Scope(xxhash_rust::xxh3::xxh3_64(&key) | 1);
-    // The template's checkpoints counted the unframed prompt: past the first image they move.
+    // The template's resume points counted the unframed prompt: past the first image they move.
     let first = inserted.first().map_or(usize::MAX, |i| i.at);
-    job.checkpoints.retain(|&c| c < first);
+    job.resume_points.retain(|&c| c < first);
     job.prompt = prompt;
     job.images.clear();
     Ok((job, inserted))

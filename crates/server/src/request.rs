@@ -24,8 +24,8 @@ pub struct Prepared {
     pub include_usage: bool,
     /// Tools were declared: the reply is read for tool calls.
     pub tools: bool,
-    /// Where to keep the state while prefilling ([`crate::job::Job::checkpoints`]).
-    pub checkpoints: Vec<usize>,
+    /// Where to keep the state while prefilling ([`crate::job::Job::resume_points`]).
+    pub resume_points: Vec<usize>,
     /// The images, in prompt order (one placeholder each in `prompt`); decoded by
     /// [`crate::images::admit`] before the request is queued.
     pub images: Vec<RequestImage>,

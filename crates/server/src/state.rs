@@ -19,8 +19,8 @@ pub struct AppState {
     pub info: Arc<OnceLock<ModelInfo>>,
     pub tok: Arc<OnceLock<Tokenizer>>,
     pub metrics: Arc<Metrics>,
-    /// Conversations' beginnings rendered for chat requests' checkpoints, for the next ones.
-    pub beginnings: Arc<crate::checkpoints::Beginnings>,
+    /// Conversations' beginnings rendered for chat requests' resume points, for the next ones.
+    pub beginnings: Arc<crate::resume_points::Beginnings>,
     pub boundary: Arc<crate::boundary::Boundary>,
     /// Largest request body accepted (413 beyond).
     pub body_limit: usize,

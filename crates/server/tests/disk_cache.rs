@@ -1,4 +1,4 @@
-//! The prefix cache's disk tier over HTTP on the default model: a restarted server resumes the
+//! The prompt cache's disk tier over HTTP on the default model: a restarted server resumes the
 //! states an earlier one kept (Regenerate, a new conversation under the same system prompt), and
 //! damaged or other-version state files never change an answer — each answer is a server
 //! without any cache's.
@@ -52,7 +52,7 @@ fn copy_key(from: &Path, to: &Path) {
 /// A server with the disk tier in `dir` (and `ram` bytes of RAM tier).
 async fn with_dir(dir: &Path, ram: usize) -> Router {
     server(ServerOptions {
-        prefix_cache: ram,
+        prompt_cache_ram: ram,
         prompt_cache_dir: Some(dir.to_path_buf()),
         ..ServerOptions::new(default_model())
     })
@@ -84,7 +84,7 @@ async fn wait_for_files(dir: &Path, n: usize) {
 async fn a_restarted_server_resumes_what_an_earlier_one_kept() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     first_server(dir.path()).await;
-    let fresh = server(ServerOptions { prefix_cache: 0, ..ServerOptions::new(default_model()) }).await;
+    let fresh = server(ServerOptions { prompt_cache_ram: 0, ..ServerOptions::new(default_model()) }).await;
     // The RAM tier off: what resumes can only come from disk.
     for ram in [0, 1 << 30] {
         let restarted = with_dir(dir.path(), ram).await;
@@ -97,7 +97,7 @@ async fn a_restarted_server_resumes_what_an_earlier_one_kept() {
         assert!(cached(&other) > 30, "the shared system turn: {}", other["usage"]);
         assert_eq!(content(&other), content(&reference));
         let (_, m) = call(&restarted, get("/metrics")).await;
-        assert!(m.contains("k3_prefix_cache_disk_hits_total 2"), "{m}");
+        assert!(m.contains("k3_prompt_cache_disk_hits_total 2"), "{m}");
     }
 }
 
@@ -105,7 +105,7 @@ async fn a_restarted_server_resumes_what_an_earlier_one_kept() {
 async fn damaged_and_other_version_files_never_change_an_answer() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     first_server(dir.path()).await;
-    let fresh = server(ServerOptions { prefix_cache: 0, ..ServerOptions::new(default_model()) }).await;
+    let fresh = server(ServerOptions { prompt_cache_ram: 0, ..ServerOptions::new(default_model()) }).await;
     let good: Vec<(PathBuf, Vec<u8>)> =
         on_disk(dir.path()).into_iter().map(|f| (f.clone(), std::fs::read(f).unwrap())).collect();
     type Spoil = fn(&mut Vec<u8>);
@@ -141,7 +141,7 @@ async fn damaged_and_other_version_files_never_change_an_answer() {
             assert_eq!(content(&v), content(&ask(&fresh, &body(q)).await), "{what}");
         }
         let (_, m) = call(&restarted, get("/metrics")).await;
-        let refused = m.lines().find_map(|l| l.strip_prefix("k3_prefix_cache_disk_refused_total ")).unwrap();
+        let refused = m.lines().find_map(|l| l.strip_prefix("k3_prompt_cache_disk_refused_total ")).unwrap();
         assert_eq!(refused != "0", damaged, "{what}: damaged files are refused, another version's not read: {m}");
     }
 }
@@ -227,7 +227,7 @@ async fn file_names_do_not_carry_the_api_keys_hash() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let key = "sesame";
     let mut opts = ServerOptions {
-        prefix_cache: 1 << 30,
+        prompt_cache_ram: 1 << 30,
         prompt_cache_dir: Some(dir.path().to_path_buf()),
         ..ServerOptions::new(default_model())
     };
@@ -275,7 +275,7 @@ async fn a_state_file_with_a_huge_sparse_tail_is_refused_unread() {
     let v = ask(&restarted, &body("And God said")).await;
     assert_eq!(cached(&v), 0, "{}", v["usage"]);
     let (_, m) = call(&restarted, get("/metrics")).await;
-    let refused = m.lines().find_map(|l| l.strip_prefix("k3_prefix_cache_disk_refused_total ")).unwrap();
+    let refused = m.lines().find_map(|l| l.strip_prefix("k3_prompt_cache_disk_refused_total ")).unwrap();
     assert_ne!(refused, "0", "{m}");
     // Reading one tail would take 3 GiB; the other tests of this binary share the process, so
     // the bound is loose (they load a small model).

@@ -36,7 +36,7 @@ async fn a_truncated_shard_fails_its_requests_and_is_read_again_once_restored() 
     let (_dir, model) = model_copy();
     let mut opts = ServerOptions::new(model.clone());
     // No kept states: every request runs the experts again.
-    opts.prefix_cache = 0;
+    opts.prompt_cache_ram = 0;
     let router = server(opts).await;
     let shard = model.join("experts-00000.waste");
     let bytes = std::fs::read(&shard).unwrap();

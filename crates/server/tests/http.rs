@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use k3_engine::{Engine, Model};
 use k3_generate::{GenerateParams, Generator};
 use k3_server::{ServerOptions, app};
-use k3_text::chat::{ChatFormat, Message, Role};
+use k3_text::chat_format::{ChatFormat, Message, Role};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -84,11 +84,11 @@ async fn a_model_that_does_not_load_is_a_503_naming_why() {
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
 }
 
-/// The memory plan holds a full batch and the prefix cache: a budget that cannot is refused at
+/// The memory plan holds a full batch and the prompt cache: a budget that cannot is refused at
 /// load, and `/health` says so.
 #[tokio::test]
 async fn a_budget_too_small_for_the_batch_is_refused_at_load() {
-    let mut opts = ServerOptions { prefix_cache: 512 << 20, ..ServerOptions::new(default_model()) };
+    let mut opts = ServerOptions { prompt_cache_ram: 512 << 20, ..ServerOptions::new(default_model()) };
     opts.engine.mem_budget = Some(400 << 20);
     let (router, _) = app(opts);
     let mut last = Value::Null;
@@ -330,7 +330,7 @@ async fn markup_in_content_stays_text() {
 #[tokio::test]
 async fn a_follow_up_turn_resumes_the_kept_state() {
     let cached = server(ServerOptions::new(default_model())).await;
-    let fresh = server(ServerOptions { prefix_cache: 0, ..ServerOptions::new(default_model()) }).await;
+    let fresh = server(ServerOptions { prompt_cache_ram: 0, ..ServerOptions::new(default_model()) }).await;
     let first = chat_body("And God said", 16);
     let (_, v) = json_call(&cached, post("/v1/chat/completions", &first)).await;
     let answer = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
@@ -350,7 +350,7 @@ async fn a_follow_up_turn_resumes_the_kept_state() {
     assert_eq!(without["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(with["choices"][0]["message"]["content"], without["choices"][0]["message"]["content"]);
     let (_, m) = call(&cached, get("/metrics")).await;
-    assert!(m.contains("k3_prefix_cache_hits_total 1"), "{m}");
+    assert!(m.contains("k3_prompt_cache_hits_total 1"), "{m}");
 }
 
 /// `response_format: json_object`: every token keeps the answer a JSON object in the making, and

@@ -1,7 +1,7 @@
 //! Images through the OpenAI API on the tiny K3 with its vision tower
 //! (`fixtures/golden/tiny-k3-vision`, whose rows and logits the engine's tests check against
 //! SGLang and WARP): data URLs read, remote URLs refused, bad images a 400 naming the part, and
-//! the prefix cache resuming through an image only when its bytes are the same; images bounded
+//! the prompt cache resuming through an image only when its bytes are the same; images bounded
 //! per request (by their headers, before any is decoded) and in flight across the server;
 //! truncated files refused with the reason.
 

@@ -7,7 +7,7 @@ use std::sync::mpsc;
 
 use k3_engine::{Engine, Model};
 use k3_generate::GenerateParams;
-use k3_generate::cache::PrefixCache;
+use k3_generate::cache::PromptCache;
 use k3_generate::cache::Scope;
 use k3_server::job::{Event, Job, Status};
 use k3_server::metrics::Metrics;
@@ -35,7 +35,7 @@ fn job(prompt: u32) -> (Job, tmpsc::UnboundedReceiver<Event>) {
             params,
             events: tx,
             scope: Scope::default(),
-            checkpoints: Vec::new(),
+            resume_points: Vec::new(),
             images: Vec::new(),
             tally: Default::default(),
         },
@@ -94,7 +94,7 @@ fn a_damaged_expert_fails_only_the_request_that_reads_it() {
         let (engine, status, metrics) = (&engine, &status, &metrics);
         s.spawn(move || {
             let rx = rx;
-            let mut cache = PrefixCache::new(0);
+            let mut cache = PromptCache::new(0);
             scheduler::run(engine, None, &rx, 2, &mut cache, status, metrics);
         });
         let ea = events(ra);

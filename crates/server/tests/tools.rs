@@ -3,7 +3,7 @@
 //! sentence and a `get_weather` call): the thought comes back as `reasoning_content`,
 //! the call comes back as OpenAI `tool_calls`, whole and streamed, with `finish_reason:
 //! tool_calls`; the client's next request (the call and its result in the history) is rendered as
-//! an extension of the first prompt, so the prefix cache resumes it.
+//! an extension of the first prompt, so the prompt cache resumes it.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -140,7 +140,7 @@ async fn tool_choice_none_reads_no_calls() {
 async fn a_restarted_server_resumes_the_system_turn_and_tools() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let with_dir = |ram: usize| ServerOptions {
-        prefix_cache: ram,
+        prompt_cache_ram: ram,
         prompt_cache_dir: Some(dir.path().to_path_buf()),
         ..ServerOptions::new(model())
     };
@@ -168,7 +168,7 @@ async fn a_restarted_server_resumes_the_system_turn_and_tools() {
     }
     assert!(files() >= 2, "the boundary and the prompt's end were written");
     let restarted = server(with_dir(0)).await;
-    let fresh = server(ServerOptions { prefix_cache: 0, ..ServerOptions::new(model()) }).await;
+    let fresh = server(ServerOptions { prompt_cache_ram: 0, ..ServerOptions::new(model()) }).await;
     let (_, v) = json_call(&restarted, post("/v1/chat/completions", &task("Rome"))).await;
     let (_, reference) = json_call(&fresh, post("/v1/chat/completions", &task("Rome"))).await;
     let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();

@@ -11,10 +11,10 @@
 //! in `template.rs`. The model crates do not appear here: `k3-generate` joins the two.
 
 pub mod chat_format;
-mod json_style;
 mod im;
 pub mod json_prefix;
 pub mod json_schema;
+mod json_style;
 pub mod mask;
 mod message;
 pub mod strict;

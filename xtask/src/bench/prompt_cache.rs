@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use k3_engine::{Engine, EngineOptions, Model, Session};
-use k3_generate::cache::disk::StateStore;
+use k3_generate::cache::disk::DiskTier;
 use k3_io::whole::{WholeRead, read_file};
 use serde_json::{Value, json};
 
@@ -79,7 +79,7 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
     }
     let kept = engine.keep(&s)?;
     {
-        let mut store = StateStore::open(dir.path(), u64::MAX, &engine)?;
+        let mut store = DiskTier::open(dir.path(), u64::MAX, &engine)?;
         store.save(&engine, 0, &kept, None);
         store.settle(std::time::Duration::from_secs(600));
         if store.stats().entries != 1 {
@@ -144,7 +144,7 @@ fn first_tokens(
     kept: &Session,
     dir: &Path,
 ) -> Result<(f64, f64, f64, f64, f64)> {
-    let mut store = StateStore::open(dir, u64::MAX, engine)?;
+    let mut store = DiskTier::open(dir, u64::MAX, engine)?;
     let (mut computed, mut ram, mut disk, mut restart, mut rates) = (vec![], vec![], vec![], vec![], vec![]);
     for rep in 0..o.reps {
         eprintln!("  rep {rep}");
@@ -160,7 +160,7 @@ fn first_tokens(
         rates.push((after.bytes_read - before.bytes_read) as f64 / (after.read_seconds - before.read_seconds));
         disk.push(first_token(engine, saved.session, &q, t0)?);
         let t0 = Instant::now();
-        let mut fresh = StateStore::open(dir, u64::MAX, engine)?;
+        let mut fresh = DiskTier::open(dir, u64::MAX, engine)?;
         let saved = fresh.restore(engine, 0, &all).context("restored after a restart")?;
         restart.push(first_token(engine, saved.session, &q, t0)?);
     }

@@ -1,6 +1,6 @@
 //! `cargo xtask bench serve`: the server over real HTTP on localhost. Aggregate completion
 //! tokens/s with 1..N concurrent clients (each its own prompt, greedy), and the time to the first
-//! token, with the prefix cache and without, of a follow-up turn in a ~1,000-token conversation,
+//! token, with the prompt cache and without, of a follow-up turn in a ~1,000-token conversation,
 //! of the same request again (Regenerate), and of a new question under a ~2,000-token system
 //! prompt another request used.
 //! Repetitions interleaved, medians.
@@ -147,16 +147,16 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
         "clients": throughput(o, &batched, ids, json_out)?,
     });
     if ids.is_some() {
-        // No chat without a tokenizer: the prefix cache's cases are not measured.
+        // No chat without a tokenizer: the prompt cache's cases are not measured.
         return Ok(report);
     }
-    let cold = start(ServerOptions { prefix_cache: 0, ..opts })?;
+    let cold = start(ServerOptions { prompt_cache_ram: 0, ..opts })?;
     let (w, wo, prompt_tokens, cached) = follow_up(o, &batched, &cold)?;
-    report["follow_up_ttft_s"] = json!({"prefix_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
+    report["follow_up_ttft_s"] = json!({"prompt_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
                                         "first_turn_prompt_tokens": prompt_tokens, "tokens_saved_total": cached});
     if !json_out {
         println!(
-            "follow-up turn after a {prompt_tokens}-token first turn: first token in {:.1} ms with the prefix cache, {:.1} ms without ({:.3}x)",
+            "follow-up turn after a {prompt_tokens}-token first turn: first token in {:.1} ms with the prompt cache, {:.1} ms without ({:.3}x)",
             w * 1e3,
             wo * 1e3,
             w / wo.max(1e-12)
@@ -200,7 +200,7 @@ fn throughput(o: &Options, server: &Server, ids: Option<u32>, json_out: bool) ->
 }
 
 /// Time to first token of a follow-up turn: the first turn answered, then the next one
-/// streamed, on a server with the prefix cache and one without. Gives the two medians, the
+/// streamed, on a server with the prompt cache and one without. Gives the two medians, the
 /// first turn's prompt tokens and the tokens the cache saved in all.
 fn follow_up(o: &Options, batched: &Server, cold: &Server) -> Result<(f64, f64, u64, u64)> {
     let (mut with, mut without, mut prompt_tokens, mut cached) = (Vec::new(), Vec::new(), 0, 0);
@@ -224,7 +224,7 @@ fn follow_up(o: &Options, batched: &Server, cold: &Server) -> Result<(f64, f64, 
         let (_, m) = http(batched.addr, "GET", "/metrics", None)?;
         cached = m
             .lines()
-            .find_map(|l| l.strip_prefix("k3_prefix_cache_tokens_saved_total "))
+            .find_map(|l| l.strip_prefix("k3_prompt_cache_tokens_saved_total "))
             .unwrap_or("0")
             .to_string()
             .parse::<f64>()
@@ -253,7 +253,7 @@ fn measure_case(o: &Options, name: &str, case: Case, batched: &Server, cold: &Se
     let (w, wo) = (median(with), median(without));
     if !json_out {
         println!(
-            "{name}: a {}-token prompt ({} cached): first token in {:.1} ms with the prefix cache, {:.1} ms without ({:.3}x)",
+            "{name}: a {}-token prompt ({} cached): first token in {:.1} ms with the prompt cache, {:.1} ms without ({:.3}x)",
             tokens.0,
             tokens.1,
             w * 1e3,
@@ -261,7 +261,7 @@ fn measure_case(o: &Options, name: &str, case: Case, batched: &Server, cold: &Se
             w / wo.max(1e-12)
         );
     }
-    Ok(json!({"prefix_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
+    Ok(json!({"prompt_cache": w, "no_cache": wo, "ratio": w / wo.max(1e-12),
               "prompt_tokens": tokens.0, "cached_tokens": tokens.1}))
 }
 

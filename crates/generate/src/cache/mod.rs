@@ -1,4 +1,4 @@
-//! The prefix cache: states after prompts (and after finished answers) kept within a byte budget,
+//! The prompt cache: states after prompts (and after finished answers) kept within a byte budget,
 //! least recently used out first. A request whose prompt extends a kept state's tokens starts
 //! from a fork of it and prefills only the rest — a conversation's next turn costs its new tokens,
 //! not the whole history. A recurrent state can only be resumed where it was kept, so states are
@@ -14,14 +14,14 @@
 //! scope's, so `cached_tokens` cannot tell one client what another one asked. A kept state is a
 //! compact copy ([`Engine::keep`]), counted by what it holds in memory ([`Session::held_bytes`]).
 //!
-//! With a disk tier ([`StateStore`], `--prompt-cache-dir`), states kept at a boundary or at a
+//! With a disk tier ([`DiskTier`], `--prompt-cache-dir`), states kept at a boundary or at a
 //! prompt's end are also written to disk as they are kept, and the others (answers' ends) when
 //! RAM drops them; a lookup takes the longer of the two tiers' matches, and a state restored from
 //! disk is kept in RAM again. Files outlive the server: a restarted one resumes from them.
 
 pub mod disk;
 
-use self::disk::{StateStore, StoreStats};
+use self::disk::{DiskStats, DiskTier};
 use k3_engine::{Engine, Session};
 
 /// Whose entries a request may see and make: a hash of the API key it came with (0 when keys
@@ -41,7 +41,7 @@ impl Scope {
 #[derive(Debug, Clone, Copy)]
 pub enum Kept<'l> {
     /// Where later prompts part from this one (a chat template's boundary): to disk at once.
-    Checkpoint,
+    ResumePoint,
     /// A prompt's end, with the logits of its last token: to disk at once.
     PromptEnd(&'l [f32]),
     /// An answer's end: to disk when RAM drops it.
@@ -78,12 +78,12 @@ pub struct Resumed {
 
 /// Kept states, keyed by the tokens they hold.
 #[derive(Debug, Default)]
-pub struct PrefixCache {
+pub struct PromptCache {
     budget: usize,
     used: usize,
     clock: u64,
     entries: Vec<Entry>,
-    disk: Option<StateStore>,
+    disk: Option<DiskTier>,
     pub lookups: u64,
     /// Hits from either tier, and from RAM.
     pub hits: u64,
@@ -92,15 +92,15 @@ pub struct PrefixCache {
     pub tokens_saved: u64,
 }
 
-impl PrefixCache {
+impl PromptCache {
     /// A cache of at most `budget` bytes of state (0: off).
     pub fn new(budget: usize) -> Self {
-        PrefixCache { budget, ..PrefixCache::default() }
+        PromptCache { budget, ..PromptCache::default() }
     }
 
     /// The same with `disk` as its second tier.
-    pub fn with_disk(budget: usize, disk: StateStore) -> Self {
-        PrefixCache { budget, disk: Some(disk), ..PrefixCache::default() }
+    pub fn with_disk(budget: usize, disk: DiskTier) -> Self {
+        PromptCache { budget, disk: Some(disk), ..PromptCache::default() }
     }
 
     fn on(&self) -> bool {
@@ -108,7 +108,7 @@ impl PrefixCache {
     }
 
     /// The disk tier's counters, when there is one.
-    pub fn disk_stats(&mut self) -> Option<StoreStats> {
+    pub fn disk_stats(&mut self) -> Option<DiskStats> {
         self.disk.as_mut().map(|d| {
             d.poll();
             d.stats()
@@ -117,7 +117,7 @@ impl PrefixCache {
 
     /// Warnings of the disk tier for the server's log.
     pub fn take_warnings(&mut self) -> Vec<String> {
-        self.disk.as_mut().map(StateStore::take_warnings).unwrap_or_default()
+        self.disk.as_mut().map(DiskTier::take_warnings).unwrap_or_default()
     }
 
     /// A fresh session holding the longest kept state whose tokens begin `prompt` and either
@@ -167,7 +167,7 @@ impl PrefixCache {
         }
         let logits = match why {
             Kept::PromptEnd(l) => Some(l),
-            Kept::Checkpoint | Kept::AnswerEnd => None,
+            Kept::ResumePoint | Kept::AnswerEnd => None,
         };
         let now = !matches!(why, Kept::AnswerEnd);
         // On disk only if it was queued: one the writer had no room for is written when RAM

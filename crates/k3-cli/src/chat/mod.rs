@@ -21,7 +21,7 @@ use k3_engine::{Engine, Session};
 use k3_generate::media::PromptImage;
 use k3_generate::speculate::SpecStats;
 use k3_generate::{Finish, GenerateParams, Generator};
-use k3_text::chat::{Call, ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
+use k3_text::chat_format::{Call, ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
 use k3_text::tokenizer::Tokenizer;
 
 use crate::prompt_cache::{PromptCache, PromptCacheArgs};

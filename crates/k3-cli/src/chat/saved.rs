@@ -10,7 +10,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use base64::Engine as _;
-use k3_text::chat::{Call, Message, Role};
+use k3_text::chat_format::{Call, Message, Role};
 use serde_json::{Value, json};
 
 use crate::prompt::TextBound;

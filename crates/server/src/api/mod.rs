@@ -9,13 +9,13 @@ mod tools;
 pub use sampling::{Sampling, Stop};
 
 use k3_engine::config::Family;
-use k3_text::chat::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
+use k3_text::chat_format::{Call, ChatError, ChatFormat, Message, PromptOptions, Role, ToolChoice};
 use k3_text::tokenizer::Tokenizer;
 use k3_text::toolcall::ToolCallReader;
 use serde::Deserialize;
 
-use crate::checkpoints::{Beginnings, checkpoints};
 use crate::error::ApiError;
+use crate::resume_points::{Beginnings, resume_points};
 // Also reachable as `api::images`, where `k3-cli chat` reads saved images with it.
 pub use crate::images;
 use crate::job::ModelInfo;
@@ -228,7 +228,7 @@ impl ChatRequest {
     /// Renders the conversation in the model's own chat format: structural markup as special
     /// tokens, every message's text tokenized on its own as plain text, so content can never
     /// forge a turn.
-    /// `beginnings`: conversations' beginnings rendered for earlier requests' checkpoints.
+    /// `beginnings`: conversations' beginnings rendered for earlier requests' resume points.
     pub fn prepare(
         &self,
         tok: &Tokenizer,
@@ -261,7 +261,7 @@ impl ChatRequest {
         };
         let options = PromptOptions {
             think,
-            effort: think.then(|| self.reasoning_effort.as_deref().unwrap_or(k3_text::chat::DEFAULT_EFFORT)),
+            effort: think.then(|| self.reasoning_effort.as_deref().unwrap_or(k3_text::chat_format::DEFAULT_EFFORT)),
             tools,
             tool_choice,
             json_object: answer.json_object,
@@ -271,7 +271,7 @@ impl ChatRequest {
             ChatError::Invalid { what, reason } => ApiError::bad(&what, reason),
             ChatError::Tokenizer(e) => internal(e),
         })?;
-        let checkpoints = checkpoints(&format, &messages, &options, &prompt, beginnings);
+        let resume_points = resume_points(&format, &messages, &options, &prompt, beginnings);
         let end = format.end_of_turn().map_err(internal)?;
         let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
         let mut params = self.sampling.params(info, prompt.len(), stop_ids, stop_bytes)?;
@@ -289,7 +289,7 @@ impl ChatRequest {
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
             tools: tools.is_some() && tool_choice != ToolChoice::None,
-            checkpoints,
+            resume_points,
             images,
         })
     }
@@ -407,7 +407,7 @@ impl CompletionRequest {
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
             tools: false,
-            checkpoints: Vec::new(),
+            resume_points: Vec::new(),
             images: Vec::new(),
         })
     }

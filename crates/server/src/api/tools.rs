@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use k3_text::chat::ToolChoice;
+use k3_text::chat_format::ToolChoice;
 use k3_text::json_schema::{JsonSchema, SchemaLimits};
 use serde_json::Value;
 use serde_json::value::RawValue;

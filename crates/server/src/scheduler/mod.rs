@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::preparing::Preparing;
 use crate::status::Status;
 use k3_generate::cache::Scope;
-use k3_generate::cache::{Kept, PrefixCache};
+use k3_generate::cache::{Kept, PromptCache};
 
 pub use prefill::{PREFILL_CHUNK, prefill_rows};
 
@@ -40,7 +40,7 @@ struct Active<'t> {
     /// The token to feed next (after the prompt).
     next: Option<u32>,
     /// Where the prefill stops next to keep the state (ascending, inside the prompt).
-    checkpoints: Vec<usize>,
+    resume_points: Vec<usize>,
     /// Logits to sample from without a step: the whole prompt's, kept with a state that holds
     /// it all, or a step's, kept while the mask they are sampled under is computed.
     pending: Option<Vec<f32>>,
@@ -60,9 +60,9 @@ impl Active<'_> {
         self.fed < self.prompt.len()
     }
 
-    /// Where this prefill stops next: a checkpoint, or the prompt's end.
+    /// Where this prefill stops next: a resume point, or the prompt's end.
     fn stop(&self) -> usize {
-        self.checkpoints.first().copied().unwrap_or(self.prompt.len())
+        self.resume_points.first().copied().unwrap_or(self.prompt.len())
     }
 
     /// What this sequence feeds in the coming step: `rows` of its prompt while it prefills (up
@@ -109,7 +109,7 @@ pub fn run(
     tok: Option<&Tokenizer>,
     jobs: &mpsc::Receiver<Job>,
     max_batch: usize,
-    cache: &mut PrefixCache,
+    cache: &mut PromptCache,
     status: &Status,
     metrics: &Metrics,
 ) {
@@ -175,7 +175,7 @@ pub fn run(
         }
         step(engine, &mut active, cache, (status, metrics), pool);
         status.active.store(active.len(), Ordering::Relaxed);
-        metrics.record_prefix(cache);
+        metrics.record_prompt_cache(cache);
         for w in cache.take_warnings() {
             eprintln!("prompt cache: {w}");
         }
@@ -188,7 +188,7 @@ fn take<'t, 'e>(
     tok: Option<&'t Tokenizer>,
     job: Job,
     (active, preparing): (&mut Vec<Active<'t>>, &mut Vec<Preparing<'e>>),
-    cache: &mut PrefixCache,
+    cache: &mut PromptCache,
     (status, pool): (&Status, Option<&MaskPool>),
 ) {
     status.queued.fetch_sub(1, Ordering::Relaxed);
@@ -203,7 +203,7 @@ fn admit<'t>(
     tok: Option<&'t Tokenizer>,
     (job, images): (Job, Vec<Inserted>),
     active: &mut Vec<Active<'t>>,
-    (cache, pool): (&mut PrefixCache, Option<&MaskPool>),
+    (cache, pool): (&mut PromptCache, Option<&MaskPool>),
 ) {
     match Decoder::new(tok, job.params) {
         Ok(mut decoder) => {
@@ -215,7 +215,7 @@ fn admit<'t>(
             let cached = session.tokens();
             job.tally.prompt.store(job.prompt.len(), Ordering::Relaxed);
             job.tally.cached.store(cached, Ordering::Relaxed);
-            let checkpoints = job.checkpoints.into_iter().filter(|&c| c > cached && c < job.prompt.len()).collect();
+            let resume_points = job.resume_points.into_iter().filter(|&c| c > cached && c < job.prompt.len()).collect();
             let mut a = Active {
                 session,
                 decoder,
@@ -223,7 +223,7 @@ fn admit<'t>(
                 fed: cached,
                 cached,
                 next: None,
-                checkpoints,
+                resume_points,
                 pending,
                 mask: None,
                 events: job.events,
@@ -246,7 +246,7 @@ fn admit<'t>(
 fn step(
     engine: &Engine<'_>,
     active: &mut Vec<Active<'_>>,
-    cache: &mut PrefixCache,
+    cache: &mut PromptCache,
     (status, metrics): (&Status, &Metrics),
     pool: Option<&MaskPool>,
 ) {
@@ -348,7 +348,7 @@ fn forward(
 }
 
 /// One sequence after a step that fed it `fed` tokens and gave `row`: its prefill advances
-/// (keeping the state at checkpoints and at the prompt's end), or its next token is sampled
+/// (keeping the state at resume points and at the prompt's end), or its next token is sampled
 /// and sent — once its mask is ready; until then it keeps `row` and sits out the steps. True
 /// when the sequence has ended.
 fn advance(
@@ -356,15 +356,15 @@ fn advance(
     a: &mut Active<'_>,
     row: Vec<f32>,
     fed: usize,
-    cache: &mut PrefixCache,
+    cache: &mut PromptCache,
     (metrics, pool): (&Metrics, Option<&MaskPool>),
 ) -> bool {
     if a.fed < a.prompt.len() {
         a.fed += fed;
         metrics.prompt_tokens.fetch_add(fed as u64, Ordering::Relaxed);
-        if a.checkpoints.first() == Some(&a.fed) {
-            a.checkpoints.remove(0);
-            cache.insert(engine, a.scope, &a.session, Kept::Checkpoint);
+        if a.resume_points.first() == Some(&a.fed) {
+            a.resume_points.remove(0);
+            cache.insert(engine, a.scope, &a.session, Kept::ResumePoint);
         }
         if a.fed < a.prompt.len() {
             return false;

@@ -13,7 +13,7 @@ use k3_io::whole::{is_mine, kind, open_regular};
 
 use k3_engine::{StateFileError, StateFileLayout, StateHeader, read_state_header, state_ids_bytes};
 
-use super::StoreError;
+use super::DiskTierError;
 
 pub const EXT: &str = "k3state";
 const TMP_EXT: &str = "k3tmp";
@@ -21,23 +21,23 @@ const TMP_EXT: &str = "k3tmp";
 /// Makes `dir` the store's: created 0700 if missing; an existing one must be a directory of this
 /// user's and is made 0700 if it was open to others (it holds conversations). Says what it
 /// changed.
-pub fn make_private(dir: &Path) -> Result<Option<String>, StoreError> {
-    let dir_err = |source| StoreError::Dir { path: dir.to_path_buf(), source };
+pub fn make_private(dir: &Path) -> Result<Option<String>, DiskTierError> {
+    let dir_err = |source| DiskTierError::Dir { path: dir.to_path_buf(), source };
     if std::fs::symlink_metadata(dir).is_err() {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(dir_err)?;
     }
     let meta = std::fs::metadata(dir).map_err(dir_err)?;
     if !meta.is_dir() {
-        return Err(StoreError::NotDir(dir.to_path_buf()));
+        return Err(DiskTierError::NotDir(dir.to_path_buf()));
     }
     if !is_mine(&meta) {
-        return Err(StoreError::NotMine { path: dir.to_path_buf(), uid: meta.uid() });
+        return Err(DiskTierError::NotMine { path: dir.to_path_buf(), uid: meta.uid() });
     }
     let mode = meta.permissions().mode() & 0o7777;
     if mode & 0o1000 != 0 {
         // A sticky directory (/tmp) is shared by design: made private, it would fail the others.
-        return Err(StoreError::Shared(dir.to_path_buf()));
+        return Err(DiskTierError::Shared(dir.to_path_buf()));
     }
     if mode & 0o077 == 0 {
         return Ok(None);

@@ -1,5 +1,5 @@
 //! Kept states on disk: a directory of [state files](Engine::state_file), an LRU over a byte
-//! budget, found again after a restart — the prefix cache's second tier (the server's
+//! budget, found again after a restart — the prompt cache's second tier (the server's
 //! `--prompt-cache-dir`, the CLI's `--prompt-cache`).
 //!
 //! - The directory is private (0700, made so if it was open to others; another user's is
@@ -8,7 +8,7 @@
 //!   ([`owner`]: no name tells anything of an API key or a conversation without the directory's
 //!   key), so the same state kept again replaces its file. It is written on a thread of its own,
 //!   through a temporary synced and renamed over the name: a reader sees a whole file or none,
-//!   and the caller's step does not wait on the drive. [`settle`](StateStore::settle) waits for
+//!   and the caller's step does not wait on the drive. [`settle`](DiskTier::settle) waits for
 //!   the writes queued (a stop calls it), and dropping the store finishes them.
 //! - Only regular files of this user's are read, replaced or removed ([`files`]): a symbolic link,
 //!   FIFO, socket, device or directory under a state's name is skipped with a warning and left as
@@ -42,7 +42,7 @@ use k3_engine::{Engine, SavedState, Session, StateFileError, StateFileLayout};
 
 /// Why a store could not be opened.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum DiskTierError {
     #[error("prompt cache directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -63,7 +63,7 @@ pub enum StoreError {
 
 /// What the store has done since it opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct StoreStats {
+pub struct DiskStats {
     /// States this model's files hold now, and their bytes.
     pub entries: usize,
     pub bytes: u64,
@@ -95,7 +95,7 @@ struct Entry {
 
 /// The directory's index and its writer.
 #[derive(Debug)]
-pub struct StateStore {
+pub struct DiskTier {
     dir: PathBuf,
     budget: u64,
     fingerprint: u64,
@@ -106,7 +106,7 @@ pub struct StateStore {
     queued: Vec<PathBuf>,
     writer: Option<(SyncSender<Work>, JoinHandle<()>)>,
     written: Receiver<Written>,
-    stats: StoreStats,
+    stats: DiskStats,
     warnings: Vec<String>,
 }
 
@@ -114,14 +114,14 @@ fn now_nanos() -> u128 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
 
-impl StateStore {
+impl DiskTier {
     /// Opens (creating, private to this user) `dir` for `engine`'s states within `budget` bytes,
     /// indexing the files already there; the oldest beyond the budget are removed.
-    pub fn open(dir: &Path, budget: u64, engine: &Engine<'_>) -> Result<StateStore, StoreError> {
+    pub fn open(dir: &Path, budget: u64, engine: &Engine<'_>) -> Result<DiskTier, DiskTierError> {
         let made_private = files::make_private(dir)?;
-        let key = NameKey::of_dir(dir).map_err(StoreError::Key)?;
-        let (work_tx, thread, done_rx) = writer::spawn().map_err(StoreError::Thread)?;
-        let mut store = StateStore {
+        let key = NameKey::of_dir(dir).map_err(DiskTierError::Key)?;
+        let (work_tx, thread, done_rx) = writer::spawn().map_err(DiskTierError::Thread)?;
+        let mut store = DiskTier {
             dir: dir.to_path_buf(),
             budget,
             fingerprint: engine.fingerprint(),
@@ -131,10 +131,10 @@ impl StateStore {
             queued: Vec::new(),
             writer: Some((work_tx, thread)),
             written: done_rx,
-            stats: StoreStats::default(),
+            stats: DiskStats::default(),
             warnings: made_private.into_iter().collect(),
         };
-        store.scan().map_err(|source| StoreError::Dir { path: dir.to_path_buf(), source })?;
+        store.scan().map_err(|source| DiskTierError::Dir { path: dir.to_path_buf(), source })?;
         store.evict();
         Ok(store)
     }
@@ -182,8 +182,8 @@ impl StateStore {
     }
 
     /// What the store has done; [`poll`](Self::poll) first for the latest.
-    pub fn stats(&self) -> StoreStats {
-        StoreStats { entries: self.entries.len(), bytes: self.entries.iter().map(|e| e.bytes).sum(), ..self.stats }
+    pub fn stats(&self) -> DiskStats {
+        DiskStats { entries: self.entries.len(), bytes: self.entries.iter().map(|e| e.bytes).sum(), ..self.stats }
     }
 
     /// Warnings for people (files ignored, writes failed) since the last call.
@@ -386,7 +386,7 @@ impl StateStore {
     }
 }
 
-impl Drop for StateStore {
+impl Drop for DiskTier {
     /// Finishes the writes queued: a state kept before a stop is there after it.
     fn drop(&mut self) {
         if let Some((tx, thread)) = self.writer.take() {

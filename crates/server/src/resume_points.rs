@@ -1,4 +1,4 @@
-//! Where a chat prompt's state is worth keeping while it prefills ([`checkpoints`]), found by
+//! Where a chat prompt's state is worth keeping while it prefills ([`resume_points`]), found by
 //! rendering the conversation's beginnings alone; the render of its first part (the system turn
 //! and the tool declarations) is kept for the requests that begin the same way ([`Beginnings`]):
 //! every turn of a conversation, and every conversation of a client with one system prompt and
@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use k3_text::chat::{ChatFormat, Message, PromptOptions, Role, ToolChoice};
+use k3_text::chat_format::{ChatFormat, Message, PromptOptions, Role, ToolChoice};
 
 /// Renders of beginnings kept at most (the most recently used are kept).
 const KEPT: usize = 16;
@@ -81,7 +81,7 @@ impl Beginnings {
 /// own boundary, whatever its markup. At most two a request (two states' memory); none where
 /// the rendering fails or the point is not inside the prompt. The first part's render comes from
 /// `beginnings` when a request began the same way.
-pub(crate) fn checkpoints(
+pub(crate) fn resume_points(
     format: &ChatFormat<'_>,
     messages: &[Message],
     options: &PromptOptions<'_>,
@@ -120,11 +120,11 @@ mod tests {
         ]
     }
 
-    /// The checkpoints a request gets with its beginning's render kept from an earlier request
+    /// The resume points a request gets with its beginning's render kept from an earlier request
     /// are the ones rendering it again gives; the beginning is rendered once for both, and a
     /// different beginning (another system prompt, other options) is rendered on its own.
     #[test]
-    fn a_kept_beginning_gives_the_checkpoints_a_new_render_gives() {
+    fn a_kept_beginning_gives_the_resume_points_a_new_render_gives() {
         let tok = k3_text::tokenizer::k3_test_tokenizer();
         let format = ChatFormat::new(&tok, Dialect::Xtml);
         let tools = r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]"#;
@@ -134,8 +134,8 @@ mod tests {
         for user in ["And tomorrow?", "And in Rome?"] {
             let messages = conversation("You are brief.", user);
             let prompt = format.prompt_with(&messages, &o).unwrap();
-            let kept = checkpoints(&format, &messages, &o, &prompt, &shared);
-            let fresh = checkpoints(&format, &messages, &o, &prompt, &Beginnings::default());
+            let kept = resume_points(&format, &messages, &o, &prompt, &shared);
+            let fresh = resume_points(&format, &messages, &o, &prompt, &Beginnings::default());
             assert_eq!(kept, fresh, "{user}");
             assert_eq!(kept.len(), 2, "{kept:?}");
             let k = shared.kept.lock().unwrap();
@@ -145,11 +145,11 @@ mod tests {
         assert!(Arc::ptr_eq(&firsts[0], &firsts[1]), "the second request did not render the beginning again");
         let other = conversation("You are verbose.", "And tomorrow?");
         let prompt = format.prompt_with(&other, &o).unwrap();
-        checkpoints(&format, &other, &o, &prompt, &shared);
+        resume_points(&format, &other, &o, &prompt, &shared);
         let thinking = PromptOptions { think: true, ..o.clone() };
         let prompt = format.prompt_with(&other, &thinking).unwrap();
-        let kept = checkpoints(&format, &other, &thinking, &prompt, &shared);
-        assert_eq!(kept, checkpoints(&format, &other, &thinking, &prompt, &Beginnings::default()));
+        let kept = resume_points(&format, &other, &thinking, &prompt, &shared);
+        assert_eq!(kept, resume_points(&format, &other, &thinking, &prompt, &Beginnings::default()));
         assert_eq!(shared.kept.lock().unwrap().len(), 3, "another system prompt, other options: new renders");
     }
 }

@@ -1,7 +1,7 @@
 //! States kept where later requests part from a prompt, over HTTP on the default model: the same
 //! request again (Regenerate), a new conversation with the same system prompt, and the last
 //! message edited and sent again each resume from a kept state (`cached_tokens`), and answer as a
-//! server without a prefix cache does.
+//! server without a prompt cache does.
 
 use std::path::{Path, PathBuf};
 
@@ -20,10 +20,10 @@ fn default_model() -> PathBuf {
 const SYSTEM: &str = "You are a careful storyteller. Every answer is one short paragraph in the style of an old \
     chronicle, with plain words, no lists and no headings, and it never repeats the question.";
 
-/// Both servers: with the prefix cache, and without one (the reference answers).
+/// Both servers: with the prompt cache, and without one (the reference answers).
 async fn servers() -> (Router, Router) {
     let cached = server(ServerOptions::new(default_model())).await;
-    let fresh = server(ServerOptions { prefix_cache: 0, ..ServerOptions::new(default_model()) }).await;
+    let fresh = server(ServerOptions { prompt_cache_ram: 0, ..ServerOptions::new(default_model()) }).await;
     (cached, fresh)
 }
 
