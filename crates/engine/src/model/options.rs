@@ -122,7 +122,7 @@ pub enum ActivationPrecision {
     /// cost 7x more KL for a small share of the work).
     Experts,
     /// The experts as [`Experts`](Self::Experts) (those without an int8 kernel, bf16 ones, on
-    /// bf16), and the trunk's products of a batch (prefill chunks, verifies) on bf16: rounding
+    /// bf16), and the trunk's products of a batch (prefill chunks, drafts scored) on bf16: rounding
     /// each value to 8 significant bits costs far less than int8 blocks. A decode step's lone
     /// vector stays exact in the trunk.
     Bf16Trunk,
