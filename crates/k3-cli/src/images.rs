@@ -18,7 +18,7 @@ pub struct Image {
 /// Reads and embeds one image file, for a model whose tokenizer can frame it.
 pub fn read(engine: &Engine<'_>, tok: &Tokenizer, path: &Path) -> Result<Image> {
     engine.check_sees()?;
-    Ok(read_files(engine, tok, std::slice::from_ref(&path.to_path_buf()))?.remove(0))
+    Ok(read_files(engine, tok, &[path])?.remove(0))
 }
 
 /// Every file of `paths`, in order, the model's eyes checked once before any is read.
@@ -32,12 +32,13 @@ pub fn read_all(engine: &Engine<'_>, tok: &Tokenizer, paths: &[PathBuf]) -> Resu
 
 /// Every file of `paths`, in order, for a model the caller found sees ([`Engine::check_sees`]):
 /// the tokenizer's framing checked once, then each file read and embedded.
-pub fn read_files(engine: &Engine<'_>, tok: &Tokenizer, paths: &[PathBuf]) -> Result<Vec<Image>> {
+pub fn read_files(engine: &Engine<'_>, tok: &Tokenizer, paths: &[impl AsRef<Path>]) -> Result<Vec<Image>> {
     k3_generate::media::check_tokenizer(tok)?;
     let limits = DecodeLimits::default();
     paths
         .iter()
         .map(|path| {
+            let path = path.as_ref();
             let bytes = k3_format::read_input(path, "an image file is", limits.max_bytes as u64)?;
             let prompt = embed(engine, &bytes, &limits).with_context(|| path.display().to_string())?;
             Ok(Image { bytes, prompt })
