@@ -138,7 +138,7 @@ impl ActivationPrecision {
 
     /// An expert matrix at this precision: int8 where its encoding has an int8 kernel, and under
     /// [`Bf16Trunk`](Self::Bf16Trunk) bf16 batches where it has none.
-    pub fn for_experts(self, m: Matrix<'_>) -> Matrix<'_> {
+    pub(crate) fn for_experts(self, m: Matrix<'_>) -> Matrix<'_> {
         let m = m.with_activations(self.experts());
         if self == ActivationPrecision::Bf16Trunk && !m.takes_q8() {
             m.with_activations(k3_quant::Activations::Bf16)
