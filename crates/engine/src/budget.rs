@@ -42,7 +42,7 @@ pub fn total_memory_bytes() -> Option<u64> {
 }
 
 /// Memory the kernel says can be given to a new process without swapping (MemAvailable).
-pub fn available_memory_bytes() -> Option<u64> {
+pub(crate) fn available_memory_bytes() -> Option<u64> {
     meminfo("MemAvailable:")
 }
 

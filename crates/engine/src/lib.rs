@@ -8,21 +8,21 @@
 
 pub mod budget;
 pub mod config;
+mod memory_plan;
 mod model;
 pub mod names;
-pub mod owned;
-pub mod plan;
-pub mod verify;
+mod owned;
+mod verify;
 pub mod weights;
 
+pub use memory_plan::MemoryPlan;
 pub use model::{
-    ActivationPrecision, Engine, EngineOptions, ExpertApprox, ImageWork, Inserted, LayerState, LayerWalk, Logits,
-    LowBit, LowBitCopies, PromptImage, RoutedToken, RunStats, STATE_FILE_VERSION, SavedState, Seq, Session, Span,
-    SpanKind, StateFileError, StateFileLayout, StateHeader, WALK_GROUP_ROWS, activate, read_state_header,
-    state_ids_bytes, tap,
+    ActivationPrecision, Engine, EngineOptions, ExpertApprox, ImageWork, Inserted, LayerWalk, Logits, LowBitCopies,
+    PromptImage, RoundedCopies, RoutedToken, RunStats, SavedState, Seq, Session, Span, SpanKind, StateFileError,
+    StateFileLayout, StateHeader, WALK_GROUP_ROWS, activate, read_state_header, state_ids_bytes, tap,
 };
 pub use owned::OwnedEngine;
-pub use plan::MemoryPlan;
+pub use verify::TrunkCheck;
 
 // The types the engine's options and results expose, so callers need this crate alone.
 pub use k3_format::{Model, OpenOptions, OutputFile, write_atomic};

@@ -36,11 +36,6 @@ impl OwnedEngine {
         self.0.borrow_dependent()
     }
 
-    /// As [`engine`](Self::engine), for the calls that change settings.
-    pub fn with_engine_mut<R>(&mut self, f: impl FnOnce(&mut Engine<'_>) -> R) -> R {
-        self.0.with_dependent_mut(|_, e| f(e))
-    }
-
     pub fn model(&self) -> &Arc<Model> {
         self.0.borrow_owner()
     }

@@ -25,7 +25,7 @@ pub fn matrix<'m>(m: &'m Model, name: &str) -> Result<Matrix<'m>, EngineError> {
 const EXACT: Activations = Activations::Exact;
 
 /// A tensor view (trunk or expert record) as a matrix.
-pub fn view_matrix<'m>(name: &str, t: &TensorView<'m>) -> Result<Matrix<'m>, EngineError> {
+pub(crate) fn view_matrix<'m>(name: &str, t: &TensorView<'m>) -> Result<Matrix<'m>, EngineError> {
     let (rows, cols) = dims2(name, t)?;
     Ok(match t.encoding {
         Encoding::F32 => Matrix::F32 { w: t.typed::<f32>("data")?, rows, cols },
@@ -143,7 +143,7 @@ pub fn vector(m: &Model, name: &str) -> Result<(Vec<f32>, Vec<u64>), EngineError
 }
 
 /// A vector that must have `len` values.
-pub fn vector_of(m: &Model, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
+pub(crate) fn vector_of(m: &Model, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
     let (v, shape) = vector(m, name)?;
     if v.len() != len {
         return Err(EngineError::Shape(format!("tensor `{name}` has shape {shape:?}, expected {len} values")));
@@ -152,7 +152,7 @@ pub fn vector_of(m: &Model, name: &str, len: usize) -> Result<Vec<f32>, EngineEr
 }
 
 /// The codec a stored VQ encoding describes (the runtime reads it; conversion writes it).
-pub fn codec_of(enc: &Encoding) -> Option<k3_quant::vq::Codec> {
+pub(crate) fn codec_of(enc: &Encoding) -> Option<k3_quant::vq::Codec> {
     match enc {
         Encoding::Vq { stages: 3, entries: 16, dim: 4, interleave: 32, .. } => Some(k3_quant::vq::Codec::FastScan),
         Encoding::Vq { stages: 3, entries: 256, dim: 8, interleave: 1, .. } => Some(k3_quant::vq::Codec::Residual),

@@ -97,8 +97,8 @@ fn accepting_part_of_a_verified_chunk_is_running_only_that_part() {
         for keep in 0..=chunk.len() {
             let mut spec = engine.session();
             engine.forward_last(&mut spec, &prompt).unwrap();
-            let verified = engine.verify(&mut spec, &chunk).unwrap();
-            engine.accept(&mut spec, keep).unwrap();
+            let verified = engine.forward_drafts(&mut spec, &chunk).unwrap();
+            engine.accept_drafts(&mut spec, keep).unwrap();
             let spec_after = engine.forward(&mut spec, &after, None).unwrap();
 
             let mut plain = engine.session();
@@ -119,14 +119,14 @@ fn a_session_awaiting_acceptance_refuses_other_steps() {
     let model = Model::open(fixtures().join("tiny-k3.waste")).unwrap();
     let engine = Engine::load(&model).unwrap();
     let mut s = engine.session();
-    let err = engine.accept(&mut s, 1).unwrap_err().to_string();
-    assert!(err.contains("no verified chunk"), "{err}");
-    engine.verify(&mut s, &[1, 2, 3]).unwrap();
+    let err = engine.accept_drafts(&mut s, 1).unwrap_err().to_string();
+    assert!(err.contains("no chunk of drafts"), "{err}");
+    engine.forward_drafts(&mut s, &[1, 2, 3]).unwrap();
     let err = engine.forward(&mut s, &[4], None).unwrap_err().to_string();
-    assert!(err.contains("awaiting `accept`"), "{err}");
-    let err = engine.verify(&mut s, &[4]).unwrap_err().to_string();
-    assert!(err.contains("awaiting `accept`"), "{err}");
-    engine.accept(&mut s, 2).unwrap();
+    assert!(err.contains("awaiting `accept_drafts`"), "{err}");
+    let err = engine.forward_drafts(&mut s, &[4]).unwrap_err().to_string();
+    assert!(err.contains("awaiting `accept_drafts`"), "{err}");
+    engine.accept_drafts(&mut s, 2).unwrap();
     assert_eq!(s.tokens(), 2);
     engine.forward(&mut s, &[4], None).unwrap();
 }
@@ -142,8 +142,8 @@ fn the_routing_trace_has_the_accepted_rows_only() {
     let mut spec = engine.session();
     spec.routing_trace = Some(Vec::new());
     engine.forward(&mut spec, &ids[..2], None).unwrap();
-    engine.verify(&mut spec, &ids[2..]).unwrap();
-    engine.accept(&mut spec, 2).unwrap();
+    engine.forward_drafts(&mut spec, &ids[2..]).unwrap();
+    engine.accept_drafts(&mut spec, 2).unwrap();
     // A chunk's trace is layer by layer; compare position by position.
     let sorted = |s: &Session| {
         let mut t = s.routing_trace.clone().unwrap();

@@ -10,7 +10,7 @@ mod common;
 use common::rel_l2;
 use std::path::{Path, PathBuf};
 
-use k3_engine::{Engine, EngineOptions, ExpertApprox, LowBit};
+use k3_engine::{Engine, EngineOptions, ExpertApprox, RoundedCopies};
 use k3_format::Model;
 
 fn fixtures() -> PathBuf {
@@ -38,10 +38,10 @@ fn approximations_match_transformers_patched_alike() {
         .map(|t| t.parse().unwrap())
         .collect();
     let exact = f32s(&g.join("golden/logits.f32"));
-    let low = |experts, bits| ExpertApprox { low_bit: Some(LowBit { experts, bits }), defer: 0 };
+    let low = |experts, bits| ExpertApprox { low_bit_copies: Some(RoundedCopies { experts, bits }), defer: 0 };
     let cases = [
-        ("defer-1", ExpertApprox { low_bit: None, defer: 1 }),
-        ("defer-2", ExpertApprox { low_bit: None, defer: 2 }),
+        ("defer-1", ExpertApprox { low_bit_copies: None, defer: 1 }),
+        ("defer-2", ExpertApprox { low_bit_copies: None, defer: 2 }),
         ("low-bit-2-bits-2", low(2, 2)),
         ("low-bit-3-bits-3", low(3, 3)),
     ];
@@ -73,13 +73,16 @@ fn approximations_the_model_cannot_take_are_refused() {
         assert!(e.contains(says), "{e}");
     };
     // The model routes 4 experts a token: one stays exact and on time.
-    refused(ExpertApprox { low_bit: None, defer: 4 }, "deferred experts 4: each token uses 4 routed experts");
-    refused(ExpertApprox { low_bit: Some(LowBit { experts: 4, bits: 2 }), defer: 0 }, "give 1 to 3");
-    refused(ExpertApprox { low_bit: Some(LowBit { experts: 2, bits: 1 }), defer: 0 }, "1 bits: give 2 to 8");
+    refused(ExpertApprox { low_bit_copies: None, defer: 4 }, "deferred experts 4: each token uses 4 routed experts");
+    refused(ExpertApprox { low_bit_copies: Some(RoundedCopies { experts: 4, bits: 2 }), defer: 0 }, "give 1 to 3");
+    refused(
+        ExpertApprox { low_bit_copies: Some(RoundedCopies { experts: 2, bits: 1 }), defer: 0 },
+        "1 bits: give 2 to 8",
+    );
     let model = Model::open(fixtures().join("tiny-kimi-linear.waste")).unwrap();
     let opts = EngineOptions {
         experts_per_token: Some(2),
-        approx: ExpertApprox { low_bit: None, defer: 2 },
+        approx: ExpertApprox { low_bit_copies: None, defer: 2 },
         ..EngineOptions::default()
     };
     let e = Engine::load_with(&model, opts).unwrap_err().to_string();

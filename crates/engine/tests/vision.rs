@@ -28,6 +28,11 @@ fn converted(dir: &Path) -> Model {
     Model::open(dir.join("m")).unwrap()
 }
 
+/// The prompt rows of `pic`, `[positions, hidden]`: the tower run whole.
+fn image_rows(engine: &Engine<'_>, pic: &k3_vision::Picture) -> Vec<f32> {
+    engine.finish_image(engine.start_image(pic, 0).unwrap()).rows
+}
+
 #[test]
 fn an_image_prompt_matches_the_references() {
     let dir = tempfile::tempdir().unwrap();
@@ -35,9 +40,9 @@ fn an_image_prompt_matches_the_references() {
     let engine = Engine::load(&model).unwrap();
     assert!(engine.sees());
     let pic = decode(&std::fs::read(golden().join("golden/picture.png")).unwrap(), &DecodeLimits::default()).unwrap();
-    let layout = engine.image_layout(pic.width, pic.height).unwrap();
+    let layout = k3_vision::Layout::of(pic.width, pic.height, engine.image_processor().unwrap()).unwrap();
     assert_eq!(layout.positions, 20);
-    let rows = engine.image_rows(&pic).unwrap();
+    let rows = image_rows(&engine, &pic);
     let e = rel_l2(&rows, &f32s("embeds.f32"));
     let ids: Vec<u32> = std::fs::read_to_string(golden().join("golden/ids.txt"))
         .unwrap()
@@ -82,7 +87,7 @@ fn bf16_activations_stay_close() {
     };
     let engine = Engine::load_with(&model, opts).unwrap();
     let pic = decode(&std::fs::read(golden().join("golden/picture.png")).unwrap(), &DecodeLimits::default()).unwrap();
-    let rows = engine.image_rows(&pic).unwrap();
+    let rows = image_rows(&engine, &pic);
     let e = rel_l2(&rows, &f32s("embeds.f32"));
     eprintln!("bf16 activations: image rows relative L2 {e:.3e}");
     assert!(e < 1e-2, "{e}");

@@ -12,7 +12,7 @@ use k3_text::mask::{Mask, MaskJob, Shape, TokenTrie};
 use k3_text::strict::StrictCalls;
 
 use crate::GenerateError;
-use crate::generator::{Finish, GenerateParams};
+use crate::params::{Finish, GenerateParams};
 use crate::sample::{Sampler, TokenLogprob};
 use crate::visible::TextOut;
 

@@ -15,12 +15,14 @@ pub mod eval;
 pub mod generation_config;
 mod generator;
 pub mod media;
+mod params;
 pub mod sample;
 pub mod speculate;
 mod visible;
 
 pub use decoder::{Decoder, Emit};
-pub use generator::{Finish, GenerateParams, Generator, StepStats, Token};
+pub use generator::{Generator, StepStats, Token};
+pub use params::{Finish, GenerateParams};
 
 use k3_text::{Tokenizer, TokenizerError};
 
@@ -36,6 +38,10 @@ pub enum GenerateError {
     /// tokenizer lacks): the message names the part.
     #[error("{0}")]
     Input(String),
+    /// The prompt (after what the session holds) leaves no room for an answer in the planned
+    /// context: a caller that can say how to make room matches this.
+    #[error("the prompt is {tokens} tokens, which leaves no room in a context of {context} tokens")]
+    NoRoom { tokens: usize, context: usize },
 }
 
 impl From<k3_engine::EngineError> for GenerateError {

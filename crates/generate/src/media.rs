@@ -13,10 +13,10 @@ use crate::GenerateError;
 
 pub use k3_engine::PromptImage;
 
-/// Decodes an image file's bytes (within `limits`) and computes its prompt rows.
+/// Decodes an image file's bytes (within `limits`) and computes its prompt rows. The model's
+/// side is the caller's to check first, once for all its images ([`Engine::check_sees`]): then a
+/// model without eyes says so before any input is read or decoded.
 pub fn prompt_image(engine: &Engine<'_>, bytes: &[u8], limits: &DecodeLimits) -> Result<PromptImage, GenerateError> {
-    // The model's side first: a model without eyes says so before any decoding.
-    engine.check_sees()?;
     let pic = decode(bytes, limits).map_err(|e| GenerateError::Input(e.to_string()))?;
     Ok(engine.finish_image(engine.start_image(&pic, xxhash_rust::xxh3::xxh3_64(bytes))?))
 }

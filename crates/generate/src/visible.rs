@@ -4,7 +4,7 @@
 use k3_text::tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::GenerateError;
-use crate::generator::GenerateParams;
+use crate::params::GenerateParams;
 
 /// Token ids to the text a person sees: UTF-8 across tokens, K3's markup and (unless asked)
 /// thinking hidden, stop strings cut.

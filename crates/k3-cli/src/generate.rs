@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use k3_generate::{Finish, GenerateParams, Generator};
+use k3_generate::{Finish, GenerateError, GenerateParams, Generator};
 use k3_text::tokenizer::Tokenizer;
 
 use crate::prompt::PromptArgs;
@@ -96,12 +96,6 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         images.is_empty() || a.prompt_cache.is_off(),
         "--prompt-cache keeps token states, which do not say which image a prompt held: give one or the other"
     );
-    if let Some(n) = Some(prompt.len() as u64).filter(|&n| n >= engine.plan().context) {
-        anyhow::bail!(
-            "the prompt with its images is {n} tokens, which leaves no room in a context of {}: raise --context",
-            engine.plan().context
-        );
-    }
     // Every input is read: from here a signal stops the run at the next token, which writes
     // what it has (before, it ends the process, as nothing would look at the flag).
     params.cancel = Some(signals::end_flag());
@@ -116,20 +110,21 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         pb.enable_steady_tick(std::time::Duration::from_secs(1));
         pb
     });
-    let mut g = match (rest.is_empty(), kept_logits) {
+    let started = match (rest.is_empty(), kept_logits) {
         // The whole prompt was kept, with its logits: sampling starts at once.
-        (true, Some(logits)) => Generator::resume(&engine, &mut session, logits, tok.as_ref(), params)?,
+        (true, Some(logits)) => Generator::resume(&engine, &mut session, logits, tok.as_ref(), params),
         _ => {
             Generator::start_with_images(&engine, &mut session, rest, &images, tok.as_ref(), params, &mut |done, _| {
                 if let Some(pb) = &pb {
                     pb.set_position(done as u64);
                 }
-            })?
+            })
         }
     };
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
+    let mut g = started.map_err(no_room)?;
     if let Some(c) = cache.as_mut() {
         if !rest.is_empty() && g.session().tokens() == prompt.len() {
             c.keep(&engine, g.session(), Some(g.last_logits(&engine)));
@@ -150,6 +145,17 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     match lost {
         Some(e) => Err(anyhow::Error::new(e).context("writing the generated text")),
         None => Ok(ExitCode::SUCCESS),
+    }
+}
+
+/// The generator's context check, the one the prompt with its images gets: the text alone was
+/// bounded before the engine was planned (a longer prompt is then only images' positions).
+fn no_room(e: GenerateError) -> anyhow::Error {
+    match e {
+        GenerateError::NoRoom { tokens, context } => anyhow::anyhow!(
+            "the prompt with its images is {tokens} tokens, which leaves no room in a context of {context}: raise --context"
+        ),
+        e => e.into(),
     }
 }
 
@@ -178,7 +184,7 @@ fn with_images(
     let tok = tok.ok_or_else(|| anyhow::anyhow!("--image needs a model with a tokenizer"))?;
     engine.check_sees().context("--image")?;
     let placeholder = engine.image_placeholder().context("--image: the model has no image placeholder")?;
-    let images: Vec<_> = crate::images::read_all(engine, tok, paths)?.into_iter().map(|i| i.prompt).collect();
+    let images: Vec<_> = crate::images::read_files(engine, tok, paths)?.into_iter().map(|i| i.prompt).collect();
     let ids = k3_generate::media::place_in_raw(&prompt, placeholder, images.len())?;
     Ok(k3_generate::media::expand(tok, placeholder, engine.hidden(), &ids, &images)?)
 }

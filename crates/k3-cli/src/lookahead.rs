@@ -36,9 +36,9 @@ pub fn run(a: LookaheadArgs) -> Result<ExitCode> {
     let tok = k3_generate::model_tokenizer(&m).transpose()?;
     let most = crate::prompt::RunContext::of(&m, a.engine.knobs.context);
     let ids = a.prompt.ids(tok.as_ref(), &path, &most.text())?;
-    let mut engine = a.engine.load(&m, &path, Needs::exact(ids.len() as u64, a.chunk as usize))?;
     // This command is about the predictors: measure all three.
-    engine.measure_lookahead();
+    let needs = Needs::exact(ids.len() as u64, a.chunk as usize);
+    let mut engine = a.engine.load_with(&m, &path, needs, |o| o.lookahead_stats = true)?;
     if let Some(g) = a.margin {
         engine.set_lookahead_margin(g as usize);
     }

@@ -64,7 +64,9 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
     // A window never holds more than `window` tokens of context, nor more than the text.
     let context = ids.len().clamp(2, window) as u64;
     let approx = k3_engine::ExpertApprox {
-        low_bit: a.measure_low_bit.map(|n| k3_engine::LowBit { experts: usize::from(n), bits: a.measure_low_bit_bits }),
+        low_bit_copies: a
+            .measure_low_bit
+            .map(|n| k3_engine::RoundedCopies { experts: usize::from(n), bits: a.measure_low_bit_bits }),
         defer: a.measure_deferral.map_or(0, usize::from),
     };
     let engine = a.engine.load_with(&model, &path, Needs::exact(context, chunk), |o| o.approx = approx)?;

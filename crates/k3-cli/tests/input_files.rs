@@ -137,6 +137,25 @@ fn an_oversized_prompt_or_conversation_is_refused_before_any_work() {
     assert!(err.contains("big.json is 133.0 MiB; /load reads at most 128.0 MiB"), "{err}");
 }
 
+/// A prompt whose text fits but whose image's positions do not is refused, by what the image
+/// adds, once the image is read; a model without eyes says so before any image file is read.
+#[test]
+fn images_are_checked_against_the_context_and_the_model() {
+    let (m, pic) = (vision_model().to_str().unwrap(), picture());
+    let pic = pic.to_str().unwrap();
+    let (code, err) = run(&["generate", "-m", m, "What?", "-n", "1", "--context", "16", "--image", pic], "");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("the prompt with its images is")
+            && err.contains("leaves no room in a context of 16: raise --context"),
+        "{err}"
+    );
+    // The default model reads no images: said before the device is looked at.
+    let (code, err) = run(&["generate", "What?", "-n", "1", "--image", "/dev/zero"], "");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--image: this model reads no images"), "{err}");
+}
+
 #[test]
 fn zero_max_tokens_is_refused() {
     for args in [

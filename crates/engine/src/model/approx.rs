@@ -15,10 +15,11 @@ use k3_router::Routing;
 use crate::EngineError;
 use crate::config::ModelConfig;
 
-/// HOBBIT's copy: each token's `experts` lightest routed experts computed from their matrices
-/// rounded to `bits`-bit integers (groups of 32 along a row, f16 scales).
+/// HOBBIT's low-bit copies made in memory, for measuring: each token's `experts` lightest routed
+/// experts computed from their matrices rounded to `bits`-bit integers (groups of 32 along a
+/// row, f16 scales). [`LowBitCopies`] are the ones a converted model holds, read on misses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LowBit {
+pub struct RoundedCopies {
     pub experts: usize,
     pub bits: u32,
 }
@@ -26,7 +27,7 @@ pub struct LowBit {
 /// What the routed experts' arithmetic approximates; nothing by default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExpertApprox {
-    pub low_bit: Option<LowBit>,
+    pub low_bit_copies: Option<RoundedCopies>,
     /// Expert Deferral: each token's `defer` lightest routed experts' sum is added to the
     /// residual stream at the end of the next layer (the last layer defers nothing).
     pub defer: usize,
@@ -34,7 +35,7 @@ pub struct ExpertApprox {
 
 impl ExpertApprox {
     pub fn is_none(&self) -> bool {
-        self.low_bit.is_none() && self.defer == 0
+        self.low_bit_copies.is_none() && self.defer == 0
     }
 
     /// Refuses values the model cannot take: at least one expert a token stays exact and on
@@ -43,7 +44,7 @@ impl ExpertApprox {
         if self.is_none() {
             return Ok(());
         }
-        if let Some(lb) = self.low_bit {
+        if let Some(lb) = self.low_bit_copies {
             light_experts(cfg, "low-bit experts", lb.experts)?;
             if !(2..=8).contains(&lb.bits) {
                 return Err(EngineError::Config(format!("low-bit copies of {} bits: give 2 to 8", lb.bits)));
@@ -58,7 +59,8 @@ impl ExpertApprox {
     /// A short text for a state's fingerprint (empty when nothing is approximated).
     pub(crate) fn describe(&self) -> String {
         let mut s = String::new();
-        if let Some(lb) = self.low_bit {
+        if let Some(lb) = self.low_bit_copies {
+            // The fingerprint's bytes as before the field's name changed: saved states stay valid.
             s += &format!("low_bit={}x{}", lb.experts, lb.bits);
         }
         if self.defer > 0 {
@@ -68,7 +70,7 @@ impl ExpertApprox {
     }
 }
 
-/// HOBBIT in the decode path: a second model holding low-bit copies of every routed expert
+/// HOBBIT's low-bit copies in the decode path: a second model holding them for every routed expert
 /// (`convert --experts int2`); an expert that is among the `experts` lightest of every token of
 /// the step that chose it, and is neither cached nor on its way, is read from its copy instead.
 /// Changes results, and they then depend on what the cache holds.

@@ -39,8 +39,8 @@ pub struct Seq<'s> {
     pub session: &'s mut Session,
     pub ids: &'s [u32],
     pub logits: Logits,
-    /// Verify speculative drafts: the rows are computed but the session keeps only what
-    /// [`Engine::accept`] later keeps of them.
+    /// Speculative drafts: the rows are computed but the session keeps only what
+    /// [`Engine::accept_drafts`] later keeps of them.
     pub tentative: bool,
     /// Images of the prompt this chunk is part of (positions counted from where `images_from`
     /// counts): the rows that fall in the chunk replace the placeholder tokens' embeddings.
@@ -164,19 +164,19 @@ impl<'m> Engine<'m> {
         self.run(seqs, None)
     }
 
-    /// Verifies speculative drafts: `ids` (the last accepted token, then the drafts) are run and
+    /// Scores speculative drafts: `ids` (the last accepted token, then the drafts) are run and
     /// every position's logits returned `[n, vocab]`, but the session keeps nothing of them until
-    /// [`accept`](Self::accept) says how many rows to keep.
-    pub fn verify(&self, session: &mut Session, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
+    /// [`accept_drafts`](Self::accept_drafts) says how many rows to keep.
+    pub fn forward_drafts(&self, session: &mut Session, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
         let mut seqs = [Seq { session, ids, logits: Logits::All, tentative: true, images: &[], images_from: 0 }];
         Ok(self.run(&mut seqs, None)?.pop().expect("one sequence"))
     }
 
-    /// Keeps the first `rows` rows of the session's verified chunk (the rest never happened):
+    /// Keeps the first `rows` rows of the session's chunk of drafts (the rest never happened):
     /// the session is then exactly as if only those rows had been run.
-    pub fn accept(&self, session: &mut Session, rows: usize) -> Result<(), EngineError> {
+    pub fn accept_drafts(&self, session: &mut Session, rows: usize) -> Result<(), EngineError> {
         let p =
-            session.pending.take().ok_or_else(|| EngineError::Input("no verified chunk awaits acceptance".into()))?;
+            session.pending.take().ok_or_else(|| EngineError::Input("no chunk of drafts awaits acceptance".into()))?;
         let rows = rows.min(p.ids.len());
         let start = session.ids.len();
         for (li, layer) in self.layers.iter().enumerate() {
@@ -251,7 +251,7 @@ impl<'m> Engine<'m> {
     }
 
     /// A sequence can take this step: ids in the vocabulary, a session of this model with no
-    /// verified chunk awaiting acceptance.
+    /// chunk of drafts awaiting acceptance.
     fn check_seq(&self, s: &Seq<'_>) -> Result<(), EngineError> {
         if let Some(&bad) = s.ids.iter().find(|&&t| t as usize >= self.vocab) {
             return Err(EngineError::Input(format!("token id {bad} is outside the vocabulary of {}", self.vocab)));
@@ -260,12 +260,12 @@ impl<'m> Engine<'m> {
             return Err(EngineError::Input("the session does not belong to this model".into()));
         }
         if s.session.pending.is_some() {
-            return Err(EngineError::Input("the session has a verified chunk awaiting `accept`".into()));
+            return Err(EngineError::Input("the session has a chunk of drafts awaiting `accept_drafts`".into()));
         }
         self.check_images(s)
     }
 
-    /// What `accept` will need to keep a prefix of the tentative chunk `ids`.
+    /// What `accept_drafts` will need to keep a prefix of the tentative chunk `ids`.
     fn pending(&self, session: &Session, ids: &[u32]) -> Pending {
         let mla_len = session
             .layers

@@ -74,7 +74,7 @@ impl Engine<'_> {
 
     /// Scores what the predictors guessed for layer `li` against what it chose, and records the
     /// choices (usage history, previous-token predictor, the routing trace — held back with a
-    /// verified chunk until `accept` says which rows happened).
+    /// chunk of drafts until `accept_drafts` says which rows happened).
     pub(crate) fn record_routing(
         &self,
         session: &mut Session,

@@ -5,7 +5,7 @@
 //! built from the file), `forward` (the pass over a chunk), `moe` (the streaming MoE step), `approx` (measured approximations of its experts),
 //! `lookahead` (guessing and prefetching the next layer's experts), `expert_io` (the reader and
 //! cache), `compute` (the thread pool), `attnres` (K3's residual mix), `session` (a sequence's
-//! state), `stats` (counters and timelines); the memory plan is `crate::plan`.
+//! state), `stats` (counters and timelines); the memory plan is `crate::memory_plan`.
 
 mod approx;
 mod attnres;
@@ -23,14 +23,13 @@ pub mod tap;
 mod vision;
 mod walk;
 
-pub use approx::{ExpertApprox, LowBit, LowBitCopies};
+pub use approx::{ExpertApprox, LowBitCopies, RoundedCopies};
 pub use forward::{Logits, Seq};
 pub use layers::activate;
 pub use options::{ActivationPrecision, EngineOptions};
-pub use session::{LayerState, RoutedToken, Session};
-pub use state_file::{
-    STATE_FILE_VERSION, SavedState, StateFileError, StateFileLayout, StateHeader, read_state_header, state_ids_bytes,
-};
+pub(crate) use session::LayerState;
+pub use session::{RoutedToken, Session};
+pub use state_file::{SavedState, StateFileError, StateFileLayout, StateHeader, read_state_header, state_ids_bytes};
 pub use stats::{RunStats, Span, SpanKind};
 pub use vision::{ImageWork, Inserted, PromptImage};
 pub use walk::{GROUP_ROWS as WALK_GROUP_ROWS, LayerWalk};
@@ -42,8 +41,8 @@ use k3_quant::Matrix;
 
 use crate::EngineError;
 use crate::config::ModelConfig;
+use crate::memory_plan::{self, Demand, Footprint, MemoryPlan};
 use crate::names;
-use crate::plan::{self, Demand, Footprint, MemoryPlan};
 use crate::verify::TrunkCheck;
 use crate::weights::{Rotations, matrix, vector_of};
 use compute::Compute;
@@ -161,7 +160,7 @@ impl<'m> Engine<'m> {
         let layers = layers::build(layers::Trunk { model, act: opts.activations.trunk() }, &cfg)?;
         check_cache_aware(&layers, &cfg, &opts)?;
         let res_block = cfg.attn_res_block.unwrap_or(1);
-        let plan = plan::plan(
+        let plan = memory_plan::plan(
             footprint(&layers, &cfg, res_block),
             Demand {
                 budget: opts.mem_budget,
@@ -263,12 +262,6 @@ impl<'m> Engine<'m> {
         io.cache.pin(&history.hottest(room))
     }
 
-    /// Also measure the after-MoE and previous-token predictors (see
-    /// [`EngineOptions::lookahead_stats`]).
-    pub fn measure_lookahead(&mut self) {
-        self.opts.lookahead_stats = true;
-    }
-
     /// Predict `top_k + margin` experts per layer ahead (default: half of top_k more).
     pub fn set_lookahead_margin(&mut self, margin: usize) {
         self.lookahead_margin = margin;
@@ -293,7 +286,7 @@ impl<'m> Engine<'m> {
     /// [`fork`]: Engine::fork
     pub fn keep(&self, from: &Session) -> Result<Session, EngineError> {
         if from.pending.is_some() {
-            return Err(EngineError::Input("a session awaiting `accept` cannot be forked".into()));
+            return Err(EngineError::Input("a session awaiting `accept_drafts` cannot be forked".into()));
         }
         if from.layers.len() != self.layers.len() {
             return Err(EngineError::Input("the session does not belong to this model".into()));

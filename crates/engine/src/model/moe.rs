@@ -386,7 +386,7 @@ impl<'m> Engine<'m> {
             let gates: Vec<f32> = slots.iter().map(|&(t, slot)| routings[t].weights[slot - t * k]).collect();
             c.record(key, &xs, &gates, zd);
         }
-        let Some(lb) = self.opts.approx.low_bit else {
+        let Some(lb) = self.opts.approx.low_bit_copies else {
             return Ok(self.expert_outputs(&mlp, &slots, prep));
         };
         let (low, exact): (Vec<_>, Vec<_>) =

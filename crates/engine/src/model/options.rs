@@ -122,7 +122,7 @@ pub enum ActivationPrecision {
     /// cost 7x more KL for a small share of the work).
     Experts,
     /// The experts as [`Experts`](Self::Experts) (those without an int8 kernel, bf16 ones, on
-    /// bf16), and the trunk's products of a batch (prefill chunks, verifies) on bf16: rounding
+    /// bf16), and the trunk's products of a batch (prefill chunks, drafts scored) on bf16: rounding
     /// each value to 8 significant bits costs far less than int8 blocks. A decode step's lone
     /// vector stays exact in the trunk.
     Bf16Trunk,
@@ -138,7 +138,7 @@ impl ActivationPrecision {
 
     /// An expert matrix at this precision: int8 where its encoding has an int8 kernel, and under
     /// [`Bf16Trunk`](Self::Bf16Trunk) bf16 batches where it has none.
-    pub fn for_experts(self, m: Matrix<'_>) -> Matrix<'_> {
+    pub(crate) fn for_experts(self, m: Matrix<'_>) -> Matrix<'_> {
         let m = m.with_activations(self.experts());
         if self == ActivationPrecision::Bf16Trunk && !m.takes_q8() {
             m.with_activations(k3_quant::Activations::Bf16)

@@ -7,7 +7,7 @@ use super::stats::{RunStats, Span};
 
 /// Per-layer recurrent state of one sequence.
 #[derive(Debug, Clone, PartialEq)]
-pub enum LayerState {
+pub(crate) enum LayerState {
     Kda(KdaState),
     Mla(MlaCache),
 }
@@ -25,7 +25,7 @@ pub struct RoutedToken {
 /// The state of one sequence.
 #[derive(Debug, Clone)]
 pub struct Session {
-    pub layers: Vec<LayerState>,
+    pub(crate) layers: Vec<LayerState>,
     /// The tokens the state holds, in order (what prompt lookup drafts from, what a prefix cache
     /// matches).
     pub(crate) ids: Vec<u32>,
@@ -43,11 +43,11 @@ pub struct Session {
     pub usage: k3_router::UsageHistory,
     /// When `Some`, every token's experts at every MoE layer are appended (for comparing encodings).
     pub routing_trace: Option<Vec<RoutedToken>>,
-    /// A verified (tentative) chunk awaiting `Engine::accept`.
+    /// A chunk of drafts (tentative) awaiting `Engine::accept_drafts`.
     pub(crate) pending: Option<Pending>,
 }
 
-/// What keeping a prefix of a verified chunk needs: per KDA layer the chunk's tape, per MLA
+/// What keeping a prefix of a chunk of drafts needs: per KDA layer the chunk's tape, per MLA
 /// layer the cache length before it, and (when tracing) the rows' routing.
 #[derive(Debug, Clone)]
 pub(crate) struct Pending {

@@ -13,7 +13,7 @@ use super::{Engine, LayerState, Session};
 const MAGIC: &[u8; 8] = b"K3STATE\0";
 
 /// The layout [`Engine::state_file`] writes.
-pub const STATE_FILE_VERSION: u32 = 1;
+pub(crate) const STATE_FILE_VERSION: u32 = 1;
 
 /// Why a state file was not read.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@ use half::bf16;
 use k3_format::{Encoding, Model};
 use k3_quant::Matrix;
 use k3_vision::tower::{BlockWeights, TowerWeights, tensors};
-use k3_vision::{Layout, Patches, Picture, ProcessorConfig, Tower};
+use k3_vision::{Patches, Picture, ProcessorConfig, Tower};
 
 use super::Engine;
 use crate::EngineError;
@@ -140,17 +140,6 @@ impl Engine<'_> {
     /// The id an image's prompt positions carry.
     pub fn image_placeholder(&self) -> Option<u32> {
         self.eyes.as_ref().map(|e| e.placeholder)
-    }
-
-    /// How an image of this size is resized and how many prompt positions it takes.
-    pub fn image_layout(&self, width: u32, height: u32) -> Result<Layout, EngineError> {
-        Layout::of(width, height, &self.eyes()?.processor).map_err(|e| EngineError::Input(e.to_string()))
-    }
-
-    /// The prompt rows of `pic`, `[positions, hidden]`: the processor, the tower and the
-    /// projector, on the engine's threads.
-    pub fn image_rows(&self, pic: &Picture) -> Result<Vec<f32>, EngineError> {
-        Ok(self.finish_image(self.start_image(pic, 0)?).rows)
     }
 }
 

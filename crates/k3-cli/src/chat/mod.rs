@@ -377,6 +377,10 @@ fn and_images(n: usize) -> String {
 /// A saved conversation read (within the context's text) and its images embedded.
 fn load(path: &std::path::Path, engine: &Engine<'_>, tok: &Tokenizer) -> Result<(saved::Saved, Vec<PromptImage>)> {
     let loaded = saved::load(path, &crate::prompt::TextBound::of(tok, engine.plan().context))?;
+    if !loaded.images.is_empty() {
+        // Once, before any image is decoded: a model without eyes says so for the first.
+        engine.check_sees().with_context(|| format!("{}: image 1", path.display()))?;
+    }
     let limits = k3_generate::media::DecodeLimits::default();
     let mut images = Vec::with_capacity(loaded.images.len());
     for (i, bytes) in loaded.images.iter().enumerate() {

@@ -16,6 +16,8 @@ use k3_engine::{StateFileError, StateFileLayout, StateHeader, read_state_header,
 use super::DiskTierError;
 
 pub const EXT: &str = "k3state";
+/// The key file's name in the directory (the naming key `owner` keeps).
+pub const KEY_FILE: &str = "k3state.key";
 const TMP_EXT: &str = "k3tmp";
 
 /// Makes `dir` the store's: created 0700 if missing; an existing one must be a directory of this
@@ -109,7 +111,7 @@ pub fn remove_dead_temporary(path: &Path, meta: &Metadata) -> bool {
     let Some(stem) = name.strip_prefix('.').and_then(|n| n.strip_suffix(&format!(".{TMP_EXT}"))) else {
         return false;
     };
-    if !(stem.contains(&format!(".{EXT}.")) || stem.starts_with(super::owner::KEY_FILE)) {
+    if !(stem.contains(&format!(".{EXT}.")) || stem.starts_with(KEY_FILE)) {
         return false;
     }
     if !meta.is_file() || !is_mine(meta) {

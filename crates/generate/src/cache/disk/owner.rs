@@ -14,10 +14,8 @@ use std::path::Path;
 
 use k3_io::whole::{is_mine, open_regular};
 
-use super::files::write_private;
+use super::files::{KEY_FILE, write_private};
 
-/// The key file's name in the directory.
-pub const KEY_FILE: &str = "k3state.key";
 const KEY_BYTES: usize = 16;
 
 /// A directory's naming key.
