@@ -244,7 +244,7 @@ fn an_f32_checkpoint_converts_exactly() {
 }
 
 /// The table in LEARNED.md: every trunk type on every model, against its reference.
-/// `cargo test -p k3-engine --test trunk_policy -- --nocapture measure`
+/// `cargo test -p k3-convert --test trunk_policy -- --nocapture measure`
 #[test]
 fn measure_every_trunk_type() {
     let f32_ckpt = f32_checkpoint();

@@ -22,7 +22,7 @@ fn a_saved_state_resumes_as_the_session_it_was() {
         let back = engine.read_state_file(&bytes).unwrap();
         assert!(back.session == s, "{name}: the same layers and tokens");
         assert_eq!(back.logits.as_deref(), Some(&logits[..]), "{name}");
-        // Both go on to the same logits (a fork is what the prefix cache resumes today).
+        // Both go on to the same logits (a fork is what the prompt cache resumes today).
         let (mut a, mut b) = (back.session, engine.fork(&s).unwrap());
         let (la, lb) =
             (engine.forward_last(&mut a, &PROMPT[6..]).unwrap(), engine.forward_last(&mut b, &PROMPT[6..]).unwrap());

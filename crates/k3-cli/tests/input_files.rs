@@ -264,8 +264,18 @@ fn a_failed_answer_keeps_the_conversation() {
 #[test]
 fn a_signal_ends_a_cli_waiting_for_input() {
     for args in [&["chat", "-n", "1"][..], &["generate", "-", "-n", "1"]] {
+        let mut cmd = bin();
+        // A shell without job control starts background commands with SIGINT ignored, and a child
+        // inherits that (a Unix tool keeps it so): the default action is what is tested here.
+        // SAFETY: between fork and exec only signal(2), which is async-signal-safe, is called.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
         let mut child =
-            bin().args(args).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+            cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
         let mut stderr = child.stderr.take().unwrap();
         if args[0] == "chat" {
             // The prompt shows once the model is loaded: chat is waiting for a line.

@@ -102,7 +102,7 @@ pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Res
     let reply = Reply {
         calls,
         calling,
-        raw: String::new(),
+        raw: Vec::new(),
         as_text: false,
         made: Vec::new(),
         tok: s.tok.clone(),
@@ -121,7 +121,8 @@ pub(crate) struct Reply {
     /// `tool_calls`. Otherwise a call the model makes anyway is returned as the text it wrote.
     calling: bool,
     /// What the tokens since the last piece wrote, markup included: that text.
-    raw: String,
+    /// The markup's bytes as the model wrote it, kept while a call may have to come back as text.
+    raw: Vec<u8>,
     /// A call was returned as text: the markup that closes it is text too.
     as_text: bool,
     pub made: Vec<ToolCall>,
@@ -145,12 +146,12 @@ impl Reply {
                     return pieces;
                 }
                 match tok.special_name(token) {
-                    Some(marker) => self.raw.push_str(marker),
-                    None => self.raw.push_str(&written(tok, token)),
+                    Some(marker) => self.raw.extend_from_slice(marker.as_bytes()),
+                    None => self.raw.extend_from_slice(&written(tok, token)),
                 }
                 if pieces.iter().any(|p| matches!(p, Piece::Call(_))) {
                     self.as_text = true;
-                    return vec![Piece::Text(std::mem::take(&mut self.raw))];
+                    return vec![Piece::Text(take_text(&mut self.raw))];
                 }
                 if !pieces.is_empty() {
                     self.raw.clear();
@@ -169,8 +170,7 @@ impl Reply {
             return pieces;
         }
         // The markup after a call returned as text (the calls' closing tags) is part of it.
-        let raw = std::mem::take(&mut self.raw);
-        if raw.is_empty() { pieces } else { vec![Piece::Text(raw)] }
+        if self.raw.is_empty() { pieces } else { vec![Piece::Text(take_text(&mut self.raw))] }
     }
 
     /// OpenAI's `finish_reason`: `tool_calls` when the turn ended by itself after calling.
@@ -199,11 +199,17 @@ impl Reply {
 /// [`ModelInfo::max_token_bytes`](crate::job::ModelInfo::max_token_bytes)), so a token is not
 /// decoded again; only an id the table has no text for (bytes that are no whole UTF-8 text
 /// alone) is decoded, lossily as before.
-fn written(tok: &Tokenizer, id: u32) -> std::borrow::Cow<'_, str> {
+fn written(tok: &Tokenizer, id: u32) -> std::borrow::Cow<'_, [u8]> {
     match tok.token_texts().get(id as usize) {
-        Some(Some(text)) => text.into(),
-        _ => String::from_utf8_lossy(&tok.decode_bytes(&[id]).unwrap_or_default()).into_owned().into(),
+        Some(Some(text)) => text.as_bytes().into(),
+        _ => tok.decode_bytes(&[id]).unwrap_or_default().into(),
     }
+}
+
+/// The markup written so far as text: its bytes are joined before they are read as UTF-8, so a
+/// character split across tokens comes back whole.
+fn take_text(raw: &mut Vec<u8>) -> String {
+    String::from_utf8_lossy(&std::mem::take(raw)).into_owned()
 }
 
 /// What every chunk and body of one response repeats.
@@ -419,11 +425,17 @@ mod tests {
     /// A K3 reply (as K3's template writes calls) fed as the decoder shows it: the answer's text
     /// visible, its markup hidden.
     fn replied(calling: bool) -> (String, Vec<ToolCall>) {
+        replied_with(calling, "Paris")
+    }
+
+    fn replied_with(calling: bool, city: &str) -> (String, Vec<ToolCall>) {
         let tok = k3_tokenizer();
         let text = "Checking.";
-        let markup = "<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>\
-            <|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|>\
-            <|close|>tools<|sep|><|close|>message<|sep|>";
+        let markup = format!(
+            "<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>\
+            <|open|>argument key=\"city\" type=\"string\"<|sep|>{city}<|close|>argument<|sep|><|close|>call<|sep|>\
+            <|close|>tools<|sep|><|close|>message<|sep|>"
+        );
         let cell = Arc::new(OnceLock::new());
         let calls = ToolCallReader::new(&tok, k3_generate::dialect(Family::KimiK3));
         let _ = cell.set(tok);
@@ -431,7 +443,7 @@ mod tests {
         let mut r = Reply {
             calls,
             calling,
-            raw: String::new(),
+            raw: Vec::new(),
             as_text: false,
             made: Vec::new(),
             tok: cell.clone(),
@@ -442,7 +454,7 @@ mod tests {
         let mut out = String::new();
         let mut made = Vec::new();
         let shown = tok.encode(text).into_iter().map(|id| (id, true));
-        let hidden = tok.encode_with_specials(markup).into_iter().map(|id| (id, false));
+        let hidden = tok.encode_with_specials(&markup).into_iter().map(|id| (id, false));
         for (id, visible) in shown.chain(hidden) {
             let t = if visible { String::from_utf8(tok.decode_bytes(&[id]).unwrap()).unwrap() } else { String::new() };
             for p in r.feed(id, &t) {
@@ -467,10 +479,21 @@ mod tests {
         let tok = k3_tokenizer();
         for id in 0..tok.vocab() as u32 + 2 {
             if tok.special_name(id).is_none() {
-                let decoded = String::from_utf8_lossy(&tok.decode_bytes(&[id]).unwrap_or_default()).into_owned();
-                assert_eq!(written(&tok, id), decoded, "token {id}");
+                assert_eq!(*written(&tok, id), tok.decode_bytes(&[id]).unwrap_or_default(), "token {id}");
             }
         }
+    }
+
+    /// A call that comes back as text keeps a character its tokens split (the crab is four
+    /// byte-level tokens of o200k): it used to come back as U+FFFD per piece.
+    #[test]
+    fn a_call_returned_as_text_keeps_characters_split_across_tokens() {
+        let tok = k3_tokenizer();
+        let crab = tok.encode("🦀");
+        assert!(crab.iter().all(|&id| tok.token_texts()[id as usize].is_none()), "the crab's tokens are parts of it");
+        let (text, made) = replied_with(false, "Zürich 🦀");
+        assert!(made.is_empty());
+        assert!(text.contains(">Zürich 🦀<"), "{text}");
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub struct Job {
     pub scope: Scope,
     /// Prompt lengths (ascending) at which to stop the prefill and keep the state: where the
     /// prompts of later requests are likely to part from this one's (the chat template's
-    /// boundaries, `ChatRequest::prepare` in the OpenAI api).
+    /// resume points, `ChatRequest::prepare` in the OpenAI api).
     pub resume_points: Vec<usize>,
     /// Decoded images, one per placeholder of `prompt`, in order: their rows are computed and
     /// the prompt framed ([`k3_generate::media::expand`]) when the job is admitted.

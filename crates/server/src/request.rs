@@ -1,5 +1,6 @@
-//! What the handlers of both dialects (OpenAI's routes and Ollama's) share before a request is answered: its body read within the server's limits, parsed, and
-//! checked and tokenized into a [`Prepared`] request on a blocking thread.
+//! What the handlers of both dialects (OpenAI's routes and Ollama's) share before a request is
+//! answered: its body read within the server's limits, parsed, and checked and tokenized into a
+//! [`Prepared`] request on a blocking thread.
 
 use std::sync::atomic::Ordering;
 

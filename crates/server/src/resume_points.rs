@@ -78,7 +78,7 @@ impl Beginnings {
 /// messages (with the tool declarations; when there are tools or a system message), and after
 /// the message before the last (when there are earlier messages). Each is where the prompt
 /// rendered up to that message, with the same options, parts from the whole one: the template's
-/// own boundary, whatever its markup. At most two a request (two states' memory); none where
+/// own split, whatever its markup. At most two a request (two states' memory); none where
 /// the rendering fails or the point is not inside the prompt. The first part's render comes from
 /// `beginnings` when a request began the same way.
 pub(crate) fn resume_points(

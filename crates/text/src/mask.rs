@@ -323,7 +323,7 @@ mod tests {
 
     /// Per-token mask time before (one check per token) and after (the trie), at points along an
     /// answer of the costly schema, on the default model's vocabulary. Prints; asserts nothing
-    /// of time. `cargo test -p k3-engine --release --lib mask_time -- --ignored --nocapture`.
+    /// of time. `cargo test -p k3-text --release --lib mask_time -- --ignored --nocapture`.
     #[test]
     #[ignore]
     fn mask_time() {

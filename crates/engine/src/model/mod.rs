@@ -268,7 +268,7 @@ impl<'m> Engine<'m> {
     }
 
     /// A new session holding `from`'s tokens and recurrent state (none of its statistics), with
-    /// the MLA caches' room reserved as for a fresh one: what a prefix cache hands a request that
+    /// the MLA caches' room reserved as for a fresh one: what a prompt cache hands a request that
     /// extends `from`'s tokens. Continuing it gives the bits continuing `from` would.
     pub fn fork(&self, from: &Session) -> Result<Session, EngineError> {
         let mut s = self.keep(from)?;

@@ -26,7 +26,7 @@ pub struct RoutedToken {
 #[derive(Debug, Clone)]
 pub struct Session {
     pub(crate) layers: Vec<LayerState>,
-    /// The tokens the state holds, in order (what prompt lookup drafts from, what a prefix cache
+    /// The tokens the state holds, in order (what prompt lookup drafts from, what a prompt cache
     /// matches).
     pub(crate) ids: Vec<u32>,
     /// How well each lookahead predictor would have guessed every MoE layer's experts.

@@ -1,4 +1,4 @@
-//! A session's state as one self-describing file, for keeping states on disk (the prefix cache's
+//! A session's state as one self-describing file, for keeping states on disk (the prompt cache's
 //! disk tier): magic and format version, the model's fingerprint, the token ids the state stands
 //! for, the logits after the last of them (when kept), every layer's attention state in
 //! `k3_attn`'s own format, and an xxh3-64 of all that. Reading checks each part against the

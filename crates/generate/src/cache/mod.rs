@@ -6,7 +6,7 @@
 //! - the end of a prompt, with the logits of its last token: the same request again (a
 //!   front-end's Regenerate) starts sampling at once, from the very logits a fresh prefill gives;
 //! - the end of an answer: the conversation's next turn, which quotes the answer back;
-//! - the boundaries the scheduler stops a prefill at (the server's scheduler; `k3-cli chat`'s turns):
+//! - the resume points the scheduler stops a prefill at (the server's scheduler; `k3-cli chat`'s turns):
 //!   after the system turn and tool declarations (a new conversation with the same ones), and
 //!   after the message before the last (the last message edited and sent again).
 //!
@@ -14,7 +14,7 @@
 //! scope's, so `cached_tokens` cannot tell one client what another one asked. A kept state is a
 //! compact copy ([`Engine::keep`]), counted by what it holds in memory ([`Session::held_bytes`]).
 //!
-//! With a disk tier ([`DiskTier`], `--prompt-cache-dir`), states kept at a boundary or at a
+//! With a disk tier ([`DiskTier`], `--prompt-cache-dir`), states kept at a resume point or at a
 //! prompt's end are also written to disk as they are kept, and the others (answers' ends) when
 //! RAM drops them; a lookup takes the longer of the two tiers' matches, and a state restored from
 //! disk is kept in RAM again. Files outlive the server: a restarted one resumes from them.

@@ -520,8 +520,8 @@ impl Turn<'_, '_> {
         let mut cache = self.cache.filter(|_| first && images.is_empty());
         let (from, kept_logits) = match cache.as_deref_mut() {
             Some(c) => {
-                let boundary = system_boundary(&chat.format, &chat.opening(), chat.system.as_deref(), pending);
-                first_turn_from_cache(engine, c, session, pending, boundary, self.stats)?
+                let resume_point = system_resume_point(&chat.format, &chat.opening(), chat.system.as_deref(), pending);
+                first_turn_from_cache(engine, c, session, pending, resume_point, self.stats)?
             }
             None => (0, None),
         };
@@ -562,7 +562,7 @@ impl Turn<'_, '_> {
 
 /// Where the system turn ends in the first turn's tokens (0 without a system prompt): the state
 /// a new chat with the same system prompt resumes.
-fn system_boundary(format: &ChatFormat<'_>, o: &PromptOptions<'_>, system: Option<&str>, pending: &[u32]) -> usize {
+fn system_resume_point(format: &ChatFormat<'_>, o: &PromptOptions<'_>, system: Option<&str>, pending: &[u32]) -> usize {
     let Some(system) = system else { return 0 };
     let Ok(part) = format.prompt_with(&[Message::new(Role::System, system)], o) else { return 0 };
     part.iter().zip(pending).take_while(|(a, b)| a == b).count()
@@ -576,7 +576,7 @@ fn first_turn_from_cache(
     cache: &mut PromptCache,
     session: &mut Session,
     pending: &[u32],
-    boundary: usize,
+    resume_point: usize,
     stats: bool,
 ) -> Result<(usize, Option<Vec<f32>>)> {
     let (restored_session, logits, restored) = crate::prompt_cache::start(Some(&mut *cache), engine, pending);
@@ -585,12 +585,12 @@ fn first_turn_from_cache(
         eprintln!("{}", cache.describe(restored, pending.len()));
     }
     let mut from = restored.tokens;
-    if boundary > from && boundary < pending.len() {
-        for c in pending[from..boundary].chunks(engine.prefill_chunk().max(1)) {
+    if resume_point > from && resume_point < pending.len() {
+        for c in pending[from..resume_point].chunks(engine.prefill_chunk().max(1)) {
             engine.forward_last(session, c)?;
         }
         cache.keep(engine, session, None);
-        from = boundary;
+        from = resume_point;
     }
     Ok((from, logits))
 }
