@@ -218,4 +218,18 @@ mod tests {
         assert!(missing.is_empty(), "no help text: {missing:?}");
         super::Cli::command().debug_assert();
     }
+
+    /// The prompt cache's flags as they were spelled before issue #55 still parse, to the same
+    /// fields as today's.
+    #[test]
+    fn the_prefix_cache_spellings_still_parse() {
+        use clap::Parser;
+        let spellings =
+            [["--prefix-cache", "2G", "--prefix-cache-shared"], ["--prompt-cache-ram", "2G", "--prompt-cache-shared"]];
+        for flags in spellings {
+            let cli = super::Cli::try_parse_from(["k3-cli", "serve"].into_iter().chain(flags)).unwrap();
+            let super::Command::Serve(a) = cli.command else { panic!("not serve") };
+            assert_eq!((a.prompt_cache_ram.as_str(), a.prompt_cache_shared), ("2G", true), "{flags:?}");
+        }
+    }
 }

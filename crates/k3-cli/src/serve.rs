@@ -63,7 +63,7 @@ pub struct ServeArgs {
     /// Share the prompt cache between API keys: faster repeated prompts across users, but a
     /// client can then tell from `cached_tokens` whether another client sent a prompt.
     #[arg(long, alias = "prefix-cache-shared")]
-    prompt_cache_shared: bool,
+    pub(crate) prompt_cache_shared: bool,
     /// Requests decoded together in one step at most.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     max_batch: u16,
@@ -77,7 +77,7 @@ pub struct ServeArgs {
     /// answers, system turns and the message before the last, so a next turn, a regenerate or a
     /// new conversation with the same system prompt prefills only what is new (0 = off), e.g. 2G.
     #[arg(long, value_name = "BYTES", default_value = "1G", alias = "prefix-cache")]
-    prompt_cache_ram: String,
+    pub(crate) prompt_cache_ram: String,
     /// Keep prompt states on disk in DIR too (created private to you if missing): states at
     /// the chat template's resume points and at prompts' ends are written as they are kept, the
     /// others when RAM drops them, and a restarted server resumes from them. Files of another
