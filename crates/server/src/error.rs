@@ -14,16 +14,24 @@ pub struct ApiError {
     pub message: String,
     /// The request field at fault, if one is.
     pub param: Option<String>,
+    /// OpenAI's machine-readable `code` for a failure clients act on (`context_length_exceeded`);
+    /// otherwise the status.
+    pub code: Option<&'static str>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), param: None }
+        ApiError { status, message: message.into(), param: None, code: None }
+    }
+
+    /// The same error under OpenAI's `code` for it.
+    pub fn with_code(self, code: &'static str) -> Self {
+        ApiError { code: Some(code), ..self }
     }
 
     /// A 400 naming the field at fault.
     pub fn bad(param: &str, message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param.into()) }
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param.into()), code: None }
     }
 
     fn kind(&self) -> &'static str {
@@ -57,7 +65,8 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {
-            "message": self.message, "type": self.kind(), "param": self.param, "code": self.status.as_u16(),
+            "message": self.message, "type": self.kind(), "param": self.param,
+            "code": self.code.map_or_else(|| json!(self.status.as_u16()), |c| json!(c)),
         }});
         (self.status, Json(body)).into_response()
     }

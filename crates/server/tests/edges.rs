@@ -189,3 +189,20 @@ async fn health_answers_before_tokenize_requests_asked_earlier() {
         assert!((3000..=4096).contains(&tokens), "{tokens} tokens");
     }
 }
+
+/// A prompt the context cannot hold is a 400 with OpenAI's `context_length_exceeded` code, the
+/// one clients recognise (and compact the conversation on), not only a sentence.
+#[tokio::test]
+async fn a_prompt_past_the_context_says_context_length_exceeded() {
+    let router = server(ServerOptions::new(default_model())).await;
+    let long = "word ".repeat(6000);
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &chat(&long))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("leaves no room"), "{v}");
+    // Other errors keep the status as their code.
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &json!({"messages": []}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["code"], 400, "{v}");
+}
