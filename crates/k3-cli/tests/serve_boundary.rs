@@ -29,6 +29,18 @@ fn a_web_page_cannot_post_without_json_nor_rebind_nor_read_cross_site() {
     assert_eq!(s.request("POST", "/v1/chat/completions", &[], &body).status, 415, "no Content-Type");
     let ok = s.request("POST", "/v1/chat/completions", &["Content-Type: Application/JSON; charset=utf-8"], &body);
     assert_eq!(ok.status, 200, "{}", ok.body);
+    // Ollama's routes take `curl -d`'s form type from a client that is no browser, as Ollama
+    // does; a page (which always sends Origin with a POST) still gets 415.
+    let ollama = json!({"model": "default", "messages": [{"role": "user", "content": "Hello"}], "stream": false,
+        "options": {"num_predict": 1}})
+    .to_string();
+    let form = "Content-Type: application/x-www-form-urlencoded";
+    let r = s.request("POST", "/api/chat", &[form], &ollama);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (host, page) =
+        (format!("Host: 127.0.0.1:{}", s.addr.port()), format!("Origin: http://127.0.0.1:{}", s.addr.port()));
+    let r = s.request("POST", "/api/chat", &[form, &host, &page], &ollama);
+    assert_eq!(r.status, 415, "{}", r.body);
     // DNS rebinding: the page's own name, now resolving to 127.0.0.1.
     let r = s.request("GET", "/v1/models", &["Host: attacker.example"], "");
     assert_eq!(r.status, 403, "{}", r.body);

@@ -9,7 +9,9 @@
 //!   pass.
 //! - POST bodies must be `application/json` (415): a browser sends `text/plain` or form bodies
 //!   cross-site without a preflight, `application/json` only after one, which fails here
-//!   unless `--cors` allows the page.
+//!   unless `--cors` allows the page. Ollama's routes take any body from a client that is no
+//!   browser (no `Origin`), as Ollama does: its own examples post with `curl -d`, which says
+//!   `application/x-www-form-urlencoded`; a browser always sends `Origin` with a POST.
 //!
 //! Then the API key, when the server has any: `Authorization: Bearer KEY` (scheme in any case),
 //! 401 with `WWW-Authenticate` otherwise. Which key matched is the request's [`Scope`]: the prefix
@@ -160,7 +162,8 @@ pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, 
             return preflight(o);
         }
     }
-    if req.method() == Method::POST && !is_json(headers) {
+    let browser = origin.is_some();
+    if req.method() == Method::POST && !is_json(headers) && (browser || !ollama) {
         let given = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("none");
         return ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
