@@ -7,6 +7,7 @@ mod default_model;
 mod generate;
 mod images;
 mod inspect;
+mod llama_switches;
 mod lookahead;
 mod perplexity;
 mod prompt;
@@ -155,6 +156,11 @@ fn progress_bar(len: u64, template: &str) -> ProgressBar {
 /// Errors are printed as one tidy chain of causes (no backtrace), then exit status 1.
 fn main() -> ExitCode {
     signals::quiet_broken_pipe();
+    let args: Vec<String> = std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
+    if let Some(why) = llama_switches::refusal(&args) {
+        eprintln!("error: {why}");
+        return ExitCode::from(2);
+    }
     match real_main() {
         Ok(code) => code,
         Err(e) => {
