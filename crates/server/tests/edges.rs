@@ -206,3 +206,32 @@ async fn a_prompt_past_the_context_says_context_length_exceeded() {
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert_eq!(v["error"]["code"], 400, "{v}");
 }
+
+/// `chat_template_kwargs` (vLLM's and SGLang's, how Moonshot's docs switch thinking off) is
+/// honoured or refused by name, never ignored: on Kimi-Linear, which has no thinking channel,
+/// thinking off is what it does anyway, thinking on is refused, and any other key is refused.
+#[tokio::test]
+async fn chat_template_kwargs_are_honoured_or_refused_by_name() {
+    let router = server(ServerOptions::new(default_model())).await;
+    let with = |kwargs: Value| {
+        let mut b = chat("Once upon a time");
+        b["chat_template_kwargs"] = kwargs;
+        b
+    };
+    for off in [json!({"thinking": false}), json!({"enable_thinking": false})] {
+        let (s, v) = json_call(&router, post("/v1/chat/completions", &with(off))).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    let cases = [
+        (json!({"thinking": true}), "chat_template_kwargs.thinking", "no thinking to switch on"),
+        (json!({"enable_thinking": "no"}), "chat_template_kwargs.enable_thinking", "true or false"),
+        (json!({"add_generation_prompt": false}), "chat_template_kwargs.add_generation_prompt", "not a switch"),
+        (json!({"enable_thinking": true, "thinking": false}), "chat_template_kwargs.thinking", "disagrees"),
+    ];
+    for (kwargs, param, says) in cases {
+        let (s, v) = json_call(&router, post("/v1/chat/completions", &with(kwargs.clone()))).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{kwargs}: {v}");
+        assert_eq!(v["error"]["param"], param, "{kwargs}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(says), "{kwargs}: {v}");
+    }
+}

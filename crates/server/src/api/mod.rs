@@ -57,6 +57,9 @@ pub struct ChatRequest {
     #[serde(flatten)]
     pub sampling: Sampling,
     pub reasoning_effort: Option<String>,
+    /// vLLM's and SGLang's way through to the template: `thinking` / `enable_thinking` (how
+    /// Moonshot's docs switch K3's thinking off) are honoured, any other key refused by name.
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     pub response_format: Option<ResponseFormat>,
     /// Kept as the client wrote it: the model is shown the declarations in their own key order.
     pub tools: Option<Box<serde_json::value::RawValue>>,
@@ -351,17 +354,48 @@ impl ChatRequest {
         Ok(t)
     }
 
-    /// K3 thinks unless `reasoning_effort` is `none`; other families have no thinking channel.
+    /// K3 thinks unless `reasoning_effort` is `none` or `chat_template_kwargs` switches thinking
+    /// off; other families have no thinking channel to switch on.
     fn think(&self, info: &ModelInfo) -> Result<bool, ApiError> {
-        match (info.family, self.reasoning_effort.as_deref()) {
-            (Family::KimiK3, None | Some("low" | "high" | "max")) => Ok(true),
-            (Family::KimiK3, Some("none")) => Ok(false),
-            (Family::KimiK3, Some(other)) => Err(ApiError::bad(
+        let switch = self.thinking_switch()?;
+        match (info.family, self.reasoning_effort.as_deref(), switch) {
+            (_, Some("none"), Some((key, true))) => Err(ApiError::bad(
+                &format!("chat_template_kwargs.{key}"),
+                "asks for thinking, which reasoning_effort `none` turns off",
+            )),
+            (Family::KimiK3, Some("none"), _) | (Family::KimiK3, _, Some((_, false))) => Ok(false),
+            (Family::KimiK3, None | Some("low" | "high" | "max"), _) => Ok(true),
+            (Family::KimiK3, Some(other), _) => Err(ApiError::bad(
                 "reasoning_effort",
                 format!("reasoning_effort `{other}`: K3 takes low, high, max, or none (thinking off)"),
             )),
+            (_, _, Some((key, true))) => Err(ApiError::bad(
+                &format!("chat_template_kwargs.{key}"),
+                format!("{} models have no thinking to switch on", info.family.name()),
+            )),
             _ => Ok(false),
         }
+    }
+
+    /// `chat_template_kwargs`' thinking switch (`thinking` or `enable_thinking`, a boolean) and
+    /// the key it came under; any other key is refused by name, never ignored.
+    fn thinking_switch(&self) -> Result<Option<(&str, bool)>, ApiError> {
+        let mut switch: Option<(&str, bool)> = None;
+        for (key, value) in self.chat_template_kwargs.iter().flatten() {
+            let param = format!("chat_template_kwargs.{key}");
+            if !matches!(key.as_str(), "thinking" | "enable_thinking") {
+                return Err(ApiError::bad(
+                    &param,
+                    "not a switch this server's chat formats take (they take thinking or enable_thinking)",
+                ));
+            }
+            let Some(on) = value.as_bool() else { return Err(ApiError::bad(&param, "must be true or false")) };
+            if switch.is_some_and(|(_, was)| was != on) {
+                return Err(ApiError::bad(&param, "disagrees with the other thinking switch"));
+            }
+            switch = Some((key, on));
+        }
+        Ok(switch)
     }
 }
 
