@@ -26,7 +26,6 @@ use crate::tokenizer::{Tokenizer, TokenizerError};
 /// Builds token sequences for one model family.
 #[derive(Debug)]
 pub struct ChatFormat<'t> {
-    tok: &'t Tokenizer,
     w: Writer<'t>,
     dialect: Dialect,
     /// K2 / DeepSeek-V3: the model's own template, when it ships one (else K2's `im_` turns).
@@ -46,7 +45,7 @@ impl<'t> ChatFormat<'t> {
             }
             _ => None,
         };
-        ChatFormat { tok, w: Writer { tok }, dialect, template }
+        ChatFormat { w: Writer { tok }, dialect, template }
     }
 
     /// Renders a probe conversation (a system turn, tools declared, a user turn, an assistant
@@ -97,7 +96,7 @@ impl<'t> ChatFormat<'t> {
     pub fn prompt_with(&self, messages: &[Message], o: &PromptOptions<'_>) -> Result<Vec<u32>, ChatError> {
         self.check_images(messages)?;
         if let Some(t) = self.template() {
-            return t?.render(self.tok, messages, o, true);
+            return t?.render(self.w.tok, messages, o, true);
         }
         match self.dialect {
             Dialect::Xtml => self.w.xtml_prompt(messages, o),
@@ -128,8 +127,8 @@ impl<'t> ChatFormat<'t> {
         if let Some(t) = self.template() {
             let (t, o) = (t?, PromptOptions { think, ..PromptOptions::default() });
             let system = Message::new(Role::System, "");
-            let before = t.render(self.tok, std::slice::from_ref(&system), &o, false)?;
-            let after = t.render(self.tok, &[system, user.clone()], &o, true)?;
+            let before = t.render(self.w.tok, std::slice::from_ref(&system), &o, false)?;
+            let after = t.render(self.w.tok, &[system, user.clone()], &o, true)?;
             return after.strip_prefix(before.as_slice()).map(<[u32]>::to_vec).ok_or_else(|| {
                 ChatError::invalid("chat_template", "renders the conversation before a user turn differently with it")
             });

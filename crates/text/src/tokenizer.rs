@@ -312,9 +312,9 @@ impl StreamDecoder {
     }
 }
 
-/// For tests (this crate's and `k3-generate`'s): o200k's ranks, read from the repository's
-/// fixtures, with K3's chat markers as special tokens.
-#[doc(hidden)]
+/// For tests (this crate's, and others' through the `test-support` feature): o200k's ranks,
+/// read from the repository's fixtures, with K3's chat markers as special tokens.
+#[cfg(any(test, feature = "test-support"))]
 pub fn k3_test_tokenizer() -> Tokenizer {
     let ranks = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/tokenizer/o200k_base.tiktoken"))
         .expect("the tokenizer fixture");
