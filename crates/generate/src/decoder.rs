@@ -119,6 +119,11 @@ impl<'t> Decoder<'t> {
         self.finish
     }
 
+    /// The stop string that ended the turn ([`Finish::StopString`]).
+    pub fn stop_string(&self) -> Option<&str> {
+        self.text.as_ref().and_then(|t| t.stopped_by.as_deref())
+    }
+
     /// How many tokens were sampled.
     pub fn produced(&self) -> u64 {
         self.produced
@@ -141,8 +146,9 @@ impl<'t> Decoder<'t> {
 
     /// Why the turn must end before another token is sampled, if it must.
     pub fn limit(&self) -> Option<Finish> {
-        // With a thinking budget, max_tokens bounds the answer.
-        let counted = if self.params.max_thinking.is_some() { self.produced - self.thought } else { self.produced };
+        // With a thinking budget, max_tokens bounds the answer (unless it is asked to bound all).
+        let answer_only = self.params.max_thinking.is_some() && !self.params.max_tokens_counts_thinking;
+        let counted = if answer_only { self.produced - self.thought } else { self.produced };
         if counted >= self.params.max_tokens {
             Some(Finish::Length)
         } else if self.cancelled() {

@@ -32,6 +32,9 @@ pub struct GenerateParams {
     /// Thinking tokens at most; then the thinking is closed for the model (K3's markup, or the
     /// `</think>` token) and it answers. With a budget, `max_tokens` counts the answer only.
     pub max_thinking: Option<u64>,
+    /// With a thinking budget, `max_tokens` still counts the thinking too: Anthropic's
+    /// `max_tokens` bounds everything a turn writes, `budget_tokens` the thinking within it.
+    pub max_tokens_counts_thinking: bool,
     /// K3: the prompt ends inside an open `think` element (generation starts thinking).
     pub starts_in_think: bool,
     /// K2-Thinking and its kind: the `<think>` and `</think>` token ids between which the model
@@ -64,6 +67,7 @@ impl Default for GenerateParams {
             json_schema: None,
             strict_tools: Vec::new(),
             max_thinking: None,
+            max_tokens_counts_thinking: false,
             starts_in_think: false,
             think_tags: None,
             close_turn: None,

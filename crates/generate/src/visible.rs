@@ -18,6 +18,8 @@ pub(super) struct TextOut<'t> {
     held: String,
     /// K3's thinking, when it is kept apart from the answer (`reasoning_apart`), not yet taken.
     pub(super) reasoning: String,
+    /// The stop string that ended the text, once one has (Anthropic's `stop_sequence`).
+    pub(super) stopped_by: Option<String>,
 }
 
 impl<'t> TextOut<'t> {
@@ -29,6 +31,7 @@ impl<'t> TextOut<'t> {
             stops: p.stop_strings.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
             reasoning: String::new(),
+            stopped_by: None,
         }
     }
 
@@ -46,7 +49,10 @@ impl<'t> TextOut<'t> {
             Shown::Content => {}
         }
         self.held.push_str(&piece);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        // The earliest match; of two starting there, the one listed first.
+        let found = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s))).min_by_key(|m| m.0);
+        if let Some((at, stop)) = found {
+            self.stopped_by = Some(stop.clone());
             let out = self.held[..at].to_string();
             self.held.clear();
             return Ok((out, true));
@@ -251,5 +257,20 @@ mod tests {
         // A prefix of a stop string that never completes comes out in the end.
         let p = GenerateParams { stop_strings: vec!["there is".into()], ..GenerateParams::default() };
         assert_eq!(visible(&tok, &p, "Let there be"), ("Let there be".to_string(), false));
+    }
+
+    /// Which stop string ended the text (Anthropic's `stop_sequence`): the earliest to appear,
+    /// not the first listed (both are in the held text when " light" comes).
+    #[test]
+    fn the_stop_string_that_ended_the_text_is_named() {
+        let tok = k3_tokenizer();
+        let p = GenerateParams { stop_strings: vec!["light".into(), "be light".into()], ..GenerateParams::default() };
+        let mut out = TextOut::new(&tok, &p);
+        for id in tok.encode("Let there be light.") {
+            if out.push(id).expect("decodes").1 {
+                break;
+            }
+        }
+        assert_eq!(out.stopped_by.as_deref(), Some("be light"));
     }
 }

@@ -288,7 +288,7 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply:
                 reply.log.done("failed", 0, 0, 0);
                 return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg));
             }
-            Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
+            Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens, .. } => {
                 let pieces = reply.finish();
                 take(pieces, &mut text, &mut reply);
                 let reason = reply.reason(finish);
@@ -373,7 +373,7 @@ fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Re
                     send(json!({"error": {"message": msg, "type": "server_error", "param": null, "code": 500}}));
                     break;
                 }
-                Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
+                Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens, .. } => {
                     let pieces = reply.finish();
                     emit(pieces, &mut reply, None);
                     reply.log.done(reply.reason(finish), prompt_tokens, cached_tokens, completion_tokens);

@@ -13,8 +13,8 @@
 //!   browser (no `Origin`), as Ollama does: its own examples post with `curl -d`, which says
 //!   `application/x-www-form-urlencoded`; a browser always sends `Origin` with a POST.
 //!
-//! Then the API key, when the server has any: `Authorization: Bearer KEY` (scheme in any case),
-//! 401 with `WWW-Authenticate` otherwise. Which key matched is the request's [`Scope`]: the prefix
+//! Then the API key, when the server has any: `Authorization: Bearer KEY` (scheme in any case)
+//! or Anthropic's `x-api-key: KEY`, 401 with `WWW-Authenticate` otherwise. Which key matched is the request's [`Scope`]: the prefix
 //! cache keeps each key's states apart.
 
 use std::net::IpAddr;
@@ -24,7 +24,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Shape};
 use k3_generate::cache::Scope;
 
 /// Who may reach the server, and from where.
@@ -85,7 +85,13 @@ impl Boundary {
         if self.api_keys.is_empty() {
             return Ok(None);
         }
-        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer).unwrap_or("");
+        // Anthropic's clients send the key as `x-api-key` (Claude Code with ANTHROPIC_API_KEY).
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(bearer)
+            .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim))
+            .unwrap_or("");
         // Every key is compared, so the time taken says nothing of which one came close.
         let mut found = None;
         for (i, k) in self.api_keys.iter().enumerate() {
@@ -94,7 +100,10 @@ impl Boundary {
             }
         }
         found.map(Some).ok_or_else(|| {
-            ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing API key (Authorization: Bearer KEY)")
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)",
+            )
         })
     }
 
@@ -131,8 +140,9 @@ fn cors_headers(headers: &mut HeaderMap, origin: &HeaderValue) {
 
 /// The checks above, in order; `/health` needs no key (monitors probe it), but passes the rest.
 pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, next: Next) -> Response {
-    // Ollama's routes answer errors in Ollama's shape, which its clients read.
-    let ollama = crate::error::is_ollama(req.uri().path());
+    // Ollama's and Anthropic's routes answer errors in the shape their clients read.
+    let shape = Shape::of_path(req.uri().path());
+    let ollama = shape == Shape::Ollama;
     let headers = req.headers();
     if let Some(host) = headers.get(header::HOST) {
         let host = host.to_str().unwrap_or("");
@@ -144,7 +154,7 @@ pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, 
                     host_name(host)
                 ),
             )
-            .shaped(ollama);
+            .shaped(shape);
         }
     }
     let origin = headers.get(header::ORIGIN).cloned();
@@ -156,7 +166,7 @@ pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, 
                 StatusCode::FORBIDDEN,
                 format!("requests from the page `{text}` are not allowed; start the server with --cors {text}"),
             )
-            .shaped(ollama);
+            .shaped(shape);
         }
         if req.method() == Method::OPTIONS {
             return preflight(o);
@@ -169,14 +179,14 @@ pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, 
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!("the body must be sent as `Content-Type: application/json` (it was {given})"),
         )
-        .shaped(ollama);
+        .shaped(shape);
     }
     let key = match b.key_of(headers) {
         Ok(k) => k,
         // The health check, and the chat page (static; its API calls carry the key).
         Err(_) if matches!(req.uri().path(), "/health" | "/") => None,
         Err(e) => {
-            let mut r = e.shaped(ollama);
+            let mut r = e.shaped(shape);
             r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"k3\""));
             return r;
         }
@@ -203,7 +213,10 @@ fn preflight(origin: &HeaderValue) -> Response {
     let h = r.headers_mut();
     cors_headers(h, origin);
     h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
-    h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type"));
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("authorization, content-type, x-api-key, anthropic-version, anthropic-beta"),
+    );
     h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
     r
 }

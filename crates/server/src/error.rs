@@ -1,5 +1,6 @@
-//! Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the HTTP status
-//! clients expect.
+//! Errors in the shape each API's clients read: OpenAI's `{"error": {"message", "type", "param",
+//! "code"}}`, Ollama's `{"error": "..."}` and Anthropic's `{"type": "error", "error": {"type",
+//! "message"}}`, with the HTTP status clients expect.
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -48,17 +49,64 @@ impl ApiError {
     }
 }
 
-impl ApiError {
-    /// The response in OpenAI's shape, or in Ollama's for its routes (`{"error": "..."}`).
-    pub fn shaped(self, ollama: bool) -> Response {
-        if !ollama {
-            return self.into_response();
+/// Whose error shape a route answers in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    OpenAi,
+    Ollama,
+    Anthropic,
+}
+
+impl Shape {
+    /// The shape of the API `path` belongs to: Ollama's `/api/...`, Anthropic's
+    /// `/v1/messages...`, else OpenAI's.
+    pub fn of_path(path: &str) -> Shape {
+        if path.starts_with("/api/") {
+            Shape::Ollama
+        } else if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+            Shape::Anthropic
+        } else {
+            Shape::OpenAi
         }
-        let message = match &self.param {
+    }
+}
+
+impl ApiError {
+    /// Anthropic's `error.type` for this status.
+    pub fn anthropic_kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            s if s.is_server_error() => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The message with the field at fault before it (`field: message`), for the shapes that
+    /// have no `param`.
+    pub fn with_param(&self) -> String {
+        match &self.param {
             Some(p) => format!("{p}: {}", self.message),
             None => self.message.clone(),
-        };
-        (self.status, Json(json!({"error": message}))).into_response()
+        }
+    }
+
+    /// Anthropic's error body (also an SSE `error` event's data).
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": self.with_param()}})
+    }
+
+    /// The response in `shape`.
+    pub fn shaped(self, shape: Shape) -> Response {
+        match shape {
+            Shape::OpenAi => self.into_response(),
+            Shape::Ollama => (self.status, Json(json!({"error": self.with_param()}))).into_response(),
+            Shape::Anthropic => (self.status, Json(self.anthropic_body())).into_response(),
+        }
     }
 }
 
@@ -70,9 +118,4 @@ impl IntoResponse for ApiError {
         }});
         (self.status, Json(body)).into_response()
     }
-}
-
-/// Whether `path` is one of Ollama's routes (its errors take Ollama's shape).
-pub fn is_ollama(path: &str) -> bool {
-    path.starts_with("/api/")
 }

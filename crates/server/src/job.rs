@@ -55,6 +55,8 @@ pub enum Event {
     },
     Done {
         finish: Finish,
+        /// The stop string that ended it ([`Finish::StopString`]).
+        stop_sequence: Option<String>,
         prompt_tokens: usize,
         cached_tokens: usize,
         completion_tokens: u64,

@@ -47,7 +47,13 @@ impl<'e> Preparing<'e> {
 
     /// The server is stopping: the job ends before its prompt.
     pub fn cancel(self) {
-        let done = Event::Done { finish: Finish::Cancelled, prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0 };
+        let done = Event::Done {
+            finish: Finish::Cancelled,
+            stop_sequence: None,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            completion_tokens: 0,
+        };
         let _ = self.job.events.send(done);
     }
 

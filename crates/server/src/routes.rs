@@ -48,7 +48,6 @@ pub async fn model(State(s): State<AppState>, Path(id): Path<String>) -> Result<
 
 /// Any path this server does not serve: a 404 in OpenAI's shape, naming the routes it has.
 pub async fn not_found(req: Request) -> Response {
-    let ollama = crate::error::is_ollama(req.uri().path());
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!(
@@ -59,7 +58,7 @@ pub async fn not_found(req: Request) -> Response {
             req.uri().path()
         ),
     )
-    .shaped(ollama)
+    .shaped(crate::error::Shape::of_path(req.uri().path()))
 }
 
 /// A served path with the wrong method: a 405 in OpenAI's shape.
@@ -68,7 +67,7 @@ pub async fn method_not_allowed(req: Request) -> Response {
         StatusCode::METHOD_NOT_ALLOWED,
         format!("{} does not take {} requests", req.uri().path(), req.method()),
     )
-    .shaped(crate::error::is_ollama(req.uri().path()))
+    .shaped(crate::error::Shape::of_path(req.uri().path()))
 }
 
 /// `GET /metrics`: Prometheus text.

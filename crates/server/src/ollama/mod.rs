@@ -28,7 +28,7 @@ pub const API_VERSION: &str = "0.12.0";
 
 /// The answer, or the error as Ollama's clients read it: `{"error": "field: message"}`.
 fn either(r: Result<Response, ApiError>) -> Response {
-    r.unwrap_or_else(|e| e.shaped(true))
+    r.unwrap_or_else(|e| e.shaped(crate::error::Shape::Ollama))
 }
 
 /// `POST /api/chat`.

@@ -122,7 +122,7 @@ pub async fn answer(sub: Submitted, endpoint: Endpoint, stream: bool) -> Result<
                     reply.log.done("failed", 0, 0, 0);
                     return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg));
                 }
-                Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
+                Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens, .. } => {
                     let (t, c) = split(reply.finish(), &mut reply);
                     text.push_str(&t);
                     calls.extend(c);
@@ -156,7 +156,7 @@ pub async fn answer(sub: Submitted, endpoint: Endpoint, stream: bool) -> Result<
                     send(json!({"error": msg}));
                     break;
                 }
-                Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
+                Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens, .. } => {
                     let (t, calls) = split(reply.finish(), &mut reply);
                     reply.log.done(reply.reason(finish), prompt_tokens, cached_tokens, completion_tokens);
                     send(shape.done(shape.piece(&t, "", &calls), reason(finish), prompt_tokens, completion_tokens));

@@ -98,7 +98,8 @@ impl Active<'_> {
             self.send(Event::Delta { text, reasoning, token: u32::MAX, logprob: None });
         }
         let (prompt_tokens, completion_tokens) = (self.prompt.len(), self.decoder.produced());
-        self.send(Event::Done { finish, prompt_tokens, cached_tokens: self.cached, completion_tokens });
+        let stop_sequence = self.decoder.stop_string().map(str::to_string);
+        self.send(Event::Done { finish, stop_sequence, prompt_tokens, cached_tokens: self.cached, completion_tokens });
     }
 }
 
