@@ -3,7 +3,7 @@
 //! token's log-probabilities when asked ([`crate::logprobs`]).
 
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use axum::Json;
@@ -64,7 +64,7 @@ pub(crate) struct Submitted {
 }
 
 /// Hands a prepared request to the scheduler (429 when its queue is full).
-pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Result<Submitted, ApiError> {
+pub(crate) fn submit(s: &AppState, mut p: Prepared, kind: Kind, scope: Scope) -> Result<Submitted, ApiError> {
     let (tx, rx) = tmpsc::unbounded_channel();
     let seed = p.params.sampler.seed;
     let family = s.info.get().map(|i| i.family);
@@ -75,6 +75,12 @@ pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Res
         _ => None,
     };
     let calling = p.tools;
+    // One call at most: the sequence is cancelled once it is read (ending at the next step).
+    let ends_at_call = (p.single_call && calling).then(|| {
+        let flag = Arc::new(AtomicBool::new(false));
+        p.params.cancel = Some(flag.clone());
+        flag
+    });
     let logprobs = p.params.logprobs;
     let tally = Arc::new(Tally::default());
     tally.prompt.store(p.prompt.len(), Ordering::Relaxed);
@@ -107,6 +113,7 @@ pub(crate) fn submit(s: &AppState, p: Prepared, kind: Kind, scope: Scope) -> Res
         made: Vec::new(),
         tok: s.tok.clone(),
         call_prefix: format!("call-{id}"),
+        ends_at_call,
         want_logprobs: logprobs.is_some(),
         log: RequestLog::new(s.log_format, &id, Some(s.metrics.clone()), tally),
     };
@@ -129,6 +136,9 @@ pub(crate) struct Reply {
     tok: Arc<OnceLock<Tokenizer>>,
     /// Calls the markup leaves unnamed (K3's) are named this and their number.
     call_prefix: String,
+    /// At most one call (`parallel_tool_calls: false`): set once it is read, which cancels the
+    /// sequence; nothing after it is returned.
+    ends_at_call: Option<Arc<AtomicBool>>,
     /// The request's line on standard error.
     pub log: RequestLog,
     /// The request asked for log-probabilities.
@@ -138,11 +148,19 @@ pub(crate) struct Reply {
 impl Reply {
     /// A token and the text the decoder shows for it, as text and finished calls.
     pub fn feed(&mut self, token: u32, text: &str) -> Vec<Piece> {
+        if self.ended_at_call() {
+            return Vec::new();
+        }
         match (&mut self.calls, self.tok.get()) {
             // A flushed remainder (no token of its own) is text.
             (Some(r), Some(tok)) if token != u32::MAX => {
                 let pieces = r.push(tok, token, text);
                 if self.calling {
+                    if let Some(flag) = &self.ends_at_call
+                        && pieces.iter().any(|p| matches!(p, Piece::Call(_)))
+                    {
+                        flag.store(true, Ordering::SeqCst);
+                    }
                     return pieces;
                 }
                 match tok.special_name(token) {
@@ -163,8 +181,16 @@ impl Reply {
         }
     }
 
+    /// The turn ended at its one call (`parallel_tool_calls: false`).
+    fn ended_at_call(&self) -> bool {
+        self.ends_at_call.as_ref().is_some_and(|f| f.load(Ordering::SeqCst))
+    }
+
     /// What is left at the end.
     pub fn finish(&mut self) -> Vec<Piece> {
+        if self.ended_at_call() {
+            return Vec::new();
+        }
         let pieces = self.calls.as_mut().map(ToolCallReader::finish).unwrap_or_default();
         if self.calling || !self.as_text {
             return pieces;
@@ -173,9 +199,15 @@ impl Reply {
         if self.raw.is_empty() { pieces } else { vec![Piece::Text(take_text(&mut self.raw))] }
     }
 
-    /// OpenAI's `finish_reason`: `tool_calls` when the turn ended by itself after calling.
+    /// OpenAI's `finish_reason`: `tool_calls` when the turn ended by itself after calling (or
+    /// at its one call).
     pub fn reason(&self, f: Finish) -> &'static str {
-        if !self.made.is_empty() && matches!(f, Finish::Stop) { "tool_calls" } else { finish_reason(f) }
+        if self.ended_by_calls(f) { "tool_calls" } else { finish_reason(f) }
+    }
+
+    /// The turn ended because it called tools: by itself after calling, or at its one call.
+    pub fn ended_by_calls(&self, f: Finish) -> bool {
+        !self.made.is_empty() && (f == Finish::Stop || (f == Finish::Cancelled && self.ended_at_call()))
     }
 
     /// The logprobs object of `tokens` in this endpoint's shape (`offset`: where their text
@@ -448,6 +480,7 @@ mod tests {
             made: Vec::new(),
             tok: cell.clone(),
             call_prefix: "c".into(),
+            ends_at_call: None,
             want_logprobs: false,
             log: RequestLog::new(crate::reqlog::LogFormat::Text, "test", None, Default::default()),
         };

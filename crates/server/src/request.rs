@@ -25,6 +25,8 @@ pub struct Prepared {
     pub include_usage: bool,
     /// Tools were declared: the reply is read for tool calls.
     pub tools: bool,
+    /// At most one tool call: the turn ends at the first one read (`parallel_tool_calls: false`).
+    pub single_call: bool,
     /// Where to keep the state while prefilling ([`crate::job::Job::resume_points`]).
     pub resume_points: Vec<usize>,
     /// The images, in prompt order (one placeholder each in `prompt`); decoded by

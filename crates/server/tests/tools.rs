@@ -212,3 +212,25 @@ async fn a_strict_tools_arguments_are_held_to_its_schema() {
     );
     assert!(v["error"]["message"].as_str().unwrap().contains("pattern"), "{v}");
 }
+
+/// `parallel_tool_calls: false`: the turn ends at its first call, before the markup that closes
+/// the call section and the message is written (fewer tokens), and says `tool_calls`.
+#[tokio::test]
+async fn one_call_at_most_ends_the_turn_at_the_call() {
+    let router = server(ServerOptions::new(model())).await;
+    let user = json!([{"role": "user", "content": "Weather in Paris?"}]);
+    let all = ask_ok(&router, &request(user.clone(), false)).await;
+    let mut body = request(user, false);
+    body["parallel_tool_calls"] = json!(false);
+    let one = ask_ok(&router, &body).await;
+    let tokens = |v: &Value| v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert_eq!(one["choices"][0]["finish_reason"], "tool_calls", "{one}");
+    assert_eq!(one["choices"][0]["message"]["tool_calls"], all["choices"][0]["message"]["tool_calls"]);
+    assert!(tokens(&one) < tokens(&all), "{one} vs {all}");
+}
+
+async fn ask_ok(router: &axum::Router, body: &Value) -> Value {
+    let (s, v) = json_call(router, post("/v1/chat/completions", body)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    v
+}

@@ -64,6 +64,8 @@ pub struct ChatRequest {
     /// Kept as the client wrote it: the model is shown the declarations in their own key order.
     pub tools: Option<Box<serde_json::value::RawValue>>,
     pub tool_choice: Option<serde_json::Value>,
+    /// `false`: at most one call a turn (the turn ends at the first call read).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -292,6 +294,7 @@ impl ChatRequest {
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
             tools: tools.is_some() && tool_choice != ToolChoice::None,
+            single_call: self.parallel_tool_calls == Some(false),
             resume_points,
             images,
         })
@@ -441,6 +444,7 @@ impl CompletionRequest {
             stream: self.stream,
             include_usage: include_usage(&self.stream_options),
             tools: false,
+            single_call: false,
             resume_points: Vec::new(),
             images: Vec::new(),
         })
