@@ -18,11 +18,24 @@ pub struct ApiError {
     /// OpenAI's machine-readable `code` for a failure clients act on (`context_length_exceeded`);
     /// otherwise the status.
     pub code: Option<&'static str>,
+    /// The prompt cannot fit: its tokens (at least) and the context. Each API words this the way
+    /// its clients recognise (they compact the conversation on it).
+    pub overflow: Option<(u64, u64)>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), param: None, code: None }
+        ApiError { status, message: message.into(), param: None, code: None, overflow: None }
+    }
+
+    /// A prompt of `tokens` (at least) that leaves no room in a context of `context`: a 400 on
+    /// `param` with OpenAI's `context_length_exceeded` code, Anthropic's `prompt is too long`
+    /// and Ollama's `exceeds the available context size` wording on their routes.
+    pub fn context_exceeded(param: &str, tokens: u64, context: u64, message: impl Into<String>) -> Self {
+        ApiError {
+            overflow: Some((tokens, context)),
+            ..ApiError::bad(param, message).with_code("context_length_exceeded")
+        }
     }
 
     /// The same error under OpenAI's `code` for it.
@@ -32,7 +45,13 @@ impl ApiError {
 
     /// A 400 naming the field at fault.
     pub fn bad(param: &str, message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param.into()), code: None }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: Some(param.into()),
+            code: None,
+            overflow: None,
+        }
     }
 
     fn kind(&self) -> &'static str {
@@ -95,16 +114,34 @@ impl ApiError {
         }
     }
 
-    /// Anthropic's error body (also an SSE `error` event's data).
+    /// Anthropic's error body (also an SSE `error` event's data). A prompt that cannot fit is
+    /// worded as Anthropic words it (`prompt is too long: N tokens > M maximum`), which Claude
+    /// Code reads to compact the conversation.
     pub fn anthropic_body(&self) -> serde_json::Value {
-        json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": self.with_param()}})
+        let message = match self.overflow {
+            Some((tokens, context)) => format!("prompt is too long: {tokens} tokens > {context} maximum"),
+            None => self.with_param(),
+        };
+        json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": message}})
+    }
+
+    /// Ollama's error text: a prompt that cannot fit is worded as Ollama words it (with
+    /// `truncate: false`), naming the server's `--context`, which is what can be raised.
+    pub fn ollama_message(&self) -> String {
+        match self.overflow {
+            Some((tokens, context)) => format!(
+                "request ({tokens} tokens) exceeds the available context size ({context} tokens), try increasing it \
+                 (k3-cli serve --context)"
+            ),
+            None => self.with_param(),
+        }
     }
 
     /// The response in `shape`.
     pub fn shaped(self, shape: Shape) -> Response {
         match shape {
             Shape::OpenAi => self.into_response(),
-            Shape::Ollama => (self.status, Json(json!({"error": self.with_param()}))).into_response(),
+            Shape::Ollama => (self.status, Json(json!({"error": self.ollama_message()}))).into_response(),
             Shape::Anthropic => (self.status, Json(self.anthropic_body())).into_response(),
         }
     }

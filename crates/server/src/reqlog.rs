@@ -37,6 +37,14 @@ pub(crate) fn ready(format: LogFormat, info: &ModelInfo, load_secs: f64) {
     }
 }
 
+/// Something a request asked for that the server did differently (a `num_ctx` clamped).
+pub(crate) fn warning(format: LogFormat, message: &str) {
+    match format {
+        LogFormat::Text => eprintln!("warning: {message}"),
+        LogFormat::Json => eprintln!("{}", json!({"event": "warning", "message": message})),
+    }
+}
+
 /// One request's line, written when it ends (also when the client leaves before that).
 #[derive(Debug)]
 pub(crate) struct RequestLog {

@@ -207,6 +207,48 @@ async fn a_prompt_past_the_context_says_context_length_exceeded() {
     assert_eq!(v["error"]["code"], 400, "{v}");
 }
 
+/// Ollama's routes say it in Ollama's words (what its clients match with `truncate: false`),
+/// with the token count; a text too long to tokenize (over the context times the longest token)
+/// says it too, without tokenizing it.
+#[tokio::test]
+async fn ollama_says_a_prompt_past_the_context_in_its_words() {
+    let router = server(ServerOptions::new(default_model())).await;
+    for words in [6000, 200_000] {
+        let body = json!({"model": "default", "stream": false, "truncate": false,
+                          "messages": [{"role": "user", "content": "word ".repeat(words)}]});
+        let (s, v) = json_call(&router, post("/api/chat", &body)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+        let e = v["error"].as_str().unwrap();
+        assert!(
+            e.starts_with("request (") && e.contains("tokens) exceeds the available context size (4096 tokens)"),
+            "{e}"
+        );
+    }
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &chat(&"word ".repeat(200_000)))).await;
+    assert_eq!((s, v["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("context_length_exceeded")), "{v}");
+}
+
+/// `num_ctx` above the server's context is clamped, as Ollama clamps it: the request is
+/// answered, and the header says the context it ran in.
+#[tokio::test]
+async fn ollama_num_ctx_above_the_context_is_clamped() {
+    let router = server(ServerOptions::new(default_model())).await;
+    let body = json!({"model": "default", "stream": false, "options": {"num_ctx": 131072, "num_predict": 2},
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let r = tower::ServiceExt::oneshot(router.clone(), post("/api/chat", &body)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers().get("x-k3-num-ctx").map(|h| h.to_str().unwrap()), Some("4096"));
+    let within =
+        json!({"model": "default", "stream": false, "prompt": "hi", "options": {"num_ctx": 2048, "num_predict": 2}});
+    let r = tower::ServiceExt::oneshot(router.clone(), post("/api/generate", &within)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.headers().get("x-k3-num-ctx").is_none());
+    let over =
+        json!({"model": "default", "stream": false, "prompt": "hi", "options": {"num_ctx": 9000, "num_predict": 2}});
+    let r = tower::ServiceExt::oneshot(router, post("/api/generate", &over)).await.unwrap();
+    assert_eq!(r.headers().get("x-k3-num-ctx").map(|h| h.to_str().unwrap()), Some("4096"));
+}
+
 /// `chat_template_kwargs` (vLLM's and SGLang's, how Moonshot's docs switch thinking off) is
 /// honoured or refused by name, never ignored: on Kimi-Linear, which has no thinking channel,
 /// thinking off is what it does anyway, thinking on is refused, and any other key is refused.
@@ -234,4 +276,19 @@ async fn chat_template_kwargs_are_honoured_or_refused_by_name() {
         assert_eq!(v["error"]["param"], param, "{kwargs}: {v}");
         assert!(v["error"]["message"].as_str().unwrap().contains(says), "{kwargs}: {v}");
     }
+}
+
+/// The thinking switches are refused by name on `/v1/completions` (a raw prompt has no template
+/// to switch), not ignored.
+#[tokio::test]
+async fn thinking_switches_on_a_raw_completion_are_refused_by_name() {
+    let router = server(ServerOptions::new(default_model())).await;
+    for (field, value) in [("reasoning_effort", json!("none")), ("chat_template_kwargs", json!({"thinking": false}))] {
+        let mut body = json!({"prompt": "Once", "max_tokens": 2});
+        body[field] = value;
+        let (s, v) = json_call(&router, post("/v1/completions", &body)).await;
+        assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some(field)), "{v}");
+    }
+    let (s, v) = json_call(&router, post("/v1/completions", &json!({"prompt": "Once", "max_tokens": 2}))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
 }

@@ -119,6 +119,10 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(flatten)]
     pub sampling: Sampling,
+    /// The chat routes' thinking switches: a raw prompt has no template to switch, so they are
+    /// refused by name rather than ignored.
+    pub reasoning_effort: Option<serde_json::Value>,
+    pub chat_template_kwargs: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -144,8 +148,12 @@ fn check_model(asked: Option<&str>, info: &ModelInfo) -> Result<(), ApiError> {
 fn check_fits(bytes: usize, info: &ModelInfo, field: &str) -> Result<(), ApiError> {
     let most = (info.context as usize).saturating_mul(info.max_token_bytes.max(1));
     if bytes > most {
-        return Err(ApiError::bad(
+        // Every token covers at most `max_token_bytes`: at least this many tokens.
+        let tokens = bytes.div_ceil(info.max_token_bytes.max(1)) as u64;
+        return Err(ApiError::context_exceeded(
             field,
+            tokens,
+            info.context,
             format!("the prompt is {bytes} bytes of text, more than the context of {} tokens can hold", info.context),
         ));
     }
@@ -406,6 +414,17 @@ impl CompletionRequest {
     /// The prompt as plain text (no special tokens from text) or as token ids.
     pub fn prepare(&self, tok: Option<&Tokenizer>, info: &ModelInfo, stop_bytes: usize) -> Result<Prepared, ApiError> {
         check_model(self.model.as_deref(), info)?;
+        for (field, given) in
+            [("reasoning_effort", &self.reasoning_effort), ("chat_template_kwargs", &self.chat_template_kwargs)]
+        {
+            if given.as_ref().is_some_and(|v| !v.is_null()) {
+                return Err(ApiError::bad(
+                    field,
+                    "a completion's prompt is sent as it is, with no chat template to switch thinking in: \
+                     use /v1/chat/completions",
+                ));
+            }
+        }
         if let Prompt::Text(t) = &self.prompt {
             check_fits(t.len(), info, "prompt")?;
         }

@@ -59,11 +59,12 @@ impl Sampling {
         let room = info.context.saturating_sub(prompt_len as u64);
         if room == 0 {
             // OpenAI's code for it: clients (LiteLLM, agent CLIs) compact the conversation on it.
-            return Err(ApiError::bad(
+            return Err(ApiError::context_exceeded(
                 "messages",
+                prompt_len as u64,
+                info.context,
                 format!("the prompt is {prompt_len} tokens, which leaves no room in the context of {}", info.context),
-            )
-            .with_code("context_length_exceeded"));
+            ));
         }
         let asked = self.max_completion_tokens.or(self.max_tokens);
         if asked == Some(0) {

@@ -7,6 +7,9 @@
 mod reply;
 pub mod request;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use axum::Json;
 use axum::extract::{Extension, Request, State};
 use axum::http::StatusCode;
@@ -34,19 +37,37 @@ fn either(r: Result<Response, ApiError>) -> Response {
 /// `POST /api/chat`.
 pub async fn chat(State(s): State<AppState>, Extension(scope): Extension<Scope>, req: Request) -> Response {
     let (stop_bytes, beginnings) = (s.stop_bytes, s.beginnings.clone());
+    let over = Arc::new(AtomicU64::new(0));
+    let asked = over.clone();
     either(
         async {
             let p = prepared(&s, req, move |v: Value, info, tok| {
                 let tok = tok.ok_or_else(|| ApiError::bad("messages", "this model embeds no tokenizer"))?;
-                let r: ChatRequest = openai_body(request::chat(&v, info.context)?)?;
+                asked.store(request::num_ctx_over(&v, info.context).unwrap_or(0), Ordering::Relaxed);
+                let r: ChatRequest = openai_body(request::chat(&v)?)?;
                 r.prepare(tok, info, stop_bytes, &beginnings).map_err(request::renamed)
             })
             .await?;
             let stream = p.stream;
-            reply::answer(answer::submit(&s, p, Kind::Chat, scope)?, Endpoint::Chat, stream).await
+            let r = reply::answer(answer::submit(&s, p, Kind::Chat, scope)?, Endpoint::Chat, stream).await?;
+            Ok(clamped(&s, r, over.load(Ordering::Relaxed)))
         }
         .await,
     )
+}
+
+/// An answer whose `num_ctx` (`asked`, 0 if it was within the context) was clamped to the
+/// server's context, as Ollama clamps it: a warning in the log and the context used in the
+/// `x-k3-num-ctx` header.
+fn clamped(s: &AppState, mut r: Response, asked: u64) -> Response {
+    if let (true, Ok((info, _))) = (asked > 0, s.ready()) {
+        crate::reqlog::warning(
+            s.log_format,
+            &format!("options.num_ctx {asked} is more than this server's context: clamped to {}", info.context),
+        );
+        r.headers_mut().insert("x-k3-num-ctx", axum::http::HeaderValue::from(info.context));
+    }
+    r
 }
 
 /// `POST /api/generate`: a user turn in the chat format, or a `raw` prompt as it is; no prompt
@@ -58,15 +79,16 @@ pub async fn generate(State(s): State<AppState>, Extension(scope): Extension<Sco
             let bytes = body(&s, req).await?;
             let (info, _) = s.ready()?;
             let v: Value = parse(&bytes)?;
-            if let Generate::Load = request::generate(&v, info.context)? {
+            if let Generate::Load = request::generate(&v)? {
                 let model = v.get("model").and_then(Value::as_str).unwrap_or(&info.id);
                 check_model(model, info)?;
                 return Ok(Json(json!({"model": model, "created_at": now_rfc3339(), "response": "", "done": true,
                                       "done_reason": "load"}))
                 .into_response());
             }
-            let raw = matches!(request::generate(&v, info.context)?, Generate::Raw(_));
-            let p = prepared_bytes(&s, bytes, move |v: Value, info, tok| match request::generate(&v, info.context)? {
+            let raw = matches!(request::generate(&v)?, Generate::Raw(_));
+            let over = request::num_ctx_over(&v, info.context).unwrap_or(0);
+            let p = prepared_bytes(&s, bytes, move |v: Value, info, tok| match request::generate(&v)? {
                 Generate::Raw(body) => {
                     let r: CompletionRequest = openai_body(body)?;
                     r.prepare(tok, info, stop_bytes).map_err(request::renamed)
@@ -81,7 +103,8 @@ pub async fn generate(State(s): State<AppState>, Extension(scope): Extension<Sco
             .await?;
             let stream = p.stream;
             let kind = if raw { Kind::Completion } else { Kind::Chat };
-            reply::answer(answer::submit(&s, p, kind, scope)?, Endpoint::Generate, stream).await
+            let r = reply::answer(answer::submit(&s, p, kind, scope)?, Endpoint::Generate, stream).await?;
+            Ok(clamped(&s, r, over))
         }
         .await,
     )

@@ -88,8 +88,10 @@ impl Type {
     }
 }
 
-/// `/api/chat`'s fields and their types.
-const CHAT: [(&str, Type); 8] = [
+/// `/api/chat`'s fields and their types. `truncate` and `shift` (Ollama drops or shifts
+/// earlier messages when the prompt does not fit, unless they are false) are taken either way:
+/// k3 never drops a message, it answers a prompt that cannot fit with an error.
+const CHAT: [(&str, Type); 10] = [
     ("model", Type::Text),
     ("messages", Type::List),
     ("tools", Type::List),
@@ -98,10 +100,12 @@ const CHAT: [(&str, Type); 8] = [
     ("stream", Type::Bool),
     ("keep_alive", Type::Duration),
     ("think", Type::Any),
+    ("truncate", Type::Bool),
+    ("shift", Type::Bool),
 ];
 
-/// `/api/generate`'s fields and their types.
-const GENERATE: [(&str, Type); 11] = [
+/// `/api/generate`'s fields and their types (`truncate` and `shift` as in [`CHAT`]).
+const GENERATE: [(&str, Type); 13] = [
     ("model", Type::Text),
     ("prompt", Type::Text),
     ("system", Type::Text),
@@ -113,6 +117,8 @@ const GENERATE: [(&str, Type); 11] = [
     ("think", Type::Any),
     ("images", Type::List),
     ("suffix", Type::Text),
+    ("truncate", Type::Bool),
+    ("shift", Type::Bool),
 ];
 
 /// A message's fields and their types.
@@ -175,7 +181,7 @@ pub fn same_model(asked: &str, id: &str) -> bool {
 }
 
 /// `options` and the answer's other settings into `out` (an OpenAI request being built).
-fn options(body: &Map<String, Value>, context: u64, out: &mut Map<String, Value>) -> Result<(), ApiError> {
+fn options(body: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), ApiError> {
     out.insert("stream".into(), json!(body.get("stream").and_then(Value::as_bool).unwrap_or(true)));
     if let Some(m) = body.get("model").and_then(Value::as_str) {
         out.insert("model".into(), json!(m.strip_suffix(":latest").unwrap_or(m)));
@@ -221,14 +227,10 @@ fn options(body: &Map<String, Value>, context: u64, out: &mut Map<String, Value>
                 }
                 _ => return Err(ApiError::bad(&field, format!("{v}: give a count of tokens, or -1 for no limit"))),
             },
+            // Above the server's context it is clamped, as Ollama clamps it ([`num_ctx_over`]).
             "num_ctx" => match v.as_u64() {
-                Some(n) if n <= context => {}
-                _ => {
-                    return Err(ApiError::bad(
-                        &field,
-                        format!("{v}: this server was started with a context of {context} tokens (serve --context)"),
-                    ));
-                }
+                Some(n) if n > 0 => {}
+                _ => return Err(ApiError::bad(&field, format!("{v}: give a context size in tokens"))),
             },
             k if HINTS.contains(&k) => {}
             k => match OFF.iter().find(|(name, _)| *name == k) {
@@ -241,6 +243,13 @@ fn options(body: &Map<String, Value>, context: u64, out: &mut Map<String, Value>
         }
     }
     Ok(())
+}
+
+/// `options.num_ctx` when it asks for more than the server's `context`: the request runs in
+/// that context instead (Ollama clamps to what the model has; the handler says so in the log
+/// and the `x-k3-num-ctx` header).
+pub fn num_ctx_over(body: &Value, context: u64) -> Option<u64> {
+    body.get("options")?.get("num_ctx")?.as_u64().filter(|&n| n > context)
 }
 
 /// A `messages[i]` of Ollama's into OpenAI's shape (tool calls' arguments stay objects, which the
@@ -276,12 +285,12 @@ fn object(body: &Value) -> Result<&Map<String, Value>, ApiError> {
 }
 
 /// `POST /api/chat`'s body as a `/v1/chat/completions` body.
-pub fn chat(body: &Value, context: u64) -> Result<Value, ApiError> {
+pub fn chat(body: &Value) -> Result<Value, ApiError> {
     let body = object(body)?;
     check_fields(body, &CHAT.map(|(name, _)| name))?;
     check_types(body, &CHAT, "")?;
     let mut out = Map::new();
-    options(body, context, &mut out)?;
+    options(body, &mut out)?;
     let messages = body
         .get("messages")
         .and_then(Value::as_array)
@@ -306,7 +315,7 @@ pub enum Generate {
 }
 
 /// `POST /api/generate`'s body.
-pub fn generate(body: &Value, context: u64) -> Result<Generate, ApiError> {
+pub fn generate(body: &Value) -> Result<Generate, ApiError> {
     let body = object(body)?;
     check_fields(body, &GENERATE.map(|(name, _)| name))?;
     check_types(body, &GENERATE, "")?;
@@ -320,7 +329,7 @@ pub fn generate(body: &Value, context: u64) -> Result<Generate, ApiError> {
         Some(other) => return Err(ApiError::bad("prompt", format!("{other} is not text"))),
     };
     let mut out = Map::new();
-    options(body, context, &mut out)?;
+    options(body, &mut out)?;
     let system = body.get("system").and_then(Value::as_str).filter(|s| !s.is_empty());
     if body.get("raw").and_then(Value::as_bool).unwrap_or(false) {
         if system.is_some() {
@@ -388,40 +397,41 @@ mod tests {
         let body = json!({"model": "default:latest", "messages": [{"role": "user", "content": "hi"}],
             "options": {"temperature": 0, "num_predict": 5, "num_thread": 4, "mirostat": 0, "stop": ["x"]},
             "format": "json", "think": false});
-        let v = chat(&body, 4096).unwrap();
+        let v = chat(&body).unwrap();
         assert_eq!(v["model"], "default");
         assert_eq!((v["temperature"].as_f64(), v["max_tokens"].as_u64()), (Some(0.0), Some(5)));
         assert_eq!((v["stream"].as_bool(), v["reasoning_effort"].as_str()), (Some(true), Some("none")));
         assert_eq!(v["response_format"]["type"], "json_object");
         assert!(v.get("num_thread").is_none());
+        let big = json!({"messages": [], "options": {"num_ctx": 100000}});
+        assert!(chat(&big).is_ok(), "num_ctx above the context is clamped, not refused");
+        assert_eq!((num_ctx_over(&big, 4096), num_ctx_over(&big, 200_000)), (Some(100_000), None));
         for (opts, field) in [
             (json!({"mirostat": 2}), "options.mirostat"),
-            (json!({"num_ctx": 100000}), "options.num_ctx"),
+            (json!({"num_ctx": 0}), "options.num_ctx"),
             (json!({"warp_speed": 9}), "options.warp_speed"),
             (json!({"num_predict": 0}), "options.num_predict"),
         ] {
             let body = json!({"messages": [], "options": opts});
-            assert_eq!(chat(&body, 4096).unwrap_err().param.as_deref(), Some(field));
+            assert_eq!(chat(&body).unwrap_err().param.as_deref(), Some(field));
         }
         let body = json!({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]});
-        let parts = &chat(&body, 4096).unwrap()["messages"][0]["content"];
+        let parts = &chat(&body).unwrap()["messages"][0]["content"];
         assert_eq!(parts[0]["image_url"]["url"], "data:image/*;base64,aGk=");
         assert_eq!(parts[1], json!({"type": "text", "text": "x"}));
         let body = json!({"messages": [{"role": "user", "content": "x", "images": [7]}]});
-        assert_eq!(chat(&body, 4096).unwrap_err().param.as_deref(), Some("messages[0].images[0]"));
-        assert_eq!(chat(&json!({"messages": [], "bogus": 1}), 4096).unwrap_err().param.as_deref(), Some("bogus"));
+        assert_eq!(chat(&body).unwrap_err().param.as_deref(), Some("messages[0].images[0]"));
+        assert_eq!(chat(&json!({"messages": [], "bogus": 1})).unwrap_err().param.as_deref(), Some("bogus"));
     }
 
     #[test]
     fn generate_is_a_user_turn_a_raw_prompt_or_a_load() {
-        assert!(matches!(generate(&json!({"model": "m"}), 64), Ok(Generate::Load)));
-        let Ok(Generate::Chat(v)) = generate(&json!({"prompt": "p", "system": "s"}), 64) else { panic!() };
+        assert!(matches!(generate(&json!({"model": "m"})), Ok(Generate::Load)));
+        let Ok(Generate::Chat(v)) = generate(&json!({"prompt": "p", "system": "s"})) else { panic!() };
         assert_eq!(v["messages"], json!([{"role": "system", "content": "s"}, {"role": "user", "content": "p"}]));
-        let Ok(Generate::Raw(v)) = generate(&json!({"prompt": "p", "raw": true, "stream": false}), 64) else {
-            panic!()
-        };
+        let Ok(Generate::Raw(v)) = generate(&json!({"prompt": "p", "raw": true, "stream": false})) else { panic!() };
         assert_eq!((v["prompt"].as_str(), v["stream"].as_bool()), (Some("p"), Some(false)));
-        let e = generate(&json!({"prompt": "p", "raw": true, "system": "s"}), 64).unwrap_err();
+        let e = generate(&json!({"prompt": "p", "raw": true, "system": "s"})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("system"));
     }
 }
