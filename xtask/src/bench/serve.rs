@@ -2,8 +2,9 @@
 //! tokens/s with 1..N concurrent clients (each its own prompt, greedy), and the time to the first
 //! token, with the prompt cache and without, of a follow-up turn in a ~1,000-token conversation,
 //! of the same request again (Regenerate), and of a new question under a ~2,000-token system
-//! prompt another request used.
-//! Repetitions interleaved, medians.
+//! prompt another request used; and the time to the first token of one conversation through
+//! each chat API (`/v1/chat/completions`, Anthropic's `/v1/messages`, OpenAI's `/v1/responses`):
+//! the new routes' serving overhead. Repetitions interleaved, medians.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -65,12 +66,59 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Res
 
 /// A streamed request: seconds to the first piece of text, and its usage (when asked for).
 fn first_token(addr: SocketAddr, body: &Value) -> Result<(f64, Value)> {
+    first_token_on(addr, Route::Chat, body)
+}
+
+/// The three chat APIs, for the time each takes to its first token on the same conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Chat,
+    Messages,
+    Responses,
+}
+
+impl Route {
+    fn path(self) -> &'static str {
+        match self {
+            Route::Chat => "/v1/chat/completions",
+            Route::Messages => "/v1/messages",
+            Route::Responses => "/v1/responses",
+        }
+    }
+
+    /// Whether a streamed event's data carries answer text.
+    fn is_text(self, v: &Value) -> bool {
+        let nonempty = |t: &Value| t.as_str().is_some_and(|t| !t.is_empty());
+        match self {
+            Route::Chat => nonempty(&v["choices"][0]["delta"]["content"]),
+            Route::Messages => v["type"] == "content_block_delta" && nonempty(&v["delta"]["text"]),
+            Route::Responses => v["type"] == "response.output_text.delta" && nonempty(&v["delta"]),
+        }
+    }
+
+    /// A conversation (OpenAI chat messages, the system turn first) as this route's body.
+    fn body(self, model: &str, messages: &[Value], max_tokens: u64) -> Value {
+        let (system, rest) = (&messages[0]["content"], &messages[1..]);
+        match self {
+            Route::Chat => streamed(json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0})),
+            Route::Messages => json!({"model": model, "system": system, "messages": rest, "max_tokens": max_tokens,
+                                      "temperature": 0, "stream": true}),
+            Route::Responses => json!({"model": model, "instructions": system, "input": rest,
+                                       "max_output_tokens": max_tokens, "temperature": 0, "stream": true,
+                                       "store": false}),
+        }
+    }
+}
+
+/// [`first_token`] through `route`'s API.
+fn first_token_on(addr: SocketAddr, route: Route, body: &Value) -> Result<(f64, Value)> {
     let t0 = Instant::now();
     let mut s = TcpStream::connect(addr)?;
     let body = body.to_string();
     write!(
         s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        route.path(),
         body.len()
     )?;
     let (mut first, mut usage) = (None, Value::Null);
@@ -81,7 +129,7 @@ fn first_token(addr: SocketAddr, body: &Value) -> Result<(f64, Value)> {
             break;
         }
         let v: Value = serde_json::from_str(data)?;
-        if first.is_none() && v["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()) {
+        if first.is_none() && route.is_text(&v) {
             first = Some(t0.elapsed().as_secs_f64());
         }
         if !v["usage"].is_null() {
@@ -89,6 +137,33 @@ fn first_token(addr: SocketAddr, body: &Value) -> Result<(f64, Value)> {
         }
     }
     Ok((first.context("no text came back")?, usage))
+}
+
+/// Time to the first token of the same ~1,000-token conversation through each API, on the
+/// server without a prompt cache (every request prefills it whole), the routes interleaved and
+/// their order rotated each repetition: each route's median against `/v1/chat/completions`'.
+fn routes(o: &Options, cold: &Server, json_out: bool) -> Result<Value> {
+    let (_, models) = http(cold.addr, "GET", "/v1/models", None)?;
+    let model = serde_json::from_str::<Value>(&models)?["data"][0]["id"].as_str().unwrap_or("default").to_string();
+    let all = [Route::Chat, Route::Messages, Route::Responses];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
+    for rep in 0..o.reps.max(3) * 3 {
+        let messages = conversation(rep);
+        for k in 0..all.len() {
+            let i = (k + rep) % all.len();
+            times[i].push(first_token_on(cold.addr, all[i], &all[i].body(&model, &messages, 4))?.0);
+        }
+    }
+    let chat = median(times[0].clone());
+    let mut out = serde_json::Map::new();
+    for (r, t) in all.iter().zip(&times) {
+        let m = median(t.clone());
+        out.insert(r.path().to_string(), json!({"ttft_s": m, "vs_chat_completions": m / chat.max(1e-12)}));
+        if !json_out {
+            println!("{:<22} first token in {:.1} ms ({:.3}x /v1/chat/completions)", r.path(), m * 1e3, m / chat);
+        }
+    }
+    Ok(Value::Object(out))
 }
 
 /// `clients` concurrent greedy completions of `tokens`: completion tokens per second in all.
@@ -162,6 +237,7 @@ pub fn run(o: &Options, json_out: bool) -> Result<Value> {
             w / wo.max(1e-12)
         );
     }
+    report["routes_ttft_s"] = routes(o, &cold, json_out)?;
     let cases: [(&str, Case); 2] = [("regenerate", regenerate), ("shared_system", shared_system)];
     for (name, case) in cases {
         report[format!("{name}_ttft_s")] = measure_case(o, name, case, &batched, &cold, json_out)?;
