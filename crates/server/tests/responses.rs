@@ -222,6 +222,25 @@ async fn k3s_reasoning_comes_back_as_a_reasoning_item_and_images_are_read() {
     let (ev, done) = streamed(&router, &resp).await;
     assert_eq!(reasoning_text(&done), reference.1);
     assert!(ev.iter().any(|(n, _)| n == "response.reasoning_text.delta"));
+    // A follow-up by previous_response_id: the stored turn (its reasoning too) and the new one,
+    // as the chat route renders the same history.
+    let mut stored = resp.clone();
+    stored["store"] = json!(true);
+    let first = respond(&router, &stored).await;
+    let next = json!({"previous_response_id": first["id"], "input": "And the sea?", "max_output_tokens": 24,
+        "temperature": 0.8, "seed": 3, "reasoning": {"effort": "medium"}});
+    let n = respond(&router, &next).await;
+    let mut chat_next = chat.clone();
+    let turn =
+        json!({"role": "assistant", "content": output_text(&first), "reasoning_content": reasoning_text(&first)});
+    chat_next["messages"].as_array_mut().unwrap().extend([turn, json!({"role": "user", "content": "And the sea?"})]);
+    let c = chat_facts(&ask(&router, &chat_next).await);
+    let got = response_facts(&n);
+    assert_eq!((&got.0, &got.1, got.2, got.4), (&c.0, &c.1, c.2, c.4), "{n}");
+    eprintln!(
+        "K3 previous_response_id: first input {} tokens, follow-up {} with {} cached",
+        first["usage"]["input_tokens"], got.2, got.3
+    );
     // Effort none: no thinking, as reasoning_effort none on the chat route.
     let mut off = resp.clone();
     off["reasoning"] = json!({"effort": "none"});

@@ -464,9 +464,7 @@ fn conversation(
         let field = if string_input { "input".to_string() } else { format!("input[{i}]") };
         b.item(item, &field)?;
     }
-    if let Some((_, field)) = b.reasoning.take() {
-        return Err(bad(&field, "a reasoning item goes before the assistant turn it belongs to"));
-    }
+    b.flush_reasoning();
     if b.messages.is_empty() {
         return Err(bad("input", "the input is empty"));
     }
@@ -500,11 +498,13 @@ impl Builder {
         self.open_turn = false;
     }
 
-    /// The pending reasoning goes to an assistant turn; anything else must not follow it.
-    fn check_no_reasoning(&mut self) -> Result<(), ApiError> {
-        match self.reasoning.take() {
-            Some((_, field)) => Err(bad(&field, "a reasoning item goes before the assistant turn it belongs to")),
-            None => Ok(()),
+    /// Reasoning no assistant message or call follows (a turn cut while thinking): an assistant
+    /// turn of its own, with no text.
+    fn flush_reasoning(&mut self) {
+        if let Some((_, field)) = &self.reasoning {
+            let field = field.clone();
+            let m = Map::from_iter([("role".to_string(), json!("assistant")), ("content".to_string(), json!(""))]);
+            self.assistant(m, field);
         }
     }
 
@@ -557,7 +557,7 @@ impl Builder {
             self.assistant(m, field.into());
             return Ok(());
         }
-        self.check_no_reasoning()?;
+        self.flush_reasoning();
         self.push(Value::Object(m), field.into());
         Ok(())
     }
@@ -586,7 +586,7 @@ impl Builder {
 
     fn output(&mut self, o: &Map<String, Value>, field: &str) -> Result<(), ApiError> {
         only(o, &["type", "id", "call_id", "output", "status"], field)?;
-        self.check_no_reasoning()?;
+        self.flush_reasoning();
         let call_id = text_of(o, "call_id", &format!("{field}.call_id"))?
             .ok_or_else(|| bad(&format!("{field}.call_id"), "a function call's output names its call_id"))?;
         let content = match get(o, "output") {
@@ -609,7 +609,7 @@ impl Builder {
     /// reasoning; `encrypted_content` is OpenAI's, which k3 cannot read: dropped.
     fn reasoning(&mut self, o: &Map<String, Value>, field: &str) -> Result<(), ApiError> {
         only(o, &["type", "id", "summary", "content", "encrypted_content", "status"], field)?;
-        self.check_no_reasoning()?;
+        self.flush_reasoning();
         let texts = |key: &str, kind: &str| -> Result<String, ApiError> {
             let Some(list) = get(o, key) else { return Ok(String::new()) };
             let list = list.as_array().ok_or_else(|| bad(&format!("{field}.{key}"), "a list of parts"))?;
@@ -747,6 +747,10 @@ mod tests {
         assert_eq!(m[2]["content"], json!([{"type": "text", "text": "Checking."}]));
         assert_eq!(m[2]["tool_calls"].as_array().unwrap().len(), 2, "consecutive calls are one turn");
         assert_eq!(m[3], json!({"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "18 C"}));
+        // A turn cut while thinking is an assistant turn of reasoning alone.
+        let v = chat(json!({"input": [{"role": "user", "content": "a"},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Hm."}]}, {"role": "user", "content": "b"}]}));
+        assert_eq!(v["messages"][1], json!({"role": "assistant", "content": "", "reasoning_content": "Hm."}));
     }
 
     #[test]
@@ -783,11 +787,6 @@ mod tests {
                 "input[0].content[0].type",
             ),
             (json!({"input": [{"type": "item_reference", "id": "x"}]}), "input[0].type"),
-            (
-                json!({"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "t"}]},
-                {"role": "user", "content": "x"}]}),
-                "input[0]",
-            ),
         ] {
             assert_eq!(tr(body.clone()).unwrap_err().param.as_deref(), Some(field), "{body}");
         }
