@@ -6,9 +6,12 @@
 //! answer is built from the same reply ([`reply`]); stored responses are kept in memory per API
 //! key ([`store`]). Errors come in OpenAI's shape, naming the field as the client wrote it.
 
+mod fields;
+mod items;
 mod reply;
 pub mod request;
 pub mod store;
+mod tools;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -72,14 +75,14 @@ async fn created(s: AppState, scope: Scope, caller: Caller, req: Request) -> Res
         Some(other) => return Err(ApiError::bad("previous_response_id", format!("{other} is not a response id"))),
     };
     let t = request::translate(&bytes, &v, &earlier)?;
-    let (stop_bytes, beginnings, sources) = (s.stop_bytes, s.beginnings.clone(), t.sources);
+    let (stop_bytes, beginnings, origins) = (s.stop_bytes, s.beginnings.clone(), t.origins);
     let p = prepared_bytes(&s, Bytes::from(t.chat), move |r: ChatRequest, info, tok| {
         let tok = tok.ok_or_else(|| ApiError::bad("input", "this model embeds no tokenizer"))?;
-        r.prepare(tok, info, stop_bytes, &beginnings).map_err(|e| request::renamed(e, &sources))
+        r.prepare(tok, info, stop_bytes, &beginnings).map_err(|e| request::renamed(e, &origins))
     })
     .await?;
     let sub = answer::submit(&s, p, Kind::Chat, scope)?;
-    let meta = Meta { id: new_id(), created_at: reply::unix_now(), echo: t.echo };
+    let meta = Meta { id: new_id(), created_at: reply::unix_now(), echo: t.echo, namespaced: t.namespaced };
     let keep = t.store.then(|| {
         let mut conversation = earlier;
         conversation.extend(t.input);

@@ -30,6 +30,8 @@ pub struct Meta {
     pub id: String,
     pub created_at: u64,
     pub echo: Map<String, Value>,
+    /// Declared names of namespaced functions to their namespace and name.
+    pub namespaced: std::collections::HashMap<String, (String, String)>,
 }
 
 /// Where a finished response is kept (`store: true`): the conversation before its output.
@@ -173,14 +175,19 @@ impl Output {
     }
 
     /// A finished call: added, its arguments in one delta, done.
-    fn call(&mut self, c: &ToolCall, number: usize) {
+    fn call(&mut self, c: &ToolCall, number: usize, namespace: Option<&(String, String)>) {
         self.close("completed");
         let index = self.items.len();
         let id = self.item_id("fc");
         let call_id = if c.id.is_empty() { format!("call_{}_{number}", self.resp) } else { c.id.clone() };
+        let name = namespace.map_or(&c.name, |(_, n)| n);
         let item = |arguments: &str, status: &str| {
-            json!({"id": id, "type": "function_call", "call_id": call_id, "name": c.name,
-                   "arguments": arguments, "status": status})
+            let mut v = json!({"id": id, "type": "function_call", "call_id": call_id, "name": name,
+                   "arguments": arguments, "status": status});
+            if let Some((ns, _)) = namespace {
+                v["namespace"] = json!(ns);
+            }
+            v
         };
         self.event("response.output_item.added", json!({"output_index": index, "item": item("", "in_progress")}));
         let at = json!({"item_id": id, "output_index": index});
@@ -189,7 +196,7 @@ impl Output {
         self.event("response.function_call_arguments.delta", delta);
         let mut done = at;
         done["arguments"] = json!(c.arguments);
-        done["name"] = json!(c.name);
+        done["name"] = json!(name);
         self.event("response.function_call_arguments.done", done);
         let item = item(&c.arguments, "completed");
         self.event("response.output_item.done", json!({"output_index": index, "item": item}));
@@ -197,12 +204,12 @@ impl Output {
     }
 
     /// Reply pieces into items.
-    fn pieces(&mut self, pieces: Vec<Piece>, reply: &mut Reply) {
+    fn pieces(&mut self, pieces: Vec<Piece>, reply: &mut Reply, meta: &Meta) {
         for p in pieces {
             match p {
                 Piece::Text(t) => self.text(&t),
                 Piece::Call(c) => {
-                    self.call(&c, reply.made.len());
+                    self.call(&c, reply.made.len(), meta.namespaced.get(&c.name));
                     reply.made.push(c);
                 }
             }
@@ -279,7 +286,7 @@ fn step(e: Event, out: &mut Output, reply: &mut Reply, meta: &Meta, model: &str,
             reply.log.token();
             out.reasoning(&reasoning);
             let pieces = reply.feed(token, &text);
-            out.pieces(pieces, reply);
+            out.pieces(pieces, reply, meta);
             Step::Going
         }
         Event::Failed(msg) => {
@@ -288,7 +295,7 @@ fn step(e: Event, out: &mut Output, reply: &mut Reply, meta: &Meta, model: &str,
         }
         Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens, .. } => {
             let pieces = reply.finish();
-            out.pieces(pieces, reply);
+            out.pieces(pieces, reply, meta);
             reply.log.done(reply.reason(finish), prompt_tokens, cached_tokens, completion_tokens);
             let (status, extra) = ending(out, reply, finish, (prompt_tokens, cached_tokens, completion_tokens));
             out.close(if status == "incomplete" { "incomplete" } else { "completed" });

@@ -7,10 +7,11 @@
 
 use std::collections::HashMap;
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
+use super::fields::{bad, bool_of, get, short, text_of};
+use super::items::{Conversation, Source, conversation};
+use super::tools::{choice, declared};
 use crate::error::ApiError;
 
 /// What a Responses body asks, translated.
@@ -20,23 +21,25 @@ pub struct Translated {
     pub chat: String,
     /// This request's input as Responses items (a string input is one user message).
     pub input: Vec<Value>,
-    /// Where each of `chat`'s messages came from, as the client wrote it.
-    pub sources: Vec<Source>,
+    /// Where the chat body's messages and tools came from, as the client wrote them.
+    pub origins: Origins,
+    /// Declared names of namespaced functions to their namespace and name.
+    pub namespaced: HashMap<String, (String, String)>,
     /// The request's settings as a response echoes them.
     pub echo: Map<String, Value>,
     pub stream: bool,
     pub store: bool,
 }
 
-/// Where a chat message came from: its field (`input[3]`, `instructions`, ...) and its calls'.
+/// Where each of the chat body's messages and tool declarations came from.
 #[derive(Debug, Clone, Default)]
-pub struct Source {
-    pub field: String,
-    pub calls: Vec<String>,
+pub struct Origins {
+    pub messages: Vec<Source>,
+    pub tools: Vec<String>,
 }
 
 /// The fields a Responses body may have; any other is refused by name.
-const FIELDS: [&str; 30] = [
+const FIELDS: [&str; 31] = [
     "model",
     "input",
     "instructions",
@@ -67,75 +70,10 @@ const FIELDS: [&str; 30] = [
     "prompt_cache_retention",
     // k3's own, as on /v1/chat/completions: the sampling seed.
     "seed",
+    // Codex's description of itself (its session and turn): asks nothing of the answer.
+    "client_metadata",
     "context_management",
 ];
-
-/// Tool types OpenAI runs on its own servers: nothing here runs them.
-const HOSTED: [&str; 12] = [
-    "web_search",
-    "web_search_preview",
-    "web_search_2025_08_26",
-    "web_search_preview_2025_03_11",
-    "file_search",
-    "computer_use_preview",
-    "computer_use",
-    "code_interpreter",
-    "image_generation",
-    "local_shell",
-    "shell",
-    "mcp",
-];
-
-fn bad(field: &str, message: impl Into<String>) -> ApiError {
-    ApiError::bad(field, message)
-}
-
-/// `field` of `o` unless absent or null.
-fn get<'v>(o: &'v Map<String, Value>, field: &str) -> Option<&'v Value> {
-    o.get(field).filter(|v| !v.is_null())
-}
-
-fn text_of<'v>(o: &'v Map<String, Value>, key: &str, field: &str) -> Result<Option<&'v str>, ApiError> {
-    match get(o, key) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(bad(field, format!("{} is not a string", short(other)))),
-    }
-}
-
-fn bool_of(o: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
-    match get(o, key) {
-        None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(other) => Err(bad(key, format!("{} is not true or false", short(other)))),
-    }
-}
-
-/// A value as an error quotes it: whole when short, else its JSON type.
-fn short(v: &Value) -> String {
-    let text = v.to_string();
-    if text.len() <= 40 {
-        return text;
-    }
-    match v {
-        Value::String(_) => "a long string".into(),
-        Value::Array(_) => "a list".into(),
-        Value::Object(_) => "an object".into(),
-        _ => "this value".into(),
-    }
-}
-
-/// The body's tools with their `parameters` as the client wrote them (key order kept: the
-/// model is shown the declarations as written, as on the chat route).
-#[derive(Deserialize)]
-struct RawTools {
-    tools: Option<Vec<Box<RawValue>>>,
-}
-
-#[derive(Deserialize)]
-struct RawParameters {
-    parameters: Option<Box<RawValue>>,
-}
 
 /// `bytes` (a JSON object, already parsed into `body`) as a chat body; `earlier`: the stored
 /// conversation `previous_response_id` names, as Responses items.
@@ -155,8 +93,8 @@ pub fn translate(bytes: &[u8], body: &Value, earlier: &[Value]) -> Result<Transl
     sampling(o, &mut chat, &mut echo)?;
     reasoning(o, &mut chat, &mut echo)?;
     text_format(o, &mut chat, &mut echo)?;
-    let tools = tools(bytes, o, &mut echo)?;
-    tool_choice(o, &mut chat, &mut echo)?;
+    let tools = declared(bytes, o, &mut echo)?.unwrap_or_default();
+    choice(o, &mut chat, &mut echo)?;
     let Conversation { messages, sources, input } = conversation(o, earlier, &mut echo)?;
     chat.insert("messages".into(), json!(messages));
     let store = bool_of(o, "store")?.unwrap_or(true);
@@ -168,14 +106,15 @@ pub fn translate(bytes: &[u8], body: &Value, earlier: &[Value]) -> Result<Transl
         return Err(bad("metadata", format!("{} is not an object of strings", short(m))));
     }
     let mut text = Value::Object(chat).to_string();
-    if let Some(t) = tools {
+    if !tools.text.is_empty() {
         // The declarations go in as written: `{...}` becomes `{...,"tools":[...]}`.
         text.pop();
         text.push_str(",\"tools\":");
-        text.push_str(&t);
+        text.push_str(&tools.text);
         text.push('}');
     }
-    Ok(Translated { chat: text, input, sources, echo, stream, store })
+    let origins = Origins { messages: sources, tools: tools.fields };
+    Ok(Translated { chat: text, input, origins, namespaced: tools.namespaced, echo, stream, store })
 }
 
 /// Fields asking for what this server does not do: refused by name unless they ask nothing.
@@ -352,350 +291,17 @@ fn text_format(
     Ok(())
 }
 
-/// The function tools as chat declarations' JSON text; hosted and custom tools refused by name.
-fn tools(bytes: &[u8], o: &Map<String, Value>, echo: &mut Map<String, Value>) -> Result<Option<String>, ApiError> {
-    let Some(list) = get(o, "tools") else {
-        echo.insert("tools".into(), json!([]));
-        return Ok(None);
-    };
-    let list = list.as_array().ok_or_else(|| bad("tools", "tools is a list of tools"))?;
-    let raw: RawTools = serde_json::from_slice(bytes).map_err(|e| bad("tools", e.to_string()))?;
-    let raw = raw.tools.unwrap_or_default();
-    let mut out = Vec::with_capacity(list.len());
-    for (i, (t, r)) in list.iter().zip(&raw).enumerate() {
-        let at = format!("tools[{i}]");
-        let t = t.as_object().ok_or_else(|| bad(&at, "a tool is an object"))?;
-        let kind = text_of(t, "type", &format!("{at}.type"))?.unwrap_or("");
-        if HOSTED.contains(&kind) {
-            return Err(bad(
-                &format!("{at}.type"),
-                format!("`{kind}` is a tool OpenAI runs on its servers; this server runs no tools: declare a function"),
-            ));
-        }
-        if kind != "function" {
-            return Err(bad(
-                &format!("{at}.type"),
-                format!("`{kind}` tools are not supported (custom and freeform tools too): declare a `function`"),
-            ));
-        }
-        if let Some(k) =
-            t.keys().find(|k| !matches!(k.as_str(), "type" | "name" | "description" | "parameters" | "strict"))
-        {
-            return Err(bad(
-                &format!("{at}.{k}"),
-                "not a field of a function tool (name, description, parameters, strict)",
-            ));
-        }
-        let strict = match get(t, "strict") {
-            None => true,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => return Err(bad(&format!("{at}.strict"), format!("{} is not true or false", short(v)))),
-        };
-        let mut f = String::from("{");
-        f.push_str(&format!("\"name\":{}", t.get("name").cloned().unwrap_or(json!(""))));
-        if let Some(d) = get(t, "description") {
-            f.push_str(&format!(",\"description\":{d}"));
-        }
-        let params: RawParameters = serde_json::from_str(r.get()).map_err(|e| bad(&at, e.to_string()))?;
-        if let Some(p) = params.parameters.filter(|p| p.get() != "null") {
-            f.push_str(&format!(",\"parameters\":{}", p.get()));
-        }
-        f.push_str(&format!(",\"strict\":{strict}}}"));
-        out.push(format!("{{\"type\":\"function\",\"function\":{f}}}"));
-    }
-    echo.insert("tools".into(), Value::Array(list.clone()));
-    Ok(Some(format!("[{}]", out.join(","))))
-}
-
-/// `tool_choice`: auto, none, required, or `{"type": "function", "name"}`.
-fn tool_choice(
-    o: &Map<String, Value>,
-    chat: &mut Map<String, Value>,
-    echo: &mut Map<String, Value>,
-) -> Result<(), ApiError> {
-    let Some(c) = get(o, "tool_choice") else {
-        echo.insert("tool_choice".into(), json!("auto"));
-        return Ok(());
-    };
-    let theirs = match c {
-        Value::String(s) if matches!(s.as_str(), "auto" | "none" | "required") => c.clone(),
-        Value::Object(m) if m.get("type").and_then(Value::as_str) == Some("function") => {
-            let name =
-                m.get("name").and_then(Value::as_str).ok_or_else(|| bad("tool_choice.name", "name the function"))?;
-            json!({"type": "function", "function": {"name": name}})
-        }
-        other => {
-            return Err(bad(
-                "tool_choice",
-                format!("{}: give auto, none, required or {{\"type\": \"function\", \"name\"}}", short(other)),
-            ));
-        }
-    };
-    chat.insert("tool_choice".into(), theirs);
-    echo.insert("tool_choice".into(), c.clone());
-    Ok(())
-}
-
-/// `instructions`, the stored conversation and `input` as chat messages, where each came from,
-/// and this request's input as items.
-fn conversation(
-    o: &Map<String, Value>,
-    earlier: &[Value],
-    echo: &mut Map<String, Value>,
-) -> Result<Conversation, ApiError> {
-    let mut b = Builder::default();
-    let instructions = text_of(o, "instructions", "instructions")?;
-    echo.insert("instructions".into(), json!(instructions));
-    if let Some(i) = instructions {
-        b.push(json!({"role": "system", "content": i}), "instructions".into());
-    }
-    for item in earlier {
-        b.item(item, "previous_response_id")?;
-    }
-    let input = match get(o, "input") {
-        None if earlier.is_empty() => return Err(bad("input", "give input: a string or a list of items")),
-        None => Vec::new(),
-        Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
-        Some(Value::Array(items)) => items.clone(),
-        Some(other) => return Err(bad("input", format!("{}: give a string or a list of items", short(other)))),
-    };
-    let string_input = matches!(get(o, "input"), Some(Value::String(_)));
-    for (i, item) in input.iter().enumerate() {
-        let field = if string_input { "input".to_string() } else { format!("input[{i}]") };
-        b.item(item, &field)?;
-    }
-    b.flush_reasoning();
-    if b.messages.is_empty() {
-        return Err(bad("input", "the input is empty"));
-    }
-    Ok(Conversation { messages: b.messages, sources: b.sources, input })
-}
-
-/// The chat messages, where each came from, and this request's input items.
-struct Conversation {
-    messages: Vec<Value>,
-    sources: Vec<Source>,
-    input: Vec<Value>,
-}
-
-/// Chat messages built from items in order.
-#[derive(Default)]
-struct Builder {
-    messages: Vec<Value>,
-    sources: Vec<Source>,
-    /// A reasoning item's text and field, for the assistant turn that follows it.
-    reasoning: Option<(String, String)>,
-    /// The last message is an assistant turn later calls join.
-    open_turn: bool,
-    /// Call ids to function names (a tool result names its function, as chat clients write it).
-    names: HashMap<String, String>,
-}
-
-impl Builder {
-    fn push(&mut self, m: Value, field: String) {
-        self.messages.push(m);
-        self.sources.push(Source { field, calls: Vec::new() });
-        self.open_turn = false;
-    }
-
-    /// Reasoning no assistant message or call follows (a turn cut while thinking): an assistant
-    /// turn of its own, with no text.
-    fn flush_reasoning(&mut self) {
-        if let Some((_, field)) = &self.reasoning {
-            let field = field.clone();
-            let m = Map::from_iter([("role".to_string(), json!("assistant")), ("content".to_string(), json!(""))]);
-            self.assistant(m, field);
-        }
-    }
-
-    fn assistant(&mut self, mut m: Map<String, Value>, field: String) {
-        if let Some((text, _)) = self.reasoning.take() {
-            m.insert("reasoning_content".into(), json!(text));
-        }
-        self.push(Value::Object(m), field);
-        self.open_turn = true;
-    }
-
-    /// One item (`field`: where the client wrote it).
-    fn item(&mut self, item: &Value, field: &str) -> Result<(), ApiError> {
-        let o = item.as_object().ok_or_else(|| bad(field, "an input item is an object"))?;
-        let kind = match text_of(o, "type", &format!("{field}.type"))? {
-            Some(k) => k,
-            None if o.contains_key("role") => "message",
-            None => return Err(bad(&format!("{field}.type"), "an item has a type (message, function_call, ...)")),
-        };
-        match kind {
-            "message" => self.message(o, field),
-            "function_call" => self.call(o, field),
-            "function_call_output" => self.output(o, field),
-            "reasoning" => self.reasoning(o, field),
-            other => Err(bad(
-                &format!("{field}.type"),
-                format!("`{other}` items are not supported (message, function_call, function_call_output, reasoning)"),
-            )),
-        }
-    }
-
-    fn message(&mut self, o: &Map<String, Value>, field: &str) -> Result<(), ApiError> {
-        only(o, &["type", "role", "content", "id", "status"], field)?;
-        let role = text_of(o, "role", &format!("{field}.role"))?.unwrap_or("");
-        if !matches!(role, "user" | "assistant" | "system" | "developer") {
-            return Err(bad(&format!("{field}.role"), format!("`{role}`: give user, assistant, system or developer")));
-        }
-        let content = match get(o, "content") {
-            Some(Value::String(s)) => json!(s),
-            Some(Value::Array(parts)) => {
-                let parts = parts.iter().enumerate().map(|(j, p)| part(p, role, &format!("{field}.content[{j}]")));
-                Value::Array(parts.collect::<Result<_, _>>()?)
-            }
-            _ => return Err(bad(&format!("{field}.content"), "content is a string or a list of parts")),
-        };
-        let mut m = Map::new();
-        m.insert("role".into(), json!(role));
-        m.insert("content".into(), content);
-        if role == "assistant" {
-            self.assistant(m, field.into());
-            return Ok(());
-        }
-        self.flush_reasoning();
-        self.push(Value::Object(m), field.into());
-        Ok(())
-    }
-
-    fn call(&mut self, o: &Map<String, Value>, field: &str) -> Result<(), ApiError> {
-        only(o, &["type", "id", "call_id", "name", "arguments", "status"], field)?;
-        let call_id = text_of(o, "call_id", &format!("{field}.call_id"))?
-            .ok_or_else(|| bad(&format!("{field}.call_id"), "a function call has a call_id"))?;
-        let name = text_of(o, "name", &format!("{field}.name"))?
-            .ok_or_else(|| bad(&format!("{field}.name"), "a function call has a name"))?;
-        let arguments = text_of(o, "arguments", &format!("{field}.arguments"))?.unwrap_or("");
-        if !self.open_turn || self.reasoning.is_some() {
-            let m = Map::from_iter([("role".to_string(), json!("assistant")), ("content".to_string(), Value::Null)]);
-            self.assistant(m, field.into());
-        }
-        let call = json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}});
-        self.names.insert(call_id.into(), name.into());
-        let last = self.messages.len() - 1;
-        let calls = self.messages[last].as_object_mut().map(|m| m.entry("tool_calls").or_insert(json!([])));
-        if let Some(Value::Array(calls)) = calls {
-            calls.push(call);
-        }
-        self.sources[last].calls.push(field.into());
-        Ok(())
-    }
-
-    fn output(&mut self, o: &Map<String, Value>, field: &str) -> Result<(), ApiError> {
-        only(o, &["type", "id", "call_id", "output", "status"], field)?;
-        self.flush_reasoning();
-        let call_id = text_of(o, "call_id", &format!("{field}.call_id"))?
-            .ok_or_else(|| bad(&format!("{field}.call_id"), "a function call's output names its call_id"))?;
-        let content = match get(o, "output") {
-            Some(Value::String(s)) => json!(s),
-            Some(Value::Array(parts)) => {
-                let parts = parts.iter().enumerate().map(|(j, p)| part(p, "user", &format!("{field}.output[{j}]")));
-                Value::Array(parts.collect::<Result<_, _>>()?)
-            }
-            _ => return Err(bad(&format!("{field}.output"), "output is a string or a list of parts")),
-        };
-        let mut m = json!({"role": "tool", "tool_call_id": call_id, "content": content});
-        if let Some(name) = self.names.get(call_id) {
-            m["name"] = json!(name);
-        }
-        self.push(m, field.into());
-        Ok(())
-    }
-
-    /// A reasoning item: its text (`content`, else `summary`) is the next assistant turn's
-    /// reasoning; `encrypted_content` is OpenAI's, which k3 cannot read: dropped.
-    fn reasoning(&mut self, o: &Map<String, Value>, field: &str) -> Result<(), ApiError> {
-        only(o, &["type", "id", "summary", "content", "encrypted_content", "status"], field)?;
-        self.flush_reasoning();
-        let texts = |key: &str, kind: &str| -> Result<String, ApiError> {
-            let Some(list) = get(o, key) else { return Ok(String::new()) };
-            let list = list.as_array().ok_or_else(|| bad(&format!("{field}.{key}"), "a list of parts"))?;
-            let mut out = String::new();
-            for (j, p) in list.iter().enumerate() {
-                let at = format!("{field}.{key}[{j}]");
-                let p = p.as_object().filter(|p| p.get("type").and_then(Value::as_str) == Some(kind));
-                let t = p.and_then(|p| p.get("text")).and_then(Value::as_str);
-                out.push_str(t.ok_or_else(|| bad(&at, format!("a part {{\"type\": \"{kind}\", \"text\"}}")))?);
-            }
-            Ok(out)
-        };
-        let content = texts("content", "reasoning_text")?;
-        let text = if content.is_empty() { texts("summary", "summary_text")? } else { content };
-        if !text.is_empty() {
-            self.reasoning = Some((text, field.into()));
-        }
-        self.open_turn = false;
-        Ok(())
-    }
-}
-
-/// `o` has only `fields`.
-fn only(o: &Map<String, Value>, fields: &[&str], field: &str) -> Result<(), ApiError> {
-    match o.keys().find(|k| !fields.contains(&k.as_str())) {
-        Some(k) => Err(bad(&format!("{field}.{k}"), format!("not a field of this item ({})", fields.join(", ")))),
-        None => Ok(()),
-    }
-}
-
-/// A content part as the chat route's: text, or an image given as a data URL.
-fn part(p: &Value, role: &str, field: &str) -> Result<Value, ApiError> {
-    let o = p.as_object().ok_or_else(|| bad(field, "a content part is an object"))?;
-    let kind = text_of(o, "type", &format!("{field}.type"))?.unwrap_or("");
-    match (kind, role) {
-        ("input_text", _) | ("output_text", "assistant") => {
-            let keys: &[&str] =
-                if kind == "input_text" { &["type", "text"] } else { &["type", "text", "annotations", "logprobs"] };
-            only(o, keys, field)?;
-            let text = text_of(o, "text", &format!("{field}.text"))?.unwrap_or("");
-            Ok(json!({"type": "text", "text": text}))
-        }
-        ("input_image", _) => {
-            only(o, &["type", "image_url", "detail", "file_id"], field)?;
-            if get(o, "file_id").is_some() {
-                return Err(bad(&format!("{field}.file_id"), "files are not kept here: send the image as a data URL"));
-            }
-            match text_of(o, "detail", &format!("{field}.detail"))? {
-                None | Some("auto" | "high") => {}
-                Some(d) => {
-                    return Err(bad(
-                        &format!("{field}.detail"),
-                        format!("`{d}`: k3 reads an image whole (auto or high)"),
-                    ));
-                }
-            }
-            let url = text_of(o, "image_url", &format!("{field}.image_url"))?
-                .ok_or_else(|| bad(&format!("{field}.image_url"), "give the image as a data URL"))?;
-            if !url.starts_with("data:") {
-                return Err(bad(
-                    &format!("{field}.image_url"),
-                    "a remote image is not fetched: send it as a data URL (data:image/png;base64,...)",
-                ));
-            }
-            Ok(json!({"type": "image_url", "image_url": {"url": url}}))
-        }
-        _ => Err(bad(
-            &format!("{field}.type"),
-            format!(
-                "content part `{kind}` is not supported here (input_text, input_image; output_text in assistant turns)"
-            ),
-        )),
-    }
-}
-
 /// An error about the chat body, renamed to the field the client wrote.
-pub fn renamed(mut e: ApiError, sources: &[Source]) -> ApiError {
+pub fn renamed(mut e: ApiError, origins: &Origins) -> ApiError {
     let Some(p) = e.param.clone() else { return e };
-    e.param = Some(rename(&p, sources));
+    e.param = Some(rename(&p, origins));
     e
 }
 
-fn rename(p: &str, sources: &[Source]) -> String {
+fn rename(p: &str, origins: &Origins) -> String {
     if let Some(rest) = p.strip_prefix("messages[") {
         let (i, tail) = rest.split_once(']').unwrap_or((rest, ""));
-        let Some(src) = i.parse::<usize>().ok().and_then(|i| sources.get(i)) else { return "input".into() };
+        let Some(src) = i.parse::<usize>().ok().and_then(|i| origins.messages.get(i)) else { return "input".into() };
         if let Some(call) = tail.strip_prefix(".tool_calls[") {
             let (k, tail) = call.split_once(']').unwrap_or((call, ""));
             if let Some(f) = k.parse::<usize>().ok().and_then(|k| src.calls.get(k)) {
@@ -705,7 +311,11 @@ fn rename(p: &str, sources: &[Source]) -> String {
         return format!("{}{tail}", src.field);
     }
     if let Some(rest) = p.strip_prefix("tools[") {
-        return format!("tools[{}", rest.replacen("].function", "]", 1));
+        let (k, tail) = rest.split_once(']').unwrap_or((rest, ""));
+        let tail = tail.strip_prefix(".function").unwrap_or(tail);
+        if let Some(f) = k.parse::<usize>().ok().and_then(|k| origins.tools.get(k)) {
+            return format!("{f}{tail}");
+        }
     }
     if let Some(rest) = p.strip_prefix("response_format") {
         return format!("text.format{}", rest.strip_prefix(".json_schema").unwrap_or(rest));
@@ -754,15 +364,6 @@ mod tests {
     }
 
     #[test]
-    fn tools_keep_their_parameters_as_written() {
-        let text = r#"{"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"z": {}, "a": {}}}}]}"#;
-        let t = translate(text.as_bytes(), &serde_json::from_str(text).unwrap(), &[]).unwrap();
-        assert!(t.chat.ends_with(
-            r#""tools":[{"type":"function","function":{"name":"f","parameters":{"type": "object", "properties": {"z": {}, "a": {}}},"strict":true}}]}"#
-        ), "{}", t.chat);
-    }
-
-    #[test]
     fn what_cannot_be_done_is_refused_by_name() {
         for (body, field) in [
             (json!({"input": "x", "bogus": 1}), "bogus"),
@@ -794,13 +395,17 @@ mod tests {
 
     #[test]
     fn chat_errors_name_the_field_the_client_wrote() {
-        let sources = vec![
-            Source { field: "instructions".into(), calls: vec![] },
-            Source { field: "input[2]".into(), calls: vec!["input[3]".into()] },
-        ];
+        let sources = Origins {
+            messages: vec![
+                Source { field: "instructions".into(), calls: vec![] },
+                Source { field: "input[2]".into(), calls: vec!["input[3]".into()] },
+            ],
+            tools: vec!["tools[0]".into(), "tools[1].tools[0]".into(), "tools[2]".into()],
+        };
         assert_eq!(rename("messages[1].content[0].image_url.url", &sources), "input[2].content[0].image_url.url");
         assert_eq!(rename("messages[1].tool_calls[0].function.arguments", &sources), "input[3].arguments");
         assert_eq!(rename("tools[2].function.name", &sources), "tools[2].name");
+        assert_eq!(rename("tools[1].function.parameters", &sources), "tools[1].tools[0].parameters");
         assert_eq!(rename("response_format.json_schema.schema", &sources), "text.format.schema");
         assert_eq!(rename("max_tokens", &sources), "max_output_tokens");
         assert_eq!(rename("reasoning_effort", &sources), "reasoning.effort");
