@@ -218,7 +218,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
             in_flight: a.image_megapixels_in_flight.max(a.max_image_megapixels) * 1_000_000,
             wait: Duration::from_secs(a.image_wait),
         },
-        responses: k3_server::responses::store::StoreLimits {
+        responses: k3_server::response_store::StoreLimits {
             count: a.responses_kept,
             bytes: usize::try_from(parse_size(&a.responses_memory).map_err(anyhow::Error::msg)?)?,
         },

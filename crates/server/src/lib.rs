@@ -24,6 +24,7 @@ pub mod page;
 mod preparing;
 pub mod reqlog;
 pub mod request;
+pub mod response_store;
 pub mod responses;
 pub mod resume_points;
 pub mod routes;
@@ -80,7 +81,7 @@ pub struct ServerOptions {
     /// Image pixels a request may bring and how many may be decoded at once across the server.
     pub images: image_budget::ImageLimits,
     /// Responses `/v1/responses` stores (in memory, per API key): how many, and their bytes.
-    pub responses: responses::store::StoreLimits,
+    pub responses: response_store::StoreLimits,
 }
 
 impl ServerOptions {
@@ -101,7 +102,7 @@ impl ServerOptions {
             stop_bytes: 4096,
             log_format: reqlog::LogFormat::Text,
             images: image_budget::ImageLimits::default(),
-            responses: responses::store::StoreLimits::default(),
+            responses: response_store::StoreLimits::default(),
         }
     }
 }
@@ -125,7 +126,7 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         log_format: opts.log_format,
         image_limits: opts.images,
         images_in_flight: image_budget::InFlight::new(opts.images.in_flight.max(opts.images.per_request)),
-        responses: Arc::new(responses::store::Store::new(opts.responses)),
+        responses: Arc::new(response_store::Store::new(opts.responses)),
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
     // The loader holds no sender of `jobs`: once the HTTP side is gone, the scheduler's channel

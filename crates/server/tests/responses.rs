@@ -13,7 +13,7 @@ use axum::http::{Request, StatusCode};
 use k3_convert::synth::scripted::{ARGUMENTS, CALL_ID, REASONING, REPLY, tool_caller};
 use k3_convert::{ConvertOptions, convert};
 use k3_server::ServerOptions;
-use k3_server::responses::store::StoreLimits;
+use k3_server::response_store::StoreLimits;
 use serde_json::{Value, json};
 
 mod common;

@@ -4,13 +4,12 @@
 //! `/v1/chat/completions` body it stands for ([`request`]) and prepared by the chat route's
 //! rules, so tools, thinking, images, `json_schema` and the prompt cache behave as there; the
 //! answer is built from the same reply ([`reply`]); stored responses are kept in memory per API
-//! key ([`store`]). Errors come in OpenAI's shape, naming the field as the client wrote it.
+//! key ([`crate::response_store`]). Errors come in OpenAI's shape, naming the field as the client wrote it.
 
 mod fields;
 mod items;
 mod reply;
 pub mod request;
-pub mod store;
 mod tools;
 
 use std::collections::HashMap;

@@ -18,11 +18,11 @@ use tokio::sync::mpsc as tmpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::store::{Store, Stored};
 use crate::answer::{Reply, Submitted, finish_reason};
 use crate::boundary::Caller;
 use crate::error::ApiError;
 use crate::job::Event;
+use crate::response_store::{Store, Stored};
 
 /// What the response says besides its output: its id, time, model and the request's settings.
 #[derive(Debug, Clone)]

@@ -1,6 +1,7 @@
-//! Stored responses (`store: true`, the default): each response and the conversation it ended,
-//! the items a `previous_response_id` continues from, kept per API key in memory only (they do
-//! not outlive the server), bounded in count and in bytes: the oldest go first.
+//! The responses `/v1/responses` stores (`store: true`, the default): each response and the
+//! conversation it ended, the items a `previous_response_id` continues from, kept per API key
+//! in memory only (they do not outlive the server), bounded in count and in bytes: the oldest
+//! go first.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
