@@ -373,3 +373,43 @@ fn streamed(sub: Submitted, meta: Meta, mut keep: Option<Keep>) -> Response {
     let stream = UnboundedReceiverStream::new(events).map(Ok::<_, Infallible>);
     axum::response::Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Items open and close in order, each event numbered; a namespaced function's call comes
+    /// back under its namespace and own name, a call the markup leaves unnamed with an id.
+    #[test]
+    fn items_and_their_events() {
+        let mut out = Output::new("resp_abc");
+        out.reasoning("Think.");
+        out.text("Hi");
+        out.text(" there");
+        let call = ToolCall { id: String::new(), name: "crm__find".into(), arguments: "{}".into() };
+        out.call(&call, 0, Some(&("crm".to_string(), "find".to_string())));
+        out.close("completed");
+        let kinds: Vec<&str> = out.items.iter().map(|i| i["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["reasoning", "message", "function_call"]);
+        assert_eq!(out.items[1]["content"][0]["text"], "Hi there");
+        let fc = &out.items[2];
+        assert_eq!(
+            (&fc["name"], &fc["namespace"], &fc["call_id"]),
+            (&json!("find"), &json!("crm"), &json!("call_abc_0"))
+        );
+        let seq: Vec<u64> = out.events.iter().map(|(_, d)| d["sequence_number"].as_u64().unwrap()).collect();
+        assert_eq!(seq, (0..out.events.len() as u64).collect::<Vec<_>>());
+        let names: Vec<&str> = out.events.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            names[..5],
+            [
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                "response.content_part.done"
+            ]
+        );
+        assert_eq!(out.reasoning_tokens, 1);
+    }
+}

@@ -102,8 +102,17 @@ pub fn translate(bytes: &[u8], body: &Value, earlier: &[Value]) -> Result<Transl
     for k in ["metadata", "user", "prompt_cache_key", "safety_identifier", "previous_response_id"] {
         echo.insert(k.into(), o.get(k).cloned().unwrap_or(Value::Null));
     }
-    if let Some(m) = get(o, "metadata").filter(|m| !m.is_object()) {
-        return Err(bad("metadata", format!("{} is not an object of strings", short(m))));
+    for k in ["user", "prompt_cache_key", "safety_identifier"] {
+        text_of(o, k, k)?;
+    }
+    match get(o, "metadata") {
+        None => {}
+        Some(Value::Object(m)) => {
+            if let Some((k, v)) = m.iter().find(|(_, v)| !v.is_string()) {
+                return Err(bad(&format!("metadata.{k}"), format!("{} is not a string", short(v))));
+            }
+        }
+        Some(m) => return Err(bad("metadata", format!("{} is not an object of strings", short(m)))),
     }
     let mut text = Value::Object(chat).to_string();
     if !tools.text.is_empty() {
@@ -192,6 +201,14 @@ fn sampling(
         ("parallel_tool_calls", "parallel_tool_calls"),
     ] {
         if let Some(v) = get(o, ours) {
+            let (fits, want) = match ours {
+                "max_output_tokens" | "seed" => (v.is_u64(), "a whole number"),
+                "parallel_tool_calls" => (v.is_boolean(), "true or false"),
+                _ => (v.is_number(), "a number"),
+            };
+            if !fits {
+                return Err(bad(ours, format!("{} is not {want}", short(v))));
+            }
             chat.insert(theirs.into(), v.clone());
         }
         if ours != "seed" {
@@ -369,6 +386,10 @@ mod tests {
             (json!({"input": "x", "bogus": 1}), "bogus"),
             (json!({"input": "x", "background": true}), "background"),
             (json!({"input": "x", "conversation": "c"}), "conversation"),
+            (json!({"input": "x", "temperature": "hot"}), "temperature"),
+            (json!({"input": "x", "max_output_tokens": -3}), "max_output_tokens"),
+            (json!({"input": "x", "metadata": {"a": 1}}), "metadata.a"),
+            (json!({"input": "x", "user": 7}), "user"),
             (json!({"input": "x", "truncation": "auto"}), "truncation"),
             (
                 json!({"input": "x", "include": ["reasoning.encrypted_content", "file_search_call.results"]}),
