@@ -282,6 +282,9 @@ async fn a_function_call_round_trip_resumes_from_the_cache() {
     assert_eq!(v["usage"]["output_tokens"], c["usage"]["completion_tokens"]);
     let (_, done) = streamed(&router, &first).await;
     assert_eq!(items(&done, "function_call")[0]["arguments"], json!(ARGUMENTS));
+    // A streamed response is stored as it was answered.
+    let (s, kept) = json_call(&router, get(&format!("/v1/responses/{}", done["id"].as_str().unwrap()))).await;
+    assert_eq!((s, &kept), (StatusCode::OK, &done));
 
     // The result back by previous_response_id: the stored conversation and the new item.
     let result = json!({"type": "function_call_output", "call_id": CALL_ID, "output": "18 C, clear"});
