@@ -73,6 +73,13 @@ pub struct ServeArgs {
     /// The largest request body accepted (413 beyond), e.g. 4M; images arrive base64 in the body.
     #[arg(long, value_name = "SIZE", default_value = "20M")]
     max_body: String,
+    /// Responses `/v1/responses` stores (`store: true`, for `previous_response_id` and `GET
+    /// /v1/responses/ID`), per API key, in memory only: at most this many, the oldest dropped first.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    responses_kept: usize,
+    /// Memory the stored responses and their conversations may take at most, e.g. 512M.
+    #[arg(long, value_name = "BYTES", default_value = "256M")]
+    responses_memory: String,
     /// Memory for the prompt cache's RAM tier: states after prompts (with their logits),
     /// answers, system turns and the message before the last, so a next turn, a regenerate or a
     /// new conversation with the same system prompt prefills only what is new (0 = off), e.g. 2G.
@@ -210,6 +217,10 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
             per_request: a.max_image_megapixels * 1_000_000,
             in_flight: a.image_megapixels_in_flight.max(a.max_image_megapixels) * 1_000_000,
             wait: Duration::from_secs(a.image_wait),
+        },
+        responses: k3_server::response_store::StoreLimits {
+            count: a.responses_kept,
+            bytes: usize::try_from(parse_size(&a.responses_memory).map_err(anyhow::Error::msg)?)?,
         },
     };
     let files = raise_open_files();

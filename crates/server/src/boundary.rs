@@ -115,6 +115,11 @@ impl Boundary {
     }
 }
 
+/// Which of the server's API keys a request showed (`None`: the server has none): what owns
+/// the responses `/v1/responses` stores, whether or not the keys share the prompt cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Caller(pub Option<usize>);
+
 /// The token of `Bearer TOKEN`, the scheme in any case (RFC 7235).
 fn bearer(v: &str) -> Option<&str> {
     let (scheme, token) = v.trim().split_once(' ')?;
@@ -192,6 +197,7 @@ pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, 
         }
     };
     req.extensions_mut().insert(b.scope(key));
+    req.extensions_mut().insert(Caller(key));
     let mut r = next.run(req).await;
     if let Some(o) = cross {
         cors_headers(r.headers_mut(), o);

@@ -24,6 +24,8 @@ pub mod page;
 mod preparing;
 pub mod reqlog;
 pub mod request;
+pub mod response_store;
+pub mod responses;
 pub mod resume_points;
 pub mod routes;
 pub mod scheduler;
@@ -78,6 +80,8 @@ pub struct ServerOptions {
     pub log_format: reqlog::LogFormat,
     /// Image pixels a request may bring and how many may be decoded at once across the server.
     pub images: image_budget::ImageLimits,
+    /// Responses `/v1/responses` stores (in memory, per API key): how many, and their bytes.
+    pub responses: response_store::StoreLimits,
 }
 
 impl ServerOptions {
@@ -98,6 +102,7 @@ impl ServerOptions {
             stop_bytes: 4096,
             log_format: reqlog::LogFormat::Text,
             images: image_budget::ImageLimits::default(),
+            responses: response_store::StoreLimits::default(),
         }
     }
 }
@@ -121,6 +126,7 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         log_format: opts.log_format,
         image_limits: opts.images,
         images_in_flight: image_budget::InFlight::new(opts.images.in_flight.max(opts.images.per_request)),
+        responses: Arc::new(response_store::Store::new(opts.responses)),
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
     // The loader holds no sender of `jobs`: once the HTTP side is gone, the scheduler's channel
@@ -146,6 +152,9 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/completions", post(routes::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
+        .route("/v1/responses/{id}/input_items", get(responses::input_items))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
         .route("/api/chat", post(ollama::chat))

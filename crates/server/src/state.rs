@@ -34,6 +34,8 @@ pub struct AppState {
     /// ([`crate::image_budget`]).
     pub image_limits: crate::image_budget::ImageLimits,
     pub images_in_flight: Arc<crate::image_budget::InFlight>,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: Arc<crate::response_store::Store>,
     /// Unix seconds at start (the models' `created`).
     pub created: u64,
 }
