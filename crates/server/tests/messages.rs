@@ -497,3 +497,43 @@ async fn errors_come_in_anthropics_shape_naming_the_field() {
     assert_eq!(m, format!("{} maximum", context - 1), "{v}");
     assert!(n.parse::<u64>().unwrap() >= context, "{v}");
 }
+
+/// A second turn as Claude Code 2.1 sends it (its logged body, the prompts shortened): adaptive
+/// thinking, an effort, a thinking edit that keeps all, cache_control on blocks, the thinking
+/// block sent back with its signature, a tool_result marked as an error; `display: omitted`
+/// sends thinking blocks without their text.
+#[tokio::test]
+async fn claude_codes_second_turn_is_answered() {
+    let router = server(ServerOptions::new(tool_model())).await;
+    let mut body = json!({
+        "model": "tool-caller", "max_tokens": 32000, "stream": true,
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"}, "thinking": {"type": "adaptive"},
+        "metadata": {"user_id": "{\"device_id\":\"d\",\"account_uuid\":\"\",\"session_id\":\"s\"}"},
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.644;"},
+            {"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "Read", "description": "read files", "input_schema": {
+            "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+            "properties": {"file_path": {"type": "string"}}, "required": ["file_path"], "additionalProperties": false}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>\nDate.\n</system-reminder>\n\n"},
+                {"type": "text", "text": "What is the weather in Paris?"}]},
+            {"role": "assistant", "content": [
+                {"signature": "k3-7ad31f9c4a0a2374", "thinking": REASONING, "type": "thinking"},
+                {"text": REPLY, "type": "text"},
+                {"type": "tool_use", "id": CALL_ID, "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "is_error": true, "tool_use_id": CALL_ID,
+                "content": "<tool_use_error>Error: No such tool available: get_weather</tool_use_error>",
+                "cache_control": {"type": "ephemeral"}}]}]});
+    let (s, text) = call(&router, post("/v1/messages", &body)).await;
+    assert_eq!(s, StatusCode::OK, "{text}");
+    let ev = events(&text);
+    let stop = ev.iter().find(|(n, _)| n == "message_delta").unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(stop.1["delta"]["stop_reason"], "tool_use", "{text}");
+    body["stream"] = json!(false);
+    body["thinking"]["display"] = json!("omitted");
+    let m = ok_messages(&router, &body).await;
+    let thinking = &m["content"][0];
+    assert_eq!((thinking["type"].as_str(), thinking["thinking"].as_str()), (Some("thinking"), Some("")), "{m}");
+    assert!(thinking["signature"].as_str().is_some_and(|s| !s.is_empty()), "{m}");
+}

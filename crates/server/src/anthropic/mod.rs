@@ -4,8 +4,13 @@
 //! into the `/v1/chat/completions` body ([`request`]) and checked and tokenized by the same
 //! rules; errors come in Anthropic's shape, naming the field as the client wrote it.
 
+mod blocks;
+mod fields;
 mod reply;
 pub mod request;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Json;
 use axum::extract::{Extension, Request, State};
@@ -34,9 +39,12 @@ pub async fn messages(State(s): State<AppState>, Extension(scope): Extension<Sco
     let (stop_bytes, beginnings) = (s.stop_bytes, s.beginnings.clone());
     either(
         async {
+            let omit = Arc::new(AtomicBool::new(false));
+            let omitted = omit.clone();
             let p = prepared(&s, req, move |raw: Box<RawValue>, info, tok| {
                 let tok = tok.ok_or_else(|| ApiError::bad("messages", "this model embeds no tokenizer"))?;
                 let t = request::translate(raw.get(), Route::Messages, info.about.thinking)?;
+                omitted.store(t.omit_thinking, Ordering::Relaxed);
                 let mut p = prepare(&t, tok, info, stop_bytes, &beginnings)?;
                 if let Thinking::Budget(b) = t.thinking {
                     // Anthropic's budget: at most `b` tokens of thinking, within max_tokens.
@@ -46,8 +54,9 @@ pub async fn messages(State(s): State<AppState>, Extension(scope): Extension<Sco
                 Ok(p)
             })
             .await?;
-            let (stream, prompt) = (p.stream, p.prompt.len());
-            reply::answer(answer::submit(&s, p, Kind::Chat, scope)?, stream, prompt).await
+            let how =
+                reply::Answer { stream: p.stream, prompt: p.prompt.len(), omit_thinking: omit.load(Ordering::Relaxed) };
+            reply::answer(answer::submit(&s, p, Kind::Chat, scope)?, how).await
         }
         .await,
     )

@@ -88,13 +88,22 @@ fn input(c: &ToolCall) -> Box<RawValue> {
     RawValue::from_string(text).unwrap_or_else(|_| RawValue::from_string("{}".into()).expect("an empty object"))
 }
 
+/// How to answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer {
+    pub stream: bool,
+    /// The prompt's tokens as submitted (`message_start`'s count, before the prefix cache is
+    /// looked at and images framed; `message_delta` carries the final usage).
+    pub prompt: usize,
+    /// Thinking blocks come back without their text (`thinking.display: "omitted"`).
+    pub omit_thinking: bool,
+}
+
 /// Answers a submitted request, whole or streamed.
-/// `prompt`: the prompt's tokens as submitted (`message_start`'s count, before the prefix cache
-/// is looked at and images framed; `message_delta` carries the final usage).
-pub async fn answer(sub: Submitted, stream: bool, prompt: usize) -> Result<Response, ApiError> {
+pub async fn answer(sub: Submitted, how: Answer) -> Result<Response, ApiError> {
     let Submitted { rx, reply, id, model, seed } = sub;
     let id = format!("msg_{}", id.trim_start_matches("chatcmpl-"));
-    let mut r = if stream { streamed(id, model, rx, reply, prompt) } else { whole(id, model, rx, reply).await? };
+    let mut r = if how.stream { streamed(id, model, rx, reply, how) } else { whole(id, model, rx, reply, how).await? };
     r.headers_mut().insert("x-k3-seed", HeaderValue::from(seed));
     Ok(r)
 }
@@ -104,6 +113,7 @@ async fn whole(
     model: String,
     mut rx: tmpsc::UnboundedReceiver<Event>,
     mut reply: Reply,
+    how: Answer,
 ) -> Result<Response, ApiError> {
     let (mut thinking, mut text) = (String::new(), String::new());
     let take = |pieces: Vec<Piece>, text: &mut String, reply: &mut Reply| {
@@ -132,7 +142,9 @@ async fn whole(
                 reply.log.done(reply.reason(finish), prompt_tokens, cached_tokens, completion_tokens);
                 let mut content = Vec::new();
                 if !thinking.is_empty() {
-                    content.push(Block::Thinking { signature: signature(&thinking), thinking });
+                    let signature = signature(&thinking);
+                    let thinking = if how.omit_thinking { String::new() } else { thinking };
+                    content.push(Block::Thinking { thinking, signature });
                 }
                 if !text.is_empty() {
                     content.push(Block::Text { text });
@@ -175,6 +187,8 @@ struct Blocks {
     /// The open thinking block's text (its signature is sent before it stops).
     thought: String,
     calls: usize,
+    /// Thinking blocks are sent without their text.
+    omit_thinking: bool,
 }
 
 impl Blocks {
@@ -222,7 +236,7 @@ impl Blocks {
             return false;
         }
         self.thought.push_str(t);
-        self.delta(json!({"type": "thinking_delta", "thinking": t}))
+        self.omit_thinking || self.delta(json!({"type": "thinking_delta", "thinking": t}))
     }
 
     fn text(&mut self, t: &str) -> bool {
@@ -268,14 +282,22 @@ fn streamed(
     model: String,
     mut rx: tmpsc::UnboundedReceiver<Event>,
     mut reply: Reply,
-    prompt: usize,
+    how: Answer,
 ) -> Response {
     let (out, events) = tmpsc::unbounded_channel::<Sse>();
     tokio::spawn(async move {
-        let mut b = Blocks { out, id: id.clone(), index: 0, open: Open::None, thought: String::new(), calls: 0 };
+        let mut b = Blocks {
+            out,
+            id: id.clone(),
+            index: 0,
+            open: Open::None,
+            thought: String::new(),
+            calls: 0,
+            omit_thinking: how.omit_thinking,
+        };
         let start = json!({"type": "message_start", "message": {
             "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": null, "stop_sequence": null, "usage": usage(prompt, 0, 0)}});
+            "stop_reason": null, "stop_sequence": null, "usage": usage(how.prompt, 0, 0)}});
         if !(b.send("message_start", start) && b.send("ping", json!({"type": "ping"}))) {
             return;
         }

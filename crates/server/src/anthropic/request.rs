@@ -5,19 +5,17 @@
 //! call's `input` keep the client's key order: the model sees them as written, and a call sent
 //! back renders as the model wrote it (the prefix cache resumes it).
 
-use std::collections::{BTreeMap, HashMap};
-
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
+use super::blocks::{self, Out};
+pub use super::fields::Renames;
+use super::fields::{Obj, bad, boolean, join, known_keys, list, object, required_string, string, value, whole_number};
 use crate::error::ApiError;
-
-/// A JSON object with its values as written.
-type Obj = BTreeMap<String, Box<RawValue>>;
 
 /// What `POST /v1/messages` takes (`seed` and `chat_template_kwargs` are k3's, as on
 /// `/v1/chat/completions`).
-const MESSAGES: [&str; 15] = [
+const MESSAGES: [&str; 19] = [
     "model",
     "max_tokens",
     "messages",
@@ -31,12 +29,27 @@ const MESSAGES: [&str; 15] = [
     "tool_choice",
     "thinking",
     "metadata",
+    "context_management",
+    "output_config",
+    "cache_control",
+    "speed",
     "chat_template_kwargs",
     "seed",
 ];
 
-/// What `POST /v1/messages/count_tokens` takes.
-const COUNT: [&str; 7] = ["model", "messages", "system", "tools", "tool_choice", "thinking", "chat_template_kwargs"];
+/// What `POST /v1/messages/count_tokens` takes: what shapes the prompt.
+const COUNT: [&str; 10] = [
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "context_management",
+    "output_config",
+    "cache_control",
+    "chat_template_kwargs",
+];
 
 /// Which route a body came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +61,7 @@ pub enum Route {
 /// What `thinking` asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Thinking {
-    /// Absent: the model's default (K3 thinks, as on `/v1/chat/completions`).
+    /// Absent or `adaptive`: the model's default (K3 thinks, as on `/v1/chat/completions`).
     Default,
     /// `{"type": "enabled", "budget_tokens": N}`: at most N tokens of thinking, within max_tokens.
     Budget(u64),
@@ -62,391 +75,9 @@ pub struct Translated {
     /// The `/v1/chat/completions` body, as JSON text.
     pub body: String,
     pub thinking: Thinking,
+    /// `thinking.display: "omitted"`: thinking blocks come back empty, with their signature.
+    pub omit_thinking: bool,
     pub renames: Renames,
-}
-
-/// OpenAI field paths and the Anthropic ones they came from.
-#[derive(Debug, Default)]
-pub struct Renames(Vec<(String, String)>);
-
-impl Renames {
-    fn add(&mut self, openai: impl Into<String>, anthropic: impl Into<String>) {
-        self.0.push((openai.into(), anthropic.into()));
-    }
-
-    /// `e` naming the Anthropic field: the longest translated path the OpenAI one starts with
-    /// (whole path segments) is replaced by where it came from.
-    pub fn rename(&self, mut e: ApiError) -> ApiError {
-        let Some(p) = e.param.clone() else { return e };
-        let best = self
-            .0
-            .iter()
-            .filter(|(from, _)| {
-                p.strip_prefix(from.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
-            })
-            .max_by_key(|(from, _)| from.len());
-        if let Some((from, to)) = best {
-            e.param = Some(format!("{to}{}", &p[from.len()..]));
-        }
-        e
-    }
-}
-
-fn bad(at: &str, message: impl Into<String>) -> ApiError {
-    ApiError::bad(at, message)
-}
-
-fn join(prefix: &str, key: &str) -> String {
-    if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") }
-}
-
-fn object(raw: &RawValue, at: &str) -> Result<Obj, ApiError> {
-    serde_json::from_str(raw.get()).map_err(|_| bad(at, "must be an object"))
-}
-
-fn list(raw: &RawValue, at: &str) -> Result<Vec<Box<RawValue>>, ApiError> {
-    serde_json::from_str(raw.get()).map_err(|_| bad(at, "must be a list"))
-}
-
-fn value(raw: &RawValue) -> Value {
-    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
-}
-
-/// Refuses the first key of `o` not in `known`, by its path.
-fn known_keys(o: &Obj, known: &[&str], at: &str) -> Result<(), ApiError> {
-    match o.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(k) => Err(bad(
-            &join(at, k),
-            format!("`{k}` is not a field this server takes here (it takes {})", known.join(", ")),
-        )),
-        None => Ok(()),
-    }
-}
-
-fn string(o: &Obj, key: &str, at: &str) -> Result<Option<String>, ApiError> {
-    match o.get(key).map(|r| value(r)) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(bad(&join(at, key), format!("{other} is not a string"))),
-    }
-}
-
-fn required_string(o: &Obj, key: &str, at: &str) -> Result<String, ApiError> {
-    string(o, key, at)?.ok_or_else(|| bad(&join(at, key), format!("`{key}` is required")))
-}
-
-fn boolean(o: &Obj, key: &str, at: &str) -> Result<Option<bool>, ApiError> {
-    match o.get(key).map(|r| value(r)) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(b)),
-        Some(other) => Err(bad(&join(at, key), format!("{other} is not true or false"))),
-    }
-}
-
-fn whole_number(o: &Obj, key: &str) -> Result<Option<u64>, ApiError> {
-    match o.get(key).map(|r| value(r)) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| bad(key, format!("{v} is not a whole number"))),
-    }
-}
-
-/// The block's `type`, and its keys checked against what that type takes.
-fn block_type(block: &Obj, at: &str) -> Result<String, ApiError> {
-    let kind = required_string(block, "type", at)?;
-    let keys: &[&str] = match kind.as_str() {
-        "text" => &["type", "text", "cache_control", "citations"],
-        "image" => &["type", "source", "cache_control"],
-        "tool_use" => &["type", "id", "name", "input", "cache_control"],
-        "tool_result" => &["type", "tool_use_id", "content", "is_error", "cache_control"],
-        "thinking" => &["type", "thinking", "signature"],
-        "redacted_thinking" => &["type", "data"],
-        other => {
-            return Err(bad(
-                &join(at, "type"),
-                format!(
-                    "block type `{other}` is not supported (text, image, tool_use, tool_result, thinking, \
-                     redacted_thinking)"
-                ),
-            ));
-        }
-    };
-    known_keys(block, keys, at)?;
-    if block.get("citations").is_some_and(|c| !value(c).is_null()) {
-        return Err(bad(&join(at, "citations"), "citations are not supported"));
-    }
-    Ok(kind)
-}
-
-/// A `text` block's text.
-fn block_text(block: &Obj, at: &str) -> Result<String, ApiError> {
-    required_string(block, "text", at)
-}
-
-/// Content: a string, or a list of blocks.
-enum Content {
-    Text(String),
-    Blocks(Vec<Obj>),
-}
-
-fn content(raw: Option<&RawValue>, at: &str) -> Result<Content, ApiError> {
-    let Some(raw) = raw else { return Err(bad(at, "content is required")) };
-    match value(raw) {
-        Value::String(s) => Ok(Content::Text(s)),
-        Value::Array(_) => list(raw, at)?
-            .iter()
-            .enumerate()
-            .map(|(b, r)| object(r, &format!("{at}[{b}]")))
-            .collect::<Result<_, _>>()
-            .map(Content::Blocks),
-        other => Err(bad(at, format!("{other} is not a string or a list of blocks"))),
-    }
-}
-
-/// An `image` block as an OpenAI `image_url` part: a base64 source as a data URL (a `url` source
-/// is refused: nothing is fetched).
-fn image(block: &Obj, at: &str) -> Result<Value, ApiError> {
-    let src_at = join(at, "source");
-    let src = object(block.get("source").ok_or_else(|| bad(&src_at, "source is required"))?, &src_at)?;
-    match required_string(&src, "type", &src_at)?.as_str() {
-        "base64" => {}
-        "url" => return Err(bad(&join(&src_at, "type"), "an image by url is not fetched: send it as base64")),
-        other => return Err(bad(&join(&src_at, "type"), format!("source type `{other}` is not supported (base64)"))),
-    }
-    known_keys(&src, &["type", "media_type", "data"], &src_at)?;
-    let media = required_string(&src, "media_type", &src_at)?;
-    if !["image/jpeg", "image/png", "image/gif", "image/webp"].contains(&media.as_str()) {
-        return Err(bad(
-            &join(&src_at, "media_type"),
-            format!("`{media}`: give image/jpeg, image/png, image/gif or image/webp"),
-        ));
-    }
-    let data = required_string(&src, "data", &src_at)?;
-    Ok(json!({"type": "image_url", "image_url": {"url": format!("data:{media};base64,{data}")}}))
-}
-
-/// What a tool result's `is_error` adds before its content: the model sees that the call failed.
-pub const TOOL_ERROR: &str = "Error: ";
-
-/// The OpenAI messages being built, and where each part came from.
-#[derive(Default)]
-struct Out {
-    messages: Vec<Value>,
-    renames: Renames,
-    /// Tool names by the `tool_use` id that called them (a tool result names its tool).
-    names: HashMap<String, String>,
-}
-
-impl Out {
-    /// Pushes `msg`, which came from `from`.
-    fn push(&mut self, msg: Value, from: &str) -> usize {
-        let k = self.messages.len();
-        self.renames.add(format!("messages[{k}]"), from);
-        self.messages.push(msg);
-        k
-    }
-
-    /// `parts[j]` of OpenAI message `k` came from `from[j]`.
-    fn parts_from(&mut self, k: usize, from: &[String]) {
-        for (j, f) in from.iter().enumerate() {
-            let part = format!("messages[{k}].content[{j}]");
-            self.renames.add(format!("{part}.image_url.url"), format!("{f}.source.data"));
-            self.renames.add(format!("{part}.image_url"), format!("{f}.source"));
-            self.renames.add(part, f.clone());
-        }
-    }
-
-    /// A user message: text and image blocks as parts; each run of tool results as tool
-    /// messages, in order.
-    fn user(&mut self, i: usize, c: Content) -> Result<(), ApiError> {
-        let at = format!("messages[{i}]");
-        let blocks = match c {
-            Content::Text(t) => {
-                self.push(json!({"role": "user", "content": t}), &at);
-                return Ok(());
-            }
-            Content::Blocks(b) => b,
-        };
-        let (mut parts, mut from) = (Vec::new(), Vec::new());
-        let mut pushed = false;
-        for (b, block) in blocks.iter().enumerate() {
-            let bat = format!("{at}.content[{b}]");
-            match block_type(block, &bat)?.as_str() {
-                "text" => parts.push(json!({"type": "text", "text": block_text(block, &bat)?})),
-                "image" => parts.push(image(block, &bat)?),
-                "tool_result" => {
-                    self.flush_user(&mut parts, &mut from, &at);
-                    self.tool_result(block, &bat)?;
-                    pushed = true;
-                    continue;
-                }
-                other => {
-                    return Err(bad(&join(&bat, "type"), format!("a `{other}` block belongs in an assistant message")));
-                }
-            }
-            from.push(bat);
-        }
-        if !parts.is_empty() || !pushed {
-            self.flush_user(&mut parts, &mut from, &at);
-        }
-        Ok(())
-    }
-
-    fn flush_user(&mut self, parts: &mut Vec<Value>, from: &mut Vec<String>, at: &str) {
-        if parts.is_empty() {
-            return;
-        }
-        let k = self.push(json!({"role": "user", "content": std::mem::take(parts)}), at);
-        self.parts_from(k, &std::mem::take(from));
-    }
-
-    /// A `tool_result` block as a `tool` message (named after the call it answers when that
-    /// call is in the conversation).
-    fn tool_result(&mut self, block: &Obj, at: &str) -> Result<(), ApiError> {
-        let id = required_string(block, "tool_use_id", at)?;
-        let failed = boolean(block, "is_error", at)?.unwrap_or(false);
-        let c_at = join(at, "content");
-        let (content, from) = match block.get("content").map(|r| value(r)) {
-            None | Some(Value::Null) => (json!(if failed { TOOL_ERROR.trim_end() } else { "" }), Vec::new()),
-            Some(Value::String(s)) => (json!(if failed { format!("{TOOL_ERROR}{s}") } else { s }), Vec::new()),
-            Some(Value::Array(_)) => {
-                let (mut parts, mut from) = (Vec::new(), Vec::new());
-                if failed {
-                    parts.push(json!({"type": "text", "text": TOOL_ERROR}));
-                    from.push(c_at.clone());
-                }
-                let Content::Blocks(blocks) = content(block.get("content").map(|b| &**b), &c_at)? else {
-                    unreachable!("a list is blocks")
-                };
-                for (b, inner) in blocks.iter().enumerate() {
-                    let bat = format!("{c_at}[{b}]");
-                    match block_type(inner, &bat)?.as_str() {
-                        "text" => parts.push(json!({"type": "text", "text": block_text(inner, &bat)?})),
-                        "image" => parts.push(image(inner, &bat)?),
-                        other => {
-                            return Err(bad(
-                                &join(&bat, "type"),
-                                format!("a tool result holds text and image blocks, not `{other}`"),
-                            ));
-                        }
-                    }
-                    from.push(bat);
-                }
-                (json!(parts), from)
-            }
-            Some(other) => return Err(bad(&c_at, format!("{other} is not a string or a list of blocks"))),
-        };
-        let mut msg = json!({"role": "tool", "tool_call_id": id, "content": content});
-        if let Some(name) = self.names.get(&id) {
-            msg["name"] = json!(name);
-        }
-        let k = self.push(msg, at);
-        self.renames.add(format!("messages[{k}].tool_call_id"), join(at, "tool_use_id"));
-        self.parts_from(k, &from);
-        Ok(())
-    }
-
-    /// An assistant message: its text, its thinking as `reasoning_content`, its `tool_use`
-    /// blocks as `tool_calls` (the input's JSON text as the arguments).
-    fn assistant(&mut self, i: usize, c: Content) -> Result<(), ApiError> {
-        let at = format!("messages[{i}]");
-        let blocks = match c {
-            Content::Text(t) => {
-                self.push(json!({"role": "assistant", "content": t}), &at);
-                return Ok(());
-            }
-            Content::Blocks(b) => b,
-        };
-        let (mut text, mut reasoning, mut calls, mut call_from) =
-            (String::new(), None::<String>, Vec::new(), Vec::new());
-        for (b, block) in blocks.iter().enumerate() {
-            let bat = format!("{at}.content[{b}]");
-            match block_type(block, &bat)?.as_str() {
-                "text" => text.push_str(&block_text(block, &bat)?),
-                "thinking" => {
-                    let t = required_string(block, "thinking", &bat)?;
-                    // k3's signatures mark its own thinking; one sent back is not checked.
-                    string(block, "signature", &bat)?;
-                    reasoning.get_or_insert_default().push_str(&t);
-                }
-                // k3 never writes one: another model's encrypted thinking, which it cannot read.
-                "redacted_thinking" => {}
-                "tool_use" => {
-                    let id = required_string(block, "id", &bat)?;
-                    let name = required_string(block, "name", &bat)?;
-                    let input_at = join(&bat, "input");
-                    let input = block.get("input").ok_or_else(|| bad(&input_at, "input is required"))?;
-                    if !value(input).is_object() {
-                        return Err(bad(&input_at, "input is an object"));
-                    }
-                    self.names.insert(id.clone(), name.clone());
-                    calls.push(
-                        json!({"id": id, "type": "function", "function": {"name": name, "arguments": input.get()}}),
-                    );
-                    call_from.push(bat);
-                }
-                other => return Err(bad(&join(&bat, "type"), format!("a `{other}` block belongs in a user message"))),
-            }
-        }
-        let mut msg = json!({"role": "assistant", "content": text});
-        if let Some(r) = reasoning {
-            msg["reasoning_content"] = json!(r);
-        }
-        if !calls.is_empty() {
-            msg["tool_calls"] = json!(calls);
-        }
-        let k = self.push(msg, &at);
-        for (n, f) in call_from.into_iter().enumerate() {
-            self.renames.add(format!("messages[{k}].tool_calls[{n}].function.arguments"), join(&f, "input"));
-            self.renames.add(format!("messages[{k}].tool_calls[{n}]"), f);
-        }
-        Ok(())
-    }
-}
-
-/// `system`: a string or text blocks, as the first message.
-fn system(raw: &RawValue, out: &mut Out) -> Result<(), ApiError> {
-    match content(Some(raw), "system")? {
-        Content::Text(t) => {
-            out.push(json!({"role": "system", "content": t}), "system");
-        }
-        Content::Blocks(blocks) => {
-            let (mut parts, mut from) = (Vec::new(), Vec::new());
-            for (b, block) in blocks.iter().enumerate() {
-                let bat = format!("system[{b}]");
-                if block_type(block, &bat)? != "text" {
-                    return Err(bad(&join(&bat, "type"), "system blocks are text blocks"));
-                }
-                parts.push(json!({"type": "text", "text": block_text(block, &bat)?}));
-                from.push(bat);
-            }
-            let k = out.push(json!({"role": "system", "content": parts}), "system");
-            out.parts_from(k, &from);
-        }
-    }
-    Ok(())
-}
-
-/// `messages`, in order.
-fn messages(raw: &RawValue, out: &mut Out) -> Result<(), ApiError> {
-    let list = list(raw, "messages")?;
-    for (i, m) in list.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let m = object(m, &at)?;
-        known_keys(&m, &["role", "content"], &at)?;
-        let c = content(m.get("content").map(|c| &**c), &join(&at, "content"))?;
-        match required_string(&m, "role", &at)?.as_str() {
-            "user" => out.user(i, c)?,
-            "assistant" if i + 1 == list.len() => {
-                return Err(bad(
-                    &at,
-                    "a last assistant message (a prefill to continue) is not supported: k3 answers in a new turn",
-                ));
-            }
-            "assistant" => out.assistant(i, c)?,
-            other => return Err(bad(&join(&at, "role"), format!("role `{other}`: user or assistant"))),
-        }
-    }
-    Ok(())
 }
 
 /// `tools` as OpenAI function tools, as JSON text (each `input_schema` as written).
@@ -504,12 +135,23 @@ fn tool_choice(raw: &RawValue, out: &mut Map<String, Value>) -> Result<(), ApiEr
     Ok(())
 }
 
-/// `thinking`: enabled with a budget (below `max_tokens`), or disabled.
-fn thinking(raw: &RawValue, max_tokens: Option<u64>, can_think: bool) -> Result<Thinking, ApiError> {
+/// `thinking`: enabled with a budget (below `max_tokens`), adaptive (the model decides: its
+/// default), or disabled; and whether its `display` omits the thinking.
+fn thinking(raw: &RawValue, max_tokens: Option<u64>, can_think: bool) -> Result<(Thinking, bool), ApiError> {
     let t = object(raw, "thinking")?;
-    match required_string(&t, "type", "thinking")?.as_str() {
+    let kind = required_string(&t, "type", "thinking")?;
+    known_keys(
+        &t,
+        if kind == "enabled" { &["type", "budget_tokens", "display"] } else { &["type", "display"] },
+        "thinking",
+    )?;
+    let omit = match string(&t, "display", "thinking")?.as_deref() {
+        None | Some("summarized") => false,
+        Some("omitted") => true,
+        Some(other) => return Err(bad("thinking.display", format!("`{other}`: summarized or omitted"))),
+    };
+    let asked = match kind.as_str() {
         "enabled" => {
-            known_keys(&t, &["type", "budget_tokens"], "thinking")?;
             if !can_think {
                 return Err(bad("thinking", "this model does not think (K3 does)"));
             }
@@ -526,14 +168,49 @@ fn thinking(raw: &RawValue, max_tokens: Option<u64>, can_think: bool) -> Result<
                     format!("budget_tokens ({budget}) must be less than max_tokens ({m})"),
                 ));
             }
-            Ok(Thinking::Budget(budget))
+            Thinking::Budget(budget)
         }
-        "disabled" => {
-            known_keys(&t, &["type"], "thinking")?;
-            Ok(Thinking::Off)
-        }
-        other => Err(bad("thinking.type", format!("`{other}`: enabled or disabled"))),
+        "adaptive" => Thinking::Default,
+        "disabled" => Thinking::Off,
+        other => return Err(bad("thinking.type", format!("`{other}`: enabled, adaptive or disabled"))),
+    };
+    Ok((asked, omit))
+}
+
+/// `output_config`: `effort` as K3's `reasoning_effort` (low, high, max: Anthropic's medium
+/// rounds up to high, xhigh to max), `format` as a `json_schema` response format.
+fn output_config(raw: &RawValue, out: &mut Map<String, Value>, renames: &mut Renames) -> Result<(), ApiError> {
+    let at = "output_config";
+    let c = object(raw, at)?;
+    known_keys(&c, &["effort", "format"], at)?;
+    if let Some(effort) = string(&c, "effort", at)? {
+        let k3 = match effort.as_str() {
+            "low" => "low",
+            "medium" | "high" => "high",
+            "xhigh" | "max" => "max",
+            other => {
+                return Err(bad("output_config.effort", format!("`{other}`: low, medium, high, xhigh or max")));
+            }
+        };
+        out.insert("reasoning_effort".into(), json!(k3));
+        renames.add("reasoning_effort", "output_config.effort");
     }
+    if let Some(f) = c.get("format").filter(|f| !value(f).is_null()) {
+        let fat = "output_config.format";
+        let f = object(f, fat)?;
+        known_keys(&f, &["type", "schema"], fat)?;
+        if required_string(&f, "type", fat)? != "json_schema" {
+            return Err(bad("output_config.format.type", "the format type is json_schema"));
+        }
+        let schema = f.get("schema").ok_or_else(|| bad("output_config.format.schema", "schema is required"))?;
+        out.insert(
+            "response_format".into(),
+            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": value(schema)}}),
+        );
+        renames.add("response_format.json_schema.schema", "output_config.format.schema");
+        renames.add("response_format", "output_config.format");
+    }
+    Ok(())
 }
 
 /// Copies the sampling fields, checked for their JSON types.
@@ -562,6 +239,33 @@ fn sampling(body: &Obj, out: &mut Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Fields that ask nothing k3 does not do: `metadata` (an object), `cache_control` (the prefix
+/// cache is automatic), `speed` (`standard` only: there is no faster mode).
+fn accepted(body: &Obj) -> Result<(), ApiError> {
+    for key in ["metadata", "cache_control"] {
+        if let Some(m) = body.get(key).filter(|m| !value(m).is_object() && !value(m).is_null()) {
+            return Err(bad(key, format!("{} is not an object", m.get())));
+        }
+    }
+    match string(body, "speed", "")?.as_deref() {
+        None | Some("standard") => Ok(()),
+        Some(other) => Err(bad("speed", format!("`{other}`: k3 has one speed, standard"))),
+    }
+}
+
+/// `max_tokens`: required by `/v1/messages`; counting renders the prompt only, so one token of
+/// room is all it asks of the context.
+fn max_tokens(body: &Obj, route: Route, out: &mut Map<String, Value>) -> Result<Option<u64>, ApiError> {
+    let max_tokens = whole_number(body, "max_tokens")?;
+    let n = match (route, max_tokens) {
+        (Route::Messages, None) => return Err(bad("max_tokens", "max_tokens is required")),
+        (Route::Messages, Some(n)) => n,
+        (Route::CountTokens, _) => 1,
+    };
+    out.insert("max_tokens".into(), json!(n));
+    Ok(max_tokens)
+}
+
 /// Translates a body of `route`. `can_think`: the model writes a thinking section.
 pub fn translate(raw: &str, route: Route, can_think: bool) -> Result<Translated, ApiError> {
     let body: Obj = serde_json::from_str(raw).map_err(|_| bad("body", "the request body is not a JSON object"))?;
@@ -574,29 +278,20 @@ pub fn translate(raw: &str, route: Route, can_think: bool) -> Result<Translated,
     if let Some(m) = string(&body, "model", "")? {
         out.insert("model".into(), json!(m));
     }
-    let max_tokens = whole_number(&body, "max_tokens")?;
-    match (route, max_tokens) {
-        (Route::Messages, None) => return Err(bad("max_tokens", "max_tokens is required")),
-        (Route::Messages, Some(n)) => {
-            out.insert("max_tokens".into(), json!(n));
-        }
-        // Counting renders the prompt only: one token of room is all it asks of the context.
-        (Route::CountTokens, _) => {
-            out.insert("max_tokens".into(), json!(1));
-        }
-    }
+    let max_tokens = max_tokens(&body, route, &mut out)?;
     if let Some(s) = boolean(&body, "stream", "")? {
         out.insert("stream".into(), json!(s));
     }
-    if let Some(m) = body.get("metadata").filter(|m| !value(m).is_object() && !value(m).is_null()) {
-        return Err(bad("metadata", format!("{} is not an object", m.get())));
-    }
+    accepted(&body)?;
     sampling(&body, &mut out)?;
     if let Some(k) = body.get("chat_template_kwargs") {
         out.insert("chat_template_kwargs".into(), value(k));
     }
-    let thinking = match body.get("thinking") {
-        None => Thinking::Default,
+    if let Some(c) = body.get("output_config") {
+        output_config(c, &mut out, &mut renames)?;
+    }
+    let (thinking, omit_thinking) = match body.get("thinking") {
+        None => (Thinking::Default, false),
         Some(_) if body.contains_key("chat_template_kwargs") => {
             return Err(bad("chat_template_kwargs", "give thinking or chat_template_kwargs, not both"));
         }
@@ -610,23 +305,27 @@ pub fn translate(raw: &str, route: Route, can_think: bool) -> Result<Translated,
     }
     let mut msgs = Out::default();
     if let Some(s) = body.get("system") {
-        system(s, &mut msgs)?;
+        blocks::system(blocks::content(Some(s), "system")?, "system", &mut msgs)?;
     }
-    messages(body.get("messages").ok_or_else(|| bad("messages", "messages is required"))?, &mut msgs)?;
+    blocks::messages(body.get("messages").ok_or_else(|| bad("messages", "messages is required"))?, &mut msgs)?;
+    if let Some(cm) = body.get("context_management") {
+        blocks::context_management(cm, &mut msgs)?;
+    }
     out.insert("messages".into(), json!(msgs.messages));
-    renames.0.extend(msgs.renames.0);
+    renames.extend(msgs.renames);
     let mut text = Value::Object(out).to_string();
     if let Some(t) = body.get("tools") {
         // Spliced in as text: the declarations keep the client's key order.
         text.pop();
         text.push_str(&format!(", \"tools\": {}}}", tools(t, &mut renames)?));
     }
-    Ok(Translated { body: text, thinking, renames })
+    Ok(Translated { body: text, thinking, omit_thinking, renames })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::anthropic::blocks::TOOL_ERROR;
 
     /// `v` as the client writes it (a call's input with `z` before `a`, as no sorted map has it).
     fn run(v: Value) -> Result<(Value, Translated), ApiError> {
@@ -666,6 +365,42 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("tools[0].input_schema"));
     }
 
+    /// What Claude Code sends beyond the basics: adaptive thinking, an effort, a thinking edit, a
+    /// system message mid-conversation, cache_control at the top.
+    #[test]
+    fn claude_codes_fields_are_honoured() {
+        let turn = |t: &str| {
+            json!({"role": "assistant", "content": [{"type": "thinking", "thinking": t, "signature": "s"},
+            {"type": "text", "text": "ok"}]})
+        };
+        let body = |keep: Value| {
+            json!({"max_tokens": 9, "thinking": {"type": "adaptive"}, "cache_control": {"type": "ephemeral"},
+            "output_config": {"effort": "medium", "format": {"type": "json_schema", "schema": {"type": "object"}}},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": keep}]},
+            "messages": [{"role": "user", "content": "a"}, turn("one"), {"role": "system", "content": "mid"},
+                {"role": "user", "content": "b"}, turn("two"), {"role": "user", "content": "c"}]})
+        };
+        let (v, t) = run(body(json!("all"))).unwrap();
+        assert_eq!(t.thinking, Thinking::Default);
+        assert_eq!(v["reasoning_effort"], "high", "medium rounds up to K3's high");
+        assert_eq!(v["response_format"]["json_schema"]["schema"], json!({"type": "object"}));
+        let m = v["messages"].as_array().unwrap();
+        assert_eq!(m[2], json!({"role": "system", "content": "mid"}));
+        assert_eq!(
+            (m[1]["reasoning_content"].as_str(), m[4]["reasoning_content"].as_str()),
+            (Some("one"), Some("two"))
+        );
+        let (v, _) = run(body(json!({"type": "thinking_turns", "value": 1}))).unwrap();
+        let m = v["messages"].as_array().unwrap();
+        assert_eq!((m[1].get("reasoning_content"), m[4]["reasoning_content"].as_str()), (None, Some("two")));
+        let mut other = body(json!("all"));
+        other["context_management"]["edits"][0]["type"] = json!("clear_tool_uses_20250919");
+        assert_eq!(run(other).unwrap_err().param.as_deref(), Some("context_management.edits[0].type"));
+        let mut omitted = body(json!("all"));
+        omitted["thinking"]["display"] = json!("omitted");
+        assert!(run(omitted).unwrap().1.omit_thinking);
+    }
+
     #[test]
     fn refusals_name_the_field_as_written() {
         let user = |content: Value| json!({"max_tokens": 5, "messages": [{"role": "user", "content": content}]});
@@ -689,6 +424,9 @@ mod tests {
                 "thinking.budget_tokens",
             ),
             (json!({"max_tokens": 5, "messages": [{"role": "assistant", "content": "pre"}]}), "messages[0]"),
+            (json!({"max_tokens": 5, "messages": [], "speed": "fast"}), "speed"),
+            (json!({"max_tokens": 5, "messages": [], "thinking": {"type": "between_tools"}}), "thinking.type"),
+            (json!({"max_tokens": 5, "messages": [], "output_config": {"effort": "huge"}}), "output_config.effort"),
         ] {
             let e = run(body.clone()).expect_err(&body.to_string());
             assert_eq!(e.param.as_deref(), Some(field), "{body}: {e}");
