@@ -22,6 +22,9 @@ use crate::answer::{Reply, Submitted};
 use crate::error::ApiError;
 use crate::job::Event;
 
+/// How often a stream waiting for its first token (or its next) sends a `ping`.
+const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A content block of the answer.
 #[derive(Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -301,7 +304,22 @@ fn streamed(
         if !(b.send("message_start", start) && b.send("ping", json!({"type": "ping"}))) {
             return;
         }
-        while let Some(e) = rx.recv().await {
+        loop {
+            // A long prefill sends no tokens for minutes: pings say the answer is under way
+            // (Claude Code gives up on a stream with no event for 5 minutes).
+            let e = match tokio::time::timeout(PING_EVERY, rx.recv()).await {
+                Err(_) if b.send("ping", json!({"type": "ping"})) => continue,
+                Err(_) => return,
+                Ok(None) => {
+                    let e = ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the scheduler stopped before the request ended",
+                    );
+                    b.send("error", e.anthropic_body());
+                    return;
+                }
+                Ok(Some(e)) => e,
+            };
             let alive = match e {
                 Event::Delta { text, reasoning, token, .. } => {
                     reply.log.token();
