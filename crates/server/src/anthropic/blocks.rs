@@ -175,7 +175,7 @@ impl Out {
                     from.push(c_at.clone());
                 }
                 let Content::Blocks(blocks) = content(block.get("content").map(|b| &**b), &c_at)? else {
-                    unreachable!("a list is blocks")
+                    return Err(bad(&c_at, "a list of blocks"));
                 };
                 for (b, inner) in blocks.iter().enumerate() {
                     let bat = format!("{c_at}[{b}]");
