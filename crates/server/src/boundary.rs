@@ -218,7 +218,7 @@ fn preflight(origin: &HeaderValue) -> Response {
     let mut r = StatusCode::NO_CONTENT.into_response();
     let h = r.headers_mut();
     cors_headers(h, origin);
-    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, DELETE, OPTIONS"));
     h.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
         HeaderValue::from_static("authorization, content-type, x-api-key, anthropic-version, anthropic-beta"),

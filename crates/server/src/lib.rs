@@ -8,6 +8,7 @@
 
 pub mod about;
 pub mod answer;
+pub mod anthropic;
 pub mod api;
 pub mod boundary;
 pub mod error;
@@ -117,6 +118,7 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         handle: Handle::new(jobs, status.clone()),
         info: Arc::new(OnceLock::new()),
         tok: Arc::new(OnceLock::new()),
+        image_processor: Arc::new(OnceLock::new()),
         metrics: Arc::new(Metrics::default()),
         beginnings: Arc::default(),
         boundary: Arc::new(opts.boundary.clone()),
@@ -136,6 +138,7 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         metrics: state.metrics.clone(),
         info: state.info.clone(),
         tok: state.tok.clone(),
+        image_processor: state.image_processor.clone(),
     };
     let spawned = std::thread::Builder::new().name("k3-scheduler".into()).spawn(move || {
         let _ended = Ended(loader.status.clone());
@@ -157,6 +160,8 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         .route("/v1/responses/{id}/input_items", get(responses::input_items))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
         .route("/api/tags", get(ollama::tags))
@@ -236,6 +241,7 @@ struct Loader {
     metrics: Arc<Metrics>,
     info: Arc<OnceLock<ModelInfo>>,
     tok: Arc<OnceLock<Tokenizer>>,
+    image_processor: Arc<OnceLock<k3_vision::ProcessorConfig>>,
 }
 
 /// Says the scheduler thread has ended, however it ends (the model failed, the channel closed,
@@ -304,6 +310,9 @@ fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>
     };
     if let Some(t) = shared_tok {
         let _ = state.tok.set(t);
+    }
+    if let Some(p) = engine.image_processor() {
+        let _ = state.image_processor.set(p.clone());
     }
     reqlog::ready(opts.log_format, &info, loading.elapsed().as_secs_f64());
     let _ = state.info.set(info);

@@ -52,8 +52,9 @@ pub async fn not_found(req: Request) -> Response {
         StatusCode::NOT_FOUND,
         format!(
             "no route {} {}: this server answers /v1/chat/completions, /v1/completions, /v1/models, \
-             /tokenize, /detokenize, /health, /metrics, the chat page at /, and Ollama's /api/chat, /api/generate, \
-             /api/tags, /api/show, /api/ps and /api/version",
+             Anthropic's /v1/messages and /v1/messages/count_tokens, OpenAI's /v1/responses (and \
+             /v1/responses/ID), /tokenize, /detokenize, /health, /metrics, the chat page at /, and Ollama's \
+             /api/chat, /api/generate, /api/tags, /api/show, /api/ps and /api/version",
             req.method(),
             req.uri().path()
         ),

@@ -18,6 +18,9 @@ pub struct AppState {
     /// Set by the loader once the model is ready.
     pub info: Arc<OnceLock<ModelInfo>>,
     pub tok: Arc<OnceLock<Tokenizer>>,
+    /// Set by the loader when the model reads images: how an image is sized into positions
+    /// (`/v1/messages/count_tokens` counts them).
+    pub image_processor: Arc<OnceLock<k3_vision::ProcessorConfig>>,
     pub metrics: Arc<Metrics>,
     /// Conversations' beginnings rendered for chat requests' resume points, for the next ones.
     pub beginnings: Arc<crate::resume_points::Beginnings>,
