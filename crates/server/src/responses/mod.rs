@@ -27,6 +27,7 @@ use crate::api::ChatRequest;
 use crate::boundary::Caller;
 use crate::error::ApiError;
 use crate::request::{body, parse, prepared_bytes};
+use crate::response_store::Store;
 use crate::state::AppState;
 use k3_generate::cache::Scope;
 use reply::{Keep, Meta};
@@ -65,15 +66,11 @@ pub async fn create(
 async fn created(s: AppState, scope: Scope, caller: Caller, req: Request) -> Result<Response, ApiError> {
     let bytes = body(&s, req).await?;
     s.ready()?;
-    let v: Value = parse(&bytes)?;
-    let earlier = match v.get("previous_response_id") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(id)) => {
-            s.responses.get(id, caller).ok_or_else(|| not_found(id, Some("previous_response_id")))?.conversation
-        }
-        Some(other) => return Err(ApiError::bad("previous_response_id", format!("{other} is not a response id"))),
-    };
-    let t = request::translate(&bytes, &v, &earlier)?;
+    // Parsing and translating a long conversation is CPU work: off the async workers.
+    let store = s.responses.clone();
+    let (t, earlier) = tokio::task::spawn_blocking(move || translated(&bytes, &store, caller))
+        .await
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "checking the request failed"))??;
     let (stop_bytes, beginnings, origins) = (s.stop_bytes, s.beginnings.clone(), t.origins);
     let p = prepared_bytes(&s, Bytes::from(t.chat), move |r: ChatRequest, info, tok| {
         let tok = tok.ok_or_else(|| ApiError::bad("input", "this model embeds no tokenizer"))?;
@@ -88,6 +85,19 @@ async fn created(s: AppState, scope: Scope, caller: Caller, req: Request) -> Res
         Keep { store: s.responses.clone(), owner: caller, conversation }
     });
     reply::answer(sub, meta, keep, t.stream).await
+}
+
+/// A Responses body translated into the chat body, with the stored conversation it continues.
+fn translated(bytes: &[u8], store: &Store, caller: Caller) -> Result<(request::Translated, Vec<Value>), ApiError> {
+    let v: Value = parse(bytes)?;
+    let earlier = match v.get("previous_response_id") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(id)) => {
+            store.get(id, caller).ok_or_else(|| not_found(id, Some("previous_response_id")))?.conversation
+        }
+        Some(other) => return Err(ApiError::bad("previous_response_id", format!("{other} is not a response id"))),
+    };
+    Ok((request::translate(bytes, &v, &earlier)?, earlier))
 }
 
 /// `GET /v1/responses/{id}`: a stored response as it was answered.
