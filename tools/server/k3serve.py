@@ -14,10 +14,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(cli: str, model: str, key: str = "sesame"):
-    """A server on `model` requiring `key`, once ready: its base URL."""
-    port = free_port()
-    server = subprocess.Popen([cli, "serve", "--model", model, "--port", str(port), "--api-key", key])
+def serve(cli: str, model: str, key: str | None = "sesame", port: int | None = None):
+    """A server on `model` (on `port`, else a free one) requiring `key` (None: no key), once
+    ready: its base URL."""
+    port = port or free_port()
+    args = [cli, "serve", "--model", model, "--port", str(port)]
+    server = subprocess.Popen(args + (["--api-key", key] if key else []))
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(600):

@@ -10,9 +10,9 @@ VISION is `fixtures/golden/tiny-k3-vision` converted (`k3-cli convert --hf ... -
 import re
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
+
+from k3serve import serve
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8011
@@ -24,25 +24,13 @@ def blocks() -> list[str]:
 
 
 def run(cli: str, model: str, code: str) -> None:
-    server = subprocess.Popen([cli, "serve", "--model", model, "--port", str(PORT)])
-    try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health") as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.05)
-        else:
-            raise SystemExit("the server did not become ready")
-        # As a reader runs it: from the repository's root, a fresh interpreter.
+    # As the README has it: no key, port 8011; the block run from the repository's root by a
+    # fresh interpreter.
+    with serve(cli, model, key=None, port=PORT):
         done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
-        print(done.stdout, end="")
-        if done.returncode != 0:
-            raise SystemExit(f"a README block failed:\n{code}\n{done.stderr}")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    print(done.stdout, end="")
+    if done.returncode != 0:
+        raise SystemExit(f"a README block failed:\n{code}\n{done.stderr}")
 
 
 def main() -> None:

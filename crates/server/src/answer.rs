@@ -181,6 +181,16 @@ impl Reply {
         }
     }
 
+    /// `pieces` gathered for a whole answer: text onto `text`, calls into [`made`](Self::made).
+    pub fn collect(&mut self, pieces: Vec<Piece>, text: &mut String) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => text.push_str(&t),
+                Piece::Call(c) => self.made.push(c),
+            }
+        }
+    }
+
     /// The turn ended at its one call (`parallel_tool_calls: false`).
     fn ended_at_call(&self) -> bool {
         self.ends_at_call.as_ref().is_some_and(|f| f.load(Ordering::SeqCst))
@@ -299,14 +309,6 @@ fn usage(prompt: usize, cached: usize, completion: u64) -> Value {
 /// Collects every event into one response body.
 async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Reply) -> Result<Response, ApiError> {
     let (mut text, mut reasoning, mut lps) = (String::new(), String::new(), Vec::new());
-    let take = |pieces: Vec<Piece>, text: &mut String, reply: &mut Reply| {
-        for p in pieces {
-            match p {
-                Piece::Text(t) => text.push_str(&t),
-                Piece::Call(c) => reply.made.push(c),
-            }
-        }
-    };
     while let Some(e) = rx.recv().await {
         match e {
             Event::Delta { text: t, reasoning: r, token, logprob } => {
@@ -314,7 +316,7 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply:
                 reasoning.push_str(&r);
                 lps.extend(logprob);
                 let pieces = reply.feed(token, &t);
-                take(pieces, &mut text, &mut reply);
+                reply.collect(pieces, &mut text);
             }
             Event::Failed(msg) => {
                 reply.log.done("failed", 0, 0, 0);
@@ -322,7 +324,7 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply:
             }
             Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens, .. } => {
                 let pieces = reply.finish();
-                take(pieces, &mut text, &mut reply);
+                reply.collect(pieces, &mut text);
                 let reason = reply.reason(finish);
                 reply.log.done(reason, prompt_tokens, cached_tokens, completion_tokens);
                 let mut choice = match shape.kind {

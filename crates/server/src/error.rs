@@ -156,3 +156,18 @@ impl IntoResponse for ApiError {
         (self.status, Json(body)).into_response()
     }
 }
+
+/// A value as an error quotes it: whole when short, else its JSON type.
+pub fn short(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    let text = v.to_string();
+    if text.len() <= 40 {
+        return text;
+    }
+    match v {
+        Value::String(_) => "a long string".into(),
+        Value::Array(_) => "a list".into(),
+        Value::Object(_) => "an object".into(),
+        _ => "this value".into(),
+    }
+}

@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use axum::Router;
 use axum::http::{Request, StatusCode};
 use base64::Engine as _;
-use common::{call, json_call, post, server};
+use common::{call, json_call, post, server, sse_events};
 use k3_convert::synth::scripted::{ARGUMENTS, CALL_ID, REASONING, REPLY, tool_caller};
 use k3_convert::{ConvertOptions, convert};
 use k3_server::ServerOptions;
@@ -228,20 +228,6 @@ async fn a_tool_round_trip_resumes_from_the_prefix_cache() {
     assert!(!m["content"].as_array().unwrap().iter().any(|b| b["type"] == "tool_use"), "{m}");
 }
 
-/// The `(event, data)` pairs of an SSE body.
-fn events(body: &str) -> Vec<(String, Value)> {
-    let mut out = Vec::new();
-    let mut name = String::new();
-    for line in body.lines() {
-        if let Some(n) = line.strip_prefix("event: ") {
-            name = n.to_string();
-        } else if let Some(d) = line.strip_prefix("data: ") {
-            out.push((std::mem::take(&mut name), serde_json::from_str(d).unwrap()));
-        }
-    }
-    out
-}
-
 #[tokio::test]
 async fn the_stream_opens_and_closes_blocks_in_order_and_adds_up_to_the_answer() {
     let router = server(ServerOptions::new(tool_model())).await;
@@ -251,7 +237,7 @@ async fn the_stream_opens_and_closes_blocks_in_order_and_adds_up_to_the_answer()
     body["stream"] = json!(true);
     let (s, text) = call(&router, post("/v1/messages", &body)).await;
     assert_eq!(s, StatusCode::OK, "{text}");
-    let ev = events(&text);
+    let ev = sse_events(&text);
     for (name, data) in &ev {
         assert_eq!(data["type"], name.as_str(), "the event's name is its data's type");
     }
@@ -343,7 +329,7 @@ async fn a_stop_sequence_is_named_and_cuts_the_text() {
     assert_eq!(joined(&m, "text", "text"), before, "{m}");
     body["stream"] = json!(true);
     let (_, sse) = call(&router, post("/v1/messages", &body)).await;
-    let delta = events(&sse).into_iter().find(|(n, _)| n == "message_delta").unwrap().1;
+    let delta = sse_events(&sse).into_iter().find(|(n, _)| n == "message_delta").unwrap().1;
     assert_eq!(delta["delta"], json!({"stop_reason": "stop_sequence", "stop_sequence": stop}), "{sse}");
     // Without a stop string, no stop_sequence.
     assert_eq!(free["stop_sequence"], Value::Null);
@@ -527,7 +513,7 @@ async fn claude_codes_second_turn_is_answered() {
                 "cache_control": {"type": "ephemeral"}}]}]});
     let (s, text) = call(&router, post("/v1/messages", &body)).await;
     assert_eq!(s, StatusCode::OK, "{text}");
-    let ev = events(&text);
+    let ev = sse_events(&text);
     let stop = ev.iter().find(|(n, _)| n == "message_delta").unwrap_or_else(|| panic!("{text}"));
     assert_eq!(stop.1["delta"]["stop_reason"], "tool_use", "{text}");
     body["stream"] = json!(false);

@@ -17,7 +17,7 @@ use k3_server::response_store::StoreLimits;
 use serde_json::{Value, json};
 
 mod common;
-use common::{ask, call, get, json_call, post, server};
+use common::{ask, call, get, json_call, post, server, sse_events};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
@@ -105,20 +105,6 @@ fn response_facts(v: &Value) -> (String, String, u64, u64, u64) {
     )
 }
 
-/// The events of an SSE body: (`event:` name, data).
-fn events(body: &str) -> Vec<(String, Value)> {
-    let mut out = Vec::new();
-    let mut name = String::new();
-    for line in body.lines() {
-        if let Some(n) = line.strip_prefix("event: ") {
-            name = n.to_string();
-        } else if let Some(d) = line.strip_prefix("data: ") {
-            out.push((std::mem::take(&mut name), serde_json::from_str(d).unwrap()));
-        }
-    }
-    out
-}
-
 /// A streamed answer checked for order (typed events named as their `type`, sequence numbers
 /// counting up from 0, every item added before its deltas and done after them) and reassembled
 /// into the response it ends with, whose output the deltas must spell.
@@ -127,7 +113,7 @@ async fn streamed(router: &Router, body: &Value) -> (Vec<(String, Value)>, Value
     body["stream"] = json!(true);
     let (s, text) = call(router, post("/v1/responses", &body)).await;
     assert_eq!(s, StatusCode::OK, "{text}");
-    let ev = events(&text);
+    let ev = sse_events(&text);
     for (i, (name, data)) in ev.iter().enumerate() {
         assert_eq!((name.as_str(), data["sequence_number"].as_u64()), (data["type"].as_str().unwrap(), Some(i as u64)));
     }

@@ -119,21 +119,13 @@ async fn whole(
     how: Answer,
 ) -> Result<Response, ApiError> {
     let (mut thinking, mut text) = (String::new(), String::new());
-    let take = |pieces: Vec<Piece>, text: &mut String, reply: &mut Reply| {
-        for p in pieces {
-            match p {
-                Piece::Text(t) => text.push_str(&t),
-                Piece::Call(c) => reply.made.push(c),
-            }
-        }
-    };
     while let Some(e) = rx.recv().await {
         match e {
             Event::Delta { text: t, reasoning, token, .. } => {
                 reply.log.token();
                 thinking.push_str(&reasoning);
                 let pieces = reply.feed(token, &t);
-                take(pieces, &mut text, &mut reply);
+                reply.collect(pieces, &mut text);
             }
             Event::Failed(msg) => {
                 reply.log.done("failed", 0, 0, 0);
@@ -141,7 +133,7 @@ async fn whole(
             }
             Event::Done { finish, stop_sequence, prompt_tokens, cached_tokens, completion_tokens } => {
                 let pieces = reply.finish();
-                take(pieces, &mut text, &mut reply);
+                reply.collect(pieces, &mut text);
                 reply.log.done(reply.reason(finish), prompt_tokens, cached_tokens, completion_tokens);
                 let mut content = Vec::new();
                 if !thinking.is_empty() {

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, short};
 
 /// `options` that map to an OpenAI field of the same name.
 const SAME: [&str; 10] = [
@@ -154,20 +154,6 @@ fn check_types(body: &Map<String, Value>, fields: &[(&str, Type)], prefix: &str)
         }
     }
     Ok(())
-}
-
-/// A value as an error quotes it: whole when short, else its JSON type.
-fn short(v: &Value) -> String {
-    let text = v.to_string();
-    if text.len() <= 40 {
-        return text;
-    }
-    match v {
-        Value::String(_) => "a long string".into(),
-        Value::Array(_) => "a list".into(),
-        Value::Object(_) => "an object".into(),
-        _ => "this value".into(),
-    }
 }
 
 /// `POST /api/show`'s body: its fields' types.

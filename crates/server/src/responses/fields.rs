@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, short};
 
 pub fn bad(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::bad(field, message)
@@ -26,20 +26,6 @@ pub fn bool_of(o: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiErr
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
         Some(other) => Err(bad(key, format!("{} is not true or false", short(other)))),
-    }
-}
-
-/// A value as an error quotes it: whole when short, else its JSON type.
-pub fn short(v: &Value) -> String {
-    let text = v.to_string();
-    if text.len() <= 40 {
-        return text;
-    }
-    match v {
-        Value::String(_) => "a long string".into(),
-        Value::Array(_) => "a list".into(),
-        Value::Object(_) => "an object".into(),
-        _ => "this value".into(),
     }
 }
 

@@ -10,9 +10,9 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
-use super::fields::{bad, get, only, short, text_of};
+use super::fields::{bad, get, only, text_of};
 use super::tools::NAMESPACE_JOIN;
-use crate::error::ApiError;
+use crate::error::{ApiError, short};
 
 /// Where a chat message came from: its field (`input[3]`, `instructions`, ...) and its calls'.
 #[derive(Debug, Clone, Default)]

@@ -9,10 +9,10 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
-use super::fields::{bad, bool_of, get, short, text_of};
+use super::fields::{bad, bool_of, get, text_of};
 use super::items::{Conversation, Source, conversation};
 use super::tools::{choice, declared};
-use crate::error::ApiError;
+use crate::error::{ApiError, short};
 
 /// What a Responses body asks, translated.
 #[derive(Debug)]

@@ -12,8 +12,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use super::fields::{bad, get, only, short, text_of};
-use crate::error::ApiError;
+use super::fields::{bad, get, only, text_of};
+use crate::error::{ApiError, short};
 
 /// Tool types OpenAI runs on its own servers: nothing here runs them.
 const HOSTED: [&str; 13] = [

@@ -50,6 +50,21 @@ pub fn sse_data(body: &str) -> Vec<String> {
     body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
 }
 
+/// The `(event, data)` pairs of an SSE body with `event:` names (Anthropic's and the Responses
+/// API's streams).
+pub fn sse_events(body: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut name = String::new();
+    for line in body.lines() {
+        if let Some(n) = line.strip_prefix("event: ") {
+            name = n.to_string();
+        } else if let Some(d) = line.strip_prefix("data: ") {
+            out.push((std::mem::take(&mut name), serde_json::from_str(d).unwrap()));
+        }
+    }
+    out
+}
+
 /// A chat completion that must succeed: its JSON.
 pub async fn ask(router: &Router, body: &Value) -> Value {
     let (s, v) = json_call(router, post("/v1/chat/completions", body)).await;
