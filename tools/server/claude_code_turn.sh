@@ -22,6 +22,7 @@ for _ in $(seq 600); do
   curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
   sleep 0.05
 done
+curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "the server did not become ready:"; cat "$work/server.log"; exit 1; }
 id="$(basename "$model")"
 mkdir -p "$work/home" "$work/cwd"
 set +e

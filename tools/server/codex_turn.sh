@@ -24,6 +24,7 @@ for _ in $(seq 200); do
   curl -sf "http://127.0.0.1:$server_port/health" >/dev/null && break
   sleep 0.1
 done
+curl -sf "http://127.0.0.1:$server_port/health" >/dev/null || { echo "the server did not become ready:"; cat "$work/server.log"; exit 1; }
 name=$(curl -sf -H 'authorization: Bearer sesame' "http://127.0.0.1:$server_port/v1/models" |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
 mkdir -p "$work/home"
