@@ -14,12 +14,13 @@ mod tools;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::{Extension, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::answer::{self, Kind};
@@ -65,18 +66,23 @@ pub async fn create(
 
 async fn created(s: AppState, scope: Scope, caller: Caller, req: Request) -> Result<Response, ApiError> {
     let bytes = body(&s, req).await?;
-    s.ready()?;
-    // Parsing and translating a long conversation is CPU work: off the async workers.
-    let store = s.responses.clone();
-    let (t, earlier) = tokio::task::spawn_blocking(move || translated(&bytes, &store, caller))
-        .await
-        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "checking the request failed"))??;
-    let (stop_bytes, beginnings, origins) = (s.stop_bytes, s.beginnings.clone(), t.origins);
-    let p = prepared_bytes(&s, Bytes::from(t.chat), move |r: ChatRequest, info, tok| {
+    // Parsed, translated, checked and tokenized in one hop to a blocking thread (CPU work kept
+    // off the async workers); what the answer needs of the translation comes back beside it.
+    let (stop_bytes, beginnings, store) = (s.stop_bytes, s.beginnings.clone(), s.responses.clone());
+    let side = Arc::new(Mutex::new(None));
+    let kept = side.clone();
+    let p = prepared_bytes(&s, bytes, move |raw: Box<RawValue>, info, tok| {
+        let (mut t, earlier) = translated(raw.get().as_bytes(), &store, caller)?;
+        let r: ChatRequest = parse(std::mem::take(&mut t.chat).as_bytes())?;
         let tok = tok.ok_or_else(|| ApiError::bad("input", "this model embeds no tokenizer"))?;
-        r.prepare(tok, info, stop_bytes, &beginnings).map_err(|e| request::renamed(e, &origins))
+        let p = r.prepare(tok, info, stop_bytes, &beginnings).map_err(|e| request::renamed(e, &t.origins))?;
+        *kept.lock().unwrap_or_else(PoisonError::into_inner) = Some((t, earlier));
+        Ok(p)
     })
     .await?;
+    let taken = side.lock().unwrap_or_else(PoisonError::into_inner).take();
+    let (t, earlier) =
+        taken.ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "checking the request failed"))?;
     let sub = answer::submit(&s, p, Kind::Chat, scope)?;
     let meta = Meta { id: new_id(), created_at: reply::unix_now(), echo: t.echo, namespaced: t.namespaced };
     let keep = t.store.then(|| {
