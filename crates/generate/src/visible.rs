@@ -1,7 +1,7 @@
 //! What a person sees of the generated tokens: UTF-8 across tokens, K3's markup and (unless
 //! asked) thinking hidden, stop strings cut.
 
-use k3_text::tokenizer::{StreamDecoder, Tokenizer};
+use k3_text::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 use crate::GenerateError;
 use crate::params::GenerateParams;
@@ -167,7 +167,14 @@ impl Visibility {
             Some(_) => {}
             None => {
                 if let Some((name, _)) = &mut self.tag {
-                    name.extend(tok.decode_bytes(&[id])?);
+                    // An id the tokenizer has no text for (a hole in a small vocabulary, a
+                    // model's padding rows) is U+FFFD in a tag's name, as in the text: the
+                    // sampled markup is the model's, never a reason to fail the request.
+                    match tok.decode_bytes(&[id]) {
+                        Ok(bytes) => name.extend(bytes),
+                        Err(TokenizerError::UnknownId(_)) => name.extend("\u{FFFD}".as_bytes()),
+                        Err(e) => return Err(e.into()),
+                    }
                     return Ok(Shown::Hidden);
                 }
                 return Ok(self.state);
@@ -272,5 +279,19 @@ mod tests {
             }
         }
         assert_eq!(out.stopped_by.as_deref(), Some("be light"));
+    }
+
+    /// An id the tokenizer has no text for, sampled inside K3's markup (a tag's name), hides as
+    /// the markup does instead of failing the request (it failed with "token id N is not in the
+    /// vocabulary", a 500, on a tiny K3 whose vocabulary has holes).
+    #[test]
+    fn an_unknown_id_inside_a_tag_is_hidden_not_an_error() {
+        let tok = k3_tokenizer();
+        let mut out = TextOut::new(&tok, &GenerateParams::default());
+        let open = tok.encode_with_specials("<|open|>")[0];
+        let unknown = tok.vocab() as u32 + 7;
+        assert!(tok.decode_bytes(&[unknown]).is_err());
+        out.push(open).expect("markup");
+        assert_eq!(out.push(unknown).expect("an unknown id in a tag's name is not an error").0, "");
     }
 }
