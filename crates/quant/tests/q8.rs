@@ -73,6 +73,12 @@ fn case() -> impl Strategy<Value = (usize, usize, Weights, Vec<f32>)> {
     })
 }
 
+/// The SIMD levels this CPU runs (at least one: `fast` insists on AVX2 unless told otherwise).
+fn simd_levels() -> Vec<Level> {
+    let _ = fast();
+    k3_quant::cpu::levels().into_iter().filter(|l| *l != Level::Scalar).collect()
+}
+
 /// Sum over blocks of |dot| * |scale|: the magnitude the reference's float sums work on.
 fn abs_sums(w: &[f32], x: &Q8Batch, rows: usize) -> Vec<f64> {
     let cols = x.cols();
@@ -89,23 +95,29 @@ fn abs_sums(w: &[f32], x: &Q8Batch, rows: usize) -> Vec<f64> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
 
+    /// Every SIMD level (AVX-512 VNNI and AVX2 where the CPU has them): the reference's bits for a
+    /// batch, within rounding of them for a few vectors.
     #[test]
     fn fast_kernels_match_the_reference_and_exact_activations((rows, cols, w, xs) in case()) {
         let x = Q8Batch::quantize(&xs, cols);
         let n = x.vectors();
-        let (mut got, mut want) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-        w.product(fast(), &x, &mut got);
+        let mut want = vec![0f32; n * rows];
         w.product(Level::Scalar, &x, &mut want);
         let dense = w.decoded(rows, cols);
-        if n > q8::FEW {
-            // Batches follow the reference's order (exact block dots, one fused multiply-add per
-            // block in order): the same bits.
-            let bits = |y: &[f32]| y.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            prop_assert_eq!(bits(&got), bits(&want));
-        } else {
-            // A few vectors sum the same exact block dots in another order.
-            let tol: Vec<f64> = abs_sums(&dense, &x, rows).iter().map(|s| sum_tolerance(cols, *s) * 2.0).collect();
-            assert_close(&got, &want, &tol);
+        for level in simd_levels() {
+            let mut got = vec![0f32; n * rows];
+            w.product(level, &x, &mut got);
+            if n > q8::FEW {
+                // Batches follow the reference's order (exact block dots, one fused multiply-add
+                // per block in order): the same bits.
+                let bits = |y: &[f32]| y.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&got), bits(&want), "{:?}", level);
+            } else {
+                // A few vectors sum the same exact block dots in another order.
+                let tol: Vec<f64> =
+                    abs_sums(&dense, &x, rows).iter().map(|s| sum_tolerance(cols, *s) * 2.0).collect();
+                assert_close(&got, &want, &tol);
+            }
         }
         // Against f32 activations: each activation is off by at most half its block's step.
         let exact = exact_products(&dense, &xs, rows, cols);
@@ -132,13 +144,43 @@ proptest! {
         let xs = &xs[..cols_n.min(q8::FEW) * cols];
         let x = Q8Batch::quantize(xs, cols);
         let n = x.vectors();
-        let mut batch = vec![0f32; n * rows];
-        w.product(fast(), &x, &mut batch);
-        for (v, yb) in batch.chunks(rows).enumerate() {
-            let one = Q8Batch::quantize(&xs[v * cols..][..cols], cols);
-            let mut y = vec![0f32; rows];
-            w.product(fast(), &one, &mut y);
-            prop_assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), yb.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        for level in simd_levels() {
+            let mut batch = vec![0f32; n * rows];
+            w.product(level, &x, &mut batch);
+            for (v, yb) in batch.chunks(rows).enumerate() {
+                let one = Q8Batch::quantize(&xs[v * cols..][..cols], cols);
+                let mut y = vec![0f32; rows];
+                w.product(level, &one, &mut y);
+                let bits = |y: &[f32]| y.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&y), bits(yb), "{:?}", level);
+            }
+        }
+    }
+}
+
+/// The extremes through AVX2's pair sums (`vpmaddubsw` saturates at 16 bits): int8 weights of
+/// -128 and 127 against activations of -127 and 127, for one vector (the few-vector order) and a
+/// batch (the reference's order), agree with the reference: saturation would be off by thousands.
+#[test]
+fn avx2_pair_sums_do_not_saturate_at_the_extremes() {
+    #[cfg(target_arch = "x86_64")]
+    if k3_quant::cpu::levels().contains(&Level::Avx2) {
+        let cols = 64;
+        let one: Vec<f32> = (0..cols).map(|c| if c % 3 == 0 { -1.0 } else { 1.0 }).collect();
+        let mut q: Vec<i8> = (0..cols).map(|c| if c % 3 == 0 { -128 } else { 127 }).collect();
+        q.extend((0..cols).map(|c| if c % 2 == 0 { 127 } else { -128 }));
+        let scale = [0.5f32, 0.25];
+        for n in [1, q8::FEW + 1] {
+            let x = Q8Batch::quantize(&one.repeat(n), cols);
+            let (mut got, mut want) = (vec![0f32; 2 * n], vec![0f32; 2 * n]);
+            q8::matmul_int8_at(Level::Avx2, &q, &scale, &x, &mut got);
+            q8::matmul_int8_at(Level::Scalar, &q, &scale, &x, &mut want);
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{n} vectors: {got:?} against {want:?}");
+            }
+            // The integer dot (the output over step 1/127 and scale 1/2): far past 16 bits, as
+            // are the pairs' sums (-128 * -127 + 127 * 127) within it.
+            assert!(want[0] * 127.0 / 0.5 > 1e6, "{want:?}");
         }
     }
 }

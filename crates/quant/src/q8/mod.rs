@@ -1,16 +1,19 @@
 //! Int8 activations: a batch of vectors quantized in blocks of 32 (one f32 step per block, as
 //! llama.cpp's Q8_0), and the products of the stored weight encodings with them as integer dot
-//! products (`vpdpbusd`, AVX512-VNNI), one float scale per block.
+//! products (`vpdpbusd` with AVX512-VNNI; `vpmaddubsw` with AVX2, [`avx2`]), one float scale per
+//! block.
 //!
 //! The weights stay exact; only the activations are rounded, each value by at most half its
 //! block's step (`max|x| / 254`). What that costs a model is measured, not assumed
 //! (`k3-cli perplexity --activations int8 --against`, docs/EFFICIENCY.md); the engine uses these
-//! products only when asked and only where the CPU has VNNI ([`available`]).
+//! products only when asked and only where the CPU has integer dots ([`available`]).
 //!
 //! Values are stored offset by 128 as `u8` (`vpdpbusd` multiplies unsigned by signed bytes): the
 //! kernels subtract `128 * sum(w)` per block, computed from the weights, so every block's dot is
 //! the exact integer `sum(q * w)`.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 pub mod reference;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
@@ -179,15 +182,16 @@ pub(crate) fn with_quantized<R>(xs: &[f32], cols: usize, f: impl FnOnce(&Q8Batch
     })
 }
 
-/// Whether this CPU has the integer dot products that make these kernels worth using (VNNI); on
-/// others they run their scalar references, and the engine keeps exact activations.
+/// Whether this CPU has integer dot products for these kernels: VNNI (AVX-512), or AVX2's
+/// `vpmaddubsw`; without either they run their scalar references, and the engine keeps exact
+/// activations.
 pub fn available() -> bool {
     available_at(level())
 }
 
 pub fn available_at(level: Level) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if level >= Level::Avx512 {
+    if level >= Level::Avx2 {
         return true;
     }
     let _ = level;
@@ -213,13 +217,15 @@ pub fn matmul_mxfp4_at(level: Level, packed: &[u8], scale: &[u8], x: &Q8Batch, y
         x.cols
     );
     check(x, rows, ys);
-    if available_at(supported(level)) {
+    match supported(level) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `available_at` is true only where the CPU has AVX-512 F/BW/VL and VNNI; the
-        // shapes are checked above.
-        return unsafe { vnni::matmul(&vnni::mxfp4(packed, scale, x.cols), rows, x, ys) };
+        // SAFETY: the CPU has AVX-512 F/BW/VL and VNNI at this level; the shapes are checked above.
+        Level::Avx512 => unsafe { vnni::matmul(&vnni::mxfp4(packed, scale, x.cols), rows, x, ys) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX2 and FMA at this level; the shapes are checked above.
+        Level::Avx2 => unsafe { avx2::matmul(&avx2::Mxfp4::new(packed, scale, x.cols), rows, x, ys) },
+        Level::Scalar => reference::matmul_mxfp4(packed, scale, x, ys),
     }
-    reference::matmul_mxfp4(packed, scale, x, ys)
 }
 
 /// `Y = W X` for int4 grouped weights (`q` `[rows, cols/2]`, `scale` f16 `[rows, cols/group]`,
@@ -240,12 +246,15 @@ pub fn matmul_int4_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &Q
         x.cols
     );
     check(x, rows, ys);
-    if available_at(supported(level)) {
+    match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `matmul_mxfp4_at`.
-        return unsafe { vnni::matmul(&vnni::int4(q, scale, group, x.cols), rows, x, ys) };
+        Level::Avx512 => unsafe { vnni::matmul(&vnni::int4(q, scale, group, x.cols), rows, x, ys) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `matmul_mxfp4_at`.
+        Level::Avx2 => unsafe { avx2::matmul(&avx2::Int4::new(q, scale, group, x.cols), rows, x, ys) },
+        Level::Scalar => reference::matmul_int4(q, scale, group, x, ys),
     }
-    reference::matmul_int4(q, scale, group, x, ys)
 }
 
 /// `Y = W X` for int8 per-row weights (`q` `[rows, cols]`, `scale` `[rows]`).
@@ -257,10 +266,13 @@ pub fn matmul_int8_at(level: Level, q: &[i8], scale: &[f32], x: &Q8Batch, ys: &m
     let rows = scale.len();
     assert_eq!(q.len(), rows * x.cols, "int8 weights for [{rows}, {}]", x.cols);
     check(x, rows, ys);
-    if available_at(supported(level)) {
+    match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `matmul_mxfp4_at`.
-        return unsafe { vnni::matmul(&vnni::Int8 { q, scale, cols: x.cols }, rows, x, ys) };
+        Level::Avx512 => unsafe { vnni::matmul(&vnni::Int8 { q, scale, cols: x.cols }, rows, x, ys) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `matmul_mxfp4_at`.
+        Level::Avx2 => unsafe { avx2::matmul(&avx2::Int8 { q, scale, cols: x.cols }, rows, x, ys) },
+        Level::Scalar => reference::matmul_int8(q, scale, x, ys),
     }
-    reference::matmul_int8(q, scale, x, ys)
 }
