@@ -27,7 +27,7 @@ pub struct EngineKnobs {
     pub threads: Option<u16>,
     /// Which products round their inputs (faster prefill): none (`exact`, f32); the routed
     /// experts' MXFP4/int4/int8 matrices to int8 (`int8-experts`: blocks of 32, integer dot
-    /// products where the CPU has AVX512-VNNI); those and the trunk's products of a batch to bf16
+    /// products where the CPU has AVX512-VNNI or AVX2); those and the trunk's products of a batch to bf16
     /// (`bf16-trunk`: where the CPU has AVX512-BF16; a decode step's vector stays exact); or every
     /// int8/int4/MXFP4 matrix, trunk included, to int8 (`int8`). Their measured cost is in
     /// docs/EFFICIENCY.md [default: bf16-trunk for generate, chat and serve; exact for logits,
@@ -160,7 +160,7 @@ pub struct Needs {
 /// (their products are nearly all of a MoE prefill's arithmetic) and bf16 for the trunk's
 /// batched products. On the trained default model with MXFP4 experts and an int8 trunk they cost
 /// a mean KL of 8.4e-5 nats and keep 99.7% of top-1 tokens against exact (docs/EFFICIENCY.md);
-/// a CPU without VNNI or AVX512-BF16 runs those products exact whatever is asked.
+/// a CPU without AVX2 or AVX512-BF16 runs those products exact whatever is asked.
 pub const RUN_ACTIVATIONS: ActivationPrecision = ActivationPrecision::Bf16Trunk;
 
 impl Needs {

@@ -19,7 +19,7 @@ pub enum Activations {
     #[default]
     Exact,
     /// Quantized to int8 in 32-blocks ([`q8`]) where the encoding has an integer kernel and the
-    /// CPU has VNNI; exact elsewhere.
+    /// CPU has integer dots (AVX512-VNNI or AVX2); exact elsewhere.
     Int8,
     /// Rounded to bf16 ([`bf16dot`]) for batches of more than [`q8::FEW`] vectors, where the
     /// encoding's values are whole bf16 values (bf16, int8, int4) and the CPU has AVX512-BF16;
@@ -127,7 +127,7 @@ impl<'a> Matrix<'a> {
     }
 
     /// Whether this matrix's products quantize their inputs to int8 (asked for, a shape the
-    /// kernels take, and a CPU with VNNI).
+    /// kernels take, and a CPU with integer dots: AVX512-VNNI or AVX2).
     pub fn takes_q8(&self) -> bool {
         let (shape_ok, act) = match *self {
             Matrix::Int8Row { cols, act, .. } | Matrix::Mxfp4 { cols, act, .. } => {
