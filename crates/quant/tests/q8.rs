@@ -185,6 +185,18 @@ fn avx2_pair_sums_do_not_saturate_at_the_extremes() {
     }
 }
 
+/// A batch of no vectors is an empty product at every level, not a panic.
+#[test]
+fn no_vectors_give_an_empty_product_at_every_level() {
+    let x = Q8Batch::quantize(&[], 64);
+    let (packed, scale) = (vec![0x21u8; 2 * 32], vec![127u8; 2 * 2]);
+    for level in k3_quant::cpu::levels() {
+        let mut ys: Vec<f32> = Vec::new();
+        q8::matmul_mxfp4_at(level, &packed, &scale, &x, &mut ys);
+        assert!(ys.is_empty(), "{level:?}");
+    }
+}
+
 /// Values with ties (x.5 steps), infinities, NaNs, zeros and tiny blocks, to reach each branch.
 fn activations() -> impl Strategy<Value = (usize, Vec<f32>)> {
     (1usize..4, 1usize..5).prop_flat_map(|(blocks, n)| {

@@ -15,8 +15,9 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
+use super::scales::{BlockScale, E8m0, GroupF16};
 use super::{BLOCK, FEW, Q8Batch};
-use crate::mxfp4::{E2M1_DOUBLED, SCALE_HALF};
+use crate::mxfp4::E2M1_DOUBLED;
 use crate::simd::prefetch_ahead;
 
 /// Rows a tile takes: one 32-bit lane each.
@@ -74,67 +75,37 @@ fn table(levels: [i8; 16]) -> __m256i {
     }
 }
 
-/// MXFP4: doubled E2M1 levels, E8M0 block exponents with the half folded in.
-pub(super) struct Mxfp4<'a> {
-    packed: &'a [u8],
-    scale: &'a [u8],
+/// Nibble-packed weights (`cols / 2` bytes a row, low nibble = even column) read through a
+/// 16-entry table of signed levels, a scale per 32-block: MXFP4 and int4.
+pub(super) struct Packed<'a, S> {
+    q: &'a [u8],
     blocks: usize,
     table: __m256i,
+    scale: S,
 }
 
-impl<'a> Mxfp4<'a> {
-    pub(super) fn new(packed: &'a [u8], scale: &'a [u8], cols: usize) -> Self {
-        Mxfp4 { packed, scale, blocks: cols / BLOCK, table: table(E2M1_DOUBLED) }
-    }
+/// MXFP4 (`packed` `[rows, cols/2]`, E8M0 `scale` `[rows, cols/32]`): doubled E2M1 levels, the
+/// half folded into the scale.
+pub(super) fn mxfp4<'a>(packed: &'a [u8], scale: &'a [u8], cols: usize) -> Packed<'a, E8m0<'a>> {
+    Packed { q: packed, blocks: cols / BLOCK, table: table(E2M1_DOUBLED), scale: E8m0 { scale, blocks: cols / BLOCK } }
 }
 
-impl Weights for Mxfp4<'_> {
+/// int4 (`q` `[rows, cols/2]`, levels nibble - 8, f16 `scale` per `group`).
+pub(super) fn int4<'a>(q: &'a [u8], scale: &'a [f16], group: usize, cols: usize) -> Packed<'a, GroupF16<'a>> {
+    let levels = std::array::from_fn(|n| n as i8 - 8);
+    Packed { q, blocks: cols / BLOCK, table: table(levels), scale: GroupF16 { scale, group, groups: cols / group } }
+}
+
+impl<S: BlockScale> Weights for Packed<'_, S> {
     #[inline]
     unsafe fn block(&self, r: usize, b: usize) -> __m256i {
         // SAFETY: 16 bytes of row r's block b (the caller's contract); AVX2 present.
-        unsafe { nibbles(packed_block(self.packed, (r * self.blocks + b) * 16), self.table) }
-    }
-
-    #[inline]
-    fn scale(&self, r: usize, b: usize) -> f32 {
-        SCALE_HALF[usize::from(self.scale[r * self.blocks + b])]
-    }
-
-    fn row_scale(&self, _: usize) -> f32 {
-        1.0
-    }
-}
-
-/// int4: nibbles minus 8, an f16 scale per group (a multiple of 32 wide).
-pub(super) struct Int4<'a> {
-    q: &'a [u8],
-    scale: &'a [f16],
-    group: usize,
-    groups: usize,
-    blocks: usize,
-    table: __m256i,
-}
-
-impl<'a> Int4<'a> {
-    pub(super) fn new(q: &'a [u8], scale: &'a [f16], group: usize, cols: usize) -> Self {
-        let levels = std::array::from_fn(|n| n as i8 - 8);
-        Int4 { q, scale, group, groups: cols / group, blocks: cols / BLOCK, table: table(levels) }
-    }
-}
-
-impl Weights for Int4<'_> {
-    #[inline]
-    unsafe fn block(&self, r: usize, b: usize) -> __m256i {
-        // SAFETY: as for MXFP4.
         unsafe { nibbles(packed_block(self.q, (r * self.blocks + b) * 16), self.table) }
     }
 
     #[inline]
     fn scale(&self, r: usize, b: usize) -> f32 {
-        let bits = self.scale[r * self.groups + b * BLOCK / self.group].to_bits();
-        // F16C directly (`f16::to_f32` outside a target-feature context detects the CPU per call).
-        // SAFETY: F16C is part of the AVX2 level these kernels run at (`cpu::Level::Avx2`).
-        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
+        self.scale.at(r, b)
     }
 
     fn row_scale(&self, _: usize) -> f32 {
@@ -226,7 +197,8 @@ unsafe fn few<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
             2 => rows_of!(2),
             3 => rows_of!(3),
             4 => rows_of!(4),
-            n => unreachable!("{n} vectors are not a few"),
+            // No vectors: nothing to compute (`matmul` sends only up to `FEW` here).
+            _ => {}
         }
     }
 }

@@ -16,6 +16,8 @@
 mod avx2;
 pub mod reference;
 #[cfg(target_arch = "x86_64")]
+mod scales;
+#[cfg(target_arch = "x86_64")]
 mod vnni;
 
 use std::cell::Cell;
@@ -223,7 +225,7 @@ pub fn matmul_mxfp4_at(level: Level, packed: &[u8], scale: &[u8], x: &Q8Batch, y
         Level::Avx512 => unsafe { vnni::matmul(&vnni::mxfp4(packed, scale, x.cols), rows, x, ys) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX2 and FMA at this level; the shapes are checked above.
-        Level::Avx2 => unsafe { avx2::matmul(&avx2::Mxfp4::new(packed, scale, x.cols), rows, x, ys) },
+        Level::Avx2 => unsafe { avx2::matmul(&avx2::mxfp4(packed, scale, x.cols), rows, x, ys) },
         Level::Scalar => reference::matmul_mxfp4(packed, scale, x, ys),
     }
 }
@@ -252,7 +254,7 @@ pub fn matmul_int4_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &Q
         Level::Avx512 => unsafe { vnni::matmul(&vnni::int4(q, scale, group, x.cols), rows, x, ys) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `matmul_mxfp4_at`.
-        Level::Avx2 => unsafe { avx2::matmul(&avx2::Int4::new(q, scale, group, x.cols), rows, x, ys) },
+        Level::Avx2 => unsafe { avx2::matmul(&avx2::int4(q, scale, group, x.cols), rows, x, ys) },
         Level::Scalar => reference::matmul_int4(q, scale, group, x, ys),
     }
 }

@@ -85,10 +85,9 @@ fn call_id(c: &ToolCall, message: &str, n: usize) -> String {
 /// A call's arguments as its `input` object, as the model wrote them; arguments that are no JSON
 /// object come whole as `{"arguments": "..."}`.
 fn input(c: &ToolCall) -> Box<RawValue> {
-    let text = c.arguments.trim();
-    let is_object = serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object());
-    let text = if is_object { text.to_string() } else { json!({"arguments": c.arguments}).to_string() };
-    RawValue::from_string(text).unwrap_or_else(|_| RawValue::from_string("{}".into()).expect("an empty object"))
+    // Read once, as written (no re-serialization: the key order stays the model's).
+    let raw = serde_json::from_str::<Box<RawValue>>(c.arguments.trim()).ok().filter(|r| r.get().starts_with('{'));
+    raw.or_else(|| serde_json::value::to_raw_value(&json!({"arguments": c.arguments})).ok()).unwrap_or_default()
 }
 
 /// How to answer.
@@ -347,4 +346,24 @@ fn streamed(
     });
     let stream = UnboundedReceiverStream::new(events).map(Ok::<_, Infallible>);
     axum::response::Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(arguments: &str) -> ToolCall {
+        ToolCall { id: String::new(), name: "f".into(), arguments: arguments.into() }
+    }
+
+    /// A call's `input` is its arguments as written when they are an object (key order kept),
+    /// else the text whole under `arguments`: always a JSON object, whatever the model wrote.
+    #[test]
+    fn a_calls_input_is_always_an_object() {
+        assert_eq!(input(&call(r#" {"z": 1, "a": [2]} "#)).get(), r#"{"z": 1, "a": [2]}"#);
+        for odd in ["[1, 2]", "\"text\"", "{\"unclosed\": ", "", "7"] {
+            let v: Value = serde_json::from_str(input(&call(odd)).get()).unwrap();
+            assert_eq!(v, json!({"arguments": odd}), "{odd:?}");
+        }
+    }
 }

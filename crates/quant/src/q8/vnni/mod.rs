@@ -29,6 +29,12 @@ use weights::Weights;
 /// `x.vectors() * rows` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 pub(super) unsafe fn matmul<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
-    // SAFETY: the caller's contract, passed on.
-    unsafe { if x.vectors() <= FEW { tiles::matmul_rows(w, rows, x, ys) } else { lanes::matmul(w, rows, x, ys) } }
+    // SAFETY: the caller's contract, passed on (no vectors: nothing to compute).
+    unsafe {
+        match x.vectors() {
+            0 => {}
+            n if n <= FEW => tiles::matmul_rows(w, rows, x, ys),
+            _ => lanes::matmul(w, rows, x, ys),
+        }
+    }
 }

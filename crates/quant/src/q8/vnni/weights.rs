@@ -5,7 +5,8 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::super::BLOCK;
-use crate::mxfp4::{E2M1_DOUBLED, SCALE_HALF};
+use super::super::scales::{BlockScale, E8m0, GroupF16};
+use crate::mxfp4::E2M1_DOUBLED;
 use crate::simd::prefetch_ahead;
 
 /// A weight matrix as the tiles read it: a row's weights as unsigned bytes `w + OFFSET` in
@@ -78,42 +79,6 @@ impl<'a, S, const O: i32> Packed<'a, S, O> {
     /// Both tables from the sixteen nibble values' signed levels.
     fn new(q: &'a [u8], cols: usize, signed: [i8; 16], scale: S) -> Self {
         Packed { q, cols, levels: signed.map(|l| (i32::from(l) + O) as u8), signed: signed.map(|l| l as u8), scale }
-    }
-}
-
-/// One f32 scale per (row, 32-block).
-pub(in crate::q8) trait BlockScale {
-    fn at(&self, r: usize, b: usize) -> f32;
-}
-
-/// MXFP4's E8M0 block exponents, with the 1/2 of the doubled E2M1 levels folded in.
-pub(in crate::q8) struct E8m0<'a> {
-    pub scale: &'a [u8],
-    pub blocks: usize,
-}
-
-impl BlockScale for E8m0<'_> {
-    #[inline]
-    fn at(&self, r: usize, b: usize) -> f32 {
-        SCALE_HALF[usize::from(self.scale[r * self.blocks + b])]
-    }
-}
-
-/// int4's f16 group scales (groups a multiple of 32 wide).
-pub(in crate::q8) struct GroupF16<'a> {
-    pub scale: &'a [f16],
-    pub group: usize,
-    pub groups: usize,
-}
-
-impl BlockScale for GroupF16<'_> {
-    #[inline]
-    fn at(&self, r: usize, b: usize) -> f32 {
-        let bits = self.scale[r * self.groups + b * BLOCK / self.group].to_bits();
-        // F16C directly: `f16::to_f32` outside a target-feature context detects the CPU per call
-        // (int4 x 64 vectors measured 30 against 47 G/s with it).
-        // SAFETY: F16C comes with every CPU that runs these kernels (AVX-512), SSE with x86_64.
-        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
     }
 }
 
