@@ -2,8 +2,9 @@
 # k3 side by side with llama.cpp, the engine people would otherwise use (not run in CI: it
 # downloads torch and llama.cpp and takes ~30 minutes on two cores).
 #
-#   tools/bench/peer-llama.sh [WORK_DIR]        (default bench-out/peer; THREADS, REPS, ACTIVATIONS
-#                                                from the env; ACTIVATIONS: k3's --activations, exact)
+#   tools/bench/peer-llama.sh [WORK_DIR]        (default bench-out/peer; THREADS, REPS, ACTIVATIONS,
+#                                                PAIRS from the env; ACTIVATIONS: k3's --activations,
+#                                                auto, its default)
 #
 # 1. builds llama.cpp (llama-bench, llama-quantize) from the llama-cpp-python source package on
 #    PyPI, whose vendored llama.cpp has the kimi-linear architecture; natively, but without AMX (this machine's
@@ -15,13 +16,18 @@
 #    (bf16 as stored; MXFP4 experts with an int4 trunk, Q4_K_M's pairing, and with an int8 trunk,
 #    MXFP4_MOE's; PAIRS from the env chooses others);
 # 4. runs both engines' decode (64 tokens after a 32-token prompt) and prefill (256 tokens) on the
-#    same thread count, interleaved, REPS times, and prints medians and ratios.
+#    same thread count, interleaved, REPS times, and prints medians and ratios;
+# 5. measures each pair's quality on a trained model, the default model (fixtures/default.waste,
+#    exported as a Hugging Face checkpoint and encoded the same ways by both): the mean KL against
+#    the unquantized model over the held-out text, in the same 256-token windows, each engine
+#    scoring the second half of every window (llama-perplexity --kl-divergence; k3-cli perplexity
+#    --skip 128 --against), with the same --activations as the speed runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 W=$(realpath -m "${1:-bench-out/peer}")
 THREADS=${THREADS:-$(nproc)}
 REPS=${REPS:-3}
-ACTIVATIONS=${ACTIVATIONS:-exact}
+ACTIVATIONS=${ACTIVATIONS:-auto}
 mkdir -p "$W"
 
 # Tools: a venv with the converter's and the checkpoint maker's packages.
@@ -44,12 +50,14 @@ if [ ! -x "$LLAMA/build/bin/llama-bench" ]; then
         "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
         "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
-    cmake --build "$LLAMA/build" --target llama-bench llama-quantize -j "$(nproc)" >/dev/null
+fi
+if [ ! -x "$LLAMA/build/bin/llama-perplexity" ]; then
+    cmake --build "$LLAMA/build" --target llama-bench llama-quantize llama-perplexity -j "$(nproc)" >/dev/null
 fi
 BIN="$LLAMA/build/bin"
 
 # k3.
-cargo build --release -q -p xtask
+cargo build --release -q -p xtask -p k3-cli
 
 # The checkpoint and its conversions.
 if [ ! -f "$W/hf/config.json" ]; then
@@ -66,7 +74,7 @@ target/release/xtask convert --hf "$W/hf" --out "$W/mxfp4-int4.waste" --experts 
 
 # Pairs: WASTE model, GGUF model, at matching bytes per weight: Q4_K_M's trunk is 4-6 bits a
 # weight (k3's int4 trunk: 4.5), MXFP4_MOE's is Q8_0 (k3's int8 trunk: 8 + a scale a row).
-PAIRS=${PAIRS:-"bf16.waste:bf16.gguf mxfp4-int4.waste:Q4_K_M.gguf mxfp4-int8.waste:MXFP4_MOE.gguf"}
+PAIRS=${PAIRS:-"bf16.waste:bf16.gguf mxfp4-int4.waste:Q4_K_M.gguf mxfp4-int8.waste:MXFP4_MOE.gguf mxfp4-int8.waste:Q8_0.gguf"}
 R="$W/results" && rm -rf "$R" && mkdir -p "$R"
 for rep in $(seq 1 "$REPS"); do
     for pair in $PAIRS; do
@@ -81,6 +89,32 @@ for rep in $(seq 1 "$REPS"); do
         "$BIN/llama-bench" -m "$W/$gguf" -t "$THREADS" -p 256 -n 64 -d 32 -r 1 -o json \
             >"$R/llama-$waste-$gguf-$rep.json" 2>/dev/null
     done
+done
+
+# Quality on the trained default model: each pair's models made again from it.
+Q="$W/quality" && mkdir -p "$Q"
+TEXT=fixtures/default-model/heldout.txt
+[ -f "$Q/hf/config.json" ] || target/release/xtask export --model fixtures/default.waste --out "$Q/hf" >/dev/null
+[ -f "$Q/bf16.gguf" ] || "$PY" tools/bench/peer/convert_gguf.py "$LLAMA" "$Q/hf" "$Q/bf16.gguf" >/dev/null 2>&1
+[ -f "$Q/base.kld" ] || "$BIN/llama-perplexity" -m "$Q/bf16.gguf" -f "$TEXT" -c 256 -b 256 -t "$THREADS" \
+    --kl-divergence-base "$Q/base.kld" >"$Q/llama-base.txt" 2>&1
+for pair in $PAIRS; do
+    waste=${pair%%:*} gguf=${pair##*:}
+    if [ "$gguf" != bf16.gguf ] && [ ! -f "$Q/$gguf" ]; then
+        "$BIN/llama-quantize" "$Q/bf16.gguf" "$Q/$gguf" "${gguf%.gguf}" "$THREADS" >/dev/null 2>&1
+    fi
+    "$BIN/llama-perplexity" -m "$Q/$gguf" -f "$TEXT" -c 256 -b 256 -t "$THREADS" --kl-divergence-base "$Q/base.kld" \
+        --kl-divergence >"$R/quality-llama-$gguf.txt" 2>&1
+    if [ "$waste" = bf16.waste ]; then
+        m=fixtures/default.waste
+    else
+        m="$Q/$waste" enc=${waste%.waste}
+        [ -d "$m" ] || target/release/k3-cli convert --from fixtures/default.waste --out "$m" \
+            --experts "${enc%-*}" --trunk "${enc#*-}" >/dev/null
+    fi
+    target/release/k3-cli perplexity --model "$m" "$TEXT" --window 256 --skip 128 --against fixtures/default.waste \
+        --activations "$ACTIVATIONS" --threads "$THREADS" --json >"$R/quality-k3-$waste.json" 2>/dev/null
+    echo "$(du -sb "$m" | cut -f1) $(stat -c %s "$Q/$gguf")" >"$R/quality-bytes-$waste-$gguf"
 done
 
 "$PY" - "$R" "$PAIRS" "$THREADS" "$ACTIVATIONS" <<'PY'
@@ -99,4 +133,17 @@ for p in pairs:
             (ld if row["n_gen"] > 0 else lp).append(row["avg_ts"])
     ld, lp = med(ld), med(lp)
     print(f"{w:<18} {g:<16} {kd:>10.1f} {ld:>8.1f} {kd/ld:>5.2f}x {kp:>11.1f} {lp:>8.1f} {kp/lp:>5.2f}x")
+print()
+print("quality on the trained default model: mean KL (nats) against the unquantized model, the second half")
+print("of each 256-token held-out window; bytes of the model files")
+print(f"{'k3 (WASTE)':<18} {'llama.cpp (GGUF)':<16} {'k3 KL':>9} {'llama KL':>9} {'k3 bytes':>10} {'llama bytes':>11}")
+for p in pairs:
+    w, g = p.split(":")
+    k = json.load(open(f"{r}/quality-k3-{w}.json"))["against"]["mean_kl"]
+    l = None
+    for line in open(f"{r}/quality-llama-{g}.txt"):
+        if line.startswith("Mean    KLD:"):
+            l = float(line.split()[2])
+    kb, lb = open(f"{r}/quality-bytes-{w}-{g}").read().split()
+    print(f"{w:<18} {g:<16} {k:>9.5f} {l if l is not None else float('nan'):>9.5f} {int(kb):>10} {int(lb):>11}")
 PY

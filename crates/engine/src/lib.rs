@@ -17,9 +17,10 @@ pub mod weights;
 
 pub use memory_plan::MemoryPlan;
 pub use model::{
-    ActivationPrecision, Engine, EngineOptions, ExpertApprox, ImageWork, Inserted, LayerWalk, Logits, LowBitCopies,
-    PromptImage, RoundedCopies, RoutedToken, RunStats, SavedState, Seq, Session, Span, SpanKind, StateFileError,
-    StateFileLayout, StateHeader, WALK_GROUP_ROWS, activate, read_state_header, state_ids_bytes, tap,
+    ActivationPrecision, Engine, EngineOptions, ExpertApprox, ExpertWeights, ImageWork, Inserted, LayerWalk, Logits,
+    LowBitCopies, PromptImage, RoundedCopies, RoutedToken, RunStats, SavedState, Seq, Session, Span, SpanKind,
+    StateFileError, StateFileLayout, StateHeader, TrunkWeights, WALK_GROUP_ROWS, WeightClasses, activate,
+    read_state_header, state_ids_bytes, tap,
 };
 pub use owned::OwnedEngine;
 pub use verify::TrunkCheck;

@@ -3,6 +3,9 @@
 //! The text's tokens are cut into non-overlapping windows, each run from an empty state; every
 //! token of a window but its first is scored (natural-log likelihood in f64). This is the
 //! definition `tools/train/train_kimi_linear.py` uses, so the two numbers are comparable.
+//! [`Windows::skip`] leaves a window's first predictions unscored instead, as `llama-perplexity`
+//! does (it scores the second half of each window), so a comparison with it counts the same
+//! positions.
 
 use crate::sample::argmax;
 use k3_engine::{Engine, RunStats};
@@ -37,33 +40,80 @@ impl Perplexity {
     }
 }
 
-/// Scores `ids` in windows of `window` tokens, prefilling `chunk` tokens at a time; `progress` is
-/// called with the number of windows done.
+/// How a text is cut and which positions count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Windows {
+    /// Tokens per window (each run from an empty state).
+    pub window: usize,
+    /// Tokens per forward call.
+    pub chunk: usize,
+    /// Predictions at the first `skip` positions of each window are not scored (0: all are).
+    pub skip: usize,
+}
+
+impl Windows {
+    /// Every prediction scored, as a trainer counts.
+    pub fn new(window: usize, chunk: usize) -> Self {
+        Windows { window, chunk: chunk.max(1), skip: 0 }
+    }
+
+    fn check(&self) -> Result<(), GenerateError> {
+        if self.window < 2 {
+            return Err(GenerateError::Input(format!("a scoring window needs at least 2 tokens, not {}", self.window)));
+        }
+        if self.chunk == 0 {
+            return Err(GenerateError::Input("a forward call needs at least 1 token".into()));
+        }
+        if self.skip + 1 >= self.window {
+            return Err(GenerateError::Input(format!(
+                "skipping {} positions of a {}-token window leaves none to score",
+                self.skip, self.window
+            )));
+        }
+        Ok(())
+    }
+
+    /// The windows that score at least one position.
+    fn of<'a>(&self, ids: &'a [u32]) -> impl Iterator<Item = &'a [u32]> {
+        let skip = self.skip;
+        ids.chunks(self.window).filter(move |w| w.len() >= skip + 2)
+    }
+
+    /// The positions of a chunk starting at `first` in a window of `len` tokens that are scored,
+    /// as rows of the chunk's logits: those at or past `skip` and before the window's last.
+    fn rows(&self, first: usize, chunk_len: usize, len: usize) -> std::ops::Range<usize> {
+        let end = (first + chunk_len).min(len - 1);
+        let start = self.skip.max(first).min(end);
+        start - first..end - first
+    }
+}
+
+/// Scores `ids` in windows, prefilling `chunk` tokens at a time; `progress` is called with the
+/// number of windows done.
 pub fn perplexity(
     engine: &Engine<'_>,
     ids: &[u32],
-    window: usize,
-    chunk: usize,
+    cut: &Windows,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Perplexity, GenerateError> {
-    check_window(window)?;
+    cut.check()?;
     let v = engine.vocab();
     let mut out = Perplexity::default();
-    for (i, w) in ids.chunks(window).filter(|w| w.len() >= 2).enumerate() {
+    for (i, w) in cut.of(ids).enumerate() {
         let mut session = engine.session();
         // Each chunk's logits are scored as they come (a window's whole logits could be larger
         // than the model): position p predicts token p + 1.
         let mut nll = 0.0;
-        for (ci, c) in w.chunks(chunk.max(1)).enumerate() {
+        for (ci, c) in w.chunks(cut.chunk).enumerate() {
             let logits = engine.forward(&mut session, c, None)?;
-            let first = ci * chunk.max(1);
-            nll -= logits
-                .chunks_exact(v)
-                .zip(w.iter().skip(first + 1))
-                .map(|(row, &next)| log_softmax_at(row, next as usize))
+            let first = ci * cut.chunk;
+            let rows = cut.rows(first, c.len(), w.len());
+            nll -= rows
+                .clone()
+                .map(|r| log_softmax_at(&logits[r * v..(r + 1) * v], w[first + r + 1] as usize))
                 .sum::<f64>();
         }
-        out.windows.push(WindowNll { nll, scored: w.len() - 1 });
+        out.windows.push(WindowNll { nll, scored: w.len() - 1 - cut.skip });
         out.stats.accumulate(&session.stats);
         progress(i + 1);
     }
@@ -110,11 +160,10 @@ pub fn agreement(
     model: &Engine<'_>,
     reference: &Engine<'_>,
     ids: &[u32],
-    window: usize,
-    chunk: usize,
+    cut: &Windows,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Agreement, GenerateError> {
-    check_window(window)?;
+    cut.check()?;
     let v = model.vocab();
     if reference.vocab() != v {
         return Err(GenerateError::Input(format!(
@@ -123,14 +172,14 @@ pub fn agreement(
         )));
     }
     let mut out = Agreement::default();
-    for (i, w) in ids.chunks(window).filter(|w| w.len() >= 2).enumerate() {
+    for (i, w) in cut.of(ids).enumerate() {
         let (mut sm, mut sr) = (model.session(), reference.session());
-        for (ci, c) in w.chunks(chunk.max(1)).enumerate() {
+        for (ci, c) in w.chunks(cut.chunk).enumerate() {
             let (lm, lr) = (model.forward(&mut sm, c, None)?, reference.forward(&mut sr, c, None)?);
-            let first = ci * chunk.max(1);
-            // The window's last position predicts past it: not scored.
-            let rows = c.len().min(w.len() - 1 - first.min(w.len() - 1));
-            for (q, p) in lm.chunks_exact(v).zip(lr.chunks_exact(v)).take(rows) {
+            // The window's last position predicts past it, and the first `skip` are context only.
+            let rows = cut.rows(ci * cut.chunk, c.len(), w.len());
+            let (lm, lr) = (&lm[rows.start * v..rows.end * v], &lr[rows.start * v..rows.end * v]);
+            for (q, p) in lm.chunks_exact(v).zip(lr.chunks_exact(v)) {
                 let (lp, lq) = (log_softmax(p), log_softmax(q));
                 out.kl += kl_divergence(&lp, &lq);
                 out.entropy += entropy(&lq);
@@ -142,13 +191,6 @@ pub fn agreement(
         progress(i + 1);
     }
     Ok(out)
-}
-
-fn check_window(window: usize) -> Result<(), GenerateError> {
-    if window < 2 {
-        return Err(GenerateError::Input(format!("a scoring window needs at least 2 tokens, not {window}")));
-    }
-    Ok(())
 }
 
 /// `KL(p || q)` in nats, from log-probabilities ([`log_softmax`]: each position's computed once
@@ -181,6 +223,23 @@ fn log_sum_exp(row: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn skipped_positions_are_the_windows_first_predictions() {
+        // A 6-token window in chunks of 4, its first 2 predictions skipped: positions 2, 3, 4
+        // predict tokens 3, 4, 5; position 5 predicts past the window.
+        let cut = Windows { window: 6, chunk: 4, skip: 2 };
+        assert_eq!((cut.rows(0, 4, 6), cut.rows(4, 2, 6)), (2..4, 0..1));
+        let all = Windows::new(6, 4);
+        assert_eq!((all.rows(0, 4, 6), all.rows(4, 2, 6)), (0..4, 0..1));
+        // A chunk wholly inside the skipped part scores nothing.
+        assert!(Windows { window: 8, chunk: 2, skip: 5 }.rows(2, 2, 8).is_empty());
+        // A last window too short to reach past the skip is left out.
+        assert_eq!(cut.of(&[1, 2, 3, 4, 5, 6, 7, 8, 9]).count(), 1);
+        assert_eq!(cut.of(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).count(), 2);
+        assert!(Windows { window: 4, chunk: 4, skip: 3 }.check().is_err());
+        assert!(Windows { window: 4, chunk: 0, skip: 0 }.check().is_err());
+    }
 
     #[test]
     fn kl_of_a_distribution_with_itself_is_zero_and_positive_otherwise() {

@@ -63,6 +63,7 @@ pub fn summary(model: &Model) -> Value {
         "format_version": format!("{}.{}", model.header().version.0, model.header().version.1),
         "architecture": a,
         "encodings": m.encodings,
+        "activations": activations(model),
         "alignment": m.alignment,
         "expert_records": index.len(),
         "expert_layouts": layouts,
@@ -188,6 +189,8 @@ pub fn table(model: &Model) -> String {
     let _ = writeln!(o, "per token   {} of routed experts read when nothing is cached", human_bytes(per_token));
     let enc: Vec<String> = m.encodings.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let _ = writeln!(o, "encodings   {}", enc.join(", "));
+    let auto = k3_engine::ActivationPrecision::Auto.for_model(model);
+    let _ = writeln!(o, "{} (auto: generate, chat and serve)", crate::run::activations_line(auto));
     let _ =
         writeln!(o, "trunk       {}  {}, {} tensors", m.trunk.file, human_bytes(m.trunk.bytes), m.trunk.tensors.len());
     if let Some(by) = s["trunk"]["by_encoding"].as_object() {
@@ -282,4 +285,13 @@ pub fn verify(model: &Model) -> anyhow::Result<ExitCode> {
     }
     eprintln!("{} problem(s) found in {}", problems.len(), model.dir().display());
     Ok(ExitCode::FAILURE)
+}
+
+/// What `--activations auto` picks for this model, and what each class of products would run at
+/// on this CPU.
+fn activations(model: &Model) -> Value {
+    let auto = k3_engine::ActivationPrecision::Auto.for_model(model);
+    let mut v = serde_json::to_value(auto.ran()).unwrap_or_default();
+    v["auto"] = auto.name().into();
+    v
 }

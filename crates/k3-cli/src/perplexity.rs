@@ -20,6 +20,11 @@ pub struct PerplexityArgs {
     /// Tokens per forward call (prefill chunk).
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     chunk: u32,
+    /// Predictions at each window's first N positions are context only, not scored (0: every
+    /// one is, as a trainer counts). `llama-perplexity` scores a window's second half: `--skip`
+    /// half the window counts the same positions.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    skip: u32,
     /// Also compare with this model's predictions (the same text and windows): how often both
     /// models' most likely next token agree, and the mean KL divergence from it. The reference
     /// runs with exact activations, every routed expert and nothing approximated, so
@@ -61,6 +66,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
         k3_generate::model_tokenizer(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
     let ids = tok.encode(&text);
     let (window, chunk) = (a.window as usize, (a.chunk as usize).min(a.window as usize));
+    let cut = k3_generate::eval::Windows { window, chunk, skip: a.skip as usize };
     // A window never holds more than `window` tokens of context, nor more than the text.
     let context = ids.len().clamp(2, window) as u64;
     let approx = k3_engine::ExpertApprox {
@@ -73,7 +79,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
     let windows = ids.len().div_ceil(window);
     let pb = crate::progress_bar(windows as u64, "perplexity [{bar:40}] {pos}/{len} windows ETA {eta}");
     let t0 = std::time::Instant::now();
-    let r = k3_generate::eval::perplexity(&engine, &ids, window, chunk, &mut |done| pb.set_position(done as u64))?;
+    let r = k3_generate::eval::perplexity(&engine, &ids, &cut, &mut |done| pb.set_position(done as u64))?;
     let seconds = t0.elapsed().as_secs_f64();
     pb.finish_and_clear();
     a.engine.report(&engine, &r.stats, None)?;
@@ -89,8 +95,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
             exact.knobs.cache_aware_experts = None;
             let re = exact.load(&rm, reference, Needs::exact(context, chunk))?;
             let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
-            let g =
-                k3_generate::eval::agreement(&engine, &re, &ids, window, chunk, &mut |d| pb.set_position(d as u64))?;
+            let g = k3_generate::eval::agreement(&engine, &re, &ids, &cut, &mut |d| pb.set_position(d as u64))?;
             pb.finish_and_clear();
             Some(g)
         }

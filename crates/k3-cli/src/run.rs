@@ -25,13 +25,16 @@ pub struct EngineKnobs {
     /// are the same bits for any number.
     #[arg(short = 't', long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
-    /// Which products round their inputs (faster prefill): none (`exact`, f32); the routed
+    /// Which products round their inputs (faster): the rule's choice for the model (`auto`:
+    /// rounded only where that adds at most a tenth of the KL the weights' own encodings cost,
+    /// and never over 1e-3 nats; a model as trained runs exact); none (`exact`, f32); the routed
     /// experts' MXFP4/int4/int8 matrices to int8 (`int8-experts`: blocks of 32, integer dot
-    /// products where the CPU has AVX512-VNNI or AVX2); those and the trunk's products of a batch to bf16
+    /// products on AVX2 or AVX512-VNNI); those and the trunk's products of a batch to bf16
     /// (`bf16-trunk`: where the CPU has AVX512-BF16; a decode step's vector stays exact); or every
-    /// int8/int4/MXFP4 matrix, trunk included, to int8 (`int8`). Their measured cost is in
-    /// docs/EFFICIENCY.md [default: bf16-trunk for generate, chat and serve; exact for logits,
-    /// trace, perplexity and lookahead, whose numbers are compared with references].
+    /// int8/int4/MXFP4 matrix, trunk included, to int8 (`int8`). `--stats` says which ran; the
+    /// measured costs are in docs/EFFICIENCY.md [default: auto for generate, chat and serve;
+    /// exact for logits, trace, perplexity and lookahead, whose numbers are compared with
+    /// references].
     #[arg(long, value_name = "PRECISION", value_parser = k3_engine::ActivationPrecision::NAMES)]
     pub activations: Option<String>,
     /// Read, then compute (no overlap of expert reads with arithmetic), for measurement.
@@ -156,12 +159,10 @@ pub struct Needs {
     pub activations: ActivationPrecision,
 }
 
-/// What generate, chat and serve run with by default: int8 activations for the routed experts
-/// (their products are nearly all of a MoE prefill's arithmetic) and bf16 for the trunk's
-/// batched products. On the trained default model with MXFP4 experts and an int8 trunk they cost
-/// a mean KL of 8.4e-5 nats and keep 99.7% of top-1 tokens against exact (docs/EFFICIENCY.md);
-/// a CPU without AVX2 or AVX512-BF16 runs those products exact whatever is asked.
-pub const RUN_ACTIVATIONS: ActivationPrecision = ActivationPrecision::Bf16Trunk;
+/// What generate, chat and serve run with by default: the quality rule's choice for the model
+/// (`ActivationPrecision::for_weights`: rounded only where it adds at most a tenth of the KL the
+/// weights' encodings cost); `logits`, `trace`, `perplexity` and the golden tests run exact.
+pub const RUN_ACTIVATIONS: ActivationPrecision = ActivationPrecision::Auto;
 
 impl Needs {
     /// A command whose work takes exactly `context` tokens of context.
@@ -330,6 +331,7 @@ impl EngineArgs {
             "overlap_efficiency": overlap,
             "peak_rss_bytes": rss,
             "memory_plan_bytes": engine.plan().total(),
+            "activations": activations_json(engine),
         });
         if let Some((p, d, steps)) = &split {
             json["prefill"] = serde_json::json!({"tokens": p.0, "seconds": p.1, "tokens_per_s": rate(*p)});
@@ -380,9 +382,24 @@ impl EngineArgs {
                 rss.unwrap_or(0) as f64 / 1e6
             );
             print_expert_levers(s, spec, c.bytes_read);
+            eprintln!("{}", activations_line(engine.activations()));
         }
         Ok(())
     }
+}
+
+/// The precision that ran and what each class of products ran at on this CPU.
+fn activations_json(engine: &Engine<'_>) -> serde_json::Value {
+    let a = engine.activations();
+    let mut v = serde_json::to_value(a.ran()).unwrap_or_default();
+    v["precision"] = a.name().into();
+    v
+}
+
+/// `activations bf16-trunk (avx512): experts int8, trunk bf16 batches, head exact`.
+pub fn activations_line(a: ActivationPrecision) -> String {
+    let r = a.ran();
+    format!("activations {} ({}): experts {}, trunk {}, head {}", a.name(), r.simd, r.experts, r.trunk, r.head)
 }
 
 /// The summary lines of the levers that change which experts run: low-bit copies, cache-aware

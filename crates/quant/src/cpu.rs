@@ -17,6 +17,19 @@ pub enum Level {
     Avx512,
 }
 
+impl Level {
+    /// The level's name, as `K3_SIMD` takes it (`avx512` is the level's full set above).
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => "avx512",
+        }
+    }
+}
+
 /// The level in use: the best the CPU has, unless `K3_SIMD` caps it (`scalar` or `avx2`: for
 /// measuring what each level buys, and for debugging).
 pub fn level() -> Level {

@@ -7,6 +7,7 @@
 //! cache), `compute` (the thread pool), `attnres` (K3's residual mix), `session` (a sequence's
 //! state), `stats` (counters and timelines); the memory plan is `crate::memory_plan`.
 
+mod activations;
 mod approx;
 mod attnres;
 mod compute;
@@ -23,6 +24,7 @@ pub mod tap;
 mod vision;
 mod walk;
 
+pub use activations::{ExpertWeights, TrunkWeights, WeightClasses};
 pub use approx::{ExpertApprox, LowBitCopies, RoundedCopies};
 pub use forward::{Logits, Seq};
 pub use layers::activate;
@@ -134,6 +136,7 @@ impl<'m> Engine<'m> {
     /// plans memory (failing with the minimum when the budget is too small) and opens the expert
     /// reader.
     pub fn load_with(model: &'m Model, opts: EngineOptions) -> Result<Engine<'m>, EngineError> {
+        let opts = EngineOptions { activations: opts.activations.for_model(model), ..opts };
         let trunk_check = if opts.verify_trunk { Some(crate::verify::verify_trunk(model)?) } else { None };
         let raw =
             model.blob("config.json").ok_or_else(|| EngineError::Config("the model embeds no config.json".into()))?;
@@ -209,6 +212,11 @@ impl<'m> Engine<'m> {
     /// caller's, or the one the plan picked for this model and budget).
     pub fn prefill_chunk(&self) -> usize {
         self.plan.chunk as usize
+    }
+
+    /// The activation precision the engine runs (`Auto` resolved for this model).
+    pub fn activations(&self) -> ActivationPrecision {
+        self.opts.activations
     }
 
     pub fn plan(&self) -> &MemoryPlan {

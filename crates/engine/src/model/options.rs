@@ -1,7 +1,8 @@
 //! How an engine runs: the switches of `k3-cli`, and what the memory plan must cover.
 
 use k3_io::Policy;
-use k3_quant::Matrix;
+
+pub use super::activations::ActivationPrecision;
 
 #[derive(Clone)]
 pub struct EngineOptions {
@@ -108,90 +109,5 @@ impl std::fmt::Debug for EngineOptions {
             .field("threads", &self.threads)
             .field("verify_trunk", &self.verify_trunk)
             .finish_non_exhaustive()
-    }
-}
-
-/// Where the engine multiplies rounded activations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ActivationPrecision {
-    /// f32 everywhere.
-    #[default]
-    Exact,
-    /// The routed experts only, on int8: nearly all of a MoE prefill's arithmetic, and on the
-    /// default model a mean KL of 4e-5 nats against exact (the trunk's attention and dense MLPs
-    /// cost 7x more KL for a small share of the work).
-    Experts,
-    /// The experts as [`Experts`](Self::Experts) (those without an int8 kernel, bf16 ones, on
-    /// bf16), and the trunk's products of a batch (prefill chunks, drafts scored) on bf16: rounding
-    /// each value to 8 significant bits costs far less than int8 blocks. A decode step's lone
-    /// vector stays exact in the trunk.
-    Bf16Trunk,
-    /// Every integer-encoded matrix, trunk included, on int8.
-    All,
-}
-
-impl ActivationPrecision {
-    /// The precision of the routed experts' products.
-    pub fn experts(self) -> k3_quant::Activations {
-        if self == ActivationPrecision::Exact { k3_quant::Activations::Exact } else { k3_quant::Activations::Int8 }
-    }
-
-    /// An expert matrix at this precision: int8 where its encoding has an int8 kernel, and under
-    /// [`Bf16Trunk`](Self::Bf16Trunk) bf16 batches where it has none.
-    pub(crate) fn for_experts(self, m: Matrix<'_>) -> Matrix<'_> {
-        let m = m.with_activations(self.experts());
-        if self == ActivationPrecision::Bf16Trunk && !m.takes_q8() {
-            m.with_activations(k3_quant::Activations::Bf16)
-        } else {
-            m
-        }
-    }
-
-    /// The precision of the trunk's products.
-    pub fn trunk(self) -> k3_quant::Activations {
-        match self {
-            ActivationPrecision::All => k3_quant::Activations::Int8,
-            ActivationPrecision::Bf16Trunk => k3_quant::Activations::Bf16,
-            ActivationPrecision::Exact | ActivationPrecision::Experts => k3_quant::Activations::Exact,
-        }
-    }
-
-    /// The precision of the output head's product (the logits): as the trunk's, except under
-    /// [`Bf16Trunk`](Self::Bf16Trunk), whose logits stay exact.
-    pub fn head(self) -> k3_quant::Activations {
-        match self {
-            ActivationPrecision::Bf16Trunk => k3_quant::Activations::Exact,
-            other => other.trunk(),
-        }
-    }
-
-    /// Every precision, in the order `--activations` lists them.
-    pub const ALL: [Self; 4] = [
-        ActivationPrecision::Exact,
-        ActivationPrecision::Experts,
-        ActivationPrecision::Bf16Trunk,
-        ActivationPrecision::All,
-    ];
-
-    /// The names `--activations` takes.
-    pub const NAMES: [&str; 4] = [Self::ALL[0].name(), Self::ALL[1].name(), Self::ALL[2].name(), Self::ALL[3].name()];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            ActivationPrecision::Exact => "exact",
-            ActivationPrecision::Experts => "int8-experts",
-            ActivationPrecision::Bf16Trunk => "bf16-trunk",
-            ActivationPrecision::All => "int8",
-        }
-    }
-}
-
-impl std::str::FromStr for ActivationPrecision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| format!("`{s}` is not an activation precision (one of {})", Self::NAMES.join(", ")))
     }
 }

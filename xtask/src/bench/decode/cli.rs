@@ -51,7 +51,7 @@ pub struct Args {
     /// choice for the model and budget).
     #[arg(long, value_name = "N,N,..", default_value = "auto")]
     pub chunk: String,
-    /// Comma-separated activation precisions (`exact`, `int8-experts`, `int8`) to run each
+    /// Comma-separated activation precisions (`auto`, `exact`, `int8-experts`, `bf16-trunk`, `int8`) to run each
     /// configuration with.
     #[arg(long, value_name = "P,P,..", default_value = "exact")]
     pub activations: String,
