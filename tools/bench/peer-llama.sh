@@ -68,6 +68,9 @@ fi
 for q in Q8_0 Q4_K_M MXFP4_MOE; do
     [ -f "$W/$q.gguf" ] || "$BIN/llama-quantize" "$W/bf16.gguf" "$W/$q.gguf" "$q" "$THREADS" >/dev/null 2>&1
 done
+# k3's models are made again every run: a conversion already complete is kept as it is, and this
+# build's encoder may differ from the one that wrote it.
+rm -rf "$W"/*.waste "$W"/quality/*.waste
 target/release/xtask convert --hf "$W/hf" --out "$W/bf16.waste" >/dev/null
 target/release/xtask convert --hf "$W/hf" --out "$W/mxfp4-int8.waste" --experts mxfp4 --trunk int8 >/dev/null
 target/release/xtask convert --hf "$W/hf" --out "$W/mxfp4-int4.waste" --experts mxfp4 --trunk int4 >/dev/null

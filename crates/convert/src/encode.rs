@@ -12,6 +12,7 @@ use safetensors::Dtype as StDtype;
 
 use super::ConvertError;
 use crate::tensors::Storage;
+use k3_engine::names::{EMBED, LM_HEAD};
 
 /// Group size of the int4 trunk encoding.
 pub const INT4_GROUP: usize = 32;
@@ -39,6 +40,14 @@ impl TrunkFormat {
             TrunkFormat::Int4 => "int4",
         }
     }
+}
+
+/// The tensors a 4-bit trunk keeps at 8 bits (int8 rows): the output matrix and the embedding
+/// table. Q4_K_M keeps the output at 6 bits; on the default model an int4 output matrix cost 30%
+/// of the trunk's KL for 8% of its bytes, and int4 rows (symmetric, one scale per 32) lose a
+/// trained table's range, 2.7e-3 nats more (docs/EFFICIENCY.md, "A 4-bit trunk").
+pub fn int4_trunk_keeps_int8(name: &str) -> bool {
+    name == LM_HEAD || name == EMBED
 }
 
 /// Whether an FP8 trunk tensor is stored as FP8: as stored (`keep`, and int8 / int4, which keep
@@ -125,14 +134,21 @@ pub fn trunk(
         (_, Storage::Exact) => keep(),
         (TrunkFormat::Bf16, _) if dtype == StDtype::BF16 => keep(),
         (TrunkFormat::Bf16, _) => as_bf16(),
-        (_, Storage::Table | Storage::Dense) => keep(),
-        (TrunkFormat::Int8, Storage::Matrix) => {
+        (_, Storage::Dense) => keep(),
+        // The embedding table is quantized as the matrices are (as llama.cpp's Q8_0 and Q4_K
+        // files store theirs): it is most of a small model's bytes, and a lookup reads one row.
+        (TrunkFormat::Int8, Storage::Matrix | Storage::Table) => {
             let (q, s) = int8::quantize(&f32s()?, cols);
             Ok((
                 Encoding::Int8Row,
                 vec![le(&q, |x: i8| x.to_le_bytes().to_vec()), le(&s, |x: f32| x.to_le_bytes().to_vec())],
             ))
         }
+        (TrunkFormat::Int4, Storage::Matrix | Storage::Table) if int4_trunk_keeps_int8(name) => {
+            trunk(name, dtype, shape, bytes, TrunkFormat::Int8, storage)
+        }
+        // Another table (none of the families has one) takes int8 rows too, as under an int8 trunk.
+        (TrunkFormat::Int4, Storage::Table) => trunk(name, dtype, shape, bytes, TrunkFormat::Int8, storage),
         (TrunkFormat::Int4, Storage::Matrix) if cols.is_multiple_of(INT4_GROUP) => {
             let (q, s) = int4::quantize(&f32s()?, cols, INT4_GROUP);
             Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))

@@ -37,6 +37,9 @@ pub(crate) fn list(model: &Model, plan: &Plan, src: &Source, opts: &ConvertOptio
             continue;
         }
         let why = match (opts.trunk, &e.encoding) {
+            (TrunkFormat::Int4, Encoding::Int8Row) if super::encode::int4_trunk_keeps_int8(&e.name) => {
+                "--trunk int4: the output matrix and the embedding table keep 8 bits".into()
+            }
             (TrunkFormat::Int4, Encoding::Int8Row) => "--trunk int4: its rows do not split into groups of 32".into(),
             (TrunkFormat::Keep, Encoding::F32) if s.dtype == StDtype::F8_E4M3 => {
                 "FP8 is run as a matrix only: an embedding table or exact tensor is widened to f32 (exact)".into()

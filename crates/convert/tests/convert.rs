@@ -487,7 +487,13 @@ fn fp8_is_kept_as_stored_and_re_encodings_are_reported() {
     assert_eq!((experts.count, experts.why.as_str()), (2 * 16 * 3, "--experts mxfp4"));
     // q_b_proj [96, 48] and kv_b ... : rows of 48 do not split into groups of 32.
     assert!(find("fp8", "int8-row").unwrap().why.contains("groups of 32"));
-    assert_eq!(find("bf16", "int4-g32").unwrap().example, "lm_head.weight");
+    let kept = find("bf16", "int8-row").expect("the output matrix and the embedding table at 8 bits");
+    assert_eq!(
+        (kept.count, kept.why.as_str()),
+        (2, "--trunk int4: the output matrix and the embedding table keep 8 bits")
+    );
+    // Its only bf16 matrix is the output: nothing bf16 becomes int4.
+    assert_eq!(find("bf16", "int4-g32"), None);
     // Run again: already complete, the same list.
     assert_eq!(convert(&o, &mut |_| {}).unwrap().re_encoded, report.re_encoded);
     // Exported back to safetensors, the FP8 model is the checkpoint's tensors byte for byte.

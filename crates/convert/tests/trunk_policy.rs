@@ -199,19 +199,23 @@ fn protected_tensors_are_bit_identical_for_every_trunk_option() {
     }
 }
 
-/// The matrices take the trunk type asked for; the embedding table and `kv_b_proj` never go
-/// below bf16.
+/// The matrices take the trunk type asked for, the embedding table int8 rows (a 4-bit trunk
+/// keeps it and the output matrix at 8 bits); `kv_b_proj` and the exact tensors never go below
+/// bf16.
 #[test]
 fn matrices_take_the_requested_encoding() {
-    let c = converted(&golden("tiny-kimi-linear"), TrunkFormat::Int8);
-    let m = Model::open(&c.path).unwrap();
-    let enc = |n: &str| m.manifest().trunk_tensor(n).unwrap().tensor.encoding.clone();
-    assert_eq!(enc("model.layers.1.self_attn.q_proj.weight"), Encoding::Int8Row);
-    assert_eq!(enc("lm_head.weight"), Encoding::Int8Row);
-    assert_eq!(enc("model.embed_tokens.weight"), Encoding::Bf16);
-    assert_eq!(enc("model.layers.3.self_attn.kv_b_proj.weight"), Encoding::Bf16);
-    assert_eq!(enc("model.layers.1.block_sparse_moe.gate.weight"), Encoding::Bf16);
-    assert_eq!(enc("model.layers.1.self_attn.A_log"), Encoding::F32);
+    let int4 = Encoding::Int4Group { group: 32 };
+    for (trunk, matrices) in [(TrunkFormat::Int8, Encoding::Int8Row), (TrunkFormat::Int4, int4)] {
+        let c = converted(&golden("tiny-kimi-linear"), trunk);
+        let m = Model::open(&c.path).unwrap();
+        let enc = |n: &str| m.manifest().trunk_tensor(n).unwrap().tensor.encoding.clone();
+        assert_eq!(enc("model.layers.1.self_attn.q_proj.weight"), matrices);
+        assert_eq!(enc("lm_head.weight"), Encoding::Int8Row);
+        assert_eq!(enc("model.embed_tokens.weight"), Encoding::Int8Row);
+        assert_eq!(enc("model.layers.3.self_attn.kv_b_proj.weight"), Encoding::Bf16);
+        assert_eq!(enc("model.layers.1.block_sparse_moe.gate.weight"), Encoding::Bf16);
+        assert_eq!(enc("model.layers.1.self_attn.A_log"), Encoding::F32);
+    }
 }
 
 /// The golden checkpoints store their matrices in bf16 already, so a bf16 trunk must cost

@@ -67,10 +67,10 @@ fn too_short_a_text_or_window_is_refused() {
 /// precision it picks adds at most a tenth of the KL the encoding's weights cost against the
 /// unquantized model, and never more than 1e-3 nats (issue #57's rule). Measured over all 24,861
 /// positions (`tools/quality/activation-rule.sh`, docs/EFFICIENCY.md "The quality rule"): an int4
-/// trunk's weights cost 8.5e-3 and int8 everywhere adds 3.1e-4; MXFP4 experts with an int8 trunk
-/// cost 1.2e-3 and bf16-trunk adds 8.4e-5; int4 experts with an int8 trunk cost 6.7e-4 and int8
-/// experts add 3.3e-5 (bf16-trunk would add 1.0e-4: too much); an int8 trunk with bf16 experts
-/// costs 2.7e-4 and runs exact (bf16-trunk would add a third). Here the first 32 windows. On a CPU without the int8 or bf16 kernels those products run exact: the
+/// trunk's weights cost 6.0e-3 and int8 everywhere adds 3.4e-4; MXFP4 experts with an int8 trunk
+/// cost 1.2e-3 and bf16-trunk adds 8.3e-5; int4 experts with an int8 trunk cost 6.8e-4 and int8
+/// experts add 3.5e-5 (bf16-trunk would add 9.9e-5: too much); an int8 trunk with bf16 experts
+/// costs 3.2e-4 and runs exact (bf16-trunk would add a fifth). Here the first 32 windows. On a CPU without the int8 or bf16 kernels those products run exact: the
 /// bound still holds, with nothing added.
 #[test]
 fn auto_activations_add_at_most_a_tenth_of_what_the_weights_cost() {

@@ -227,6 +227,44 @@ impl<'a> Matrix<'a> {
         }
     }
 
+    /// Whether whole rows of this matrix can be read out ([`Matrix::row_values`]): the
+    /// encodings an embedding table may have (f32, bf16, int8 rows, int4 groups).
+    pub fn reads_rows(&self) -> bool {
+        matches!(self, Matrix::F32 { .. } | Matrix::Bf16 { .. } | Matrix::Int8Row { .. } | Matrix::Int4Group { .. })
+    }
+
+    /// Writes row `r`'s values, as the exact products multiply them, into `out` (`cols` of
+    /// them): a table lookup. Returns false, writing nothing, for a row past the end, an `out`
+    /// of another length, or an encoding that does not [read rows](Matrix::reads_rows).
+    pub fn row_values(&self, r: usize, out: &mut [f32]) -> bool {
+        let cols = self.cols();
+        if r >= self.rows() || out.len() != cols {
+            return false;
+        }
+        let span = r * cols..(r + 1) * cols;
+        match *self {
+            Matrix::F32 { w, .. } => out.copy_from_slice(&w[span]),
+            Matrix::Bf16 { w, .. } => out.iter_mut().zip(&w[span]).for_each(|(o, v)| *o = v.to_f32()),
+            Matrix::Int8Row { q, scale, .. } => {
+                let s = scale[r];
+                out.iter_mut().zip(&q[span]).for_each(|(o, &v)| *o = f32::from(v) * s);
+            }
+            Matrix::Int4Group { q, scale, group, .. } => {
+                let bytes = &q[r * cols / 2..(r + 1) * cols / 2];
+                let scales = &scale[r * cols / group..(r + 1) * cols / group];
+                for (g, (out, bytes)) in out.chunks_exact_mut(group).zip(bytes.chunks_exact(group / 2)).enumerate() {
+                    let s = scales[g].to_f32();
+                    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+                        pair[0] = f32::from((b & 0x0f) as i8 - 8) * s;
+                        pair[1] = f32::from((b >> 4) as i8 - 8) * s;
+                    }
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
     /// Rows `start..start + n` as a matrix of their own (for per-head slices). `None` when the
     /// encoding cannot be cut there (VQ fast-scan codes come in blocks of 32 rows).
     pub fn rows_view(&self, start: usize, n: usize) -> Option<Matrix<'a>> {

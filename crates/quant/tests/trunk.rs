@@ -134,6 +134,42 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    /// A table lookup reads the weights the exact products multiply: row `r`'s value in column
+    /// `c` is the product's output `r` for the unit vector `e_c` (every other term a zero), for
+    /// int8 rows and int4 groups; rows past the end and outputs of another length are refused.
+    #[test]
+    fn table_rows_are_the_weights_the_products_multiply(rows in 1usize..6, groups in 1usize..5, seed in any::<u64>()) {
+        let cols = 32 * groups;
+        let w = matrix(rows, cols, seed);
+        let (q8, s8) = int8::quantize(&w, cols);
+        let (q4, s4) = int4::quantize(&w, cols, 32);
+        let exact = k3_quant::Activations::Exact;
+        let tables = [
+            k3_quant::Matrix::Int8Row { q: &q8, scale: &s8, rows, cols, act: exact },
+            k3_quant::Matrix::Int4Group { q: &q4, scale: &s4, group: 32, rows, cols, act: exact },
+        ];
+        for m in tables {
+            prop_assert!(m.reads_rows());
+            let mut row = vec![0f32; cols];
+            for r in 0..rows {
+                prop_assert!(m.row_values(r, &mut row));
+                for c in 0..cols {
+                    let mut e = vec![0f32; cols];
+                    e[c] = 1.0;
+                    let mut y = vec![0f32; rows];
+                    m.matvec(&e, &mut y);
+                    prop_assert_eq!(row[c], y[r], "{:?} row {} col {}", m.rows(), r, c);
+                }
+            }
+            prop_assert!(!m.row_values(rows, &mut row));
+            prop_assert!(!m.row_values(0, &mut row[1..]));
+        }
+    }
+}
+
 #[test]
 fn rtn3_levels_and_error() {
     // 3-bit: levels -4..=3; a ramp is reproduced within half a step.

@@ -96,14 +96,14 @@ impl ActivationPrecision {
     /// The rule's choice for weights of these classes: the most rounding precision that adds at
     /// most a tenth of the KL the weights cost (measured on the default model, mean KL over its
     /// 24,861 held-out positions; docs/EFFICIENCY.md "The quality rule"):
-    /// - an int4 trunk (its weights cost 8.5e-3 to 9.4e-3 nats whatever the experts): int8
-    ///   everywhere adds 2.9e-4 to 3.1e-4, a 27th to a 33rd;
+    /// - an int4 trunk (its weights cost 6.0e-3 to 6.9e-3 nats whatever the experts): int8
+    ///   everywhere adds 3.2e-4 to 3.6e-4, a 20th or less;
     /// - MXFP4 or VQ experts on a bf16 or int8 trunk (1.0e-3 to 1.6e-3): int8 experts (VQ has no
-    ///   int8 kernel) and bf16 trunk batches add 5.4% to 8.5% of it; int8 in the trunk would add
-    ///   over a fifth;
-    /// - int4 experts on a bf16 or int8 trunk (4.9e-4, 6.7e-4: k3's int4 costs less than MXFP4):
-    ///   int8 experts add 7.4%, 4.9%; bf16 trunk batches would add 15% to 22%;
-    /// - bf16 experts on a bf16 or int8 trunk (nothing, 2.7e-4), and what was not measured: exact.
+    ///   int8 kernel) and bf16 trunk batches add 5.3% to 8.5% of it; int8 in the trunk would add
+    ///   a fifth or more;
+    /// - int4 experts on a bf16 or int8 trunk (4.9e-4, 6.8e-4: k3's int4 costs less than MXFP4):
+    ///   int8 experts add 7.4%, 5.1%; bf16 trunk batches would add 15% to 22%;
+    /// - bf16 experts on a bf16 or int8 trunk (nothing, 3.2e-4), and what was not measured: exact.
     pub fn for_weights(w: WeightClasses) -> Self {
         use ExpertWeights as E;
         use TrunkWeights as T;

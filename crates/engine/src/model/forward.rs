@@ -8,7 +8,6 @@
 use std::time::Instant;
 
 use k3_attn::{KdaRun, KdaSeq, MlaSeq};
-use k3_quant::Matrix;
 use k3_quant::vecops::rms_norm;
 use k3_router::Routing;
 use k3_router::synthetic::RowContext;
@@ -287,12 +286,10 @@ impl<'m> Engine<'m> {
         let d = self.hidden;
         let mut h = vec![0f32; ids.len() * d];
         for (&t, row) in ids.iter().zip(h.chunks_exact_mut(d)) {
-            let t = t as usize;
-            match self.embed {
-                Matrix::F32 { w, .. } => row.copy_from_slice(&w[t * d..(t + 1) * d]),
-                Matrix::Bf16 { w, .. } => row.iter_mut().zip(&w[t * d..(t + 1) * d]).for_each(|(o, v)| *o = v.to_f32()),
-                _ => unreachable!("checked at load"),
-            }
+            // The table's encoding and shape are checked at load, the ids against the vocabulary
+            // before a forward call: a lookup always reads a row.
+            let read = self.embed.row_values(t as usize, row);
+            debug_assert!(read, "token {t} has no row in the embedding table");
         }
         h
     }

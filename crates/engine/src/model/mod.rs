@@ -148,9 +148,9 @@ impl<'m> Engine<'m> {
         }
         let (d, vocab) = (cfg.hidden as usize, cfg.vocab as usize);
         let embed = matrix(model, names::EMBED)?;
-        if !matches!(embed, Matrix::F32 { .. } | Matrix::Bf16 { .. }) || embed.rows() != vocab || embed.cols() != d {
+        if !embed.reads_rows() || embed.rows() != vocab || embed.cols() != d {
             return Err(EngineError::Shape(format!(
-                "{} must be an f32 or bf16 [{vocab}, {d}] table, got [{}, {}]",
+                "{} must be an f32, bf16, int8-row or int4-group [{vocab}, {d}] table, got [{}, {}]",
                 names::EMBED,
                 embed.rows(),
                 embed.cols()
