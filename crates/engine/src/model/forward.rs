@@ -193,7 +193,17 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
-    fn run(&self, seqs: &mut [Seq<'_>], mut trace: Option<&mut Vec<f32>>) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// A step. When the model's experts all stay in memory its steps never wait on the drive
+    /// once warm, and the whole step runs on a compute worker: its ~100 products then share their
+    /// rows with the other workers inside the pool (a join), where from this thread each one
+    /// would wake the pool and sleep until it finished (docs/EFFICIENCY.md, "Decode without
+    /// hand-offs"). A step that streams keeps its coordinator here, off the pool, so a wait on a
+    /// read never holds a compute worker.
+    fn run(&self, seqs: &mut [Seq<'_>], trace: Option<&mut Vec<f32>>) -> Result<Vec<Vec<f32>>, EngineError> {
+        if self.resident() { self.compute.run(|| self.run_step(seqs, trace)) } else { self.run_step(seqs, trace) }
+    }
+
+    fn run_step(&self, seqs: &mut [Seq<'_>], mut trace: Option<&mut Vec<f32>>) -> Result<Vec<Vec<f32>>, EngineError> {
         let started = Instant::now();
         let (d, nl) = (self.hidden, self.layers.len());
         let mut ids = Vec::new();

@@ -214,6 +214,13 @@ impl<'m> Engine<'m> {
         self.plan.chunk as usize
     }
 
+    /// Whether the expert cache holds every routed expert at once (or the model has none): once
+    /// warm, a step reads nothing.
+    pub(crate) fn resident(&self) -> bool {
+        let all = u64::from(self.cfg.experts) * self.cfg.moe_layers().len() as u64;
+        all == 0 || self.plan.cache_slots >= all
+    }
+
     /// The activation precision the engine runs (`Auto` resolved for this model).
     pub fn activations(&self) -> ActivationPrecision {
         self.opts.activations

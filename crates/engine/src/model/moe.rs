@@ -217,7 +217,7 @@ impl<'m> Engine<'m> {
                     reads.wait(io, self.opts.overlap)?;
                 } else if working > 0 {
                     // Every demand read has landed (or waits for a slot a worker still uses).
-                    let d = rx.recv().map_err(|_| k3_io::IoError::Closed)?;
+                    let d = next_done(&rx)?;
                     (working, done) = (working - 1, done + 1);
                     land(d, prep_ref.zd, io, &mut ys, stats, clock)?;
                     continue;
@@ -452,6 +452,26 @@ impl<'m> Engine<'m> {
 }
 
 /// The experts' inputs of `slots`' tokens, one after another.
+/// The next expert a worker finished. A coordinator that is itself a compute worker (a resident
+/// model's step) computes queued experts while it waits: blocked, it could hold the very job it
+/// waits for (with one thread, forever).
+fn next_done(rx: &mpsc::Receiver<ExpertDone>) -> Result<ExpertDone, EngineError> {
+    if rayon::current_thread_index().is_none() {
+        return rx.recv().map_err(|_| k3_io::IoError::Closed.into());
+    }
+    loop {
+        match rx.try_recv() {
+            Ok(d) => return Ok(d),
+            Err(mpsc::TryRecvError::Disconnected) => return Err(k3_io::IoError::Closed.into()),
+            Err(mpsc::TryRecvError::Empty) => {
+                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
 fn gather(slots: &[(usize, usize)], prep: &Prepared) -> Vec<f32> {
     let zd = prep.zd;
     slots.iter().flat_map(|(t, _)| prep.zs[t * zd..(t + 1) * zd].iter().copied()).collect()
