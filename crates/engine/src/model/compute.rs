@@ -1,6 +1,7 @@
-//! The engine's compute pool: `threads` workers for the arithmetic. The thread that calls the
-//! engine coordinates (and waits on expert reads); the reader's I/O thread is separate, so reads
-//! stay in flight while every worker computes. Work is split by rows, heads, tokens or experts —
+//! The engine's compute pool: `threads` workers for the arithmetic. When experts stream, the
+//! thread that calls the engine coordinates (and waits on expert reads), so reads stay in flight
+//! while every worker computes; when they all stay cached, a whole step runs on a worker
+//! (`Engine::run`) and its products split among the workers without leaving the pool. Work is split by rows, heads, tokens or experts —
 //! never one reduction across threads — so results are the same bits on any number of threads.
 
 use k3_quant::{Matrix, par};
