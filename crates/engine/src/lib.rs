@@ -18,7 +18,7 @@ pub mod weights;
 pub use memory_plan::MemoryPlan;
 pub use model::{
     ActivationPrecision, Engine, EngineOptions, ExpertApprox, ExpertWeights, ImageWork, Inserted, LayerWalk, Logits,
-    LowBitCopies, PromptImage, RoundedCopies, RoutedToken, RunStats, SavedState, Seq, Session, Span, SpanKind,
+    LowBitCopies, PromptImage, Ran, RoundedCopies, RoutedToken, RunStats, SavedState, Seq, Session, Span, SpanKind,
     StateFileError, StateFileLayout, StateHeader, TrunkWeights, WALK_GROUP_ROWS, WeightClasses, activate,
     read_state_header, state_ids_bytes, tap,
 };

@@ -24,11 +24,11 @@ pub mod tap;
 mod vision;
 mod walk;
 
-pub use activations::{ExpertWeights, TrunkWeights, WeightClasses};
+pub use activations::{ActivationPrecision, ExpertWeights, Ran, TrunkWeights, WeightClasses};
 pub use approx::{ExpertApprox, LowBitCopies, RoundedCopies};
 pub use forward::{Logits, Seq};
 pub use layers::activate;
-pub use options::{ActivationPrecision, EngineOptions};
+pub use options::EngineOptions;
 pub(crate) use session::LayerState;
 pub use session::{RoutedToken, Session};
 pub use state_file::{SavedState, StateFileError, StateFileLayout, StateHeader, read_state_header, state_ids_bytes};

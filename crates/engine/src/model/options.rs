@@ -2,7 +2,7 @@
 
 use k3_io::Policy;
 
-pub use super::activations::ActivationPrecision;
+use super::activations::ActivationPrecision;
 
 #[derive(Clone)]
 pub struct EngineOptions {
