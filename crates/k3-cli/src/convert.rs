@@ -56,8 +56,9 @@ pub struct ConvertArgs {
     #[arg(long, value_enum, default_value = "keep")]
     pub experts: Experts,
     /// Trunk encoding; `keep` stores what the checkpoint has (FP8 blocks as FP8, but an FP8
-    /// embedding table widened to f32); int8 / int4 quantize the projection matrices (not the
-    /// embedding table, the router gates or MLA's kv_b_proj) and keep the rest as stored.
+    /// embedding table widened to f32); int8 / int4 quantize the projection matrices and the
+    /// embedding table (int4: groups of 32, the output matrix and the embedding table in int8
+    /// rows), not the router gates, norms or MLA's kv_b_proj, and keep the rest as stored.
     #[arg(long, value_enum, default_value = "keep")]
     pub trunk: Trunk,
     /// Expert record alignment in bytes: a power of two from 4096 (the default) to 1 GiB
