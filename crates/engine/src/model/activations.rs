@@ -167,16 +167,17 @@ impl ActivationPrecision {
     /// What each class of products runs at on this CPU under this precision: a rounding the
     /// CPU has no kernel for runs exact (int8 needs AVX2 or better, bf16 AVX512-BF16).
     pub fn ran(self) -> Ran {
+        let (int8, bf16) = (k3_quant::q8::available(), k3_quant::bf16dot::available_at(k3_quant::cpu::level()));
         let on_this_cpu = |a: k3_quant::Activations| match a {
-            k3_quant::Activations::Int8 if k3_quant::q8::available() => "int8",
-            k3_quant::Activations::Bf16 if k3_quant::bf16dot::available_at(k3_quant::cpu::level()) => "bf16 batches",
+            k3_quant::Activations::Int8 if int8 => "int8",
+            k3_quant::Activations::Bf16 if bf16 => "bf16 batches",
             _ => "exact",
         };
-        let experts = match (self, on_this_cpu(self.experts())) {
-            (ActivationPrecision::Bf16Trunk, "int8") if on_this_cpu(k3_quant::Activations::Bf16) != "exact" => {
-                "int8 (bf16 batches where bf16)"
-            }
-            (_, e) => e,
+        // Under bf16-trunk, experts without an int8 kernel (bf16 ones) take bf16 batches.
+        let experts = if self == ActivationPrecision::Bf16Trunk && int8 && bf16 {
+            "int8 (bf16 batches where bf16)"
+        } else {
+            on_this_cpu(self.experts())
         };
         Ran {
             experts,
