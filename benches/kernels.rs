@@ -35,6 +35,7 @@ fn kernels(c: &mut Criterion) {
     g.bench_function("int8_row", |b| b.iter(|| int8::matvec(black_box(&q), &s, &x, &mut y)));
     let (q4, s4) = int4::quantize(&w, COLS, 32);
     g.bench_function("int4_g32", |b| b.iter(|| int4::matvec(black_box(&q4), &s4, 32, &x, &mut y)));
+    g.bench_function("int4_g32_q8", |b| b.iter(|| k3_quant::q8::matmul_int4(black_box(&q4), &s4, 32, &q8, &mut y)));
     for codec in vq::Codec::ALL {
         let m = k3_quant::encode::encode(codec, &w, COLS, &k3_quant::encode::EncodeOptions::fast())
             .expect("K3 shapes suit both codecs");

@@ -51,10 +51,23 @@ impl Weights {
 fn weights(rows: usize, cols: usize) -> impl Strategy<Value = Weights> {
     let n = rows * cols;
     prop_oneof![
-        (proptest::collection::vec(any::<u8>(), n / 2), proptest::collection::vec(100u8..150, n / 32))
+        // Exponents below 2 are subnormal halves (the kernels take them apart from the rest).
+        (
+            proptest::collection::vec(any::<u8>(), n / 2),
+            proptest::collection::vec(prop_oneof![8 => 100u8..150, 1 => 0u8..4, 1 => 180u8..200], n / 32)
+        )
             .prop_map(|(p, s)| Weights::Mxfp4(p, s)),
-        (proptest::collection::vec(any::<u8>(), n / 2), proptest::collection::vec(-2.0f32..2.0, n / 32))
-            .prop_map(|(q, s)| Weights::Int4(q, s.into_iter().map(f16::from_f32).collect(), 32)),
+        // Groups of 32 (the trunk's) and wider ones where the columns allow.
+        (
+            proptest::collection::vec(any::<u8>(), n / 2),
+            proptest::collection::vec(-2.0f32..2.0, n / 32),
+            prop_oneof![Just(32usize), Just(64), Just(128)].prop_map(move |g| if cols.is_multiple_of(g) {
+                g
+            } else {
+                32
+            })
+        )
+            .prop_map(move |(q, s, g)| { Weights::Int4(q, s.into_iter().take(n / g).map(f16::from_f32).collect(), g) }),
         (proptest::collection::vec(-127i8..=127, n), proptest::collection::vec(0.001f32..0.1, rows))
             .prop_map(|(q, s)| Weights::Int8(q, s)),
     ]
@@ -292,4 +305,43 @@ fn shapes_the_kernels_do_not_take_run_exact() {
     let mut y = [f32::NAN; 2];
     empty.matvec(&[], &mut y);
     assert_eq!(y, [0.0, 0.0]);
+}
+
+/// MXFP4 blocks whose E8M0 exponents are 0 and 1 (subnormal halves: the fast kernels take them
+/// apart from the rest) and 255 (NaN), at every SIMD level and batch size, against the reference.
+/// Their products are ~1e-36: the tolerance is relative to them, not the absolute floor of the
+/// proptests'.
+#[test]
+fn mxfp4_special_exponents_match_the_reference() {
+    let (rows, cols) = (6, 160);
+    // Row 4 (the NaN's) all positive, as are the activations.
+    let packed: Vec<u8> =
+        (0..rows * cols / 2).map(|i| if i / (cols / 2) == 4 { 0x22 } else { (i * 37 % 251) as u8 }).collect();
+    // A row's five blocks: all 0, all 1, both, 0 to 3, a NaN among normal ones, 1 and 2.
+    let scale: Vec<u8> =
+        [[0u8; 5], [1; 5], [0, 1, 0, 1, 0], [0, 1, 2, 3, 1], [2, 255, 127, 2, 3], [1, 2, 1, 2, 1]].concat();
+    let w = Weights::Mxfp4(packed, scale.clone());
+    let dense = w.decoded(rows, cols);
+    for n in [1, 3, q8::FEW + 1] {
+        // Only each block's first 8 columns: the kernels' lanes holding them carry the whole
+        // dot (and the offset's sum), so a wrong huge scale gives +inf, not inf - inf.
+        let xs: Vec<f32> =
+            (0..n * cols).map(|i| if i % 32 < 8 { ((i * 29 % 61) as f32 + 1.0) / 7.0 } else { 0.0 }).collect();
+        let x = Q8Batch::quantize(&xs, cols);
+        let mut want = vec![0f32; n * rows];
+        w.product(Level::Scalar, &x, &mut want);
+        let mags = abs_sums(&dense, &x, rows);
+        for level in simd_levels() {
+            let mut got = vec![0f32; n * rows];
+            w.product(level, &x, &mut got);
+            for (i, ((g, w), m)) in got.iter().zip(&want).zip(&mags).enumerate() {
+                if w.is_nan() {
+                    assert!(g.is_nan(), "{level:?} n={n} element {i}: {g} where the reference has NaN");
+                } else {
+                    let tol = 4.0 * cols as f64 * f64::from(f32::EPSILON) * m;
+                    assert!((f64::from(*g) - f64::from(*w)).abs() <= tol, "{level:?} n={n} element {i}: {g} vs {w}");
+                }
+            }
+        }
+    }
 }

@@ -14,9 +14,12 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod nibbles;
 pub mod reference;
 #[cfg(target_arch = "x86_64")]
 mod scales;
+mod split;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
@@ -46,6 +49,8 @@ pub struct Q8Batch {
     lane_steps: Vec<f32>,
     /// Each block's sum of signed values, in the same groups.
     lane_sums: Vec<i32>,
+    /// Up to [`FEW`] vectors in the layout of the nibble-packed few-vector kernels.
+    split: split::Split,
 }
 
 /// Batches of up to this many vectors take the kernels for a few; larger ones give the scalar
@@ -88,16 +93,19 @@ impl Q8Batch {
         self.interleave();
     }
 
-    /// Builds the lane layout from `u` and `d`, for batches the lanes kernel takes (more than
-    /// [`FEW`] vectors: a decode step's vector does not pay for it).
+    /// Builds the lane layout from `u` and `d` for batches the lanes kernel takes (more than
+    /// [`FEW`] vectors), the split layout for a few (a decode step's vector pays for neither the
+    /// lanes nor, in a batch, the split).
     fn interleave(&mut self) {
         let (cols, n) = (self.cols, self.vectors());
         if n <= FEW {
             self.lanes.clear();
             self.lane_steps.clear();
             self.lane_sums.clear();
+            self.split.build(&self.u, &self.d, cols);
             return;
         }
+        self.split.clear();
         let (words, blocks, groups) = (cols / 4, cols / BLOCK, n.div_ceil(LANES));
         self.lanes.clear();
         self.lanes.resize(groups * words * LANES * 4, 0);
@@ -161,6 +169,12 @@ impl Q8Batch {
         &self.lane_steps
     }
 
+    /// Up to [`FEW`] vectors in the nibble kernels' layout (empty for larger batches).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn split(&self) -> &split::Split {
+        &self.split
+    }
+
     /// Vector `v` dequantized: for tests and error measurements.
     pub fn dequantize(&self, v: usize) -> Vec<f32> {
         let u = &self.u[v * self.cols..][..self.cols];
@@ -219,7 +233,15 @@ pub fn matmul_mxfp4_at(level: Level, packed: &[u8], scale: &[u8], x: &Q8Batch, y
         x.cols
     );
     check(x, rows, ys);
+    let few = (1..=FEW).contains(&x.vectors());
     match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX-512 F/BW/VL and VNNI at this level; the shapes are checked
+        // above, and the few-vector kernel gets at most `FEW` vectors.
+        Level::Avx512 if few => unsafe { vnni::few_nibbles(&nibbles::mxfp4(packed, scale, x.cols), rows, x, ys) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Level::Avx2 if few => unsafe { avx2::few_nibbles(&nibbles::mxfp4(packed, scale, x.cols), rows, x, ys) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX-512 F/BW/VL and VNNI at this level; the shapes are checked above.
         Level::Avx512 => unsafe { vnni::matmul(&vnni::mxfp4(packed, scale, x.cols), rows, x, ys) },
@@ -248,7 +270,14 @@ pub fn matmul_int4_at(level: Level, q: &[u8], scale: &[f16], group: usize, x: &Q
         x.cols
     );
     check(x, rows, ys);
+    let few = (1..=FEW).contains(&x.vectors());
     match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `matmul_mxfp4_at`.
+        Level::Avx512 if few => unsafe { vnni::few_nibbles(&nibbles::int4(q, scale, group, x.cols), rows, x, ys) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `matmul_mxfp4_at`.
+        Level::Avx2 if few => unsafe { avx2::few_nibbles(&nibbles::int4(q, scale, group, x.cols), rows, x, ys) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `matmul_mxfp4_at`.
         Level::Avx512 => unsafe { vnni::matmul(&vnni::int4(q, scale, group, x.cols), rows, x, ys) },
@@ -271,7 +300,7 @@ pub fn matmul_int8_at(level: Level, q: &[i8], scale: &[f32], x: &Q8Batch, ys: &m
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `matmul_mxfp4_at`.
-        Level::Avx512 => unsafe { vnni::matmul(&vnni::Int8 { q, scale, cols: x.cols }, rows, x, ys) },
+        Level::Avx512 => unsafe { vnni::matmul_int8(&vnni::Int8 { q, scale, cols: x.cols }, rows, x, ys) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `matmul_mxfp4_at`.
         Level::Avx2 => unsafe { avx2::matmul(&avx2::Int8 { q, scale, cols: x.cols }, rows, x, ys) },

@@ -1,9 +1,9 @@
-//! Up to `FEW` vectors: 4 x 4 register tiles over pairs of blocks.
+//! Up to `FEW` vectors against int8 weights: 4 x 4 register tiles over pairs of blocks.
 
 use std::arch::x86_64::*;
 
 use super::super::{BLOCK, FEW, Q8Batch};
-use super::weights::Weights;
+use super::weights::{Int8, Weights};
 
 /// The product for a few vectors ([`FEW`]): register tiles of 4 rows by 4 vectors over pairs of
 /// blocks, the lanes partial sums of a (row, vector) summed at the end. Its own order, not the
@@ -14,7 +14,7 @@ use super::weights::Weights;
 /// The CPU has AVX-512 F/BW/VL and VNNI; `w` has `rows` rows of `x.cols()` columns, and `ys` holds
 /// `x.vectors() * rows` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-pub(super) unsafe fn matmul_rows<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
+pub(super) unsafe fn matmul_rows(w: &Int8<'_>, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
     let n = x.vectors();
     debug_assert!(n <= FEW && FEW <= R4, "one tile's vectors");
     let out = ys.as_mut_ptr();
@@ -30,7 +30,7 @@ pub(super) unsafe fn matmul_rows<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys
                     match rn { $($r => tile!(@vecs $r $vs),)* _ => unreachable!() }
                 };
                 (@vecs $r:literal ($($v:literal),*)) => {
-                    match n { $($v => row_tile::<W, $r, $v>(w, x, r0, 0, rows, out),)* _ => unreachable!() }
+                    match n { $($v => row_tile::<$r, $v>(w, x, r0, 0, rows, out),)* _ => unreachable!() }
                 };
             }
             tile!(1, 2, 3, 4; 1, 2, 3, 4);
@@ -49,8 +49,8 @@ const R4: usize = 4;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 #[inline]
 #[allow(clippy::needless_range_loop)]
-unsafe fn row_tile<W: Weights, const RT: usize, const VT: usize>(
-    w: &W,
+unsafe fn row_tile<const RT: usize, const VT: usize>(
+    w: &Int8<'_>,
     x: &Q8Batch,
     r0: usize,
     v0: usize,
@@ -68,16 +68,11 @@ unsafe fn row_tile<W: Weights, const RT: usize, const VT: usize>(
     for p in 0..blocks / 2 {
         let mut wv = [zero; RT];
         let mut bias = [zero; RT];
-        let mut ws = [_mm512_setzero_ps(); RT];
         for i in 0..RT {
             // SAFETY: row r0 + i and blocks 2p, 2p + 1 exist (the caller's contract).
             wv[i] = unsafe { w.pair(r0 + i, p) };
             // -128 * sum(w) per lane: the offset of the activations, taken back out.
             bias[i] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, high, wv[i]));
-            if W::BLOCK_SCALED {
-                let (a, b) = (w.scale(r0 + i, 2 * p), w.scale(r0 + i, 2 * p + 1));
-                ws[i] = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
-            }
         }
         for v in 0..VT {
             // SAFETY: vector v0 + v holds `cols` values and `blocks` steps; 64 values and 2
@@ -89,8 +84,7 @@ unsafe fn row_tile<W: Weights, const RT: usize, const VT: usize>(
             };
             for i in 0..RT {
                 let dot = _mm512_dpbusd_epi32(bias[i], q, wv[i]);
-                let c = if W::BLOCK_SCALED { _mm512_mul_ps(ws[i], dv) } else { dv };
-                acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), c, acc[i][v]);
+                acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dv, acc[i][v]);
             }
         }
     }
@@ -101,7 +95,6 @@ unsafe fn row_tile<W: Weights, const RT: usize, const VT: usize>(
             // SAFETY: row r0 + i and block b exist.
             let wv = unsafe { w.one(r0 + i, b) };
             let bias = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, high, wv));
-            let ws = _mm256_set1_ps(w.scale(r0 + i, b));
             for v in 0..VT {
                 // SAFETY: 32 values and one step of block b of vector v0 + v.
                 let (q, dv) = unsafe {
@@ -111,8 +104,7 @@ unsafe fn row_tile<W: Weights, const RT: usize, const VT: usize>(
                     )
                 };
                 let dot = _mm256_dpbusd_epi32(bias, q, wv);
-                let c = if W::BLOCK_SCALED { _mm256_mul_ps(ws, dv) } else { dv };
-                let (t, c) = (_mm512_zextps256_ps512(_mm256_cvtepi32_ps(dot)), _mm512_zextps256_ps512(c));
+                let (t, c) = (_mm512_zextps256_ps512(_mm256_cvtepi32_ps(dot)), _mm512_zextps256_ps512(dv));
                 acc[i][v] = _mm512_fmadd_ps(t, c, acc[i][v]);
             }
         }

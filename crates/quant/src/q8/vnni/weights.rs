@@ -22,16 +22,6 @@ pub(in crate::q8) trait Weights {
     /// # Safety
     /// `r` is a row of the matrix and `out` holds its `cols` columns; the CPU has AVX-512 BW/VNNI.
     unsafe fn decode(&self, r: usize, out: &mut [u8]);
-    /// Row `r`, blocks `2p` and `2p + 1`, as signed weights (no offset), for the few-vector tiles.
-    ///
-    /// # Safety
-    /// `r` is a row of the matrix and `2p + 1` one of its blocks; the CPU has AVX-512 BW/VNNI.
-    unsafe fn pair(&self, r: usize, p: usize) -> __m512i;
-    /// Row `r`, block `b` alone, signed (a row with an odd number of blocks ends with one).
-    ///
-    /// # Safety
-    /// As for [`pair`](Self::pair), for block `b`.
-    unsafe fn one(&self, r: usize, b: usize) -> __m256i;
     /// The scale of block `b` of row `r` (for [`BLOCK_SCALED`](Self::BLOCK_SCALED) weights).
     fn scale(&self, r: usize, b: usize) -> f32;
     fn row_scale(&self, r: usize) -> f32;
@@ -69,16 +59,15 @@ fn table(values: [u8; 16]) -> __m512i {
 pub(in crate::q8) struct Packed<'a, S, const OFFSET: i32> {
     q: &'a [u8],
     cols: usize,
-    /// The levels offset (the lanes kernel's table), and as signed bytes (the few-vector tiles').
+    /// The levels offset (the lanes kernel's table).
     levels: [u8; 16],
-    signed: [u8; 16],
     scale: S,
 }
 
 impl<'a, S, const O: i32> Packed<'a, S, O> {
-    /// Both tables from the sixteen nibble values' signed levels.
+    /// The table from the sixteen nibble values' signed levels.
     fn new(q: &'a [u8], cols: usize, signed: [i8; 16], scale: S) -> Self {
-        Packed { q, cols, levels: signed.map(|l| (i32::from(l) + O) as u8), signed: signed.map(|l| l as u8), scale }
+        Packed { q, cols, levels: signed.map(|l| (i32::from(l) + O) as u8), scale }
     }
 }
 
@@ -128,24 +117,6 @@ impl<S: BlockScale, const O: i32> Weights for Packed<'_, S, O> {
             }
         }
     }
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    #[inline]
-    unsafe fn pair(&self, r: usize, p: usize) -> __m512i {
-        // SAFETY: the caller's bounds: row r's blocks 2p, 2p + 1 (32 bytes) lie inside `q`.
-        unsafe {
-            let at = self.q.as_ptr().add(r * self.cols / 2 + p * 32);
-            prefetch_ahead(at);
-            nibbles512(_mm256_loadu_si256(at.cast()), table(self.signed))
-        }
-    }
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    #[inline]
-    unsafe fn one(&self, r: usize, b: usize) -> __m256i {
-        // SAFETY: the caller's bounds: row r's block b (16 bytes) lies inside `q`.
-        unsafe {
-            nibbles256(_mm_loadu_si128(self.q.as_ptr().add(r * self.cols / 2 + b * 16).cast()), table(self.signed))
-        }
-    }
     #[inline]
     fn scale(&self, r: usize, b: usize) -> f32 {
         self.scale.at(r, b)
@@ -178,9 +149,23 @@ impl Weights for Int8<'_> {
             }
         }
     }
+    fn scale(&self, _: usize, _: usize) -> f32 {
+        1.0
+    }
+    fn row_scale(&self, r: usize) -> f32 {
+        self.scale[r]
+    }
+}
+
+/// The few-vector tiles' reads (int8 only: nibble-packed weights take `nibbles`).
+impl Int8<'_> {
+    /// Row `r`, blocks `2p` and `2p + 1`, as signed weights.
+    ///
+    /// # Safety
+    /// `r` is a row of the matrix and `2p + 1` one of its blocks; the CPU has AVX-512 BW/VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
     #[inline]
-    unsafe fn pair(&self, r: usize, p: usize) -> __m512i {
+    pub(super) unsafe fn pair(&self, r: usize, p: usize) -> __m512i {
         // SAFETY: the caller's bounds: 64 bytes at this offset lie inside `q`.
         unsafe {
             let at = self.q.as_ptr().add(r * self.cols + p * 64);
@@ -188,16 +173,14 @@ impl Weights for Int8<'_> {
             _mm512_loadu_si512(at.cast())
         }
     }
+    /// Row `r`, block `b` alone (a row with an odd number of blocks ends with one).
+    ///
+    /// # Safety
+    /// As for [`pair`](Self::pair), for block `b`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
     #[inline]
-    unsafe fn one(&self, r: usize, b: usize) -> __m256i {
+    pub(super) unsafe fn one(&self, r: usize, b: usize) -> __m256i {
         // SAFETY: the caller's bounds: 32 bytes at this offset lie inside `q`.
         unsafe { _mm256_loadu_si256(self.q.as_ptr().add(r * self.cols + b * 32).cast()) }
-    }
-    fn scale(&self, _: usize, _: usize) -> f32 {
-        1.0
-    }
-    fn row_scale(&self, r: usize) -> f32 {
-        self.scale[r]
     }
 }

@@ -11,6 +11,8 @@
 //! rows over threads. A few vectors (decode) keep eight float lanes per (row, vector) instead
 //! ([`few`]): the same bits alone or among a few, within rounding of the reference's.
 
+mod nibbles;
+
 use std::arch::x86_64::*;
 
 use half::f16;
@@ -19,6 +21,8 @@ use super::scales::{BlockScale, E8m0, GroupF16};
 use super::{BLOCK, FEW, Q8Batch};
 use crate::mxfp4::E2M1_DOUBLED;
 use crate::simd::prefetch_ahead;
+
+pub(super) use nibbles::matmul as few_nibbles;
 
 /// Rows a tile takes: one 32-bit lane each.
 const ROWS: usize = 8;
