@@ -138,8 +138,12 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
             bytes: kr * kc + k2[0].1.len() * 4,
         },
     ];
-    // The int4 and MXFP4 products again with int8 activations (VNNI where the CPU has it).
-    let q8 = [exact[2].int8("int4_g32_q8 12288x7168"), exact[3].int8("mxfp4_q8 3072x3584 x16")];
+    // The int8, int4 and MXFP4 products again with int8 activations (VNNI where the CPU has it).
+    let q8 = [
+        exact[1].int8("int8_row_q8 12288x7168"),
+        exact[2].int8("int4_g32_q8 12288x7168"),
+        exact[3].int8("mxfp4_q8 3072x3584 x16"),
+    ];
     let cases: Vec<Case<'_>> = exact.into_iter().chain(q8).collect();
     let (hr, hc, hn) = HOT;
     let hot_w: Vec<bf16> = noise(hr * hc, 4, 1.0).iter().map(|v| bf16::from_f32(*v)).collect();

@@ -70,7 +70,9 @@ unsafe fn row_tile<const RT: usize, const VT: usize>(
         let mut bias = [zero; RT];
         for i in 0..RT {
             // SAFETY: row r0 + i and blocks 2p, 2p + 1 exist (the caller's contract).
-            wv[i] = unsafe { w.pair(r0 + i, p) };
+            // The same line of the next tile's row: this tile reads its rows side by side, so a
+            // fixed distance ahead would land in its own rows.
+            wv[i] = unsafe { w.pair(r0 + i, p, RT * cols) };
             // -128 * sum(w) per lane: the offset of the activations, taken back out.
             bias[i] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, high, wv[i]));
         }

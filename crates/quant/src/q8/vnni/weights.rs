@@ -7,7 +7,7 @@ use half::f16;
 use super::super::BLOCK;
 use super::super::scales::{BlockScale, E8m0, GroupF16};
 use crate::mxfp4::E2M1_DOUBLED;
-use crate::simd::prefetch_ahead;
+use crate::simd::{prefetch_ahead, prefetch_at};
 
 /// A weight matrix as the tiles read it: a row's weights as unsigned bytes `w + OFFSET` in
 /// column order (`vpdpbusd` multiplies unsigned bytes by signed ones: the activations are the
@@ -159,17 +159,18 @@ impl Weights for Int8<'_> {
 
 /// The few-vector tiles' reads (int8 only: nibble-packed weights take `nibbles`).
 impl Int8<'_> {
-    /// Row `r`, blocks `2p` and `2p + 1`, as signed weights.
+    /// Row `r`, blocks `2p` and `2p + 1`, as signed weights, and the line `ahead` bytes further
+    /// asked for.
     ///
     /// # Safety
     /// `r` is a row of the matrix and `2p + 1` one of its blocks; the CPU has AVX-512 BW/VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
     #[inline]
-    pub(super) unsafe fn pair(&self, r: usize, p: usize) -> __m512i {
+    pub(super) unsafe fn pair(&self, r: usize, p: usize, ahead: usize) -> __m512i {
         // SAFETY: the caller's bounds: 64 bytes at this offset lie inside `q`.
         unsafe {
             let at = self.q.as_ptr().add(r * self.cols + p * 64);
-            prefetch_ahead(at);
+            prefetch_at::<0, i8>(at.wrapping_add(ahead));
             _mm512_loadu_si512(at.cast())
         }
     }
