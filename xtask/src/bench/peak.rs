@@ -34,13 +34,22 @@ pub fn ceiling_of(kernel: &str) -> Option<&'static str> {
     if kernel.contains("_bf16act") && k3_quant::bf16dot::available_at(k3_quant::cpu::level()) {
         Some("bf16 dot (AVX512-BF16)")
     } else if kernel.contains("_q8") {
-        // The int8-activation products run on VNNI where it exists (their reference elsewhere).
-        Some(if k3_quant::q8::available() { "int8 dot (AVX512-VNNI)" } else { "int8 dot (AVX2 vpmaddubsw)" })
+        // The int8-activation products run on VNNI at the AVX-512 level, on `vpmaddubsw` at AVX2's
+        // (`K3_SIMD=avx2` on an AVX-512 machine included).
+        Some(if vnni_level() { "int8 dot (AVX512-VNNI)" } else { "int8 dot (AVX2 vpmaddubsw)" })
     } else if ["bf16", "int8_row", "int4_g32", "mxfp4_f32", "vq_b"].iter().any(|k| kernel.starts_with(k)) {
         Some("f32 FMA (AVX2)")
     } else {
         None
     }
+}
+
+/// Whether the kernels run at the AVX-512 (VNNI) level.
+fn vnni_level() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return k3_quant::cpu::level() >= k3_quant::cpu::Level::Avx512;
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// The ceilings as a JSON object, name -> G multiply-adds per second.

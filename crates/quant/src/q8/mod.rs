@@ -303,7 +303,7 @@ pub fn matmul_int8_at(level: Level, q: &[i8], scale: &[f32], x: &Q8Batch, ys: &m
         Level::Avx512 => unsafe { vnni::matmul_int8(&vnni::Int8 { q, scale, cols: x.cols }, rows, x, ys) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `matmul_mxfp4_at`.
-        Level::Avx2 => unsafe { avx2::matmul(&avx2::Int8 { q, scale, cols: x.cols }, rows, x, ys) },
+        Level::Avx2 => unsafe { avx2::matmul_int8(&avx2::Int8 { q, scale, cols: x.cols }, rows, x, ys) },
         Level::Scalar => reference::matmul_int8(q, scale, x, ys),
     }
 }

@@ -11,21 +11,20 @@
 //! rows over threads. A few vectors (decode) keep eight float lanes per (row, vector) instead
 //! ([`few`]): the same bits alone or among a few, within rounding of the reference's.
 
+mod lanes;
 mod nibbles;
 
 use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::scales::{BlockScale, E8m0, GroupF16};
+use super::scales::{BlockScale, E8m0, GroupF16, four_ps};
 use super::{BLOCK, FEW, Q8Batch};
 use crate::mxfp4::E2M1_DOUBLED;
 use crate::simd::prefetch_ahead;
 
+use lanes::Rows;
 pub(super) use nibbles::matmul as few_nibbles;
-
-/// Rows a tile takes: one 32-bit lane each.
-const ROWS: usize = 8;
 
 /// A weight matrix as these kernels read it.
 pub(super) trait Weights {
@@ -80,36 +79,55 @@ fn table(levels: [i8; 16]) -> __m256i {
 }
 
 /// Nibble-packed weights (`cols / 2` bytes a row, low nibble = even column) read through a
-/// 16-entry table of signed levels, a scale per 32-block: MXFP4 and int4.
-pub(super) struct Packed<'a, S> {
+/// 16-entry table of levels offset by `O` (unsigned), a scale per 32-block: MXFP4 and int4, as
+/// the batched kernel ([`lanes`]) reads them.
+pub(super) struct Packed<'a, S, const O: i32> {
     q: &'a [u8],
     blocks: usize,
     table: __m256i,
     scale: S,
 }
 
-/// MXFP4 (`packed` `[rows, cols/2]`, E8M0 `scale` `[rows, cols/32]`): doubled E2M1 levels, the
-/// half folded into the scale.
-pub(super) fn mxfp4<'a>(packed: &'a [u8], scale: &'a [u8], cols: usize) -> Packed<'a, E8m0<'a>> {
-    Packed { q: packed, blocks: cols / BLOCK, table: table(E2M1_DOUBLED), scale: E8m0 { scale, blocks: cols / BLOCK } }
+/// MXFP4 (`packed` `[rows, cols/2]`, E8M0 `scale` `[rows, cols/32]`): doubled E2M1 levels
+/// (-12..=12) offset by 12, the half folded into the scale.
+pub(super) fn mxfp4<'a>(packed: &'a [u8], scale: &'a [u8], cols: usize) -> Packed<'a, E8m0<'a>, 12> {
+    let levels = E2M1_DOUBLED.map(|l| l + 12);
+    Packed { q: packed, blocks: cols / BLOCK, table: table(levels), scale: E8m0 { scale, blocks: cols / BLOCK } }
 }
 
-/// int4 (`q` `[rows, cols/2]`, levels nibble - 8, f16 `scale` per `group`).
-pub(super) fn int4<'a>(q: &'a [u8], scale: &'a [f16], group: usize, cols: usize) -> Packed<'a, GroupF16<'a>> {
-    let levels = std::array::from_fn(|n| n as i8 - 8);
+/// int4 (`q` `[rows, cols/2]`, levels nibble - 8, f16 `scale` per `group`): the nibble is the
+/// level offset by 8.
+pub(super) fn int4<'a>(q: &'a [u8], scale: &'a [f16], group: usize, cols: usize) -> Packed<'a, GroupF16<'a>, 8> {
+    let levels = std::array::from_fn(|n| n as i8);
     Packed { q, blocks: cols / BLOCK, table: table(levels), scale: GroupF16 { scale, group, groups: cols / group } }
 }
 
-impl<S: BlockScale> Weights for Packed<'_, S> {
-    #[inline]
-    unsafe fn block(&self, r: usize, b: usize) -> __m256i {
-        // SAFETY: 16 bytes of row r's block b (the caller's contract); AVX2 present.
-        unsafe { nibbles(packed_block(self.q, (r * self.blocks + b) * 16), self.table) }
-    }
+impl<S: BlockScale, const O: i32> Rows for Packed<'_, S, O> {
+    const SIGNED: bool = false;
+    const OFFSET: i32 = O;
+    const BLOCK_SCALED: bool = true;
 
     #[inline]
-    fn scale(&self, r: usize, b: usize) -> f32 {
-        self.scale.at(r, b)
+    unsafe fn decode(&self, r: usize, out: &mut [u8]) {
+        for (b, o) in out.chunks_exact_mut(BLOCK).enumerate() {
+            // SAFETY: 16 bytes of row r's block b (the caller's contract), 32 into `o`; AVX2.
+            unsafe {
+                let v = nibbles(packed_block(self.q, (r * self.blocks + b) * 16), self.table);
+                _mm256_storeu_si256(o.as_mut_ptr().cast(), v);
+            }
+        }
+    }
+
+    /// Four scales at a time in registers (one call a row: not worth inlining).
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn scales(&self, r: usize, out: &mut [f32]) {
+        let blocks = out.len();
+        for (s, o) in out.chunks_mut(4).enumerate() {
+            let mut four = [0f32; 4];
+            // SAFETY: four f32 into an array of four.
+            unsafe { _mm_storeu_ps(four.as_mut_ptr(), four_ps(self.scale.four(r, s, blocks))) };
+            o.copy_from_slice(&four[..o.len()]);
+        }
     }
 
     fn row_scale(&self, _: usize) -> f32 {
@@ -122,6 +140,27 @@ pub(super) struct Int8<'a> {
     pub q: &'a [i8],
     pub scale: &'a [f32],
     pub cols: usize,
+}
+
+impl Rows for Int8<'_> {
+    const SIGNED: bool = true;
+    const OFFSET: i32 = 0;
+    const BLOCK_SCALED: bool = false;
+
+    #[inline]
+    unsafe fn decode(&self, r: usize, out: &mut [u8]) {
+        for (d, s) in out.iter_mut().zip(&self.q[r * self.cols..][..self.cols]) {
+            *d = *s as u8;
+        }
+    }
+
+    unsafe fn scales(&self, _: usize, out: &mut [f32]) {
+        out.fill(1.0);
+    }
+
+    fn row_scale(&self, r: usize) -> f32 {
+        self.scale[r]
+    }
 }
 
 impl Weights for Int8<'_> {
@@ -148,30 +187,31 @@ impl Weights for Int8<'_> {
     }
 }
 
-/// Eight rows' block dots (one `i32x8` of partial sums each) summed, row `i` in lane `i`.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn lane_sums(p: &[__m256i; ROWS]) -> __m256i {
-    let t0 = _mm256_hadd_epi32(p[0], p[1]);
-    let t1 = _mm256_hadd_epi32(p[2], p[3]);
-    let t2 = _mm256_hadd_epi32(p[4], p[5]);
-    let t3 = _mm256_hadd_epi32(p[6], p[7]);
-    // Each 128-bit half: rows 0-3 (u0) or 4-7 (u1), that half's sums.
-    let u0 = _mm256_hadd_epi32(t0, t1);
-    let u1 = _mm256_hadd_epi32(t2, t3);
-    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(u0, u1), _mm256_permute2x128_si256::<0x31>(u0, u1))
-}
-
-/// `ys` `[n, rows]` = `W X`: up to [`FEW`] vectors row by row ([`few`]), more eight rows at a
-/// time with the reference's bits ([`batch`]).
+/// `ys` `[n, rows]` = `W X` for more than [`FEW`] vectors (a few take [`few_nibbles`] or, for
+/// int8, [`matmul_int8`]), with the reference's bits ([`lanes`]).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `w` has `rows` rows of `x.cols()` columns, and `ys` holds
 /// `x.vectors() * rows` values.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn matmul<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
+pub(super) unsafe fn matmul<W: Rows>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
+    // SAFETY: the caller's contract, passed on (no vectors: nothing to compute).
+    unsafe {
+        if x.vectors() > FEW {
+            lanes::matmul(w, rows, x, ys)
+        }
+    }
+}
+
+/// `ys` `[n, rows]` = `W X` for int8 weights: up to [`FEW`] vectors row by row ([`few`]), more
+/// through [`lanes`].
+///
+/// # Safety
+/// As for [`matmul`].
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn matmul_int8(w: &Int8<'_>, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
     // SAFETY: the caller's contract, passed on.
-    unsafe { if x.vectors() <= FEW { few(w, rows, x, ys) } else { batch(w, rows, x, ys) } }
+    unsafe { if x.vectors() <= FEW { few(w, rows, x, ys) } else { lanes::matmul(w, rows, x, ys) } }
 }
 
 /// A few vectors (a decode step's): each (row, vector) keeps eight float lanes, a block's
@@ -257,57 +297,4 @@ fn sum8(a: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
-}
-
-/// More than [`FEW`] vectors: eight rows a tile, one lane each, in the reference's order (its
-/// bits); a tile's block decoded once for every vector.
-///
-/// # Safety
-/// As for [`matmul`].
-#[target_feature(enable = "avx2,fma")]
-unsafe fn batch<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
-    let (cols, n) = (x.cols(), x.vectors());
-    let blocks = cols / BLOCK;
-    let (u, steps) = (x.values(), x.steps());
-    let (ones, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
-    let mut acc = vec![_mm256_setzero_ps(); n];
-    for r0 in (0..rows).step_by(ROWS) {
-        let live = ROWS.min(rows - r0);
-        acc.fill(_mm256_setzero_ps());
-        for b in 0..blocks {
-            // The tile's weights for this block: magnitudes, and the weights whose signs the
-            // activations take (rows past the matrix are zeros: their dots are 0).
-            let (mut mag, mut sign) = ([_mm256_setzero_si256(); ROWS], [_mm256_setzero_si256(); ROWS]);
-            let mut scale = [0f32; ROWS];
-            for i in 0..live {
-                // SAFETY: row r0 + i and block b exist (the caller's contract).
-                sign[i] = unsafe { w.block(r0 + i, b) };
-                mag[i] = _mm256_abs_epi8(sign[i]);
-                scale[i] = w.scale(r0 + i, b);
-            }
-            // SAFETY: eight f32 from an array of eight.
-            let scale = unsafe { _mm256_loadu_ps(scale.as_ptr()) };
-            for (v, a) in acc.iter_mut().enumerate() {
-                // SAFETY: vector v's block b: 32 values inside `u` (`n * cols` of them).
-                let q = unsafe { _mm256_loadu_si256(u.as_ptr().add(v * cols + b * BLOCK).cast()) };
-                // The offset values signed: u - 128, as bytes.
-                let xq = _mm256_xor_si256(q, flip);
-                let mut p = [_mm256_setzero_si256(); ROWS];
-                for i in 0..live {
-                    p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(mag[i], _mm256_sign_epi8(xq, sign[i])), ones);
-                }
-                let dots = _mm256_cvtepi32_ps(lane_sums(&p));
-                let c = _mm256_mul_ps(_mm256_set1_ps(steps[v * blocks + b]), scale);
-                *a = _mm256_fmadd_ps(dots, c, *a);
-            }
-        }
-        for (v, a) in acc.iter().enumerate() {
-            let mut lanes = [0f32; ROWS];
-            // SAFETY: eight f32 into an array of eight.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *a) };
-            for (i, l) in lanes[..live].iter().enumerate() {
-                ys[v * rows + r0 + i] = l * w.row_scale(r0 + i);
-            }
-        }
-    }
 }
