@@ -21,6 +21,8 @@ pub mod reference;
 mod scales;
 mod split;
 #[cfg(target_arch = "x86_64")]
+mod tile;
+#[cfg(target_arch = "x86_64")]
 mod vnni;
 
 use std::cell::Cell;

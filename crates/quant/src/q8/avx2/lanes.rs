@@ -3,6 +3,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::tile::{RowTile, Tile, walk};
 use super::super::{BLOCK, LANES, Q8Batch};
 
 /// Rows a tile decodes together, and groups of [`LANES`] vectors it applies them to at a time
@@ -10,8 +11,6 @@ use super::super::{BLOCK, LANES, Q8Batch};
 /// ones in sixteen registers; 2 rows by 2 groups measured 0.8x for MXFP4).
 const R: usize = 4;
 const G: usize = 1;
-/// Activation bytes a pass over the rows keeps in L2.
-const VECTOR_BLOCK_BYTES: usize = 192 << 10;
 
 /// A weight matrix as this kernel reads it: a row decoded to bytes in column order, and scales.
 pub(in crate::q8) trait Rows {
@@ -49,69 +48,41 @@ pub(in crate::q8) trait Rows {
 /// vectors in its lane layout, and `ys` holds `x.vectors() * rows` values.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn matmul<W: Rows>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
-    let (cols, n) = (x.cols(), x.vectors());
-    let groups = n.div_ceil(LANES);
-    let per_pass = (VECTOR_BLOCK_BYTES / (cols * LANES)).max(G) / G * G;
-    let mut tile = RowTile { w: vec![0; R * cols], scale: vec![0.0; R * (cols / BLOCK)] };
-    let out = ys.as_mut_ptr();
-    for g_start in (0..groups).step_by(per_pass) {
-        let g_end = groups.min(g_start + per_pass);
-        for r0 in (0..rows).step_by(R) {
-            let rn = R.min(rows - r0);
-            // SAFETY: rows r0..r0 + rn exist (the caller's contract).
-            unsafe { tile.decode(w, r0, rn, cols) };
-            for g0 in (g_start..g_end).step_by(G) {
-                let gn = G.min(g_end - g0);
-                let at = Tile { x, r0, g0, rows, n, out };
-                // SAFETY: the tile's rows are decoded and its groups exist in `x`; outputs go to
-                // (vector < n, row < rows) only.
-                unsafe {
-                    debug_assert_eq!(gn, G);
-                    match rn {
-                        1 => at.run::<W, 1, G>(w, &tile),
-                        2 => at.run::<W, 2, G>(w, &tile),
-                        3 => at.run::<W, 3, G>(w, &tile),
-                        _ => at.run::<W, 4, G>(w, &tile),
-                    }
-                }
+    let cols = x.cols();
+    let decode_rows = |tile: &mut RowTile, r0, rn| {
+        // SAFETY: rows r0..r0 + rn exist (the caller's contract); this function's CPU features.
+        unsafe { decode(tile, w, r0, rn, cols) }
+    };
+    walk(x, rows, ys, (R, G), decode_rows, |at, tile, rn, gn| {
+        debug_assert_eq!(gn, G);
+        // SAFETY: the tile's rows are decoded and its group exists in `x`; outputs go to (vector
+        // < n, row < rows) only; this function's CPU features.
+        unsafe {
+            match rn {
+                1 => at.run_maddubs::<W, 1, G>(w, tile),
+                2 => at.run_maddubs::<W, 2, G>(w, tile),
+                3 => at.run_maddubs::<W, 3, G>(w, tile),
+                _ => at.run_maddubs::<W, 4, G>(w, tile),
             }
         }
-    }
+    });
 }
 
-/// [`R`] rows decoded: bytes `[R, cols]` and each (row, block)'s scale.
-struct RowTile {
-    w: Vec<u8>,
-    scale: Vec<f32>,
-}
-
-impl RowTile {
-    /// Decodes rows `r0..r0 + rn`.
-    ///
-    /// # Safety
-    /// As for [`matmul`], with the rows inside the matrix.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn decode<W: Rows>(&mut self, w: &W, r0: usize, rn: usize, cols: usize) {
-        let blocks = cols / BLOCK;
-        for i in 0..rn {
-            // SAFETY: row r0 + i exists; its `cols` bytes fit row i of the tile.
-            unsafe { w.decode(r0 + i, &mut self.w[i * cols..][..cols]) };
-            if W::BLOCK_SCALED {
-                // SAFETY: row r0 + i exists; its blocks fit row i of the scales.
-                unsafe { w.scales(r0 + i, &mut self.scale[i * blocks..][..blocks]) };
-            }
+/// Decodes rows `r0..r0 + rn` into `t`.
+///
+/// # Safety
+/// As for [`matmul`], with the rows inside the matrix.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode<W: Rows>(t: &mut RowTile, w: &W, r0: usize, rn: usize, cols: usize) {
+    let blocks = cols / BLOCK;
+    for i in 0..rn {
+        // SAFETY: row r0 + i exists; its `cols` bytes fit row i of the tile.
+        unsafe { w.decode(r0 + i, &mut t.w[i * cols..][..cols]) };
+        if W::BLOCK_SCALED {
+            // SAFETY: row r0 + i exists; its blocks fit row i of the scales.
+            unsafe { w.scales(r0 + i, &mut t.scale[i * blocks..][..blocks]) };
         }
     }
-}
-
-/// Where a tile's vectors and outputs are: groups `g0..` of `x`, rows `r0..` of `rows`.
-struct Tile<'a> {
-    x: &'a Q8Batch,
-    r0: usize,
-    g0: usize,
-    rows: usize,
-    n: usize,
-    out: *mut f32,
 }
 
 impl Tile<'_> {
@@ -123,7 +94,7 @@ impl Tile<'_> {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     #[allow(clippy::needless_range_loop)]
-    unsafe fn run<W: Rows, const RT: usize, const GT: usize>(&self, w: &W, t: &RowTile) {
+    unsafe fn run_maddubs<W: Rows, const RT: usize, const GT: usize>(&self, w: &W, t: &RowTile) {
         let cols = self.x.cols();
         let (blocks, words) = (cols / BLOCK, cols / 4);
         let (lanes, steps, sums) = (self.x.lanes().as_ptr(), self.x.lane_steps().as_ptr(), self.x.lane_sums().as_ptr());
@@ -189,14 +160,10 @@ impl Tile<'_> {
             let s = _mm256_set1_ps(w.row_scale(self.r0 + i));
             for g in 0..GT {
                 let y = if W::BLOCK_SCALED { acc[i][g] } else { _mm256_mul_ps(acc[i][g], s) };
-                // SAFETY: `lane` holds LANES floats.
-                unsafe { _mm256_storeu_ps(lane.as_mut_ptr(), y) };
-                for (l, y) in lane.iter().enumerate() {
-                    let v = (self.g0 + g) * LANES + l;
-                    if v < self.n {
-                        // SAFETY: (vector v < n, row r0 + i < rows) is inside `ys`.
-                        unsafe { *self.out.add(v * self.rows + self.r0 + i) = *y };
-                    }
+                // SAFETY: `lane` holds LANES floats; row r0 + i and the outputs are the tile's.
+                unsafe {
+                    _mm256_storeu_ps(lane.as_mut_ptr(), y);
+                    self.store(i, g, &lane);
                 }
             }
         }

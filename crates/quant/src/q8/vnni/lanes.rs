@@ -2,6 +2,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::tile::{RowTile, Tile, walk};
 use super::super::{BLOCK, LANES, Q8Batch};
 use super::weights::Weights;
 
@@ -13,8 +14,6 @@ const G: usize = 3;
 /// chain of eight dependent `vpdpbusd` would wait on their latency (integer sums in any split
 /// are the same sum).
 const CHAINS: usize = 3;
-/// Activation bytes a pass over the rows keeps in L2.
-const VECTOR_BLOCK_BYTES: usize = 192 << 10;
 
 /// `ys` `[n, rows]` = `W X`. Rows are decoded a tile at a time into offset bytes (with each
 /// block's scale), then applied to the vectors eight to a register: lane `l` of an accumulator is
@@ -28,77 +27,45 @@ const VECTOR_BLOCK_BYTES: usize = 192 << 10;
 /// `x.vectors() * rows` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 pub(super) unsafe fn matmul<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
-    let (cols, n) = (x.cols(), x.vectors());
-    let groups = n.div_ceil(LANES);
-    let per_pass = (VECTOR_BLOCK_BYTES / (cols * LANES)).max(G) / G * G;
-    let mut tile = RowTile::new(R, cols);
-    let out = ys.as_mut_ptr();
-    for g_start in (0..groups).step_by(per_pass) {
-        let g_end = groups.min(g_start + per_pass);
-        for r0 in (0..rows).step_by(R) {
-            let rn = R.min(rows - r0);
-            // SAFETY: rows r0..r0 + rn exist (the caller's contract).
-            unsafe { tile.decode(w, r0, rn, cols) };
-            for g0 in (g_start..g_end).step_by(G) {
-                let gn = G.min(g_end - g0);
-                let at = Tile { x, r0, g0, rows, n, out };
-                // SAFETY: the tile's rows are decoded and its groups exist in `x`; outputs go to
-                // (vector < n, row < rows) only.
-                unsafe {
-                    macro_rules! tile {
-                        ($($r:literal),*; $($g:literal),*) => { tile!(@rows ($($r),*) ($($g),*)) };
-                        (@rows ($($r:literal),*) $gs:tt) => {
-                            match rn { $($r => tile!(@groups $r $gs),)* _ => unreachable!() }
-                        };
-                        (@groups $r:literal ($($g:literal),*)) => {
-                            match gn { $($g => at.run::<W, $r, $g, { CHAINS / $g }>(w, &tile),)* _ => unreachable!() }
-                        };
-                    }
-                    tile!(1, 2, 3, 4; 1, 2, 3);
-                }
+    let cols = x.cols();
+    let decode_rows = |tile: &mut RowTile, r0, rn| {
+        // SAFETY: rows r0..r0 + rn exist (the caller's contract); this function's CPU features.
+        unsafe { decode(tile, w, r0, rn, cols) }
+    };
+    walk(x, rows, ys, (R, G), decode_rows, |at, tile, rn, gn| {
+        // SAFETY: the tile's rows are decoded and its groups exist in `x`; outputs go to (vector
+        // < n, row < rows) only; this function's CPU features.
+        unsafe {
+            macro_rules! tile {
+                ($($r:literal),*; $($g:literal),*) => { tile!(@rows ($($r),*) ($($g),*)) };
+                (@rows ($($r:literal),*) $gs:tt) => {
+                    match rn { $($r => tile!(@groups $r $gs),)* _ => unreachable!() }
+                };
+                (@groups $r:literal ($($g:literal),*)) => {
+                    match gn { $($g => at.run::<W, $r, $g, { CHAINS / $g }>(w, tile),)* _ => unreachable!() }
+                };
+            }
+            tile!(1, 2, 3, 4; 1, 2, 3);
+        }
+    });
+}
+
+/// Decodes rows `r0..r0 + rn` into `t`.
+///
+/// # Safety
+/// As for [`matmul`], with the rows inside the matrix.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+unsafe fn decode<W: Weights>(t: &mut RowTile, w: &W, r0: usize, rn: usize, cols: usize) {
+    let blocks = cols / BLOCK;
+    for i in 0..rn {
+        // SAFETY: row r0 + i exists; its `cols` bytes fit row i of the tile.
+        unsafe { w.decode(r0 + i, &mut t.w[i * cols..][..cols]) };
+        if W::BLOCK_SCALED {
+            for b in 0..blocks {
+                t.scale[i * blocks + b] = w.scale(r0 + i, b);
             }
         }
     }
-}
-
-/// `R` rows decoded: offset weights `[R, cols]` and each (row, block)'s scale.
-struct RowTile {
-    w: Vec<u8>,
-    scale: Vec<f32>,
-}
-
-impl RowTile {
-    fn new(rows: usize, cols: usize) -> RowTile {
-        RowTile { w: vec![0; rows * cols], scale: vec![0.0; rows * (cols / BLOCK)] }
-    }
-
-    /// Decodes rows `r0..r0 + rn`.
-    ///
-    /// # Safety
-    /// As for [`matmul`], with the rows inside the matrix.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    unsafe fn decode<W: Weights>(&mut self, w: &W, r0: usize, rn: usize, cols: usize) {
-        let blocks = cols / BLOCK;
-        for i in 0..rn {
-            // SAFETY: row r0 + i exists; its `cols` bytes fit row i of the tile.
-            unsafe { w.decode(r0 + i, &mut self.w[i * cols..][..cols]) };
-            if W::BLOCK_SCALED {
-                for b in 0..blocks {
-                    self.scale[i * blocks + b] = w.scale(r0 + i, b);
-                }
-            }
-        }
-    }
-}
-
-/// Where a tile's vectors and outputs are: groups `g0..` of `x`, rows `r0..` of `rows`.
-struct Tile<'a> {
-    x: &'a Q8Batch,
-    r0: usize,
-    g0: usize,
-    rows: usize,
-    n: usize,
-    out: *mut f32,
 }
 
 impl Tile<'_> {
@@ -166,14 +133,10 @@ impl Tile<'_> {
             let s = _mm256_set1_ps(w.row_scale(self.r0 + i));
             for g in 0..GT {
                 let y = if W::BLOCK_SCALED { acc[i][g] } else { _mm256_mul_ps(acc[i][g], s) };
-                // SAFETY: `lane` holds LANES floats.
-                unsafe { _mm256_storeu_ps(lane.as_mut_ptr(), y) };
-                for (l, y) in lane.iter().enumerate() {
-                    let v = (self.g0 + g) * LANES + l;
-                    if v < self.n {
-                        // SAFETY: (vector v < n, row r0 + i < rows) is inside `ys`.
-                        unsafe { *self.out.add(v * self.rows + self.r0 + i) = *y };
-                    }
+                // SAFETY: `lane` holds LANES floats; row r0 + i and the outputs are the tile's.
+                unsafe {
+                    _mm256_storeu_ps(lane.as_mut_ptr(), y);
+                    self.store(i, g, &lane);
                 }
             }
         }
