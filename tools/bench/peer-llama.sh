@@ -3,8 +3,10 @@
 # downloads torch and llama.cpp and takes ~30 minutes on two cores).
 #
 #   tools/bench/peer-llama.sh [WORK_DIR]        (default bench-out/peer; THREADS, REPS, ACTIVATIONS,
-#                                                PAIRS from the env; ACTIVATIONS: k3's --activations,
-#                                                auto, its default)
+#                                                PAIRS, ISA from the env; ACTIVATIONS: k3's --activations,
+#                                                auto, its default; ISA=avx2: both engines as on an
+#                                                AVX2-only CPU (llama.cpp built for AVX2 + FMA + F16C,
+#                                                k3 with K3_SIMD=avx2), results in results-avx2)
 #
 # 1. builds llama.cpp (llama-bench, llama-quantize) from the llama-cpp-python source package on
 #    PyPI, whose vendored llama.cpp has the kimi-linear architecture; natively, but without AMX (this machine's
@@ -41,20 +43,31 @@ export PATH="$W/venv/bin:$PATH"
 
 # llama.cpp from the llama-cpp-python sdist.
 LLAMA="$W/llama.cpp"
-if [ ! -x "$LLAMA/build/bin/llama-bench" ]; then
+if [ ! -d "$LLAMA/ggml" ]; then
     "$W/venv/bin/pip" download -q llama-cpp-python --no-binary llama-cpp-python --no-deps -d "$W/sdist"
     rm -rf "$W/src" && mkdir -p "$W/src"
     tar xzf "$W"/sdist/llama_cpp_python-*.tar.gz -C "$W/src"
     rm -rf "$LLAMA" && mv "$W"/src/llama_cpp_python-*/vendor/llama.cpp "$LLAMA"
-    cmake -S "$LLAMA" -B "$LLAMA/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
+fi
+ISA=${ISA:-native}
+case "$ISA" in
+    native) BUILD="$LLAMA/build" R="$W/results"
+        ISA_FLAGS=(-DGGML_NATIVE=ON) ;;
+    avx2) BUILD="$LLAMA/build-avx2" R="$W/results-avx2"
+        ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+        export K3_SIMD=avx2 ;;
+    *) echo "ISA is native or avx2, not $ISA" >&2; exit 2 ;;
+esac
+if [ ! -f "$BUILD/build.ninja" ]; then
+    cmake -S "$LLAMA" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF "${ISA_FLAGS[@]}" \
         "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
         "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
 fi
-if [ ! -x "$LLAMA/build/bin/llama-perplexity" ]; then
-    cmake --build "$LLAMA/build" --target llama-bench llama-quantize llama-perplexity -j "$(nproc)" >/dev/null
+if [ ! -x "$BUILD/bin/llama-perplexity" ]; then
+    cmake --build "$BUILD" --target llama-bench llama-quantize llama-perplexity -j "$(nproc)" >/dev/null
 fi
-BIN="$LLAMA/build/bin"
+BIN="$BUILD/bin"
 
 # k3.
 cargo build --release -q -p xtask -p k3-cli
@@ -78,7 +91,7 @@ target/release/xtask convert --hf "$W/hf" --out "$W/mxfp4-int4.waste" --experts 
 # Pairs: WASTE model, GGUF model, at matching bytes per weight: Q4_K_M's trunk is 4-6 bits a
 # weight (k3's int4 trunk: 4.5), MXFP4_MOE's is Q8_0 (k3's int8 trunk: 8 + a scale a row).
 PAIRS=${PAIRS:-"bf16.waste:bf16.gguf mxfp4-int4.waste:Q4_K_M.gguf mxfp4-int8.waste:MXFP4_MOE.gguf mxfp4-int8.waste:Q8_0.gguf"}
-R="$W/results" && rm -rf "$R" && mkdir -p "$R"
+rm -rf "$R" && mkdir -p "$R"
 for rep in $(seq 1 "$REPS"); do
     for pair in $PAIRS; do
         waste=${pair%%:*} gguf=${pair##*:}
