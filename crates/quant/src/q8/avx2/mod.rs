@@ -1,15 +1,14 @@
 //! The int8-activation products on AVX2 (no VNNI: Haswell to Zen 3, Intel desktops without
-//! AVX-512), as llama.cpp's q8 dots are: each 32-block's weights decoded to signed bytes, the
-//! activations given the weights' signs (`vpsignb`) so that `vpmaddubsw` multiplies the weights'
-//! magnitudes (unsigned) by them, `vpmaddwd` sums the pairs into 32-bit lanes. No pair can
-//! saturate: |w| <= 128 and |x| <= 127 give at most 2 * 128 * 127 = 32,512.
+//! AVX-512), on `vpmaddubsw` (unsigned by signed bytes, pairs summed into 16 bits) and `vpmaddwd`
+//! (into 32-bit lanes), as llama.cpp's q8 dots are.
 //!
-//! Batches (more than [`FEW`] vectors): eight rows at a time, one lane each: a block's eight
-//! integer dots are summed across their lanes (exactly: integers), converted, and accumulated with
-//! one fused multiply-add per block in block order, `acc = fma(dot, step * scale, acc)` — the
-//! scalar reference's order, so every (row, vector) gets the reference's bits on any split of the
-//! rows over threads. A few vectors (decode) keep eight float lanes per (row, vector) instead
-//! ([`few`]): the same bits alone or among a few, within rounding of the reference's.
+//! - `lanes`: batches (more than [`FEW`] vectors), vectors in register lanes as the VNNI lanes
+//!   kernel's: the scalar reference's order and bits.
+//! - `nibbles`: up to [`FEW`] vectors against MXFP4 and int4, in the split layout.
+//! - [`few`]: up to [`FEW`] vectors against int8, row by row: each 32-block's weights signed, the
+//!   activations given their signs (`vpsignb`) so that `vpmaddubsw` multiplies the weights'
+//!   magnitudes by them (no pair saturates: 2 * 128 * 127 = 32,512), eight float lanes per (row,
+//!   vector): the same bits alone or among a few, within rounding of the reference's.
 
 mod lanes;
 mod nibbles;
@@ -25,19 +24,6 @@ use crate::simd::prefetch_ahead;
 
 use lanes::Rows;
 pub(super) use nibbles::matmul as few_nibbles;
-
-/// A weight matrix as these kernels read it.
-pub(super) trait Weights {
-    /// Row `r`'s block `b` as 32 signed bytes in column order.
-    ///
-    /// # Safety
-    /// `r` is a row and `b` a block of the matrix; the CPU has AVX2.
-    unsafe fn block(&self, r: usize, b: usize) -> __m256i;
-    /// The scale of block `b` of row `r` (1 for weights scaled per row).
-    fn scale(&self, r: usize, b: usize) -> f32;
-    /// The scale applied to row `r`'s sum at the end (1 for weights scaled per block).
-    fn row_scale(&self, r: usize) -> f32;
-}
 
 /// 16 bytes of nibbles (low nibble = even column) as 32 signed bytes through `table`.
 #[target_feature(enable = "avx2")]
@@ -163,8 +149,13 @@ impl Rows for Int8<'_> {
     }
 }
 
-impl Weights for Int8<'_> {
+/// The few-vector kernel's reads ([`few`]).
+impl Int8<'_> {
     #[inline]
+    /// Row `r`'s block `b` as 32 signed bytes in column order.
+    ///
+    /// # Safety
+    /// `r` is a row and `b` a block of the matrix; the CPU has AVX2.
     unsafe fn block(&self, r: usize, b: usize) -> __m256i {
         // SAFETY: 32 bytes of row r from column 32b (the caller's contract).
         unsafe {
@@ -175,15 +166,6 @@ impl Weights for Int8<'_> {
             }
             _mm256_loadu_si256(at.cast())
         }
-    }
-
-    #[inline]
-    fn scale(&self, _: usize, _: usize) -> f32 {
-        1.0
-    }
-
-    fn row_scale(&self, r: usize) -> f32 {
-        self.scale[r]
     }
 }
 
@@ -222,17 +204,17 @@ pub(super) unsafe fn matmul_int8(w: &Int8<'_>, rows: usize, x: &Q8Batch, ys: &mu
 /// # Safety
 /// As for [`matmul`], with at most [`FEW`] vectors.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn few<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
+unsafe fn few(w: &Int8<'_>, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
     // SAFETY: the caller's contract; each call's rows lie inside the matrix.
     unsafe {
         macro_rules! rows_of {
             ($n:literal) => {{
                 let pairs = rows / 2 * 2;
                 for r0 in (0..pairs).step_by(2) {
-                    few_tile::<W, 2, $n>(w, r0, rows, x, ys);
+                    few_tile::<2, $n>(w, r0, rows, x, ys);
                 }
                 if pairs < rows {
-                    few_tile::<W, 1, $n>(w, pairs, rows, x, ys);
+                    few_tile::<1, $n>(w, pairs, rows, x, ys);
                 }
             }};
         }
@@ -254,13 +236,7 @@ unsafe fn few<W: Weights>(w: &W, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 #[allow(clippy::needless_range_loop)]
-unsafe fn few_tile<W: Weights, const R: usize, const N: usize>(
-    w: &W,
-    r0: usize,
-    rows: usize,
-    x: &Q8Batch,
-    ys: &mut [f32],
-) {
+unsafe fn few_tile<const R: usize, const N: usize>(w: &Int8<'_>, r0: usize, rows: usize, x: &Q8Batch, ys: &mut [f32]) {
     let cols = x.cols();
     let blocks = cols / BLOCK;
     let (u, steps) = (x.values().as_ptr(), x.steps());
@@ -275,17 +251,17 @@ unsafe fn few_tile<W: Weights, const R: usize, const N: usize>(
         for i in 0..R {
             // SAFETY: row r0 + i and block b exist (the caller's contract).
             let sign = unsafe { w.block(r0 + i, b) };
-            let (mag, scale) = (_mm256_abs_epi8(sign), w.scale(r0 + i, b));
+            let mag = _mm256_abs_epi8(sign);
             for v in 0..N {
                 let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(xq[v], sign)), ones);
-                let c = _mm256_set1_ps(steps[v * blocks + b] * scale);
+                let c = _mm256_set1_ps(steps[v * blocks + b]);
                 acc[i][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), c, acc[i][v]);
             }
         }
     }
     for i in 0..R {
         for v in 0..N {
-            ys[v * rows + r0 + i] = sum8(acc[i][v]) * w.row_scale(r0 + i);
+            ys[v * rows + r0 + i] = sum8(acc[i][v]) * w.scale[r0 + i];
         }
     }
 }
