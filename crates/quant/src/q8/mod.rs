@@ -8,9 +8,10 @@
 //! (`k3-cli perplexity --activations int8 --against`, docs/EFFICIENCY.md); the engine uses these
 //! products only when asked and only where the CPU has integer dots ([`available`]).
 //!
-//! Values are stored offset by 128 as `u8` (`vpdpbusd` multiplies unsigned by signed bytes): the
-//! kernels subtract `128 * sum(w)` per block, computed from the weights, so every block's dot is
-//! the exact integer `sum(q * w)`.
+//! Values are stored offset by 128 as `u8`, and again signed for the kernels that take the
+//! weights as the unsigned side of `vpdpbusd` / `vpmaddubsw` (levels offset to be non-negative):
+//! whichever side carries an offset, the kernels take `offset * sum` of the other side back out
+//! per block, so every block's dot is the exact integer `sum(q * w)`.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;

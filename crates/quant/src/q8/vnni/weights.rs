@@ -9,7 +9,7 @@ use super::super::scales::{BlockScale, E8m0, GroupF16};
 use crate::mxfp4::E2M1_DOUBLED;
 use crate::simd::{prefetch_ahead, prefetch_at};
 
-/// A weight matrix as the tiles read it: a row's weights as unsigned bytes `w + OFFSET` in
+/// A weight matrix as the lanes kernel reads it: a row's weights as unsigned bytes `w + OFFSET` in
 /// column order (`vpdpbusd` multiplies unsigned bytes by signed ones: the activations are the
 /// signed side, and `OFFSET * sum(a)` comes back out per block), and their scales.
 pub(in crate::q8) trait Weights {
@@ -76,12 +76,12 @@ const MXFP4_OFFSET: i32 = 12;
 /// int4's levels (nibble - 8) offset by 8: the nibble itself.
 const INT4_OFFSET: i32 = 8;
 
-/// MXFP4 (`packed` `[rows, cols/2]`, E8M0 `scale` `[rows, cols/32]`) as the tiles read it.
+/// MXFP4 (`packed` `[rows, cols/2]`, E8M0 `scale` `[rows, cols/32]`) as the lanes kernel reads it.
 pub(in crate::q8) fn mxfp4<'a>(packed: &'a [u8], scale: &'a [u8], cols: usize) -> Packed<'a, E8m0<'a>, MXFP4_OFFSET> {
     Packed::new(packed, cols, E2M1_DOUBLED, E8m0 { scale, blocks: cols / BLOCK })
 }
 
-/// int4 (`q` `[rows, cols/2]`, levels nibble - 8, f16 `scale` per `group`) as the tiles read it.
+/// int4 (`q` `[rows, cols/2]`, levels nibble - 8, f16 `scale` per `group`) as the lanes kernel reads it.
 pub(in crate::q8) fn int4<'a>(
     q: &'a [u8],
     scale: &'a [f16],
