@@ -145,50 +145,52 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
         exact[3].int8("mxfp4_q8 3072x3584 x16"),
     ];
     let cases: Vec<Case<'_>> = exact.into_iter().chain(q8).collect();
+    let rows: Vec<Value> = (1..=max_threads.max(1)).map(|threads| measure_threads(threads, reps, &cases)).collect();
+    if !json_out {
+        print_table(&cases, &rows, max_threads, reps);
+    }
+    json!({"threads": rows})
+}
+
+/// One row of `run`'s table: the read bandwidth, a hot bf16 product and every case on `threads`
+/// threads, medians of `reps`.
+fn measure_threads(threads: usize, reps: usize, cases: &[Case<'_>]) -> Value {
     let (hr, hc, hn) = HOT;
     let hot_w: Vec<bf16> = noise(hr * hc, 4, 1.0).iter().map(|v| bf16::from_f32(*v)).collect();
     let hot = Matrix::Bf16 { w: &hot_w, rows: hr, cols: hc, act: Activations::Exact };
     let hot_x = noise(hn * hc, 5, 1.0);
     let mut hot_y = vec![0f32; hn * hr];
     let buf: Vec<u64> = (0..(1usize << 30) / 8).map(|i| i as u64).collect();
-    let mut rows = Vec::new();
-    for threads in 1..=max_threads.max(1) {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a pool");
-        // Every repetition measures the bandwidth and each product once, in turn, so drift on this
-        // shared machine falls on all of them alike.
-        let (mut bw, mut rates, mut hot_rate) = (Vec::new(), vec![Vec::new(); cases.len()], Vec::new());
-        for _ in 0..reps {
-            bw.push(pool.install(|| read_gbps(&buf)));
-            let t = pool.install(|| time(|| (0..4).for_each(|_| par::matmul(&hot, &hot_x, &mut hot_y))));
-            hot_rate.push((4 * hr * hc * hn) as f64 / t / 1e9);
-            for (case, rate) in cases.iter().zip(rates.iter_mut()) {
-                let x = noise(case.mats[0].cols(), 3, 1.0);
-                let mut y = vec![0f32; case.mats[0].rows()];
-                let calls = case.mats.len().max(4);
-                let t = pool.install(|| {
-                    time(|| (0..calls).for_each(|i| par::matvec(&case.mats[i % case.mats.len()], &x, &mut y)))
-                });
-                rate.push((case.bytes * calls) as f64 / t / 1e9);
-            }
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a pool");
+    // Every repetition measures the bandwidth and each product once, in turn, so drift on this
+    // shared machine falls on all of them alike.
+    let (mut bw, mut rates, mut hot_rate) = (Vec::new(), vec![Vec::new(); cases.len()], Vec::new());
+    for _ in 0..reps {
+        bw.push(pool.install(|| read_gbps(&buf)));
+        let t = pool.install(|| time(|| (0..4).for_each(|_| par::matmul(&hot, &hot_x, &mut hot_y))));
+        hot_rate.push((4 * hr * hc * hn) as f64 / t / 1e9);
+        for (case, rate) in cases.iter().zip(rates.iter_mut()) {
+            let x = noise(case.mats[0].cols(), 3, 1.0);
+            let mut y = vec![0f32; case.mats[0].rows()];
+            let calls = case.mats.len().max(4);
+            let t = pool
+                .install(|| time(|| (0..calls).for_each(|i| par::matvec(&case.mats[i % case.mats.len()], &x, &mut y))));
+            rate.push((case.bytes * calls) as f64 / t / 1e9);
         }
-        let bw = median(bw);
-        let mut kernels = serde_json::Map::new();
-        for (case, rate) in cases.iter().zip(rates) {
-            let gbps = median(rate);
-            kernels.insert(case.name.into(), json!({"weight_gbps": gbps, "of_bandwidth": gbps / bw}));
-        }
-        let hot_gmacs = median(hot_rate);
-        let peaks = super::peak::measure(threads, reps.min(3));
-        let fma = peaks.iter().find(|(n, _)| *n == "f32 FMA (AVX2)").map_or(f64::NAN, |p| p.1);
-        rows.push(json!({
-            "threads": threads, "mem_read_gbps": bw, "peak_gmacs": super::peak::to_json(&peaks),
-            "hot_bf16_matmul_gmacs": hot_gmacs, "hot_bf16_of_fma_peak": hot_gmacs / fma, "kernels": kernels,
-        }));
     }
-    if !json_out {
-        print_table(&cases, &rows, max_threads, reps);
+    let bw = median(bw);
+    let mut kernels = serde_json::Map::new();
+    for (case, rate) in cases.iter().zip(rates) {
+        let gbps = median(rate);
+        kernels.insert(case.name.into(), json!({"weight_gbps": gbps, "of_bandwidth": gbps / bw}));
     }
-    json!({"threads": rows})
+    let hot_gmacs = median(hot_rate);
+    let peaks = super::peak::measure(threads, reps.min(3));
+    let fma = peaks.iter().find(|(n, _)| *n == "f32 FMA (AVX2)").map_or(f64::NAN, |p| p.1);
+    json!({
+        "threads": threads, "mem_read_gbps": bw, "peak_gmacs": super::peak::to_json(&peaks),
+        "hot_bf16_matmul_gmacs": hot_gmacs, "hot_bf16_of_fma_peak": hot_gmacs / fma, "kernels": kernels,
+    })
 }
 
 /// The human-readable table of `run`'s rows.
