@@ -48,7 +48,7 @@ fn mx(w: &[f32], cols: usize) -> Vec<f32> {
 
 const METHODS: [Method; 6] = [
     Method { name: "mxfp4", apply: |w, c, _| mx(w, c) },
-    Method { name: "rtn3_g32_f16", apply: |w, c, _| rtn::roundtrip(w, c, 3, 32) },
+    Method { name: "rtn3_g32_f16", apply: |w, c, _| rtn::roundtrip(w, c, 3, 32, rtn::Scale::Few) },
     Method { name: "vq_a", apply: |w, c, _| vq_with(Codec::FastScan, w, c, None) },
     Method { name: "vq_a+act", apply: |w, c, x| vq_with(Codec::FastScan, w, c, Some(x)) },
     Method { name: "vq_b", apply: |w, c, _| vq_with(Codec::Residual, w, c, None) },

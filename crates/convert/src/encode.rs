@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use k3_quant::encode::EncodeOptions;
 use k3_quant::vq::{self, Codec};
+use k3_quant::rtn::Scale;
 use k3_quant::{int4, int8, mxfp4};
 use safetensors::Dtype as StDtype;
 
@@ -150,7 +151,7 @@ pub fn trunk(
         // Another table (none of the families has one) takes int8 rows too, as under an int8 trunk.
         (TrunkFormat::Int4, Storage::Table) => trunk(name, dtype, shape, bytes, TrunkFormat::Int8, storage),
         (TrunkFormat::Int4, Storage::Matrix) if cols.is_multiple_of(INT4_GROUP) => {
-            let (q, s) = int4::quantize(&f32s()?, cols, INT4_GROUP);
+            let (q, s) = int4::quantize_bits(&f32s()?, cols, INT4_GROUP, 4, Scale::Fitted);
             Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
         }
         // A matrix whose rows do not split into int4 groups takes int8 rows instead.
@@ -198,7 +199,7 @@ pub fn expert(
                 )));
             }
             let bits = if target == ExpertTarget::Rtn3 { 3 } else { 4 };
-            let (q, s) = int4::quantize_bits(&w, cols, INT4_GROUP, bits);
+            let (q, s) = int4::quantize_bits(&w, cols, INT4_GROUP, bits, Scale::Few);
             Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
         }
         ExpertTarget::Int2 => {

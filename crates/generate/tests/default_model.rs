@@ -67,7 +67,7 @@ fn too_short_a_text_or_window_is_refused() {
 /// precision it picks adds at most a tenth of the KL the encoding's weights cost against the
 /// unquantized model, and never more than 1e-3 nats (issue #57's rule). Measured over all 24,861
 /// positions (`tools/quality/activation-rule.sh`, docs/EFFICIENCY.md "The quality rule"): an int4
-/// trunk's weights cost 6.0e-3 and int8 everywhere adds 3.4e-4; MXFP4 experts with an int8 trunk
+/// trunk's weights cost 5.3e-3 and int8 everywhere adds 2.9e-4; MXFP4 experts with an int8 trunk
 /// cost 1.2e-3 and bf16-trunk adds 8.3e-5; int4 experts with an int8 trunk cost 6.8e-4 and int8
 /// experts add 3.5e-5 (bf16-trunk would add 9.9e-5: too much); an int8 trunk with bf16 experts
 /// costs 3.2e-4 and runs exact (bf16-trunk would add a fifth). Here the first 32 windows. On a CPU without the int8 or bf16 kernels those products run exact: the

@@ -1,22 +1,34 @@
-//! Round-to-nearest group quantization: the int4 trunk encoding and the 3-bit baseline the VQ
-//! codecs are measured against. A group of values shares one scale; each value is a signed
+//! Round-to-nearest group quantization: the int4 encodings, the 3-bit baseline the VQ codecs are
+//! measured against and the 2-bit copies. A group of values shares one scale; each value is a signed
 //! integer in `[-2^(bits-1), 2^(bits-1) - 1]`.
 
 use half::f16;
 
+/// How a group's scale is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scale {
+    /// [`nearest_of_few`]: routed experts, the 3-bit baseline and the 2-bit copies.
+    Few,
+    /// [`fitted`]: the int4 trunk. Not the experts': on int4 experts it saves 3.5% of the KL, but
+    /// int8 activations then add 0.118 of what remains on a bf16 trunk (0.074 before), over the
+    /// tenth `--activations auto` allows (docs/EFFICIENCY.md "A fitted int4 scale").
+    Fitted,
+}
+
 /// Quantizes one group: returns the scale (rounded to f16, as stored) and the signed levels.
-/// Three bits and more: [`fitted`]; two: [`nearest_of_few`] (at four levels the fitted scale
-/// clips more and costs 8% more KL on the default model, docs/EFFICIENCY.md).
-pub(crate) fn quantize_group(w: &[f32], bits: u32, levels: &mut [i8]) -> f16 {
-    if bits >= 3 { fitted(w, bits, levels) } else { nearest_of_few(w, bits, levels) }
+pub(crate) fn quantize_group(w: &[f32], bits: u32, scale: Scale, levels: &mut [i8]) -> f16 {
+    match scale {
+        Scale::Few => nearest_of_few(w, bits, levels),
+        Scale::Fitted => fitted(w, bits, levels),
+    }
 }
 
 /// Candidate scales put the value of largest magnitude at `-2^(bits-1) * (1 + k / 80)` levels
 /// (`k` in -18..=18: on the negative end, which has one level more, whatever its sign; the
 /// scale is negative for a positive one); each candidate's levels are rounded, the scale refit
 /// to them by least squares and the levels rounded again. The candidate (before or after its
-/// refit), or one of [`nearest_of_few`]'s, with the least squared error wins. The default model's int4 trunk: 11% less KL than
-/// [`nearest_of_few`] (docs/EFFICIENCY.md "A fitted int4 scale").
+/// refit), or one of [`nearest_of_few`]'s, with the least squared error wins. The default
+/// model's int4 trunk: 11% less KL than [`nearest_of_few`]; at two bits it would cost 8% more.
 fn fitted(w: &[f32], bits: u32, levels: &mut [i8]) -> f16 {
     let (qmin, qmax) = (-(1i32 << (bits - 1)) as f32, ((1i32 << (bits - 1)) - 1) as f32);
     let peak = w.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
@@ -100,13 +112,13 @@ fn nearest_of_few(w: &[f32], bits: u32, levels: &mut [i8]) -> f16 {
 }
 
 /// Quantizes and dequantizes a row-major matrix (for measuring error): groups of `group` along
-/// each row, `bits` per value, f16 scales.
-pub fn roundtrip(w: &[f32], cols: usize, bits: u32, group: usize) -> Vec<f32> {
+/// each row, `bits` per value, f16 scales chosen by `scale`.
+pub fn roundtrip(w: &[f32], cols: usize, bits: u32, group: usize, scale: Scale) -> Vec<f32> {
     assert!(cols.is_multiple_of(group), "{cols} columns are not a multiple of the group {group}");
     let mut out = vec![0f32; w.len()];
     let mut levels = vec![0i8; group];
     for (src, dst) in w.chunks_exact(group).zip(out.chunks_exact_mut(group)) {
-        let s = quantize_group(src, bits, &mut levels).to_f32();
+        let s = quantize_group(src, bits, scale, &mut levels).to_f32();
         for (d, l) in dst.iter_mut().zip(&levels) {
             *d = f32::from(*l) * s;
         }

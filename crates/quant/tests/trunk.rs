@@ -58,12 +58,13 @@ proptest! {
     }
 
     #[test]
-    fn int4_groups(rows in 1usize..10, groups in prop_oneof![1usize..6, 15usize..40], group in prop::sample::select(vec![16usize, 32, 64, 128]), seed in any::<u64>()) {
+    fn int4_groups(rows in 1usize..10, groups in prop_oneof![1usize..6, 15usize..40], group in prop::sample::select(vec![16usize, 32, 64, 128]), fitted in any::<bool>(), seed in any::<u64>()) {
         let cols = groups * group;
         let w = matrix(rows, cols, seed);
         let x = matrix(1, cols, seed ^ 7);
-        let (q, s) = int4::quantize(&w, cols, group);
-        let back = rtn::roundtrip(&w, cols, 4, group);
+        let scale = if fitted { rtn::Scale::Fitted } else { rtn::Scale::Few };
+        let (q, s) = int4::quantize_bits(&w, cols, group, 4, scale);
+        let back = rtn::roundtrip(&w, cols, 4, group, scale);
         // The packed nibbles decode to exactly what the round-to-nearest reference produces.
         for (i, want) in back.iter().enumerate() {
             let byte = q[i / 2];
@@ -96,7 +97,7 @@ proptest! {
         let w = matrix(rows, cols, seed);
         let xs = matrix(n, cols, seed ^ 7);
         let (q, s) = int2::quantize(&w, cols, group);
-        let back = rtn::roundtrip(&w, cols, 2, group);
+        let back = rtn::roundtrip(&w, cols, 2, group, rtn::Scale::Few);
         for (i, want) in back.iter().enumerate() {
             let crumb = (q[i / 4] >> (2 * (i % 4))) & 3;
             prop_assert_eq!((f32::from(crumb) - 2.0) * s[i / group].to_f32(), *want);
@@ -125,8 +126,8 @@ proptest! {
     fn rtn3_in_the_int4_layout(rows in 1usize..4, groups in 1usize..4, seed in any::<u64>()) {
         let cols = groups * 32;
         let w = matrix(rows, cols, seed);
-        let (q, s) = int4::quantize_bits(&w, cols, 32, 3);
-        let back = rtn::roundtrip(&w, cols, 3, 32);
+        let (q, s) = int4::quantize_bits(&w, cols, 32, 3, rtn::Scale::Few);
+        let back = rtn::roundtrip(&w, cols, 3, 32, rtn::Scale::Few);
         for (i, want) in back.iter().enumerate() {
             let nib = if i % 2 == 0 { q[i / 2] & 15 } else { q[i / 2] >> 4 };
             prop_assert!((4..=11).contains(&nib), "value {i}: level {}", i32::from(nib) - 8);
@@ -175,7 +176,7 @@ proptest! {
 fn rtn3_levels_and_error() {
     // 3-bit: levels -4..=3; a ramp is reproduced within half a step.
     let w: Vec<f32> = (0..32).map(|i| i as f32 / 8.0 - 2.0).collect();
-    let back = rtn::roundtrip(&w, 32, 3, 32);
+    let back = rtn::roundtrip(&w, 32, 3, 32, rtn::Scale::Few);
     let distinct: std::collections::BTreeSet<i64> = back.iter().map(|v| (v * 1e4) as i64).collect();
     assert!(distinct.len() <= 8, "{distinct:?}");
     let err: f32 = w.iter().zip(&back).map(|(a, b)| (a - b).powi(2)).sum::<f32>().sqrt()

@@ -159,7 +159,7 @@ pub(crate) fn low_bit_copy(m: &Matrix<'_>, bits: u32) -> Vec<f32> {
         col.iter().enumerate().for_each(|(i, v)| w[i * cols + j] = *v);
     }
     let group = [32, 16, 8].into_iter().find(|g| cols.is_multiple_of(*g)).unwrap_or(cols);
-    k3_quant::rtn::roundtrip(&w, cols, bits, group)
+    k3_quant::rtn::roundtrip(&w, cols, bits, group, k3_quant::rtn::Scale::Few)
 }
 
 #[cfg(test)]

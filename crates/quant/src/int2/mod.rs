@@ -6,7 +6,7 @@
 use half::f16;
 
 use crate::cpu::{Level, level, supported};
-use crate::rtn::quantize_group;
+use crate::rtn::{Scale, quantize_group};
 
 /// Round-to-nearest 2-bit quantization in groups of `group` (a multiple of 4) along each row.
 pub fn quantize(w: &[f32], cols: usize, group: usize) -> (Vec<u8>, Vec<f16>) {
@@ -16,7 +16,7 @@ pub fn quantize(w: &[f32], cols: usize, group: usize) -> (Vec<u8>, Vec<f16>) {
     let mut scale = vec![f16::ZERO; w.len() / group];
     let mut levels = vec![0i8; group];
     for ((q, s), src) in q.chunks_exact_mut(group / 4).zip(scale.iter_mut()).zip(w.chunks_exact(group)) {
-        *s = quantize_group(src, 2, &mut levels);
+        *s = quantize_group(src, 2, Scale::Few, &mut levels);
         for (b, four) in q.iter_mut().zip(levels.chunks_exact(4)) {
             *b = four.iter().enumerate().fold(0u8, |acc, (j, l)| acc | (((l + 2) as u8) << (2 * j)));
         }

@@ -5,33 +5,34 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::cpu::{Level, level, supported};
-use crate::rtn::quantize_group;
+use crate::rtn::{Scale, quantize_group};
 use crate::simd::with_nibble_order;
 
-/// Round-to-nearest 4-bit quantization in groups of `group` along each row.
+/// Round-to-nearest 4-bit quantization in groups of `group` along each row ([`Scale::Few`]: a
+/// routed expert's).
 pub fn quantize(w: &[f32], cols: usize, group: usize) -> (Vec<u8>, Vec<f16>) {
-    quantize_bits(w, cols, group, 4)
+    quantize_bits(w, cols, group, 4, Scale::Few)
 }
 
 /// Round-to-nearest to `bits` (2..=4) signed levels in groups, stored in the int4 layout (levels
 /// `[-2^(bits-1), 2^(bits-1) - 1]` are int4 levels): the 3-bit baseline runs on the int4 kernels.
-pub fn quantize_bits(w: &[f32], cols: usize, group: usize, bits: u32) -> (Vec<u8>, Vec<f16>) {
+pub fn quantize_bits(w: &[f32], cols: usize, group: usize, bits: u32, scale: Scale) -> (Vec<u8>, Vec<f16>) {
     assert!((2..=4).contains(&bits), "{bits}-bit levels do not fit the int4 layout");
     assert!(group >= 2 && group.is_multiple_of(2) && cols.is_multiple_of(group), "{cols} columns in groups of {group}");
     assert!(w.len().is_multiple_of(cols), "weights are not whole rows of {cols}");
     // Groups are independent: quantized on the pool, in runs long enough to pay for a task.
     let mut q = vec![0u8; w.len() / 2];
-    let mut scale = vec![f16::ZERO; w.len() / group];
-    q.par_chunks_mut(group / 2).zip(scale.par_iter_mut()).zip(w.par_chunks(group)).with_min_len(4096).for_each_init(
+    let mut scales = vec![f16::ZERO; w.len() / group];
+    q.par_chunks_mut(group / 2).zip(scales.par_iter_mut()).zip(w.par_chunks(group)).with_min_len(4096).for_each_init(
         || vec![0i8; group],
-        |levels, ((q, scale), src)| {
-            *scale = quantize_group(src, bits, levels);
+        |levels, ((q, out), src)| {
+            *out = quantize_group(src, bits, scale, levels);
             for (b, pair) in q.iter_mut().zip(levels.chunks_exact(2)) {
                 *b = (pair[0] + 8) as u8 | ((pair[1] + 8) as u8) << 4;
             }
         },
     );
-    (q, scale)
+    (q, scales)
 }
 
 #[track_caller]
