@@ -243,10 +243,20 @@ fn lookahead_statistics_are_kept_per_layer() {
     engine.forward(&mut s, &ids, None).unwrap();
     let a = s.lookahead.total(Predictor::AfterMoe);
     assert!(a.recall() > 0.85, "{a:?}");
-    // Without the statistics switch the decode path skips the extra router passes.
+    // Without the statistics switch the decode path skips the extra router passes; the
+    // prefetch's own predictor runs only where there is something to prefetch: not when the
+    // cache holds every expert.
     let plain = Engine::load(&model).unwrap();
     let mut s = plain.session();
     plain.forward(&mut s, &ids, None).unwrap();
+    for p in [Predictor::AfterMoe, Predictor::PreviousToken, Predictor::AfterAttention] {
+        assert_eq!(s.lookahead.total(p).tokens, 0, "{p:?}, every expert cached");
+    }
+    let plan = *plain.plan();
+    let budget = plan.fixed_bytes() + 4 * plan.slot_bytes;
+    let streams = Engine::load_with(&model, k3_engine::EngineOptions { mem_budget: Some(budget), ..Default::default() }).unwrap();
+    let mut s = streams.session();
+    streams.forward(&mut s, &ids, None).unwrap();
     assert_eq!(s.lookahead.total(Predictor::AfterMoe).tokens, 0);
     assert_eq!(s.lookahead.total(Predictor::PreviousToken).tokens, 0);
     assert!(s.lookahead.total(Predictor::AfterAttention).tokens > 0, "the prefetch's own predictor is measured");

@@ -378,8 +378,9 @@ impl<'m> Engine<'m> {
         step: &mut RunStats,
     ) -> Result<(), EngineError> {
         let d = self.hidden;
-        // The after-attention guess feeds the prefetch; computed only when someone uses it.
-        let wanted = self.opts.lookahead || self.opts.lookahead_stats;
+        // The after-attention guess feeds the prefetch; computed only when someone uses it: a
+        // model whose experts all stay in memory has nothing to prefetch once warm.
+        let wanted = (self.opts.lookahead && !self.resident()) || self.opts.lookahead_stats;
         let mut after_attention = Vec::with_capacity(c.n);
         for t in 0..c.n {
             let pt = &c.p[t * d..(t + 1) * d];

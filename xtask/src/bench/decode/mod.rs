@@ -13,7 +13,7 @@ use k3_generate::sample::{Sampler, SamplerConfig};
 use k3_generate::speculate::SpecStats;
 use k3_generate::{GenerateParams, Generator};
 use k3_io::Policy;
-use k3_router::lookahead::Predictor;
+use k3_router::lookahead::{LookaheadStats, Predictor};
 use serde_json::{Value, json};
 
 use super::median;
@@ -52,9 +52,10 @@ pub struct Options<'a> {
 pub const ALL_VARIANTS: [&str; 6] = ["read-then-compute", "overlap", "overlap+lookahead", "lru", "lfu", "global-cache"];
 
 pub(super) fn options(name: &str, mem: Option<u64>, context: u64, threads: usize) -> Result<EngineOptions> {
+    // No lookahead statistics (two more router passes a layer): the variants run what users run;
+    // the prefetch's own predictor is measured wherever it runs.
     let base = EngineOptions {
         mem_budget: mem,
-        lookahead_stats: true,
         context,
         chunk: None,
         threads,
@@ -94,7 +95,8 @@ struct Decoded {
     tokens: usize,
     before: k3_engine::RunStats,
     after: k3_engine::RunStats,
-    recall: f64,
+    /// `None` where the prefetch's predictor did not run (no lookahead, or every expert cached).
+    recall: Option<f64>,
     prefill_seconds: f64,
     prefill_tokens: usize,
     /// Expert bytes read during the prefill.
@@ -107,6 +109,12 @@ struct Decoded {
 /// Prefill each prompt, then `tokens` greedy steps: every sequence in each step, or (with
 /// `speculate`) one sequence through the generator with drafts.
 /// `read_before`: the engine's expert bytes read so far (the prefill's are counted from there).
+/// The prefetch's predictor's recall, where it ran.
+fn recall(stats: &LookaheadStats) -> Option<f64> {
+    let total = stats.total(Predictor::AfterAttention);
+    (total.tokens > 0).then(|| total.recall())
+}
+
 fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], o: &Options<'_>, run: &Run, read_before: u64) -> Result<Decoded> {
     let tokens = o.tokens;
     let chunk = run.chunk.unwrap_or_else(|| engine.prefill_chunk()).max(1);
@@ -141,7 +149,7 @@ fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], o: &Options<'_>, run: &Run,
         tokens: tokens * prompts.len(),
         before,
         after: sessions[0].stats,
-        recall: sessions[0].lookahead.total(Predictor::AfterAttention).recall(),
+        recall: recall(&sessions[0].lookahead),
         prefill_seconds,
         prefill_tokens: prompts.iter().map(Vec::len).sum(),
         prefill_bytes: before.cache.bytes_read - read_before,
@@ -181,7 +189,7 @@ fn speculative(
         tokens: produced,
         before,
         after: s.stats,
-        recall: s.lookahead.total(Predictor::AfterAttention).recall(),
+        recall: recall(&s.lookahead),
         prefill_seconds,
         prefill_tokens: prompt.len(),
         prefill_bytes: before.cache.bytes_read - read_before,
@@ -334,7 +342,11 @@ const MEDIAN_KEYS: [&str; 21] = [
 
 /// One run's medians (its I/O bound is added by [`ceiling::apply`]).
 fn summarize(run: &Run, samples: &[Value], rss: Option<u64>) -> Value {
-    let med = |key: &str| median(samples.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect());
+    // A key no sample has a number for (the recall where no predictor ran) stays null.
+    let med = |key: &str| {
+        let xs: Vec<f64> = samples.iter().filter_map(|r| r[key].as_f64()).collect();
+        (!xs.is_empty()).then(|| median(xs))
+    };
     let mut v: serde_json::Map<String, Value> = MEDIAN_KEYS.iter().map(|k| (k.to_string(), json!(med(k)))).collect();
     v.insert("variant".into(), json!(run.variant));
     v.insert("threads".into(), json!(run.threads));

@@ -31,7 +31,7 @@ pub(super) fn print_table(o: &Options<'_>, report: &Value, ceiling: &Ceiling) {
     for (name, v) in variants {
         let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
         println!(
-            "{name:<30} {:>8.3} {:>7.2}x {:>10.1} {:>10.2} {:>6.1}% {:>9.4} {:>9.4} {:>8.2} {:>7.2} {:>9} {:>10.3} {:>8.1}%",
+            "{name:<30} {:>8.3} {:>7.2}x {:>10.1} {:>10.2} {:>6.1}% {:>9.4} {:>9.4} {:>8.2} {:>7} {:>9} {:>10.3} {:>8.1}%",
             f("tok_per_s"),
             f("speedup"),
             f("prefill_tok_per_s"),
@@ -40,7 +40,7 @@ pub(super) fn print_table(o: &Options<'_>, report: &Value, ceiling: &Ceiling) {
             f("io_wait_s_per_token"),
             f("compute_s_per_token"),
             f("overlap_efficiency"),
-            f("lookahead_recall"),
+            v["lookahead_recall"].as_f64().map_or("-".to_string(), |r| format!("{r:.2}")),
             v["io_bound_ratio"].as_f64().map_or("-".to_string(), |r| format!("{r:.2}x")),
             f("warm_tok_per_s"),
             100.0 * f("warm_hit_rate")
