@@ -6,8 +6,8 @@ use k3_format::{CodebookSource, Encoding};
 use std::sync::Arc;
 
 use k3_quant::encode::EncodeOptions;
-use k3_quant::vq::{self, Codec};
 use k3_quant::rtn::Scale;
+use k3_quant::vq::{self, Codec};
 use k3_quant::{int4, int8, mxfp4};
 use safetensors::Dtype as StDtype;
 

@@ -254,7 +254,8 @@ fn lookahead_statistics_are_kept_per_layer() {
     }
     let plan = *plain.plan();
     let budget = plan.fixed_bytes() + 4 * plan.slot_bytes;
-    let streams = Engine::load_with(&model, k3_engine::EngineOptions { mem_budget: Some(budget), ..Default::default() }).unwrap();
+    let streams =
+        Engine::load_with(&model, k3_engine::EngineOptions { mem_budget: Some(budget), ..Default::default() }).unwrap();
     let mut s = streams.session();
     streams.forward(&mut s, &ids, None).unwrap();
     assert_eq!(s.lookahead.total(Predictor::AfterMoe).tokens, 0);

@@ -185,7 +185,10 @@ mod tests {
             let w = group(&mut rng, 32);
             let mut l = [0i8; 32];
             let s = fitted(&w, 4, &mut l);
-            let (wl, ll) = w.iter().zip(&l).fold((0f32, 0f32), |(a, b), (v, q)| (a + v * f32::from(*q), b + f32::from(*q).powi(2)));
+            let (wl, ll) = w
+                .iter()
+                .zip(&l)
+                .fold((0f32, 0f32), |(a, b), (v, q)| (a + v * f32::from(*q), b + f32::from(*q).powi(2)));
             refit += usize::from(f16::from_f32(wl / ll) == s);
         }
         assert!(refit > 1900, "{refit} of 2000 scales are their levels' least-squares scale");

@@ -54,13 +54,7 @@ pub const ALL_VARIANTS: [&str; 6] = ["read-then-compute", "overlap", "overlap+lo
 pub(super) fn options(name: &str, mem: Option<u64>, context: u64, threads: usize) -> Result<EngineOptions> {
     // No lookahead statistics (two more router passes a layer): the variants run what users run;
     // the prefetch's own predictor is measured wherever it runs.
-    let base = EngineOptions {
-        mem_budget: mem,
-        context,
-        chunk: None,
-        threads,
-        ..EngineOptions::default()
-    };
+    let base = EngineOptions { mem_budget: mem, context, chunk: None, threads, ..EngineOptions::default() };
     Ok(match name {
         "read-then-compute" => EngineOptions { overlap: false, lookahead: false, ..base },
         "overlap" => EngineOptions { lookahead: false, ..base },
