@@ -213,8 +213,10 @@ async fn a_strict_tools_arguments_are_held_to_its_schema() {
     assert!(v["error"]["message"].as_str().unwrap().contains("pattern"), "{v}");
 }
 
-/// `parallel_tool_calls: false`: the turn ends at its first call, before the markup that closes
-/// the call section and the message is written (fewer tokens), and says `tool_calls`.
+/// `parallel_tool_calls: false`: the turn ends at its first call, and says `tool_calls`. The
+/// sequence is cancelled when the reply reads the call, which takes effect at the engine's next
+/// step: on an idle machine before the markup that closes the call section is written (fewer
+/// tokens), on a loaded one (CI's, once) possibly not; greedy decoding makes it never more.
 #[tokio::test]
 async fn one_call_at_most_ends_the_turn_at_the_call() {
     let router = server(ServerOptions::new(model())).await;
@@ -226,7 +228,7 @@ async fn one_call_at_most_ends_the_turn_at_the_call() {
     let tokens = |v: &Value| v["usage"]["completion_tokens"].as_u64().unwrap();
     assert_eq!(one["choices"][0]["finish_reason"], "tool_calls", "{one}");
     assert_eq!(one["choices"][0]["message"]["tool_calls"], all["choices"][0]["message"]["tool_calls"]);
-    assert!(tokens(&one) < tokens(&all), "{one} vs {all}");
+    assert!(tokens(&one) <= tokens(&all), "{one} vs {all}");
 }
 
 async fn ask_ok(router: &axum::Router, body: &Value) -> Value {
