@@ -11,7 +11,7 @@ pub enum Scale {
     Few,
     /// [`fitted`]: the int4 trunk. Not the experts': on int4 experts it saves 3.5% of the KL, but
     /// int8 activations then add 0.118 of what remains on a bf16 trunk (0.074 before), over the
-    /// tenth `--activations auto` allows (docs/EFFICIENCY.md "A fitted int4 scale").
+    /// tenth `--activations auto` allows (docs/EFFICIENCY.md "A fitted int4 scale for the trunk").
     Fitted,
 }
 
@@ -44,15 +44,18 @@ fn fitted(w: &[f32], bits: u32, levels: &mut [i8]) -> f16 {
     let error = |s: f32, l: &[i8]| -> f32 { w.iter().zip(l).map(|(v, q)| (v - f32::from(*q) * s).powi(2)).sum() };
     let mut trial = vec![0i8; w.len()];
     let mut best = (f32::INFINITY, f16::ZERO);
+    // Whether `s` was usable (then `trial` holds its levels).
     let mut consider = |s: f16, trial: &mut [i8]| {
         let sf = s.to_f32();
-        if sf != 0.0 && sf.is_finite() {
+        let usable = sf != 0.0 && sf.is_finite();
+        if usable {
             round(sf, trial);
             let e = error(sf, trial);
             if e < best.0 {
                 best = (e, s);
             }
         }
+        usable
     };
     // [`nearest_of_few`]'s candidates too: never a larger error than it.
     for d in 0..=8 {
@@ -60,7 +63,9 @@ fn fitted(w: &[f32], bits: u32, levels: &mut [i8]) -> f16 {
     }
     for k in -18..=18 {
         let s = f16::from_f32(peak / (qmin * (1.0 + k as f32 / 80.0)));
-        consider(s, &mut trial);
+        if !consider(s, &mut trial) {
+            continue;
+        }
         // Least squares for these levels: s = <w, l> / <l, l>.
         let (wl, ll) = w.iter().zip(&trial).fold((0f32, 0f32), |(wl, ll), (v, q)| {
             let q = f32::from(*q);

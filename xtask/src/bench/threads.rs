@@ -145,7 +145,12 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
         exact[3].int8("mxfp4_q8 3072x3584 x16"),
     ];
     let cases: Vec<Case<'_>> = exact.into_iter().chain(q8).collect();
-    let rows: Vec<Value> = (1..=max_threads.max(1)).map(|threads| measure_threads(threads, reps, &cases)).collect();
+    let (hr, hc, _) = HOT;
+    let hot_w: Vec<bf16> = noise(hr * hc, 4, 1.0).iter().map(|v| bf16::from_f32(*v)).collect();
+    let hot = Matrix::Bf16 { w: &hot_w, rows: hr, cols: hc, act: Activations::Exact };
+    let buf: Vec<u64> = (0..(1usize << 30) / 8).map(|i| i as u64).collect();
+    let rows: Vec<Value> =
+        (1..=max_threads.max(1)).map(|threads| measure_threads(threads, reps, &cases, &hot, &buf)).collect();
     if !json_out {
         print_table(&cases, &rows, max_threads, reps);
     }
@@ -154,20 +159,18 @@ pub fn run(max_threads: usize, reps: usize, json_out: bool) -> Value {
 
 /// One row of `run`'s table: the read bandwidth, a hot bf16 product and every case on `threads`
 /// threads, medians of `reps`.
-fn measure_threads(threads: usize, reps: usize, cases: &[Case<'_>]) -> Value {
+/// `hot`: the bf16 product held in the caches; `buf`: the 1 GiB the read bandwidth is taken on.
+fn measure_threads(threads: usize, reps: usize, cases: &[Case<'_>], hot: &Matrix<'_>, buf: &[u64]) -> Value {
     let (hr, hc, hn) = HOT;
-    let hot_w: Vec<bf16> = noise(hr * hc, 4, 1.0).iter().map(|v| bf16::from_f32(*v)).collect();
-    let hot = Matrix::Bf16 { w: &hot_w, rows: hr, cols: hc, act: Activations::Exact };
     let hot_x = noise(hn * hc, 5, 1.0);
     let mut hot_y = vec![0f32; hn * hr];
-    let buf: Vec<u64> = (0..(1usize << 30) / 8).map(|i| i as u64).collect();
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a pool");
     // Every repetition measures the bandwidth and each product once, in turn, so drift on this
     // shared machine falls on all of them alike.
     let (mut bw, mut rates, mut hot_rate) = (Vec::new(), vec![Vec::new(); cases.len()], Vec::new());
     for _ in 0..reps {
-        bw.push(pool.install(|| read_gbps(&buf)));
-        let t = pool.install(|| time(|| (0..4).for_each(|_| par::matmul(&hot, &hot_x, &mut hot_y))));
+        bw.push(pool.install(|| read_gbps(buf)));
+        let t = pool.install(|| time(|| (0..4).for_each(|_| par::matmul(hot, &hot_x, &mut hot_y))));
         hot_rate.push((4 * hr * hc * hn) as f64 / t / 1e9);
         for (case, rate) in cases.iter().zip(rates.iter_mut()) {
             let x = noise(case.mats[0].cols(), 3, 1.0);

@@ -100,15 +100,15 @@ struct Decoded {
     spec: SpecStats,
 }
 
-/// Prefill each prompt, then `tokens` greedy steps: every sequence in each step, or (with
-/// `speculate`) one sequence through the generator with drafts.
-/// `read_before`: the engine's expert bytes read so far (the prefill's are counted from there).
 /// The prefetch's predictor's recall, where it ran.
 fn recall(stats: &LookaheadStats) -> Option<f64> {
     let total = stats.total(Predictor::AfterAttention);
     (total.tokens > 0).then(|| total.recall())
 }
 
+/// Prefill each prompt, then `tokens` greedy steps: every sequence in each step, or (with
+/// `speculate`) one sequence through the generator with drafts.
+/// `read_before`: the engine's expert bytes read so far (the prefill's are counted from there).
 fn decode(engine: &Engine<'_>, prompts: &[Vec<u32>], o: &Options<'_>, run: &Run, read_before: u64) -> Result<Decoded> {
     let tokens = o.tokens;
     let chunk = run.chunk.unwrap_or_else(|| engine.prefill_chunk()).max(1);
