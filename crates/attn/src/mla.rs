@@ -22,7 +22,7 @@
 //! bit for bit.
 
 use k3_quant::{Dense, Matrix};
-use k3_quant::{gemm, par};
+use k3_quant::{expf, gemm, par};
 use rayon::prelude::*;
 
 use crate::AttnError;
@@ -31,6 +31,8 @@ use crate::state_io;
 
 /// Positions within a block of the online softmax.
 const BLOCK: usize = 32;
+/// Positions of a group: the unit of work split over threads and merged (a multiple of `BLOCK`).
+const GROUP: usize = 2048;
 
 pub use crate::rope::{Rope, Yarn};
 use crate::rope::{RopeTable, rotate};
@@ -306,32 +308,23 @@ impl<'a> Mla<'a> {
             gate.resize(n * h * cfg.v_dim, 0.0);
             par::matmul(g, xs, &mut gate);
         }
-        // Each row attends on its own thread; a single row's heads are split instead. Either way
-        // every (row, head) is computed whole by one thread: the same bits on any pool.
+        // Each row of a chunk attends on its own thread; a lone row (decode) splits its positions'
+        // groups and heads over the pool instead (`attend`). Either way the bits are the same.
         let caches: Vec<&MlaCache> = seqs.iter().map(|s| &*s.cache).collect();
-        // A chunk's absorbed queries at once; a lone row (decode) forms its heads' own inside the
-        // head-parallel attention below, one fork-join rather than two.
-        let qabs = if n > 1 { Some(self.absorbed_queries(&q, 0..h, true)) } else { None };
-        let qabs = qabs.as_deref();
-        let mut ctx = vec![0f32; n * h * cfg.v_dim];
         let seen: usize = rows.iter().map(|&(_, len)| len).sum();
         let parallel = h * seen * (l + r) >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
+        let qabs = self.absorbed_queries(&q, 0..h, parallel);
+        let mut ctx = vec![0f32; n * h * cfg.v_dim];
         let hv = h * cfg.v_dim;
         if n > 1 && parallel {
             ctx.par_chunks_mut(hv).enumerate().for_each(|(t, c)| {
                 let (i, len) = rows[t];
-                self.attend_heads(caches[i], &q, qabs, t, len, 0, c)
+                self.attend_row(caches[i], &q, &qabs, t, len, false, c)
             });
-        } else if parallel {
-            let (i, len) = rows[0];
-            let group = h.div_ceil(rayon::current_num_threads() * 2).max(1);
-            ctx.par_chunks_mut(group * cfg.v_dim)
-                .enumerate()
-                .for_each(|(g, c)| self.attend_heads(caches[i], &q, qabs, 0, len, g * group, c));
         } else {
             for (t, c) in ctx.chunks_mut(hv).enumerate() {
                 let (i, len) = rows[t];
-                self.attend_heads(caches[i], &q, qabs, t, len, 0, c);
+                self.attend_row(caches[i], &q, &qabs, t, len, parallel, c);
             }
         }
         if !gate.is_empty() {
@@ -405,52 +398,45 @@ impl<'a> Mla<'a> {
         qabs
     }
 
-    /// Token `t` (of the chunk whose queries are `q` and absorbed queries `qabs`, or `None` to
-    /// form them here) attends over the first `len` cached positions with heads `h0..`, as many
-    /// as `ctx` (`[heads, v_dim]`) holds.
+    /// Token `t` of the chunk whose queries are `q` and absorbed queries `qabs` attends over the
+    /// first `len` cached positions with every head; `ctx` `[H, v_dim]`. `parallel`: split the
+    /// work over the pool (a decode row), which changes no bit.
     #[allow(clippy::too_many_arguments)]
-    fn attend_heads(
+    fn attend_row(
         &self,
         cache: &MlaCache,
         q: &[f32],
-        qabs: Option<&[f32]>,
+        qabs: &[f32],
         t: usize,
         len: usize,
-        h0: usize,
+        parallel: bool,
         ctx: &mut [f32],
     ) {
         let cfg = &self.cfg;
-        let (l, r, qh) = (cfg.kv_lora, cfg.rope, cfg.nope + cfg.rope);
-        let heads = ctx.len() / cfg.v_dim;
-        let qt = &q[(t * cfg.heads + h0) * qh..(t * cfg.heads + h0 + heads) * qh];
-        let own;
-        let qabs = match qabs {
-            Some(all) => &all[(t * cfg.heads + h0) * l..(t * cfg.heads + h0 + heads) * l],
-            None => {
-                let row = &q[t * cfg.heads * qh..(t + 1) * cfg.heads * qh];
-                own = self.absorbed_queries(row, h0..h0 + heads, false);
-                &own[..]
-            }
-        };
-        let (mut qext, mut lat) = (vec![0f32; heads * r], vec![0f32; heads * l]);
-        for i in 0..heads {
-            qext[i * r..(i + 1) * r].copy_from_slice(&qt[i * qh + cfg.nope..(i + 1) * qh]);
-        }
+        let (h, l, r, qh) = (cfg.heads, cfg.kv_lora, cfg.rope, cfg.nope + cfg.rope);
+        let qt = &q[t * h * qh..(t + 1) * h * qh];
+        let qabs = &qabs[t * h * l..(t + 1) * h * l];
+        let qext: Vec<f32> = qt.chunks_exact(qh).flat_map(|head| &head[cfg.nope..]).copied().collect();
         let scale = match &self.rope {
             Some(rope) => (rope.softmax_factor / (qh as f64).sqrt()) as f32,
             None => 1.0 / (qh as f32).sqrt(),
         };
-        attend(qabs, &qext, &cache.c, &cache.kext, len, l, r, scale, &mut lat);
-        for i in 0..heads {
-            let hd = h0 + i;
-            self.uv[hd].matvec(&lat[i * l..(i + 1) * l], &mut ctx[i * cfg.v_dim..(i + 1) * cfg.v_dim]);
+        let mut lat = vec![0f32; h * l];
+        attend(qabs, &qext, &cache.c, &cache.kext, len, l, r, scale, parallel, &mut lat);
+        let out = |(hd, (c, lh)): (usize, (&mut [f32], &[f32]))| self.uv[hd].matvec(lh, c);
+        if parallel {
+            ctx.par_chunks_mut(cfg.v_dim).zip(lat.par_chunks(l)).enumerate().for_each(out);
+        } else {
+            ctx.chunks_mut(cfg.v_dim).zip(lat.chunks(l)).enumerate().for_each(out);
         }
     }
 }
 
-/// Attention of every head over the first `len` cached positions, online softmax over fixed
-/// blocks of positions. `qabs` `[H, L]`, `qext` `[H, R]`; writes `lat` `[H, L]` = `sum_t p_t c_t`.
-/// Per block: all heads' scores in one register-blocked product, then one weighted sum.
+/// Attention of every head over the first `len` cached positions: `qabs` `[H, L]`, `qext`
+/// `[H, R]`; writes `lat` `[H, L]` = `sum_t p_t c_t`. The positions are cut into groups of
+/// [`GROUP`]; each group's softmax is computed alone over blocks of [`BLOCK`] (online), then the
+/// groups are merged in order. With `parallel`, groups and head ranges run on the pool: the cut
+/// never depends on the pool, so neither do the bits.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     qabs: &[f32],
@@ -461,40 +447,112 @@ pub fn attend(
     l: usize,
     r: usize,
     scale: f32,
+    parallel: bool,
     lat: &mut [f32],
 ) {
     let h = qabs.len() / l;
-    let mut m = vec![f32::NEG_INFINITY; h];
-    let mut sum = vec![0f32; h];
-    let mut s = vec![0f32; h * BLOCK];
-    lat.fill(0.0);
-    for start in (0..len).step_by(BLOCK) {
-        let nb = BLOCK.min(len - start);
-        let sb = &mut s[..h * nb];
-        let cb = &c[start * l..(start + nb) * l];
-        gemm::abt(qabs, cb, l, sb, false);
-        if r > 0 {
-            gemm::abt(qext, &kext[start * r..(start + nb) * r], r, sb, true);
+    let groups = len.div_ceil(GROUP).max(1);
+    let threads = if parallel { rayon::current_num_threads() } else { 1 };
+    // Enough (head range, group) tasks for every thread twice over.
+    let ranges = (2 * threads).div_ceil(groups).clamp(1, h.max(1));
+    let per = h.div_ceil(ranges).max(1);
+    let task = |(hr, g): (usize, usize)| {
+        let heads = hr * per..((hr + 1) * per).min(h);
+        let span = g * GROUP..((g + 1) * GROUP).min(len);
+        let mut p = Partial::new(heads.len(), l);
+        let ext = |x: &[f32], d: usize| x[heads.start * d..heads.end * d].to_vec();
+        p.attend(&ext(qabs, l), &ext(qext, r), c, kext, span, l, r, scale);
+        (hr, p)
+    };
+    let tasks = (0..h.div_ceil(per)).flat_map(|hr| (0..groups).map(move |g| (hr, g)));
+    let parts: Vec<(usize, Partial)> = if threads > 1 && groups * ranges > 1 {
+        tasks.collect::<Vec<_>>().into_par_iter().map(task).collect()
+    } else {
+        tasks.map(task).collect()
+    };
+    let mut parts = parts.into_iter().peekable();
+    while let Some((hr, mut acc)) = parts.next() {
+        while let Some((_, next)) = parts.next_if(|(r2, _)| *r2 == hr) {
+            acc.merge(&next, l);
         }
-        for hd in 0..h {
-            let row = &mut sb[hd * nb..(hd + 1) * nb];
-            row.iter_mut().for_each(|v| *v *= scale);
-            let bm = row.iter().fold(f32::NEG_INFINITY, |a, v| a.max(*v));
-            if bm > m[hd] {
-                let f = (m[hd] - bm).exp();
-                lat[hd * l..(hd + 1) * l].iter_mut().for_each(|v| *v *= f);
-                sum[hd] *= f;
-                m[hd] = bm;
-            }
-            for v in row.iter_mut() {
-                *v = (*v - m[hd]).exp();
-                sum[hd] += *v;
-            }
-        }
-        gemm::pb_acc(sb, cb, l, lat);
+        acc.finish(&mut lat[hr * per * l..], l);
     }
-    for hd in 0..h {
-        let inv = 1.0 / sum[hd];
-        lat[hd * l..(hd + 1) * l].iter_mut().for_each(|v| *v *= inv);
+}
+
+/// One group's online softmax for some heads: the running maximum and sum of exponentials of each
+/// head's scores, and its weighted sum of latents `[heads, L]`.
+struct Partial {
+    m: Vec<f32>,
+    sum: Vec<f32>,
+    lat: Vec<f32>,
+}
+
+impl Partial {
+    fn new(heads: usize, l: usize) -> Self {
+        Partial { m: vec![f32::NEG_INFINITY; heads], sum: vec![0.0; heads], lat: vec![0.0; heads * l] }
+    }
+
+    /// Positions `span` (block-aligned at its start), blocks of [`BLOCK`]: all heads' scores in
+    /// one register-blocked product, then one weighted sum.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &mut self,
+        qabs: &[f32],
+        qext: &[f32],
+        c: &[f32],
+        kext: &[f32],
+        span: std::ops::Range<usize>,
+        l: usize,
+        r: usize,
+        scale: f32,
+    ) {
+        let h = self.m.len();
+        let mut s = vec![0f32; h * BLOCK];
+        for start in span.clone().step_by(BLOCK) {
+            let nb = BLOCK.min(span.end - start);
+            let sb = &mut s[..h * nb];
+            let cb = &c[start * l..(start + nb) * l];
+            gemm::abt(qabs, cb, l, sb, false);
+            if r > 0 {
+                gemm::abt(qext, &kext[start * r..(start + nb) * r], r, sb, true);
+            }
+            for hd in 0..h {
+                let row = &mut sb[hd * nb..(hd + 1) * nb];
+                row.iter_mut().for_each(|v| *v *= scale);
+                let bm = row.iter().fold(f32::NEG_INFINITY, |a, v| a.max(*v));
+                if bm > self.m[hd] {
+                    let f = (self.m[hd] - bm).exp();
+                    self.lat[hd * l..(hd + 1) * l].iter_mut().for_each(|v| *v *= f);
+                    self.sum[hd] *= f;
+                    self.m[hd] = bm;
+                }
+                expf::exp_shifted(row, self.m[hd]);
+                self.sum[hd] += row.iter().sum::<f32>();
+            }
+            gemm::pb_acc(sb, cb, l, &mut self.lat);
+        }
+    }
+
+    /// Folds in `next`, the partial of the positions after this one's.
+    fn merge(&mut self, next: &Partial, l: usize) {
+        for hd in 0..self.m.len() {
+            let m = self.m[hd].max(next.m[hd]);
+            if m == f32::NEG_INFINITY {
+                continue;
+            }
+            let (fa, fb) = ((self.m[hd] - m).exp(), (next.m[hd] - m).exp());
+            self.sum[hd] = self.sum[hd] * fa + next.sum[hd] * fb;
+            let (a, b) = (&mut self.lat[hd * l..(hd + 1) * l], &next.lat[hd * l..(hd + 1) * l]);
+            a.iter_mut().zip(b).for_each(|(x, y)| *x = *x * fa + y * fb);
+            self.m[hd] = m;
+        }
+    }
+
+    /// The normalized weighted sums into the first `heads * L` values of `out`.
+    fn finish(&self, out: &mut [f32], l: usize) {
+        for (hd, (o, a)) in out.chunks_mut(l).zip(self.lat.chunks(l)).enumerate() {
+            let inv = 1.0 / self.sum[hd];
+            o.iter_mut().zip(a).for_each(|(o, a)| *o = a * inv);
+        }
     }
 }

@@ -52,3 +52,15 @@ fn mla_gives_the_same_bits_on_any_pool() {
         assert!(go(threads) == one, "MLA on {threads} threads");
     }
 }
+
+#[test]
+fn mla_past_a_group_of_positions_gives_the_same_bits_on_any_pool() {
+    let parts = MlaParts::new(41);
+    let layer = parts.layer();
+    // A prompt longer than one group (2,048 positions), then single tokens split by groups.
+    let go = |threads| run(threads, layer.cache(), |c, x, o| layer.prefill(c, x, o), 2100, 3);
+    let one = go(1);
+    for threads in [2, 3] {
+        assert!(go(threads) == one, "MLA on {threads} threads");
+    }
+}

@@ -78,7 +78,7 @@ fn mla(positions: usize, reps: usize, mem: f64, mhz: Option<f64>) -> Value {
     let scale = 1.0 / ((cfg.nope + cfg.rope) as f32).sqrt();
     let mut samples = Vec::new();
     for _ in 0..reps {
-        samples.push(time(|| attend(&qabs, &qext, &c, &kext, positions, KV_LORA, ROPE, scale, &mut lat)));
+        samples.push(time(|| attend(&qabs, &qext, &c, &kext, positions, KV_LORA, ROPE, scale, false, &mut lat)));
     }
     let secs = median(samples);
     let cache_bytes = (positions * (KV_LORA + ROPE) * 4) as f64;
