@@ -18,8 +18,8 @@
 //! `mscale(factor, mscale_all_dim)^2`.
 //!
 //! The softmax runs online over fixed blocks of cached positions (one pass over the cache for all
-//! heads); block boundaries do not depend on how tokens were batched, so prefill and decode agree
-//! bit for bit.
+//! heads) within fixed groups of blocks, merged in order; neither boundary depends on how tokens
+//! were batched or on the pool, so prefill and decode agree bit for bit on any number of threads.
 
 use k3_quant::{Dense, Matrix};
 use k3_quant::{expf, gemm, par};

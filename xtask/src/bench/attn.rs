@@ -1,30 +1,65 @@
-//! `cargo xtask bench attn`: the state-bound parts of decode at Kimi K3's dimensions, next to
-//! their memory-traffic bounds (bytes touched / read bandwidth measured in the same run) and, for
-//! MLA, the arithmetic bound.
+//! `cargo xtask bench attn`: attention at Kimi K3's dimensions and long contexts, each part beside
+//! the bound of what it uses (the memory read rate and the f32 FMA ceiling, both measured in the
+//! same run), and K3's attention per token projected from the measured rates.
 //!
-//! - KDA: the delta-rule update of 96 heads x 128 x 128 f32 state (6.3 MB per layer), cycling
-//!   through 16 layers' states so they come from memory, as in a 69-KDA-layer decode.
-//! - MLA: absorbed attention of 96 heads over 4K and 64K cached positions (512 + 64 f32 each).
+//! - KDA decode: the delta-rule update of 96 heads x 128 x 128 f32 state (6.3 MB per layer),
+//!   cycling through 16 layers' states so they come from memory, as in a 69-KDA-layer decode.
+//! - KDA prefill: the per-position recurrence over a chunk of positions, heads over the pool
+//!   (the state stays in cache; the projections are products, counted with the products).
+//! - MLA decode: one query's absorbed attention of 96 heads over P cached positions (512 + 64 f32
+//!   each), on one thread and on the pool (groups of positions and heads split).
+//! - MLA prefill: the last queries of a P-token prompt (eight a thread), over the pool, each over
+//!   its causal span.
 
-use k3_attn::MlaConfig;
 use k3_attn::kda::delta_rule;
 use k3_attn::mla::attend;
 use k3_quant::rng::noise;
+use rayon::prelude::*;
 use serde_json::{Value, json};
 
-use super::{cpu_mhz, median, mem_read_gbps, time};
+use super::{median, mem_read_gbps, time};
 
 const H: usize = 96;
 const HD: usize = 128;
 const KDA_LAYERS: usize = 16;
 const KV_LORA: usize = 512;
 const ROPE: usize = 64;
+/// K3's layers of each kind (`models.md`: 69 KDA, 24 MLA of 93).
+const K3_KDA: f64 = 69.0;
+const K3_MLA: f64 = 24.0;
+/// Cores of the projection.
+const CORES: f64 = 8.0;
+/// Multiply-adds per (query, cached position) pair of the absorbed form: scores over the latent
+/// and the shared key, then the weighted sum of latents.
+const MACS_PER_PAIR: f64 = (H * (KV_LORA + ROPE + KV_LORA)) as f64;
 
-fn kda(reps: usize, mem: f64) -> Value {
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a rayon pool")
+}
+
+/// The f32 FMA ceiling of one core, multiply-adds a second (the widest this CPU has).
+fn fma_peak() -> f64 {
+    k3_quant::peak::peaks()
+        .iter()
+        .filter(|p| p.name.starts_with("f32 FMA"))
+        .map(|p| {
+            let secs = median(
+                (0..3)
+                    .map(|i| {
+                        time(|| {
+                            std::hint::black_box((p.run)(i));
+                        })
+                    })
+                    .collect(),
+            );
+            p.macs / secs
+        })
+        .fold(0.0, f64::max)
+}
+
+fn kda_decode(reps: usize, mem: f64) -> Value {
     let mut states: Vec<Vec<f32>> = (0..KDA_LAYERS).map(|l| noise(H * HD * HD, l as u64, 0.1)).collect();
-    let q = noise(H * HD, 100, 0.2);
-    let k = noise(H * HD, 101, 0.2);
-    let v = noise(H * HD, 102, 1.0);
+    let (q, k, v) = (noise(H * HD, 100, 0.2), noise(H * HD, 101, 0.2), noise(H * HD, 102, 1.0));
     let decay: Vec<f32> = noise(H * HD, 103, 0.1).iter().map(|x| 0.95 + x).collect();
     let (mut u, mut o) = (vec![0f32; HD], vec![0f32; H * HD]);
     let mut samples = Vec::new();
@@ -33,8 +68,9 @@ fn kda(reps: usize, mem: f64) -> Value {
             for s in states.iter_mut() {
                 for h in 0..H {
                     let r = h * HD..(h + 1) * HD;
+                    let s = &mut s[h * HD * HD..(h + 1) * HD * HD];
                     delta_rule(
-                        &mut s[h * HD * HD..(h + 1) * HD * HD],
+                        s,
                         &q[r.clone()],
                         &k[r.clone()],
                         &v[r.clone()],
@@ -55,79 +91,223 @@ fn kda(reps: usize, mem: f64) -> Value {
     json!({
         "heads": H, "head_dim": HD, "state_bytes": state_bytes,
         "step_seconds": secs, "bound_seconds": bound, "fraction_of_bound": bound / secs,
-        "state_gbps": 2.0 * state_bytes / secs / 1e9,
     })
 }
 
-fn mla(positions: usize, reps: usize, mem: f64, mhz: Option<f64>) -> Value {
-    let cfg = MlaConfig {
-        hidden: 7168,
-        heads: H,
-        kv_lora: KV_LORA,
-        nope: 128,
-        rope: ROPE,
-        v_dim: 128,
-        lowrank_eps: 1e-6,
-        positions: k3_attn::PositionEmbedding::None,
-    };
-    let c = noise(positions * KV_LORA, 1, 1.0);
-    let kext = noise(positions * ROPE, 2, 1.0);
-    let qabs = noise(H * KV_LORA, 3, 0.1);
-    let qext = noise(H * ROPE, 4, 0.1);
-    let mut lat = vec![0f32; H * KV_LORA];
-    let scale = 1.0 / ((cfg.nope + cfg.rope) as f32).sqrt();
-    let mut samples = Vec::new();
-    for _ in 0..reps {
-        samples.push(time(|| attend(&qabs, &qext, &c, &kext, positions, KV_LORA, ROPE, scale, false, &mut lat)));
-    }
-    let secs = median(samples);
-    let cache_bytes = (positions * (KV_LORA + ROPE) * 4) as f64;
-    let bound = cache_bytes / (mem * 1e9);
-    // Scores (512 + 64 MACs) and the weighted sum (512 MACs) per head and position.
-    let flops = (H * positions * (KV_LORA + ROPE + KV_LORA) * 2) as f64;
-    // AVX2 + FMA peak: 2 FMA units x 8 lanes x 2 flops per cycle.
-    let peak = mhz.map(|m| m * 1e6 * 32.0);
+/// The recurrence over `chunk` positions of one layer, heads over the current pool.
+fn kda_prefill(chunk: usize, reps: usize, peak: f64, threads: usize) -> Value {
+    let mut state = noise(H * HD * HD, 5, 0.1);
+    let (q, k, v) = (noise(chunk * HD, 6, 0.2), noise(chunk * HD, 7, 0.2), noise(chunk * HD, 8, 1.0));
+    let decay: Vec<f32> = noise(chunk * HD, 9, 0.1).iter().map(|x| 0.95 + x).collect();
+    let secs = median(
+        (0..reps)
+            .map(|_| {
+                time(|| {
+                    pool(threads).install(|| {
+                        state.par_chunks_mut(HD * HD).for_each(|s| {
+                            let (mut u, mut o) = (vec![0f32; HD], vec![0f32; HD]);
+                            for t in 0..chunk {
+                                let r = t * HD..(t + 1) * HD;
+                                delta_rule(
+                                    s,
+                                    &q[r.clone()],
+                                    &k[r.clone()],
+                                    &v[r.clone()],
+                                    &decay[r],
+                                    0.5,
+                                    &mut u,
+                                    &mut o,
+                                );
+                            }
+                        })
+                    })
+                })
+            })
+            .collect(),
+    );
+    // Per head and position: two reads of the state (S^T k, S^T q) and its rank-one update.
+    let macs = (chunk * H * HD * HD * 3) as f64;
     json!({
-        "positions": positions, "cache_bytes": cache_bytes, "step_seconds": secs,
-        "memory_bound_seconds": bound, "fraction_of_memory_bound": bound / secs,
-        "gflops": flops / secs / 1e9,
-        "compute_bound_seconds": peak.map(|p| flops / p),
-        "fraction_of_compute_bound": peak.map(|p| flops / p / secs),
+        "chunk": chunk, "threads": threads, "chunk_seconds": secs, "seconds_per_token": secs / chunk as f64,
+        "fraction_of_fma_peak": macs / secs / (peak * threads as f64),
     })
 }
 
-pub fn run(reps: usize, json_out: bool) -> Value {
+/// Synthetic latents and shared keys of `positions` cached positions.
+struct Cache {
+    c: Vec<f32>,
+    kext: Vec<f32>,
+}
+
+impl Cache {
+    fn new(positions: usize) -> Cache {
+        Cache { c: noise(positions * KV_LORA, 1, 1.0), kext: noise(positions * ROPE, 2, 1.0) }
+    }
+}
+
+fn scale() -> f32 {
+    1.0 / ((128 + ROPE) as f32).sqrt()
+}
+
+/// One decode query over `positions` on `threads`.
+fn mla_decode(cache: &Cache, positions: usize, reps: usize, threads: usize) -> f64 {
+    let (qabs, qext) = (noise(H * KV_LORA, 3, 0.1), noise(H * ROPE, 4, 0.1));
+    let mut lat = vec![0f32; H * KV_LORA];
+    let p = pool(threads);
+    median(
+        (0..reps)
+            .map(|_| {
+                time(|| {
+                    p.install(|| {
+                        attend(
+                            &qabs,
+                            &qext,
+                            &cache.c,
+                            &cache.kext,
+                            positions,
+                            KV_LORA,
+                            ROPE,
+                            scale(),
+                            threads > 1,
+                            &mut lat,
+                        )
+                    })
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The last `chunk` queries of a `positions`-token prompt, rows over the pool.
+fn mla_prefill(cache: &Cache, positions: usize, chunk: usize, reps: usize, threads: usize) -> f64 {
+    let (qabs, qext) = (noise(chunk * H * KV_LORA, 3, 0.1), noise(chunk * H * ROPE, 4, 0.1));
+    let mut lat = vec![0f32; chunk * H * KV_LORA];
+    let p = pool(threads);
+    let from = positions - chunk;
+    median(
+        (0..reps)
+            .map(|_| {
+                time(|| {
+                    p.install(|| {
+                        lat.par_chunks_mut(H * KV_LORA).enumerate().for_each(|(i, lat)| {
+                            let (qa, qe) = (&qabs[i * H * KV_LORA..][..H * KV_LORA], &qext[i * H * ROPE..][..H * ROPE]);
+                            attend(qa, qe, &cache.c, &cache.kext, from + i + 1, KV_LORA, ROPE, scale(), false, lat)
+                        })
+                    })
+                })
+            })
+            .collect(),
+    )
+}
+
+/// MLA at one context length: decode on one thread and the pool, the last prefill chunk, and the
+/// K3 projection on [`CORES`] cores at the measured per-core rates.
+fn mla(positions: usize, chunk: usize, reps: usize, mem: f64, peak: f64, threads: usize) -> Value {
+    let cache = Cache::new(positions);
+    let one = mla_decode(&cache, positions, reps, 1);
+    let pooled = mla_decode(&cache, positions, reps, threads);
+    // Queries of the last chunk measured: a few per thread (a query at 128k positions is ~13 G
+    // multiply-adds; the rate a pair is what the projection takes).
+    let chunk = chunk.min(positions).min(8 * threads);
+    let pre = mla_prefill(&cache, positions, chunk, reps.min(3), threads);
+    let cache_bytes = (positions * (KV_LORA + ROPE) * 4) as f64;
+    let decode_macs = MACS_PER_PAIR * positions as f64;
+    // The chunk's pairs: each query over its causal span.
+    let chunk_macs = MACS_PER_PAIR * (chunk * (positions - chunk) + chunk * (chunk + 1) / 2) as f64;
+    // Core-seconds a MAC, from the pooled runs (what scaling the pool measured is in them).
+    let decode_rate = decode_macs / (pooled * threads as f64);
+    let prefill_rate = chunk_macs / (pre * threads as f64);
+    // A P-token prompt attends P^2 / 2 pairs a layer.
+    let prompt_pairs = (positions as f64).powi(2) / 2.0;
+    json!({
+        "positions": positions, "cache_bytes": cache_bytes,
+        "decode_seconds_one_thread": one, "decode_seconds": pooled, "threads": threads,
+        "decode_speedup": one / pooled,
+        "decode_fraction_of_fma_peak": decode_macs / one / peak,
+        "decode_fraction_of_memory_bound": cache_bytes / (mem * 1e9) / one,
+        "prefill_queries": chunk, "prefill_seconds": pre,
+        "prefill_fraction_of_fma_peak": chunk_macs / pre / (peak * threads as f64),
+        "k3_decode_attention_seconds_per_token": K3_MLA * decode_macs / (decode_rate * CORES),
+        "k3_prefill_mla_seconds_per_token": K3_MLA * MACS_PER_PAIR * prompt_pairs / (prefill_rate * CORES) / positions as f64,
+    })
+}
+
+/// A context length: `4k`, `64k`, `1m` or a plain number of positions.
+pub fn context(s: &str) -> anyhow::Result<usize> {
+    let p = s.trim().to_ascii_lowercase();
+    let (num, mul) = match p.strip_suffix('k') {
+        Some(n) => (n, 1024),
+        None => p.strip_suffix('m').map_or((p.as_str(), 1), |n| (n, 1 << 20)),
+    };
+    let n: usize = num.parse().map_err(|_| anyhow::anyhow!("`{s}` is not a length like 4k or 65536"))?;
+    anyhow::ensure!((1..=1 << 20).contains(&n.saturating_mul(mul)), "{s} is not within 1..=1m positions");
+    Ok(n * mul)
+}
+
+pub fn run(contexts: &[usize], chunk: usize, threads: usize, reps: usize, json_out: bool) -> Value {
     let mem = mem_read_gbps(512 << 20, 5);
-    let mhz = cpu_mhz();
+    let peak = fma_peak();
+    let kda_pre = kda_prefill(chunk, reps.min(3), peak, threads);
+    let k3_kda_prefill = K3_KDA * kda_pre["seconds_per_token"].as_f64().unwrap_or(0.0) * threads as f64 / CORES;
+    let mla_rows: Vec<Value> = contexts.iter().map(|&p| mla(p, chunk, reps, mem, peak, threads)).collect();
     let report = json!({
-        "mem_read_gbps": mem,
-        "cpu_mhz": mhz,
-        "kda_decode": kda(reps, mem),
-        "mla_decode_4k": mla(4096, reps, mem, mhz),
-        "mla_decode_64k": mla(65536, reps.min(5), mem, mhz),
+        "cpu": super::cpu_name(), "mem_read_gbps": mem, "f32_fma_peak_gmacs": peak / 1e9, "threads": threads,
+        "kda_decode": kda_decode(reps, mem), "kda_prefill": kda_pre,
+        "k3_kda_prefill_seconds_per_token": k3_kda_prefill, "mla": mla_rows,
     });
     if !json_out {
-        println!("memory read {mem:.1} GB/s (one core); {} MHz nominal", mhz.unwrap_or(0.0));
-        let k = &report["kda_decode"];
-        println!(
-            "KDA decode, 96 x 128 x 128 state: {:.3} ms per layer, bound {:.3} ms (state read + written once): {:.0}% of bound",
-            k["step_seconds"].as_f64().unwrap_or(0.0) * 1e3,
-            k["bound_seconds"].as_f64().unwrap_or(0.0) * 1e3,
-            k["fraction_of_bound"].as_f64().unwrap_or(0.0) * 100.0
-        );
-        for key in ["mla_decode_4k", "mla_decode_64k"] {
-            let m = &report[key];
-            println!(
-                "MLA decode over {} positions: {:.2} ms per layer; memory bound {:.2} ms ({:.1}%), compute bound {:.2} ms ({:.0}%), {:.1} GFLOP/s",
-                m["positions"],
-                m["step_seconds"].as_f64().unwrap_or(0.0) * 1e3,
-                m["memory_bound_seconds"].as_f64().unwrap_or(0.0) * 1e3,
-                m["fraction_of_memory_bound"].as_f64().unwrap_or(0.0) * 100.0,
-                m["compute_bound_seconds"].as_f64().unwrap_or(0.0) * 1e3,
-                m["fraction_of_compute_bound"].as_f64().unwrap_or(0.0) * 100.0,
-                m["gflops"].as_f64().unwrap_or(0.0)
-            );
-        }
+        print_table(&report);
     }
     report
+}
+
+fn print_table(r: &Value) {
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{}; memory read {:.1} GB/s (one core); f32 FMA ceiling {:.1} G MAC/s a core; pool of {} threads",
+        r["cpu"].as_str().unwrap_or("?"),
+        f(r, "mem_read_gbps"),
+        f(r, "f32_fma_peak_gmacs"),
+        r["threads"]
+    );
+    let k = &r["kda_decode"];
+    println!(
+        "KDA decode (96 x 128 x 128 state): {:.3} ms a layer, {:.0}% of its memory bound",
+        f(k, "step_seconds") * 1e3,
+        f(k, "fraction_of_bound") * 100.0
+    );
+    let k = &r["kda_prefill"];
+    println!(
+        "KDA prefill recurrence, chunk of {}: {:.1} ms a layer ({:.0}% of the FMA ceiling); K3 on {CORES} cores: {:.3} s a token",
+        k["chunk"],
+        f(k, "chunk_seconds") * 1e3,
+        f(k, "fraction_of_fma_peak") * 100.0,
+        f(r, "k3_kda_prefill_seconds_per_token")
+    );
+    println!(
+        "{:>9} {:>11} {:>11} {:>7} {:>7} {:>12} {:>7} {:>13} {:>13}",
+        "positions",
+        "decode 1t",
+        "decode pool",
+        "x",
+        "% FMA",
+        "prefill 8/thr",
+        "% FMA",
+        "K3 decode s/t",
+        "K3 prefill s/t"
+    );
+    for m in r["mla"].as_array().into_iter().flatten() {
+        println!(
+            "{:>9} {:>9.2}ms {:>9.2}ms {:>7.2} {:>6.0}% {:>11.1}ms {:>6.0}% {:>13.3} {:>14.3}",
+            m["positions"],
+            f(m, "decode_seconds_one_thread") * 1e3,
+            f(m, "decode_seconds") * 1e3,
+            f(m, "decode_speedup"),
+            f(m, "decode_fraction_of_fma_peak") * 100.0,
+            f(m, "prefill_seconds") * 1e3,
+            f(m, "prefill_fraction_of_fma_peak") * 100.0,
+            f(m, "k3_decode_attention_seconds_per_token"),
+            f(m, "k3_prefill_mla_seconds_per_token")
+        );
+    }
 }

@@ -155,8 +155,18 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
-    /// KDA and MLA decode at K3's dimensions next to their memory-traffic bounds.
+    /// KDA and MLA at K3's dimensions and long contexts, beside the memory and FMA bounds, and
+    /// K3's attention per token projected to 8 cores.
     Attn {
+        /// Cached positions to measure MLA at (4k, 64k, 1m or a number).
+        #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "4k,16k,64k,128k", value_parser = attn::context)]
+        context: Vec<usize>,
+        /// Queries of a prefill chunk (KDA's recurrence and MLA's last chunk of the prompt).
+        #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=16384))]
+        chunk: u64,
+        /// Threads of the pool [default: every core].
+        #[arg(long)]
+        threads: Option<usize>,
         /// Repetitions (medians are reported).
         #[arg(long, default_value_t = 7, value_parser = reps)]
         reps: usize,
@@ -270,7 +280,10 @@ pub fn run(what: Bench) -> Result<()> {
             };
             (io::run(&o, json)?, json)
         }
-        Bench::Attn { reps, json } => (attn::run(reps, json), json),
+        Bench::Attn { context, chunk, threads, reps, json } => {
+            let threads = threads.unwrap_or_else(rayon::current_num_threads).max(1);
+            (attn::run(&context, chunk as usize, threads, reps, json), json)
+        }
         Bench::CacheSim { model, prompt_file, sizes, lever_size, layers, tokens, warm, low_ratio, seed, json } => {
             let sizes = percents(&sizes)?;
             anyhow::ensure!(
@@ -371,6 +384,28 @@ pub fn time(f: impl FnOnce()) -> f64 {
     let t = Instant::now();
     f();
     t.elapsed().as_secs_f64()
+}
+
+/// The CPU's model name and the instruction sets k3's kernels choose between, for a result's
+/// heading (every number is stated with the CPU it ran on).
+pub fn cpu_name() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let name = info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).unwrap_or("?");
+    let mut flags: Vec<&str> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    for (on, f) in [
+        (is_x86_feature_detected!("avx2"), "avx2"),
+        (is_x86_feature_detected!("fma"), "fma"),
+        (is_x86_feature_detected!("avx512f"), "avx512f"),
+        (is_x86_feature_detected!("avx512vnni"), "avx512_vnni"),
+        (is_x86_feature_detected!("avx512bf16"), "avx512_bf16"),
+        (is_x86_feature_detected!("avxvnni"), "avx_vnni"),
+    ] {
+        if on {
+            flags.push(f);
+        }
+    }
+    format!("{} ({})", name.trim(), flags.join(" "))
 }
 
 /// The CPU clock the kernel reports (virtual machines report the nominal clock).
