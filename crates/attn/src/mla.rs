@@ -107,6 +107,8 @@ pub struct MlaCache {
     kext: Vec<f32>,
     len: usize,
     dims: [u64; 2],
+    /// The most positions the memory plan holds room for (0: no plan): growth stops there.
+    most: usize,
 }
 
 impl MlaCache {
@@ -118,12 +120,25 @@ impl MlaCache {
         self.len == 0
     }
 
-    /// Room for `tokens` positions in all, allocated once (address space only until used), so a
-    /// growing cache never doubles past what the memory plan reserved.
-    pub fn reserve(&mut self, tokens: usize) {
+    /// The most positions the memory plan holds room for: the cache grows with use (doubling,
+    /// so appending stays amortized), never past `tokens` unless a position beyond is appended.
+    pub fn plan(&mut self, tokens: usize) {
+        self.most = tokens;
+    }
+
+    /// Room for `rows` more positions.
+    fn grow(&mut self, rows: usize) {
         let [l, r] = self.dims.map(|x| x as usize);
-        self.c.reserve_exact(tokens.saturating_mul(l).saturating_sub(self.c.len()));
-        self.kext.reserve_exact(tokens.saturating_mul(r).saturating_sub(self.kext.len()));
+        let need = self.len + rows;
+        if need.saturating_mul(l) <= self.c.capacity() {
+            return;
+        }
+        let mut target = need.max(self.len.saturating_mul(2));
+        if self.most > 0 {
+            target = target.min(self.most.max(need));
+        }
+        self.c.reserve_exact(target.saturating_mul(l).saturating_sub(self.c.len()));
+        self.kext.reserve_exact(target.saturating_mul(r).saturating_sub(self.kext.len()));
     }
 
     /// Back to the first `len` positions (speculative positions that were not accepted).
@@ -244,7 +259,7 @@ impl<'a> Mla<'a> {
     }
 
     pub fn cache(&self) -> MlaCache {
-        MlaCache { c: Vec::new(), kext: Vec::new(), len: 0, dims: [self.cfg.kv_lora as u64, self.cfg.rope as u64] }
+        MlaCache { dims: [self.cfg.kv_lora as u64, self.cfg.rope as u64], ..MlaCache::default() }
     }
 
     pub fn step(&self, cache: &mut MlaCache, x: &[f32], out: &mut [f32]) {
@@ -281,6 +296,7 @@ impl<'a> Mla<'a> {
         // With RoPE: each row's (cos, sin) per pair, shared by its key and its heads' queries.
         let mut turns: Vec<(f32, f32)> = Vec::new();
         for (i, seq) in seqs.iter_mut().enumerate() {
+            seq.cache.grow(seq.rows);
             for (_, row) in (0..seq.rows).zip(entries.by_ref()) {
                 rms_norm(&row[..l], &self.w.kv_a_norm, cfg.lowrank_eps, &mut normed);
                 seq.cache.c.extend_from_slice(&normed);

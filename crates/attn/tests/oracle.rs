@@ -521,3 +521,25 @@ fn mla_attend_merges_groups_as_one_softmax() {
         assert_eq!(bits(&run(threads, true)), bits(&alone), "{threads} threads");
     }
 }
+
+/// An MLA cache grows with use, doubling (amortized appends), and never past what the memory plan
+/// holds room for; a position beyond it still appends.
+#[test]
+fn mla_cache_grows_with_use_within_its_plan() {
+    let data = MlaData::new(3);
+    let layer = data.layer(true, true);
+    let mut cache = layer.cache();
+    cache.plan(1000);
+    let per = cache.bytes_per_position();
+    let xs = rand(1010 * D, 4, 1.0);
+    let mut out = vec![0f32; 1010 * D];
+    layer.prefill(&mut cache, &xs[..10 * D], &mut out[..10 * D]);
+    assert_eq!(cache.held_bytes(), 10 * per, "room for what is held, not the plan's 1,000");
+    layer.prefill(&mut cache, &xs[10 * D..11 * D], &mut out[10 * D..11 * D]);
+    assert_eq!(cache.held_bytes(), 20 * per, "doubled");
+    layer.prefill(&mut cache, &xs[11 * D..700 * D], &mut out[11 * D..700 * D]);
+    layer.prefill(&mut cache, &xs[700 * D..701 * D], &mut out[700 * D..701 * D]);
+    assert_eq!(cache.held_bytes(), 1000 * per, "capped at the plan");
+    layer.prefill(&mut cache, &xs[701 * D..1010 * D], &mut out[701 * D..1010 * D]);
+    assert_eq!((cache.len(), cache.held_bytes()), (1010, 1010 * per));
+}

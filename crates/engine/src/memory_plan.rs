@@ -17,6 +17,9 @@ pub struct MemoryPlan {
     /// for each of `sequences` sessions.
     pub state_bytes: u64,
     pub context: u64,
+    /// The context asked for: more than `context` when the plan fitted a wanted context
+    /// (`Demand::fit_context`) to what memory leaves.
+    pub asked_context: u64,
     pub sequences: u64,
     /// The activations of one forward call of `chunk` tokens.
     pub activation_bytes: u64,
@@ -56,6 +59,8 @@ pub(crate) struct Footprint {
 pub(crate) struct Demand {
     pub budget: Option<u64>,
     pub context: u64,
+    /// `context` is the most wanted, lowered to what memory leaves ([`fit_context`]).
+    pub fit_context: bool,
     pub sequences: u64,
     /// Tokens per forward call; `None`: the plan picks (`auto_chunk`).
     pub chunk: Option<u64>,
@@ -84,6 +89,42 @@ const STREAMING_CHUNKS: [u64; 6] = [4096, 2048, 1024, 512, 256, 128];
 /// gets the largest chunk (at most the context of every sequence) whose activations take at most a quarter of the expert cache the small
 /// chunk would leave, so the chunk's reads are amortized and the cache stays three quarters.
 pub(crate) fn plan(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> {
+    let asked = d.context;
+    let d = if d.fit_context { Demand { context: fit_context(fp, d), fit_context: false, ..d } } else { d };
+    plan_chunk(fp, d).map(|p| MemoryPlan { asked_context: asked, ..p })
+}
+
+/// The least context a fitted plan gets (the old fixed default): below it, the plan is refused
+/// with its numbers, as an asked-for context would be.
+const LEAST_FITTED_CONTEXT: u64 = 4096;
+
+/// The context a run that wants "as much as fits" gets: `d.context` at most, lowered so that
+/// every sequence's attention state fits in what the budget (or, without one, half the memory
+/// available now) leaves after the trunk, one small chunk's activations, what the caller keeps,
+/// the overhead and the expert cache: every expert when they take at most half of it (a model
+/// that fits keeps fitting), else at most half of it (the cache keeps the rest). Never below
+/// [`LEAST_FITTED_CONTEXT`] (or `d.context` when that is less).
+pub(crate) fn fit_context(fp: Footprint, d: Demand) -> u64 {
+    let seqs = d.sequences.max(1);
+    let budget = d.budget.or_else(|| available_memory_bytes().map(|a| a / 2)).unwrap_or(0);
+    let chunk = IN_MEMORY_CHUNK.saturating_mul(seqs).min(d.context.saturating_mul(seqs));
+    let fixed = [
+        d.trunk_bytes,
+        fp.activation_per_token.saturating_mul(chunk),
+        d.reserved_bytes,
+        OVERHEAD_BYTES,
+        fp.state_fixed.saturating_mul(seqs),
+    ]
+    .into_iter()
+    .fold(0u64, u64::saturating_add);
+    let room = budget.saturating_sub(fixed);
+    let experts = d.slot_bytes.saturating_mul(d.all_experts);
+    let for_state = if experts <= room / 2 { room - experts } else { room / 2 };
+    let fits = for_state.checked_div(fp.state_per_token.saturating_mul(seqs)).unwrap_or(u64::MAX);
+    d.context.min(fits.max(LEAST_FITTED_CONTEXT))
+}
+
+fn plan_chunk(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> {
     if d.chunk.is_some() {
         return plan_fixed(fp, d);
     }
@@ -194,6 +235,7 @@ fn plan_fixed(fp: Footprint, d: Demand) -> Result<MemoryPlan, EngineError> {
         trunk_bytes: d.trunk_bytes,
         state_bytes,
         context: d.context,
+        asked_context: d.context,
         sequences: d.sequences,
         activation_bytes,
         chunk,
@@ -216,6 +258,7 @@ mod tests {
         Demand {
             budget: Some(256 << 20),
             context: 4096,
+            fit_context: false,
             sequences: 1,
             chunk: Some(32),
             reserved_bytes: 0,
@@ -280,5 +323,34 @@ mod tests {
         assert_eq!(batch.chunk, 8 * IN_MEMORY_CHUNK);
         // A chunk the caller fixes is kept.
         assert_eq!(plan(WIDE, Demand { chunk: Some(32), ..demand() }).unwrap().chunk, 32);
+    }
+
+    #[test]
+    fn a_wanted_context_is_fitted_to_what_memory_leaves() {
+        let want = Demand { context: 1 << 20, fit_context: true, chunk: None, ..demand() };
+        // 1,000 experts of 1 MiB do not fit in 256 MiB: the state takes half of what the trunk
+        // (10 MiB), a 256-token chunk's activations (2 MiB), the overhead (64 MiB) and the fixed
+        // state (1 MiB) leave, 1 KiB a token: 91,136 tokens.
+        let p = plan(FP, want).unwrap();
+        let room = (256u64 << 20) - (10 << 20) - 256 * 8192 - OVERHEAD_BYTES - (1 << 20);
+        assert_eq!(p.context, room / 2 / 1024, "{p:?}");
+        assert_eq!(p.asked_context, 1 << 20);
+        assert!(p.total() <= 256 << 20 && p.cache_slots >= 8, "{p:?}");
+        // Every expert fits in half of it: they stay, the state takes the rest.
+        let fits = plan(FP, Demand { all_experts: 50, ..want }).unwrap();
+        assert_eq!(fits.cache_slots, 50, "{fits:?}");
+        assert_eq!(fits.context, (room - (50 << 20)) / 1024);
+        // Two sequences (a chunk and a fixed state each) share the room; a smaller wanted
+        // context is kept; a context asked for exactly is kept, and refused with numbers when it
+        // cannot fit.
+        let room2 = (256u64 << 20) - (10 << 20) - 512 * 8192 - OVERHEAD_BYTES - (2 << 20);
+        assert_eq!(plan(FP, Demand { sequences: 2, ..want }).unwrap().context, room2 / 2 / 2048);
+        assert_eq!(plan(FP, Demand { context: 5000, ..want }).unwrap().context, 5000);
+        assert_eq!(plan(FP, Demand { context: 5000, fit_context: false, ..want }).unwrap().asked_context, 5000);
+        let e = plan(FP, Demand { fit_context: false, ..want }).unwrap_err().to_string();
+        assert!(e.contains("attention state for 1048576 tokens"), "{e}");
+        // Never below the old default: a budget that cannot hold 4,096 tokens is refused.
+        let tight = plan(FP, Demand { budget: Some(80 << 20), ..want });
+        assert!(tight.is_err_and(|e| e.to_string().contains("too small")), "a tight budget");
     }
 }

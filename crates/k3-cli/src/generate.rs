@@ -73,6 +73,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     );
     let needs = Needs {
         context: DEFAULT_CONTEXT.max(n.saturating_add(a.max_tokens.min(DEFAULT_CONTEXT))),
+        fit: false,
         min_context: 0,
         chunk: a.chunk.map(|c| c as usize),
         reserved_bytes: 0,

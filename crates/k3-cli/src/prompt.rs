@@ -35,7 +35,7 @@ pub struct TextBound {
 
 /// The context a prompt may fill when `--context` does not say: K3's trained context, the
 /// longest of the models k3 runs, for a model whose config names none.
-const LONGEST_CONTEXT: u64 = 1 << 20;
+pub(crate) const LONGEST_CONTEXT: u64 = 1 << 20;
 
 /// The most tokens a run's prompt may take, and what set it (said in a refusal).
 #[derive(Debug, Clone, Copy)]

@@ -17,7 +17,9 @@ pub struct EngineKnobs {
     #[arg(long, value_name = "SIZE")]
     pub mem: Option<String>,
     /// Tokens of context to plan attention memory for; a longer conversation stops there
-    /// [default: 4096, or what the command needs: the prompt for logits/trace, the window for
+    /// [default: chat: the model's own longest context (max_position_embeddings) as far as memory
+    /// allows beside the expert cache (--verbose says how much); generate: 4096, or the prompt and
+    /// up to 4096 new tokens; what the command needs: the prompt for logits/trace, the window for
     /// perplexity].
     #[arg(short = 'c', long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
     pub context: Option<u64>,
@@ -116,6 +118,7 @@ impl EngineKnobs {
             low_bit_copies: self.low_bit_copies()?,
             cache_aware: self.cache_aware_experts.map(usize::from),
             context: self.context.unwrap_or(needs.context).max(needs.min_context),
+            fit_context: needs.fit && self.context.is_none(),
             chunk: needs.chunk.map(|c| c as u64),
             reserved_bytes: needs.reserved_bytes,
             threads: self.threads.map_or(0, usize::from),
@@ -149,6 +152,9 @@ impl EngineKnobs {
 pub struct Needs {
     /// The context to plan for when `--context` is not given.
     pub context: u64,
+    /// Without `--context`, `context` is the most wanted: the engine fits it to the model's own
+    /// longest context and to what memory leaves beside the expert cache (chat, serve).
+    pub fit: bool,
     /// The context the command's work takes whatever `--context` says (a window, a prompt).
     pub min_context: u64,
     /// Tokens per forward call (`None`: the engine picks for the model and budget).
@@ -169,6 +175,7 @@ impl Needs {
     pub fn exact(context: u64, chunk: usize) -> Self {
         Needs {
             context,
+            fit: false,
             min_context: context,
             chunk: Some(chunk),
             reserved_bytes: 0,
@@ -266,10 +273,15 @@ impl EngineArgs {
         eprintln!("memory plan{}:", p.budget.map(|b| format!(" (budget {:.1} MB)", mb(b))).unwrap_or_default());
         eprintln!("  trunk (mapped)        {:>12.1} MB", mb(p.trunk_bytes));
         eprintln!(
-            "  attention state       {:>12.1} MB  (MLA caches sized for {} tokens{})",
+            "  attention state       {:>12.1} MB  (MLA caches up to {} tokens{}{}, growing with use)",
             mb(p.state_bytes),
             p.context,
-            if p.sequences > 1 { format!(", {} sequences", p.sequences) } else { String::new() }
+            if p.sequences > 1 { format!(", {} sequences", p.sequences) } else { String::new() },
+            if p.asked_context > p.context {
+                format!(": the model's {} fitted to memory", p.asked_context)
+            } else {
+                String::new()
+            }
         );
         eprintln!("  activations           {:>12.1} MB  ({}-token chunks)", mb(p.activation_bytes), p.chunk);
         if p.reserved_bytes > 0 {

@@ -17,8 +17,10 @@ use crate::run::{EngineKnobs, Needs, RUN_ACTIVATIONS};
 
 #[derive(clap::Args)]
 #[command(mut_arg("context", |a| a.help(
-    "Tokens of context each conversation may hold: a longer prompt is refused, an answer stops \
-     there (finish_reason `length`) [default: 4096]"
+    "Tokens of context each conversation may hold: a longer prompt is refused \
+     (`context_length_exceeded`), an answer stops there (finish_reason `length`) [default: the \
+     model's own longest context (max_position_embeddings) as far as memory allows beside the \
+     expert cache for every batched conversation; the ready line says how much]"
 )))]
 pub struct ServeArgs {
     /// The model directory (default: the default model compiled into k3-cli).
@@ -185,7 +187,14 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     let model = crate::default_model::or_default(a.model.clone())?;
     let body_limit = usize::try_from(parse_size(&a.max_body).map_err(anyhow::Error::msg)?)?;
     let prompt_cache_ram = usize::try_from(parse_size(&a.prompt_cache_ram).map_err(anyhow::Error::msg)?)?;
-    let needs = Needs { context: 4096, min_context: 0, chunk: None, reserved_bytes: 0, activations: RUN_ACTIVATIONS };
+    let needs = Needs {
+        context: crate::prompt::LONGEST_CONTEXT,
+        fit: true,
+        min_context: 0,
+        chunk: None,
+        reserved_bytes: 0,
+        activations: RUN_ACTIVATIONS,
+    };
     let engine = a.engine.options(needs)?;
     let mut opts = ServerOptions {
         model,

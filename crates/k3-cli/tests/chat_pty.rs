@@ -107,7 +107,7 @@ fn a_session_on_a_terminal() {
     let mut p = Pty::start(&["-m", m.to_str().unwrap(), "--temp", "0"], &[]);
     let banner = p.expect("/help");
     assert!(
-        banner.contains("toolcaller") && banner.contains("context 4096") && banner.contains("thinking on"),
+        banner.contains("toolcaller") && banner.contains("context 1048576") && banner.contains("thinking on"),
         "{banner}"
     );
     p.send("Weather in Paris?");

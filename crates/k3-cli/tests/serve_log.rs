@@ -24,6 +24,9 @@ fn a_ready_line_and_a_json_line_per_request() {
     let s = Server::start(&["--log-format", "json"]);
     let ready: Value = serde_json::from_str(&line_with(&s, "\"ready\"")).unwrap();
     assert_eq!((ready["model"].as_str(), ready["layers"].as_u64()), (Some("default"), Some(4)), "{ready}");
+    // No --context: the model's own longest context (its config's 1,048,576), which this
+    // machine's memory holds for the default model (320 bytes a token and sequence).
+    assert_eq!((ready["context"].as_u64(), &ready["context_wanted"]), (Some(1 << 20), &Value::Null), "{ready}");
     let body =
         json!({"messages": [{"role": "user", "content": "In the beginning"}], "max_tokens": 5, "temperature": 0});
     let r = s.post("/v1/chat/completions", &[], &body);
@@ -36,6 +39,21 @@ fn a_ready_line_and_a_json_line_per_request() {
     assert_eq!(line["finish_reason"], answer["choices"][0]["finish_reason"]);
     let (ttft, total) = (line["ttft_s"].as_f64().unwrap(), line["total_s"].as_f64().unwrap());
     assert!(ttft > 0.0 && ttft <= total, "{line}");
+}
+
+/// A budget that cannot hold the model's longest context for every batched conversation: the
+/// context is what it leaves (half of the room beside the trunk, activations, prompt cache and
+/// overhead goes to the state when every expert fits in the other half), said on the ready line.
+#[test]
+fn the_context_is_fitted_to_the_budget_and_said() {
+    let s = Server::start(&["--mem", "600M", "--prompt-cache-ram", "64M", "--log-format", "json"]);
+    let ready: Value = serde_json::from_str(&line_with(&s, "\"ready\"")).unwrap();
+    let context = ready["context"].as_u64().unwrap();
+    assert_eq!(ready["context_wanted"].as_u64(), Some(1 << 20), "{ready}");
+    // ~380 MB of room for 8 sequences x 320 bytes a token.
+    assert!((100_000..200_000).contains(&context), "{ready}");
+    let r = s.post("/api/show", &[], &json!({"model": "default"}));
+    assert_eq!(r.json()["model_info"]["kimi_linear.context_length"].as_u64(), Some(context), "{}", r.body);
 }
 
 #[test]

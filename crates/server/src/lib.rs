@@ -292,6 +292,7 @@ fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>
         .model_id
         .clone()
         .unwrap_or_else(|| opts.model.file_stem().map_or_else(|| "k3".into(), |n| n.to_string_lossy().into_owned()));
+    let asked_context = engine.plan().asked_context;
     let info = ModelInfo {
         id,
         family: engine.config().family,
@@ -314,7 +315,7 @@ fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>
     if let Some(p) = engine.image_processor() {
         let _ = state.image_processor.set(p.clone());
     }
-    reqlog::ready(opts.log_format, &info, loading.elapsed().as_secs_f64());
+    reqlog::ready(opts.log_format, &info, asked_context, loading.elapsed().as_secs_f64());
     let _ = state.info.set(info);
     status.ready.store(true, Ordering::SeqCst);
     let mut cache = match &opts.prompt_cache_dir {

@@ -20,19 +20,25 @@ pub enum LogFormat {
 }
 
 /// The model is loaded and requests are answered.
-pub(crate) fn ready(format: LogFormat, info: &ModelInfo, load_secs: f64) {
+/// `asked`: the context the plan was asked for (the model's own longest, when it was fitted to
+/// memory), said beside the context when memory lowered it.
+pub(crate) fn ready(format: LogFormat, info: &ModelInfo, asked: u64, load_secs: f64) {
+    let fitted = (asked > info.context).then_some(asked);
     match format {
         LogFormat::Text => eprintln!(
-            "ready: `{}` ({}, {} layers, context {}) loaded in {load_secs:.1} s",
+            "ready: `{}` ({}, {} layers, context {}{}) loaded in {load_secs:.1} s",
             info.id,
             info.family.name(),
             info.layers,
-            info.context
+            info.context,
+            fitted
+                .map(|a| format!(" of the model's {a}: what memory leaves; --context or --mem to change"))
+                .unwrap_or_default()
         ),
         LogFormat::Json => eprintln!(
             "{}",
             json!({"event": "ready", "model": info.id, "family": info.family.name(), "layers": info.layers,
-                   "context": info.context, "load_s": load_secs})
+                   "context": info.context, "context_wanted": fitted, "load_s": load_secs})
         ),
     }
 }

@@ -167,7 +167,11 @@ impl<'m> Engine<'m> {
             footprint(&layers, &cfg, res_block),
             Demand {
                 budget: opts.mem_budget,
-                context: opts.context,
+                context: match cfg.max_positions {
+                    Some(most) if opts.fit_context => opts.context.min(most),
+                    _ => opts.context,
+                },
+                fit_context: opts.fit_context,
                 sequences: opts.sequences,
                 chunk: opts.chunk,
                 reserved_bytes: opts.reserved_bytes,
@@ -283,13 +287,13 @@ impl<'m> Engine<'m> {
     }
 
     /// A new session holding `from`'s tokens and recurrent state (none of its statistics), with
-    /// the MLA caches' room reserved as for a fresh one: what a prompt cache hands a request that
+    /// the MLA caches planned as a fresh one's: what a prompt cache hands a request that
     /// extends `from`'s tokens. Continuing it gives the bits continuing `from` would.
     pub fn fork(&self, from: &Session) -> Result<Session, EngineError> {
         let mut s = self.keep(from)?;
         for l in &mut s.layers {
             if let LayerState::Mla(c) = l {
-                c.reserve(self.plan.context as usize);
+                c.plan(self.plan.context as usize);
             }
         }
         Ok(s)
@@ -311,7 +315,7 @@ impl<'m> Engine<'m> {
         Ok(s)
     }
 
-    /// A fresh sequence (its MLA caches reserved to the planned context).
+    /// A fresh sequence (its MLA caches growing with use up to the planned context).
     pub fn session(&self) -> Session {
         let layers = self
             .layers
@@ -320,7 +324,7 @@ impl<'m> Engine<'m> {
                 Attn::Kda(k) => LayerState::Kda(k.state()),
                 Attn::Mla(m) => {
                     let mut c = m.cache();
-                    c.reserve(self.plan.context as usize);
+                    c.plan(self.plan.context as usize);
                     LayerState::Mla(c)
                 }
             })

@@ -40,8 +40,11 @@ pub struct EngineOptions {
     pub cache_aware: Option<usize>,
     /// Reads in flight at once.
     pub queue_depth: usize,
-    /// Tokens of context the memory plan reserves MLA cache for (sessions reserve it up front).
+    /// Tokens of context the memory plan holds MLA cache for (sessions grow into it with use).
     pub context: u64,
+    /// `context` is the most wanted: the plan lowers it to the model's own longest context
+    /// (`max_position_embeddings`) and to what memory leaves beside the expert cache.
+    pub fit_context: bool,
     /// Sessions held at once (a server's batch): the plan reserves attention state for each.
     pub sequences: u64,
     /// The most tokens the caller passes to one `forward` call: the plan reserves their
@@ -84,6 +87,7 @@ impl Default for EngineOptions {
             cache_aware: None,
             queue_depth: 32,
             context: 4096,
+            fit_context: false,
             sequences: 1,
             chunk: None,
             reserved_bytes: 0,
@@ -104,6 +108,7 @@ impl std::fmt::Debug for EngineOptions {
             .field("lookahead", &self.lookahead)
             .field("policy", &self.policy)
             .field("context", &self.context)
+            .field("fit_context", &self.fit_context)
             .field("sequences", &self.sequences)
             .field("chunk", &self.chunk)
             .field("threads", &self.threads)

@@ -174,7 +174,13 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     let engine = a.engine.load(
         &model,
         &path,
-        Needs { min_context: 0, chunk: None, activations: RUN_ACTIVATIONS, ..Needs::exact(4096, 1) },
+        Needs {
+            min_context: 0,
+            fit: true,
+            chunk: None,
+            activations: RUN_ACTIVATIONS,
+            ..Needs::exact(crate::prompt::LONGEST_CONTEXT, 1)
+        },
     )?;
     let sampler = a.sampling.config(&model, true, engine.vocab())?;
     a.sampling.say_seed(&sampler, a.engine.stats);
