@@ -67,8 +67,6 @@ pub mod reference {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use crate::simd::hsum;
-
     /// Rows of `a` per register block, and of `b`.
     const MI: usize = 4;
     const NJ: usize = 2;
@@ -117,13 +115,11 @@ mod avx2 {
                         }
                     }
                 }
-                // A whole block's eight sums reduced together (a short `k`, as a small model's
-                // heads have, would otherwise spend more on eight reductions than on the FMAs).
-                let sums: [f32; MI * NJ] = if mi == MI && nj == NJ {
-                    hsum8(acc)
-                } else {
-                    std::array::from_fn(|x| if x / NJ < mi && x % NJ < nj { hsum(acc[x / NJ][x % NJ]) } else { 0.0 })
-                };
+                // A block's eight sums reduced together (a short `k`, as a small model's heads
+                // have, would otherwise spend more on eight reductions than on the FMAs); a
+                // partial block's unused accumulators are zeros. Each sum's order is its own
+                // lanes' alone, so a row's bits never depend on the rows beside it.
+                let sums = hsum8(acc);
                 for r in 0..mi {
                     for c in 0..nj {
                         let s = sums[r * NJ + c] + dot_tail(i + r, j + c);

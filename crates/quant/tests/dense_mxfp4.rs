@@ -245,4 +245,24 @@ proptest! {
         }).collect();
         assert_close(&c1, &c2, &tol);
     }
+
+    /// Every level: a score's bits are those of its row and column alone, whatever rows and
+    /// columns share the call (attention splits heads and positions over threads and relies on it).
+    #[test]
+    fn attention_scores_do_not_depend_on_their_neighbours((m, n, k) in (1usize..11, 1usize..7, 1usize..70), seed in any::<u32>()) {
+        use k3_quant::gemm;
+        let make = |len: usize, s: u32| -> Vec<f32> { (0..len).map(|i| ((i as u32).wrapping_mul(2654435761) ^ s) as f32 / u32::MAX as f32 - 0.5).collect() };
+        let (a, b) = (make(m * k, seed), make(n * k, seed ^ 1));
+        for level in [fast(), Level::Scalar] {
+            let mut all = vec![0f32; m * n];
+            gemm::abt_at(level, &a, &b, k, &mut all, false);
+            for i in 0..m {
+                for j in 0..n {
+                    let mut one = [0f32];
+                    gemm::abt_at(level, &a[i * k..(i + 1) * k], &b[j * k..(j + 1) * k], k, &mut one, false);
+                    prop_assert_eq!(one[0].to_bits(), all[i * n + j].to_bits(), "row {} column {} at {:?}", i, j, level);
+                }
+            }
+        }
+    }
 }
