@@ -36,7 +36,7 @@ fn bases() -> Vec<Invocation> {
         ),
         inv(&["bench", "io"], &["--file", &shard, "--record", "16384", "--reads", "4", "--reps", "1"]),
         inv(&["bench", "verify"], &["--reps", "1"]),
-        inv(&["bench", "attn"], &["--reps", "1"]),
+        inv(&["bench", "attn"], &["--reps", "1", "--context", "1k", "--chunk", "16"]),
         inv(&["bench", "kernels"], &["--reps", "1"]),
     ]
 }

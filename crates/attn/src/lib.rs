@@ -11,12 +11,14 @@
 //! session can be resumed.
 
 pub mod kda;
+mod latents;
 pub mod mla;
 mod ops;
 pub mod rope;
 mod state_io;
 
 pub use kda::{Kda, KdaConfig, KdaGate, KdaRun, KdaSeq, KdaState, KdaTape, KdaWeights, OutputGate};
+pub use latents::KvCacheType;
 pub use mla::{Mla, MlaCache, MlaConfig, MlaSeq, MlaWeights, PositionEmbedding, QPath};
 
 /// Bad weights, shapes or saved state, named precisely.

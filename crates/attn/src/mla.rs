@@ -26,6 +26,7 @@ use k3_quant::{expf, gemm, par};
 use rayon::prelude::*;
 
 use crate::AttnError;
+use crate::latents::{KvCacheType, Rows};
 use crate::ops::{check_len, check_matrix, rms_norm, sigmoid};
 use crate::state_io;
 
@@ -99,12 +100,13 @@ pub struct MlaSeq<'s> {
     pub rows: usize,
 }
 
-/// The per-layer cache: for every position so far, the normalized latent and the shared key.
-/// (`Default`: an empty cache of no shape, the placeholder for a layer a session never runs.)
+/// The per-layer cache: for every position so far, the normalized latent and the shared key, in
+/// the cache's [`KvCacheType`]. (`Default`: an empty f32 cache of no shape, the placeholder for a
+/// layer a session never runs.)
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MlaCache {
-    c: Vec<f32>,
-    kext: Vec<f32>,
+    c: Rows,
+    kext: Rows,
     len: usize,
     dims: [u64; 2],
     /// The most positions the memory plan holds room for (0: no plan): growth stops there.
@@ -118,6 +120,10 @@ impl MlaCache {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    pub fn cache_type(&self) -> KvCacheType {
+        self.c.kind()
     }
 
     /// The most positions the memory plan holds room for: the cache grows with use (doubling,
@@ -137,16 +143,23 @@ impl MlaCache {
         if self.most > 0 {
             target = target.min(self.most.max(need));
         }
-        self.c.reserve_exact(target.saturating_mul(l).saturating_sub(self.c.len()));
-        self.kext.reserve_exact(target.saturating_mul(r).saturating_sub(self.kext.len()));
+        self.c.reserve_rows(target, l);
+        self.kext.reserve_rows(target, r);
+    }
+
+    /// Appends one position: its normalized latent and (rotated, with RoPE) shared key.
+    fn push(&mut self, latent: &[f32], key: &[f32]) {
+        self.c.push(latent);
+        self.kext.push(key);
+        self.len += 1;
     }
 
     /// Back to the first `len` positions (speculative positions that were not accepted).
     pub fn truncate(&mut self, len: usize) {
         let [l, r] = self.dims.map(|x| x as usize);
         self.len = self.len.min(len);
-        self.c.truncate(self.len * l);
-        self.kext.truncate(self.len * r);
+        self.c.truncate(self.len, l);
+        self.kext.truncate(self.len, r);
     }
 
     pub fn reset(&mut self) {
@@ -162,21 +175,29 @@ impl MlaCache {
 
     /// Bytes allocated for positions, used or reserved.
     pub fn held_bytes(&self) -> usize {
-        4 * (self.c.capacity() + self.kext.capacity())
+        self.c.held_bytes() + self.kext.held_bytes()
     }
 
     /// Bytes held per cached position.
     pub fn bytes_per_position(&self) -> usize {
-        (self.dims[0] + self.dims[1]) as usize * 4
+        let kind = self.cache_type();
+        kind.row_bytes(self.dims[0] as usize) + kind.row_bytes(self.dims[1] as usize)
     }
 
+    /// The positions as f32 (what the cache's rows widen to), in a state file's layout; the cache
+    /// type is the saving engine's, which its fingerprint records.
     pub fn to_bytes(&self) -> Vec<u8> {
-        state_io::write(b"MLA1", &self.dims, &[&self.c, &self.kext])
+        let [l, r] = self.dims.map(|x| x as usize);
+        let (mut c, mut k) = (vec![0f32; self.len * l], vec![0f32; self.len * r]);
+        self.c.widen(0, self.len, l, &mut c);
+        self.kext.widen(0, self.len, r, &mut k);
+        state_io::write(b"MLA1", &self.dims, &[&c, &k])
     }
 
-    /// Restores a cache saved by [`to_bytes`](Self::to_bytes) for a layer of the same shape.
+    /// Restores a cache saved by [`to_bytes`](Self::to_bytes) for a layer of the same shape,
+    /// into this cache's type (rounding f32 values it holds exactly again to the same rows).
     pub fn restore(&mut self, bytes: &[u8]) -> Result<(), AttnError> {
-        let mut a = state_io::read("MLA", bytes, b"MLA1", &self.dims)?;
+        let a = state_io::read("MLA", bytes, b"MLA1", &self.dims)?;
         let (l, r) = (self.dims[0] as usize, self.dims[1] as usize);
         if a.len() != 2 || a[0].len() % l != 0 || a[0].len() / l != a[1].len() / r.max(1) || a[1].len() % r.max(1) != 0
         {
@@ -185,18 +206,26 @@ impl MlaCache {
                 reason: "latent and key arrays disagree on the length".into(),
             });
         }
-        self.kext = a.pop().expect("2 arrays");
-        self.c = a.pop().expect("2 arrays");
-        self.len = self.c.len() / l;
+        let n = a[0].len() / l;
+        self.reset();
+        self.c.reserve_rows(n, l);
+        self.kext.reserve_rows(n, r);
+        let keys = |t: usize| if r == 0 { &[][..] } else { &a[1][t * r..(t + 1) * r] };
+        for t in 0..n {
+            self.push(&a[0][t * l..(t + 1) * l], keys(t));
+        }
         Ok(())
     }
 
     /// Synthetic content, for benchmarks of long contexts.
     pub fn fill_for_bench(&mut self, positions: usize, value: impl Fn(usize) -> f32) {
         let (l, r) = (self.dims[0] as usize, self.dims[1] as usize);
-        self.c = (0..positions * l).map(&value).collect();
-        self.kext = (0..positions * r).map(|i| value(i + 7)).collect();
-        self.len = positions;
+        self.reset();
+        for t in 0..positions {
+            let c: Vec<f32> = (t * l..(t + 1) * l).map(&value).collect();
+            let k: Vec<f32> = (t * r..(t + 1) * r).map(|i| value(i + 7)).collect();
+            self.push(&c, &k);
+        }
     }
 }
 
@@ -258,8 +287,19 @@ impl<'a> Mla<'a> {
         &self.cfg
     }
 
+    /// An empty f32 cache for this layer.
     pub fn cache(&self) -> MlaCache {
-        MlaCache { dims: [self.cfg.kv_lora as u64, self.cfg.rope as u64], ..MlaCache::default() }
+        self.cache_of(KvCacheType::F32)
+    }
+
+    /// An empty cache for this layer storing its rows as `kind`.
+    pub fn cache_of(&self, kind: KvCacheType) -> MlaCache {
+        MlaCache {
+            c: Rows::new(kind),
+            kext: Rows::new(kind),
+            dims: [self.cfg.kv_lora as u64, self.cfg.rope as u64],
+            ..MlaCache::default()
+        }
     }
 
     pub fn step(&self, cache: &mut MlaCache, x: &[f32], out: &mut [f32]) {
@@ -291,7 +331,7 @@ impl<'a> Mla<'a> {
         par::matmul(&self.w.kv_a, xs, &mut ckv);
         // Each row: its sequence's cache and how many positions it sees.
         let mut rows: Vec<(usize, usize)> = Vec::with_capacity(n);
-        let mut normed = vec![0f32; l];
+        let (mut normed, mut key) = (vec![0f32; l], vec![0f32; r]);
         let mut entries = ckv.chunks_exact(l + r);
         // With RoPE: each row's (cos, sin) per pair, shared by its key and its heads' queries.
         let mut turns: Vec<(f32, f32)> = Vec::new();
@@ -299,15 +339,13 @@ impl<'a> Mla<'a> {
             seq.cache.grow(seq.rows);
             for (_, row) in (0..seq.rows).zip(entries.by_ref()) {
                 rms_norm(&row[..l], &self.w.kv_a_norm, cfg.lowrank_eps, &mut normed);
-                seq.cache.c.extend_from_slice(&normed);
-                let at = seq.cache.kext.len();
-                seq.cache.kext.extend_from_slice(&row[l..]);
+                key.copy_from_slice(&row[l..]);
                 if let Some(rope) = &self.rope {
                     let from = turns.len();
                     rope.turns(seq.cache.len, &mut turns);
-                    rotate(&mut seq.cache.kext[at..], &turns[from..]);
+                    rotate(&mut key, &turns[from..]);
                 }
-                seq.cache.len += 1;
+                seq.cache.push(&normed, &key);
                 rows.push((i, seq.cache.len));
             }
         }
@@ -438,7 +476,7 @@ impl<'a> Mla<'a> {
             None => 1.0 / (qh as f32).sqrt(),
         };
         let mut lat = vec![0f32; h * l];
-        attend(qabs, &qext, &cache.c, &cache.kext, len, l, r, scale, parallel, &mut lat);
+        attend_keys(qabs, &qext, cache.keys(), len, l, r, scale, parallel, &mut lat);
         let out = |(hd, (c, lh)): (usize, (&mut [f32], &[f32]))| self.uv[hd].matvec(lh, c);
         if parallel {
             ctx.par_chunks_mut(cfg.v_dim).zip(lat.par_chunks(l)).enumerate().for_each(out);
@@ -466,6 +504,64 @@ pub fn attend(
     parallel: bool,
     lat: &mut [f32],
 ) {
+    attend_keys(qabs, qext, Keys::F32 { c, kext }, len, l, r, scale, parallel, lat)
+}
+
+/// The cached rows attention reads: f32 in place, or a cache's rows widened a block at a time.
+#[derive(Clone, Copy)]
+enum Keys<'a> {
+    F32 { c: &'a [f32], kext: &'a [f32] },
+    Rows { c: &'a Rows, kext: &'a Rows },
+}
+
+impl MlaCache {
+    fn keys(&self) -> Keys<'_> {
+        match (self.c.as_f32(), self.kext.as_f32()) {
+            (Some(c), Some(kext)) => Keys::F32 { c, kext },
+            _ => Keys::Rows { c: &self.c, kext: &self.kext },
+        }
+    }
+}
+
+impl<'a> Keys<'a> {
+    /// Positions `start..start + n` as f32 `([n, l], [n, r])`: in place, or widened into `wide`.
+    fn block<'w>(
+        &self,
+        start: usize,
+        n: usize,
+        l: usize,
+        r: usize,
+        wide: &'w mut (Vec<f32>, Vec<f32>),
+    ) -> (&'w [f32], &'w [f32])
+    where
+        'a: 'w,
+    {
+        match *self {
+            Keys::F32 { c, kext } => (&c[start * l..(start + n) * l], &kext[start * r..(start + n) * r]),
+            Keys::Rows { c, kext } => {
+                let (wc, wk) = wide;
+                wc.resize(n * l, 0.0);
+                wk.resize(n * r, 0.0);
+                c.widen(start, n, l, wc);
+                kext.widen(start, n, r, wk);
+                (&wc[..], &wk[..])
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_keys(
+    qabs: &[f32],
+    qext: &[f32],
+    keys: Keys<'_>,
+    len: usize,
+    l: usize,
+    r: usize,
+    scale: f32,
+    parallel: bool,
+    lat: &mut [f32],
+) {
     let h = qabs.len() / l;
     let groups = len.div_ceil(GROUP).max(1);
     let threads = if parallel { rayon::current_num_threads() } else { 1 };
@@ -477,7 +573,7 @@ pub fn attend(
         let span = g * GROUP..((g + 1) * GROUP).min(len);
         let mut p = Partial::new(heads.len(), l);
         let ext = |x: &[f32], d: usize| x[heads.start * d..heads.end * d].to_vec();
-        p.attend(&ext(qabs, l), &ext(qext, r), c, kext, span, l, r, scale);
+        p.attend(&ext(qabs, l), &ext(qext, r), keys, span, l, r, scale);
         (hr, p)
     };
     let tasks = (0..h.div_ceil(per)).flat_map(|hr| (0..groups).map(move |g| (hr, g)));
@@ -515,8 +611,7 @@ impl Partial {
         &mut self,
         qabs: &[f32],
         qext: &[f32],
-        c: &[f32],
-        kext: &[f32],
+        keys: Keys<'_>,
         span: std::ops::Range<usize>,
         l: usize,
         r: usize,
@@ -524,13 +619,14 @@ impl Partial {
     ) {
         let h = self.m.len();
         let mut s = vec![0f32; h * BLOCK];
+        let mut wide = (Vec::new(), Vec::new());
         for start in span.clone().step_by(BLOCK) {
             let nb = BLOCK.min(span.end - start);
             let sb = &mut s[..h * nb];
-            let cb = &c[start * l..(start + nb) * l];
+            let (cb, kb) = keys.block(start, nb, l, r, &mut wide);
             gemm::abt(qabs, cb, l, sb, false);
             if r > 0 {
-                gemm::abt(qext, &kext[start * r..(start + nb) * r], r, sb, true);
+                gemm::abt(qext, kb, r, sb, true);
             }
             for hd in 0..h {
                 let row = &mut sb[hd * nb..(hd + 1) * nb];

@@ -27,10 +27,10 @@ pub struct PerplexityArgs {
     skip: u32,
     /// Also compare with this model's predictions (the same text and windows): how often both
     /// models' most likely next token agree, and the mean KL divergence from it. The reference
-    /// runs with exact activations, every routed expert and nothing approximated, so
-    /// `--activations int8 --against` (or `--experts-per-token N`, `--measure-deferral N`,
-    /// `--low-bit-copies DIR` ... `--against`) the same model measures what that option costs
-    /// [default: none].
+    /// runs with exact activations, an f32 MLA cache, every routed expert and nothing
+    /// approximated, so `--activations int8 --against` (or `--experts-per-token N`,
+    /// `--measure-deferral N`, `--low-bit-copies DIR`, `--kv-cache bf16` ... `--against`) the
+    /// same model measures what that option costs [default: none].
     #[arg(long, value_name = "MODEL")]
     against: Option<PathBuf>,
     /// Measure HOBBIT's bound: each token's N lightest routed experts are computed from a copy
@@ -93,6 +93,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
             exact.knobs.expert_top_p = None;
             exact.knobs.low_bit_copies = None;
             exact.knobs.cache_aware_experts = None;
+            exact.knobs.kv_cache = "f32".into();
             let re = exact.load(&rm, reference, Needs::exact(context, chunk))?;
             let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
             let g = k3_generate::eval::agreement(&engine, &re, &ids, &cut, &mut |d| pb.set_position(d as u64))?;

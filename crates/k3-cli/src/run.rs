@@ -39,6 +39,12 @@ pub struct EngineKnobs {
     /// references].
     #[arg(long, value_name = "PRECISION", value_parser = k3_engine::ActivationPrecision::NAMES)]
     pub activations: Option<String>,
+    /// How MLA caches store each position: `f32` as computed, `bf16` (half the bytes: twice the
+    /// context in the same memory) or `int8` (a scale a row: ~3.6x). Rounded once, when the
+    /// position is appended; attention itself runs in f32. Measured costs in docs/EFFICIENCY.md
+    /// [default: f32].
+    #[arg(long, value_name = "TYPE", default_value = "f32", value_parser = k3_engine::KvCacheType::NAMES)]
+    pub kv_cache: String,
     /// Read, then compute (no overlap of expert reads with arithmetic), for measurement.
     #[arg(long)]
     pub no_overlap: bool,
@@ -122,6 +128,7 @@ impl EngineKnobs {
             chunk: needs.chunk.map(|c| c as u64),
             reserved_bytes: needs.reserved_bytes,
             threads: self.threads.map_or(0, usize::from),
+            kv_cache: self.kv_cache.parse().map_err(anyhow::Error::msg)?,
             verify_trunk: !self.no_verify,
             activations: match self.activations.as_deref() {
                 Some(a) => a.parse().map_err(anyhow::Error::msg)?,

@@ -165,8 +165,8 @@ pub enum Bench {
         #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=16384))]
         chunk: u64,
         /// Threads of the pool [default: every core].
-        #[arg(long)]
-        threads: Option<usize>,
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        threads: Option<u16>,
         /// Repetitions (medians are reported).
         #[arg(long, default_value_t = 7, value_parser = reps)]
         reps: usize,
@@ -281,7 +281,7 @@ pub fn run(what: Bench) -> Result<()> {
             (io::run(&o, json)?, json)
         }
         Bench::Attn { context, chunk, threads, reps, json } => {
-            let threads = threads.unwrap_or_else(rayon::current_num_threads).max(1);
+            let threads = threads.map_or_else(rayon::current_num_threads, usize::from);
             (attn::run(&context, chunk as usize, threads, reps, json), json)
         }
         Bench::CacheSim { model, prompt_file, sizes, lever_size, layers, tokens, warm, low_ratio, seed, json } => {

@@ -164,7 +164,7 @@ impl<'m> Engine<'m> {
         check_cache_aware(&layers, &cfg, &opts)?;
         let res_block = cfg.attn_res_block.unwrap_or(1);
         let plan = memory_plan::plan(
-            footprint(&layers, &cfg, res_block),
+            footprint(&layers, &cfg, res_block, opts.kv_cache),
             Demand {
                 budget: opts.mem_budget,
                 context: match cfg.max_positions {
@@ -323,7 +323,7 @@ impl<'m> Engine<'m> {
             .map(|l| match &l.attn {
                 Attn::Kda(k) => LayerState::Kda(k.state()),
                 Attn::Mla(m) => {
-                    let mut c = m.cache();
+                    let mut c = m.cache_of(self.opts.kv_cache);
                     c.plan(self.plan.context as usize);
                     LayerState::Mla(c)
                 }
@@ -334,7 +334,7 @@ impl<'m> Engine<'m> {
 }
 
 /// The memory a model's layers need per token of context and per token of a forward call.
-fn footprint(layers: &[Layer<'_>], cfg: &ModelConfig, res_block: usize) -> Footprint {
+fn footprint(layers: &[Layer<'_>], cfg: &ModelConfig, res_block: usize, kv: k3_attn::KvCacheType) -> Footprint {
     let f = |n: usize| n as u64 * 4;
     let (d, vocab) = (cfg.hidden as usize, cfg.vocab as usize);
     let mut fp = Footprint::default();
@@ -351,7 +351,7 @@ fn footprint(layers: &[Layer<'_>], cfg: &ModelConfig, res_block: usize) -> Footp
             }
             Attn::Mla(m) => {
                 let c = m.config();
-                fp.state_per_token += f(c.kv_lora + c.rope);
+                fp.state_per_token += (kv.row_bytes(c.kv_lora) + kv.row_bytes(c.rope)) as u64;
                 // q (and its low-rank input), the latent and shared key, gate, context.
                 attn_width = attn_width
                     .max(c.heads * (c.nope + c.rope) + 2 * c.hidden + c.kv_lora + c.rope + 2 * c.heads * c.v_dim);

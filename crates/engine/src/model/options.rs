@@ -61,6 +61,9 @@ pub struct EngineOptions {
     /// default and what every comparison with a reference uses; the others' cost is measured in
     /// docs/EFFICIENCY.md.
     pub activations: ActivationPrecision,
+    /// How MLA caches store a position's latent and shared key (f32 as computed; bf16 or int8
+    /// rows: 2x / ~3.6x the context in the same memory, values rounded once when appended).
+    pub kv_cache: k3_attn::KvCacheType,
     /// Check every trunk tensor's checksum when loading (on every core). Off only for a model
     /// that was verified before (`k3-cli verify`) and has not been touched since.
     pub verify_trunk: bool,
@@ -93,6 +96,7 @@ impl Default for EngineOptions {
             reserved_bytes: 0,
             threads: 0,
             activations: ActivationPrecision::Exact,
+            kv_cache: k3_attn::KvCacheType::F32,
             verify_trunk: true,
             calibrate: None,
             fault: None,
@@ -109,6 +113,7 @@ impl std::fmt::Debug for EngineOptions {
             .field("policy", &self.policy)
             .field("context", &self.context)
             .field("fit_context", &self.fit_context)
+            .field("kv_cache", &self.kv_cache)
             .field("sequences", &self.sequences)
             .field("chunk", &self.chunk)
             .field("threads", &self.threads)

@@ -62,6 +62,13 @@ impl Engine<'_> {
             if let Some(n) = self.opts.cache_aware {
                 bytes.extend_from_slice(format!("cache_aware={n}").as_bytes());
             }
+            // Rounded activations and a compact MLA cache compute other states too.
+            if self.opts.activations != crate::ActivationPrecision::Exact {
+                bytes.extend_from_slice(format!("activations={:?}", self.opts.activations).as_bytes());
+            }
+            if self.opts.kv_cache != k3_attn::KvCacheType::F32 {
+                bytes.extend_from_slice(format!("kv_cache={}", self.opts.kv_cache.name()).as_bytes());
+            }
             if let Some(c) = &self.opts.low_bit_copies {
                 // The copies' own manifest: other copies compute other states.
                 bytes.extend_from_slice(format!("low_bit_copies={}", c.experts).as_bytes());
