@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use k3_engine::{Engine, Model, StateFileError};
+use k3_engine::{ActivationPrecision, Engine, Model, StateFileError};
 
 fn open(name: &str) -> Model {
     Model::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)).unwrap()
@@ -86,4 +86,30 @@ fn a_state_saved_under_other_routing_options_is_refused() {
     full.forward_last(&mut t, &PROMPT[..4]).unwrap();
     assert!(fewer.read_state_file(&full.state_file(&t, None)).is_err());
     assert!(fewer.read_state_file(&fewer.state_file(&s, None)).is_ok());
+}
+
+/// A compact MLA cache and rounded activations compute other states: their fingerprints differ
+/// from the exact engine's, so a kept state is never resumed under the other setting; under its
+/// own, a bf16 cache's state resumes with the bits of continuing the session itself.
+#[test]
+fn a_state_saved_with_another_cache_type_or_precision_is_refused() {
+    let model = open("default.waste");
+    let exact = Engine::load(&model).unwrap();
+    let opts = |kv, activations| k3_engine::EngineOptions { kv_cache: kv, activations, ..Default::default() };
+    let bf16 = Engine::load_with(&model, opts(k3_engine::KvCacheType::Bf16, ActivationPrecision::Exact)).unwrap();
+    let int8 = Engine::load_with(&model, opts(k3_engine::KvCacheType::Int8, ActivationPrecision::Exact)).unwrap();
+    let rounded = Engine::load_with(&model, opts(k3_engine::KvCacheType::F32, ActivationPrecision::All)).unwrap();
+    let prints = [&exact, &bf16, &int8, &rounded].map(|e| e.fingerprint());
+    for i in 0..4 {
+        for j in i + 1..4 {
+            assert_ne!(prints[i], prints[j], "engines {i} and {j}");
+        }
+    }
+    let mut s = bf16.session();
+    bf16.forward_last(&mut s, &PROMPT[..4]).unwrap();
+    assert!(exact.read_state_file(&bf16.state_file(&s, None)).is_err());
+    let mut resumed = bf16.read_state_file(&bf16.state_file(&s, None)).unwrap().session;
+    let a = bf16.forward_last(&mut s, &PROMPT[4..6]).unwrap();
+    let b = bf16.forward_last(&mut resumed, &PROMPT[4..6]).unwrap();
+    assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
 }
