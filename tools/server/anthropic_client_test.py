@@ -167,7 +167,8 @@ def vision_k3(base: str, picture: bytes) -> None:
 
 def main() -> None:
     cli, model = sys.argv[1], sys.argv[2]
-    with serve(cli, model, KEY) as base:
+    # A context a test can fill: a prompt past it is refused in Anthropic's words.
+    with serve(cli, model, KEY, context=4096) as base:
         main_model(base)
     if len(sys.argv) > 3:
         with serve(cli, sys.argv[3], KEY) as base:

@@ -14,11 +14,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(cli: str, model: str, key: str | None = "sesame", port: int | None = None):
-    """A server on `model` (on `port`, else a free one) requiring `key` (None: no key), once
-    ready: its base URL."""
+def serve(cli: str, model: str, key: str | None = "sesame", port: int | None = None, context: int | None = None):
+    """A server on `model` (on `port`, else a free one) requiring `key` (None: no key), with
+    `--context context` when given (else the model's own, fitted to memory), once ready: its
+    base URL."""
     port = port or free_port()
     args = [cli, "serve", "--model", model, "--port", str(port)]
+    args += ["--context", str(context)] if context else []
     server = subprocess.Popen(args + (["--api-key", key] if key else []))
     try:
         base = f"http://127.0.0.1:{port}"

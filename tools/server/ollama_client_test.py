@@ -96,7 +96,8 @@ def tool_round_trip(client: ollama.Client) -> None:
 
 def main() -> None:
     cli, model = sys.argv[1], sys.argv[2]
-    with serve(cli, model) as base:
+    # `--context 4096`: /api/show reports the server's context, not the model's longest.
+    with serve(cli, model, context=4096) as base:
         main_model(ollama.Client(host=base, headers=AUTH), base)
     if len(sys.argv) > 3:
         with serve(cli, sys.argv[3]) as base:

@@ -24,9 +24,14 @@ fn a_ready_line_and_a_json_line_per_request() {
     let s = Server::start(&["--log-format", "json"]);
     let ready: Value = serde_json::from_str(&line_with(&s, "\"ready\"")).unwrap();
     assert_eq!((ready["model"].as_str(), ready["layers"].as_u64()), (Some("default"), Some(4)), "{ready}");
-    // No --context: the model's own longest context (its config's 1,048,576), which this
-    // machine's memory holds for the default model (320 bytes a token and sequence).
-    assert_eq!((ready["context"].as_u64(), &ready["context_wanted"]), (Some(1 << 20), &Value::Null), "{ready}");
+    // No --context: the model's own longest context (its config's 1,048,576), which a machine
+    // with ~11 GB available holds for the default model's eight batched sequences (320 bytes a
+    // token each); on a smaller one, what memory leaves, and the ready line says so.
+    let context = ready["context"].as_u64().unwrap();
+    match ready["context_wanted"].as_u64() {
+        None => assert_eq!(context, 1 << 20, "{ready}"),
+        Some(wanted) => assert!(wanted == 1 << 20 && (4096..1 << 20).contains(&context), "{ready}"),
+    }
     let body =
         json!({"messages": [{"role": "user", "content": "In the beginning"}], "max_tokens": 5, "temperature": 0});
     let r = s.post("/v1/chat/completions", &[], &body);
