@@ -21,19 +21,19 @@
 //! heads) within fixed groups of blocks, merged in order; neither boundary depends on how tokens
 //! were batched or on the pool, so prefill and decode agree bit for bit on any number of threads.
 
+mod cache;
+mod softmax;
+
+use k3_quant::par;
 use k3_quant::{Dense, Matrix};
-use k3_quant::{expf, gemm, par};
 use rayon::prelude::*;
 
+pub use self::cache::MlaCache;
+pub use self::softmax::attend;
+use self::softmax::attend_keys;
 use crate::AttnError;
-use crate::latents::{KvCacheType, Rows};
+use crate::latents::KvCacheType;
 use crate::ops::{check_len, check_matrix, rms_norm, sigmoid};
-use crate::state_io;
-
-/// Positions within a block of the online softmax.
-const BLOCK: usize = 32;
-/// Positions of a group: the unit of work split over threads and merged (a multiple of `BLOCK`).
-const GROUP: usize = 2048;
 
 pub use crate::rope::{Rope, Yarn};
 use crate::rope::{RopeTable, rotate};
@@ -98,135 +98,6 @@ pub struct Mla<'a> {
 pub struct MlaSeq<'s> {
     pub cache: &'s mut MlaCache,
     pub rows: usize,
-}
-
-/// The per-layer cache: for every position so far, the normalized latent and the shared key, in
-/// the cache's [`KvCacheType`]. (`Default`: an empty f32 cache of no shape, the placeholder for a
-/// layer a session never runs.)
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct MlaCache {
-    c: Rows,
-    kext: Rows,
-    len: usize,
-    dims: [u64; 2],
-    /// The most positions the memory plan holds room for (0: no plan): growth stops there.
-    most: usize,
-}
-
-impl MlaCache {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn cache_type(&self) -> KvCacheType {
-        self.c.kind()
-    }
-
-    /// The most positions the memory plan holds room for: the cache grows with use (doubling,
-    /// so appending stays amortized), never past `tokens` unless a position beyond is appended.
-    pub fn plan(&mut self, tokens: usize) {
-        self.most = tokens;
-    }
-
-    /// Room for `rows` more positions.
-    fn grow(&mut self, rows: usize) {
-        let [l, r] = self.dims.map(|x| x as usize);
-        let need = self.len + rows;
-        if need.saturating_mul(l) <= self.c.capacity() {
-            return;
-        }
-        let mut target = need.max(self.len.saturating_mul(2));
-        if self.most > 0 {
-            target = target.min(self.most.max(need));
-        }
-        self.c.reserve_rows(target, l);
-        self.kext.reserve_rows(target, r);
-    }
-
-    /// Appends one position: its normalized latent and (rotated, with RoPE) shared key.
-    fn push(&mut self, latent: &[f32], key: &[f32]) {
-        self.c.push(latent);
-        self.kext.push(key);
-        self.len += 1;
-    }
-
-    /// Back to the first `len` positions (speculative positions that were not accepted).
-    pub fn truncate(&mut self, len: usize) {
-        let [l, r] = self.dims.map(|x| x as usize);
-        self.len = self.len.min(len);
-        self.c.truncate(self.len, l);
-        self.kext.truncate(self.len, r);
-    }
-
-    pub fn reset(&mut self) {
-        self.c.clear();
-        self.kext.clear();
-        self.len = 0;
-    }
-
-    /// Bytes of the positions held.
-    pub fn bytes(&self) -> usize {
-        self.len * self.bytes_per_position()
-    }
-
-    /// Bytes allocated for positions, used or reserved.
-    pub fn held_bytes(&self) -> usize {
-        self.c.held_bytes() + self.kext.held_bytes()
-    }
-
-    /// Bytes held per cached position.
-    pub fn bytes_per_position(&self) -> usize {
-        let kind = self.cache_type();
-        kind.row_bytes(self.dims[0] as usize) + kind.row_bytes(self.dims[1] as usize)
-    }
-
-    /// The positions as f32 (what the cache's rows widen to), in a state file's layout; the cache
-    /// type is the saving engine's, which its fingerprint records.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let [l, r] = self.dims.map(|x| x as usize);
-        let (mut c, mut k) = (vec![0f32; self.len * l], vec![0f32; self.len * r]);
-        self.c.widen(0, self.len, l, &mut c);
-        self.kext.widen(0, self.len, r, &mut k);
-        state_io::write(b"MLA1", &self.dims, &[&c, &k])
-    }
-
-    /// Restores a cache saved by [`to_bytes`](Self::to_bytes) for a layer of the same shape,
-    /// into this cache's type (rounding f32 values it holds exactly again to the same rows).
-    pub fn restore(&mut self, bytes: &[u8]) -> Result<(), AttnError> {
-        let a = state_io::read("MLA", bytes, b"MLA1", &self.dims)?;
-        let (l, r) = (self.dims[0] as usize, self.dims[1] as usize);
-        if a.len() != 2 || a[0].len() % l != 0 || a[0].len() / l != a[1].len() / r.max(1) || a[1].len() % r.max(1) != 0
-        {
-            return Err(AttnError::State {
-                what: "MLA",
-                reason: "latent and key arrays disagree on the length".into(),
-            });
-        }
-        let n = a[0].len() / l;
-        self.reset();
-        self.c.reserve_rows(n, l);
-        self.kext.reserve_rows(n, r);
-        let keys = |t: usize| if r == 0 { &[][..] } else { &a[1][t * r..(t + 1) * r] };
-        for t in 0..n {
-            self.push(&a[0][t * l..(t + 1) * l], keys(t));
-        }
-        Ok(())
-    }
-
-    /// Synthetic content, for benchmarks of long contexts.
-    pub fn fill_for_bench(&mut self, positions: usize, value: impl Fn(usize) -> f32) {
-        let (l, r) = (self.dims[0] as usize, self.dims[1] as usize);
-        self.reset();
-        for t in 0..positions {
-            let c: Vec<f32> = (t * l..(t + 1) * l).map(&value).collect();
-            let k: Vec<f32> = (t * r..(t + 1) * r).map(|i| value(i + 7)).collect();
-            self.push(&c, &k);
-        }
-    }
 }
 
 impl<'a> Mla<'a> {
@@ -294,12 +165,7 @@ impl<'a> Mla<'a> {
 
     /// An empty cache for this layer storing its rows as `kind`.
     pub fn cache_of(&self, kind: KvCacheType) -> MlaCache {
-        MlaCache {
-            c: Rows::new(kind),
-            kext: Rows::new(kind),
-            dims: [self.cfg.kv_lora as u64, self.cfg.rope as u64],
-            ..MlaCache::default()
-        }
+        MlaCache::empty(kind, [self.cfg.kv_lora as u64, self.cfg.rope as u64])
     }
 
     pub fn step(&self, cache: &mut MlaCache, x: &[f32], out: &mut [f32]) {
@@ -342,11 +208,11 @@ impl<'a> Mla<'a> {
                 key.copy_from_slice(&row[l..]);
                 if let Some(rope) = &self.rope {
                     let from = turns.len();
-                    rope.turns(seq.cache.len, &mut turns);
+                    rope.turns(seq.cache.len(), &mut turns);
                     rotate(&mut key, &turns[from..]);
                 }
                 seq.cache.push(&normed, &key);
-                rows.push((i, seq.cache.len));
+                rows.push((i, seq.cache.len()));
             }
         }
         if self.rope.is_some() {
@@ -482,189 +348,6 @@ impl<'a> Mla<'a> {
             ctx.par_chunks_mut(cfg.v_dim).zip(lat.par_chunks(l)).enumerate().for_each(out);
         } else {
             ctx.chunks_mut(cfg.v_dim).zip(lat.chunks(l)).enumerate().for_each(out);
-        }
-    }
-}
-
-/// Attention of every head over the first `len` cached positions: `qabs` `[H, L]`, `qext`
-/// `[H, R]`; writes `lat` `[H, L]` = `sum_t p_t c_t`. The positions are cut into groups of
-/// [`GROUP`]; each group's softmax is computed alone over blocks of [`BLOCK`] (online), then the
-/// groups are merged in order. With `parallel`, groups and head ranges run on the pool: the cut
-/// never depends on the pool, so neither do the bits.
-#[allow(clippy::too_many_arguments)]
-pub fn attend(
-    qabs: &[f32],
-    qext: &[f32],
-    c: &[f32],
-    kext: &[f32],
-    len: usize,
-    l: usize,
-    r: usize,
-    scale: f32,
-    parallel: bool,
-    lat: &mut [f32],
-) {
-    attend_keys(qabs, qext, Keys::F32 { c, kext }, len, l, r, scale, parallel, lat)
-}
-
-/// The cached rows attention reads: f32 in place, or a cache's rows widened a block at a time.
-#[derive(Clone, Copy)]
-enum Keys<'a> {
-    F32 { c: &'a [f32], kext: &'a [f32] },
-    Rows { c: &'a Rows, kext: &'a Rows },
-}
-
-impl MlaCache {
-    fn keys(&self) -> Keys<'_> {
-        match (self.c.as_f32(), self.kext.as_f32()) {
-            (Some(c), Some(kext)) => Keys::F32 { c, kext },
-            _ => Keys::Rows { c: &self.c, kext: &self.kext },
-        }
-    }
-}
-
-impl<'a> Keys<'a> {
-    /// Positions `start..start + n` as f32 `([n, l], [n, r])`: in place, or widened into `wide`.
-    fn block<'w>(
-        &self,
-        start: usize,
-        n: usize,
-        l: usize,
-        r: usize,
-        wide: &'w mut (Vec<f32>, Vec<f32>),
-    ) -> (&'w [f32], &'w [f32])
-    where
-        'a: 'w,
-    {
-        match *self {
-            Keys::F32 { c, kext } => (&c[start * l..(start + n) * l], &kext[start * r..(start + n) * r]),
-            Keys::Rows { c, kext } => {
-                let (wc, wk) = wide;
-                wc.resize(n * l, 0.0);
-                wk.resize(n * r, 0.0);
-                c.widen(start, n, l, wc);
-                kext.widen(start, n, r, wk);
-                (&wc[..], &wk[..])
-            }
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn attend_keys(
-    qabs: &[f32],
-    qext: &[f32],
-    keys: Keys<'_>,
-    len: usize,
-    l: usize,
-    r: usize,
-    scale: f32,
-    parallel: bool,
-    lat: &mut [f32],
-) {
-    let h = qabs.len() / l;
-    let groups = len.div_ceil(GROUP).max(1);
-    let threads = if parallel { rayon::current_num_threads() } else { 1 };
-    // Enough (head range, group) tasks for every thread twice over.
-    let ranges = (2 * threads).div_ceil(groups).clamp(1, h.max(1));
-    let per = h.div_ceil(ranges).max(1);
-    let task = |(hr, g): (usize, usize)| {
-        let heads = hr * per..((hr + 1) * per).min(h);
-        let span = g * GROUP..((g + 1) * GROUP).min(len);
-        let mut p = Partial::new(heads.len(), l);
-        let ext = |x: &[f32], d: usize| x[heads.start * d..heads.end * d].to_vec();
-        p.attend(&ext(qabs, l), &ext(qext, r), keys, span, l, r, scale);
-        (hr, p)
-    };
-    let tasks = (0..h.div_ceil(per)).flat_map(|hr| (0..groups).map(move |g| (hr, g)));
-    let parts: Vec<(usize, Partial)> = if threads > 1 && groups * ranges > 1 {
-        tasks.collect::<Vec<_>>().into_par_iter().map(task).collect()
-    } else {
-        tasks.map(task).collect()
-    };
-    let mut parts = parts.into_iter().peekable();
-    while let Some((hr, mut acc)) = parts.next() {
-        while let Some((_, next)) = parts.next_if(|(r2, _)| *r2 == hr) {
-            acc.merge(&next, l);
-        }
-        acc.finish(&mut lat[hr * per * l..], l);
-    }
-}
-
-/// One group's online softmax for some heads: the running maximum and sum of exponentials of each
-/// head's scores, and its weighted sum of latents `[heads, L]`.
-struct Partial {
-    m: Vec<f32>,
-    sum: Vec<f32>,
-    lat: Vec<f32>,
-}
-
-impl Partial {
-    fn new(heads: usize, l: usize) -> Self {
-        Partial { m: vec![f32::NEG_INFINITY; heads], sum: vec![0.0; heads], lat: vec![0.0; heads * l] }
-    }
-
-    /// Positions `span` (block-aligned at its start), blocks of [`BLOCK`]: all heads' scores in
-    /// one register-blocked product, then one weighted sum.
-    #[allow(clippy::too_many_arguments)]
-    fn attend(
-        &mut self,
-        qabs: &[f32],
-        qext: &[f32],
-        keys: Keys<'_>,
-        span: std::ops::Range<usize>,
-        l: usize,
-        r: usize,
-        scale: f32,
-    ) {
-        let h = self.m.len();
-        let mut s = vec![0f32; h * BLOCK];
-        let mut wide = (Vec::new(), Vec::new());
-        for start in span.clone().step_by(BLOCK) {
-            let nb = BLOCK.min(span.end - start);
-            let sb = &mut s[..h * nb];
-            let (cb, kb) = keys.block(start, nb, l, r, &mut wide);
-            gemm::abt(qabs, cb, l, sb, false);
-            if r > 0 {
-                gemm::abt(qext, kb, r, sb, true);
-            }
-            for hd in 0..h {
-                let row = &mut sb[hd * nb..(hd + 1) * nb];
-                row.iter_mut().for_each(|v| *v *= scale);
-                let bm = row.iter().fold(f32::NEG_INFINITY, |a, v| a.max(*v));
-                if bm > self.m[hd] {
-                    let f = (self.m[hd] - bm).exp();
-                    self.lat[hd * l..(hd + 1) * l].iter_mut().for_each(|v| *v *= f);
-                    self.sum[hd] *= f;
-                    self.m[hd] = bm;
-                }
-                expf::exp_shifted(row, self.m[hd]);
-                self.sum[hd] += row.iter().sum::<f32>();
-            }
-            gemm::pb_acc(sb, cb, l, &mut self.lat);
-        }
-    }
-
-    /// Folds in `next`, the partial of the positions after this one's.
-    fn merge(&mut self, next: &Partial, l: usize) {
-        for hd in 0..self.m.len() {
-            let m = self.m[hd].max(next.m[hd]);
-            if m == f32::NEG_INFINITY {
-                continue;
-            }
-            let (fa, fb) = ((self.m[hd] - m).exp(), (next.m[hd] - m).exp());
-            self.sum[hd] = self.sum[hd] * fa + next.sum[hd] * fb;
-            let (a, b) = (&mut self.lat[hd * l..(hd + 1) * l], &next.lat[hd * l..(hd + 1) * l]);
-            a.iter_mut().zip(b).for_each(|(x, y)| *x = *x * fa + y * fb);
-            self.m[hd] = m;
-        }
-    }
-
-    /// The normalized weighted sums into the first `heads * L` values of `out`.
-    fn finish(&self, out: &mut [f32], l: usize) {
-        for (hd, (o, a)) in out.chunks_mut(l).zip(self.lat.chunks(l)).enumerate() {
-            let inv = 1.0 / self.sum[hd];
-            o.iter_mut().zip(a).for_each(|(o, a)| *o = a * inv);
         }
     }
 }
