@@ -64,6 +64,7 @@ pub fn summary(model: &Model) -> Value {
         "architecture": a,
         "encodings": m.encodings,
         "activations": activations(model),
+        "context": context(model),
         "alignment": m.alignment,
         "expert_records": index.len(),
         "expert_layouts": layouts,
@@ -83,6 +84,27 @@ pub fn summary(model: &Model) -> Value {
         "embedded_files": m.blobs.iter().map(|b| json!({"name": b.name, "bytes": b.len})).collect::<Vec<_>>(),
         "provenance": m.provenance,
     })
+}
+
+/// The model's longest context and what its attention state costs: per token of context for
+/// each `--kv-cache` type, and fixed per sequence (what chat and serve fit to memory).
+fn context(model: &Model) -> Value {
+    use k3_engine::KvCacheType;
+    let config = model.blob("config.json").ok_or("the model embeds no config.json".to_string()).and_then(|raw| {
+        k3_engine::config::ModelConfig::parse(Path::new("config.json"), raw).map_err(|e| e.to_string())
+    });
+    match config {
+        Ok(c) => {
+            let per = |kv: KvCacheType| c.attention_state(kv).0;
+            json!({
+                "max_positions": c.max_positions,
+                "state_bytes_per_token": {"f32": per(KvCacheType::F32), "bf16": per(KvCacheType::Bf16),
+                                          "int8": per(KvCacheType::Int8)},
+                "state_bytes_per_sequence": c.attention_state(KvCacheType::F32).1,
+            })
+        }
+        Err(e) => json!({"error": e}),
+    }
 }
 
 /// The sampling defaults of generate, chat and serve for `model`, and where they come from.
@@ -189,6 +211,19 @@ pub fn table(model: &Model) -> String {
     let _ = writeln!(o, "per token   {} of routed experts read when nothing is cached", human_bytes(per_token));
     let enc: Vec<String> = m.encodings.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let _ = writeln!(o, "encodings   {}", enc.join(", "));
+    let c = &s["context"];
+    if let Some(per) = c["state_bytes_per_token"].as_object() {
+        let most = c["max_positions"].as_u64().map_or("not stated".into(), |n| format!("{n} tokens"));
+        let b = |k: &str| format!("{} B", per.get(k).and_then(Value::as_u64).unwrap_or(0));
+        let _ = writeln!(
+            o,
+            "context     {most} (max_position_embeddings); attention state {} a token (--kv-cache bf16 {}, int8 {}) and {} a sequence",
+            b("f32"),
+            b("bf16"),
+            b("int8"),
+            human_bytes(c["state_bytes_per_sequence"].as_u64().unwrap_or(0))
+        );
+    }
     let auto = k3_engine::ActivationPrecision::Auto.for_model(model);
     let _ = writeln!(o, "{} (auto: generate, chat and serve)", crate::run::activations_line(auto));
     let _ =

@@ -33,6 +33,12 @@ fn inspect_json_is_one_object_a_program_can_read() {
     // BF16 experts: w1 [64, 256] + w2 [256, 64] + w3 [64, 256] = 3 x 32 KiB, plus header, padded to 4 KiB.
     assert_eq!(v["expert_layouts"][0]["record_bytes"], 102400);
     assert_eq!(v["routed_bytes_per_token_cold"], 4 * 4 * 102400);
+    // Its config: model_max_length 1048576; one MLA layer of latent 64 + 16 shared key dims
+    // (f32 320 B a token, bf16 160, int8 64 + 4 + 16 + 4 = 88); four KDA layers of 4 heads x 32,
+    // kernel 4: 4 x 4 x (128 x 32 + 3 x 128 x 4) bytes.
+    assert_eq!(v["context"]["max_positions"], 1048576);
+    assert_eq!(v["context"]["state_bytes_per_token"], serde_json::json!({"f32": 320, "bf16": 160, "int8": 88}));
+    assert_eq!(v["context"]["state_bytes_per_sequence"], 4 * 4 * (128 * 32 + 3 * 128 * 4));
 }
 
 #[test]

@@ -491,6 +491,19 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// Attention state in bytes: per token of context (MLA latents and shared keys, stored as
+    /// `kv`) and fixed per sequence (KDA states and convolution windows, f32).
+    pub fn attention_state(&self, kv: k3_attn::KvCacheType) -> (u64, u64) {
+        let kda = self.kda_layers.len() as u64;
+        let mla = u64::from(self.layers).saturating_sub(kda);
+        let per_token = self.mla.as_ref().map_or(0, |m| (kv.row_bytes(m.kv_lora) + kv.row_bytes(m.rope)) as u64);
+        let fixed = self.kda.as_ref().map_or(0, |k| {
+            let ch = (k.heads * k.head_dim) as u64;
+            4 * (ch * k.head_dim as u64 + 3 * ch * k.conv_kernel as u64)
+        });
+        (mla * per_token, kda * fixed)
+    }
+
     /// Whether layer `i` (0-based) is KDA (else MLA).
     pub fn is_kda(&self, i: u32) -> bool {
         self.kda_layers.contains(&i)

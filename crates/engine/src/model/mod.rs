@@ -337,7 +337,8 @@ impl<'m> Engine<'m> {
 fn footprint(layers: &[Layer<'_>], cfg: &ModelConfig, res_block: usize, kv: k3_attn::KvCacheType) -> Footprint {
     let f = |n: usize| n as u64 * 4;
     let (d, vocab) = (cfg.hidden as usize, cfg.vocab as usize);
-    let mut fp = Footprint::default();
+    let (state_per_token, state_fixed) = cfg.attention_state(kv);
+    let mut fp = Footprint { state_per_token, state_fixed, ..Footprint::default() };
     let mut attn_width = 0usize;
     let mut ffn_width = 0usize;
     for l in layers {
@@ -345,13 +346,11 @@ fn footprint(layers: &[Layer<'_>], cfg: &ModelConfig, res_block: usize, kv: k3_a
             Attn::Kda(k) => {
                 let c = k.config();
                 let ch = c.heads * c.head_dim;
-                fp.state_fixed += f(ch * c.head_dim + 3 * ch * c.conv_kernel);
                 // q, k, v, gate input, output gate, output; the low-rank intermediates; beta.
                 attn_width = attn_width.max(7 * ch + 2 * c.head_dim + c.heads);
             }
             Attn::Mla(m) => {
                 let c = m.config();
-                fp.state_per_token += (kv.row_bytes(c.kv_lora) + kv.row_bytes(c.rope)) as u64;
                 // q (and its low-rank input), the latent and shared key, gate, context.
                 attn_width = attn_width
                     .max(c.heads * (c.nope + c.rope) + 2 * c.hidden + c.kv_lora + c.rope + 2 * c.heads * c.v_dim);
