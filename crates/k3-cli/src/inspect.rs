@@ -211,19 +211,7 @@ pub fn table(model: &Model) -> String {
     let _ = writeln!(o, "per token   {} of routed experts read when nothing is cached", human_bytes(per_token));
     let enc: Vec<String> = m.encodings.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let _ = writeln!(o, "encodings   {}", enc.join(", "));
-    let c = &s["context"];
-    if let Some(per) = c["state_bytes_per_token"].as_object() {
-        let most = c["max_positions"].as_u64().map_or("not stated".into(), |n| format!("{n} tokens"));
-        let b = |k: &str| format!("{} B", per.get(k).and_then(Value::as_u64).unwrap_or(0));
-        let _ = writeln!(
-            o,
-            "context     {most} (max_position_embeddings); attention state {} a token (--kv-cache bf16 {}, int8 {}) and {} a sequence",
-            b("f32"),
-            b("bf16"),
-            b("int8"),
-            human_bytes(c["state_bytes_per_sequence"].as_u64().unwrap_or(0))
-        );
-    }
+    context_line(&mut o, &s["context"]);
     let auto = k3_engine::ActivationPrecision::Auto.for_model(model);
     let _ = writeln!(o, "{} (auto: generate, chat and serve)", crate::run::activations_line(auto));
     let _ =
@@ -250,7 +238,40 @@ pub fn table(model: &Model) -> String {
         );
     }
     let _ = writeln!(o, "total       {}", human_bytes(s["total_bytes"].as_u64().unwrap_or(0)));
-    let v = &s["vision"];
+    vision_lines(&mut o, &s["vision"]);
+    let blobs: Vec<String> = m.blobs.iter().map(|b| format!("{} ({})", b.name, human_bytes(b.len))).collect();
+    let _ = writeln!(o, "embedded    {}", if blobs.is_empty() { "nothing".into() } else { blobs.join(", ") });
+    let samp = &s["sampling"];
+    let text = |k: &str| samp[k]["text"].as_str().or(samp[k]["error"].as_str()).unwrap_or_default().to_string();
+    let _ = writeln!(
+        o,
+        "sampling    chat and serve: {}; generate: {}  (from {})",
+        text("chat_and_serve"),
+        text("generate"),
+        samp["from"].as_str().unwrap_or_default()
+    );
+    let _ = writeln!(o, "provenance  {}", m.provenance);
+    o
+}
+
+/// The `context` line of [`table`], from [`summary`]'s `context`.
+fn context_line(o: &mut String, c: &Value) {
+    if let Some(per) = c["state_bytes_per_token"].as_object() {
+        let most = c["max_positions"].as_u64().map_or("not stated".into(), |n| format!("{n} tokens"));
+        let b = |k: &str| format!("{} B", per.get(k).and_then(Value::as_u64).unwrap_or(0));
+        let _ = writeln!(
+            o,
+            "context     {most} (max_position_embeddings); attention state {} a token (--kv-cache bf16 {}, int8 {}) and {} a sequence",
+            b("f32"),
+            b("bf16"),
+            b("int8"),
+            human_bytes(c["state_bytes_per_sequence"].as_u64().unwrap_or(0))
+        );
+    }
+}
+
+/// The `vision` and `images` lines of [`table`], from [`summary`]'s `vision` (none without a tower).
+fn vision_lines(o: &mut String, v: &Value) {
     if !v.is_null() {
         let kept = match v["tensors_kept"].as_u64() {
             Some(0) | None => "not in this model (converted without it: convert again to read images)".to_string(),
@@ -272,19 +293,6 @@ pub fn table(model: &Model) -> String {
             p["from"].as_str().unwrap_or("?")
         );
     }
-    let blobs: Vec<String> = m.blobs.iter().map(|b| format!("{} ({})", b.name, human_bytes(b.len))).collect();
-    let _ = writeln!(o, "embedded    {}", if blobs.is_empty() { "nothing".into() } else { blobs.join(", ") });
-    let samp = &s["sampling"];
-    let text = |k: &str| samp[k]["text"].as_str().or(samp[k]["error"].as_str()).unwrap_or_default().to_string();
-    let _ = writeln!(
-        o,
-        "sampling    chat and serve: {}; generate: {}  (from {})",
-        text("chat_and_serve"),
-        text("generate"),
-        samp["from"].as_str().unwrap_or_default()
-    );
-    let _ = writeln!(o, "provenance  {}", m.provenance);
-    o
 }
 
 pub fn run(model: &Path, shard_dirs: &[PathBuf], json: bool, tensors: bool) -> anyhow::Result<ExitCode> {

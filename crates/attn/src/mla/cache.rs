@@ -126,15 +126,4 @@ impl MlaCache {
         }
         Ok(())
     }
-
-    /// Synthetic content, for benchmarks of long contexts.
-    pub fn fill_for_bench(&mut self, positions: usize, value: impl Fn(usize) -> f32) {
-        let (l, r) = (self.dims[0] as usize, self.dims[1] as usize);
-        self.reset();
-        for t in 0..positions {
-            let c: Vec<f32> = (t * l..(t + 1) * l).map(&value).collect();
-            let k: Vec<f32> = (t * r..(t + 1) * r).map(|i| value(i + 7)).collect();
-            self.push(&c, &k);
-        }
-    }
 }

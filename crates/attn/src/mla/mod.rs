@@ -233,7 +233,7 @@ impl<'a> Mla<'a> {
         let caches: Vec<&MlaCache> = seqs.iter().map(|s| &*s.cache).collect();
         let seen: usize = rows.iter().map(|&(_, len)| len).sum();
         let parallel = h * seen * (l + r) >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
-        let qabs = self.absorbed_queries(&q, 0..h, parallel);
+        let qabs = self.absorbed_queries(&q, parallel);
         let mut ctx = vec![0f32; n * h * cfg.v_dim];
         let hv = h * cfg.v_dim;
         if n > 1 && parallel {
@@ -275,30 +275,29 @@ impl<'a> Mla<'a> {
         q
     }
 
-    /// The absorbed queries of `q`'s rows (`[n, H, nope + rope]`) for heads `heads`:
-    /// `[n, heads, kv_lora]`, head `h`'s `W_uk^T q_nope` for all rows at once
-    /// (`matmul_transposed`: each weight row widened once for the rows, each row's bits those of
-    /// its own product); heads split over the pool when `parallel` and worth it.
-    fn absorbed_queries(&self, q: &[f32], heads: std::ops::Range<usize>, parallel: bool) -> Vec<f32> {
+    /// The absorbed queries of `q`'s rows (`[n, H, nope + rope]`): `[n, H, kv_lora]`, head `h`'s
+    /// `W_uk^T q_nope` for all rows at once (`matmul_transposed`: each weight row widened once for
+    /// the rows, each row's bits those of its own product); heads split over the pool when
+    /// `parallel` and worth it.
+    fn absorbed_queries(&self, q: &[f32], parallel: bool) -> Vec<f32> {
         let cfg = &self.cfg;
         let (h, l, qh) = (cfg.heads, cfg.kv_lora, cfg.nope + cfg.rope);
         let n = q.len() / (h * qh);
-        let hn = heads.len();
         // Head `hd`'s rows' `q_nope` gathered into `xs`, its absorbed queries into `out`.
         let head = |hd: usize, xs: &mut Vec<f32>, out: &mut [f32]| {
             xs.clear();
             xs.extend(q.chunks_exact(qh).skip(hd).step_by(h).flat_map(|qt| &qt[..cfg.nope]));
             self.uk[hd].matmul_transposed(xs, out);
         };
-        let mut qabs = vec![0f32; n * hn * l];
-        let mut place = |i: usize, out: &[f32]| {
+        let mut qabs = vec![0f32; n * h * l];
+        let mut place = |hd: usize, out: &[f32]| {
             for (t, row) in out.chunks_exact(l).enumerate() {
-                qabs[(t * hn + i) * l..(t * hn + i + 1) * l].copy_from_slice(row);
+                qabs[(t * h + hd) * l..(t * h + hd + 1) * l].copy_from_slice(row);
             }
         };
-        let worth = n * hn * cfg.nope * l >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
+        let worth = n * h * cfg.nope * l >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
         if parallel && worth {
-            let per_head: Vec<Vec<f32>> = heads
+            let per_head: Vec<Vec<f32>> = (0..h)
                 .into_par_iter()
                 .map(|hd| {
                     let mut out = vec![0f32; n * l];
@@ -306,13 +305,13 @@ impl<'a> Mla<'a> {
                     out
                 })
                 .collect();
-            per_head.iter().enumerate().for_each(|(i, out)| place(i, out));
+            per_head.iter().enumerate().for_each(|(hd, out)| place(hd, out));
         } else {
-            // Serially (a decode row's heads): two buffers for all heads.
+            // Serially: two buffers for all heads.
             let (mut xs, mut out) = (Vec::with_capacity(n * cfg.nope), vec![0f32; n * l]);
-            for (i, hd) in heads.enumerate() {
+            for hd in 0..h {
                 head(hd, &mut xs, &mut out);
-                place(i, &out);
+                place(hd, &out);
             }
         }
         qabs

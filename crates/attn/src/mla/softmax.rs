@@ -78,9 +78,9 @@ impl<'a> Keys<'a> {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(super) fn attend_keys(
-    qabs: &[f32],
-    qext: &[f32],
+pub(super) fn attend_keys<'q>(
+    qabs: &'q [f32],
+    qext: &'q [f32],
     keys: Keys<'_>,
     len: usize,
     l: usize,
@@ -99,8 +99,8 @@ pub(super) fn attend_keys(
         let heads = hr * per..((hr + 1) * per).min(h);
         let span = g * GROUP..((g + 1) * GROUP).min(len);
         let mut p = Partial::new(heads.len(), l);
-        let ext = |x: &[f32], d: usize| x[heads.start * d..heads.end * d].to_vec();
-        p.attend(&ext(qabs, l), &ext(qext, r), keys, span, l, r, scale);
+        let ext = |x: &'q [f32], d: usize| -> &'q [f32] { &x[heads.start * d..heads.end * d] };
+        p.attend(ext(qabs, l), ext(qext, r), keys, span, l, r, scale);
         (hr, p)
     };
     let tasks = (0..h.div_ceil(per)).flat_map(|hr| (0..groups).map(move |g| (hr, g)));

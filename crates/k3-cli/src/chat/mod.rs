@@ -11,6 +11,7 @@ mod commands;
 mod input;
 mod saved;
 mod show;
+mod turn;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,19 +19,20 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use k3_engine::config::Family;
 use k3_engine::{Engine, Session};
+use k3_generate::GenerateParams;
 use k3_generate::media::PromptImage;
 use k3_generate::speculate::SpecStats;
-use k3_generate::{Finish, GenerateParams, Generator};
 use k3_text::chat_format::{Call, ChatFormat, DEFAULT_EFFORT, Message, PromptOptions, Role};
 use k3_text::tokenizer::Tokenizer;
 
-use crate::prompt_cache::{PromptCache, PromptCacheArgs};
+use crate::prompt_cache::PromptCacheArgs;
 use crate::run::{EngineArgs, Needs, RUN_ACTIVATIONS, open_model};
 use crate::sampling::SamplingArgs;
 use crate::signals;
 use commands::{Command, Setting};
 use input::Input;
 use show::Style;
+use turn::Turn;
 
 #[derive(clap::Args)]
 pub struct ChatArgs {
@@ -182,46 +184,8 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
             ..Needs::exact(crate::prompt::LONGEST_CONTEXT, 1)
         },
     )?;
-    let sampler = a.sampling.config(&model, true, engine.vocab())?;
-    a.sampling.say_seed(&sampler, a.engine.stats);
-    let family = engine.config().family;
-    let format = ChatFormat::new(&tok, k3_generate::dialect(family));
-    format.check().context("the model's chat template cannot be used")?;
-    let end = format.end_of_turn()?;
-    let think_tags = if family == Family::KimiK3 { None } else { tok.think_tags() };
-    let thinks = family == Family::KimiK3 || think_tags.is_some();
-    let think = thinks && !a.no_think;
     let cancel = signals::ctrl_c_flag();
-    let params = GenerateParams {
-        max_tokens: a.max_tokens,
-        max_thinking: thinks.then_some(a.max_thinking),
-        sampler,
-        stop_ids: vec![end],
-        reasoning_apart: true,
-        starts_in_think: think && family == Family::KimiK3,
-        think_tags,
-        close_turn: Some(end),
-        cancel: Some(cancel.clone()),
-        chunk: None,
-        speculate: a.sampling.speculate as usize,
-        ..GenerateParams::default()
-    };
-    let mut chat = Chat {
-        format,
-        params,
-        thinks,
-        think,
-        system: a.system.clone(),
-        messages: Vec::new(),
-        live: true,
-        images: Vec::new(),
-        image_files: Vec::new(),
-        queued: 0,
-    };
-    chat.restart(Vec::new());
-    for image in crate::images::read_all(&engine, &tok, &a.images)? {
-        chat.queue(image);
-    }
+    let mut chat = open_chat(&a, &model, &engine, &tok, cancel.clone())?;
     let mut cache = a.prompt_cache.open(&engine)?;
     let mut session = engine.session();
     let mut speculation = SpecStats::default();
@@ -270,6 +234,57 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     a.engine.report(&engine, &session.stats, Some(&speculation))?;
     a.engine.finish(&session)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The chat's format, generation settings and opening state (system prompt, `--image`s queued)
+/// for `model` on `engine`.
+fn open_chat<'t>(
+    a: &ChatArgs,
+    model: &k3_engine::Model,
+    engine: &Engine<'_>,
+    tok: &'t Tokenizer,
+    cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Result<Chat<'t>> {
+    let sampler = a.sampling.config(model, true, engine.vocab())?;
+    a.sampling.say_seed(&sampler, a.engine.stats);
+    let family = engine.config().family;
+    let format = ChatFormat::new(tok, k3_generate::dialect(family));
+    format.check().context("the model's chat template cannot be used")?;
+    let end = format.end_of_turn()?;
+    let think_tags = if family == Family::KimiK3 { None } else { tok.think_tags() };
+    let thinks = family == Family::KimiK3 || think_tags.is_some();
+    let think = thinks && !a.no_think;
+    let params = GenerateParams {
+        max_tokens: a.max_tokens,
+        max_thinking: thinks.then_some(a.max_thinking),
+        sampler,
+        stop_ids: vec![end],
+        reasoning_apart: true,
+        starts_in_think: think && family == Family::KimiK3,
+        think_tags,
+        close_turn: Some(end),
+        cancel: Some(cancel),
+        chunk: None,
+        speculate: a.sampling.speculate as usize,
+        ..GenerateParams::default()
+    };
+    let mut chat = Chat {
+        format,
+        params,
+        thinks,
+        think,
+        system: a.system.clone(),
+        messages: Vec::new(),
+        live: true,
+        images: Vec::new(),
+        image_files: Vec::new(),
+        queued: 0,
+    };
+    chat.restart(Vec::new());
+    for image in crate::images::read_all(engine, tok, &a.images)? {
+        chat.queue(image);
+    }
+    Ok(chat)
 }
 
 /// The line a person sees first: the model, its context, sampling, where history is kept, help.
@@ -430,173 +445,4 @@ fn failure_note(chat: &Chat<'_>, before: usize, e: &anyhow::Error) -> String {
         crate::tidy(e),
         if said { " and what was said" } else { "" }
     )
-}
-
-/// One user turn: its prompt run (from the prompt cache on the first), the answer streamed.
-struct Turn<'a, 'c> {
-    cache: Option<&'a mut PromptCache>,
-    stats: bool,
-    cancel: &'c std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Turn<'_, '_> {
-    /// Runs the turn; an error after the session was touched keeps the user's turn (and what
-    /// was said) in `chat` and has the next turn computed afresh from the messages.
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        self,
-        engine: &Engine<'_>,
-        tok: &Tokenizer,
-        chat: &mut Chat<'_>,
-        session: &mut Session,
-        text: &str,
-        style: Style,
-        show_thinking: bool,
-        out: &mut impl std::io::Write,
-    ) -> Result<SpecStats> {
-        let context = engine.plan().context as usize;
-        let pending = chat.pending(session, text)?;
-        let (pending, images) = match engine.image_placeholder() {
-            Some(p) if !chat.images_of(session).is_empty() => {
-                k3_generate::media::expand(tok, p, engine.hidden(), &pending, chat.images_of(session))?
-            }
-            _ => (pending, Vec::new()),
-        };
-        // Room for the turn and at least one answer token.
-        if session.tokens() + pending.len() >= context {
-            style.note(&format!(
-                "[this turn would pass the context of {context} tokens: /clear starts a new conversation, or raise --context]"
-            ));
-            return Ok(SpecStats::default());
-        }
-        self.cancel.store(false, std::sync::atomic::Ordering::SeqCst);
-        let _armed = signals::arm();
-        let t0 = std::time::Instant::now();
-        let stats = self.stats;
-        let turn = match self.start(engine, tok, chat, session, &pending, &images) {
-            Ok(turn) => turn,
-            Err(e) => {
-                chat.record(text, None);
-                chat.live = false;
-                return Err(e);
-            }
-        };
-        let calls = k3_text::toolcall::ToolCallReader::new(tok, k3_generate::dialect(engine.config().family));
-        let mut a = show::answer(engine, turn, tok, calls, style, show_thinking, out);
-        chat.record(text, Some(&a));
-        if let Some(e) = a.failed.take() {
-            chat.live = false;
-            return Err(e);
-        }
-        match a.finish {
-            Some(Finish::Length) => style.note(&format!(
-                "[answer cut at --max-tokens {}: /set max_tokens N allows more]",
-                chat.params.max_tokens
-            )),
-            Some(Finish::Cancelled) => style.note("[stopped]"),
-            Some(Finish::ContextFull) => style.note(&format!(
-                "[answer cut: the context of {context} tokens is full: /clear starts a new conversation]"
-            )),
-            _ => {}
-        }
-        if stats {
-            eprintln!(
-                "turn: {} prompt tokens, {} answer tokens in {:.2} s; {} of {context} context tokens used",
-                pending.len(),
-                a.tokens,
-                t0.elapsed().as_secs_f64(),
-                session.tokens()
-            );
-        }
-        Ok(a.spec)
-    }
-
-    /// The turn's prompt run (from the prompt cache on the first turn), ready to answer.
-    fn start<'s, 'e>(
-        self,
-        engine: &'e Engine<'_>,
-        tok: &'e Tokenizer,
-        chat: &Chat<'_>,
-        session: &'s mut Session,
-        pending: &[u32],
-        images: &[k3_engine::Inserted],
-    ) -> Result<Generator<'s, 'e>> {
-        let first = session.tokens() == 0 && chat.messages.iter().all(|m| m.role == Role::System);
-        // Token states do not say which image a prompt held: a prompt with images is computed.
-        let mut cache = self.cache.filter(|_| first && images.is_empty());
-        let (from, kept_logits) = match cache.as_deref_mut() {
-            Some(c) => {
-                let resume_point = system_resume_point(&chat.format, &chat.opening(), chat.system.as_deref(), pending);
-                first_turn_from_cache(engine, c, session, pending, resume_point, self.stats)?
-            }
-            None => (0, None),
-        };
-        // A long turn shows its prefill.
-        let rest = pending.len() - from;
-        let pb =
-            (rest > 256).then(|| crate::progress_bar(rest as u64, "prompt [{bar:40}] {pos}/{len} tokens (ETA {eta})"));
-        let params = chat.params.clone();
-        let turn = match (from == pending.len(), kept_logits) {
-            (true, Some(l)) => Generator::resume(engine, session, l, Some(tok), params)?,
-            _ => Generator::start_with_images(
-                engine,
-                session,
-                &pending[from..],
-                images,
-                Some(tok),
-                params,
-                &mut |done, _| {
-                    if let Some(pb) = &pb {
-                        pb.set_position(done as u64);
-                    }
-                },
-            )?,
-        };
-        if let Some(pb) = pb {
-            pb.finish_and_clear();
-        }
-        if let Some(c) = cache
-            && from < pending.len()
-            && turn.session().tokens() > 0
-            && turn.session().ids().ends_with(pending)
-        {
-            c.keep(engine, turn.session(), Some(turn.last_logits(engine)));
-        }
-        Ok(turn)
-    }
-}
-
-/// Where the system turn ends in the first turn's tokens (0 without a system prompt): the state
-/// a new chat with the same system prompt resumes.
-fn system_resume_point(format: &ChatFormat<'_>, o: &PromptOptions<'_>, system: Option<&str>, pending: &[u32]) -> usize {
-    let Some(system) = system else { return 0 };
-    let Ok(part) = format.prompt_with(&[Message::new(Role::System, system)], o) else { return 0 };
-    part.iter().zip(pending).take_while(|(a, b)| a == b).count()
-}
-
-/// The first turn's start from the prompt cache: the longest kept state `pending` begins with is
-/// restored into `session`, then the prompt is run up to the system turn's end and that state
-/// kept. Gives where the rest of the prompt starts, and the kept logits when nothing is left.
-fn first_turn_from_cache(
-    engine: &Engine<'_>,
-    cache: &mut PromptCache,
-    session: &mut Session,
-    pending: &[u32],
-    resume_point: usize,
-    stats: bool,
-) -> Result<(usize, Option<Vec<f32>>)> {
-    let (restored_session, logits, restored) = crate::prompt_cache::start(Some(&mut *cache), engine, pending);
-    *session = restored_session;
-    if stats {
-        eprintln!("{}", cache.describe(restored, pending.len()));
-    }
-    let mut from = restored.tokens;
-    if resume_point > from && resume_point < pending.len() {
-        for c in pending[from..resume_point].chunks(engine.prefill_chunk().max(1)) {
-            engine.forward_last(session, c)?;
-        }
-        cache.keep(engine, session, None);
-        from = resume_point;
-    }
-    Ok((from, logits))
 }
