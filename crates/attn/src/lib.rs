@@ -2,12 +2,14 @@
 //!
 //! - [`kda`]: Kimi Delta Attention, a gated delta-rule linear attention with short causal
 //!   convolutions; its state is a fixed-size matrix per head.
-//! - [`mla`]: gated multi-head latent attention without positions (NoPE), decoded in the absorbed
-//!   form over a compressed per-token cache.
+//! - [`mla`]: gated multi-head latent attention (NoPE, or RoPE for K2 / DeepSeek-V3) over a
+//!   compressed per-token cache: decoded in the absorbed form, long prefill chunks in the
+//!   expanded form ([`MlaForm`]).
 //!
 //! Both take the already-normalized layer input and return the layer output (before the
 //! residual). Projections are [`k3_quant::Matrix`] views in any stored encoding. Prefill over a
-//! chunk gives bit-identical results to stepping token by token. States serialize to bytes so a
+//! chunk gives bit-identical results to stepping token by token (for MLA, in the same
+//! [`MlaForm`]). States serialize to bytes so a
 //! session can be resumed.
 
 pub mod kda;
@@ -19,7 +21,7 @@ mod state_io;
 
 pub use kda::{Kda, KdaConfig, KdaGate, KdaRun, KdaSeq, KdaState, KdaTape, KdaWeights, OutputGate};
 pub use latents::KvCacheType;
-pub use mla::{Mla, MlaCache, MlaConfig, MlaSeq, MlaWeights, PositionEmbedding, QPath};
+pub use mla::{Mla, MlaCache, MlaConfig, MlaForm, MlaSeq, MlaWeights, PositionEmbedding, QPath};
 
 /// Bad weights, shapes or saved state, named precisely.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

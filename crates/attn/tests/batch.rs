@@ -99,8 +99,9 @@ fn kda_tentative_rows_commit_to_exactly_the_accepted_prefix() {
 fn mla_sequences_in_one_chunk_and_truncated_drafts() {
     let parts = MlaParts::new(40);
     let mla = parts.layer();
-    let histories = [40usize, 0, 7];
-    let rows = [1usize, 3, 2];
+    // The last sequence's chunk is long enough to run expanded, the others absorbed.
+    let histories = [40usize, 0, 7, 5];
+    let rows = [1usize, 3, 2, 300];
     let mut caches: Vec<MlaCache> = histories
         .iter()
         .enumerate()
@@ -111,6 +112,9 @@ fn mla_sequences_in_one_chunk_and_truncated_drafts() {
             c
         })
         .collect();
+    assert!(
+        k3_attn::MlaForm::Auto.expands(mla.config(), 300, 305) && !k3_attn::MlaForm::Auto.expands(mla.config(), 3, 3)
+    );
     let before = caches.clone();
     let xs = rand(rows.iter().sum::<usize>() * D, 9, 1.0);
     let mut alone = Vec::new();

@@ -2,7 +2,7 @@
 //! prefill against stepping, and saved state against continuing.
 
 use k3_attn::KvCacheType;
-use k3_attn::mla::{Rope, Yarn};
+use k3_attn::mla::{MlaForm, Rope, Yarn};
 use k3_attn::{
     AttnError, Kda, KdaConfig, KdaGate, KdaState, KdaWeights, Mla, MlaConfig, MlaWeights, OutputGate,
     PositionEmbedding, QPath,
@@ -372,21 +372,60 @@ impl MlaData {
     }
 }
 
+/// The forms a chunk can run in, each forced.
+const FORMS: [MlaForm; 2] = [MlaForm::Absorbed, MlaForm::Expanded];
+
 #[test]
-fn mla_absorbed_decode_matches_the_materialized_f64_oracle() {
+fn mla_in_both_forms_matches_the_materialized_f64_oracle() {
     let data = MlaData::new(7);
-    // More tokens than one softmax block, so the online rescaling is exercised.
+    // More tokens than one softmax block and one block of queries, so the online rescaling and
+    // the expanded form's partly masked blocks are exercised.
     let n = 70;
     let xs = rand(n * D, 8, 1.0);
     for (lowrank, gated) in [(true, true), (false, false), (true, false)] {
-        let layer = data.layer(lowrank, gated);
+        let want = data.oracle(lowrank, gated, &xs);
+        for form in FORMS {
+            let mut layer = data.layer(lowrank, gated);
+            layer.set_form(form);
+            let mut cache = layer.cache();
+            let mut out = vec![0f32; n * D];
+            layer.prefill(&mut cache, &xs, &mut out);
+            assert_eq!(cache.len(), n);
+            let e = rel(&out, &want);
+            assert!(e < 1e-4, "{form:?} lowrank={lowrank} gated={gated}: relative error {e}");
+        }
+    }
+}
+
+/// Past a decompressed span (1,024 positions) in chunks that cut blocks and spans anywhere: the
+/// expanded form gives the bits of stepping in that form, and agrees with the absorbed form to
+/// float noise (each is held to the oracle above; here the spans and chunk cuts are the point).
+#[test]
+fn mla_expanded_chunks_equal_expanded_steps_past_a_span() {
+    let data = MlaData::new(21);
+    let n = 1100;
+    let xs = rand(n * D, 22, 1.0);
+    let run = |form: MlaForm, cuts: &[usize]| {
+        let mut layer = data.layer(true, true);
+        layer.set_form(form);
         let mut cache = layer.cache();
         let mut out = vec![0f32; n * D];
-        layer.prefill(&mut cache, &xs, &mut out);
-        assert_eq!(cache.len(), n);
-        let e = rel(&out, &data.oracle(lowrank, gated, &xs));
-        assert!(e < 1e-4, "lowrank={lowrank} gated={gated}: relative error {e}");
+        let mut at = 0;
+        for &end in cuts.iter().chain([n].iter()) {
+            layer.prefill(&mut cache, &xs[at * D..end * D], &mut out[at * D..end * D]);
+            at = end;
+        }
+        out
+    };
+    let stepped = run(MlaForm::Expanded, &(1..n).collect::<Vec<_>>());
+    for cuts in [&[][..], &[33, 1023, 1025][..], &[500, 1099][..]] {
+        assert_eq!(bits(&run(MlaForm::Expanded, cuts)), bits(&stepped), "cuts {cuts:?}");
     }
+    let absorbed = run(MlaForm::Absorbed, &[]);
+    let e = rel(&stepped, &absorbed.iter().map(|&x| f64::from(x)).collect::<Vec<_>>());
+    assert!(e < 1e-5, "the forms differ by {e}");
+    // A chunk this long runs expanded unless told otherwise.
+    assert_eq!(bits(&run(MlaForm::Auto, &[])), bits(&stepped));
 }
 
 /// K2's RoPE + YaRN (interleaved rope dims, rotated keys cached) against the oracle with
@@ -403,48 +442,55 @@ fn mla_with_k2_rope_matches_the_oracle_and_prefill_equals_stepping() {
         mscale_all_dim: Some(1.0),
         original_max_positions: 4096,
     };
-    let layer = data.layer_at(true, false, PositionEmbedding::Rope(Rope { theta: 50_000.0, yarn: Some(yarn) }));
     let n = 70;
     let xs = rand(n * D, 14, 1.0);
-    let mut cache = layer.cache();
-    let mut out = vec![0f32; n * D];
-    layer.prefill(&mut cache, &xs, &mut out);
-    let e = rel(&out, &data.oracle_at(true, false, true, &xs));
-    assert!(e < 1e-4, "relative error {e}");
-    // Positions matter: without RoPE the answer differs.
-    assert!(rel(&out, &data.oracle(true, false, &xs)) > 1e-2);
-    let mut stepped = vec![0f32; n * D];
-    let mut b = layer.cache();
-    for t in 0..n {
-        layer.step(&mut b, &xs[t * D..(t + 1) * D], &mut stepped[t * D..(t + 1) * D]);
+    let want = data.oracle_at(true, false, true, &xs);
+    for form in FORMS {
+        let mut layer = data.layer_at(true, false, PositionEmbedding::Rope(Rope { theta: 50_000.0, yarn: Some(yarn) }));
+        layer.set_form(form);
+        let mut cache = layer.cache();
+        let mut out = vec![0f32; n * D];
+        layer.prefill(&mut cache, &xs, &mut out);
+        let e = rel(&out, &want);
+        assert!(e < 1e-4, "{form:?}: relative error {e}");
+        // Positions matter: without RoPE the answer differs.
+        assert!(rel(&out, &data.oracle(true, false, &xs)) > 1e-2);
+        let mut stepped = vec![0f32; n * D];
+        let mut b = layer.cache();
+        for t in 0..n {
+            layer.step(&mut b, &xs[t * D..(t + 1) * D], &mut stepped[t * D..(t + 1) * D]);
+        }
+        assert_eq!(bits(&out), bits(&stepped), "{form:?}");
+        assert_eq!(cache, b);
     }
-    assert_eq!(bits(&out), bits(&stepped));
-    assert_eq!(cache, b);
 }
 
 #[test]
 fn mla_prefill_equals_stepping_and_the_cache_resumes() {
     let data = MlaData::new(9);
-    let layer = data.layer(true, true);
-    let n = 40;
-    let xs = rand(n * D, 10, 1.0);
-    let (mut a, mut b) = (layer.cache(), layer.cache());
-    let mut chunked = vec![0f32; n * D];
-    layer.prefill(&mut a, &xs[..33 * D], &mut chunked[..33 * D]);
-    let saved = a.to_bytes();
-    layer.prefill(&mut a, &xs[33 * D..], &mut chunked[33 * D..]);
-    let mut stepped = vec![0f32; n * D];
-    for t in 0..n {
-        layer.step(&mut b, &xs[t * D..(t + 1) * D], &mut stepped[t * D..(t + 1) * D]);
+    for form in FORMS {
+        let mut layer = data.layer(true, true);
+        layer.set_form(form);
+        let n = 40;
+        let xs = rand(n * D, 10, 1.0);
+        let (mut a, mut b) = (layer.cache(), layer.cache());
+        let mut chunked = vec![0f32; n * D];
+        layer.prefill(&mut a, &xs[..33 * D], &mut chunked[..33 * D]);
+        let saved = a.to_bytes();
+        layer.prefill(&mut a, &xs[33 * D..], &mut chunked[33 * D..]);
+        let mut stepped = vec![0f32; n * D];
+        for t in 0..n {
+            layer.step(&mut b, &xs[t * D..(t + 1) * D], &mut stepped[t * D..(t + 1) * D]);
+        }
+        assert_eq!(bits(&chunked), bits(&stepped), "{form:?}");
+        assert_eq!(a, b);
+        let mut resumed = layer.cache();
+        resumed.restore(&saved).unwrap();
+        assert_eq!(resumed.len(), 33);
+        let mut again = vec![0f32; 7 * D];
+        layer.prefill(&mut resumed, &xs[33 * D..], &mut again);
+        assert_eq!(bits(&again), bits(&chunked[33 * D..]), "{form:?}");
     }
-    assert_eq!(bits(&chunked), bits(&stepped));
-    assert_eq!(a, b);
-    let mut resumed = layer.cache();
-    resumed.restore(&saved).unwrap();
-    assert_eq!(resumed.len(), 33);
-    let mut again = vec![0f32; 7 * D];
-    layer.prefill(&mut resumed, &xs[33 * D..], &mut again);
-    assert_eq!(bits(&again), bits(&chunked[33 * D..]));
 }
 
 #[test]
@@ -552,23 +598,26 @@ fn mla_cache_grows_with_use_within_its_plan() {
 #[test]
 fn compact_mla_caches_round_once_and_stay_consistent() {
     let data = MlaData::new(21);
-    let layer = data.layer(true, true);
     let n = 70;
     let xs = rand(n * D, 22, 1.0);
     let want = data.oracle(true, true, &xs);
-    for (kind, bound) in [(KvCacheType::Bf16, 5e-3), (KvCacheType::Int8, 2e-2)] {
+    for ((kind, bound), form) in
+        [(KvCacheType::Bf16, 5e-3), (KvCacheType::Int8, 2e-2)].into_iter().flat_map(|k| FORMS.map(|f| (k, f)))
+    {
+        let mut layer = data.layer(true, true);
+        layer.set_form(form);
         let mut cache = layer.cache_of(kind);
         let mut out = vec![0f32; n * D];
         layer.prefill(&mut cache, &xs, &mut out);
         let e = rel(&out, &want);
-        assert!(e < bound && e > 1e-6, "{kind:?}: relative error {e}");
+        assert!(e < bound && e > 1e-6, "{kind:?} {form:?}: relative error {e}");
         assert_eq!(cache.bytes_per_position(), kind.row_bytes(L) + kind.row_bytes(ROPE));
         let mut stepped = vec![0f32; n * D];
         let mut s = layer.cache_of(kind);
         for t in 0..n {
             layer.step(&mut s, &xs[t * D..(t + 1) * D], &mut stepped[t * D..(t + 1) * D]);
         }
-        assert_eq!(bits(&out), bits(&stepped), "{kind:?}: prefill and stepping");
+        assert_eq!(bits(&out), bits(&stepped), "{kind:?} {form:?}: prefill and stepping");
         // Save after 40 positions, restore into a fresh cache of the type, continue.
         let mut a = layer.cache_of(kind);
         layer.prefill(&mut a, &xs[..40 * D], &mut vec![0f32; 40 * D]);
@@ -577,6 +626,6 @@ fn compact_mla_caches_round_once_and_stay_consistent() {
         assert_eq!(a, b, "{kind:?}: restored rows");
         let mut rest = vec![0f32; (n - 40) * D];
         layer.prefill(&mut b, &xs[40 * D..], &mut rest);
-        assert_eq!(bits(&rest), bits(&out[40 * D..]), "{kind:?}: continued after a restore");
+        assert_eq!(bits(&rest), bits(&out[40 * D..]), "{kind:?} {form:?}: continued after a restore");
     }
 }

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{D, KdaParts, MlaParts, bits, rand};
+use k3_attn::MlaForm;
 
 /// Prefill `prompt` tokens, then `steps` single tokens, on a pool of `threads`: every output.
 fn run<S>(
@@ -44,12 +45,16 @@ fn kda_gives_the_same_bits_on_any_pool() {
 #[test]
 fn mla_gives_the_same_bits_on_any_pool() {
     let parts = MlaParts::new(40);
-    let layer = parts.layer();
-    // 128 positions of prompt, then single tokens over them (heads split).
-    let go = |threads| run(threads, layer.cache(), |c, x, o| layer.prefill(c, x, o), 128, 3);
-    let one = go(1);
-    for threads in [2, 3, 7] {
-        assert!(go(threads) == one, "MLA on {threads} threads");
+    // 128 positions of prompt, then single tokens over them (heads split); the prompt's chunk in
+    // each form (Auto expands it).
+    for form in [MlaForm::Auto, MlaForm::Absorbed, MlaForm::Expanded] {
+        let mut layer = parts.layer();
+        layer.set_form(form);
+        let go = |threads| run(threads, layer.cache(), |c, x, o| layer.prefill(c, x, o), 128, 3);
+        let one = go(1);
+        for threads in [2, 3, 7] {
+            assert!(go(threads) == one, "MLA {form:?} on {threads} threads");
+        }
     }
 }
 

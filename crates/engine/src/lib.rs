@@ -26,7 +26,7 @@ pub use owned::OwnedEngine;
 pub use verify::TrunkCheck;
 
 // The types the engine's options and results expose, so callers need this crate alone.
-pub use k3_attn::KvCacheType;
+pub use k3_attn::{KvCacheType, MlaForm};
 pub use k3_format::{Model, OpenOptions, OutputFile, write_atomic};
 pub use k3_io::{CacheStats, Policy};
 pub use k3_router::UsageHistory;

@@ -45,6 +45,13 @@ pub struct EngineKnobs {
     /// [default: f32].
     #[arg(long, value_name = "TYPE", default_value = "f32", value_parser = k3_engine::KvCacheType::NAMES)]
     pub kv_cache: String,
+    /// Which form MLA prefill runs: `auto` (absorbed for decode and chunks under a few hundred
+    /// tokens, expanded, i.e. keys and values decompressed per head, where that takes fewer
+    /// multiply-adds: ~2-3x fewer for long prompts), `absorbed` (every chunk gives the bits of
+    /// stepping token by token) or `expanded`. The forms agree to float noise (~1e-6) [default:
+    /// auto].
+    #[arg(long, value_name = "FORM", default_value = "auto", value_parser = k3_engine::MlaForm::NAMES)]
+    pub mla_form: String,
     /// Read, then compute (no overlap of expert reads with arithmetic), for measurement.
     #[arg(long)]
     pub no_overlap: bool,
@@ -129,6 +136,7 @@ impl EngineKnobs {
             reserved_bytes: needs.reserved_bytes,
             threads: self.threads.map_or(0, usize::from),
             kv_cache: self.kv_cache.parse().map_err(anyhow::Error::msg)?,
+            mla_form: self.mla_form.parse().map_err(anyhow::Error::msg)?,
             verify_trunk: !self.no_verify,
             activations: match self.activations.as_deref() {
                 Some(a) => a.parse().map_err(anyhow::Error::msg)?,

@@ -425,6 +425,29 @@ thread_local! {
 }
 
 impl Dense<'_> {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `r` widened exactly to f32 into `out` (`cols` values; false, writing nothing, for a
+    /// row past the end or an `out` of another length): the values the products multiply.
+    pub fn row_values(&self, r: usize, out: &mut [f32]) -> bool {
+        let cols = self.cols;
+        if r >= self.rows || out.len() != cols {
+            return false;
+        }
+        match self.w {
+            DenseRows::F32(w) => out.copy_from_slice(&w[r * cols..(r + 1) * cols]),
+            DenseRows::Bf16(w) => out.iter_mut().zip(&w[r * cols..(r + 1) * cols]).for_each(|(o, v)| *o = v.to_f32()),
+            DenseRows::Fp8(m) => m.widen_row(r, out),
+        }
+        true
+    }
+
     /// `y = W^T x` (`x` has `rows` entries, `y` gets `cols`).
     pub fn matvec_transposed(&self, x: &[f32], y: &mut [f32]) {
         self.matmul_transposed(x, y)

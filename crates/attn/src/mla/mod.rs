@@ -22,6 +22,8 @@
 //! were batched or on the pool, so prefill and decode agree bit for bit on any number of threads.
 
 mod cache;
+mod expanded;
+mod form;
 mod softmax;
 
 use k3_quant::par;
@@ -29,6 +31,8 @@ use k3_quant::{Dense, Matrix};
 use rayon::prelude::*;
 
 pub use self::cache::MlaCache;
+pub use self::expanded::attend_expanded;
+pub use self::form::{MlaForm, costs as form_costs};
 pub use self::softmax::attend;
 use self::softmax::attend_keys;
 use crate::AttnError;
@@ -90,7 +94,10 @@ pub struct Mla<'a> {
     /// `W_uv` `[v_dim, kv_lora]`.
     uk: Vec<Dense<'a>>,
     uv: Vec<Matrix<'a>>,
+    /// `kv_b_proj` as rows to widen (the expanded form decompresses with them).
+    kv_b_rows: Dense<'a>,
     rope: Option<RopeTable>,
+    form: MlaForm,
 }
 
 /// One sequence's consecutive rows of a batched chunk, and its cache.
@@ -133,6 +140,12 @@ impl<'a> Mla<'a> {
                 reason: "kv_b_proj's value rows cannot be read per head".into(),
             });
         };
+        let Some(kv_b_rows) = w.kv_b.clone().dense() else {
+            return Err(AttnError::Unsupported {
+                layer: name,
+                reason: "kv_b_proj must be stored f32, bf16 or fp8".into(),
+            });
+        };
         if let Some(g) = &w.g_proj {
             check_matrix(&name, "g_proj", g, h * cfg.v_dim, d)?;
         }
@@ -147,7 +160,7 @@ impl<'a> Mla<'a> {
             }
             PositionEmbedding::Rope(r) => Some(RopeTable::new(r, cfg.rope)),
         };
-        Ok(Mla { name, cfg, w, uk, uv, rope })
+        Ok(Mla { name, cfg, w, uk, uv, kv_b_rows, rope, form: MlaForm::Auto })
     }
 
     pub fn name(&self) -> &str {
@@ -156,6 +169,15 @@ impl<'a> Mla<'a> {
 
     pub fn config(&self) -> &MlaConfig {
         &self.cfg
+    }
+
+    /// Which form a chunk's attention runs ([`MlaForm::Auto`] unless set).
+    pub fn set_form(&mut self, form: MlaForm) {
+        self.form = form;
+    }
+
+    pub fn form(&self) -> MlaForm {
+        self.form
     }
 
     /// An empty f32 cache for this layer.
@@ -228,31 +250,68 @@ impl<'a> Mla<'a> {
             gate.resize(n * h * cfg.v_dim, 0.0);
             par::matmul(g, xs, &mut gate);
         }
-        // Each row of a chunk attends on its own thread; a lone row (decode) splits its positions'
-        // groups and heads over the pool instead (`attend`). Either way the bits are the same.
         let caches: Vec<&MlaCache> = seqs.iter().map(|s| &*s.cache).collect();
-        let seen: usize = rows.iter().map(|&(_, len)| len).sum();
-        let parallel = h * seen * (l + r) >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
-        let qabs = self.absorbed_queries(&q, parallel);
-        let mut ctx = vec![0f32; n * h * cfg.v_dim];
-        let hv = h * cfg.v_dim;
-        if n > 1 && parallel {
-            ctx.par_chunks_mut(hv).enumerate().for_each(|(t, c)| {
-                let (i, len) = rows[t];
-                self.attend_row(caches[i], &q, &qabs, t, len, false, c)
-            });
-        } else {
-            for (t, c) in ctx.chunks_mut(hv).enumerate() {
-                let (i, len) = rows[t];
-                self.attend_row(caches[i], &q, &qabs, t, len, parallel, c);
-            }
-        }
+        let mut ctx = self.contexts(&caches, &rows, &q);
         if !gate.is_empty() {
             for (c, g) in ctx.iter_mut().zip(&gate) {
                 *c *= sigmoid(*g);
             }
         }
         par::matmul(&self.w.o_proj, &ctx, outs);
+    }
+
+    /// Every row's attention context `[n, H, v]` (`rows[t]`: row `t`'s sequence and how many of
+    /// its positions it sees): each sequence's rows in the form [`MlaForm::expands`] picks for
+    /// them, so a row's bits never depend on the other sequences batched with it.
+    fn contexts(&self, caches: &[&MlaCache], rows: &[(usize, usize)], q: &[f32]) -> Vec<f32> {
+        let cfg = &self.cfg;
+        let (h, l, r, qh, hv) = (cfg.heads, cfg.kv_lora, cfg.rope, cfg.nope + cfg.rope, cfg.heads * cfg.v_dim);
+        let n = rows.len();
+        let seen: usize = rows.iter().map(|&(_, len)| len).sum();
+        let parallel = h * seen * (l + r) >= par::MIN_PARALLEL_WEIGHTS && rayon::current_num_threads() > 1;
+        let mut ctx = vec![0f32; n * hv];
+        // A sequence's rows are consecutive: the expanded ones run a sequence at a time.
+        let mut absorbed = vec![false; n];
+        let mut t = 0;
+        for (i, cache) in caches.iter().enumerate() {
+            let count = rows[t..].iter().take_while(|&&(s, _)| s == i).count();
+            let span = t..t + count;
+            if count > 0 && self.form.expands(cfg, count, cache.len()) {
+                let (qs, out) = (&q[t * h * qh..span.end * h * qh], &mut ctx[t * hv..span.end * hv]);
+                self.attend_expanded(cache, qs, parallel, out);
+            } else {
+                absorbed[span].fill(true);
+            }
+            t += count;
+        }
+        // The absorbed rows: each on its own thread in a chunk; a lone row (decode) splits its
+        // positions' groups and heads over the pool instead (`attend`). The same bits either way.
+        let picked: Vec<usize> = (0..n).filter(|&t| absorbed[t]).collect();
+        if picked.is_empty() {
+            return ctx;
+        }
+        let qa: Vec<f32> = picked.iter().flat_map(|&t| &q[t * h * qh..(t + 1) * h * qh]).copied().collect();
+        let qabs = self.absorbed_queries(&qa, parallel);
+        let index: Vec<usize> = (0..n).map(|t| picked.partition_point(|&p| p < t)).collect();
+        let row = |(t, c): (usize, &mut [f32]), split: bool| {
+            let (i, len) = rows[t];
+            self.attend_row(caches[i], &qa, &qabs, index[t], len, split, c)
+        };
+        if picked.len() > 1 && parallel {
+            ctx.par_chunks_mut(hv).enumerate().filter(|(t, _)| absorbed[*t]).for_each(|tc| row(tc, false));
+        } else {
+            ctx.chunks_mut(hv).enumerate().filter(|(t, _)| absorbed[*t]).for_each(|tc| row(tc, parallel));
+        }
+        ctx
+    }
+
+    /// The softmax's scale: `1 / sqrt(nope + rope)`, times YaRN's factor with RoPE.
+    fn softmax_scale(&self) -> f32 {
+        let qh = self.cfg.nope + self.cfg.rope;
+        match &self.rope {
+            Some(rope) => (rope.softmax_factor / (qh as f64).sqrt()) as f32,
+            None => 1.0 / (qh as f32).sqrt(),
+        }
     }
 
     /// Every row's queries `[n, H, nope + rope]`.
@@ -336,10 +395,7 @@ impl<'a> Mla<'a> {
         let qt = &q[t * h * qh..(t + 1) * h * qh];
         let qabs = &qabs[t * h * l..(t + 1) * h * l];
         let qext: Vec<f32> = qt.chunks_exact(qh).flat_map(|head| &head[cfg.nope..]).copied().collect();
-        let scale = match &self.rope {
-            Some(rope) => (rope.softmax_factor / (qh as f64).sqrt()) as f32,
-            None => 1.0 / (qh as f32).sqrt(),
-        };
+        let scale = self.softmax_scale();
         let mut lat = vec![0f32; h * l];
         attend_keys(qabs, &qext, cache.keys(), len, l, r, scale, parallel, &mut lat);
         let out = |(hd, (c, lh)): (usize, (&mut [f32], &[f32]))| self.uv[hd].matvec(lh, c);

@@ -52,7 +52,7 @@ impl MlaCache {
 
 impl<'a> Keys<'a> {
     /// Positions `start..start + n` as f32 `([n, l], [n, r])`: in place, or widened into `wide`.
-    fn block<'w>(
+    pub(super) fn block<'w>(
         &self,
         start: usize,
         n: usize,

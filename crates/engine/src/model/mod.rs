@@ -160,7 +160,12 @@ impl<'m> Engine<'m> {
             Some(_) => Some(res_vector(model, names::OUT_RES_NORM, names::OUT_RES_PROJ, d)?),
             None => None,
         };
-        let layers = layers::build(layers::Trunk { model, act: opts.activations.trunk() }, &cfg)?;
+        let mut layers = layers::build(layers::Trunk { model, act: opts.activations.trunk() }, &cfg)?;
+        for layer in &mut layers {
+            if let Attn::Mla(m) = &mut layer.attn {
+                m.set_form(opts.mla_form);
+            }
+        }
         check_cache_aware(&layers, &cfg, &opts)?;
         let res_block = cfg.attn_res_block.unwrap_or(1);
         let plan = memory_plan::plan(

@@ -64,6 +64,12 @@ pub struct EngineOptions {
     /// How MLA caches store a position's latent and shared key (f32 as computed; bf16 or int8
     /// rows: 2x / ~3.6x the context in the same memory, values rounded once when appended).
     pub kv_cache: k3_attn::KvCacheType,
+    /// Which form MLA prefill chunks run (`Auto`: absorbed for decode and short chunks, expanded
+    /// for long ones, by their multiply-adds). The forms differ in the last bits (~1e-6), so under
+    /// `Auto` a prompt's bits depend on how it was cut into chunks; `Absorbed` gives every chunk
+    /// the bits of stepping token by token. Not in a state file's fingerprint: either form's
+    /// states are the same values to float noise.
+    pub mla_form: k3_attn::MlaForm,
     /// Check every trunk tensor's checksum when loading (on every core). Off only for a model
     /// that was verified before (`k3-cli verify`) and has not been touched since.
     pub verify_trunk: bool,
@@ -97,6 +103,7 @@ impl Default for EngineOptions {
             threads: 0,
             activations: ActivationPrecision::Exact,
             kv_cache: k3_attn::KvCacheType::F32,
+            mla_form: k3_attn::MlaForm::Auto,
             verify_trunk: true,
             calibrate: None,
             fault: None,
@@ -114,6 +121,7 @@ impl std::fmt::Debug for EngineOptions {
             .field("context", &self.context)
             .field("fit_context", &self.fit_context)
             .field("kv_cache", &self.kv_cache)
+            .field("mla_form", &self.mla_form)
             .field("sequences", &self.sequences)
             .field("chunk", &self.chunk)
             .field("threads", &self.threads)
