@@ -9,10 +9,14 @@
 //! - MLA decode: one query's absorbed attention of 96 heads over P cached positions (512 + 64 f32
 //!   each), on one thread and on the pool (groups of positions and heads split).
 //! - MLA prefill: the last queries of a P-token prompt (eight a thread), over the pool, each over
-//!   its causal span.
+//!   its causal span, in the absorbed form; and a whole last chunk in the expanded form (latents
+//!   decompressed per head, then flash-style blocks), measured on [`EXPANDED_HEADS`] of K3's
+//!   heads (heads are independent and alike) and scaled to 96. The projection of a P-token prompt
+//!   takes, chunk by chunk, whichever form `MlaForm::Auto` would pick.
 
 use k3_attn::kda::delta_rule;
-use k3_attn::mla::attend;
+use k3_attn::mla::{MlaForm, attend, attend_expanded, form_costs};
+use k3_attn::{MlaConfig, PositionEmbedding};
 use k3_quant::rng::noise;
 use rayon::prelude::*;
 use serde_json::{Value, json};
@@ -32,6 +36,24 @@ const CORES: f64 = 8.0;
 /// Multiply-adds per (query, cached position) pair of the absorbed form: scores over the latent
 /// and the shared key, then the weighted sum of latents.
 const MACS_PER_PAIR: f64 = (H * (KV_LORA + ROPE + KV_LORA)) as f64;
+/// Heads the expanded form is measured on.
+const EXPANDED_HEADS: usize = 8;
+const NOPE: usize = 128;
+const V: usize = 128;
+
+/// K3's MLA with `heads` heads.
+fn k3_mla(heads: usize) -> MlaConfig {
+    MlaConfig {
+        hidden: 7168,
+        heads,
+        kv_lora: KV_LORA,
+        nope: NOPE,
+        rope: ROPE,
+        v_dim: V,
+        lowrank_eps: 1e-6,
+        positions: PositionEmbedding::None,
+    }
+}
 
 fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a rayon pool")
@@ -200,6 +222,55 @@ fn mla_prefill(cache: &Cache, positions: usize, chunk: usize, reps: usize, threa
     )
 }
 
+/// The last `chunk` queries of a `positions`-token prompt in the expanded form, on
+/// [`EXPANDED_HEADS`] heads over the pool: seconds.
+fn mla_expanded(cache: &Cache, positions: usize, chunk: usize, reps: usize, threads: usize) -> f64 {
+    let cfg = k3_mla(EXPANDED_HEADS);
+    let h = EXPANDED_HEADS;
+    let w: Vec<half::bf16> = noise(h * (NOPE + V) * KV_LORA, 5, 0.05).into_iter().map(half::bf16::from_f32).collect();
+    let kv_b = k3_quant::Matrix::bf16(&w, h * (NOPE + V), KV_LORA).ok().and_then(|m| m.dense()).expect("bf16 is dense");
+    let q = noise(chunk * h * (NOPE + ROPE), 6, 0.1);
+    let mut ctx = vec![0f32; chunk * h * V];
+    let p = pool(threads);
+    median(
+        (0..reps)
+            .map(|_| {
+                time(|| {
+                    p.install(|| {
+                        attend_expanded(
+                            &cfg,
+                            &kv_b,
+                            scale(),
+                            &cache.c,
+                            &cache.kext,
+                            positions,
+                            &q,
+                            threads > 1,
+                            &mut ctx,
+                        )
+                    })
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Core-seconds of a `positions`-token prompt's MLA attention (one layer) in chunks of `chunk`,
+/// each chunk in the form [`MlaForm::Auto`] picks, at the measured per-core rates (multiply-adds
+/// a core-second) of each form.
+fn prompt_core_seconds(positions: usize, chunk: usize, absorbed_rate: f64, expanded_rate: f64) -> f64 {
+    let cfg = k3_mla(H);
+    (chunk..=positions.next_multiple_of(chunk))
+        .step_by(chunk)
+        .map(|end| {
+            let end = end.min(positions);
+            let rows = chunk.min(end);
+            let (a, e) = form_costs(&cfg, rows, end);
+            if MlaForm::Auto.expands(&cfg, rows, end) { e as f64 / expanded_rate } else { a as f64 / absorbed_rate }
+        })
+        .sum()
+}
+
 /// MLA at one context length: decode on one thread and the pool, the last prefill chunk, and the
 /// K3 projection on [`CORES`] cores at the measured per-core rates.
 fn mla(positions: usize, chunk: usize, reps: usize, mem: f64, peak: f64, threads: usize) -> Value {
@@ -208,12 +279,16 @@ fn mla(positions: usize, chunk: usize, reps: usize, mem: f64, peak: f64, threads
     let pooled = mla_decode(&cache, positions, reps, threads);
     // Queries of the last chunk measured: a few per thread (a query at 128k positions is ~13 G
     // multiply-adds; the rate a pair is what the projection takes).
-    let chunk = chunk.min(positions).min(8 * threads);
-    let pre = mla_prefill(&cache, positions, chunk, reps.min(3), threads);
+    let chunk = chunk.min(positions);
+    let few = chunk.min(8 * threads);
+    let pre = mla_prefill(&cache, positions, few, reps.min(3), threads);
+    let expanded = mla_expanded(&cache, positions, chunk, reps.min(3), threads);
+    let expanded_macs = form_costs(&k3_mla(EXPANDED_HEADS), chunk, positions).1 as f64;
+    let expanded_rate = expanded_macs / (expanded * threads as f64);
     let cache_bytes = (positions * (KV_LORA + ROPE) * 4) as f64;
     let decode_macs = MACS_PER_PAIR * positions as f64;
     // The chunk's pairs: each query over its causal span.
-    let chunk_macs = MACS_PER_PAIR * (chunk * (positions - chunk) + chunk * (chunk + 1) / 2) as f64;
+    let chunk_macs = MACS_PER_PAIR * (few * (positions - few) + few * (few + 1) / 2) as f64;
     // Core-seconds a MAC, from the pooled runs (what scaling the pool measured is in them).
     let decode_rate = decode_macs / (pooled * threads as f64);
     let prefill_rate = chunk_macs / (pre * threads as f64);
@@ -225,10 +300,14 @@ fn mla(positions: usize, chunk: usize, reps: usize, mem: f64, peak: f64, threads
         "decode_speedup": one / pooled,
         "decode_fraction_of_fma_peak": decode_macs / one / peak,
         "decode_fraction_of_memory_bound": cache_bytes / (mem * 1e9) / one,
-        "prefill_queries": chunk, "prefill_seconds": pre,
+        "prefill_queries": few, "prefill_seconds": pre,
         "prefill_fraction_of_fma_peak": chunk_macs / pre / (peak * threads as f64),
+        "expanded_chunk": chunk, "expanded_heads": EXPANDED_HEADS, "expanded_seconds": expanded,
+        "expanded_fraction_of_fma_peak": expanded_macs / expanded / (peak * threads as f64),
+        "k3_prefill_mla_absorbed_seconds_per_token": K3_MLA * MACS_PER_PAIR * prompt_pairs / (prefill_rate * CORES) / positions as f64,
         "k3_decode_attention_seconds_per_token": K3_MLA * decode_macs / (decode_rate * CORES),
-        "k3_prefill_mla_seconds_per_token": K3_MLA * MACS_PER_PAIR * prompt_pairs / (prefill_rate * CORES) / positions as f64,
+        "k3_prefill_mla_seconds_per_token":
+            K3_MLA * prompt_core_seconds(positions, chunk, prefill_rate, expanded_rate) / CORES / positions as f64,
     })
 }
 
@@ -285,7 +364,7 @@ fn print_table(r: &Value) {
         f(r, "k3_kda_prefill_seconds_per_token")
     );
     println!(
-        "{:>9} {:>11} {:>11} {:>7} {:>7} {:>12} {:>7} {:>13} {:>13}",
+        "{:>9} {:>11} {:>11} {:>7} {:>7} {:>12} {:>7} {:>13} {:>7} {:>13} {:>13} {:>13}",
         "positions",
         "decode 1t",
         "decode pool",
@@ -293,12 +372,15 @@ fn print_table(r: &Value) {
         "% FMA",
         "prefill 8/thr",
         "% FMA",
+        "expanded",
+        "% FMA",
         "K3 decode s/t",
+        "K3 absorbed",
         "K3 prefill s/t"
     );
     for m in r["mla"].as_array().into_iter().flatten() {
         println!(
-            "{:>9} {:>9.2}ms {:>9.2}ms {:>7.2} {:>6.0}% {:>11.1}ms {:>6.0}% {:>13.3} {:>14.3}",
+            "{:>9} {:>9.2}ms {:>9.2}ms {:>7.2} {:>6.0}% {:>11.1}ms {:>6.0}% {:>11.1}ms {:>6.0}% {:>13.3} {:>13.3} {:>14.3}",
             m["positions"],
             f(m, "decode_seconds_one_thread") * 1e3,
             f(m, "decode_seconds") * 1e3,
@@ -306,7 +388,10 @@ fn print_table(r: &Value) {
             f(m, "decode_fraction_of_fma_peak") * 100.0,
             f(m, "prefill_seconds") * 1e3,
             f(m, "prefill_fraction_of_fma_peak") * 100.0,
+            f(m, "expanded_seconds") * 1e3,
+            f(m, "expanded_fraction_of_fma_peak") * 100.0,
             f(m, "k3_decode_attention_seconds_per_token"),
+            f(m, "k3_prefill_mla_absorbed_seconds_per_token"),
             f(m, "k3_prefill_mla_seconds_per_token")
         );
     }

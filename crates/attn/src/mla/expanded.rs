@@ -5,8 +5,9 @@
 //!
 //! A row's bits never depend on the other rows: every row runs over the same key blocks (fixed
 //! at multiples of [`BLOCK`] from position 0, a partly future block masked to exact zeros), each
-//! score and each decompressed value is its own dot product (`gemm::abt`), and each row's
-//! weighted sum adds its blocks in order. So a chunk gives the bits of stepping its tokens one by
+//! decompressed value is its own dot product (`gemm::abt`), each score its own chain of
+//! multiply-adds over the query's dims (`gemm::pb_acc` against the block's transposed keys), and
+//! each row's weighted sum adds its blocks in order. So a chunk gives the bits of stepping its tokens one by
 //! one in this form, on any number of threads.
 
 use k3_quant::{Dense, expf, gemm};
@@ -64,11 +65,19 @@ fn expand_keys(
 ) {
     let (h, v) = (cfg.heads, cfg.v_dim);
     let head = |hd: usize| expanded_head(cfg, kv_b, scale, keys, len, q, hd);
-    let per_head: Vec<Vec<f32>> =
-        if parallel { (0..h).into_par_iter().map(head).collect() } else { (0..h).map(head).collect() };
-    for (hd, out) in per_head.iter().enumerate() {
-        for (t, row) in out.chunks_exact(v).enumerate() {
-            ctx[(t * h + hd) * v..(t * h + hd + 1) * v].copy_from_slice(row);
+    // As many heads at a time as threads: their outputs `[n, v]` wait beside `ctx` only that
+    // many at once (a whole chunk's worth would double the context's memory).
+    let at_once = if parallel { rayon::current_num_threads().max(1) } else { 1 };
+    for heads in (0..h).step_by(at_once).map(|s| s..(s + at_once).min(h)) {
+        let outs: Vec<Vec<f32>> = if parallel {
+            heads.clone().into_par_iter().map(head).collect()
+        } else {
+            heads.clone().map(head).collect()
+        };
+        for (hd, out) in heads.zip(&outs) {
+            for (t, row) in out.chunks_exact(v).enumerate() {
+                ctx[(t * h + hd) * v..(t * h + hd + 1) * v].copy_from_slice(row);
+            }
         }
     }
 }
@@ -101,15 +110,20 @@ fn expanded_head(
         let (cb, eb) = keys.block(span, sn, l, r, &mut wide);
         kv.resize(sn * kw, 0.0);
         gemm::abt(cb, &w, l, &mut kv, false);
-        // Keys `[W_uk c | k_ext]` and values, zero past the cache to whole blocks.
+        // Keys `[W_uk c | k_ext]`, each block's transposed (`[nope + rope, BLOCK]`: a query's
+        // scores against the block are one row of a product without horizontal sums), and
+        // values; zero past the cache to whole blocks.
         let padded = sn.next_multiple_of(BLOCK);
         kb.clear();
         kb.resize(padded * qh, 0.0);
         vb.clear();
         vb.resize(padded * v, 0.0);
         for (t, row) in kv.chunks_exact(kw).enumerate() {
-            kb[t * qh..t * qh + nope].copy_from_slice(&row[..nope]);
-            kb[t * qh + nope..(t + 1) * qh].copy_from_slice(&eb[t * r..(t + 1) * r]);
+            let block = &mut kb[t / BLOCK * qh * BLOCK..][..qh * BLOCK];
+            let key = row[..nope].iter().chain(&eb[t * r..(t + 1) * r]);
+            for (k, x) in key.enumerate() {
+                block[k * BLOCK + t % BLOCK] = *x;
+            }
             vb[t * v..(t + 1) * v].copy_from_slice(&row[nope..]);
         }
         // Query blocks whose rows see some of this span.
@@ -146,8 +160,8 @@ impl Rows {
         }
     }
 
-    /// Rows `qb` against the key blocks of the span starting at `span` (`kb` `[.., qh]`, `vb`
-    /// `[.., v]`, whole blocks) up to the one holding the last row's position. A row takes only
+    /// Rows `qb` against the key blocks of the span starting at `span` (`kb` a block at a time
+    /// `[qh, BLOCK]`, `vb` `[.., v]`, whole blocks) up to the one holding the last row's position. A row takes only
     /// the blocks that start at or before its position.
     fn attend_span(&mut self, qs: &[f32], qh: usize, kb: &[f32], vb: &[f32], span: usize, qb: std::ops::Range<usize>) {
         let v = self.v;
@@ -158,7 +172,8 @@ impl Rows {
             // Rows at or past the block's first key (rows run in position order).
             let lo = qb.start.max(kpos.saturating_sub(self.first));
             let s = &mut self.s[..(qb.end - lo) * BLOCK];
-            gemm::abt(&qs[lo * qh..qb.end * qh], &kb[b * BLOCK * qh..(b + 1) * BLOCK * qh], qh, s, false);
+            s.fill(0.0);
+            gemm::pb_acc(&qs[lo * qh..qb.end * qh], &kb[b * BLOCK * qh..(b + 1) * BLOCK * qh], BLOCK, s);
             for (i, row) in (lo..qb.end).zip(s.chunks_exact_mut(BLOCK)) {
                 let seen = (self.first + i + 1 - kpos).min(BLOCK);
                 row.iter_mut().for_each(|x| *x *= self.scale);
