@@ -140,7 +140,7 @@ impl<'a> Mla<'a> {
                 reason: "kv_b_proj's value rows cannot be read per head".into(),
             });
         };
-        let Some(kv_b_rows) = w.kv_b.clone().dense() else {
+        let Some(kv_b_rows) = w.kv_b.dense() else {
             return Err(AttnError::Unsupported {
                 layer: name,
                 reason: "kv_b_proj must be stored f32, bf16 or fp8".into(),
