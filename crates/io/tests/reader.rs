@@ -178,10 +178,16 @@ fn demand_reads_overtake_queued_prefetches_and_stale_ones_are_dropped() {
     // The first read's completion is held back, so everything below is queued before the reader
     // chooses what to issue next.
     let mut opts = ReaderOptions { backend: BackendChoice::Pread, queue_depth: 2, ..ReaderOptions::new(8 * PAGE, 32) };
+    // Every other prefetch takes 20 ms too, so the queue cannot drain before the layer moves on
+    // however long this thread is descheduled in between (a loaded machine once let all 29
+    // finish first).
     opts.fault = Some(Arc::new(|tag, _, _| {
-        if tag == 0 {
-            std::thread::sleep(std::time::Duration::from_millis(300));
-        }
+        let ms = match tag {
+            0 => 300,
+            1..30 => 20,
+            _ => 0,
+        };
+        std::thread::sleep(std::time::Duration::from_millis(ms));
         None
     }));
     let mut r = Reader::new(opts).unwrap();
