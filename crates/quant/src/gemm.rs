@@ -40,6 +40,21 @@ pub fn pb_acc_at(level: Level, p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) 
     }
 }
 
+/// The SIMD `pb_acc` kernels' columns past the last whole 16 for rows `rows`: scalar
+/// multiply-then-add over `j` in order (every level the same, so the same bits).
+#[cfg(target_arch = "x86_64")]
+fn pb_acc_tail(p: &[f32], b: &[f32], k: usize, rows: std::ops::Range<usize>, acc: &mut [f32]) {
+    let n = b.len() / k;
+    for i in rows {
+        for j in 0..n {
+            let pv = p[i * n + j];
+            for t in k / 16 * 16..k {
+                acc[i * k + t] += pv * b[j * k + t];
+            }
+        }
+    }
+}
+
 pub mod reference {
     pub fn abt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
         let n = b.len() / k;
@@ -193,14 +208,7 @@ mod avx2 {
                 }
                 t += 16;
             }
-            for r in 0..mi {
-                for j in 0..n {
-                    let pv = p[(i + r) * n + j];
-                    for tt in kv..k {
-                        acc[(i + r) * k + tt] += pv * b[j * k + tt];
-                    }
-                }
-            }
+            super::pb_acc_tail(p, b, k, i..i + mi, acc);
             i += mi;
         }
     }
@@ -232,14 +240,7 @@ mod avx512 {
             if t < kv {
                 block::<1>(p, b, k, n, i, mi, t, acc);
             }
-            for r in 0..mi {
-                for j in 0..n {
-                    let pv = p[(i + r) * n + j];
-                    for tt in kv..k {
-                        acc[(i + r) * k + tt] += pv * b[j * k + tt];
-                    }
-                }
-            }
+            super::pb_acc_tail(p, b, k, i..i + mi, acc);
             i += mi;
         }
     }

@@ -59,6 +59,12 @@ fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a rayon pool")
 }
 
+/// The median seconds of `reps` runs of `f` on a pool of `threads`.
+fn on_pool(threads: usize, reps: usize, mut f: impl FnMut() + Send) -> f64 {
+    let p = pool(threads);
+    median((0..reps).map(|_| time(|| p.install(&mut f))).collect())
+}
+
 /// The f32 FMA ceiling of one core, multiply-adds a second (the widest this CPU has).
 fn fma_peak() -> f64 {
     k3_quant::peak::peaks()
@@ -175,51 +181,22 @@ fn scale() -> f32 {
 fn mla_decode(cache: &Cache, positions: usize, reps: usize, threads: usize) -> f64 {
     let (qabs, qext) = (noise(H * KV_LORA, 3, 0.1), noise(H * ROPE, 4, 0.1));
     let mut lat = vec![0f32; H * KV_LORA];
-    let p = pool(threads);
-    median(
-        (0..reps)
-            .map(|_| {
-                time(|| {
-                    p.install(|| {
-                        attend(
-                            &qabs,
-                            &qext,
-                            &cache.c,
-                            &cache.kext,
-                            positions,
-                            KV_LORA,
-                            ROPE,
-                            scale(),
-                            threads > 1,
-                            &mut lat,
-                        )
-                    })
-                })
-            })
-            .collect(),
-    )
+    on_pool(threads, reps, || {
+        attend(&qabs, &qext, &cache.c, &cache.kext, positions, KV_LORA, ROPE, scale(), threads > 1, &mut lat)
+    })
 }
 
 /// The last `chunk` queries of a `positions`-token prompt, rows over the pool.
 fn mla_prefill(cache: &Cache, positions: usize, chunk: usize, reps: usize, threads: usize) -> f64 {
     let (qabs, qext) = (noise(chunk * H * KV_LORA, 3, 0.1), noise(chunk * H * ROPE, 4, 0.1));
     let mut lat = vec![0f32; chunk * H * KV_LORA];
-    let p = pool(threads);
     let from = positions - chunk;
-    median(
-        (0..reps)
-            .map(|_| {
-                time(|| {
-                    p.install(|| {
-                        lat.par_chunks_mut(H * KV_LORA).enumerate().for_each(|(i, lat)| {
-                            let (qa, qe) = (&qabs[i * H * KV_LORA..][..H * KV_LORA], &qext[i * H * ROPE..][..H * ROPE]);
-                            attend(qa, qe, &cache.c, &cache.kext, from + i + 1, KV_LORA, ROPE, scale(), false, lat)
-                        })
-                    })
-                })
-            })
-            .collect(),
-    )
+    on_pool(threads, reps, || {
+        lat.par_chunks_mut(H * KV_LORA).enumerate().for_each(|(i, lat)| {
+            let (qa, qe) = (&qabs[i * H * KV_LORA..][..H * KV_LORA], &qext[i * H * ROPE..][..H * ROPE]);
+            attend(qa, qe, &cache.c, &cache.kext, from + i + 1, KV_LORA, ROPE, scale(), false, lat)
+        })
+    })
 }
 
 /// The last `chunk` queries of a `positions`-token prompt in the expanded form, on
@@ -231,28 +208,9 @@ fn mla_expanded(cache: &Cache, positions: usize, chunk: usize, reps: usize, thre
     let kv_b = k3_quant::Matrix::bf16(&w, h * (NOPE + V), KV_LORA).ok().and_then(|m| m.dense()).expect("bf16 is dense");
     let q = noise(chunk * h * (NOPE + ROPE), 6, 0.1);
     let mut ctx = vec![0f32; chunk * h * V];
-    let p = pool(threads);
-    median(
-        (0..reps)
-            .map(|_| {
-                time(|| {
-                    p.install(|| {
-                        attend_expanded(
-                            &cfg,
-                            &kv_b,
-                            scale(),
-                            &cache.c,
-                            &cache.kext,
-                            positions,
-                            &q,
-                            threads > 1,
-                            &mut ctx,
-                        )
-                    })
-                })
-            })
-            .collect(),
-    )
+    on_pool(threads, reps, || {
+        attend_expanded(&cfg, &kv_b, scale(), &cache.c, &cache.kext, positions, &q, threads > 1, &mut ctx)
+    })
 }
 
 /// Core-seconds of a `positions`-token prompt's MLA attention (one layer) in chunks of `chunk`,

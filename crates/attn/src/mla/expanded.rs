@@ -29,7 +29,8 @@ impl Mla<'_> {
     /// `parallel`, which changes no bit.
     pub(super) fn attend_expanded(&self, cache: &MlaCache, q: &[f32], parallel: bool, ctx: &mut [f32]) {
         let scale = self.softmax_scale();
-        expand_keys(&self.cfg, &self.kv_b_rows, scale, cache.keys(), cache.len(), q, parallel, ctx)
+        Chunk { cfg: &self.cfg, kv_b: &self.kv_b_rows, scale, keys: cache.keys(), len: cache.len(), q }
+            .attend(parallel, ctx)
     }
 }
 
@@ -49,89 +50,85 @@ pub fn attend_expanded(
     parallel: bool,
     ctx: &mut [f32],
 ) {
-    expand_keys(cfg, kv_b, scale, Keys::F32 { c, kext }, len, q, parallel, ctx)
+    Chunk { cfg, kv_b, scale, keys: Keys::F32 { c, kext }, len, q }.attend(parallel, ctx)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn expand_keys(
-    cfg: &MlaConfig,
-    kv_b: &Dense<'_>,
+/// One sequence's chunk in the expanded form: its queries `q` `[n, H, nope + rope]` (the last
+/// `n` of `len` cached positions), the cache's rows and the layer's `kv_b_proj`.
+#[derive(Clone, Copy)]
+struct Chunk<'a> {
+    cfg: &'a MlaConfig,
+    kv_b: &'a Dense<'a>,
     scale: f32,
-    keys: Keys<'_>,
+    keys: Keys<'a>,
     len: usize,
-    q: &[f32],
-    parallel: bool,
-    ctx: &mut [f32],
-) {
-    let (h, v) = (cfg.heads, cfg.v_dim);
-    let head = |hd: usize| expanded_head(cfg, kv_b, scale, keys, len, q, hd);
-    // As many heads at a time as threads: their outputs `[n, v]` wait beside `ctx` only that
-    // many at once (a whole chunk's worth would double the context's memory).
-    let at_once = if parallel { rayon::current_num_threads().max(1) } else { 1 };
-    for heads in (0..h).step_by(at_once).map(|s| s..(s + at_once).min(h)) {
-        let outs: Vec<Vec<f32>> = if parallel {
-            heads.clone().into_par_iter().map(head).collect()
-        } else {
-            heads.clone().map(head).collect()
-        };
-        for (hd, out) in heads.zip(&outs) {
-            for (t, row) in out.chunks_exact(v).enumerate() {
-                ctx[(t * h + hd) * v..(t * h + hd + 1) * v].copy_from_slice(row);
+    q: &'a [f32],
+}
+
+impl Chunk<'_> {
+    fn attend(self, parallel: bool, ctx: &mut [f32]) {
+        let (h, v) = (self.cfg.heads, self.cfg.v_dim);
+        // As many heads at a time as threads: their outputs `[n, v]` wait beside `ctx` only that
+        // many at once (a whole chunk's worth would double the context's memory).
+        let at_once = if parallel { rayon::current_num_threads().max(1) } else { 1 };
+        for heads in (0..h).step_by(at_once).map(|s| s..(s + at_once).min(h)) {
+            let outs: Vec<Vec<f32>> = if parallel {
+                heads.clone().into_par_iter().map(|hd| self.head(hd)).collect()
+            } else {
+                heads.clone().map(|hd| self.head(hd)).collect()
+            };
+            for (hd, out) in heads.zip(&outs) {
+                for (t, row) in out.chunks_exact(v).enumerate() {
+                    ctx[(t * h + hd) * v..(t * h + hd + 1) * v].copy_from_slice(row);
+                }
             }
         }
     }
-}
 
-/// Head `hd`'s context for every row `[n, v]`.
-fn expanded_head(
-    cfg: &MlaConfig,
-    kv_b: &Dense<'_>,
-    scale: f32,
-    keys: Keys<'_>,
-    len: usize,
-    q: &[f32],
-    hd: usize,
-) -> Vec<f32> {
-    let (h, l, r, nope, v) = (cfg.heads, cfg.kv_lora, cfg.rope, cfg.nope, cfg.v_dim);
-    let (qh, kw) = (nope + r, nope + v);
-    let n = q.len() / (h * qh);
-    let first = len - n;
-    let qs: Vec<f32> = q.chunks_exact(qh).skip(hd).step_by(h).flatten().copied().collect();
-    // The head's key rows then value rows of `kv_b_proj`, widened: `[nope + v, L]`.
-    let mut w = vec![0f32; kw * l];
-    for (j, row) in w.chunks_exact_mut(l).enumerate() {
-        kv_b.row_values(hd * kw + j, row);
-    }
-    let mut rows = Rows::new(n, v, first, scale);
-    let (mut wide, mut kv) = ((Vec::new(), Vec::new()), Vec::new());
-    let (mut kb, mut vb) = (Vec::new(), Vec::new());
-    for span in (0..len).step_by(SPAN) {
-        let sn = SPAN.min(len - span);
-        let (cb, eb) = keys.block(span, sn, l, r, &mut wide);
-        kv.resize(sn * kw, 0.0);
-        gemm::abt(cb, &w, l, &mut kv, false);
-        // Keys `[W_uk c | k_ext]`, each block's transposed (`[nope + rope, BLOCK]`: a query's
-        // scores against the block are one row of a product without horizontal sums), and
-        // values; zero past the cache to whole blocks.
-        let padded = sn.next_multiple_of(BLOCK);
-        kb.clear();
-        kb.resize(padded * qh, 0.0);
-        vb.clear();
-        vb.resize(padded * v, 0.0);
-        for (t, row) in kv.chunks_exact(kw).enumerate() {
-            let block = &mut kb[t / BLOCK * qh * BLOCK..][..qh * BLOCK];
-            let key = row[..nope].iter().chain(&eb[t * r..(t + 1) * r]);
-            for (k, x) in key.enumerate() {
-                block[k * BLOCK + t % BLOCK] = *x;
+    /// Head `hd`'s context for every row `[n, v]`.
+    fn head(&self, hd: usize) -> Vec<f32> {
+        let cfg = self.cfg;
+        let (h, l, r, nope, v) = (cfg.heads, cfg.kv_lora, cfg.rope, cfg.nope, cfg.v_dim);
+        let (qh, kw, len) = (nope + r, nope + v, self.len);
+        let n = self.q.len() / (h * qh);
+        let first = len - n;
+        let qs: Vec<f32> = self.q.chunks_exact(qh).skip(hd).step_by(h).flatten().copied().collect();
+        // The head's key rows then value rows of `kv_b_proj`, widened: `[nope + v, L]`.
+        let mut w = vec![0f32; kw * l];
+        for (j, row) in w.chunks_exact_mut(l).enumerate() {
+            self.kv_b.row_values(hd * kw + j, row);
+        }
+        let mut rows = Rows::new(n, v, first, self.scale);
+        let (mut wide, mut kv) = ((Vec::new(), Vec::new()), Vec::new());
+        let (mut kb, mut vb) = (Vec::new(), Vec::new());
+        for span in (0..len).step_by(SPAN) {
+            let sn = SPAN.min(len - span);
+            let (cb, eb) = self.keys.block(span, sn, l, r, &mut wide);
+            kv.resize(sn * kw, 0.0);
+            gemm::abt(cb, &w, l, &mut kv, false);
+            // Keys `[W_uk c | k_ext]`, each block's transposed (`[nope + rope, BLOCK]`: a query's
+            // scores against the block are one row of a product without horizontal sums), and
+            // values; zero past the cache to whole blocks.
+            let padded = sn.next_multiple_of(BLOCK);
+            kb.clear();
+            kb.resize(padded * qh, 0.0);
+            vb.clear();
+            vb.resize(padded * v, 0.0);
+            for (t, row) in kv.chunks_exact(kw).enumerate() {
+                let block = &mut kb[t / BLOCK * qh * BLOCK..][..qh * BLOCK];
+                let key = row[..nope].iter().chain(&eb[t * r..(t + 1) * r]);
+                for (k, x) in key.enumerate() {
+                    block[k * BLOCK + t % BLOCK] = *x;
+                }
+                vb[t * v..(t + 1) * v].copy_from_slice(&row[nope..]);
             }
-            vb[t * v..(t + 1) * v].copy_from_slice(&row[nope..]);
+            // Query blocks whose rows see some of this span.
+            for qb in (span.saturating_sub(first)..n).step_by(QUERIES).map(|i| i..(i + QUERIES).min(n)) {
+                rows.attend_span(&qs, qh, &kb, &vb, span, qb);
+            }
         }
-        // Query blocks whose rows see some of this span.
-        for qb in (span.saturating_sub(first)..n).step_by(QUERIES).map(|i| i..(i + QUERIES).min(n)) {
-            rows.attend_span(&qs, qh, &kb, &vb, span, qb);
-        }
+        rows.finish()
     }
-    rows.finish()
 }
 
 /// Every row's online softmax for one head: running maximum, sum of exponentials and weighted

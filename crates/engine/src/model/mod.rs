@@ -356,9 +356,13 @@ fn footprint(layers: &[Layer<'_>], cfg: &ModelConfig, res_block: usize, kv: k3_a
             }
             Attn::Mla(m) => {
                 let c = m.config();
-                // q (and its low-rank input), the latent and shared key, gate, context.
-                attn_width = attn_width
-                    .max(c.heads * (c.nope + c.rope) + 2 * c.hidden + c.kv_lora + c.rope + 2 * c.heads * c.v_dim);
+                // q (and its low-rank input), the latent and shared key, gate, context; and the
+                // larger of the absorbed form's queries (`[H, L]` a row) and the expanded form's
+                // per-head query, sums and output (at most every head at once).
+                let form = c.heads * c.kv_lora.max(c.nope + c.rope + 2 * c.v_dim + 2);
+                attn_width = attn_width.max(
+                    c.heads * (c.nope + c.rope) + 2 * c.hidden + c.kv_lora + c.rope + 2 * c.heads * c.v_dim + form,
+                );
             }
         }
         match &l.ffn {
