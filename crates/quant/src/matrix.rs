@@ -425,14 +425,6 @@ thread_local! {
 }
 
 impl Dense<'_> {
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-
     /// Row `r` widened exactly to f32 into `out` (`cols` values; false, writing nothing, for a
     /// row past the end or an `out` of another length): the values the products multiply.
     pub fn row_values(&self, r: usize, out: &mut [f32]) -> bool {

@@ -7,8 +7,8 @@
 //! at multiples of [`BLOCK`] from position 0, a partly future block masked to exact zeros), each
 //! decompressed value is its own dot product (`gemm::abt`), each score its own chain of
 //! multiply-adds over the query's dims (`gemm::pb_acc` against the block's transposed keys), and
-//! each row's weighted sum adds its blocks in order. So a chunk gives the bits of stepping its tokens one by
-//! one in this form, on any number of threads.
+//! each row's weighted sum adds its blocks in order. So a chunk gives the bits of stepping its
+//! tokens one by one in this form, on any number of threads.
 
 use k3_quant::{Dense, expf, gemm};
 use rayon::prelude::*;

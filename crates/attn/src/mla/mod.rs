@@ -123,27 +123,21 @@ impl<'a> Mla<'a> {
         check_matrix(&name, "kv_a_proj_with_mqa", &w.kv_a, cfg.kv_lora + cfg.rope, d)?;
         check_len(&name, "kv_a_layernorm", &w.kv_a_norm, cfg.kv_lora)?;
         check_matrix(&name, "kv_b_proj", &w.kv_b, h * (cfg.nope + cfg.v_dim), cfg.kv_lora)?;
-        let per_head = cfg.nope + cfg.v_dim;
-        let uk: Option<Vec<Dense<'a>>> =
-            (0..h).map(|hd| w.kv_b.rows_view(hd * per_head, cfg.nope).and_then(Matrix::dense)).collect();
-        let Some(uk) = uk else {
-            return Err(AttnError::Unsupported {
-                layer: name,
-                reason: "kv_b_proj must be stored f32, bf16 or fp8".into(),
-            });
-        };
-        let uv: Option<Vec<Matrix<'a>>> =
-            (0..h).map(|hd| w.kv_b.rows_view(hd * per_head + cfg.nope, cfg.v_dim)).collect();
-        let Some(uv) = uv else {
-            return Err(AttnError::Unsupported {
-                layer: name,
-                reason: "kv_b_proj's value rows cannot be read per head".into(),
-            });
-        };
         let Some(kv_b_rows) = w.kv_b.dense() else {
             return Err(AttnError::Unsupported {
                 layer: name,
                 reason: "kv_b_proj must be stored f32, bf16 or fp8".into(),
+            });
+        };
+        let per_head = cfg.nope + cfg.v_dim;
+        let uk: Option<Vec<Dense<'a>>> =
+            (0..h).map(|hd| w.kv_b.rows_view(hd * per_head, cfg.nope).and_then(Matrix::dense)).collect();
+        let uv: Option<Vec<Matrix<'a>>> =
+            (0..h).map(|hd| w.kv_b.rows_view(hd * per_head + cfg.nope, cfg.v_dim)).collect();
+        let (Some(uk), Some(uv)) = (uk, uv) else {
+            return Err(AttnError::Unsupported {
+                layer: name,
+                reason: "kv_b_proj's rows cannot be read per head".into(),
             });
         };
         if let Some(g) = &w.g_proj {
@@ -290,12 +284,20 @@ impl<'a> Mla<'a> {
         if picked.is_empty() {
             return ctx;
         }
-        let qa: Vec<f32> = picked.iter().flat_map(|&t| &q[t * h * qh..(t + 1) * h * qh]).copied().collect();
-        let qabs = self.absorbed_queries(&qa, parallel);
-        let index: Vec<usize> = (0..n).map(|t| picked.partition_point(|&p| p < t)).collect();
+        // Their queries: `q` itself when every row is absorbed (decode: nothing copied), else
+        // gathered; row `t` is the picked rows' `index(t)`-th.
+        let gathered: Vec<f32>;
+        let qa = if picked.len() == n {
+            q
+        } else {
+            gathered = picked.iter().flat_map(|&t| &q[t * h * qh..(t + 1) * h * qh]).copied().collect();
+            &gathered
+        };
+        let index = |t: usize| picked.partition_point(|&p| p < t);
+        let qabs = self.absorbed_queries(qa, parallel);
         let row = |(t, c): (usize, &mut [f32]), split: bool| {
             let (i, len) = rows[t];
-            self.attend_row(caches[i], &qa, &qabs, index[t], len, split, c)
+            self.attend_row(caches[i], qa, &qabs, index(t), len, split, c)
         };
         if picked.len() > 1 && parallel {
             ctx.par_chunks_mut(hv).enumerate().filter(|(t, _)| absorbed[*t]).for_each(|tc| row(tc, false));
