@@ -1,8 +1,9 @@
 //! How an MLA cache stores its rows (a position's latent, or its shared key): f32 as computed,
-//! bf16 (half the bytes), or int8 with one f32 scale a row (about a quarter). Attention widens a
-//! block of rows back to f32 once for every head, so the arithmetic is the f32 kernels' whatever
-//! the storage; what the storage changes is the values (rounded once, when the row is appended)
-//! and the bytes a position holds.
+//! bf16 (half the bytes), or int8 with one f32 scale a row (about a quarter). The rows are
+//! rounded once, when appended. The absorbed form reads an int8 cache in integers (`mla::int8`:
+//! the query and the block's weights rounded too, 2.2-2.4x f32's decode at K3's dimensions);
+//! otherwise attention widens a block of rows back to f32 once for every head and runs the f32
+//! kernels.
 
 use std::str::FromStr;
 
@@ -122,6 +123,14 @@ impl Rows {
                     o.iter_mut().zip(qr).for_each(|(o, q)| *o = f32::from(*q) * s);
                 }
             }
+        }
+    }
+
+    /// The int8 rows and their steps, when stored so.
+    pub(crate) fn int8(&self) -> Option<(&[i8], &[f32])> {
+        match self {
+            Rows::Int8 { q, scale } => Some((q, scale)),
+            _ => None,
         }
     }
 

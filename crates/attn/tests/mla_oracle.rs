@@ -354,6 +354,7 @@ fn compact_mla_caches_round_once_and_stay_consistent() {
         let mut out = vec![0f32; n * D];
         layer.prefill(&mut cache, &xs, &mut out);
         let e = rel(&out, &want);
+        eprintln!("{kind:?} {form:?} {e}");
         assert!(e < bound && e > 1e-6, "{kind:?} {form:?}: relative error {e}");
         assert_eq!(cache.bytes_per_position(), kind.row_bytes(L) + kind.row_bytes(ROPE));
         let mut stepped = vec![0f32; n * D];

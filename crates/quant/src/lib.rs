@@ -16,6 +16,7 @@ pub mod encode;
 pub mod expf;
 pub mod fp8;
 pub mod gemm;
+pub mod gemm8;
 pub mod int2;
 pub mod int4;
 pub mod int8;

@@ -15,8 +15,8 @@
 //!   takes, chunk by chunk, whichever form `MlaForm::Auto` would pick.
 
 use k3_attn::kda::delta_rule;
-use k3_attn::mla::{MlaForm, attend, attend_expanded, form_costs};
-use k3_attn::{MlaConfig, PositionEmbedding};
+use k3_attn::mla::{MlaForm, attend, attend_cache, attend_expanded, form_costs};
+use k3_attn::{KvCacheType, MlaCache, MlaConfig, PositionEmbedding};
 use k3_quant::rng::noise;
 use rayon::prelude::*;
 use serde_json::{Value, json};
@@ -67,9 +67,14 @@ fn on_pool(threads: usize, reps: usize, mut f: impl FnMut() + Send) -> f64 {
 
 /// The f32 FMA ceiling of one core, multiply-adds a second (the widest this CPU has).
 fn fma_peak() -> f64 {
+    peak_of("f32 FMA")
+}
+
+/// The ceiling of one core's widest instructions whose name starts with `family`.
+fn peak_of(family: &str) -> f64 {
     k3_quant::peak::peaks()
         .iter()
-        .filter(|p| p.name.starts_with("f32 FMA"))
+        .filter(|p| p.name.starts_with(family))
         .map(|p| {
             let secs = median(
                 (0..3)
@@ -177,6 +182,37 @@ fn scale() -> f32 {
     1.0 / ((128 + ROPE) as f32).sqrt()
 }
 
+/// One decode query over `positions` of a cache stored as `kind` on `threads`: seconds.
+fn cached_decode(cache: &Cache, kind: KvCacheType, positions: usize, reps: usize, threads: usize) -> f64 {
+    let mut rows = MlaCache::new(kind, KV_LORA, ROPE);
+    for (c, k) in cache.c.chunks_exact(KV_LORA).zip(cache.kext.chunks_exact(ROPE)).take(positions) {
+        rows.append(c, k).expect("rows of the cache's widths");
+    }
+    let (qabs, qext) = (noise(H * KV_LORA, 3, 0.1), noise(H * ROPE, 4, 0.1));
+    let mut lat = vec![0f32; H * KV_LORA];
+    on_pool(threads, reps, || attend_cache(&qabs, &qext, &rows, positions, scale(), threads > 1, &mut lat))
+}
+
+/// Decode over each of `kinds`' caches: on one thread, the pool, and K3's projection.
+fn decode_by_cache(cache: &Cache, kinds: &[KvCacheType], positions: usize, reps: usize, threads: usize) -> Value {
+    let macs = MACS_PER_PAIR * positions as f64;
+    // The int8 path's arithmetic is integer dots (VNNI, or AVX2's vpmaddubsw).
+    let int8_peak = peak_of("int8 dot");
+    let rows: Vec<Value> = kinds
+        .iter()
+        .map(|&kind| {
+            let one = cached_decode(cache, kind, positions, reps, 1);
+            let pooled = cached_decode(cache, kind, positions, reps, threads);
+            json!({
+                "kv_cache": kind.name(), "decode_seconds_one_thread": one, "decode_seconds": pooled,
+                "fraction_of_peak": macs / one / if kind == KvCacheType::Int8 { int8_peak } else { fma_peak() },
+                "k3_decode_attention_seconds_per_token": K3_MLA * macs / (macs / (pooled * threads as f64) * CORES),
+            })
+        })
+        .collect();
+    Value::Array(rows)
+}
+
 /// One decode query over `positions` on `threads`.
 fn mla_decode(cache: &Cache, positions: usize, reps: usize, threads: usize) -> f64 {
     let (qabs, qext) = (noise(H * KV_LORA, 3, 0.1), noise(H * ROPE, 4, 0.1));
@@ -231,8 +267,18 @@ fn prompt_core_seconds(positions: usize, chunk: usize, absorbed_rate: f64, expan
 
 /// MLA at one context length: decode on one thread and the pool, the last prefill chunk, and the
 /// K3 projection on [`CORES`] cores at the measured per-core rates.
-fn mla(positions: usize, chunk: usize, reps: usize, mem: f64, peak: f64, threads: usize) -> Value {
+#[allow(clippy::too_many_arguments)]
+fn mla(
+    positions: usize,
+    chunk: usize,
+    reps: usize,
+    mem: f64,
+    peak: f64,
+    threads: usize,
+    kinds: &[KvCacheType],
+) -> Value {
     let cache = Cache::new(positions);
+    let by_cache = decode_by_cache(&cache, kinds, positions, reps, threads);
     let one = mla_decode(&cache, positions, reps, 1);
     let pooled = mla_decode(&cache, positions, reps, threads);
     // Queries of the last chunk measured: a few per thread (a query at 128k positions is ~13 G
@@ -255,6 +301,7 @@ fn mla(positions: usize, chunk: usize, reps: usize, mem: f64, peak: f64, threads
     json!({
         "positions": positions, "cache_bytes": cache_bytes,
         "decode_seconds_one_thread": one, "decode_seconds": pooled, "threads": threads,
+        "decode_by_cache": by_cache,
         "decode_speedup": one / pooled,
         "decode_fraction_of_fma_peak": decode_macs / one / peak,
         "decode_fraction_of_memory_bound": cache_bytes / (mem * 1e9) / one,
@@ -281,12 +328,19 @@ pub fn context(s: &str) -> anyhow::Result<usize> {
     Ok(n * mul)
 }
 
-pub fn run(contexts: &[usize], chunk: usize, threads: usize, reps: usize, json_out: bool) -> Value {
+pub fn run(
+    contexts: &[usize],
+    chunk: usize,
+    threads: usize,
+    reps: usize,
+    kinds: &[KvCacheType],
+    json_out: bool,
+) -> Value {
     let mem = mem_read_gbps(512 << 20, 5);
     let peak = fma_peak();
     let kda_pre = kda_prefill(chunk, reps.min(3), peak, threads);
     let k3_kda_prefill = K3_KDA * kda_pre["seconds_per_token"].as_f64().unwrap_or(0.0) * threads as f64 / CORES;
-    let mla_rows: Vec<Value> = contexts.iter().map(|&p| mla(p, chunk, reps, mem, peak, threads)).collect();
+    let mla_rows: Vec<Value> = contexts.iter().map(|&p| mla(p, chunk, reps, mem, peak, threads, kinds)).collect();
     let report = json!({
         "cpu": super::cpu_name(), "mem_read_gbps": mem, "f32_fma_peak_gmacs": peak / 1e9, "threads": threads,
         "kda_decode": kda_decode(reps, mem), "kda_prefill": kda_pre,
@@ -352,5 +406,23 @@ fn print_table(r: &Value) {
             f(m, "k3_prefill_mla_absorbed_seconds_per_token"),
             f(m, "k3_prefill_mla_seconds_per_token")
         );
+    }
+    println!(
+        "{:>9} {:>8} {:>11} {:>11} {:>9} {:>10} {:>13}",
+        "positions", "cache", "decode 1t", "decode pool", "vs f32", "% of peak", "K3 decode s/t"
+    );
+    for m in r["mla"].as_array().into_iter().flatten() {
+        for c in m["decode_by_cache"].as_array().into_iter().flatten() {
+            println!(
+                "{:>9} {:>8} {:>9.2}ms {:>9.2}ms {:>8.2}x {:>9.0}% {:>13.3}",
+                m["positions"],
+                c["kv_cache"].as_str().unwrap_or("?"),
+                f(c, "decode_seconds_one_thread") * 1e3,
+                f(c, "decode_seconds") * 1e3,
+                f(m, "decode_seconds_one_thread") / f(c, "decode_seconds_one_thread"),
+                f(c, "fraction_of_peak") * 100.0,
+                f(c, "k3_decode_attention_seconds_per_token"),
+            );
+        }
     }
 }

@@ -170,6 +170,9 @@ pub enum Bench {
         /// Repetitions (medians are reported).
         #[arg(long, default_value_t = 7, value_parser = reps)]
         reps: usize,
+        /// MLA cache encodings whose decode to time besides f32 (`int8`, `bf16`).
+        #[arg(long = "kv-cache", value_name = "LIST", value_delimiter = ',', default_value = "int8")]
+        kv_cache: Vec<k3_attn::KvCacheType>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -280,9 +283,9 @@ pub fn run(what: Bench) -> Result<()> {
             };
             (io::run(&o, json)?, json)
         }
-        Bench::Attn { context, chunk, threads, reps, json } => {
+        Bench::Attn { context, chunk, threads, reps, kv_cache, json } => {
             let threads = threads.map_or_else(rayon::current_num_threads, usize::from);
-            (attn::run(&context, chunk as usize, threads, reps, json), json)
+            (attn::run(&context, chunk as usize, threads, reps, &kv_cache, json), json)
         }
         Bench::CacheSim { model, prompt_file, sizes, lever_size, layers, tokens, warm, low_ratio, seed, json } => {
             let sizes = percents(&sizes)?;

@@ -19,6 +19,12 @@ pub struct MlaCache {
 }
 
 impl MlaCache {
+    /// An empty cache of `latent`- and `key`-value rows stored as `kind` (what
+    /// [`Mla::cache_of`](super::Mla::cache_of) makes for a layer).
+    pub fn new(kind: KvCacheType, latent: usize, key: usize) -> MlaCache {
+        MlaCache::empty(kind, [latent as u64, key as u64])
+    }
+
     /// An empty cache of `dims` (latent, shared key) storing rows as `kind`.
     pub(super) fn empty(kind: KvCacheType, dims: [u64; 2]) -> MlaCache {
         MlaCache { c: Rows::new(kind), kext: Rows::new(kind), dims, ..MlaCache::default() }
@@ -30,6 +36,11 @@ impl MlaCache {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Values of a latent and of a shared key.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.dims[0] as usize, self.dims[1] as usize)
     }
 
     pub fn cache_type(&self) -> KvCacheType {
@@ -55,6 +66,20 @@ impl MlaCache {
         }
         self.c.reserve_rows(target, l);
         self.kext.reserve_rows(target, r);
+    }
+
+    /// Appends one position from outside a layer (benchmarks, tools): `latent` and `key` must be
+    /// as long as the cache was made for.
+    pub fn append(&mut self, latent: &[f32], key: &[f32]) -> Result<(), AttnError> {
+        let (l, r) = self.dims();
+        for (tensor, v, want) in [("latent", latent, l), ("shared key", key, r)] {
+            if v.len() != want {
+                return Err(AttnError::Length { layer: "MLA cache".into(), tensor, len: v.len(), want });
+            }
+        }
+        self.grow(1);
+        self.push(latent, key);
+        Ok(())
     }
 
     /// Appends one position: its normalized latent and (rotated, with RoPE) shared key.

@@ -24,6 +24,7 @@
 mod cache;
 mod expanded;
 mod form;
+mod int8;
 mod softmax;
 
 use k3_quant::par;
@@ -33,8 +34,8 @@ use rayon::prelude::*;
 pub use self::cache::MlaCache;
 pub use self::expanded::attend_expanded;
 pub use self::form::{MlaForm, costs as form_costs};
-pub use self::softmax::attend;
 use self::softmax::attend_keys;
+pub use self::softmax::{attend, attend_cache};
 use crate::AttnError;
 use crate::latents::KvCacheType;
 use crate::ops::{check_len, check_matrix, rms_norm, sigmoid};

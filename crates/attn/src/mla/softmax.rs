@@ -6,10 +6,11 @@ use k3_quant::{expf, gemm};
 use rayon::prelude::*;
 
 use super::MlaCache;
+use super::int8::{Int8Keys, Queries8};
 use crate::latents::Rows;
 
 /// Positions within a block of the online softmax.
-const BLOCK: usize = 32;
+pub(super) const BLOCK: usize = 32;
 /// Positions of a group: the unit of work split over threads and merged (a multiple of `BLOCK`).
 const GROUP: usize = 2048;
 
@@ -34,6 +35,22 @@ pub fn attend(
     attend_keys(qabs, qext, Keys::F32 { c, kext }, len, l, r, scale, parallel, lat)
 }
 
+/// [`attend`] over the first `len` positions of `cache`, read in its encoding (an int8 cache's
+/// latents in integers, `super::int8`).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_cache(
+    qabs: &[f32],
+    qext: &[f32],
+    cache: &MlaCache,
+    len: usize,
+    scale: f32,
+    parallel: bool,
+    lat: &mut [f32],
+) {
+    let (l, r) = cache.dims();
+    attend_keys(qabs, qext, cache.keys(), len.min(cache.len()), l, r, scale, parallel, lat)
+}
+
 /// The cached rows attention reads: f32 in place, or a cache's rows widened a block at a time.
 #[derive(Clone, Copy)]
 pub(super) enum Keys<'a> {
@@ -51,6 +68,14 @@ impl MlaCache {
 }
 
 impl<'a> Keys<'a> {
+    /// The rows of an int8 cache, which attention reads in integers.
+    pub(super) fn int8(&self) -> Option<Int8Keys<'a>> {
+        match *self {
+            Keys::Rows { c, kext } => Some(Int8Keys { c: c.int8()?, kext: kext.int8()? }),
+            Keys::F32 { .. } => None,
+        }
+    }
+
     /// Positions `start..start + n` as f32 `([n, l], [n, r])`: in place, or widened into `wide`.
     pub(super) fn block<'w>(
         &self,
@@ -95,12 +120,17 @@ pub(super) fn attend_keys<'q>(
     // Enough (head range, group) tasks for every thread twice over.
     let ranges = (2 * threads).div_ceil(groups).clamp(1, h.max(1));
     let per = h.div_ceil(ranges).max(1);
+    // An int8 cache's latents are attended in integers: the queries rounded once.
+    let q8 = keys.int8().map(|_| Queries8::new(qabs, qext, l, r));
     let task = |(hr, g): (usize, usize)| {
         let heads = hr * per..((hr + 1) * per).min(h);
         let span = g * GROUP..((g + 1) * GROUP).min(len);
         let mut p = Partial::new(heads.len(), l);
         let ext = |x: &'q [f32], d: usize| -> &'q [f32] { &x[heads.start * d..heads.end * d] };
-        p.attend(ext(qabs, l), ext(qext, r), keys, span, l, r, scale);
+        match (&q8, keys.int8()) {
+            (Some(q8), Some(k8)) => p.attend_int8(q8.heads(heads.clone(), l, r), k8, span, (l, r), scale),
+            _ => p.attend(ext(qabs, l), ext(qext, r), keys, span, l, r, scale),
+        }
         (hr, p)
     };
     let tasks = (0..h.div_ceil(per)).flat_map(|hr| (0..groups).map(move |g| (hr, g)));
@@ -120,10 +150,10 @@ pub(super) fn attend_keys<'q>(
 
 /// One group's online softmax for some heads: the running maximum and sum of exponentials of each
 /// head's scores, and its weighted sum of latents `[heads, L]`.
-struct Partial {
+pub(super) struct Partial {
     m: Vec<f32>,
     sum: Vec<f32>,
-    lat: Vec<f32>,
+    pub(super) lat: Vec<f32>,
 }
 
 impl Partial {
@@ -155,20 +185,26 @@ impl Partial {
             if r > 0 {
                 gemm::abt(qext, kb, r, sb, true);
             }
-            for hd in 0..h {
-                let row = &mut sb[hd * nb..(hd + 1) * nb];
-                row.iter_mut().for_each(|v| *v *= scale);
-                let bm = row.iter().fold(f32::NEG_INFINITY, |a, v| a.max(*v));
-                if bm > self.m[hd] {
-                    let f = (self.m[hd] - bm).exp();
-                    self.lat[hd * l..(hd + 1) * l].iter_mut().for_each(|v| *v *= f);
-                    self.sum[hd] *= f;
-                    self.m[hd] = bm;
-                }
-                expf::exp_shifted(row, self.m[hd]);
-                self.sum[hd] += row.iter().sum::<f32>();
-            }
+            self.fold(sb, nb, l, scale);
             gemm::pb_acc(sb, cb, l, &mut self.lat);
+        }
+    }
+
+    /// A block's scores `sb` `[heads, nb]` into the running softmax: scaled, the maxima raised
+    /// (rescaling what was summed), and turned into their weights `exp(s - m)` in place.
+    pub(super) fn fold(&mut self, sb: &mut [f32], nb: usize, l: usize, scale: f32) {
+        for hd in 0..self.m.len() {
+            let row = &mut sb[hd * nb..(hd + 1) * nb];
+            row.iter_mut().for_each(|v| *v *= scale);
+            let bm = row.iter().fold(f32::NEG_INFINITY, |a, v| a.max(*v));
+            if bm > self.m[hd] {
+                let f = (self.m[hd] - bm).exp();
+                self.lat[hd * l..(hd + 1) * l].iter_mut().for_each(|v| *v *= f);
+                self.sum[hd] *= f;
+                self.m[hd] = bm;
+            }
+            expf::exp_shifted(row, self.m[hd]);
+            self.sum[hd] += row.iter().sum::<f32>();
         }
     }
 

@@ -1,0 +1,54 @@
+//! A block of int8 rows in the two layouts the products stream (see the module's header). Both
+//! only move bytes, so every level packs the same bytes.
+
+use super::BLOCK;
+use crate::cpu::{Level, level, supported};
+
+/// `n <= BLOCK` rows of `k` (`rows` `[n, k]`) as keys: `out` `[ceil(k / 4)][BLOCK][4]`. A value
+/// -128 is taken as -127 (a cache never stores it; AVX2's sign trick could not negate it).
+pub fn pack_keys(rows: &[i8], k: usize, out: &mut Vec<i8>) {
+    let n = rows.len() / k.max(1);
+    assert!(k > 0 && n <= BLOCK && rows.len() == n * k, "pack_keys: shapes do not match");
+    let k4 = k.div_ceil(4);
+    out.clear();
+    out.resize(k4 * BLOCK * 4, 0);
+    let words = out.as_chunks_mut::<4>().0;
+    for (j, row) in rows.chunks_exact(k).enumerate() {
+        let (whole, tail) = row.as_chunks::<4>();
+        for (g, w) in whole.iter().enumerate() {
+            words[g * BLOCK + j] = *w;
+        }
+        if !tail.is_empty() {
+            words[whole.len() * BLOCK + j][..tail.len()].copy_from_slice(tail);
+        }
+    }
+    out.iter_mut().for_each(|v| *v = (*v).max(-127));
+}
+
+/// `n <= BLOCK` rows of `k` (`rows` `[n, k]`) as values: `out` `[BLOCK / 4][k][4]`.
+pub fn pack_values(rows: &[i8], k: usize, out: &mut Vec<i8>) {
+    pack_values_at(level(), rows, k, out)
+}
+
+pub fn pack_values_at(level: Level, rows: &[i8], k: usize, out: &mut Vec<i8>) {
+    let n = rows.len() / k.max(1);
+    assert!(k > 0 && n <= BLOCK && rows.len() == n * k, "pack_values: shapes do not match");
+    out.clear();
+    out.resize(BLOCK * k, 0);
+    match supported(level) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `supported` returns Avx2 or above only when the CPU has AVX2; shapes checked.
+        Level::Avx2 | Level::Avx512 => unsafe { super::avx2::pack_values(rows, k, out) },
+        Level::Scalar => values_cols(rows, k, 0..k, out),
+    }
+}
+
+/// Columns `cols` of [`pack_values`] (the reference, and the SIMD version's tail).
+pub(super) fn values_cols(rows: &[i8], k: usize, cols: std::ops::Range<usize>, out: &mut [i8]) {
+    for (j, row) in rows.chunks_exact(k).enumerate() {
+        let (g, i) = (j / 4, j % 4);
+        for t in cols.clone() {
+            out[(g * k + t) * 4 + i] = row[t];
+        }
+    }
+}
