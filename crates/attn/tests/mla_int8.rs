@@ -22,7 +22,9 @@ fn oracle(qabs: &[f32], qext: &[f32], c: &[Vec<f64>], k: &[Vec<f64>], l: usize, 
     let mut want = vec![0f64; h * l];
     for hd in 0..h {
         let s: Vec<f64> = (0..c.len())
-            .map(|t| (dot(&qabs[hd * l..(hd + 1) * l], &c[t]) + dot(&qext[hd * r..(hd + 1) * r], &k[t])) * f64::from(scale))
+            .map(|t| {
+                (dot(&qabs[hd * l..(hd + 1) * l], &c[t]) + dot(&qext[hd * r..(hd + 1) * r], &k[t])) * f64::from(scale)
+            })
             .collect();
         let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
@@ -37,10 +39,10 @@ fn oracle(qabs: &[f32], qext: &[f32], c: &[Vec<f64>], k: &[Vec<f64>], l: usize, 
 }
 
 /// Tolerance: the query rounds each value by up to half of its head's step (max / 254) and each
-/// block's weights by up to max / 254; over scores of spread ~3 (peaked softmax) the measured
-/// relative error is 3.4e-3 (K3's widths) and 3.9e-3 (a small model's); 1e-2 leaves room and
-/// still fails a weight whose row step is dropped (measured 0.26), a lost block or a misread
-/// step (~1e-1).
+/// block's weights by up to max / 254; over scores of spread ~3 (a peaked softmax) the measured
+/// relative error is 7.1e-3 (K3's widths) and 6.5e-3 (a small model's), 5.9e-3 of it the
+/// query's (measured with the weighted sum in f32); 1e-2 still fails a weight whose row step is
+/// dropped (measured 1.3e2), a lost block or a misread step (~1e-1).
 #[test]
 fn int8_attention_is_the_softmax_over_the_rounded_rows() {
     for (h, l, r, len) in [(8, 512, 64, 2 * 2048 + 45), (4, 64, 16, 1000)] {

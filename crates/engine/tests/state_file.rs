@@ -95,7 +95,7 @@ fn a_state_saved_under_other_routing_options_is_refused() {
 fn a_state_saved_with_another_cache_type_or_precision_is_refused() {
     let model = open("default.waste");
     let exact = Engine::load(&model).unwrap();
-    let opts = |kv, activations| k3_engine::EngineOptions { kv_cache: kv, activations, ..Default::default() };
+    let opts = |kv, activations| k3_engine::EngineOptions { kv_cache: Some(kv), activations, ..Default::default() };
     let bf16 = Engine::load_with(&model, opts(k3_engine::KvCacheType::Bf16, ActivationPrecision::Exact)).unwrap();
     let int8 = Engine::load_with(&model, opts(k3_engine::KvCacheType::Int8, ActivationPrecision::Exact)).unwrap();
     let rounded = Engine::load_with(&model, opts(k3_engine::KvCacheType::F32, ActivationPrecision::All)).unwrap();

@@ -71,7 +71,9 @@ fn too_short_a_text_or_window_is_refused() {
 /// cost 1.2e-3 and bf16-trunk adds 8.3e-5; int4 experts with an int8 trunk cost 6.8e-4 and int8
 /// experts add 3.5e-5 (bf16-trunk would add 9.9e-5: too much); an int8 trunk with bf16 experts
 /// costs 3.2e-4 and runs exact (bf16-trunk would add a fifth). Here the first 32 windows. On a CPU without the int8 or bf16 kernels those products run exact: the
-/// bound still holds, with nothing added.
+/// bound still holds, with nothing added. The MLA cache is the rule's too (`--kv-cache auto`:
+/// int8 wherever products round, attended in integers; here in the absorbed form at every
+/// position, so every score and weighted sum goes through them): what it adds is in `added`.
 #[test]
 fn auto_activations_add_at_most_a_tenth_of_what_the_weights_cost() {
     use k3_convert::{ExpertFormat, TrunkFormat};
@@ -100,7 +102,17 @@ fn auto_activations_add_at_most_a_tenth_of_what_the_weights_cost() {
         };
         k3_convert::convert(&opts, &mut |_| {}).unwrap();
         let model = Model::open(&out).unwrap();
-        let (exact, auto) = (load(&model, ActivationPrecision::Exact), load(&model, ActivationPrecision::Auto));
+        let exact = load(&model, ActivationPrecision::Exact);
+        let auto = Engine::load_with(
+            &model,
+            EngineOptions {
+                activations: ActivationPrecision::Auto,
+                kv_cache: None,
+                mla_form: k3_engine::MlaForm::Absorbed,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
         let weights = eval::agreement(&exact, &reference, ids, &cut, &mut |_| {}).unwrap().mean_kl();
         let added = eval::agreement(&auto, &exact, ids, &cut, &mut |_| {}).unwrap().mean_kl();
         eprintln!(
@@ -117,5 +129,11 @@ fn auto_activations_add_at_most_a_tenth_of_what_the_weights_cost() {
         }
         // The most rounding precision the rule allows, as measured over the whole text.
         assert_eq!(auto.activations(), picks, "{experts:?} experts, {trunk:?} trunk");
+        let cache = if picks == ActivationPrecision::Exact {
+            k3_engine::KvCacheType::F32
+        } else {
+            k3_engine::KvCacheType::Int8
+        };
+        assert_eq!(auto.kv_cache(), cache, "{experts:?} experts, {trunk:?} trunk");
     }
 }

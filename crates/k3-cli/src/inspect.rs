@@ -213,7 +213,7 @@ pub fn table(model: &Model) -> String {
     let _ = writeln!(o, "encodings   {}", enc.join(", "));
     context_line(&mut o, &s["context"]);
     let auto = k3_engine::ActivationPrecision::Auto.for_model(model);
-    let _ = writeln!(o, "{} (auto: generate, chat and serve)", crate::run::activations_line(auto));
+    let _ = writeln!(o, "{} (auto: generate, chat and serve)", crate::run::activations_line(auto, auto.kv_cache()));
     let _ =
         writeln!(o, "trunk       {}  {}, {} tensors", m.trunk.file, human_bytes(m.trunk.bytes), m.trunk.tensors.len());
     if let Some(by) = s["trunk"]["by_encoding"].as_object() {
@@ -336,5 +336,6 @@ fn activations(model: &Model) -> Value {
     let auto = k3_engine::ActivationPrecision::Auto.for_model(model);
     let mut v = serde_json::to_value(auto.ran()).unwrap_or_default();
     v["auto"] = auto.name().into();
+    v["kv_cache_auto"] = auto.kv_cache().name().into();
     v
 }

@@ -93,7 +93,7 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
             exact.knobs.expert_top_p = None;
             exact.knobs.low_bit_copies = None;
             exact.knobs.cache_aware_experts = None;
-            exact.knobs.kv_cache = "f32".into();
+            exact.knobs.kv_cache = Some("f32".into());
             let re = exact.load(&rm, reference, Needs::exact(context, chunk))?;
             let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
             let g = k3_generate::eval::agreement(&engine, &re, &ids, &cut, &mut |d| pb.set_position(d as u64))?;

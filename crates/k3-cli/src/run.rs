@@ -39,12 +39,14 @@ pub struct EngineKnobs {
     /// references].
     #[arg(long, value_name = "PRECISION", value_parser = k3_engine::ActivationPrecision::NAMES)]
     pub activations: Option<String>,
-    /// How MLA caches store each position: `f32` as computed, `bf16` (half the bytes: twice the
-    /// context in the same memory) or `int8` (a scale a row: ~3.6x). Rounded once, when the
-    /// position is appended; attention itself runs in f32. Measured costs in docs/EFFICIENCY.md
-    /// [default: f32].
-    #[arg(long, value_name = "TYPE", default_value = "f32", value_parser = k3_engine::KvCacheType::NAMES)]
-    pub kv_cache: String,
+    /// How MLA caches store each position: the rule's choice (`auto`: int8 where `--activations
+    /// auto` rounds products, f32 for a model as trained), `f32` as computed, `bf16` (half the
+    /// bytes: twice the context in the same memory) or `int8` (a scale a row: ~3.6x, attended in
+    /// integers: 2.2-2.4x f32's decode attention at K3's widths). Rounded once, when the position
+    /// is appended. Measured costs in docs/EFFICIENCY.md [default: auto for generate, chat and
+    /// serve; f32 for logits, trace, perplexity and lookahead].
+    #[arg(long, value_name = "TYPE", value_parser = ["auto", "f32", "bf16", "int8"])]
+    pub kv_cache: Option<String>,
     /// Which form MLA prefill runs: `auto` (absorbed for decode and chunks under a few hundred
     /// tokens, expanded, i.e. keys and values decompressed per head, where that takes fewer
     /// multiply-adds: ~2-3x fewer for long prompts), `absorbed` (every chunk gives the bits of
@@ -135,7 +137,13 @@ impl EngineKnobs {
             chunk: needs.chunk.map(|c| c as u64),
             reserved_bytes: needs.reserved_bytes,
             threads: self.threads.map_or(0, usize::from),
-            kv_cache: self.kv_cache.parse().map_err(anyhow::Error::msg)?,
+            kv_cache: match self.kv_cache.as_deref() {
+                Some("auto") => None,
+                Some(t) => Some(t.parse().map_err(anyhow::Error::msg)?),
+                // Commands whose numbers are compared with references run exact.
+                None if needs.activations == ActivationPrecision::Auto => None,
+                None => Some(k3_engine::KvCacheType::F32),
+            },
             mla_form: self.mla_form.parse().map_err(anyhow::Error::msg)?,
             verify_trunk: !self.no_verify,
             activations: match self.activations.as_deref() {
@@ -409,7 +417,7 @@ impl EngineArgs {
                 rss.unwrap_or(0) as f64 / 1e6
             );
             print_expert_levers(s, spec, c.bytes_read);
-            eprintln!("{}", activations_line(engine.activations()));
+            eprintln!("{}", activations_line(engine.activations(), engine.kv_cache()));
         }
         Ok(())
     }
@@ -420,13 +428,22 @@ fn activations_json(engine: &Engine<'_>) -> serde_json::Value {
     let a = engine.activations();
     let mut v = serde_json::to_value(a.ran()).unwrap_or_default();
     v["precision"] = a.name().into();
+    v["kv_cache"] = engine.kv_cache().name().into();
     v
 }
 
-/// `activations bf16-trunk (avx512): experts int8, trunk bf16 batches, head exact`.
-pub fn activations_line(a: ActivationPrecision) -> String {
+/// `activations bf16-trunk (avx512): experts int8, trunk bf16 batches, head exact; MLA cache int8`.
+pub fn activations_line(a: ActivationPrecision, kv: k3_engine::KvCacheType) -> String {
     let r = a.ran();
-    format!("activations {} ({}): experts {}, trunk {}, head {}", a.name(), r.simd, r.experts, r.trunk, r.head)
+    format!(
+        "activations {} ({}): experts {}, trunk {}, head {}; MLA cache {}",
+        a.name(),
+        r.simd,
+        r.experts,
+        r.trunk,
+        r.head,
+        kv.name()
+    )
 }
 
 /// The summary lines of the levers that change which experts run: low-bit copies, cache-aware

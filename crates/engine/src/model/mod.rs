@@ -136,7 +136,9 @@ impl<'m> Engine<'m> {
     /// plans memory (failing with the minimum when the budget is too small) and opens the expert
     /// reader.
     pub fn load_with(model: &'m Model, opts: EngineOptions) -> Result<Engine<'m>, EngineError> {
-        let opts = EngineOptions { activations: opts.activations.for_model(model), ..opts };
+        let activations = opts.activations.for_model(model);
+        let kv_cache = Some(opts.kv_cache.unwrap_or_else(|| activations.kv_cache()));
+        let opts = EngineOptions { activations, kv_cache, ..opts };
         let trunk_check = if opts.verify_trunk { Some(crate::verify::verify_trunk(model)?) } else { None };
         let raw =
             model.blob("config.json").ok_or_else(|| EngineError::Config("the model embeds no config.json".into()))?;
@@ -169,7 +171,7 @@ impl<'m> Engine<'m> {
         check_cache_aware(&layers, &cfg, &opts)?;
         let res_block = cfg.attn_res_block.unwrap_or(1);
         let plan = memory_plan::plan(
-            footprint(&layers, &cfg, res_block, opts.kv_cache),
+            footprint(&layers, &cfg, res_block, opts.kv_cache.unwrap_or_default()),
             Demand {
                 budget: opts.mem_budget,
                 context: match cfg.max_positions {
@@ -233,6 +235,11 @@ impl<'m> Engine<'m> {
     /// The activation precision the engine runs (`Auto` resolved for this model).
     pub fn activations(&self) -> ActivationPrecision {
         self.opts.activations
+    }
+
+    /// How the engine's MLA caches store positions (the rule's choice resolved for this model).
+    pub fn kv_cache(&self) -> k3_attn::KvCacheType {
+        self.opts.kv_cache.unwrap_or_default()
     }
 
     pub fn plan(&self) -> &MemoryPlan {
@@ -328,7 +335,7 @@ impl<'m> Engine<'m> {
             .map(|l| match &l.attn {
                 Attn::Kda(k) => LayerState::Kda(k.state()),
                 Attn::Mla(m) => {
-                    let mut c = m.cache_of(self.opts.kv_cache);
+                    let mut c = m.cache_of(self.kv_cache());
                     c.plan(self.plan.context as usize);
                     LayerState::Mla(c)
                 }

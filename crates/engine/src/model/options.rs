@@ -62,8 +62,10 @@ pub struct EngineOptions {
     /// docs/EFFICIENCY.md.
     pub activations: ActivationPrecision,
     /// How MLA caches store a position's latent and shared key (f32 as computed; bf16 or int8
-    /// rows: 2x / ~3.6x the context in the same memory, values rounded once when appended).
-    pub kv_cache: k3_attn::KvCacheType,
+    /// rows: 2x / ~3.6x the context in the same memory, values rounded once when appended; an
+    /// int8 cache is attended in integers). `None`: the rule's choice for the model
+    /// ([`ActivationPrecision::kv_cache`]), resolved at load. `Some(F32)` is the default.
+    pub kv_cache: Option<k3_attn::KvCacheType>,
     /// Which form MLA prefill chunks run (`Auto`: absorbed for decode and short chunks, expanded
     /// for long ones, by their multiply-adds). The forms differ in the last bits (~1e-6), so under
     /// `Auto` a prompt's bits depend on how it was cut into chunks; `Absorbed` gives every chunk
@@ -102,7 +104,7 @@ impl Default for EngineOptions {
             reserved_bytes: 0,
             threads: 0,
             activations: ActivationPrecision::Exact,
-            kv_cache: k3_attn::KvCacheType::F32,
+            kv_cache: Some(k3_attn::KvCacheType::F32),
             mla_form: k3_attn::MlaForm::Auto,
             verify_trunk: true,
             calibrate: None,

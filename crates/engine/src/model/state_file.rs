@@ -66,8 +66,8 @@ impl Engine<'_> {
             if self.opts.activations != crate::ActivationPrecision::Exact {
                 bytes.extend_from_slice(format!("activations={:?}", self.opts.activations).as_bytes());
             }
-            if self.opts.kv_cache != k3_attn::KvCacheType::F32 {
-                bytes.extend_from_slice(format!("kv_cache={}", self.opts.kv_cache.name()).as_bytes());
+            if self.kv_cache() != k3_attn::KvCacheType::F32 {
+                bytes.extend_from_slice(format!("kv_cache={}", self.kv_cache().name()).as_bytes());
             }
             if let Some(c) = &self.opts.low_bit_copies {
                 // The copies' own manifest: other copies compute other states.
