@@ -4,7 +4,7 @@
 
 mod exact;
 
-use exact::{bits, rand, rel};
+use exact::{attend_f64, bits, rand, rel};
 use k3_attn::mla::attend_cache;
 use k3_attn::{KvCacheType, MlaCache};
 
@@ -12,30 +12,6 @@ use k3_attn::{KvCacheType, MlaCache};
 fn rounded(row: &[f32]) -> Vec<f64> {
     let s = row.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
     row.iter().map(|x| f64::from((x / s).round().clamp(-127.0, 127.0)) * f64::from(s)).collect()
-}
-
-/// Every head's softmax-weighted sum of latents, in f64 over the rounded rows.
-#[allow(clippy::too_many_arguments)]
-fn oracle(qabs: &[f32], qext: &[f32], c: &[Vec<f64>], k: &[Vec<f64>], l: usize, r: usize, scale: f32) -> Vec<f64> {
-    let h = qabs.len() / l;
-    let dot = |a: &[f32], b: &[f64]| a.iter().zip(b).map(|(x, y)| f64::from(*x) * y).sum::<f64>();
-    let mut want = vec![0f64; h * l];
-    for hd in 0..h {
-        let s: Vec<f64> = (0..c.len())
-            .map(|t| {
-                (dot(&qabs[hd * l..(hd + 1) * l], &c[t]) + dot(&qext[hd * r..(hd + 1) * r], &k[t])) * f64::from(scale)
-            })
-            .collect();
-        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
-        let z: f64 = e.iter().sum();
-        for (t, p) in e.iter().enumerate() {
-            for i in 0..l {
-                want[hd * l + i] += p / z * c[t][i];
-            }
-        }
-    }
-    want
 }
 
 /// Tolerance: the query rounds each value by up to half of its head's step (max / 254) and each
@@ -55,7 +31,7 @@ fn int8_attention_is_the_softmax_over_the_rounded_rows() {
             cache.append(&c[t * l..(t + 1) * l], &kext[t * r..(t + 1) * r]).unwrap();
         }
         let rows = |x: &[f32], d: usize| x.chunks(d).map(rounded).collect::<Vec<_>>();
-        let want = oracle(&qabs, &qext, &rows(&c, l), &rows(&kext, r), l, r, scale);
+        let want = attend_f64(&qabs, &qext, &rows(&c, l), &rows(&kext, r), (l, r), scale);
         let run = |threads: usize, parallel: bool| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             let mut lat = vec![0f32; h * l];

@@ -4,7 +4,7 @@
 
 mod exact;
 
-use exact::{bits, m, mv, rand, rel, rms, sig};
+use exact::{attend_f64, bits, m, mv, rand, rel, rms, rows_f64, sig};
 use k3_attn::KvCacheType;
 use k3_attn::mla::{MlaForm, Rope, Yarn};
 use k3_attn::{Mla, MlaConfig, MlaWeights, PositionEmbedding, QPath};
@@ -281,24 +281,7 @@ fn mla_attend_merges_groups_as_one_softmax() {
     let (qabs, qext) = (rand(h * l, 31, 0.3), rand(h * r, 32, 0.3));
     let (c, kext) = (rand(len * l, 33, 1.0), rand(len * r, 34, 1.0));
     let scale = 0.25;
-    let mut want = vec![0f64; h * l];
-    for hd in 0..h {
-        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum::<f64>();
-        let s: Vec<f64> = (0..len)
-            .map(|t| {
-                let sc = dot(&qabs[hd * l..(hd + 1) * l], &c[t * l..(t + 1) * l]);
-                (sc + dot(&qext[hd * r..(hd + 1) * r], &kext[t * r..(t + 1) * r])) * f64::from(scale)
-            })
-            .collect();
-        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
-        let z: f64 = e.iter().sum();
-        for (t, p) in e.iter().enumerate() {
-            for i in 0..l {
-                want[hd * l + i] += p / z * f64::from(c[t * l + i]);
-            }
-        }
-    }
+    let want = attend_f64(&qabs, &qext, &rows_f64(&c, l), &rows_f64(&kext, r), (l, r), scale);
     let run = |threads: usize, parallel: bool| {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         let mut lat = vec![0f32; h * l];

@@ -250,4 +250,3 @@ fn lanes(row: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
     let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
     op(op(op(a0, a4), op(a2, a6)), op(op(a1, a5), op(a3, a7)))
 }
-

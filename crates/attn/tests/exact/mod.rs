@@ -35,3 +35,39 @@ pub fn rel(a: &[f32], b: &[f64]) -> f64 {
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
+
+/// Every head's softmax-weighted sum of the latent rows `c` (`[len][l]`), each position scored
+/// `(qabs . c_t + qext . k_t) * scale` (`qabs` `[H, l]`, `qext` `[H, r]`, `k` `[len][r]`), in f64.
+pub fn attend_f64(
+    qabs: &[f32],
+    qext: &[f32],
+    c: &[Vec<f64>],
+    k: &[Vec<f64>],
+    (l, r): (usize, usize),
+    scale: f32,
+) -> Vec<f64> {
+    let h = qabs.len() / l;
+    let dot = |a: &[f32], b: &[f64]| a.iter().zip(b).map(|(x, y)| f64::from(*x) * y).sum::<f64>();
+    let mut want = vec![0f64; h * l];
+    for hd in 0..h {
+        let s: Vec<f64> = (0..c.len())
+            .map(|t| {
+                (dot(&qabs[hd * l..(hd + 1) * l], &c[t]) + dot(&qext[hd * r..(hd + 1) * r], &k[t])) * f64::from(scale)
+            })
+            .collect();
+        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
+        let z: f64 = e.iter().sum();
+        for (t, p) in e.iter().enumerate() {
+            for i in 0..l {
+                want[hd * l + i] += p / z * c[t][i];
+            }
+        }
+    }
+    want
+}
+
+/// Rows of `d` values as f64.
+pub fn rows_f64(x: &[f32], d: usize) -> Vec<Vec<f64>> {
+    x.chunks(d).map(|r| r.iter().map(|v| f64::from(*v)).collect()).collect()
+}
