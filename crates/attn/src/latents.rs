@@ -1,7 +1,7 @@
 //! How an MLA cache stores its rows (a position's latent, or its shared key): f32 as computed,
 //! bf16 (half the bytes), or int8 with one f32 scale a row (about a quarter). The rows are
 //! rounded once, when appended. The absorbed form reads an int8 cache in integers (`mla::int8`:
-//! the query and the block's weights rounded too, 2.2-2.4x f32's decode at K3's dimensions);
+//! the query and the block's weights rounded too, 1.85-2.4x f32's decode at K3's dimensions);
 //! otherwise attention widens a block of rows back to f32 once for every head and runs the f32
 //! kernels.
 

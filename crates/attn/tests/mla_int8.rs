@@ -35,7 +35,7 @@ fn int8_attention_is_the_softmax_over_the_rounded_rows() {
         let run = |threads: usize, parallel: bool| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             let mut lat = vec![0f32; h * l];
-            pool.install(|| attend_cache(&qabs, &qext, &cache, len, scale, parallel, &mut lat));
+            pool.install(|| attend_cache(&qabs, &qext, &cache, len, scale, parallel, &mut lat)).unwrap();
             lat
         };
         let alone = run(1, false);
@@ -48,11 +48,30 @@ fn int8_attention_is_the_softmax_over_the_rounded_rows() {
     }
 }
 
-/// A cache refuses a row of the wrong width, naming which.
+/// A cache refuses a row of the wrong width, and attention queries, outputs or spans that do not
+/// fit it, naming which.
 #[test]
-fn an_int8_cache_refuses_rows_of_the_wrong_width() {
+fn an_int8_cache_and_its_attention_refuse_what_does_not_fit() {
     let mut cache = MlaCache::new(KvCacheType::Int8, 8, 2);
     let err = cache.append(&[0.0; 7], &[0.0; 2]).unwrap_err().to_string();
     assert!(err.contains("latent") && err.contains('7') && err.contains('8'), "{err}");
     assert_eq!(cache.len(), 0);
+    cache.append(&[0.5; 8], &[0.25; 2]).unwrap();
+    // Attention refuses queries, outputs and spans that do not fit the cache.
+    let mut lat = [0f32; 16];
+    for (qabs, qext, len, what) in [
+        (&[0.1f32; 15][..], &[0.1f32; 4][..], 1, "absorbed queries"),
+        (&[0.1; 16], &[0.1; 3], 1, "shared-key queries"),
+        (&[0.1; 16], &[0.1; 4], 2, "attended positions"),
+        (&[0.1; 16], &[0.1; 4], 0, "attended positions"),
+        (&[], &[], 1, "absorbed queries"),
+    ] {
+        let err = attend_cache(qabs, qext, &cache, len, 1.0, false, &mut lat).unwrap_err().to_string();
+        assert!(err.contains(what), "{what}: {err}");
+    }
+    let err = attend_cache(&[0.1; 16], &[0.1; 4], &cache, 1, 1.0, false, &mut lat[..8]).unwrap_err().to_string();
+    assert!(err.contains("output latents"), "{err}");
+    attend_cache(&[0.1; 16], &[0.1; 4], &cache, 1, 1.0, false, &mut lat).unwrap();
+    // One position: every head's output is that position's rounded latent (0.5 exactly).
+    assert!(lat.iter().all(|v| (*v - 0.5).abs() < 1e-6), "{lat:?}");
 }

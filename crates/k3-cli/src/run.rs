@@ -39,18 +39,20 @@ pub struct EngineKnobs {
     /// references].
     #[arg(long, value_name = "PRECISION", value_parser = k3_engine::ActivationPrecision::NAMES)]
     pub activations: Option<String>,
-    /// How MLA caches store each position: the rule's choice (`auto`: int8 where `--activations
-    /// auto` rounds products, f32 for a model as trained), `f32` as computed, `bf16` (half the
-    /// bytes: twice the context in the same memory) or `int8` (a scale a row: ~3.6x, attended in
-    /// integers: 2.2-2.4x f32's decode attention at K3's widths). Rounded once, when the position
-    /// is appended. Measured costs in docs/EFFICIENCY.md [default: auto for generate, chat and
-    /// serve; f32 for logits, trace, perplexity and lookahead].
+    /// How MLA caches store each position: `auto` (int8 where the run's activations round
+    /// products, as `--activations auto` does for quantized weights, and the CPU has AVX2; f32
+    /// otherwise, so a model as trained runs f32), `f32` as computed, `bf16` (half the bytes:
+    /// twice the context in the same memory) or `int8` (a scale a row: ~3.6x, attended in
+    /// integers in the absorbed form: 1.85-2.4x f32's decode attention at K3's widths). Rounded
+    /// once, when the position is appended. Measured costs in docs/EFFICIENCY.md [default: auto
+    /// for generate, chat and serve; f32 for logits, trace, perplexity and lookahead].
     #[arg(long, value_name = "TYPE", value_parser = ["auto", "f32", "bf16", "int8"])]
     pub kv_cache: Option<String>,
     /// Which form MLA prefill runs: `auto` (absorbed for decode and chunks under a few hundred
     /// tokens, expanded, i.e. keys and values decompressed per head, where that takes fewer
     /// multiply-adds: ~2-3x fewer for long prompts), `absorbed` (every chunk gives the bits of
-    /// stepping token by token) or `expanded`. The forms agree to float noise (~1e-6) [default:
+    /// stepping token by token) or `expanded`. The forms agree to float noise (~1e-6; with an
+    /// int8 cache to ~1e-5 nats, the absorbed form's queries and weights rounded) [default:
     /// auto].
     #[arg(long, value_name = "FORM", default_value = "auto", value_parser = k3_engine::MlaForm::NAMES)]
     pub mla_form: String,

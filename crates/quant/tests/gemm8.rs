@@ -110,6 +110,12 @@ fn quantizers_round_to_their_steps() {
         }
         assert!(a[i * 12..i * 12 + 10].iter().any(|v| v.abs() == 127));
     }
+    // A non-finite query row gets step NaN (its scores NaN, as in f32), wherever the value sits.
+    for bad in [f32::NAN, f32::INFINITY] {
+        let q = [bad, 1.0, 2.0, 3.0, 1.0, bad, 2.0, 0.5];
+        gemm8::quantize_queries(&q, 4, &mut a, &mut steps);
+        assert!(steps[0].is_nan() && steps[1].is_nan(), "{bad}: {steps:?}");
+    }
     let w = [0.5f32, 0.25, 0.0, 1e-3, f32::NAN, 0.125];
     let (mut u, mut ws) = (Vec::new(), Vec::new());
     gemm8::quantize_weights(&w, 6, &mut u, &mut ws);

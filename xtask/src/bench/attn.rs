@@ -190,22 +190,33 @@ fn cached_decode(cache: &Cache, kind: KvCacheType, positions: usize, reps: usize
     }
     let (qabs, qext) = (noise(H * KV_LORA, 3, 0.1), noise(H * ROPE, 4, 0.1));
     let mut lat = vec![0f32; H * KV_LORA];
-    on_pool(threads, reps, || attend_cache(&qabs, &qext, &rows, positions, scale(), threads > 1, &mut lat))
+    on_pool(threads, reps, || {
+        attend_cache(&qabs, &qext, &rows, positions, scale(), threads > 1, &mut lat)
+            .expect("queries of the cache's widths")
+    })
 }
 
 /// Decode over each of `kinds`' caches: on one thread, the pool, and K3's projection.
-fn decode_by_cache(cache: &Cache, kinds: &[KvCacheType], positions: usize, reps: usize, threads: usize) -> Value {
+/// `peaks`: one core's f32 FMA and int8 dot ceilings (an absent ceiling, 0, reports no fraction).
+fn decode_by_cache(
+    cache: &Cache,
+    kinds: &[KvCacheType],
+    positions: usize,
+    (reps, threads): (usize, usize),
+    peaks: (f64, f64),
+) -> Value {
     let macs = MACS_PER_PAIR * positions as f64;
     // The int8 path's arithmetic is integer dots (VNNI, or AVX2's vpmaddubsw).
-    let int8_peak = peak_of("int8 dot");
     let rows: Vec<Value> = kinds
         .iter()
         .map(|&kind| {
             let one = cached_decode(cache, kind, positions, reps, 1);
             let pooled = cached_decode(cache, kind, positions, reps, threads);
+            let peak = if kind == KvCacheType::Int8 { peaks.1 } else { peaks.0 };
+            let fraction = if peak > 0.0 { macs / one / peak } else { f64::NAN };
             json!({
                 "kv_cache": kind.name(), "decode_seconds_one_thread": one, "decode_seconds": pooled,
-                "fraction_of_peak": macs / one / if kind == KvCacheType::Int8 { int8_peak } else { fma_peak() },
+                "fraction_of_peak": fraction,
                 "k3_decode_attention_seconds_per_token": K3_MLA * macs / (macs / (pooled * threads as f64) * CORES),
             })
         })
@@ -273,12 +284,12 @@ fn mla(
     chunk: usize,
     reps: usize,
     mem: f64,
-    peak: f64,
+    (peak, int8_peak): (f64, f64),
     threads: usize,
     kinds: &[KvCacheType],
 ) -> Value {
     let cache = Cache::new(positions);
-    let by_cache = decode_by_cache(&cache, kinds, positions, reps, threads);
+    let by_cache = decode_by_cache(&cache, kinds, positions, (reps, threads), (peak, int8_peak));
     let one = mla_decode(&cache, positions, reps, 1);
     let pooled = mla_decode(&cache, positions, reps, threads);
     // Queries of the last chunk measured: a few per thread (a query at 128k positions is ~13 G
@@ -338,11 +349,14 @@ pub fn run(
 ) -> Value {
     let mem = mem_read_gbps(512 << 20, 5);
     let peak = fma_peak();
+    let int8_peak = peak_of("int8 dot");
     let kda_pre = kda_prefill(chunk, reps.min(3), peak, threads);
     let k3_kda_prefill = K3_KDA * kda_pre["seconds_per_token"].as_f64().unwrap_or(0.0) * threads as f64 / CORES;
-    let mla_rows: Vec<Value> = contexts.iter().map(|&p| mla(p, chunk, reps, mem, peak, threads, kinds)).collect();
+    let mla_rows: Vec<Value> =
+        contexts.iter().map(|&p| mla(p, chunk, reps, mem, (peak, int8_peak), threads, kinds)).collect();
     let report = json!({
-        "cpu": super::cpu_name(), "mem_read_gbps": mem, "f32_fma_peak_gmacs": peak / 1e9, "threads": threads,
+        "cpu": super::cpu_name(), "mem_read_gbps": mem, "f32_fma_peak_gmacs": peak / 1e9,
+        "int8_dot_peak_gmacs": int8_peak / 1e9, "threads": threads,
         "kda_decode": kda_decode(reps, mem), "kda_prefill": kda_pre,
         "k3_kda_prefill_seconds_per_token": k3_kda_prefill, "mla": mla_rows,
     });

@@ -3,7 +3,9 @@
 //! weights rounded to 7 bits a head and block for an exact integer weighted sum. The shared keys'
 //! part of the scores (`k_ext`) the same way, with its own query and row steps.
 //! Every level computes the same integers, so the same bits; positions are cut into the same
-//! blocks and groups as the f32 path, so chunks, steps and pools agree bit for bit.
+//! blocks and groups as the f32 path, so within the absorbed form chunks, steps and pools agree
+//! bit for bit. The expanded form widens the rows to f32 instead: under `MlaForm::Auto` a
+//! prompt's long chunks and its decode differ by the query's and weights' rounding (~1e-5 nats).
 
 use k3_quant::gemm8;
 

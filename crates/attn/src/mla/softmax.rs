@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use super::MlaCache;
 use super::int8::{Int8Keys, Queries8};
+use crate::AttnError;
 use crate::latents::Rows;
 
 /// Positions within a block of the online softmax.
@@ -36,7 +37,8 @@ pub fn attend(
 }
 
 /// [`attend`] over the first `len` positions of `cache`, read in its encoding (an int8 cache's
-/// latents in integers, `super::int8`).
+/// latents in integers, `super::int8`): `qabs` `[H, l]`, `qext` `[H, r]` and `lat` `[H, l]` for
+/// the cache's widths, `1 <= len <= cache.len()`.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_cache(
     qabs: &[f32],
@@ -46,9 +48,26 @@ pub fn attend_cache(
     scale: f32,
     parallel: bool,
     lat: &mut [f32],
-) {
+) -> Result<(), AttnError> {
     let (l, r) = cache.dims();
-    attend_keys(qabs, qext, cache.keys(), len.min(cache.len()), l, r, scale, parallel, lat)
+    let h = qabs.len().checked_div(l).unwrap_or(0);
+    let wrong = |tensor: &'static str, len: usize, want: usize| {
+        Err(AttnError::Length { layer: "MLA cache".into(), tensor, len, want })
+    };
+    if h == 0 || qabs.len() != h * l {
+        return wrong("absorbed queries", qabs.len(), h.max(1) * l);
+    }
+    if qext.len() != h * r {
+        return wrong("shared-key queries", qext.len(), h * r);
+    }
+    if lat.len() != h * l {
+        return wrong("output latents", lat.len(), h * l);
+    }
+    if len == 0 || len > cache.len() {
+        return wrong("attended positions", len, cache.len());
+    }
+    attend_keys(qabs, qext, cache.keys(), len, l, r, scale, parallel, lat);
+    Ok(())
 }
 
 /// The cached rows attention reads: f32 in place, or a cache's rows widened a block at a time.

@@ -116,15 +116,18 @@ impl ActivationPrecision {
         }
     }
 
-    /// The MLA cache the rule picks beside this (resolved) precision: int8 rows wherever it rounds
-    /// products, f32 where it runs exact. An int8 cache attended in integers adds 6.6e-6 to
-    /// 1.3e-5 nats on the trained default model (`perplexity --kv-cache int8 --mla-form absorbed
-    /// --against`, windows 256 and 4,096; docs/EFFICIENCY.md), a 37th or less of the least the
-    /// rounded classes' weights cost (4.9e-4), and brings K3's decode attention at 64k positions
-    /// from 0.57 to 0.25 s a token (8 cores, `bench attn`).
+    /// The MLA cache picked beside this (resolved) precision: int8 rows wherever it rounds
+    /// products, f32 where it runs exact or the CPU has no AVX2 (the integer products' scalar
+    /// reference is slower than f32). An int8 cache attended in integers adds 1.1e-5 to 1.3e-5
+    /// nats on the trained default model (`perplexity --kv-cache int8 --mla-form absorbed
+    /// --against`, windows 256 and 4,096; docs/EFFICIENCY.md, with kl64's), a 37th or less of
+    /// the least the rounded classes' weights cost (4.9e-4), and brings K3's decode attention at
+    /// 64k positions from 0.545 to 0.239 s a token (8 cores, `bench attn`).
     pub fn kv_cache(self) -> k3_attn::KvCacheType {
+        let integers = k3_quant::cpu::level() != k3_quant::cpu::Level::Scalar;
         match self {
             ActivationPrecision::Auto | ActivationPrecision::Exact => k3_attn::KvCacheType::F32,
+            _ if !integers => k3_attn::KvCacheType::F32,
             _ => k3_attn::KvCacheType::Int8,
         }
     }

@@ -63,14 +63,16 @@ pub struct EngineOptions {
     pub activations: ActivationPrecision,
     /// How MLA caches store a position's latent and shared key (f32 as computed; bf16 or int8
     /// rows: 2x / ~3.6x the context in the same memory, values rounded once when appended; an
-    /// int8 cache is attended in integers). `None`: the rule's choice for the model
+    /// int8 cache is attended in integers in the absorbed form). `None`: int8 where the run's
+    /// (resolved) activation precision rounds products and the CPU has AVX2, f32 otherwise
     /// ([`ActivationPrecision::kv_cache`]), resolved at load. `Some(F32)` is the default.
     pub kv_cache: Option<k3_attn::KvCacheType>,
     /// Which form MLA prefill chunks run (`Auto`: absorbed for decode and short chunks, expanded
-    /// for long ones, by their multiply-adds). The forms differ in the last bits (~1e-6), so under
+    /// for long ones, by their multiply-adds). The forms differ in the last bits (~1e-6; with an
+    /// int8 cache by the absorbed form's rounded queries and weights, ~1e-5 nats of KL), so under
     /// `Auto` a prompt's bits depend on how it was cut into chunks; `Absorbed` gives every chunk
-    /// the bits of stepping token by token. Not in a state file's fingerprint: either form's
-    /// states are the same values to float noise.
+    /// the bits of stepping token by token. In a state file's fingerprint only with an int8
+    /// cache: otherwise either form's states are the same values to float noise.
     pub mla_form: k3_attn::MlaForm,
     /// Check every trunk tensor's checksum when loading (on every core). Off only for a model
     /// that was verified before (`k3-cli verify`) and has not been touched since.

@@ -69,6 +69,11 @@ impl Engine<'_> {
             if self.kv_cache() != k3_attn::KvCacheType::F32 {
                 bytes.extend_from_slice(format!("kv_cache={}", self.kv_cache().name()).as_bytes());
             }
+            // An int8 cache is read in integers by the absorbed form only: the forms' states
+            // differ by more than float noise.
+            if self.kv_cache() == k3_attn::KvCacheType::Int8 {
+                bytes.extend_from_slice(format!("mla_form={}", self.opts.mla_form.name()).as_bytes());
+            }
             if let Some(c) = &self.opts.low_bit_copies {
                 // The copies' own manifest: other copies compute other states.
                 bytes.extend_from_slice(format!("low_bit_copies={}", c.experts).as_bytes());

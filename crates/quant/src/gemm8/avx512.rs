@@ -36,8 +36,9 @@ pub(super) fn scores(a: &[i8], keys: &[i8], k4: usize, n: usize, out: &mut [i32]
         for (r, row) in acc.iter().enumerate().take(mi) {
             let sum: i32 = a[(i + r) * k4..(i + r + 1) * k4].iter().map(|x| i32::from(*x)).sum();
             let back = _mm512_set1_epi32(128 * sum);
-            for (h, v) in row.iter().enumerate() {
-                // SAFETY: the mask keeps lanes below n - 16 h: row i + r of out has n values.
+            for (h, v) in row.iter().enumerate().take(n.div_ceil(16)) {
+                // SAFETY: 16 h < n, so the pointer stays within row i + r of out (n values); the
+                // mask keeps the lanes below n - 16 h.
                 unsafe {
                     _mm512_mask_storeu_epi32(
                         out.as_mut_ptr().add((i + r) * n + 16 * h).cast(),

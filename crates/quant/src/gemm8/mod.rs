@@ -36,15 +36,19 @@ pub const BLOCK: usize = 32;
 pub const WEIGHT_MAX: u8 = 127;
 
 /// Each `k`-value row of `q` (heads' queries) rounded to int8 with one step a row (`max|q| /
-/// 127`; a zero or non-finite row gets step 0 and zeros), into `out` rows of `4 ceil(k / 4)`
-/// (zero-padded) and `steps`.
+/// 127`), into `out` rows of `4 ceil(k / 4)` (zero-padded) and `steps`. A zero row gets step 0;
+/// a row holding a NaN or an infinity gets zeros and step NaN, so its scores come out NaN as
+/// they would in f32.
 pub fn quantize_queries(q: &[f32], k: usize, out: &mut Vec<i8>, steps: &mut Vec<f32>) {
+    assert!(k > 0 && q.len().is_multiple_of(k), "quantize_queries: rows of {k} do not match");
     let k4 = k.div_ceil(4) * 4;
     out.clear();
     steps.clear();
     for row in q.chunks_exact(k) {
-        let step = step_of(row.iter().fold(0f32, |m, x| m.max(x.abs())), 127.0);
+        let most = row.iter().fold(0f32, |m, x| if m.is_nan() || !x.is_finite() { f32::NAN } else { m.max(x.abs()) });
+        let step = if most.is_nan() { f32::NAN } else { step_of(most, 127.0) };
         let inv = if step > 0.0 { 1.0 / step } else { 0.0 };
+        // `as` saturates, a NaN to 0.
         out.extend(row.iter().map(|x| (x * inv).round().clamp(-127.0, 127.0) as i8));
         out.resize(out.len() + k4 - k, 0);
         steps.push(step);
@@ -75,7 +79,8 @@ fn step_of(most: f32, levels: f32) -> f32 {
     if most.is_finite() && most > 0.0 { most / levels } else { 0.0 }
 }
 
-/// `out[i][j] = sum_t a[i][t] * b[j][t]` for the `n` rows of a block packed by [`pack_keys`]:
+/// `out[i][j] = sum_t a[i][t] * b[j][t]` for the `n` rows of a block packed by [`pack_keys`]
+/// (which never holds -128: AVX2 could not negate it, so other keys are refused):
 /// `a` `[m, 4 ceil(k / 4)]` (as [`quantize_queries`] writes), `out` `[m, n]`. Exact.
 pub fn scores(a: &[i8], keys: &[i8], k: usize, n: usize, out: &mut [i32]) {
     scores_at(level(), a, keys, k, n, out)
@@ -88,6 +93,7 @@ pub fn scores_at(level: Level, a: &[i8], keys: &[i8], k: usize, n: usize, out: &
         k > 0 && n <= BLOCK && a.len() == m * k4 && keys.len() == k4 * BLOCK && out.len() == m * n,
         "gemm8::scores: shapes do not match"
     );
+    assert!(keys.iter().all(|x| *x != i8::MIN), "gemm8::scores: keys not packed by pack_keys (a -128)");
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx512 only when the CPU has AVX-512 F/BW/VNNI; shapes checked.
