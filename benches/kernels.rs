@@ -62,5 +62,25 @@ fn batched(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, kernels, batched);
+/// MLA attention's two products over one block of 32 cached positions (hot in cache): all heads'
+/// scores against the latents and shared keys, and the weighted sum of latents; at the default
+/// model's widths (4 heads, latent 64, shared key 16) and at a K3 decode task's (16 of its
+/// heads, 512, 64). Elements are multiply-adds.
+fn attention(c: &mut Criterion) {
+    use k3_quant::gemm::{self, Part};
+    for (name, h, l, r) in [("default_4x64+16", 4, 64, 16), ("k3_16x512+64", 16, 512, 64)] {
+        let (q, qe, keys, ke) = (data(h * l, 5), data(h * r, 6), data(32 * l, 7), data(32 * r, 8));
+        let mut s = vec![0f32; h * 32];
+        let mut lat = vec![0f32; h * l];
+        let mut g = c.benchmark_group(format!("mla_block_{name}"));
+        g.throughput(Throughput::Elements((h * 32 * (l + r)) as u64));
+        let parts = [Part { a: &q, b: &keys, k: l }, Part { a: &qe, b: &ke, k: r }];
+        g.bench_function("scores", |b| b.iter(|| gemm::abt_parts(black_box(&parts), &mut s, false)));
+        g.throughput(Throughput::Elements((h * 32 * l) as u64));
+        g.bench_function("weighted", |b| b.iter(|| gemm::pb_acc(black_box(&s), &keys, l, &mut lat)));
+        g.finish();
+    }
+}
+
+criterion_group!(benches, kernels, batched, attention);
 criterion_main!(benches);

@@ -200,9 +200,11 @@ impl Partial {
             let nb = BLOCK.min(span.end - start);
             let sb = &mut s[..h * nb];
             let (cb, kb) = keys.block(start, nb, l, r, &mut wide);
-            gemm::abt(qabs, cb, l, sb, false);
-            if r > 0 {
-                gemm::abt(qext, kb, r, sb, true);
+            // The latent's and the shared key's scores in one reduction.
+            let latent = gemm::Part { a: qabs, b: cb, k: l };
+            match r {
+                0 => gemm::abt_parts(&[latent], sb, false),
+                _ => gemm::abt_parts(&[latent, gemm::Part { a: qext, b: kb, k: r }], sb, false),
             }
             self.fold(sb, nb, l, scale);
             gemm::pb_acc(sb, cb, l, &mut self.lat);
