@@ -64,8 +64,21 @@ struct Scratch {
     sums: Vec<i32>,
     weights: Vec<u8>,
     wsteps: Vec<f32>,
-    ext_dots: Vec<i32>,
     scores: Vec<f32>,
+}
+
+impl Scratch {
+    /// Adds to `scores` `[heads, nb]` the heads' integer dots with `nb` int8 rows of `k` (one
+    /// part of the key: the latents or the shared keys), scaled by each head's query step and
+    /// each row's step.
+    fn add_scores(&mut self, (q, qsteps): (&[i8], &[f32]), rows: &[i8], steps: &[f32], k: usize, nb: usize) {
+        gemm8::pack_keys(rows, k, &mut self.keys);
+        self.dots.resize(qsteps.len() * nb, 0);
+        gemm8::scores(q, &self.keys, k, nb, &mut self.dots);
+        for ((sr, dr), qs) in self.scores.chunks_exact_mut(nb).zip(self.dots.chunks_exact(nb)).zip(qsteps) {
+            sr.iter_mut().zip(dr).zip(steps).for_each(|((o, d), rs)| *o += *d as f32 * (qs * rs));
+        }
+    }
 }
 
 impl Partial {
@@ -84,21 +97,12 @@ impl Partial {
             let nb = BLOCK.min(span.end - start);
             let rows = &keys.c.0[start * l..(start + nb) * l];
             let csteps = &keys.c.1[start..start + nb];
-            gemm8::pack_keys(rows, l, &mut s.keys);
-            s.dots.resize(h * nb, 0);
-            gemm8::scores(q.abs.0, &s.keys, l, nb, &mut s.dots);
+            s.scores.clear();
             s.scores.resize(h * nb, 0.0);
-            for ((sr, dr), qs) in s.scores.chunks_exact_mut(nb).zip(s.dots.chunks_exact(nb)).zip(q.abs.1) {
-                sr.iter_mut().zip(dr).zip(csteps).for_each(|((o, d), cs)| *o = *d as f32 * (qs * cs));
-            }
+            s.add_scores(q.abs, rows, csteps, l, nb);
             if r > 0 {
-                let ksteps = &keys.kext.1[start..start + nb];
-                gemm8::pack_keys(&keys.kext.0[start * r..(start + nb) * r], r, &mut s.keys);
-                s.ext_dots.resize(h * nb, 0);
-                gemm8::scores(q.ext.0, &s.keys, r, nb, &mut s.ext_dots);
-                for ((sr, dr), qs) in s.scores.chunks_exact_mut(nb).zip(s.ext_dots.chunks_exact(nb)).zip(q.ext.1) {
-                    sr.iter_mut().zip(dr).zip(ksteps).for_each(|((o, d), ks)| *o += *d as f32 * (qs * ks));
-                }
+                let kext = &keys.kext.0[start * r..(start + nb) * r];
+                s.add_scores(q.ext, kext, &keys.kext.1[start..start + nb], r, nb);
             }
             self.fold(&mut s.scores, nb, l, scale);
             // A weight stands for its position's value times its latent's step.
