@@ -1,6 +1,7 @@
-//! Criterion benchmarks of the k3-quant kernels on Kimi K3's expert shapes (one core, weights hot
-//! in cache). `cargo xtask bench kernels` measures the same kernels hot and cold, side by side,
-//! next to the memory bandwidth, and prints the table/JSON the ledger quotes.
+//! Criterion benchmarks of the k3-quant kernels (one core, weights hot in cache): K3's expert
+//! shapes, a prefill chunk, and MLA attention's per-block products. `cargo xtask bench kernels`
+//! measures the expert kernels hot and cold, side by side, next to the memory bandwidth, and
+//! prints the table/JSON the ledger quotes.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;

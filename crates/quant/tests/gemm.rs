@@ -38,7 +38,8 @@ proptest! {
     /// `abt_parts` at every level within rounding of the exact sum over both parts: partial
     /// register blocks (any `m`, `n`), row ends (any `k`), accumulating or not.
     #[test]
-    fn scores_match_exact_sums((m, n) in (1usize..19, 1usize..11), k in (1usize..90, 0usize..40), seed in any::<u32>(), accumulate in any::<bool>()) {
+    fn scores_match_exact_sums((m, n) in (1usize..19, 1usize..11), k in (1usize..90, 1usize..40), two in any::<bool>(), seed in any::<u32>(), accumulate in any::<bool>()) {
+        let k = (k.0, if two { k.1 } else { 0 });
         let a = (make(m * k.0, seed), make(m * k.1, seed ^ 5));
         let b = (make(n * k.0, seed ^ 1), make(n * k.1, seed ^ 6));
         let init = make(m * n, seed ^ 2);
@@ -62,7 +63,8 @@ proptest! {
     /// Every level: a score's bits are those of its row and column alone, whatever rows and
     /// columns share the call (attention splits heads and positions over threads and relies on it).
     #[test]
-    fn scores_do_not_depend_on_their_neighbours((m, n) in (1usize..11, 1usize..9), k in (1usize..70, 0usize..20), seed in any::<u32>()) {
+    fn scores_do_not_depend_on_their_neighbours((m, n) in (1usize..11, 1usize..19), k in (1usize..70, 1usize..20), two in any::<bool>(), seed in any::<u32>()) {
+        let k = (k.0, if two { k.1 } else { 0 });
         let a = (make(m * k.0, seed), make(m * k.1, seed ^ 5));
         let b = (make(n * k.0, seed ^ 1), make(n * k.1, seed ^ 6));
         let parts = parts_of(&a, &b, k);
@@ -109,12 +111,28 @@ proptest! {
     }
 }
 
+/// Parts that do not describe one `[m, n]` product are refused, whatever the level: another
+/// `m` or `n`, a zero `k`, no parts, an output of another length, and a `k` so large that
+/// `m * k` wraps (`2 * (2^63 + 1) = 2` in 64 bits) where a product check would pass.
 #[test]
-#[should_panic(expected = "shapes do not match")]
 fn parts_of_other_shapes_are_refused() {
-    let (a, b) = (make(8, 1), make(12, 2));
-    let (a2, b2) = (make(6, 3), make(6, 4));
-    let mut out = vec![0f32; 6];
-    // Two rows by three columns in the first part, three rows by three in the second.
-    gemm::abt_parts(&[Part { a: &a, b: &b, k: 4 }, Part { a: &a2, b: &b2, k: 2 }], &mut out, false);
+    let (x2, x3, x6, x8, x12) = (make(2, 1), make(3, 2), make(6, 3), make(8, 4), make(12, 5));
+    let first = Part { a: &x8, b: &x12, k: 4 }; // two rows, three columns
+    let cases: Vec<(&str, Vec<Part<'_>>, usize)> = vec![
+        ("another m", vec![first, Part { a: &x6, b: &x6, k: 2 }], 6),
+        ("another n", vec![first, Part { a: &x2, b: &x2, k: 1 }], 6),
+        ("zero k", vec![Part { a: &x2, b: &x3, k: 0 }], 6),
+        ("no parts", vec![], 0),
+        ("output length", vec![first], 5),
+        ("k that wraps", vec![Part { a: &x2, b: &x2, k: 1 }, Part { a: &x2, b: &x2, k: (1 << 63) + 1 }], 4),
+    ];
+    for level in all_levels() {
+        for (what, parts, len) in &cases {
+            let mut out = vec![0f32; *len];
+            let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                gemm::abt_parts_at(level, parts, &mut out, false)
+            }));
+            assert!(refused.is_err(), "{what} accepted at {level:?}");
+        }
+    }
 }

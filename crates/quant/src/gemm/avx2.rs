@@ -1,5 +1,6 @@
-//! AVX2 + FMA: `abt` in register blocks of four rows by two columns (eight accumulators of eight
-//! lanes, reduced together), `pb_acc` in four rows by 16 columns.
+//! AVX2 + FMA: `abt` in register blocks of eight accumulators of eight lanes (four rows by two
+//! columns, or two by four, or one by eight), reduced together; `pb_acc` in four rows by 16
+//! columns.
 
 // Register blocks are indexed by (row, column) of the block; indices read clearer than iterators.
 #![allow(clippy::needless_range_loop)]
@@ -8,55 +9,75 @@ use std::arch::x86_64::*;
 
 use super::{Part, put};
 
-/// Rows of `a` per register block, and of `b`.
+/// Rows of a `pb_acc` register block.
 const MI: usize = 4;
-const NJ: usize = 2;
+/// Accumulators of an `abt` register block: `R` rows of `a` by `8 / R` of `b`.
+const TILE: usize = 8;
 
-/// A block's rows and columns past the matrices' last are computed as copies of the last (so
-/// every block runs the same loop) and never written: each score is its own accumulator's chain
-/// over its own row and column, whichever block holds it.
+/// Row blocks of four, the last one of two or one (a task holding a single head), each against
+/// `8 / R` columns. A block's rows and columns past the matrices' last are computed as copies of
+/// the last (so every block runs the same loop) and never written: each score is its own
+/// accumulator's chain over its own row and column, whichever block holds it.
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn abt(parts: &[Part<'_>], m: usize, n: usize, out: &mut [f32], accumulate: bool) {
-    for i in (0..m).step_by(MI) {
-        let rows: [usize; MI] = std::array::from_fn(|r| (i + r).min(m - 1));
-        for j in (0..n).step_by(NJ) {
-            let cols: [usize; NJ] = std::array::from_fn(|c| (j + c).min(n - 1));
-            let mut acc = [[_mm256_setzero_ps(); NJ]; MI];
-            for p in parts {
-                let mut t = 0;
-                while t + 8 <= p.k {
-                    step(p, rows, cols, t, None, &mut acc);
-                    t += 8;
-                }
-                if t < p.k {
-                    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((p.k - t) as i32), lane);
-                    step(p, rows, cols, t, Some(mask), &mut acc);
-                }
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; every part's `a` is `[m, k]` and `b` `[n, k]` for its `k > 0`, `out` is
+/// `[m, n]` and `m, n > 0` (as `abt_parts_at` checks).
+pub(super) unsafe fn abt(parts: &[Part<'_>], m: usize, n: usize, out: &mut [f32], accumulate: bool) {
+    let mut i = 0;
+    while i < m {
+        match m - i {
+            1 => rows::<1>(parts, m, n, i, out, accumulate),
+            2 => rows::<2>(parts, m, n, i, out, accumulate),
+            _ => rows::<4>(parts, m, n, i, out, accumulate),
+        }
+        i += 4.min(m - i);
+    }
+}
+
+/// Rows `i..i + R` (the last copied past `m`) against every column.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn rows<const R: usize>(parts: &[Part<'_>], m: usize, n: usize, i: usize, out: &mut [f32], accumulate: bool) {
+    let nj = TILE / R;
+    let rows: [usize; R] = std::array::from_fn(|r| (i + r).min(m - 1));
+    for j in (0..n).step_by(nj) {
+        let cols: [usize; TILE] = std::array::from_fn(|c| (j + c).min(n - 1));
+        let mut acc = [_mm256_setzero_ps(); TILE];
+        for p in parts {
+            let mut t = 0;
+            while t + 8 <= p.k {
+                step(p, rows, &cols, t, None, &mut acc);
+                t += 8;
             }
-            // A block's eight sums reduced together (a short `k`, as a small model's heads
-            // have, would otherwise spend more on eight reductions than on the FMAs).
-            let sums = hsum8(acc);
-            for r in 0..MI.min(m - i) {
-                for c in 0..NJ.min(n - j) {
-                    put(&mut out[(i + r) * n + j + c], sums[r * NJ + c], accumulate);
-                }
+            if t < p.k {
+                let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((p.k - t) as i32), lane);
+                step(p, rows, &cols, t, Some(mask), &mut acc);
+            }
+        }
+        // A block's eight sums reduced together (a short `k`, as a small model's heads
+        // have, would otherwise spend more on eight reductions than on the FMAs).
+        let sums = hsum8(acc);
+        for r in 0..R.min(m - i) {
+            for c in 0..nj.min(n - j) {
+                put(&mut out[(i + r) * n + j + c], sums[r * nj + c], accumulate);
             }
         }
     }
 }
 
-/// Columns `t..t + 8` of the block's rows and columns (the lanes past `mask`'s zeros: a short
-/// row's end, loaded as zeros) into its accumulators.
+/// Columns `t..t + 8` of the block's rows and first `8 / R` columns (the lanes past `mask`'s
+/// zeros: a short row's end, loaded as zeros) into its accumulators `[r * 8 / R + c]`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn step(
+fn step<const R: usize>(
     p: &Part<'_>,
-    rows: [usize; MI],
-    cols: [usize; NJ],
+    rows: [usize; R],
+    cols: &[usize; TILE],
     t: usize,
     mask: Option<__m256i>,
-    acc: &mut [[__m256; NJ]; MI],
+    acc: &mut [__m256; TILE],
 ) {
     let load = |x: &[f32], row: usize| {
         let at = row * p.k + t;
@@ -71,26 +92,27 @@ fn step(
             }
         }
     };
+    let nj = TILE / R;
     let av = rows.map(|r| load(p.a, r));
-    for c in 0..NJ {
+    for c in 0..nj {
         let col = load(p.b, cols[c]);
-        for r in 0..MI {
-            acc[r][c] = _mm256_fmadd_ps(av[r], col, acc[r][c]);
+        for r in 0..R {
+            acc[r * nj + c] = _mm256_fmadd_ps(av[r], col, acc[r * nj + c]);
         }
     }
 }
 
-/// The sums of the eight accumulators of a block, `[r][c]` in order, in one register's lanes:
-/// two levels of pairwise adds within 128-bit halves, then the halves added.
+/// The sums of the eight accumulators of a block, in order, in one register's lanes: two levels
+/// of pairwise adds within 128-bit halves, then the halves added (the same adds for each).
 #[target_feature(enable = "avx2")]
-fn hsum8(acc: [[__m256; NJ]; MI]) -> [f32; MI * NJ] {
-    let [[a0, a1], [a2, a3], [a4, a5], [a6, a7]] = acc;
+fn hsum8(acc: [__m256; TILE]) -> [f32; TILE] {
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
     let (t0, t1) = (_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     let (t2, t3) = (_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
     let (u0, u1) = (_mm256_hadd_ps(t0, t1), _mm256_hadd_ps(t2, t3));
     let lo = _mm256_permute2f128_ps::<0x20>(u0, u1);
     let hi = _mm256_permute2f128_ps::<0x31>(u0, u1);
-    let mut out = [0f32; MI * NJ];
+    let mut out = [0f32; TILE];
     // SAFETY: `out` holds eight f32s.
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(lo, hi)) };
     out

@@ -1,49 +1,76 @@
-//! AVX-512 F: `abt` in register blocks of four rows by four columns (16 accumulators of 16 lanes,
-//! reduced together by a shuffle tree), `pb_acc` in up to eight rows by up to 64 columns.
+//! AVX-512 F: `abt` in register blocks of 16 accumulators of 16 lanes (four rows by four columns,
+//! or two by eight, or one by 16), reduced together by a shuffle tree, `pb_acc` in up to eight rows by up to 64 columns.
 
 use std::arch::x86_64::*;
 
 use super::{Part, put};
 
-/// Rows of `a` per `abt` register block, and of `b`.
-const MI: usize = 4;
-const NJ: usize = 4;
+/// Accumulators of an `abt` register block: `R` rows of `a` by `16 / R` of `b`.
+const TILE: usize = 16;
 
-/// As the AVX2 kernel: a block's rows and columns past the matrices' last are copies of the last,
-/// never written, so each score is its own accumulator's chain whichever block holds it; a row's
-/// end is read by masked loads (zeros past it).
+/// Row blocks of four, the last one of two or one (a task holding a single head, as a small
+/// model's decode gives), each against `16 / R` columns: 16 accumulators, never a row computed
+/// in vain but for a last block of three. As the AVX2 kernel: rows and columns past the
+/// matrices' last are copies of the last, never written, so each score is its own accumulator's
+/// chain whichever block holds it; a row's end is read by masked loads (zeros past it).
 #[target_feature(enable = "avx512f")]
-pub(super) fn abt(parts: &[Part<'_>], m: usize, n: usize, out: &mut [f32], accumulate: bool) {
-    for i in (0..m).step_by(MI) {
-        let rows: [usize; MI] = std::array::from_fn(|r| (i + r).min(m - 1));
-        for j in (0..n).step_by(NJ) {
-            let cols: [usize; NJ] = std::array::from_fn(|c| (j + c).min(n - 1));
-            let mut acc = [_mm512_setzero_ps(); MI * NJ];
-            for p in parts {
-                let mut t = 0;
-                while t + 16 <= p.k {
-                    step(p, rows, cols, t, u16::MAX, &mut acc);
-                    t += 16;
-                }
-                if t < p.k {
-                    step(p, rows, cols, t, (1u16 << (p.k - t)) - 1, &mut acc);
-                }
+///
+/// # Safety
+/// The CPU has AVX-512 F; every part's `a` is `[m, k]` and `b` `[n, k]` for its `k > 0`, `out` is
+/// `[m, n]` and `m, n > 0` (as `abt_parts_at` checks).
+pub(super) unsafe fn abt(parts: &[Part<'_>], m: usize, n: usize, out: &mut [f32], accumulate: bool) {
+    let mut i = 0;
+    while i < m {
+        match m - i {
+            1 => rows::<1>(parts, m, n, i, out, accumulate),
+            2 => rows::<2>(parts, m, n, i, out, accumulate),
+            _ => rows::<4>(parts, m, n, i, out, accumulate),
+        }
+        i += 4.min(m - i);
+    }
+}
+
+/// Rows `i..i + R` (the last copied past `m`) against every column.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn rows<const R: usize>(parts: &[Part<'_>], m: usize, n: usize, i: usize, out: &mut [f32], accumulate: bool) {
+    let nj = TILE / R;
+    let rows: [usize; R] = std::array::from_fn(|r| (i + r).min(m - 1));
+    for j in (0..n).step_by(nj) {
+        let cols: [usize; TILE] = std::array::from_fn(|c| (j + c).min(n - 1));
+        let mut acc = [_mm512_setzero_ps(); TILE];
+        for p in parts {
+            let mut t = 0;
+            while t + 16 <= p.k {
+                step(p, rows, &cols, t, u16::MAX, &mut acc);
+                t += 16;
             }
-            let sums = reduce16(acc);
-            for r in 0..MI.min(m - i) {
-                for c in 0..NJ.min(n - j) {
-                    put(&mut out[(i + r) * n + j + c], sums[c * MI + r], accumulate);
-                }
+            if t < p.k {
+                step(p, rows, &cols, t, (1u16 << (p.k - t)) - 1, &mut acc);
+            }
+        }
+        let sums = reduce16(acc);
+        for r in 0..R.min(m - i) {
+            for c in 0..nj.min(n - j) {
+                let v = r * nj + c;
+                put(&mut out[(i + r) * n + j + c], sums[(v % 4) * 4 + v / 4], accumulate);
             }
         }
     }
 }
 
 /// Columns `t..t + 16` (the lanes of `mask`; a row's end is a partial mask) of the block's rows
-/// and columns into its accumulators `[r * NJ + c]`.
+/// and first `16 / R` columns into its accumulators `[r * 16 / R + c]`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn step(p: &Part<'_>, rows: [usize; MI], cols: [usize; NJ], t: usize, mask: u16, acc: &mut [__m512; MI * NJ]) {
+fn step<const R: usize>(
+    p: &Part<'_>,
+    rows: [usize; R],
+    cols: &[usize; TILE],
+    t: usize,
+    mask: u16,
+    acc: &mut [__m512; TILE],
+) {
     let load = |x: &[f32], row: usize| {
         debug_assert!(row * p.k + t < x.len());
         // SAFETY: `row` is a row of `x` (`abt_parts_at` checked the shapes) and `t < k`; the
@@ -51,11 +78,12 @@ fn step(p: &Part<'_>, rows: [usize; MI], cols: [usize; NJ], t: usize, mask: u16,
         // a masked load reads no lane outside it.
         unsafe { _mm512_maskz_loadu_ps(mask, x.as_ptr().add(row * p.k + t)) }
     };
+    let nj = TILE / R;
     let av = rows.map(|r| load(p.a, r));
-    for (c, &col) in cols.iter().enumerate() {
+    for (c, &col) in cols.iter().take(nj).enumerate() {
         let bv = load(p.b, col);
         for (r, a) in av.iter().enumerate() {
-            acc[r * NJ + c] = _mm512_fmadd_ps(*a, bv, acc[r * NJ + c]);
+            acc[r * nj + c] = _mm512_fmadd_ps(*a, bv, acc[r * nj + c]);
         }
     }
 }

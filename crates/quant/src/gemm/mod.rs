@@ -30,10 +30,6 @@ pub fn abt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
     abt_parts(&[Part { a, b, k }], out, accumulate)
 }
 
-pub fn abt_at(level: Level, a: &[f32], b: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
-    abt_parts_at(level, &[Part { a, b, k }], out, accumulate)
-}
-
 /// `out[i][j] (+)= sum over parts of sum_k a[i][k] * b[j][k]`: every part `[m, k_p]` against
 /// `[n, k_p]` for the same `m` and `n`, `out` `[m, n]`.
 pub fn abt_parts(parts: &[Part<'_>], out: &mut [f32], accumulate: bool) {
@@ -42,8 +38,13 @@ pub fn abt_parts(parts: &[Part<'_>], out: &mut [f32], accumulate: bool) {
 
 pub fn abt_parts_at(level: Level, parts: &[Part<'_>], out: &mut [f32], accumulate: bool) {
     let (m, n) = parts.first().map_or((0, 0), |p| (p.a.len() / p.k.max(1), p.b.len() / p.k.max(1)));
-    let fits = |p: &Part<'_>| p.k > 0 && p.a.len() == m * p.k && p.b.len() == n * p.k;
-    assert!(!parts.is_empty() && parts.iter().all(fits) && out.len() == m * n, "abt: shapes do not match");
+    // Divisions, not products: a product could wrap past a huge `k`.
+    let rows = |x: &[f32], k: usize, want: usize| x.len().is_multiple_of(k) && x.len() / k == want;
+    let fits = |p: &Part<'_>| p.k > 0 && rows(p.a, p.k, m) && rows(p.b, p.k, n);
+    assert!(
+        !parts.is_empty() && parts.iter().all(fits) && m.checked_mul(n) == Some(out.len()),
+        "abt: shapes do not match"
+    );
     if m == 0 || n == 0 {
         return;
     }
@@ -66,7 +67,11 @@ pub fn pb_acc(p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
 pub fn pb_acc_at(level: Level, p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
     let n = b.len() / k.max(1);
     let m = p.len().checked_div(n).unwrap_or(0);
-    assert!(k > 0 && b.len() == n * k && p.len() == m * n && acc.len() == m * k, "pb_acc: shapes do not match");
+    let fits = k > 0 && b.len() == n * k && p.len() == m * n && m.checked_mul(k) == Some(acc.len());
+    assert!(fits, "pb_acc: shapes do not match");
+    if m == 0 || n == 0 {
+        return;
+    }
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx512 only when the CPU has AVX-512 F; shapes checked.

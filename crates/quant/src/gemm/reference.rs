@@ -18,10 +18,6 @@ pub fn abt_parts(parts: &[Part<'_>], out: &mut [f32], accumulate: bool) {
     }
 }
 
-pub fn abt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
-    abt_parts(&[Part { a, b, k }], out, accumulate)
-}
-
 pub fn pb_acc(p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
     let n = b.len() / k;
     for (pr, ar) in p.chunks_exact(n).zip(acc.chunks_exact_mut(k)) {
