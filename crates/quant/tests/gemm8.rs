@@ -37,7 +37,7 @@ proptest! {
             }
         }
         let rows: Vec<i8> = (0..n * k).map(|x| seed[(x * 13 + 5) % seed.len()]).collect();
-        let mut keys = Vec::new();
+        let mut keys = gemm8::PackedKeys::default();
         gemm8::pack_keys(&rows, k, &mut keys);
         let want = plain_scores(&a, k4, &rows, k);
         for level in std::iter::once(Level::Scalar).chain(simd_levels()) {
@@ -80,7 +80,7 @@ fn extremes_do_not_saturate() {
     let k4 = k;
     let a: Vec<i8> = (0..2 * k4).map(|x| if x < k4 { -128 } else { 127 }).collect();
     let rows = vec![-128i8; BLOCK * k];
-    let mut keys = Vec::new();
+    let mut keys = gemm8::PackedKeys::default();
     gemm8::pack_keys(&rows, k, &mut keys);
     let w = vec![127u8; BLOCK];
     let mut values = Vec::new();

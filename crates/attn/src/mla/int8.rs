@@ -58,7 +58,7 @@ pub(super) struct Heads8<'a> {
 /// A task's buffers, reused block to block.
 #[derive(Default)]
 struct Scratch {
-    keys: Vec<i8>,
+    keys: gemm8::PackedKeys,
     values: Vec<i8>,
     dots: Vec<i32>,
     sums: Vec<i32>,

@@ -26,7 +26,7 @@ mod avx512;
 mod pack;
 pub mod reference;
 
-pub use pack::{pack_keys, pack_values, pack_values_at};
+pub use pack::{PackedKeys, pack_keys, pack_values, pack_values_at};
 
 use crate::cpu::{Level, level, supported};
 
@@ -80,20 +80,20 @@ fn step_of(most: f32, levels: f32) -> f32 {
 }
 
 /// `out[i][j] = sum_t a[i][t] * b[j][t]` for the `n` rows of a block packed by [`pack_keys`]
-/// (which never holds -128: AVX2 could not negate it, so other keys are refused):
-/// `a` `[m, 4 ceil(k / 4)]` (as [`quantize_queries`] writes), `out` `[m, n]`. Exact.
-pub fn scores(a: &[i8], keys: &[i8], k: usize, n: usize, out: &mut [i32]) {
+/// (never a -128: AVX2 could not negate it): `a` `[m, 4 ceil(k / 4)]` (as [`quantize_queries`]
+/// writes), `out` `[m, n]`. Exact.
+pub fn scores(a: &[i8], keys: &PackedKeys, k: usize, n: usize, out: &mut [i32]) {
     scores_at(level(), a, keys, k, n, out)
 }
 
-pub fn scores_at(level: Level, a: &[i8], keys: &[i8], k: usize, n: usize, out: &mut [i32]) {
+pub fn scores_at(level: Level, a: &[i8], keys: &PackedKeys, k: usize, n: usize, out: &mut [i32]) {
+    let keys = keys.as_slice();
     let k4 = k.div_ceil(4) * 4;
     let m = a.len() / k4.max(1);
     assert!(
         k > 0 && n <= BLOCK && a.len() == m * k4 && keys.len() == k4 * BLOCK && out.len() == m * n,
         "gemm8::scores: shapes do not match"
     );
-    assert!(keys.iter().all(|x| *x != i8::MIN), "gemm8::scores: keys not packed by pack_keys (a -128)");
     match supported(level) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `supported` returns Avx512 only when the CPU has AVX-512 F/BW/VNNI; shapes checked.

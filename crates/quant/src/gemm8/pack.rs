@@ -4,25 +4,38 @@
 use super::BLOCK;
 use crate::cpu::{Level, level, supported};
 
-/// `n <= BLOCK` rows of `k` (`rows` `[n, k]`) as keys: `out` `[ceil(k / 4)][BLOCK][4]`. A value
-/// -128 is taken as -127 (a cache never stores it; AVX2's sign trick could not negate it).
-pub fn pack_keys(rows: &[i8], k: usize, out: &mut Vec<i8>) {
+/// A block's rows packed as keys `[ceil(k / 4)][BLOCK][4]`, written only by [`pack_keys`]: so it
+/// never holds -128 (AVX2's sign trick could not negate it), which the products rely on without
+/// looking.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PackedKeys(Vec<i8>);
+
+impl PackedKeys {
+    pub fn as_slice(&self) -> &[i8] {
+        &self.0
+    }
+}
+
+/// `n <= BLOCK` rows of `k` (`rows` `[n, k]`) as keys into `out`. A value -128 is taken as -127
+/// (a cache never stores it).
+pub fn pack_keys(rows: &[i8], k: usize, out: &mut PackedKeys) {
     let n = rows.len() / k.max(1);
     assert!(k > 0 && n <= BLOCK && rows.len() == n * k, "pack_keys: shapes do not match");
     let k4 = k.div_ceil(4);
+    let out = &mut out.0;
     out.clear();
     out.resize(k4 * BLOCK * 4, 0);
     let words = out.as_chunks_mut::<4>().0;
     for (j, row) in rows.chunks_exact(k).enumerate() {
         let (whole, tail) = row.as_chunks::<4>();
         for (g, w) in whole.iter().enumerate() {
-            words[g * BLOCK + j] = *w;
+            words[g * BLOCK + j] = w.map(|v| v.max(-127));
         }
         if !tail.is_empty() {
-            words[whole.len() * BLOCK + j][..tail.len()].copy_from_slice(tail);
+            let last = &mut words[whole.len() * BLOCK + j];
+            last.iter_mut().zip(tail).for_each(|(o, v)| *o = (*v).max(-127));
         }
     }
-    out.iter_mut().for_each(|v| *v = (*v).max(-127));
 }
 
 /// `n <= BLOCK` rows of `k` (`rows` `[n, k]`) as values: `out` `[BLOCK / 4][k][4]`.
