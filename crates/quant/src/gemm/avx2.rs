@@ -18,27 +18,33 @@ const TILE: usize = 8;
 /// `8 / R` columns. A block's rows and columns past the matrices' last are computed as copies of
 /// the last (so every block runs the same loop) and never written: each score is its own
 /// accumulator's chain over its own row and column, whichever block holds it.
-#[target_feature(enable = "avx2,fma")]
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; every part's `a` is `[m, k]` and `b` `[n, k]` for its `k > 0`, `out` is
 /// `[m, n]` and `m, n > 0` (as `abt_parts_at` checks).
+#[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn abt(parts: &[Part<'_>], m: usize, n: usize, out: &mut [f32], accumulate: bool) {
     let mut i = 0;
     while i < m {
         match m - i {
-            1 => rows::<1>(parts, m, n, i, out, accumulate),
-            2 => rows::<2>(parts, m, n, i, out, accumulate),
-            _ => rows::<4>(parts, m, n, i, out, accumulate),
+            // SAFETY: `abt`'s contract, and row `i < m`.
+            1 => unsafe { rows::<1>(parts, m, n, i, out, accumulate) },
+            // SAFETY: `abt`'s contract, and row `i < m`.
+            2 => unsafe { rows::<2>(parts, m, n, i, out, accumulate) },
+            // SAFETY: `abt`'s contract, and row `i < m`.
+            _ => unsafe { rows::<4>(parts, m, n, i, out, accumulate) },
         }
         i += 4.min(m - i);
     }
 }
 
 /// Rows `i..i + R` (the last copied past `m`) against every column.
+///
+/// # Safety
+/// As [`abt`]'s, and `i < m`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn rows<const R: usize>(parts: &[Part<'_>], m: usize, n: usize, i: usize, out: &mut [f32], accumulate: bool) {
+unsafe fn rows<const R: usize>(parts: &[Part<'_>], m: usize, n: usize, i: usize, out: &mut [f32], accumulate: bool) {
     let nj = TILE / R;
     let rows: [usize; R] = std::array::from_fn(|r| (i + r).min(m - 1));
     for j in (0..n).step_by(nj) {
@@ -47,13 +53,15 @@ fn rows<const R: usize>(parts: &[Part<'_>], m: usize, n: usize, i: usize, out: &
         for p in parts {
             let mut t = 0;
             while t + 8 <= p.k {
-                step(p, rows, &cols, t, None, &mut acc);
+                // SAFETY: rows < m, columns < n (clamped), t < k; without a mask t + 8 <= k.
+                unsafe { step(p, rows, &cols, t, None, &mut acc) };
                 t += 8;
             }
             if t < p.k {
                 let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
                 let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((p.k - t) as i32), lane);
-                step(p, rows, &cols, t, Some(mask), &mut acc);
+                // SAFETY: rows < m, columns < n (clamped), t < k; without a mask t + 8 <= k.
+                unsafe { step(p, rows, &cols, t, Some(mask), &mut acc) };
             }
         }
         // A block's eight sums reduced together (a short `k`, as a small model's heads
@@ -69,9 +77,13 @@ fn rows<const R: usize>(parts: &[Part<'_>], m: usize, n: usize, i: usize, out: &
 
 /// Columns `t..t + 8` of the block's rows and first `8 / R` columns (the lanes past `mask`'s
 /// zeros: a short row's end, loaded as zeros) into its accumulators `[r * 8 / R + c]`.
+///
+/// # Safety
+/// The rows are rows of `p.a` and the columns rows of `p.b`; `t < k`, and `t + 8 <= k`
+/// without a mask.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn step<const R: usize>(
+unsafe fn step<const R: usize>(
     p: &Part<'_>,
     rows: [usize; R],
     cols: &[usize; TILE],
@@ -82,7 +94,7 @@ fn step<const R: usize>(
     let load = |x: &[f32], row: usize| {
         let at = row * p.k + t;
         debug_assert!(at < x.len() && (mask.is_some() || at + 8 <= x.len()));
-        // SAFETY: `row` is a row of `x` (`abt_parts_at` checked the shapes) and `t < k`: without
+        // SAFETY: `row` is a row of `x` and `t < k` (`step`'s contract): without
         // a mask `t + 8 <= k`; with one only the lanes before the row's end are read
         // (`vmaskmovps` touches no other).
         unsafe {
@@ -118,8 +130,13 @@ fn hsum8(acc: [__m256; TILE]) -> [f32; TILE] {
     out
 }
 
+/// `pb_acc` in blocks of four rows by 16 columns.
+///
+/// # Safety
+/// The CPU has the level's features; `b` is `[n, k]`, `p` `[m, n]` and `acc` `[m, k]` with
+/// `k, n > 0` (as `pb_acc_at` checks).
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn pb_acc(p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
+pub(super) unsafe fn pb_acc(p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
     let n = b.len() / k;
     let m = p.len() / n;
     let kv = k / 16 * 16;

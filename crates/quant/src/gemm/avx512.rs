@@ -1,5 +1,6 @@
 //! AVX-512 F: `abt` in register blocks of 16 accumulators of 16 lanes (four rows by four columns,
-//! or two by eight, or one by 16), reduced together by a shuffle tree, `pb_acc` in up to eight rows by up to 64 columns.
+//! or two by eight, or one by 16), reduced together by a shuffle tree; `pb_acc` in up to eight
+//! rows by up to 64 columns.
 
 use std::arch::x86_64::*;
 
@@ -13,27 +14,33 @@ const TILE: usize = 16;
 /// in vain but for a last block of three. As the AVX2 kernel: rows and columns past the
 /// matrices' last are copies of the last, never written, so each score is its own accumulator's
 /// chain whichever block holds it; a row's end is read by masked loads (zeros past it).
-#[target_feature(enable = "avx512f")]
 ///
 /// # Safety
 /// The CPU has AVX-512 F; every part's `a` is `[m, k]` and `b` `[n, k]` for its `k > 0`, `out` is
 /// `[m, n]` and `m, n > 0` (as `abt_parts_at` checks).
+#[target_feature(enable = "avx512f")]
 pub(super) unsafe fn abt(parts: &[Part<'_>], m: usize, n: usize, out: &mut [f32], accumulate: bool) {
     let mut i = 0;
     while i < m {
         match m - i {
-            1 => rows::<1>(parts, m, n, i, out, accumulate),
-            2 => rows::<2>(parts, m, n, i, out, accumulate),
-            _ => rows::<4>(parts, m, n, i, out, accumulate),
+            // SAFETY: `abt`'s contract, and row `i < m`.
+            1 => unsafe { rows::<1>(parts, m, n, i, out, accumulate) },
+            // SAFETY: `abt`'s contract, and row `i < m`.
+            2 => unsafe { rows::<2>(parts, m, n, i, out, accumulate) },
+            // SAFETY: `abt`'s contract, and row `i < m`.
+            _ => unsafe { rows::<4>(parts, m, n, i, out, accumulate) },
         }
         i += 4.min(m - i);
     }
 }
 
 /// Rows `i..i + R` (the last copied past `m`) against every column.
+///
+/// # Safety
+/// As [`abt`]'s, and `i < m`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn rows<const R: usize>(parts: &[Part<'_>], m: usize, n: usize, i: usize, out: &mut [f32], accumulate: bool) {
+unsafe fn rows<const R: usize>(parts: &[Part<'_>], m: usize, n: usize, i: usize, out: &mut [f32], accumulate: bool) {
     let nj = TILE / R;
     let rows: [usize; R] = std::array::from_fn(|r| (i + r).min(m - 1));
     for j in (0..n).step_by(nj) {
@@ -42,11 +49,13 @@ fn rows<const R: usize>(parts: &[Part<'_>], m: usize, n: usize, i: usize, out: &
         for p in parts {
             let mut t = 0;
             while t + 16 <= p.k {
-                step(p, rows, &cols, t, u16::MAX, &mut acc);
+                // SAFETY: rows < m, columns < n (clamped), t < k; without a mask t + 16 <= k.
+                unsafe { step(p, rows, &cols, t, u16::MAX, &mut acc) };
                 t += 16;
             }
             if t < p.k {
-                step(p, rows, &cols, t, (1u16 << (p.k - t)) - 1, &mut acc);
+                // SAFETY: rows < m, columns < n (clamped), t < k; without a mask t + 16 <= k.
+                unsafe { step(p, rows, &cols, t, (1u16 << (p.k - t)) - 1, &mut acc) };
             }
         }
         let sums = reduce16(acc);
@@ -61,9 +70,13 @@ fn rows<const R: usize>(parts: &[Part<'_>], m: usize, n: usize, i: usize, out: &
 
 /// Columns `t..t + 16` (the lanes of `mask`; a row's end is a partial mask) of the block's rows
 /// and first `16 / R` columns into its accumulators `[r * 16 / R + c]`.
+///
+/// # Safety
+/// The rows are rows of `p.a` and the columns rows of `p.b`; `t < k`, and `t + 16 <= k`
+/// where `mask` is whole.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn step<const R: usize>(
+unsafe fn step<const R: usize>(
     p: &Part<'_>,
     rows: [usize; R],
     cols: &[usize; TILE],
@@ -73,7 +86,7 @@ fn step<const R: usize>(
 ) {
     let load = |x: &[f32], row: usize| {
         debug_assert!(row * p.k + t < x.len());
-        // SAFETY: `row` is a row of `x` (`abt_parts_at` checked the shapes) and `t < k`; the
+        // SAFETY: `row` is a row of `x` and `t < k` (`step`'s contract); the
         // mask holds only the lanes before the row's end (`t + 16 <= k` when it is whole), and
         // a masked load reads no lane outside it.
         unsafe { _mm512_maskz_loadu_ps(mask, x.as_ptr().add(row * p.k + t)) }
@@ -120,8 +133,12 @@ fn reduce16(v: [__m512; 16]) -> [f32; 16] {
 /// are left (a few heads' weighted sums: the same 16 accumulators). Every value is the same chain
 /// of fused multiply-adds over `j` in order as the AVX2 kernel's, the columns past the last 16
 /// the same scalar adds: both levels give the same bits.
+///
+/// # Safety
+/// The CPU has the level's features; `b` is `[n, k]`, `p` `[m, n]` and `acc` `[m, k]` with
+/// `k, n > 0` (as `pb_acc_at` checks).
 #[target_feature(enable = "avx512f")]
-pub(super) fn pb_acc(p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
+pub(super) unsafe fn pb_acc(p: &[f32], b: &[f32], k: usize, acc: &mut [f32]) {
     let n = b.len() / k;
     let m = p.len() / n;
     let mut i = 0;
