@@ -72,6 +72,8 @@ pub struct Engine<'m> {
     /// Experts predicted beyond `top_k` by the lookahead.
     lookahead_margin: usize,
     opts: EngineOptions,
+    /// How the MLA caches store positions: `opts.kv_cache`, or the rule's choice for `auto`.
+    kv_cache: k3_attn::KvCacheType,
     plan: MemoryPlan,
     trunk_check: Option<TrunkCheck>,
     compute: Compute,
@@ -137,8 +139,8 @@ impl<'m> Engine<'m> {
     /// reader.
     pub fn load_with(model: &'m Model, opts: EngineOptions) -> Result<Engine<'m>, EngineError> {
         let activations = opts.activations.for_model(model);
-        let kv_cache = Some(opts.kv_cache.unwrap_or_else(|| activations.kv_cache()));
-        let opts = EngineOptions { activations, kv_cache, ..opts };
+        let kv_cache = opts.kv_cache.unwrap_or_else(|| activations.kv_cache());
+        let opts = EngineOptions { activations, ..opts };
         let trunk_check = if opts.verify_trunk { Some(crate::verify::verify_trunk(model)?) } else { None };
         let raw =
             model.blob("config.json").ok_or_else(|| EngineError::Config("the model embeds no config.json".into()))?;
@@ -171,7 +173,7 @@ impl<'m> Engine<'m> {
         check_cache_aware(&layers, &cfg, &opts)?;
         let res_block = cfg.attn_res_block.unwrap_or(1);
         let plan = memory_plan::plan(
-            footprint(&layers, &cfg, res_block, opts.kv_cache.unwrap_or_default()),
+            footprint(&layers, &cfg, res_block, kv_cache),
             Demand {
                 budget: opts.mem_budget,
                 context: match cfg.max_positions {
@@ -212,6 +214,7 @@ impl<'m> Engine<'m> {
             io,
             lookahead_margin,
             opts,
+            kv_cache,
             plan,
             trunk_check,
             cfg,
@@ -239,7 +242,7 @@ impl<'m> Engine<'m> {
 
     /// How the engine's MLA caches store positions (the rule's choice resolved for this model).
     pub fn kv_cache(&self) -> k3_attn::KvCacheType {
-        self.opts.kv_cache.unwrap_or_default()
+        self.kv_cache
     }
 
     pub fn plan(&self) -> &MemoryPlan {
