@@ -19,7 +19,7 @@ mod ops;
 pub mod rope;
 mod state_io;
 
-pub use kda::{Kda, KdaConfig, KdaGate, KdaRun, KdaSeq, KdaState, KdaTape, KdaWeights, OutputGate};
+pub use kda::{Kda, KdaConfig, KdaForm, KdaGate, KdaRun, KdaSeq, KdaState, KdaTape, KdaWeights, OutputGate};
 pub use latents::KvCacheType;
 pub use mla::{Mla, MlaCache, MlaConfig, MlaForm, MlaSeq, MlaWeights, PositionEmbedding, QPath};
 

@@ -5,7 +5,7 @@ mod common;
 mod exact;
 
 use exact::{bits, m, mv, rand, rel, rms, sig};
-use k3_attn::{AttnError, Kda, KdaConfig, KdaGate, KdaState, KdaWeights, OutputGate};
+use k3_attn::{AttnError, Kda, KdaConfig, KdaForm, KdaGate, KdaState, KdaWeights, OutputGate};
 
 const D: usize = 64;
 const H: usize = 4;
@@ -140,6 +140,43 @@ fn kda_matches_the_f64_oracle_in_all_forms() {
             // ~1e-6 relative; 1e-4 leaves room without hiding a wrong equation (those give >1e-2).
             let e = rel(&out, &want);
             assert!(e < 1e-4, "{gate:?} full_rank={full_rank}: relative error {e}");
+        }
+    }
+}
+
+/// Positions over several whole chunks (32 positions, blocks of 16) and a partial one.
+const LONG: usize = 2 * 64 + 21;
+
+#[test]
+fn kda_chunked_matches_the_f64_oracle_over_several_chunks() {
+    // The gate's bias moved: as drawn the state keeps a few positions; by -6 it decays by
+    // ~1e-3 a position (the state carries across chunks); by +30 a softplus gate decays by
+    // ~20-60 nats a position, far past what a block factors around one row, so its own pairs
+    // are exponentiated directly.
+    for (seed, shift) in [(11, 0.0), (12, -6.0), (13, 30.0)] {
+        let mut data = KdaData::new(seed);
+        data.w[7].iter_mut().for_each(|b| *b += shift);
+        let xs = rand(LONG * D, seed + 100, 1.0);
+        for gate in [KdaGate::LowerBound(-5.0), KdaGate::Softplus] {
+            let want = data.oracle(gate, true, &xs);
+            for form in [KdaForm::Recurrent, KdaForm::Chunked] {
+                let mut layer = data.layer(gate, true);
+                layer.set_form(form);
+                let mut st = layer.state();
+                let mut out = vec![0f32; LONG * D];
+                // A prompt cut as a server might: every form meets a run shorter than a chunk.
+                layer.prefill(&mut st, &xs[..100 * D], &mut out[..100 * D]);
+                layer.prefill(&mut st, &xs[100 * D..], &mut out[100 * D..]);
+                // As above (1e-4); the chunked form's exponents are differences of f64 sums
+                // rounded once, its products f32 sums over <= 64 positions.
+                let e = rel(&out, &want);
+                assert!(e < 1e-4, "{form:?} {gate:?} shift={shift}: relative error {e}");
+                // Every position, not only the whole run: a wrong row would hide in the mean.
+                for t in [0, 31, 32, 63, 64, 65, 100, 127, 128, 148] {
+                    let e = rel(&out[t * D..(t + 1) * D], &want[t * D..(t + 1) * D]);
+                    assert!(e < 1e-4, "{form:?} {gate:?} shift={shift}: position {t} off by {e}");
+                }
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{D, KdaParts, MlaParts, bits, rand};
-use k3_attn::MlaForm;
+use k3_attn::{KdaForm, MlaForm};
 
 /// Prefill `prompt` tokens, then `steps` single tokens, on a pool of `threads`: every output.
 fn run<S>(
@@ -34,11 +34,15 @@ where
 #[test]
 fn kda_gives_the_same_bits_on_any_pool() {
     let parts = KdaParts::new(10);
-    let layer = parts.layer();
-    let go = |threads| run(threads, layer.state(), |s, x, o| layer.prefill(s, x, o), 8, 3);
-    let one = go(1);
-    for threads in [2, 3, 7] {
-        assert!(go(threads) == one, "KDA on {threads} threads");
+    // A prompt of 70 positions: one chunk and a short one when chunked.
+    for form in [KdaForm::Recurrent, KdaForm::Chunked] {
+        let mut layer = parts.layer();
+        layer.set_form(form);
+        let go = |threads| run(threads, layer.state(), |s, x, o| layer.prefill(s, x, o), 70, 3);
+        let one = go(1);
+        for threads in [2, 3, 7] {
+            assert!(go(threads) == one, "KDA {form:?} on {threads} threads");
+        }
     }
 }
 

@@ -4,8 +4,9 @@
 //!
 //! - KDA decode: the delta-rule update of 96 heads x 128 x 128 f32 state (6.3 MB per layer),
 //!   cycling through 16 layers' states so they come from memory, as in a 69-KDA-layer decode.
-//! - KDA prefill: the per-position recurrence over a chunk of positions, heads over the pool
-//!   (the state stays in cache; the projections are products, counted with the products).
+//! - KDA prefill: the state pass over a chunk of positions, position by position (the engine's
+//!   form) and chunked (the WY / UT form), alternated; heads over the pool (the state stays in
+//!   cache; the projections are products, counted with the products).
 //! - MLA decode: one query's absorbed attention of 96 heads over P cached positions (512 + 64 f32
 //!   each), on one thread and on the pool (groups of positions and heads split).
 //! - MLA prefill: the last queries of a P-token prompt (eight a thread), over the pool, each over
@@ -14,7 +15,7 @@
 //!   heads (heads are independent and alike) and scaled to 96. The projection of a P-token prompt
 //!   takes, chunk by chunk, whichever form `MlaForm::Auto` would pick.
 
-use k3_attn::kda::delta_rule;
+use k3_attn::kda::{delta_rule, state_pass};
 use k3_attn::mla::{MlaForm, attend, attend_cache, attend_expanded, form_costs};
 use k3_attn::{KvCacheType, MlaCache, MlaConfig, PositionEmbedding};
 use k3_quant::rng::noise;
@@ -127,42 +128,48 @@ fn kda_decode(reps: usize, mem: f64) -> Value {
     })
 }
 
-/// The recurrence over `chunk` positions of one layer, heads over the current pool.
+/// KDA's state pass over a prompt chunk of `chunk` positions at K3's heads (96 x 128, its gate's
+/// range of decays), heads over the pool, position by position and chunked alternately
+/// ([`state_pass`]; the convolutions, norms and gates before it are the same in either form).
 fn kda_prefill(chunk: usize, reps: usize, peak: f64, threads: usize) -> Value {
-    let mut state = noise(H * HD * HD, 5, 0.1);
-    let (q, k, v) = (noise(chunk * HD, 6, 0.2), noise(chunk * HD, 7, 0.2), noise(chunk * HD, 8, 1.0));
-    let decay: Vec<f32> = noise(chunk * HD, 9, 0.1).iter().map(|x| 0.95 + x).collect();
-    let secs = median(
-        (0..reps)
-            .map(|_| {
-                time(|| {
-                    pool(threads).install(|| {
-                        state.par_chunks_mut(HD * HD).for_each(|s| {
-                            let (mut u, mut o) = (vec![0f32; HD], vec![0f32; HD]);
-                            for t in 0..chunk {
-                                let r = t * HD..(t + 1) * HD;
-                                delta_rule(
-                                    s,
-                                    &q[r.clone()],
-                                    &k[r.clone()],
-                                    &v[r.clone()],
-                                    &decay[r],
-                                    0.5,
-                                    &mut u,
-                                    &mut o,
-                                );
-                            }
-                        })
+    let n = chunk * HD;
+    let unit = |seed: u64| -> Vec<f32> {
+        let mut x = noise(n, seed, 1.0);
+        for row in x.chunks_mut(HD) {
+            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|v| *v /= norm);
+        }
+        x
+    };
+    let (q, k, v) = (unit(6), unit(7), noise(n, 8, 1.0));
+    // K3's gate: -5 sigmoid(.), here between -0.5 and 0.
+    let g: Vec<f32> = noise(n, 9, 1.0).iter().map(|x| -0.25 * (1.0 + x.clamp(-1.0, 1.0))).collect();
+    let beta: Vec<f32> = noise(chunk, 10, 1.0).iter().map(|x| 0.5 + 0.4 * x.clamp(-1.0, 1.0)).collect();
+    let pool = pool(threads);
+    let mut samples = [Vec::new(), Vec::new()];
+    for _ in 0..reps {
+        for (i, chunked) in [false, true].into_iter().enumerate() {
+            let mut states = noise(H * HD * HD, 5, 0.1);
+            samples[i].push(time(|| {
+                pool.install(|| {
+                    states.par_chunks_mut(HD * HD).for_each(|s| {
+                        let (mut gh, mut sink) = (g.clone(), 0f32);
+                        state_pass(chunked, s, [&q, &k, &v], &mut gh, &beta, |_, o| sink += o[0]);
+                        std::hint::black_box(sink);
                     })
                 })
-            })
-            .collect(),
-    );
-    // Per head and position: two reads of the state (S^T k, S^T q) and its rank-one update.
+            }));
+        }
+    }
+    let [rec, chunked] = samples.map(median);
+    // The recurrence's multiply-adds per head and position: two reads of the state (S^T k,
+    // S^T q) and its rank-one update.
     let macs = (chunk * H * HD * HD * 3) as f64;
     json!({
-        "chunk": chunk, "threads": threads, "chunk_seconds": secs, "seconds_per_token": secs / chunk as f64,
-        "fraction_of_fma_peak": macs / secs / (peak * threads as f64),
+        "chunk": chunk, "threads": threads, "chunk_seconds": rec, "chunked_seconds": chunked,
+        "chunked_speedup": rec / chunked, "seconds_per_token": rec.min(chunked) / chunk as f64,
+        "fraction_of_fma_peak": macs / rec / (peak * threads as f64),
+        "chunked_fraction_of_fma_peak": macs / chunked / (peak * threads as f64),
     })
 }
 
@@ -383,10 +390,12 @@ fn print_table(r: &Value) {
     );
     let k = &r["kda_prefill"];
     println!(
-        "KDA prefill recurrence, chunk of {}: {:.1} ms a layer ({:.0}% of the FMA ceiling); K3 on {CORES} cores: {:.3} s a token",
+        "KDA prefill, chunk of {}: recurrence {:.1} ms a layer ({:.0}% of the FMA ceiling), chunked {:.1} ms ({:.2}x); K3 on {CORES} cores: {:.3} s a token",
         k["chunk"],
         f(k, "chunk_seconds") * 1e3,
         f(k, "fraction_of_fma_peak") * 100.0,
+        f(k, "chunked_seconds") * 1e3,
+        f(k, "chunked_speedup"),
         f(r, "k3_kda_prefill_seconds_per_token")
     );
     println!(

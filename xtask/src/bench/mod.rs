@@ -161,7 +161,7 @@ pub enum Bench {
         /// Cached positions to measure MLA at (4k, 64k, 1m or a number).
         #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "4k,16k,64k,128k", value_parser = attn::context)]
         context: Vec<usize>,
-        /// Queries of a prefill chunk (KDA's recurrence and MLA's last chunk of the prompt).
+        /// Queries of a prefill chunk (KDA's state pass and MLA's last chunk of the prompt).
         #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=16384))]
         chunk: u64,
         /// Threads of the pool [default: every core].

@@ -18,6 +18,8 @@
 //! the same arithmetic per value): one pass over `S` a position instead of two.
 
 mod chunk;
+mod chunked;
+mod form;
 mod recurrence;
 
 use k3_quant::Matrix;
@@ -27,7 +29,8 @@ use crate::ops::{check_len, check_matrix};
 use crate::state_io;
 
 pub use chunk::{KdaRun, KdaSeq, KdaTape};
-pub use recurrence::delta_rule;
+pub use form::KdaForm;
+pub use recurrence::{delta_rule, state_pass};
 
 /// How the log-decay gate is formed from `z = f_b(f_a x) + dt_bias`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -109,6 +112,7 @@ pub struct Kda<'a> {
     name: String,
     cfg: KdaConfig,
     w: KdaWeights<'a>,
+    form: KdaForm,
 }
 
 /// The recurrent state of one KDA layer (plus reusable scratch memory).
@@ -189,7 +193,7 @@ impl<'a> Kda<'a> {
         if hd == 0 {
             return Err(AttnError::Unsupported { layer: name, reason: "head_dim 0".into() });
         }
-        Ok(Kda { name, cfg, w })
+        Ok(Kda { name, cfg, w, form: KdaForm::Recurrent })
     }
 
     pub fn name(&self) -> &str {
@@ -198,6 +202,11 @@ impl<'a> Kda<'a> {
 
     pub fn config(&self) -> &KdaConfig {
         &self.cfg
+    }
+
+    /// Which form a run of positions takes ([`KdaForm::Recurrent`] unless set).
+    pub fn set_form(&mut self, form: KdaForm) {
+        self.form = form;
     }
 
     /// A fresh (zero) state for this layer.

@@ -1,10 +1,12 @@
-//! One head's recurrence over a run of positions, and the layout helpers around it. The same
-//! `run_head` runs when a chunk is computed and when a tentative chunk's accepted positions are
-//! committed later, so both leave the state with the same bits.
+//! One head over a run of positions (the state pass position by position, or in chunks), and
+//! the layout helpers around it. The same `run_head` runs when a chunk is computed and when a
+//! tentative chunk's accepted positions are committed later, so both leave the state with the
+//! same bits (both make the same choice of form for the same number of positions).
 
 use k3_quant::vecops::{axpby, dot, update_then_read};
 
-use super::{Kda, KdaGate};
+use super::chunked::{CHUNK, ChunkWork, chunk};
+use super::{Kda, KdaForm, KdaGate};
 use crate::ops::{sigmoid, silu, softplus};
 
 impl Kda<'_> {
@@ -13,10 +15,7 @@ impl Kda<'_> {
     /// convolution windows `win`, and hands `S^T q` after each position's update to `emit`.
     ///
     /// Everything that does not depend on the state (convolutions, norms, gates) is done for
-    /// every position first; then each position's update of `S` and the next one's read of it
-    /// share one pass ([`update_then_read`]). Each value is computed as by
-    /// [`delta_rule`] position after position, so any split of the positions into chunks — a
-    /// decode step is one — leaves the same bits.
+    /// every position first, then the state pass in the layer's form for `n` ([`state_pass`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run_head<'z>(
         &self,
@@ -26,20 +25,12 @@ impl Kda<'_> {
         b: impl Fn(usize) -> f32,
         s: &mut [f32],
         [win_q, win_k, win_v]: [&mut [f32]; 3],
-        mut emit: impl FnMut(usize, &[f32]),
+        emit: impl FnMut(usize, &[f32]),
     ) {
         let (hd, kern) = (self.cfg.head_dim, self.cfg.conv_kernel);
         let n = q.len() / hd;
         let taps = h * hd * kern..(h + 1) * hd * kern;
-        // One allocation a head and call (a decode step makes one per head and layer): the
-        // decays of every position, then `u, a` and the next position's `u, a, k decay, q decay`.
-        let mut work = vec![0f32; (n + 6) * hd];
-        let (decay, rest) = work.split_at_mut(n * hd);
-        let (mut u, rest) = rest.split_at_mut(hd);
-        let (mut a, rest) = rest.split_at_mut(hd);
-        let (mut u_next, rest) = rest.split_at_mut(hd);
-        let (mut a_next, rest) = rest.split_at_mut(hd);
-        let (cu, co) = rest.split_at_mut(hd);
+        let mut g = vec![0f32; n * hd];
         let beta: Vec<f32> = (0..n).map(|t| sigmoid(b(t))).collect();
         for t in 0..n {
             let r = t * hd..(t + 1) * hd;
@@ -47,33 +38,13 @@ impl Kda<'_> {
             conv_silu(&mut k[r.clone()], win_k, &self.w.k_conv[taps.clone()], kern);
             conv_silu(&mut v[r.clone()], win_v, &self.w.v_conv[taps.clone()], kern);
             normalize(&mut q[r.clone()], &mut k[r.clone()]);
-            self.decay(h, z(t), &mut decay[r]);
+            self.log_decay(h, z(t), &mut g[r]);
         }
-        let pos = |t: usize| t * hd..(t + 1) * hd;
-        read(s, &decay[pos(0)], &k[pos(0)], &q[pos(0)], u, a);
-        for t in 0..n {
-            let (qt, kt, vt, dt) = (&q[pos(t)], &k[pos(t)], &v[pos(t)], &decay[pos(t)]);
-            finish(qt, kt, vt, beta[t], u, a);
-            emit(t, a);
-            if t + 1 == n {
-                update(s, dt, kt, u);
-                break;
-            }
-            // The next position's read weights, as `read` forms them.
-            let (dn, kn, qn) = (&decay[pos(t + 1)], &k[pos(t + 1)], &q[pos(t + 1)]);
-            for c in 0..hd {
-                (cu[c], co[c]) = (dn[c] * kn[c], dn[c] * qn[c]);
-            }
-            u_next.fill(0.0);
-            a_next.fill(0.0);
-            update_then_read(s, dt, kt, u, (cu, co), u_next, a_next);
-            std::mem::swap(&mut u, &mut u_next);
-            std::mem::swap(&mut a, &mut a_next);
-        }
+        state_pass(self.form == KdaForm::Chunked, s, [q, k, v], &mut g, &beta, emit);
     }
 
-    /// Head `h`'s per-channel decay `exp(g)` from the gate's `z` (before `dt_bias`).
-    fn decay(&self, h: usize, z: &[f32], out: &mut [f32]) {
+    /// Head `h`'s per-channel log-decay `g` from the gate's `z` (before `dt_bias`).
+    fn log_decay(&self, h: usize, z: &[f32], out: &mut [f32]) {
         let hd = self.cfg.head_dim;
         let a_exp = self.w.a_log[h].exp();
         for ((dc, zc), db) in out.iter_mut().zip(z).zip(&self.w.dt_bias[h * hd..(h + 1) * hd]) {
@@ -82,8 +53,75 @@ impl Kda<'_> {
                 KdaGate::LowerBound(lb) => lb * sigmoid(a_exp * zc),
                 KdaGate::Softplus => -a_exp * softplus(zc),
             };
-            *dc = g.exp();
+            *dc = g;
         }
+    }
+}
+
+/// One head's state `s` (`[hd][hd]`) over a run of positions (`q, k, v` and the log-decays `g`
+/// `[n, hd]`, `beta` `[n]`), chunked or position by position, handing each position's `S^T q`
+/// (after its update) to `emit`. `g` is overwritten.
+///
+/// Position by position, each position's update of `S` and the next one's read of it share one
+/// pass ([`update_then_read`]), each value computed as by [`delta_rule`], so any split of the
+/// positions into runs (a decode step is one) leaves the same bits. Chunked, the bits depend on
+/// where the run starts (its chunks are counted from its first position).
+pub fn state_pass(
+    chunked: bool,
+    s: &mut [f32],
+    [q, k, v]: [&[f32]; 3],
+    g: &mut [f32],
+    beta: &[f32],
+    mut emit: impl FnMut(usize, &[f32]),
+) {
+    let n = beta.len();
+    if n == 0 {
+        return;
+    }
+    let hd = q.len() / n;
+    let rows = |x: &[f32]| x.len() == n * hd;
+    assert!(
+        hd > 0 && rows(q) && rows(k) && rows(v) && rows(g) && s.len() == hd * hd,
+        "state_pass: q, k, v, g must be [n, hd] for the n betas, s [hd, hd]"
+    );
+    if chunked {
+        let mut work = ChunkWork::default();
+        for t0 in (0..n).step_by(CHUNK) {
+            let r = t0 * hd..(t0 + CHUNK).min(n) * hd;
+            let rows = [&q[r.clone()], &k[r.clone()], &v[r.clone()], &g[r]];
+            chunk(s, rows, &beta[t0..(t0 + CHUNK).min(n)], &mut work, |t, o| emit(t0 + t, o));
+        }
+        return;
+    }
+    g.iter_mut().for_each(|x| *x = x.exp());
+    let decay = &*g;
+    // The current position's `u, a`, the next one's, and the next one's read weights.
+    let mut work = vec![0f32; 6 * hd];
+    let (mut u, rest) = work.split_at_mut(hd);
+    let (mut a, rest) = rest.split_at_mut(hd);
+    let (mut u_next, rest) = rest.split_at_mut(hd);
+    let (mut a_next, rest) = rest.split_at_mut(hd);
+    let (cu, co) = rest.split_at_mut(hd);
+    let pos = |t: usize| t * hd..(t + 1) * hd;
+    read(s, &decay[pos(0)], &k[pos(0)], &q[pos(0)], u, a);
+    for t in 0..n {
+        let (qt, kt, vt, dt) = (&q[pos(t)], &k[pos(t)], &v[pos(t)], &decay[pos(t)]);
+        finish(qt, kt, vt, beta[t], u, a);
+        emit(t, a);
+        if t + 1 == n {
+            update(s, dt, kt, u);
+            break;
+        }
+        // The next position's read weights, as `read` forms them.
+        let (dn, kn, qn) = (&decay[pos(t + 1)], &k[pos(t + 1)], &q[pos(t + 1)]);
+        for c in 0..hd {
+            (cu[c], co[c]) = (dn[c] * kn[c], dn[c] * qn[c]);
+        }
+        u_next.fill(0.0);
+        a_next.fill(0.0);
+        update_then_read(s, dt, kt, u, (cu, co), u_next, a_next);
+        std::mem::swap(&mut u, &mut u_next);
+        std::mem::swap(&mut a, &mut a_next);
     }
 }
 
