@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 
 mod bench;
 mod models;
@@ -113,18 +112,6 @@ enum Task {
     },
     /// Convert a Hugging Face checkpoint directory to a WASTE model directory (resumable).
     Convert(k3_cli::convert::ConvertArgs),
-}
-
-fn bar(total: u64) -> ProgressBar {
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{msg:>8} [{bar:40}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} ETA {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    pb
 }
 
 /// Errors are printed as one tidy chain of causes (no backtrace), then exit status 1.

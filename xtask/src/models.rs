@@ -7,18 +7,18 @@ use anyhow::{Context, Result, bail};
 use k3_cli::convert::Experts;
 use k3_convert::{ConvertOptions, convert as run_convert};
 
-use crate::bar;
+use k3_cli::progress::{Progress, Unit};
 
 pub fn export(model: &Path, out: &Path) -> Result<()> {
     let src = k3_convert::Source::open(model)?;
-    let pb = bar(0);
-    pb.set_message("export");
+    let mut pb = None;
     let r = k3_convert::export(&src, out, &mut |done, total| {
-        pb.set_length(total);
-        pb.set_position(done);
+        pb.get_or_insert_with(|| Progress::new("export", total, Unit::Bytes)).set_position(done);
     })
     .with_context(|| format!("exporting {} to {}", model.display(), out.display()))?;
-    pb.finish_and_clear();
+    if let Some(pb) = pb {
+        pb.finish();
+    }
     println!(
         "wrote {} tensors ({:.1} MB) to {}: {}",
         r.tensors,

@@ -262,7 +262,8 @@ impl Model {
 
     /// Bytes `verify` reads: trunk plus every record.
     pub fn verify_bytes(&self) -> u64 {
-        self.manifest().trunk.bytes + self.header.index.iter().map(|e| e.length).sum::<u64>()
+        let trunk: u64 = self.manifest().trunk.tensors.iter().map(|t| t.len).sum();
+        trunk + self.header.index.iter().map(|e| e.length).sum::<u64>()
     }
 
     /// Checks every checksum: embedded files, trunk tensors, expert records (and each record's

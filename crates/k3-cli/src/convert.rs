@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
-use indicatif::{DecimalBytes, ProgressBar, ProgressStyle};
+use indicatif::DecimalBytes;
 use k3_convert::calibrate::PeakMemory;
+
+use crate::progress;
 use k3_convert::{ConvertOptions, ExpertFormat, Progress, TrunkFormat, Unit, convert as run_convert};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -279,12 +281,12 @@ fn print_calibration(layers: &[k3_convert::calibrate::LayerCalibration], peak: O
     println!("  in all: {shrunk} shrunk, {pooled} fell back");
 }
 
-/// A conversion's (or `synth`'s) progress on standard error: one bar a phase over what this run
-/// has left to do, so its rate and ETA are this run's (what an interrupted run wrote is said once,
-/// not counted); bytes in decimal units (kB, MB, GB: the one unit system of `convert`'s words).
+/// A conversion's (or `synth`'s) progress on standard error ([`crate::progress`]): one bar, or
+/// one series of lines, a phase over what this run has left to do, so its rate and ETA are this
+/// run's (what an interrupted run wrote is said once, not counted).
 #[derive(Debug, Default)]
 pub struct PhaseBar {
-    pb: Option<ProgressBar>,
+    shown: Option<progress::Progress>,
     phase: &'static str,
 }
 
@@ -294,46 +296,36 @@ impl PhaseBar {
         // include the walk) without resetting it.
         if p.phase == "calibrate" {
             let line = format!("calibrating MoE layer {} of {}: the source model reads the tokens", p.done, p.total);
-            match &self.pb {
-                Some(pb) => pb.suspend(|| eprintln!("{line}")),
-                None => eprintln!("{line}"),
+            match &self.shown {
+                Some(shown) => shown.say(&line),
+                None => progress::say(&line),
             }
             return;
         }
-        if p.phase != self.phase || self.pb.is_none() {
-            self.phase = p.phase;
-            let counts = match p.unit {
-                Unit::Bytes => "{decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec}",
-                Unit::Layers => "layer {pos}/{len}",
-            };
-            let style = ProgressStyle::with_template(&format!("{{msg:>9}} [{{bar:40}}] {counts} ETA {{eta}}"))
-                .expect("a constant template parses")
-                .progress_chars("=> ");
-            let pb = self.pb.get_or_insert_with(|| ProgressBar::new(0));
-            if p.resumed > 0 {
-                // Above the bar on a terminal; also when standard error is not one.
-                pb.suspend(|| {
-                    eprintln!(
-                        "resuming {}: {} of {} already written",
-                        p.phase,
-                        DecimalBytes(p.resumed),
-                        DecimalBytes(p.total)
-                    )
-                });
+        if p.phase != self.phase || self.shown.is_none() {
+            if let Some(done) = self.shown.take() {
+                done.finish();
             }
-            pb.reset();
-            pb.set_style(style);
-            pb.set_length(p.total - p.resumed);
-            pb.set_message(p.phase);
+            self.phase = p.phase;
+            let unit = match p.unit {
+                Unit::Bytes => progress::Unit::Bytes,
+                Unit::Layers => progress::Unit::Items("layers"),
+            };
+            let shown = progress::Progress::new(p.phase, p.total - p.resumed, unit);
+            if p.resumed > 0 {
+                let (resumed, total) = (DecimalBytes(p.resumed), DecimalBytes(p.total));
+                shown.say(&format!("resuming {}: {resumed} of {total} already written", p.phase));
+            }
+            self.shown = Some(shown);
         }
-        if let Some(pb) = &self.pb {
-            pb.set_position(p.done.saturating_sub(p.resumed));
+        if let Some(shown) = &self.shown {
+            shown.set_position(p.done.saturating_sub(p.resumed));
         }
     }
 
     pub fn finish(self) {
-        if let Some(pb) = self.pb {
-            pb.finish_and_clear();
+        if let Some(shown) = self.shown {
+            shown.finish();
         }
     }
 }

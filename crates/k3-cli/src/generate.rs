@@ -2,6 +2,7 @@
 //! `--max-tokens`, when the context is full, or on Ctrl-C — and says which, on standard error;
 //! statistics are written in every case. The work is `k3_generate::Generator`'s.
 
+use k3_cli::progress::{Progress, Unit};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -106,11 +107,8 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     let rest = &prompt[restored.tokens..];
     // A long prompt shows its progress; a chunk of a streaming model can take minutes, so the
     // elapsed time ticks between chunks.
-    let pb = (rest.len() > 256 || rest.len() > 4 * engine.prefill_chunk()).then(|| {
-        let pb = crate::progress_bar(rest.len() as u64, "prompt [{bar:40}] {pos}/{len} tokens, {elapsed} (ETA {eta})");
-        pb.enable_steady_tick(std::time::Duration::from_secs(1));
-        pb
-    });
+    let pb = (rest.len() > 256 || rest.len() > 4 * engine.prefill_chunk())
+        .then(|| Progress::new("prompt", rest.len() as u64, Unit::Items("tokens")));
     let started = match (rest.is_empty(), kept_logits) {
         // The whole prompt was kept, with its logits: sampling starts at once.
         (true, Some(logits)) => Generator::resume(&engine, &mut session, logits, tok.as_ref(), params),
@@ -123,7 +121,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         }
     };
     if let Some(pb) = pb {
-        pb.finish_and_clear();
+        pb.finish();
     }
     let mut g = started.map_err(no_room)?;
     if let Some(c) = cache.as_mut() {

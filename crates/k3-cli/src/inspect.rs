@@ -1,6 +1,7 @@
 //! `k3-cli inspect` and `verify`: what a model is, how it is laid out on disk, and whether its
 //! bytes are intact.
 
+use k3_cli::progress::{Progress, Unit};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -309,9 +310,9 @@ pub fn run(model: &Path, shard_dirs: &[PathBuf], json: bool, tensors: bool) -> a
 
 pub fn verify(model: &Model) -> anyhow::Result<ExitCode> {
     let total = model.verify_bytes();
-    let pb = crate::progress_bar(total, "verify [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}");
+    let pb = Progress::new("verify", total, Unit::Bytes);
     let problems = model.verify(&mut |done| pb.set_position(done));
-    pb.finish_and_clear();
+    pb.finish();
     let m = model.manifest();
     if problems.is_empty() {
         println!(

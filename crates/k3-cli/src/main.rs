@@ -23,7 +23,6 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{CommandFactory, Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
 #[command(
@@ -36,6 +35,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// No progress on standard error (bars on a terminal, lines every few seconds elsewhere).
+    #[arg(short, long, global = true)]
+    quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -145,14 +147,6 @@ impl TokenizerSource {
     }
 }
 
-/// A progress bar on standard error in the CLI's one style (`template` is a constant, so it
-/// parses); hidden when standard error is not a terminal.
-fn progress_bar(len: u64, template: &str) -> ProgressBar {
-    let pb = ProgressBar::new(len);
-    pb.set_style(ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
-    pb
-}
-
 /// Errors are printed as one tidy chain of causes (no backtrace), then exit status 1.
 fn main() -> ExitCode {
     signals::quiet_broken_pipe();
@@ -187,7 +181,9 @@ fn tidy(e: &anyhow::Error) -> String {
 }
 
 fn real_main() -> Result<ExitCode> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    k3_cli::progress::set_quiet(cli.quiet);
+    match cli.command {
         Command::Inspect { model, shard_dirs, json, tensors } => {
             inspect::run(&model.resolve()?, &shard_dirs, json, tensors)
         }

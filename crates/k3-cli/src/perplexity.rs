@@ -1,5 +1,6 @@
 //! `perplexity`: held-out perplexity of a text, as a trainer reports it.
 
+use k3_cli::progress::{Progress, Unit};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -77,11 +78,11 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
     };
     let engine = a.engine.load_with(&model, &path, Needs::exact(context, chunk), |o| o.approx = approx)?;
     let windows = ids.len().div_ceil(window);
-    let pb = crate::progress_bar(windows as u64, "perplexity [{bar:40}] {pos}/{len} windows ETA {eta}");
+    let pb = Progress::new("perplexity", windows as u64, Unit::Items("windows"));
     let t0 = std::time::Instant::now();
     let r = k3_generate::eval::perplexity(&engine, &ids, &cut, &mut |done| pb.set_position(done as u64))?;
     let seconds = t0.elapsed().as_secs_f64();
-    pb.finish_and_clear();
+    pb.finish();
     a.engine.report(&engine, &r.stats, None)?;
     let window_nll: Vec<f64> = r.windows.iter().map(|w| w.nll).collect();
     let agreement = match &a.against {
@@ -95,9 +96,9 @@ pub fn run(a: PerplexityArgs) -> Result<ExitCode> {
             exact.knobs.cache_aware_experts = None;
             exact.knobs.kv_cache = Some("f32".into());
             let re = exact.load(&rm, reference, Needs::exact(context, chunk))?;
-            let pb = crate::progress_bar(windows as u64, "compare    [{bar:40}] {pos}/{len} windows ETA {eta}");
+            let pb = Progress::new("compare", windows as u64, Unit::Items("windows"));
             let g = k3_generate::eval::agreement(&engine, &re, &ids, &cut, &mut |d| pb.set_position(d as u64))?;
-            pb.finish_and_clear();
+            pb.finish();
             Some(g)
         }
         None => None,

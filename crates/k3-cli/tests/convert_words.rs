@@ -60,3 +60,30 @@ fn the_rerun_says_what_it_resumes() {
     let m = k3_format::Model::open(&out).unwrap();
     assert!(m.verify(&mut |_| {}).is_empty());
 }
+
+/// Where standard error is not a terminal (a log, a pipe), each phase says a line as it starts
+/// and one as it ends (with lines every few seconds between for a long one); `--quiet` says none.
+#[test]
+fn progress_on_a_pipe_is_lines_and_quiet_is_quiet() {
+    let d = tempfile::tempdir().unwrap();
+    let src = fixture("default.waste");
+    let run = |out: &str, quiet: bool| {
+        let out = d.path().join(out);
+        let mut args = vec!["convert", "--from", src.to_str().unwrap(), "--out", out.to_str().unwrap()];
+        if quiet {
+            args.push("--quiet");
+        }
+        let o = bin().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        err
+    };
+    let err = run("a", false);
+    for phase in ["trunk", "experts", "verify"] {
+        let starts = err.lines().any(|l| l.starts_with(&format!("{phase}: 0 B/")) && l.ends_with("(0.0%)"));
+        let ends = err.lines().any(|l| l.starts_with(&format!("{phase}: done, ")) && l.ends_with("/s)"));
+        assert!(starts && ends, "{phase}:\n{err}");
+    }
+    assert!(!err.contains('\r') && !err.contains('\u{1b}'), "no terminal controls in a log:\n{err}");
+    assert_eq!(run("b", true), "");
+}

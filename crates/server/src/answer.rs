@@ -20,7 +20,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::error::ApiError;
 use crate::job::{Event, Job, Refused, Tally, TokenLogprob};
-use crate::reqlog::RequestLog;
+use crate::reqlog::{PrefillLog, RequestLog};
 use crate::request::Prepared;
 use crate::state::AppState;
 use k3_generate::cache::Scope;
@@ -82,6 +82,7 @@ pub(crate) fn submit(s: &AppState, mut p: Prepared, kind: Kind, scope: Scope) ->
         flag
     });
     let logprobs = p.params.logprobs;
+    let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, next_id());
     let tally = Arc::new(Tally::default());
     tally.prompt.store(p.prompt.len(), Ordering::Relaxed);
     match s.handle.submit(Job {
@@ -92,6 +93,7 @@ pub(crate) fn submit(s: &AppState, mut p: Prepared, kind: Kind, scope: Scope) ->
         resume_points: p.resume_points,
         images: p.images,
         tally: tally.clone(),
+        log: PrefillLog::new(s.log_format, &id),
     }) {
         Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
         Err(Refused::Busy) => {
@@ -103,7 +105,6 @@ pub(crate) fn submit(s: &AppState, mut p: Prepared, kind: Kind, scope: Scope) ->
         }
         Err(Refused::Gone) => return Err(s.unavailable()),
     };
-    let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, next_id());
     let model = s.info.get().map(|i| i.id.clone()).unwrap_or_default();
     let reply = Reply {
         calls,

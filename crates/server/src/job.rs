@@ -28,6 +28,8 @@ pub struct Job {
     pub images: Vec<crate::images::RequestImage>,
     /// Its counts as they grow, for its log line however it ends.
     pub tally: Arc<Tally>,
+    /// Lines while its prompt is read, when that takes a while.
+    pub log: crate::reqlog::PrefillLog,
 }
 
 pub use k3_generate::sample::TokenLogprob;

@@ -1,10 +1,11 @@
-//! What the server says on standard error as it works: a line when the model is ready and one
-//! per request (its id, prompt and cached tokens, time to first token, rate, how it ended), for a
-//! person (`text`) or a program (`json`: one object a line).
+//! What the server says on standard error as it works: a line when the model is ready, one per
+//! request (its id, prompt and cached tokens, time to first token, rate, how it ended) and,
+//! while a long prompt is read, its progress every few seconds; for a person (`text`) or a
+//! program (`json`: one object a line).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -48,6 +49,62 @@ pub(crate) fn warning(format: LogFormat, message: &str) {
     match format {
         LogFormat::Text => eprintln!("warning: {message}"),
         LogFormat::Json => eprintln!("{}", json!({"event": "warning", "message": message})),
+    }
+}
+
+/// A progress line of a prompt being read at most this often, and not before it has taken this
+/// long (a short prompt says only its request line).
+const PREFILL_EVERY: Duration = Duration::from_secs(5);
+
+/// A request's progress through its prompt (an agent's first request may hold 20-200k tokens:
+/// minutes on a streaming model), said from the scheduler as chunks finish.
+#[derive(Debug, Default)]
+pub struct PrefillLog {
+    /// `None`: says nothing (a job made without a request, in tests).
+    said_as: Option<(LogFormat, String)>,
+    /// When the scheduler began its prompt, and with how many tokens already kept.
+    started: Option<(Instant, usize)>,
+    said: Option<Instant>,
+}
+
+impl PrefillLog {
+    pub(crate) fn new(format: LogFormat, id: &str) -> Self {
+        PrefillLog { said_as: Some((format, id.to_string())), ..PrefillLog::default() }
+    }
+
+    /// The scheduler admitted the request, its kept state holding `cached` tokens.
+    pub(crate) fn started(self, cached: usize) -> Self {
+        PrefillLog { started: Some((Instant::now(), cached)), ..self }
+    }
+
+    /// `fed` of the `prompt`'s tokens are read.
+    pub(crate) fn advanced(&mut self, fed: usize, prompt: usize) {
+        let now = Instant::now();
+        if let Some(line) = self.line_at(now, fed, prompt) {
+            eprintln!("{line}");
+            self.said = Some(now);
+        }
+    }
+
+    /// The line due at `now`, if one is.
+    fn line_at(&self, now: Instant, fed: usize, prompt: usize) -> Option<String> {
+        let ((format, id), (started, cached)) = (self.said_as.as_ref()?, self.started?);
+        let last = self.said.unwrap_or(started);
+        if fed >= prompt || now.duration_since(last) < PREFILL_EVERY {
+            return None;
+        }
+        let secs = now.duration_since(started).as_secs_f64();
+        let rate = fed.saturating_sub(cached) as f64 / secs.max(1e-9);
+        let eta = (prompt - fed) as f64 / rate.max(1e-9);
+        Some(match format {
+            LogFormat::Text => format!(
+                "{id}: prompt {fed}/{prompt} tokens ({:.1}%), {rate:.1} tok/s, {secs:.0} s, ETA {eta:.0} s",
+                100.0 * fed as f64 / prompt as f64
+            ),
+            LogFormat::Json => json!({"event": "prefill", "id": id, "prompt_tokens": prompt, "read_tokens": fed,
+                                      "cached_tokens": cached, "tokens_per_s": rate, "elapsed_s": secs, "eta_s": eta})
+            .to_string(),
+        })
     }
 }
 
@@ -129,5 +186,35 @@ impl Drop for RequestLog {
             let tokens = self.tokens;
             self.done("cancelled", 0, 0, tokens);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_prompt_says_its_progress_every_few_seconds() {
+        let t0 = Instant::now();
+        let mut log = PrefillLog::new(LogFormat::Text, "chatcmpl-7");
+        log.started = Some((t0, 1000));
+        // Not before the first few seconds, nor at the prompt's end (the request line says it).
+        assert_eq!(log.line_at(t0 + Duration::from_secs(4), 2000, 41_000), None);
+        let line = log.line_at(t0 + Duration::from_secs(10), 5000, 41_000).unwrap();
+        assert_eq!(line, "chatcmpl-7: prompt 5000/41000 tokens (12.2%), 400.0 tok/s, 10 s, ETA 90 s");
+        assert_eq!(log.line_at(t0 + Duration::from_secs(60), 41_000, 41_000), None);
+        log.said = Some(t0 + Duration::from_secs(10));
+        assert_eq!(log.line_at(t0 + Duration::from_secs(12), 6000, 41_000), None);
+        let mut json = PrefillLog::new(LogFormat::Json, "msg_1");
+        json.started = Some((t0, 0));
+        let v: serde_json::Value =
+            serde_json::from_str(&json.line_at(t0 + Duration::from_secs(8), 4000, 8000).unwrap()).unwrap();
+        assert_eq!(
+            (v["event"].as_str(), v["read_tokens"].as_u64(), v["eta_s"].as_f64()),
+            (Some("prefill"), Some(4000), Some(8.0))
+        );
+        // A job made without a request says nothing.
+        let silent = PrefillLog::default().started(0);
+        assert_eq!(silent.line_at(t0 + Duration::from_secs(60), 10, 100), None);
     }
 }

@@ -38,6 +38,7 @@ fn job(prompt: u32) -> (Job, tmpsc::UnboundedReceiver<Event>) {
             resume_points: Vec::new(),
             images: Vec::new(),
             tally: Default::default(),
+            log: Default::default(),
         },
         rx,
     )

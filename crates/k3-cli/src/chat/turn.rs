@@ -2,6 +2,7 @@
 //! turn's end kept for the next chat), the answer streamed and recorded.
 
 use anyhow::Result;
+use k3_cli::progress::{Progress, Unit};
 use k3_engine::{Engine, Session};
 use k3_generate::speculate::SpecStats;
 use k3_generate::{Finish, Generator};
@@ -114,8 +115,7 @@ impl Turn<'_, '_> {
         };
         // A long turn shows its prefill.
         let rest = pending.len() - from;
-        let pb =
-            (rest > 256).then(|| crate::progress_bar(rest as u64, "prompt [{bar:40}] {pos}/{len} tokens (ETA {eta})"));
+        let pb = (rest > 256).then(|| Progress::new("prompt", rest as u64, Unit::Items("tokens")));
         let params = chat.params.clone();
         let turn = match (from == pending.len(), kept_logits) {
             (true, Some(l)) => Generator::resume(engine, session, l, Some(tok), params)?,
@@ -134,7 +134,7 @@ impl Turn<'_, '_> {
             )?,
         };
         if let Some(pb) = pb {
-            pb.finish_and_clear();
+            pb.finish();
         }
         if let Some(c) = cache
             && from < pending.len()

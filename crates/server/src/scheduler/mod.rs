@@ -23,6 +23,7 @@ use crate::job::{Event, Job, Tally};
 use crate::masks::{Landed, MaskPool, PendingMask};
 use crate::metrics::Metrics;
 use crate::preparing::Preparing;
+use crate::reqlog::PrefillLog;
 use crate::status::Status;
 use k3_generate::cache::Scope;
 use k3_generate::cache::{Kept, PromptCache};
@@ -53,6 +54,7 @@ struct Active<'t> {
     /// The prompt's images' rows at their positions.
     images: Vec<Inserted>,
     tally: Arc<Tally>,
+    log: PrefillLog,
 }
 
 impl Active<'_> {
@@ -232,6 +234,7 @@ fn admit<'t>(
                 scope: job.scope,
                 images,
                 tally: job.tally,
+                log: job.log.started(cached),
             };
             // The first token's mask is computed while the prompt is.
             a.plan_mask(pool);
@@ -363,6 +366,7 @@ fn advance(
     if a.fed < a.prompt.len() {
         a.fed += fed;
         metrics.prompt_tokens.fetch_add(fed as u64, Ordering::Relaxed);
+        a.log.advanced(a.fed, a.prompt.len());
         if a.resume_points.first() == Some(&a.fed) {
             a.resume_points.remove(0);
             cache.insert(engine, a.scope, &a.session, Kept::ResumePoint);
