@@ -1,9 +1,9 @@
 //! A chunk of tokens through a KDA layer, for one sequence or several at once: the projections
 //! of every row as matrix products (each weight read once for the whole batch), then each
-//! (sequence, head)'s recurrence on its own, position by position, then the output projection of
-//! every row. A *tentative* sequence (speculative drafts being verified) leaves its state as it
-//! was and records, per position, what [`Kda::commit`] needs to advance the state later by as
-//! many positions as were accepted.
+//! (sequence, head)'s state pass on its own (in the layer's [`KdaForm`](super::KdaForm)), then
+//! the output projection of every row. A *tentative* sequence (speculative drafts being
+//! verified) leaves its state as it was and records, per position, what [`Kda::commit`] needs to
+//! advance the state later by as many positions as were accepted.
 
 use k3_quant::Matrix;
 use rayon::prelude::*;
@@ -118,7 +118,7 @@ impl Kda<'_> {
     }
 
     /// A chunk of one sequence's tokens (`xs` `[n, D]`, `outs` `[n, D]`), bit-identical to
-    /// stepping them one by one.
+    /// stepping them one by one in the recurrent form (the default).
     pub fn prefill(&self, state: &mut KdaState, xs: &[f32], outs: &mut [f32]) {
         let rows = xs.len() / self.cfg.hidden.max(1);
         self.forward(&mut [KdaSeq { rows, run: KdaRun::Advance(state) }], xs, outs)

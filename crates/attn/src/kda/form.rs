@@ -1,11 +1,9 @@
 //! Which form KDA runs a run of positions in: the recurrence (the state read and updated once a
 //! position, in one fused pass) or chunked (the reference kernels' WY / UT form: the state read
-//! and updated once every [`CHUNK`](super::chunked::CHUNK) positions by matrix products, with
-//! ~1.4x the multiply-adds plus per-chunk exponentials and a triangular inverse). The recurrence
-//! is the default because it measures faster on every CPU tried (`cargo xtask bench attn`
-//! prints both each run; docs/EFFICIENCY.md); the forms differ in the last bits.
-
-use std::str::FromStr;
+//! and updated once every [`CHUNK`](super::wy::CHUNK) positions by matrix products, with ~1.3x
+//! the multiply-adds plus per-chunk exponentials and a triangular inverse). The recurrence is
+//! the default because it measures faster on every CPU tried (`cargo xtask bench attn` prints
+//! both each run; docs/EFFICIENCY.md); the forms differ in the last bits.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KdaForm {
@@ -14,27 +12,4 @@ pub enum KdaForm {
     Recurrent,
     /// In chunks counted from a run's first position.
     Chunked,
-}
-
-impl KdaForm {
-    pub const NAMES: [&'static str; 2] = ["recurrent", "chunked"];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KdaForm::Recurrent => "recurrent",
-            KdaForm::Chunked => "chunked",
-        }
-    }
-}
-
-impl FromStr for KdaForm {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "recurrent" => Ok(KdaForm::Recurrent),
-            "chunked" => Ok(KdaForm::Chunked),
-            _ => Err(format!("`{s}` is not a KDA form (recurrent or chunked)")),
-        }
-    }
 }

@@ -18,9 +18,9 @@
 //! the same arithmetic per value): one pass over `S` a position instead of two.
 
 mod chunk;
-mod chunked;
 mod form;
 mod recurrence;
+mod wy;
 
 use k3_quant::Matrix;
 

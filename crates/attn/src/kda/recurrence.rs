@@ -1,11 +1,11 @@
 //! One head over a run of positions (the state pass position by position, or in chunks), and
 //! the layout helpers around it. The same `run_head` runs when a chunk is computed and when a
 //! tentative chunk's accepted positions are committed later, so both leave the state with the
-//! same bits (both make the same choice of form for the same number of positions).
+//! same bits (in either form: a run's chunks are counted from its own first position).
 
 use k3_quant::vecops::{axpby, dot, update_then_read};
 
-use super::chunked::{CHUNK, ChunkWork, chunk};
+use super::wy::{CHUNK, ChunkWork, advance};
 use super::{Kda, KdaForm, KdaGate};
 use crate::ops::{sigmoid, silu, softplus};
 
@@ -40,7 +40,7 @@ impl Kda<'_> {
             normalize(&mut q[r.clone()], &mut k[r.clone()]);
             self.log_decay(h, z(t), &mut g[r]);
         }
-        state_pass(self.form == KdaForm::Chunked, s, [q, k, v], &mut g, &beta, emit);
+        state_pass(self.form, s, [q, k, v], &mut g, &beta, emit);
     }
 
     /// Head `h`'s per-channel log-decay `g` from the gate's `z` (before `dt_bias`).
@@ -66,8 +66,11 @@ impl Kda<'_> {
 /// pass ([`update_then_read`]), each value computed as by [`delta_rule`], so any split of the
 /// positions into runs (a decode step is one) leaves the same bits. Chunked, the bits depend on
 /// where the run starts (its chunks are counted from its first position).
+///
+/// # Panics
+/// When the shapes do not agree: `q, k, v, g` `[n, hd]` for the `n` betas, `s` `[hd, hd]`.
 pub fn state_pass(
-    chunked: bool,
+    form: KdaForm,
     s: &mut [f32],
     [q, k, v]: [&[f32]; 3],
     g: &mut [f32],
@@ -81,15 +84,15 @@ pub fn state_pass(
     let hd = q.len() / n;
     let rows = |x: &[f32]| x.len() == n * hd;
     assert!(
-        hd > 0 && rows(q) && rows(k) && rows(v) && rows(g) && s.len() == hd * hd,
+        hd > 0 && rows(q) && rows(k) && rows(v) && rows(g) && hd.checked_mul(hd) == Some(s.len()),
         "state_pass: q, k, v, g must be [n, hd] for the n betas, s [hd, hd]"
     );
-    if chunked {
+    if form == KdaForm::Chunked {
         let mut work = ChunkWork::default();
         for t0 in (0..n).step_by(CHUNK) {
             let r = t0 * hd..(t0 + CHUNK).min(n) * hd;
             let rows = [&q[r.clone()], &k[r.clone()], &v[r.clone()], &g[r]];
-            chunk(s, rows, &beta[t0..(t0 + CHUNK).min(n)], &mut work, |t, o| emit(t0 + t, o));
+            advance(s, rows, &beta[t0..(t0 + CHUNK).min(n)], &mut work, |t, o| emit(t0 + t, o));
         }
         return;
     }
