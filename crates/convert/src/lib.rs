@@ -17,6 +17,7 @@ pub mod tensors;
 mod dequant;
 mod encode;
 mod export;
+mod in_place;
 mod plan;
 mod reencoded;
 mod source;
@@ -120,6 +121,9 @@ pub struct ConvertOptions {
     /// Re-encoded VQ experts minimize the error on the inputs the source model gives them
     /// reading these tokens (`crate::calibrate`), a layer at a time.
     pub calibration: Option<std::sync::Arc<calibrate::CalibrationPlan>>,
+    /// Copy experts kept as stored into the model's shards instead of reading them in place
+    /// from the checkpoint's files (which must then stay as they are).
+    pub copy_experts: bool,
 }
 
 impl ConvertOptions {
@@ -134,6 +138,7 @@ impl ConvertOptions {
             shards: 1,
             shard_dirs: Vec::new(),
             calibration: None,
+            copy_experts: false,
         }
     }
 }
@@ -167,6 +172,9 @@ pub struct ConvertReport {
     pub resumed_items: usize,
     pub written_items: usize,
     pub written_bytes: u64,
+    /// Experts read in place from the checkpoint's files (none written); else why they were
+    /// copied, when they are kept as stored.
+    pub in_place: Option<Result<usize, String>>,
     /// Checkpoint tensors k3 does not run: a vision tower, DeepSeek-V3's multi-token-prediction layers.
     pub ignored: Vec<String>,
     pub verified_bytes: u64,
@@ -208,8 +216,12 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
     };
     report.resumed_items = w.resumed_items();
     write::trunk(&mut w, &plan, &src, opts.trunk, &mut report, progress)?;
-    write::experts(&mut w, &plan, &src, opts.calibration.as_deref(), &mut report, progress)?;
-    let model = write::finish(*w, &src, opts, progress)?;
+    match &plan.in_place {
+        Ok(ip) => write::experts_in_place(&mut w, &plan, ip, &src, &mut report, progress)?,
+        Err(_) => write::experts(&mut w, &plan, &src, opts.calibration.as_deref(), &mut report, progress)?,
+    }
+    report.in_place = Some(plan.in_place.as_ref().map(|ip| ip.files.len()).map_err(Clone::clone));
+    let model = write::finish(*w, &src, opts, plan.in_place.is_err(), progress)?;
     report.verified_bytes = model.verify_bytes();
     report.re_encoded = reencoded::list(&model, &plan, &src, opts);
     Ok(report)

@@ -13,6 +13,8 @@ use crate::tensors::{ExpertShapes, TensorTable};
 use k3_engine::config::ModelConfig;
 use k3_engine::names::{EXPERT_MATRICES, expert as expert_name};
 
+use super::in_place::{self, InPlace};
+
 /// Files copied into the header verbatim when the checkpoint has them.
 pub(super) const EMBEDDED_FILES: [&str; 7] = [
     "config.json",
@@ -49,6 +51,8 @@ pub(super) struct Plan {
     pub fp8_block: u32,
     /// The experts' activation (calibration computes w2's inputs with it).
     pub activation: k3_engine::config::Activation,
+    /// The experts are read from the checkpoint's own files, not copied; else why not.
+    pub in_place: Result<InPlace, String>,
 }
 
 impl Plan {
@@ -85,7 +89,20 @@ impl Plan {
             )));
         }
         k3_format::check_alignment(opts.alignment).map_err(ConvertError::Unsupported)?;
-        Ok(Plan { table, arch, trunk_names, ignored, layouts, layers, fp8_block, activation: config.activation })
+        let in_place = match opts.copy_experts {
+            true => Err("asked to copy them (--copy-experts)".to_string()),
+            false => in_place::plan(src, &layers, &layouts, arch.experts)?,
+        };
+        let placed = opts.shards != 1 || !opts.shard_dirs.is_empty() || opts.alignment != k3_format::DEFAULT_ALIGNMENT;
+        if in_place.is_ok() && placed {
+            return Err(ConvertError::Unsupported(
+                "--shards, --shard-dir and --align place copied experts, but these are read in place from the \
+                 checkpoint's files; add --copy-experts to copy them"
+                    .into(),
+            ));
+        }
+        let activation = config.activation;
+        Ok(Plan { table, arch, trunk_names, ignored, layouts, layers, fp8_block, activation, in_place })
     }
 
     /// The writer's spec: the layout, the encodings in words, and where the model came from.
@@ -107,16 +124,25 @@ impl Plan {
             "alignment": opts.alignment,
             "shards": opts.shards,
         });
+        // Only when read in place: copied models keep the provenance (and header bytes) they had.
+        if self.in_place.is_ok() {
+            options["experts_in_place"] = true.into();
+        }
         // Only when calibrated: uncalibrated models keep the provenance (and header bytes) they had.
         if let Some(c) = &opts.calibration {
             options["calibration"] = c.provenance();
         }
+        let (shards, shard_dirs, expert_layouts, checkpoint_files) = match &self.in_place {
+            Ok(ip) => (0, Vec::new(), ip.layouts.clone(), ip.files.clone()),
+            Err(_) => (opts.shards, opts.shard_dirs.clone(), self.layouts.clone(), Vec::new()),
+        };
         WriterSpec {
             architecture: self.arch.clone(),
             alignment: opts.alignment,
-            shards: opts.shards,
-            shard_dirs: opts.shard_dirs.clone(),
-            expert_layouts: self.layouts.clone(),
+            shards,
+            shard_dirs,
+            expert_layouts,
+            checkpoint_files,
             encodings: BTreeMap::from([("experts".to_string(), expert_label), ("trunk".to_string(), trunk_label)]),
             provenance: serde_json::json!({
                 "source": opts.hf_dir.display().to_string(),
@@ -376,7 +402,7 @@ fn check_trunk(table: &TensorTable, src: &Source, names: &[String], family: &str
 }
 
 /// The source tensors of one expert matrix: name, dtype and shape, in the order they are stored.
-fn expert_sources(kind: SourceExperts, base: &str, shape: &[u64]) -> Vec<(String, StDtype, Vec<u64>)> {
+pub(super) fn expert_sources(kind: SourceExperts, base: &str, shape: &[u64]) -> Vec<(String, StDtype, Vec<u64>)> {
     match kind {
         SourceExperts::Mxfp4 => vec![
             (format!("{base}.weight_packed"), StDtype::U8, vec![shape[0], shape[1] / 2]),

@@ -246,6 +246,21 @@ impl Source {
         self.tensors.get(name).ok_or_else(|| ConvertError::MissingTensor { name: name.to_string() })
     }
 
+    /// Where a tensor's bytes lie: (file, start, end), start and end from the file's beginning.
+    pub(crate) fn location(&self, t: &SourceTensor) -> (usize, u64, u64) {
+        (t.file, t.start as u64, t.end as u64)
+    }
+
+    /// A Hugging Face checkpoint (its tensors lie in its own safetensors files), not a WASTE model.
+    pub(crate) fn is_checkpoint(&self) -> bool {
+        self.blobs.is_none()
+    }
+
+    /// Source file `i`: its path and its bytes (mapped).
+    pub(crate) fn file_at(&self, i: usize) -> (&Path, &[u8]) {
+        (&self.files[i].0, &self.files[i].1)
+    }
+
     /// The raw little-endian bytes of a tensor (bounds were checked by the header parser).
     pub fn bytes(&self, t: &SourceTensor) -> &[u8] {
         &self.files[t.file].1[t.start..t.end]

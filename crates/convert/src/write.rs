@@ -9,6 +9,7 @@ use k3_quant::encode::products;
 use rayon::prelude::*;
 use safetensors::Dtype as StDtype;
 
+use super::in_place::{self, InPlace};
 use super::plan::{LayerPlan, Plan, SourceExperts, expert_parts};
 use super::{ConvertError, ConvertOptions, ConvertReport, Progress, Source, TrunkFormat, Unit};
 use super::{dequant, encode};
@@ -154,6 +155,60 @@ pub(super) fn experts(
     Ok(())
 }
 
+/// Every expert the writer does not have yet, read in place: its aligned read in its checkpoint
+/// file checksummed (a few experts at a time on every core), FP8 scales checked as a copy would.
+pub(super) fn experts_in_place(
+    w: &mut ModelWriter,
+    plan: &Plan,
+    ip: &InPlace,
+    src: &Source,
+    report: &mut ConvertReport,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(), ConvertError> {
+    let run = |r: &in_place::Run| ip.layouts[usize::from(r.layout)].payload_bytes;
+    let total: u64 = ip.runs.iter().flatten().map(run).sum();
+    let mut resumed = 0;
+    for (p, runs) in plan.layers.iter().zip(&ip.runs) {
+        resumed +=
+            runs.iter().enumerate().filter(|(e, _)| w.has_expert(p.layer, *e as u32)).map(|(_, r)| run(r)).sum::<u64>();
+    }
+    let mut done = resumed;
+    for (p, runs) in plan.layers.iter().zip(&ip.runs) {
+        let todo: Vec<u32> = (0..plan.arch.experts).filter(|e| !w.has_expert(p.layer, *e)).collect();
+        for chunk in todo.chunks(rayon::current_num_threads().max(1) * 4) {
+            let reads: Vec<Result<in_place::Read, ConvertError>> = chunk
+                .par_iter()
+                .map(|&e| {
+                    let r = &runs[e as usize];
+                    if let SourceExperts::Fp8 { .. } = p.kind {
+                        check_fp8_expert(src, p, e)?;
+                    }
+                    let bytes = src.file_at(ip.sources[usize::from(r.file)]).1;
+                    Ok(in_place::read(bytes, r.start, &ip.layouts[usize::from(r.layout)]))
+                })
+                .collect();
+            for (&e, read) in chunk.iter().zip(reads) {
+                let (r, read) = (&runs[e as usize], read?);
+                w.expert_in_place((p.layer, e), r.layout, r.file, read.offset, read.length, read.phase, read.xxh3)?;
+                report.written_items += 1;
+                done += run(r);
+                progress(Progress { phase: "experts", done, total, resumed, unit: Unit::Bytes });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An FP8 expert's blocks and scales checked as a copy checks them.
+fn check_fp8_expert(src: &Source, p: &LayerPlan, expert: u32) -> Result<(), ConvertError> {
+    for (m, shape) in EXPERT_MATRICES.iter().zip(&p.shapes) {
+        let base = expert_name(p.layer, expert, m);
+        let raw = expert_parts(src, p.kind, &base, shape)?;
+        dequant::check_fp8(&format!("{base}.weight"), raw[0], raw[1])?;
+    }
+    Ok(())
+}
+
 /// One expert's record parts: its matrices as stored, or re-encoded to the layer's target (VQ
 /// weighted by the inputs calibration saw: the expert's own for w1 and w3, their activations
 /// through the source weights for w2).
@@ -270,11 +325,13 @@ pub(super) fn open(opts: &ConvertOptions) -> Result<Model, ConvertError> {
 }
 
 /// Embeds the checkpoint's config and tokenizer files, seals the model, then reads every byte
-/// back against its checksum. Returns the model, verified.
+/// it wrote back against its checksum (the experts too when `experts` were written: experts read
+/// in place were checksummed from the checkpoint moments ago). Returns the model, verified.
 pub(super) fn finish(
     w: ModelWriter,
     src: &Source,
     opts: &ConvertOptions,
+    experts: bool,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Model, ConvertError> {
     let mut blobs = Vec::new();
@@ -287,9 +344,10 @@ pub(super) fn finish(
     w.finish(&blob_refs)?;
 
     let model = open(opts)?;
-    let total = model.verify_bytes();
-    let problems =
-        model.verify(&mut |done| progress(Progress { phase: "verify", done, total, resumed: 0, unit: Unit::Bytes }));
+    let total = model.verify_bytes_of(experts);
+    let problems = model.verify_of(experts, &mut |done| {
+        progress(Progress { phase: "verify", done, total, resumed: 0, unit: Unit::Bytes })
+    });
     if let Some(first) = problems.first() {
         return Err(ConvertError::Verify { count: problems.len(), first: first.error.to_string() });
     }

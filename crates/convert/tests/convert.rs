@@ -11,8 +11,9 @@ fn golden(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden").join(name)
 }
 
+/// Copied experts (these tests are of the copying conversion; `in_place.rs` has the other).
 fn opts(hf: &Path, out: &Path) -> ConvertOptions {
-    ConvertOptions { shards: 2, ..ConvertOptions::new(hf, out) }
+    ConvertOptions { shards: 2, copy_experts: true, ..ConvertOptions::new(hf, out) }
 }
 
 fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {

@@ -79,6 +79,12 @@ pub enum FormatError {
     #[error("expert shard `{file}` not found; looked in: {searched}")]
     MissingShard { file: String, searched: String },
 
+    #[error(
+        "{path}: {reason} since the model was converted; its experts ({place} and others) are read from \
+         it in place: restore the checkpoint as it was, or convert again"
+    )]
+    CheckpointChanged { path: PathBuf, place: Place, reason: String },
+
     #[error("{place}: part `{part}` is {dtype}, not {wanted}")]
     WrongDtype { place: Place, part: String, dtype: &'static str, wanted: &'static str },
 

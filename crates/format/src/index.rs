@@ -2,8 +2,9 @@
 
 use std::path::Path;
 
+use crate::IN_PLACE_ALIGN;
 use crate::error::{FormatError, Place, Result};
-use crate::manifest::{Manifest, check_disjoint};
+use crate::manifest::{ExpertLayout, Manifest, ShardInfo, check_disjoint};
 
 /// Bytes per index entry on disk.
 pub const INDEX_ENTRY_LEN: usize = 40;
@@ -21,9 +22,16 @@ pub struct IndexEntry {
     pub offset: u64,
     /// Record length on disk (padding included); a multiple of the alignment.
     pub length: u64,
-    /// xxh3-64 of all `length` bytes of the record.
+    /// xxh3-64 of all `length` bytes of the record (read in place: of the aligned read, zeros
+    /// past the end of its file).
     pub xxh3: u64,
+    /// Read in place from a checkpoint's file (`shard` names it; `offset` and `length` are the
+    /// [`IN_PLACE_ALIGN`]-aligned read): where the expert's run starts in that read.
+    pub phase: Option<u32>,
 }
+
+/// Bit of the entry's flags word marking a record read in place (its low bits are the phase).
+const IN_PLACE_FLAG: u32 = 1 << 31;
 
 impl IndexEntry {
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -31,7 +39,7 @@ impl IndexEntry {
         out.extend_from_slice(&self.expert.to_le_bytes());
         out.extend_from_slice(&self.shard.to_le_bytes());
         out.extend_from_slice(&self.layout.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.phase.map_or(0, |p| IN_PLACE_FLAG | p).to_le_bytes());
         out.extend_from_slice(&self.offset.to_le_bytes());
         out.extend_from_slice(&self.length.to_le_bytes());
         out.extend_from_slice(&self.xxh3.to_le_bytes());
@@ -54,6 +62,7 @@ impl IndexEntry {
             offset: u64_at(16),
             length: u64_at(24),
             xxh3: u64_at(32),
+            phase: Some(u32_at(12)).filter(|f| f & IN_PLACE_FLAG != 0).map(|f| f & !IN_PLACE_FLAG),
         }
     }
 
@@ -92,6 +101,10 @@ pub fn validate_index(path: &Path, m: &Manifest, index: &[IndexEntry]) -> Result
             .expert_layouts
             .get(usize::from(e.layout))
             .ok_or_else(|| bad(e, format!("layout {} does not exist", e.layout)))?;
+        if layout.in_place || e.phase.is_some() || shard.in_place() {
+            check_in_place(path, e, shard, layout)?;
+            continue;
+        }
         if e.offset % m.alignment != 0 || e.length != layout.record_bytes {
             return Err(bad(
                 e,
@@ -124,6 +137,50 @@ pub fn validate_index(path: &Path, m: &Manifest, index: &[IndexEntry]) -> Result
     }
     for (s, spans) in m.shards.iter().zip(per_shard.iter_mut()) {
         check_disjoint(Path::new(&s.file), spans)?;
+    }
+    Ok(())
+}
+
+/// A record read in place: an in-place layout in a checkpoint's file, its aligned read holding
+/// the run at its phase, the run inside the file, every part where its element type can be
+/// viewed. (Neighbouring experts' reads may share a block: no disjointness to check.)
+fn check_in_place(path: &Path, e: &IndexEntry, shard: &ShardInfo, layout: &ExpertLayout) -> Result<()> {
+    let bad = |reason: String| FormatError::Invalid { path: path.to_path_buf(), place: e.place(), reason };
+    let (Some(phase), true, true) = (e.phase, layout.in_place, shard.in_place()) else {
+        return Err(bad(format!(
+            "a record read in place needs an in-place layout, a checkpoint file and a phase (layout {}, file `{}`)",
+            e.layout, shard.file
+        )));
+    };
+    let phase = u64::from(phase);
+    let run_end = e.offset.checked_add(phase).and_then(|s| s.checked_add(layout.payload_bytes));
+    let want = (phase + layout.payload_bytes).next_multiple_of(IN_PLACE_ALIGN);
+    if !e.offset.is_multiple_of(IN_PLACE_ALIGN) || phase >= IN_PLACE_ALIGN || e.length != want {
+        return Err(bad(format!(
+            "read at offset {} of {} bytes with the run at {phase}: must be {IN_PLACE_ALIGN}-aligned, \
+             {want} bytes, the run within its first {IN_PLACE_ALIGN} bytes",
+            e.offset, e.length
+        )));
+    }
+    if run_end.is_none_or(|end| end > shard.bytes) {
+        return Err(FormatError::OutOfBounds {
+            path: Path::new(&shard.file).to_path_buf(),
+            place: e.place(),
+            what: "the checkpoint file",
+            offset: e.offset + phase,
+            end: run_end.unwrap_or(u64::MAX),
+            limit: shard.bytes,
+        });
+    }
+    for p in layout.matrices.iter().flat_map(|t| &t.parts) {
+        if !(phase + p.offset).is_multiple_of(p.dtype.size()) {
+            return Err(bad(format!(
+                "part `{}` at {} is not aligned for {}",
+                p.name,
+                e.offset + phase + p.offset,
+                p.dtype.name()
+            )));
+        }
     }
     Ok(())
 }

@@ -31,10 +31,11 @@ pub use header::{Header, MAGIC, VERSION_MAJOR, VERSION_MINOR, seal};
 pub use index::IndexEntry;
 pub use input::{InputError, read_input};
 pub use manifest::{
-    Architecture, BlobInfo, ExpertLayout, Hex64, Manifest, PartEntry, TensorEntry, TrunkTensor, check_alignment,
+    Architecture, BlobInfo, ExpertLayout, Hex64, Manifest, PartEntry, ShardInfo, TensorEntry, TrunkTensor,
+    check_alignment,
 };
 pub use output::{OutputFile, write_atomic};
-pub use reader::{ExpertLocation, Model, OpenOptions, Problem};
+pub use reader::{ExpertLocation, Model, OpenOptions, Problem, mtime_ns};
 pub use record::parse_record;
 pub use view::{Element, ExpertView, PartView, TensorView};
 pub use writer::{ModelWriter, Opened, WriterSpec};
@@ -45,6 +46,8 @@ pub const RECORD_HEADER_LEN: u64 = 64;
 pub const PART_ALIGN: u64 = 64;
 /// Default alignment of expert records: the O_DIRECT unit. 2 MiB (huge pages) is also accepted.
 pub const DEFAULT_ALIGNMENT: u64 = 4096;
+/// Alignment of the reads of experts read in place from a checkpoint's files (the O_DIRECT unit).
+pub const IN_PLACE_ALIGN: u64 = 4096;
 
 pub const HEADER_FILE: &str = "header.waste";
 pub const TRUNK_FILE: &str = "trunk.waste";

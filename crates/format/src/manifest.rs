@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::encoding::{CodebookSource, Dtype, Encoding};
 use crate::error::{FormatError, Place, Result};
-use crate::{PART_ALIGN, RECORD_HEADER_LEN};
+use crate::{IN_PLACE_ALIGN, PART_ALIGN, RECORD_HEADER_LEN};
 
 /// A u64 written as a `"0x…"` hex string, so JSON readers without 64-bit integers keep it exact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,6 +83,18 @@ pub struct TrunkInfo {
 pub struct ShardInfo {
     pub file: String,
     pub bytes: u64,
+    /// Set for a checkpoint's own file whose experts are read in place (`file` is then its
+    /// absolute path, `bytes` its size): its modification time when converted, in nanoseconds
+    /// since the epoch. A file of another size or time is refused when the model is opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_mtime_ns: Option<u64>,
+}
+
+impl ShardInfo {
+    /// A checkpoint's file read in place (not one of the model's own shards).
+    pub fn in_place(&self) -> bool {
+        self.checkpoint_mtime_ns.is_some()
+    }
 }
 
 /// The layout shared by all expert records that name it: the matrices of one expert, with part
@@ -94,6 +106,17 @@ pub struct ExpertLayout {
     pub payload_bytes: u64,
     /// Bytes on disk: `payload_bytes` rounded up to the alignment.
     pub record_bytes: u64,
+    /// Records read in place from a checkpoint's file ([`ShardInfo::in_place`]): no record
+    /// header; part offsets relative to the expert's first byte; `payload_bytes` the run of bytes
+    /// from its first part's start to its last part's end; `record_bytes` the longest read that
+    /// run can need ([`IN_PLACE_ALIGN`]-aligned reads starting up to `IN_PLACE_ALIGN - 1` bytes
+    /// before it). Each record says where the run starts in its read (`IndexEntry::phase`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub in_place: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A file embedded in the header (`config.json`, tokenizer files), stored byte for byte.
@@ -143,7 +166,16 @@ pub(crate) fn check_disjoint(path: &Path, spans: &mut [(u64, u64, Place)]) -> Re
 
 /// Checks that `parts` are exactly what `encoding` stores for `shape`, each aligned and inside
 /// `[lo, hi)`, and disjoint. Returns the end of the last part.
-pub(crate) fn check_tensor_parts(path: &Path, place: &Place, t: &TensorEntry, lo: u64, hi: u64) -> Result<u64> {
+/// `part_aligned`: every part [`PART_ALIGN`]-aligned (in the trunk and our own records; a part
+/// read in place is where its checkpoint put it, checked against its element size per record).
+pub(crate) fn check_tensor_parts(
+    path: &Path,
+    place: &Place,
+    t: &TensorEntry,
+    lo: u64,
+    hi: u64,
+    part_aligned: bool,
+) -> Result<u64> {
     let invalid = |reason: String| FormatError::Invalid { path: path.to_path_buf(), place: place.clone(), reason };
     let want = t.encoding.parts(&t.shape).map_err(invalid)?;
     if want.len() != t.parts.len() {
@@ -172,7 +204,7 @@ pub(crate) fn check_tensor_parts(path: &Path, place: &Place, t: &TensorEntry, lo
                 w.bytes()
             )));
         }
-        if p.offset % PART_ALIGN != 0 {
+        if part_aligned && p.offset % PART_ALIGN != 0 {
             return Err(invalid(format!("part `{}` offset {} is not {PART_ALIGN}-byte aligned", p.name, p.offset)));
         }
         let p_end = p.offset.checked_add(p.len).ok_or_else(|| invalid("part offset overflows".into()))?;
@@ -215,9 +247,18 @@ impl Manifest {
             return Err(bad("too many shards or layouts".into()));
         }
         let mut files = HashSet::new();
-        for f in std::iter::once(&self.trunk.file).chain(self.shards.iter().map(|s| &s.file)) {
+        for f in std::iter::once(&self.trunk.file).chain(self.shards.iter().filter(|s| !s.in_place()).map(|s| &s.file))
+        {
             if !is_plain_file_name(f) || !files.insert(f) {
                 return Err(bad(format!("data file name `{f}` is not a plain, unique file name")));
+            }
+        }
+        for f in self.shards.iter().filter(|s| s.in_place()).map(|s| &s.file) {
+            let p = Path::new(f);
+            let plain =
+                p.components().all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)));
+            if !p.is_absolute() || !plain || !files.insert(f) {
+                return Err(bad(format!("checkpoint file `{f}` is not a unique absolute path without `..`")));
             }
         }
 
@@ -239,22 +280,30 @@ impl Manifest {
                     limit: self.trunk.bytes,
                 }
             })?;
-            check_tensor_parts(trunk_path, &place, &t.tensor, t.offset, end)?;
+            check_tensor_parts(trunk_path, &place, &t.tensor, t.offset, end, true)?;
             spans.push((t.offset, end, place));
         }
         check_disjoint(trunk_path, &mut spans)?;
 
         for (i, l) in self.expert_layouts.iter().enumerate() {
             let place = Place::Tensor(format!("expert layout {i}"));
-            if l.record_bytes % self.alignment != 0 || l.payload_bytes > l.record_bytes || l.matrices.is_empty() {
+            let (align, start) = if l.in_place { (IN_PLACE_ALIGN, 0) } else { (self.alignment, RECORD_HEADER_LEN) };
+            let longest_read = (l.payload_bytes + IN_PLACE_ALIGN - 1).next_multiple_of(IN_PLACE_ALIGN);
+            if l.record_bytes % align != 0
+                || l.payload_bytes > l.record_bytes
+                || l.matrices.is_empty()
+                || (l.in_place && l.record_bytes != longest_read)
+            {
                 return Err(bad(format!(
-                    "expert layout {i}: record of {} bytes (payload {}) is not a non-empty multiple of the alignment {}",
-                    l.record_bytes, l.payload_bytes, self.alignment
+                    "expert layout {i}: record of {} bytes (payload {}) is not a non-empty multiple of the alignment {align}{}",
+                    l.record_bytes,
+                    l.payload_bytes,
+                    if l.in_place { " that holds the payload at any offset" } else { "" }
                 )));
             }
             let mut spans = Vec::new();
             for m in &l.matrices {
-                let end = check_tensor_parts(path, &place, m, RECORD_HEADER_LEN, l.payload_bytes)?;
+                let end = check_tensor_parts(path, &place, m, start, l.payload_bytes, !l.in_place)?;
                 spans.push((m.parts[0].offset, end, Place::Tensor(m.name.clone())));
                 if let Encoding::Vq { codebook: CodebookSource::Trunk { tensor }, .. } = &m.encoding
                     && !names.contains(tensor.as_str())
@@ -322,7 +371,19 @@ impl ExpertLayout {
         if out.is_empty() {
             return Err("an expert layout needs at least one matrix".into());
         }
-        Ok(ExpertLayout { matrices: out, payload_bytes: at, record_bytes: at.next_multiple_of(alignment) })
+        Ok(ExpertLayout {
+            matrices: out,
+            payload_bytes: at,
+            record_bytes: at.next_multiple_of(alignment),
+            in_place: false,
+        })
+    }
+
+    /// The layout of experts read in place: `matrices` with part offsets relative to the first
+    /// byte of the expert's run of `run` bytes in its checkpoint file.
+    pub fn in_place(matrices: Vec<TensorEntry>, run: u64) -> Self {
+        let record_bytes = (run + IN_PLACE_ALIGN - 1).next_multiple_of(IN_PLACE_ALIGN);
+        ExpertLayout { matrices, payload_bytes: run, record_bytes, in_place: true }
     }
 }
 

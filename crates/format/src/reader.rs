@@ -142,6 +142,12 @@ impl Model {
         let mut shard_paths = Vec::with_capacity(m.shards.len());
         let mut shard_files = Vec::with_capacity(m.shards.len());
         for (i, s) in m.shards.iter().enumerate() {
+            if s.in_place() {
+                let (path, file) = open_checkpoint_file(&header, i)?;
+                shard_files.push(file);
+                shard_paths.push(path);
+                continue;
+            }
             let candidates: Vec<PathBuf> =
                 std::iter::once(&dir).chain(&opts.shard_dirs).map(|d| d.join(&s.file)).collect();
             if let Some(odd) = candidates.iter().find(|p| p.exists() && !p.is_file()) {
@@ -234,12 +240,23 @@ impl Model {
     }
 
     /// Reads a record with ordinary buffered I/O into `buf` (for tools and tests; the engine reads
-    /// through `k3-io`).
+    /// through `k3-io`). A record read in place ends with zeros past its file's end, as its
+    /// checksum was taken.
     pub fn read_expert(&self, loc: &ExpertLocation<'_>, buf: &mut Vec<u8>) -> Result<()> {
+        buf.clear();
         buf.resize(loc.entry.length as usize, 0);
-        self.shard_files[usize::from(loc.entry.shard)]
-            .read_exact_at(buf, loc.entry.offset)
-            .map_err(|e| FormatError::io(loc.path, e))
+        let file = &self.shard_files[usize::from(loc.entry.shard)];
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], loc.entry.offset + done as u64) {
+                Ok(0) if loc.entry.phase.is_some() => break,
+                Ok(0) => return Err(FormatError::io(loc.path, std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(FormatError::io(loc.path, e)),
+            }
+        }
+        Ok(())
     }
 
     /// Checks one trunk tensor's bytes against its checksum (independent of the others, so callers
@@ -262,13 +279,23 @@ impl Model {
 
     /// Bytes `verify` reads: trunk plus every record.
     pub fn verify_bytes(&self) -> u64 {
+        self.verify_bytes_of(true)
+    }
+
+    /// The bytes [`verify_of`](Self::verify_of) reads.
+    pub fn verify_bytes_of(&self, experts: bool) -> u64 {
         let trunk: u64 = self.manifest().trunk.tensors.iter().map(|t| t.len).sum();
-        trunk + self.header.index.iter().map(|e| e.length).sum::<u64>()
+        trunk + if experts { self.header.index.iter().map(|e| e.length).sum::<u64>() } else { 0 }
     }
 
     /// Checks every checksum: embedded files, trunk tensors, expert records (and each record's
     /// header). Returns every problem found; `progress` gets the bytes checked so far.
     pub fn verify(&self, progress: &mut dyn FnMut(u64)) -> Vec<Problem> {
+        self.verify_of(true, progress)
+    }
+
+    /// [`verify`](Self::verify), the expert records only when `experts`.
+    pub fn verify_of(&self, experts: bool, progress: &mut dyn FnMut(u64)) -> Vec<Problem> {
         let mut problems = Vec::new();
         let mut done = 0u64;
         let m = self.manifest();
@@ -295,7 +322,7 @@ impl Model {
             progress(done);
         }
         let mut buf = Vec::new();
-        for e in &self.header.index {
+        for e in self.header.index.iter().filter(|_| experts) {
             let checked = self.expert(e.layer, e.expert).and_then(|loc| {
                 self.read_expert(&loc, &mut buf)?;
                 loc.parse(&buf, true).map(|_| ())
@@ -308,4 +335,38 @@ impl Model {
         }
         problems
     }
+}
+
+/// Shard `i` of `header`: a checkpoint's file whose experts are read in place, as it was when
+/// the model was converted (its size and modification time), else an error naming it and the
+/// first record read from it.
+fn open_checkpoint_file(header: &Header, i: usize) -> Result<(PathBuf, File)> {
+    let s = &header.manifest.shards[i];
+    let path = PathBuf::from(&s.file);
+    let mut first = header.index.iter().filter(|e| usize::from(e.shard) == i).map(|e| (e.offset, e.place()));
+    let place = first.next().map_or(Place::Header, |(_, p)| p);
+    let changed = |reason: String| FormatError::CheckpointChanged { path: path.clone(), place: place.clone(), reason };
+    let meta = match std::fs::metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(changed("is gone (moved or removed)".into())),
+        Err(e) => return Err(FormatError::io(&path, e)),
+    };
+    if !meta.is_file() {
+        return Err(changed("is no longer a regular file".into()));
+    }
+    if meta.len() != s.bytes {
+        return Err(changed(format!("is {} bytes, not {}", meta.len(), s.bytes)));
+    }
+    let mtime = mtime_ns(&meta);
+    if Some(mtime) != s.checkpoint_mtime_ns {
+        return Err(changed("was modified (its modification time changed)".into()));
+    }
+    let file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
+    Ok((path, file))
+}
+
+/// A file's modification time in nanoseconds since the epoch (0 before it).
+pub fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    (meta.mtime().max(0) as u64).saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec().max(0) as u64)
 }

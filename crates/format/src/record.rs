@@ -1,5 +1,6 @@
 //! Expert records: a 64-byte header, then the parts of every matrix at the offsets its layout
-//! gives, zero padding up to the alignment. One record is one aligned read.
+//! gives, zero padding up to the alignment. One record is one aligned read. A record read in
+//! place from a checkpoint's file is the aligned read around the expert's run of bytes there.
 
 use std::path::Path;
 
@@ -56,18 +57,13 @@ pub fn parse_record<'a>(
     if bytes.len() as u64 != entry.length {
         return Err(invalid(format!("record buffer holds {} bytes, the index says {}", bytes.len(), entry.length)));
     }
-    if verify {
-        let computed = xxh3_64(bytes);
-        if computed != entry.xxh3 {
-            return Err(FormatError::Checksum {
-                path: path.to_path_buf(),
-                place: entry.place(),
-                offset: entry.offset,
-                len: entry.length,
-                stored: entry.xxh3,
-                computed,
-            });
-        }
+    check_sum(path, bytes, entry, verify)?;
+    if let Some(phase) = entry.phase {
+        // Read in place: no record header; the index (checked against the layout when the
+        // model was opened) says where the run starts.
+        let run = &bytes[phase as usize..];
+        let matrices = layout.matrices.iter().map(|m| TensorView::new(m, run, 0)).collect();
+        return Ok(ExpertView { layer: entry.layer, expert: entry.expert, matrices });
     }
     if bytes.len() < RECORD_HEADER_LEN as usize || bytes[..8] != RECORD_MAGIC {
         return Err(invalid(format!("record at offset {} does not start with the record magic", entry.offset)));
@@ -85,4 +81,20 @@ pub fn parse_record<'a>(
     }
     let matrices = layout.matrices.iter().map(|m| TensorView::new(m, bytes, 0)).collect();
     Ok(ExpertView { layer, expert, matrices })
+}
+
+/// The record's checksum against its index entry, when `verify`.
+fn check_sum(path: &Path, bytes: &[u8], entry: &IndexEntry, verify: bool) -> Result<()> {
+    let computed = if verify { xxh3_64(bytes) } else { return Ok(()) };
+    if computed != entry.xxh3 {
+        return Err(FormatError::Checksum {
+            path: path.to_path_buf(),
+            place: entry.place(),
+            offset: entry.offset,
+            len: entry.length,
+            stored: entry.xxh3,
+            computed,
+        });
+    }
+    Ok(())
 }

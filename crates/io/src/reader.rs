@@ -122,6 +122,9 @@ struct Job {
     fd: RawFd,
     path: Arc<PathBuf>,
     done: usize,
+    /// The file's length when opened: a read may run past it (the aligned read of an expert read
+    /// in place at the end of a checkpoint's file), and what lies past it reads as zeros.
+    file_len: u64,
 }
 
 enum Cmd {
@@ -136,7 +139,8 @@ pub struct Reader {
     done: Receiver<Completion>,
     thread: Option<JoinHandle<()>>,
     backend: String,
-    files: Vec<(Arc<PathBuf>, OwnedFd, bool)>,
+    /// Path, descriptor, opened with O_DIRECT, length when opened.
+    files: Vec<(Arc<PathBuf>, OwnedFd, bool, u64)>,
     in_flight: Vec<bool>,
     outstanding: usize,
     stash: VecDeque<Completion>,
@@ -227,7 +231,8 @@ impl Reader {
             }
             Err(e) => return Err(IoError::Open { path: path.to_path_buf(), source: e }),
         };
-        self.files.push((Arc::new(path.to_path_buf()), OwnedFd::from(file), direct));
+        let len = file.metadata().map_err(|e| IoError::Open { path: path.to_path_buf(), source: e })?.len();
+        self.files.push((Arc::new(path.to_path_buf()), OwnedFd::from(file), direct, len));
         Ok(FileId(self.files.len() as u32 - 1))
     }
 
@@ -238,7 +243,7 @@ impl Reader {
     /// Queues a read. The slot must not be in flight; with O_DIRECT, offset and length must be
     /// multiples of 4096 (records are).
     pub fn submit(&mut self, req: ReadRequest) -> Result<(), IoError> {
-        let (path, fd, direct) =
+        let (path, fd, direct, file_len) =
             self.files.get(req.file.0 as usize).ok_or_else(|| IoError::Request("unknown file".into()))?;
         if req.slot >= self.in_flight.len() || self.in_flight[req.slot] {
             return Err(IoError::Request(format!("slot {} is out of range or already being read", req.slot)));
@@ -261,7 +266,7 @@ impl Reader {
                 req.len
             )));
         }
-        let job = Job { req, fd: fd.as_raw_fd(), path: path.clone(), done: 0 };
+        let job = Job { req, fd: fd.as_raw_fd(), path: path.clone(), done: 0, file_len: *file_len };
         self.cmd.as_ref().ok_or(IoError::Closed)?.send(Cmd::Read(job)).map_err(|_| IoError::Closed)?;
         self.in_flight[req.slot] = true;
         self.outstanding += 1;
@@ -498,12 +503,21 @@ impl IoThread {
             };
             return self.finish(job, Err(err));
         }
-        if res == 0 {
+        let at_end = |job: &Job| job.req.offset + job.done as u64 >= job.file_len;
+        if res == 0 && !at_end(&job) {
             let err =
                 IoError::Eof { path: (*job.path).clone(), offset: job.req.offset, got: job.done, len: job.req.len };
             return self.finish(job, Err(err));
         }
         job.done += res as usize;
+        if job.done < job.req.len && at_end(&job) {
+            // SAFETY: the slot holds `len` bytes (checked at submit) and belongs to this thread
+            // until its completion is delivered; `done < len`.
+            unsafe {
+                std::ptr::write_bytes(self.arena.slot_ptr(job.req.slot).add(job.done), 0, job.req.len - job.done);
+            }
+            job.done = job.req.len;
+        }
         if job.done < job.req.len {
             // A short read: ask for the rest (the same slot, further on).
             return self.issue(job);

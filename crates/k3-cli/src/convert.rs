@@ -53,10 +53,16 @@ pub struct ConvertArgs {
     /// The WASTE model directory to create (or to resume).
     #[arg(long)]
     pub out: PathBuf,
-    /// Routed expert encoding; `keep` stores what the checkpoint has, byte for byte (MXFP4 for K3,
-    /// BF16 for Kimi-Linear, FP8 blocks for K2-Instruct and DeepSeek-V3, INT4 for K2-Thinking).
+    /// Routed expert encoding; `keep` uses what the checkpoint has, byte for byte (MXFP4 for K3,
+    /// BF16 for Kimi-Linear, FP8 blocks for K2-Instruct and DeepSeek-V3, INT4 for K2-Thinking),
+    /// read in place from the checkpoint's files where it can be (nothing copied: keep the
+    /// checkpoint as it is), else copied.
     #[arg(long, value_enum, default_value = "keep")]
     pub experts: Experts,
+    /// Copy experts kept as stored into the model's own shards instead of reading them in place
+    /// from the checkpoint (which can then be deleted or moved).
+    #[arg(long)]
+    pub copy_experts: bool,
     /// Trunk encoding; `keep` stores what the checkpoint has (FP8 blocks as FP8, but an FP8
     /// embedding table widened to f32); int8 / int4 quantize the projection matrices and the
     /// embedding table (int4: groups of 32, the output matrix and the embedding table in int8
@@ -103,7 +109,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         Some((plan, scratch)) => (Some(std::sync::Arc::new(plan)), scratch),
         None => (None, None),
     };
-    let ConvertArgs { hf, out, experts, trunk, align, shards, shard_dirs, .. } = args;
+    let ConvertArgs { hf, out, experts, trunk, align, shards, shard_dirs, copy_experts, .. } = args;
     let experts = match experts {
         Experts::Keep => ExpertFormat::Keep,
         Experts::Mxfp4 => ExpertFormat::Mxfp4,
@@ -129,6 +135,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         shards,
         shard_dirs,
         calibration,
+        copy_experts,
         ..ConvertOptions::new(&hf, &out)
     };
     say_how_to_resume_when_interrupted();
@@ -150,6 +157,17 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         out.display(),
         DecimalBytes(report.verified_bytes)
     );
+    match &report.in_place {
+        Some(Ok(files)) => println!(
+            "experts: read in place from {files} checkpoint file(s) in {}: keep them as they are \
+             (a changed or moved file is refused; --copy-experts copies them instead)",
+            hf.display()
+        ),
+        Some(Err(why)) if !copy_experts && matches!(experts, ExpertFormat::Keep) => {
+            println!("experts: copied, not read in place: {why}")
+        }
+        _ => {}
+    }
     for r in &report.re_encoded {
         println!("re-encoded {} tensor(s) {} -> {} (e.g. {}): {}", r.count, r.from, r.to, r.example, r.why);
     }

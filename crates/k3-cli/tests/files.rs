@@ -139,12 +139,27 @@ fn the_installed_binary_converts_a_checkpoint_it_then_runs() {
         k3(&["convert", "--hf", fixture("golden/tiny-kimi-linear").to_str().unwrap(), "--out", out.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert!(said.contains("verified"), "{said}");
-    // The same tensors and records as the repository's own conversion of that checkpoint (the
-    // header differs only in the source path its provenance names).
-    for f in ["trunk.waste", "experts-00000.waste"] {
-        let ours = std::fs::read(out.join(f)).unwrap();
+    // The experts are read in place from the checkpoint, said so; nothing of them is written.
+    assert!(said.contains("experts: read in place from 1 checkpoint file(s)"), "{said}");
+    assert!(!out.join("experts-00000.waste").exists());
+    // Copied, the same tensors and records as the repository's own conversion of that checkpoint
+    // (the header differs only in the source path its provenance names).
+    let copied = d.path().join("c.waste");
+    let (ok, _, err) = k3(&[
+        "convert",
+        "--hf",
+        fixture("golden/tiny-kimi-linear").to_str().unwrap(),
+        "--out",
+        copied.to_str().unwrap(),
+        "--copy-experts",
+    ]);
+    assert!(ok, "{err}");
+    for (dir, f) in [(&out, "trunk.waste"), (&copied, "trunk.waste"), (&copied, "experts-00000.waste")] {
+        let ours = std::fs::read(dir.join(f)).unwrap();
         assert!(ours == std::fs::read(fixture("tiny-kimi-linear.waste").join(f)).unwrap(), "{f} differs");
     }
-    let (ok, _, err) = k3(&["generate", "--model", out.to_str().unwrap(), "--ids", "1 2", "--max-tokens", "2"]);
-    assert!(ok, "{err}");
+    for m in [&out, &copied] {
+        let (ok, _, err) = k3(&["generate", "--model", m.to_str().unwrap(), "--ids", "1 2", "--max-tokens", "2"]);
+        assert!(ok, "{err}");
+    }
 }

@@ -108,6 +108,7 @@ fn writer_spec(p: &Preset, experts: SynthExperts) -> Result<WriterSpec, EngineEr
             ("trunk".to_string(), "bf16".to_string()),
         ]),
         expert_layouts: vec![layout],
+        checkpoint_files: Vec::new(),
         provenance: serde_json::json!({"synthetic": p.name, "experts": format!("{experts:?}")}),
     })
 }

@@ -121,6 +121,7 @@ pub fn plan(experts: u32, shards: u16, alignment: u64, seed: u64) -> Plan {
             ("trunk".to_string(), "mixed".to_string()),
         ]),
         provenance: serde_json::json!({"source": "test", "seed": seed}),
+        checkpoint_files: Vec::new(),
     };
     let blobs = vec![("config.json".to_string(), b"{\"model_type\": \"test\"}".to_vec())];
     Plan { spec, tensors, experts: list, blobs }

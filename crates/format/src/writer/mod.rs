@@ -10,12 +10,13 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{File, OpenOptions as FsOpen};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use self::data_file::DataFile;
 
 use crate::encoding::Encoding;
 use crate::error::{FormatError, Result};
@@ -29,6 +30,9 @@ use crate::manifest::{
 use crate::output::write_atomic;
 use crate::record::encode_record;
 use crate::{HEADER_FILE, JOURNAL_FILE, PART_ALIGN, TRUNK_FILE, shard_file_name};
+
+mod data_file;
+mod resume;
 
 /// Everything that fixes the bytes of a model. A resumed write must be given the same spec.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,76 +50,44 @@ pub struct WriterSpec {
     pub encodings: BTreeMap<String, String>,
     /// Source checkpoint, converter version, options.
     pub provenance: serde_json::Value,
+    /// Checkpoint files whose experts are read in place, as they were when the conversion began
+    /// (`ShardInfo::checkpoint_mtime_ns` set): a file changed since is another spec. Index
+    /// entries name them after the model's own `shards`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoint_files: Vec<ShardInfo>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 enum JournalLine {
-    Spec { journal_version: u32, spec: WriterSpec },
+    Spec {
+        journal_version: u32,
+        spec: WriterSpec,
+    },
     Tensor(TrunkTensor),
-    Expert { layer: u32, expert: u32, shard: u16, layout: u16, offset: u64, length: u64, xxh3: Hex64 },
+    Expert {
+        layer: u32,
+        expert: u32,
+        shard: u16,
+        layout: u16,
+        offset: u64,
+        length: u64,
+        xxh3: Hex64,
+    },
+    /// A record read in place: `shard` counts the checkpoint files after the model's shards.
+    ExpertInPlace {
+        layer: u32,
+        expert: u32,
+        shard: u16,
+        layout: u16,
+        offset: u64,
+        length: u64,
+        phase: u32,
+        xxh3: Hex64,
+    },
 }
 
 const JOURNAL_VERSION: u32 = 1;
-
-/// An append-only data file.
-#[derive(Debug)]
-struct DataFile {
-    path: PathBuf,
-    file: File,
-    len: u64,
-    dirty: bool,
-}
-
-impl DataFile {
-    fn open(path: PathBuf, create_new: bool) -> Result<Self> {
-        let file = FsOpen::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .create_new(create_new)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| FormatError::io(&path, e))?;
-        let len = file.metadata().map_err(|e| FormatError::io(&path, e))?.len();
-        Ok(DataFile { path, file, len, dirty: false })
-    }
-
-    fn write_at_end(&mut self, bytes: &[u8]) -> Result<()> {
-        self.file.write_all_at(bytes, self.len).map_err(|e| FormatError::io(&self.path, e))?;
-        self.len += bytes.len() as u64;
-        self.dirty = true;
-        Ok(())
-    }
-
-    fn hash_range(&self, offset: u64, len: u64) -> Result<u64> {
-        let mut h = Xxh3::new();
-        let mut buf = vec![0u8; (1 << 22).min(len as usize)];
-        let mut at = offset;
-        while at < offset + len {
-            let n = buf.len().min((offset + len - at) as usize);
-            self.file.read_exact_at(&mut buf[..n], at).map_err(|e| FormatError::io(&self.path, e))?;
-            h.update(&buf[..n]);
-            at += n as u64;
-        }
-        Ok(h.digest())
-    }
-
-    fn cut_to(&mut self, len: u64) -> Result<()> {
-        self.file.set_len(len).map_err(|e| FormatError::io(&self.path, e))?;
-        self.len = len;
-        self.dirty = true;
-        Ok(())
-    }
-
-    fn sync(&mut self) -> Result<()> {
-        if self.dirty {
-            self.file.sync_data().map_err(|e| FormatError::io(&self.path, e))?;
-            self.dirty = false;
-        }
-        Ok(())
-    }
-}
 
 /// What `ModelWriter::open` found.
 #[derive(Debug)]
@@ -217,11 +189,14 @@ impl ModelWriter {
 
     fn check_spec(dir: &Path, spec: &WriterSpec) -> Result<()> {
         check_alignment(spec.alignment).map_err(|e| writer_err(dir, e))?;
-        if spec.shards == 0 && !spec.architecture.moe_layers.is_empty() {
+        if spec.shards == 0 && spec.checkpoint_files.is_empty() && !spec.architecture.moe_layers.is_empty() {
             return Err(writer_err(dir, "a model with MoE layers needs at least one expert shard"));
         }
+        if spec.checkpoint_files.iter().any(|f| !f.in_place()) {
+            return Err(writer_err(dir, "a checkpoint file read in place needs its modification time"));
+        }
         for (i, l) in spec.expert_layouts.iter().enumerate() {
-            if l.record_bytes % spec.alignment != 0 {
+            if !l.in_place && l.record_bytes % spec.alignment != 0 {
                 return Err(writer_err(dir, format!("expert layout {i} was built for another alignment")));
             }
         }
@@ -259,102 +234,6 @@ impl ModelWriter {
             record: Vec::new(),
             resumed_items: 0,
         }
-    }
-
-    fn resume(dir: PathBuf, spec: WriterSpec, lock: DirLock) -> Result<Self> {
-        let journal_path = dir.join(JOURNAL_FILE);
-        let text = std::fs::read(&journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
-        // A line without its newline was torn by the interruption: it never counted.
-        let complete = &text[..text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)];
-        let mut lines = complete.split(|&b| b == b'\n').filter(|l| !l.is_empty());
-        let bad_journal = |why: String| {
-            writer_err(&dir, format!("{JOURNAL_FILE} is unreadable ({why}); remove the directory to start over"))
-        };
-        let first = lines.next().ok_or_else(|| bad_journal("empty".into()))?;
-        match serde_json::from_slice(first).map_err(|e| bad_journal(e.to_string()))? {
-            JournalLine::Spec { journal_version: JOURNAL_VERSION, spec: started } => {
-                if started != spec {
-                    let a = serde_json::to_value(&started).expect("serializes");
-                    let b = serde_json::to_value(&spec).expect("serializes");
-                    let differ = crate::spec_diff::what_the_user_changed(&a, &b);
-                    return Err(writer_err(
-                        &dir,
-                        format!(
-                            "holds an interrupted conversion started with other settings ({}); to resume it, \
-                             run the command again with the settings it was started with; to start over with \
-                             these, remove the directory first",
-                            differ.join("; ")
-                        ),
-                    ));
-                }
-            }
-            _ => return Err(bad_journal("first line is not a supported spec".into())),
-        }
-        let trunk = DataFile::open(dir.join(TRUNK_FILE), false)?;
-        let mut shards = Vec::new();
-        for i in 0..usize::from(spec.shards) {
-            shards.push(DataFile::open(Self::shard_path(&dir, &spec, i), false)?);
-        }
-        let journal = FsOpen::new().append(true).open(&journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
-        let mut w = Self::assemble(dir, spec, trunk, shards, journal, lock);
-
-        // Keep the longest prefix of journaled items whose bytes still check out.
-        let mut kept = vec![first.to_vec()];
-        let mut trunk_end = 0u64;
-        let mut shard_ends = vec![0u64; w.shards.len()];
-        for line in lines {
-            let Ok(item) = serde_json::from_slice::<JournalLine>(line) else { break };
-            let ok = match &item {
-                JournalLine::Tensor(t) => {
-                    t.offset.checked_add(t.len).is_some_and(|e| e <= w.trunk.len)
-                        && !w.tensor_names.contains(&t.tensor.name)
-                        && w.trunk.hash_range(t.offset, t.len)? == t.xxh3.0
-                }
-                &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3 } => {
-                    let s = usize::from(shard);
-                    s < w.shards.len()
-                        && w.expected_next_expert() == Some((layer, expert))
-                        && offset.checked_add(length).is_some_and(|e| e <= w.shards[s].len)
-                        && w.shards[s].hash_range(offset, length)? == xxh3.0
-                        && {
-                            w.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3: xxh3.0 });
-                            true
-                        }
-                }
-                JournalLine::Spec { .. } => false,
-            };
-            if !ok {
-                break;
-            }
-            match item {
-                JournalLine::Tensor(t) => {
-                    trunk_end = trunk_end.max(t.offset + t.len);
-                    w.tensor_names.insert(t.tensor.name.clone());
-                    w.tensors.push(t);
-                }
-                JournalLine::Expert { shard, offset, length, .. } => {
-                    let end = &mut shard_ends[usize::from(shard)];
-                    *end = (*end).max(offset + length);
-                }
-                JournalLine::Spec { .. } => unreachable!("rejected above"),
-            }
-            kept.push(line.to_vec());
-        }
-        w.resumed_items = kept.len() - 1;
-        w.trunk.cut_to(trunk_end)?;
-        for (s, end) in w.shards.iter_mut().zip(shard_ends) {
-            s.cut_to(end)?;
-        }
-        w.trunk.sync()?;
-        for s in &mut w.shards {
-            s.sync()?;
-        }
-        // Rewrite the journal with exactly the kept lines, atomically.
-        let mut body = kept.join(&b'\n');
-        body.push(b'\n');
-        write_atomic(&journal_path, &body)?;
-        w.journal = FsOpen::new().append(true).open(&journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
-        Ok(w)
     }
 
     /// Items (tensors and records) kept from an interrupted run.
@@ -446,20 +325,15 @@ impl ModelWriter {
     /// Appends the record of `(layer, expert)`, which must be the next in (layer, expert) order.
     /// `parts`: each matrix's parts, in layout order.
     pub fn write_expert(&mut self, layer: u32, expert: u32, layout: u16, parts: &[&[u8]]) -> Result<()> {
-        if self.expected_next_expert() != Some((layer, expert)) {
-            return Err(writer_err(
-                &self.dir,
-                format!(
-                    "expert (layer {layer}, expert {expert}) written out of order; expected {:?}",
-                    self.expected_next_expert()
-                ),
-            ));
-        }
+        self.check_next(layer, expert)?;
         let l = self
             .spec
             .expert_layouts
             .get(usize::from(layout))
             .ok_or_else(|| writer_err(&self.dir, format!("no expert layout {layout}")))?;
+        if l.in_place || self.shards.is_empty() {
+            return Err(writer_err(&self.dir, format!("expert layout {layout} is read in place, not written")));
+        }
         encode_record(layer, expert, layout, l, parts, &mut self.record)
             .map_err(|e| writer_err(&self.dir, format!("expert (layer {layer}, expert {expert}): {e}")))?;
         let shard = (self.index.len() % self.shards.len()) as u16;
@@ -468,11 +342,50 @@ impl ModelWriter {
         let xxh3 = xxh3_64(&self.record);
         s.write_at_end(&self.record)?;
         let length = self.record.len() as u64;
-        self.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3 });
+        self.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3, phase: None });
         self.journal_line(
             &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3: Hex64(xxh3) },
             length,
         )
+    }
+
+    /// Records `(layer, expert)`, the next in (layer, expert) order, as read in place: from
+    /// checkpoint file `file` (of the spec's `checkpoint_files`), the aligned read at `offset` of
+    /// `length` bytes whose checksum is `xxh3`, the expert's run starting `phase` bytes into it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn expert_in_place(
+        &mut self,
+        (layer, expert): (u32, u32),
+        layout: u16,
+        file: u16,
+        offset: u64,
+        length: u64,
+        phase: u32,
+        xxh3: u64,
+    ) -> Result<()> {
+        self.check_next(layer, expert)?;
+        let in_place = self.spec.expert_layouts.get(usize::from(layout)).is_some_and(|l| l.in_place);
+        if !in_place || usize::from(file) >= self.spec.checkpoint_files.len() {
+            return Err(writer_err(&self.dir, format!("no in-place layout {layout} or checkpoint file {file}")));
+        }
+        let shard = self.spec.shards + file;
+        self.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3, phase: Some(phase) });
+        let line =
+            JournalLine::ExpertInPlace { layer, expert, shard, layout, offset, length, phase, xxh3: Hex64(xxh3) };
+        self.journal_line(&line, 0)
+    }
+
+    fn check_next(&self, layer: u32, expert: u32) -> Result<()> {
+        if self.expected_next_expert() == Some((layer, expert)) {
+            return Ok(());
+        }
+        Err(writer_err(
+            &self.dir,
+            format!(
+                "expert (layer {layer}, expert {expert}) written out of order; expected {:?}",
+                self.expected_next_expert()
+            ),
+        ))
     }
 
     fn journal_line(&mut self, line: &JournalLine, bytes: u64) -> Result<()> {
@@ -538,7 +451,8 @@ impl ModelWriter {
                 tensors: std::mem::take(&mut self.tensors),
             },
             shards: (0..self.shards.len())
-                .map(|i| ShardInfo { file: shard_file_name(i), bytes: self.shards[i].len })
+                .map(|i| ShardInfo { file: shard_file_name(i), bytes: self.shards[i].len, checkpoint_mtime_ns: None })
+                .chain(spec.checkpoint_files.iter().cloned())
                 .collect(),
             expert_layouts: spec.expert_layouts.clone(),
             blobs: blob_infos,
