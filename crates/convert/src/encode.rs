@@ -94,10 +94,47 @@ fn le<T: Copy>(v: &[T], f: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
     v.iter().flat_map(|x| f(*x)).collect()
 }
 
-/// The stored encoding and parts of a trunk tensor under `fmt`, as its `storage` allows
-/// (`crate::tensors::Storage`; `docs/FORMAT.md` §4.3): exact tensors keep their source bytes (or
-/// widen to f32, which is exact), the embedding table and `kv_b_proj` stay f32 or bf16, projection
-/// matrices take the requested encoding.
+/// The encoding a trunk tensor is stored in under `fmt`, as its `storage` allows
+/// (`crate::tensors::Storage`; `docs/FORMAT.md` §4.3): exact tensors keep their source encoding
+/// (or widen to f32, which is exact), the embedding table and `kv_b_proj` stay f32 or bf16,
+/// projection matrices take the requested encoding. Decided from the header alone, so a
+/// conversion knows what it will write before it reads a weight.
+pub fn trunk_encoding(
+    name: &str,
+    dtype: StDtype,
+    shape: &[u64],
+    fmt: TrunkFormat,
+    storage: Storage,
+) -> Result<Encoding, ConvertError> {
+    let kept = || match dtype {
+        StDtype::F32 => Ok(Encoding::F32),
+        StDtype::BF16 => Ok(Encoding::Bf16),
+        StDtype::F16 => Ok(Encoding::F16),
+        StDtype::U8 => Ok(Encoding::U8),
+        other => {
+            Err(ConvertError::Unsupported(format!("tensor `{name}` has dtype {other:?}, which k3 does not store")))
+        }
+    };
+    let cols = shape.get(1).copied().unwrap_or(0) as usize;
+    Ok(match (fmt, storage) {
+        (TrunkFormat::Keep, _) => kept()?,
+        (TrunkFormat::F32, _) => Encoding::F32,
+        (_, Storage::Exact) => kept()?,
+        (TrunkFormat::Bf16, _) => Encoding::Bf16,
+        (_, Storage::Dense) => kept()?,
+        // The embedding table is quantized as the matrices are (as llama.cpp's Q8_0 and Q4_K
+        // files store theirs): it is most of a small model's bytes, and a lookup reads one row.
+        (TrunkFormat::Int8, Storage::Matrix | Storage::Table) => Encoding::Int8Row,
+        // Another table (none of the families has one) takes int8 rows too, as under an int8
+        // trunk; so does a matrix whose rows do not split into int4 groups.
+        (TrunkFormat::Int4, Storage::Matrix) if !int4_trunk_keeps_int8(name) && cols.is_multiple_of(INT4_GROUP) => {
+            Encoding::Int4Group { group: INT4_GROUP as u32 }
+        }
+        (TrunkFormat::Int4, Storage::Matrix | Storage::Table) => Encoding::Int8Row,
+    })
+}
+
+/// The stored encoding and parts of a trunk tensor under `fmt` ([`trunk_encoding`]).
 pub fn trunk(
     name: &str,
     dtype: StDtype,
@@ -106,57 +143,33 @@ pub fn trunk(
     fmt: TrunkFormat,
     storage: Storage,
 ) -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
-    let keep = || -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
-        let enc = match dtype {
-            StDtype::F32 => Encoding::F32,
-            StDtype::BF16 => Encoding::Bf16,
-            StDtype::F16 => Encoding::F16,
-            StDtype::U8 => Encoding::U8,
-            other => {
-                return Err(ConvertError::Unsupported(format!(
-                    "tensor `{name}` has dtype {other:?}, which k3 does not store"
-                )));
-            }
-        };
-        Ok((enc, vec![bytes.to_vec()]))
-    };
+    let enc = trunk_encoding(name, dtype, shape, fmt, storage)?;
     let f32s = || to_f32(name, dtype, bytes);
-    let as_f32 = || -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
-        Ok((Encoding::F32, vec![le(&f32s()?, |v: f32| v.to_le_bytes().to_vec())]))
-    };
-    let as_bf16 = || -> Result<(Encoding, Vec<Vec<u8>>), ConvertError> {
-        Ok((Encoding::Bf16, vec![le(&f32s()?, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())]))
-    };
     let cols = shape.get(1).copied().unwrap_or(0) as usize;
-    match (fmt, storage) {
-        (TrunkFormat::Keep, _) => keep(),
-        (TrunkFormat::F32, _) if dtype == StDtype::F32 => keep(),
-        (TrunkFormat::F32, _) => as_f32(),
-        (_, Storage::Exact) => keep(),
-        (TrunkFormat::Bf16, _) if dtype == StDtype::BF16 => keep(),
-        (TrunkFormat::Bf16, _) => as_bf16(),
-        (_, Storage::Dense) => keep(),
-        // The embedding table is quantized as the matrices are (as llama.cpp's Q8_0 and Q4_K
-        // files store theirs): it is most of a small model's bytes, and a lookup reads one row.
-        (TrunkFormat::Int8, Storage::Matrix | Storage::Table) => {
+    let same = matches!(
+        (&enc, dtype),
+        (Encoding::F32, StDtype::F32)
+            | (Encoding::Bf16, StDtype::BF16)
+            | (Encoding::F16, StDtype::F16)
+            | (Encoding::U8, StDtype::U8)
+    );
+    let parts = match &enc {
+        _ if same => vec![bytes.to_vec()],
+        Encoding::F32 => vec![le(&f32s()?, |v: f32| v.to_le_bytes().to_vec())],
+        Encoding::Bf16 => vec![le(&f32s()?, |x: f32| bf16::from_f32(x).to_le_bytes().to_vec())],
+        Encoding::Int8Row => {
             let (q, s) = int8::quantize(&f32s()?, cols);
-            Ok((
-                Encoding::Int8Row,
-                vec![le(&q, |x: i8| x.to_le_bytes().to_vec()), le(&s, |x: f32| x.to_le_bytes().to_vec())],
-            ))
+            vec![le(&q, |x: i8| x.to_le_bytes().to_vec()), le(&s, |x: f32| x.to_le_bytes().to_vec())]
         }
-        (TrunkFormat::Int4, Storage::Matrix | Storage::Table) if int4_trunk_keeps_int8(name) => {
-            trunk(name, dtype, shape, bytes, TrunkFormat::Int8, storage)
-        }
-        // Another table (none of the families has one) takes int8 rows too, as under an int8 trunk.
-        (TrunkFormat::Int4, Storage::Table) => trunk(name, dtype, shape, bytes, TrunkFormat::Int8, storage),
-        (TrunkFormat::Int4, Storage::Matrix) if cols.is_multiple_of(INT4_GROUP) => {
+        Encoding::Int4Group { .. } => {
             let (q, s) = int4::quantize_bits(&f32s()?, cols, INT4_GROUP, 4, Scale::Fitted);
-            Ok((Encoding::Int4Group { group: INT4_GROUP as u32 }, vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]))
+            vec![q, le(&s, |x: f16| x.to_le_bytes().to_vec())]
         }
-        // A matrix whose rows do not split into int4 groups takes int8 rows instead.
-        (TrunkFormat::Int4, Storage::Matrix) => trunk(name, dtype, shape, bytes, TrunkFormat::Int8, storage),
-    }
+        other => {
+            return Err(ConvertError::Unsupported(format!("tensor `{name}`: no trunk encoder for {}", other.label())));
+        }
+    };
+    Ok((enc, parts))
 }
 
 /// How routed experts are re-encoded.

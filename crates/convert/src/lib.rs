@@ -18,6 +18,7 @@ mod dequant;
 mod encode;
 mod export;
 mod in_place;
+mod needs;
 mod plan;
 mod reencoded;
 mod source;
@@ -30,6 +31,7 @@ use k3_format::{FormatError, ModelWriter, Opened};
 pub use encode::{ExpertTarget, TrunkFormat};
 pub use export::{ExportReport, export};
 use k3_engine::config::ConfigError;
+pub use needs::{Needs, Target};
 use plan::Plan;
 pub use reencoded::ReEncoded;
 pub use source::{Source, SourceTensor};
@@ -59,6 +61,16 @@ pub enum ConvertError {
     Calibration(Box<k3_engine::EngineError>),
     #[error("verification after conversion found {count} bad item(s); first: {first}")]
     Verify { count: usize, first: String },
+    #[error(
+        "not enough free space in {dir}: the conversion writes {} GB more there and {} GB are free; \
+         free some space, or write to another drive (--out, --shard-dir)", gb(*need), gb(*free)
+    )]
+    NoSpace { dir: PathBuf, need: u64, free: u64 },
+}
+
+/// Bytes as decimal gigabytes with enough digits for a small model.
+fn gb(bytes: u64) -> String {
+    format!("{:.3}", bytes as f64 / 1e9)
 }
 
 impl ConvertError {
@@ -124,6 +136,9 @@ pub struct ConvertOptions {
     /// Copy experts kept as stored into the model's shards instead of reading them in place
     /// from the checkpoint's files (which must then stay as they are).
     pub copy_experts: bool,
+    /// Check and plan only: the report's `needs` says what would be written where; nothing is
+    /// written or created.
+    pub dry_run: bool,
 }
 
 impl ConvertOptions {
@@ -139,6 +154,7 @@ impl ConvertOptions {
             shard_dirs: Vec::new(),
             calibration: None,
             copy_experts: false,
+            dry_run: false,
         }
     }
 }
@@ -175,6 +191,8 @@ pub struct ConvertReport {
     /// Experts read in place from the checkpoint's files (none written); else why they were
     /// copied, when they are kept as stored.
     pub in_place: Option<Result<usize, String>>,
+    /// What the conversion writes where, and the space free there (checked before writing).
+    pub needs: Option<Needs>,
     /// Checkpoint tensors k3 does not run: a vision tower, DeepSeek-V3's multi-token-prediction layers.
     pub ignored: Vec<String>,
     pub verified_bytes: u64,
@@ -192,6 +210,11 @@ fn canonical(opts: &ConvertOptions) -> Result<ConvertOptions, ConvertError> {
     let canon = |p: &Path| std::fs::canonicalize(p).map_err(|e| ConvertError::io(p, e));
     let mut shard_dirs = Vec::with_capacity(opts.shard_dirs.len());
     for d in &opts.shard_dirs {
+        // A dry run creates nothing: a directory yet to be made is named as given.
+        if opts.dry_run && !d.exists() {
+            shard_dirs.push(d.clone());
+            continue;
+        }
         std::fs::create_dir_all(d).map_err(|e| ConvertError::io(d, e))?;
         shard_dirs.push(canon(d)?);
     }
@@ -206,6 +229,16 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
     let src = Source::open(&opts.hf_dir)?;
     let plan = Plan::build(opts, &src)?;
     let mut report = ConvertReport { ignored: plan.ignored.clone(), ..ConvertReport::default() };
+    report.in_place = Some(plan.in_place.as_ref().map(|ip| ip.files.len()).map_err(Clone::clone));
+    let needs = needs::needs(&plan, &src, opts)?;
+    let short = needs.short().map(|t| (t.dirs[0].clone(), t.bytes, t.free));
+    report.needs = Some(needs);
+    if opts.dry_run {
+        return Ok(report);
+    }
+    if let Some((dir, need, free)) = short {
+        return Err(ConvertError::NoSpace { dir, need, free });
+    }
     let mut w = match ModelWriter::open(&opts.out_dir, plan.writer_spec(opts, &src))? {
         Opened::Complete => {
             report.already_complete = true;
@@ -220,9 +253,8 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
         Ok(ip) => write::experts_in_place(&mut w, &plan, ip, &src, &mut report, progress)?,
         Err(_) => write::experts(&mut w, &plan, &src, opts.calibration.as_deref(), &mut report, progress)?,
     }
-    report.in_place = Some(plan.in_place.as_ref().map(|ip| ip.files.len()).map_err(Clone::clone));
     let model = write::finish(*w, &src, opts, plan.in_place.is_err(), progress)?;
-    report.verified_bytes = model.verify_bytes();
+    report.verified_bytes = model.verify_bytes_of(plan.in_place.is_err());
     report.re_encoded = reencoded::list(&model, &plan, &src, opts);
     Ok(report)
 }

@@ -256,6 +256,11 @@ impl Source {
         self.blobs.is_none()
     }
 
+    /// How many files the source reads.
+    pub(crate) fn file_count(&self) -> usize {
+        self.files.len()
+    }
+
     /// Source file `i`: its path and its bytes (mapped).
     pub(crate) fn file_at(&self, i: usize) -> (&Path, &[u8]) {
         (&self.files[i].0, &self.files[i].1)

@@ -122,8 +122,8 @@ struct Job {
     fd: RawFd,
     path: Arc<PathBuf>,
     done: usize,
-    /// The file's length when opened: a read may run past it (the aligned read of an expert read
-    /// in place at the end of a checkpoint's file), and what lies past it reads as zeros.
+    /// Past this offset a read gives zeros ([`Reader::open_past_end`]; the file's length when
+    /// opened): the aligned read of an expert read in place at the end of a checkpoint's file.
     file_len: u64,
 }
 
@@ -139,7 +139,8 @@ pub struct Reader {
     done: Receiver<Completion>,
     thread: Option<JoinHandle<()>>,
     backend: String,
-    /// Path, descriptor, opened with O_DIRECT, length when opened.
+    /// Path, descriptor, opened with O_DIRECT, where reading past the end gives zeros (its length
+    /// when opened; `u64::MAX` where it is an error).
     files: Vec<(Arc<PathBuf>, OwnedFd, bool, u64)>,
     in_flight: Vec<bool>,
     outstanding: usize,
@@ -221,8 +222,20 @@ impl Reader {
     }
 
     /// Opens a file for reading with O_DIRECT; where the filesystem refuses O_DIRECT (tmpfs), opens
-    /// it buffered ([`is_direct`](Self::is_direct) tells).
+    /// it buffered ([`is_direct`](Self::is_direct) tells). A read past its end is an error (a
+    /// truncated file).
     pub fn open(&mut self, path: &Path) -> Result<FileId, IoError> {
+        self.open_with(path, false)
+    }
+
+    /// [`open`](Self::open), where a read may run past the file's end (as it was when opened)
+    /// and what lies past it reads as zeros: a checkpoint's file whose last expert's aligned
+    /// read ends beyond it.
+    pub fn open_past_end(&mut self, path: &Path) -> Result<FileId, IoError> {
+        self.open_with(path, true)
+    }
+
+    fn open_with(&mut self, path: &Path, past_end: bool) -> Result<FileId, IoError> {
         let open = |flags| std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path);
         let (file, direct) = match open(libc::O_DIRECT) {
             Ok(f) => (f, true),
@@ -232,7 +245,8 @@ impl Reader {
             Err(e) => return Err(IoError::Open { path: path.to_path_buf(), source: e }),
         };
         let len = file.metadata().map_err(|e| IoError::Open { path: path.to_path_buf(), source: e })?.len();
-        self.files.push((Arc::new(path.to_path_buf()), OwnedFd::from(file), direct, len));
+        let end = if past_end { len } else { u64::MAX };
+        self.files.push((Arc::new(path.to_path_buf()), OwnedFd::from(file), direct, end));
         Ok(FileId(self.files.len() as u32 - 1))
     }
 

@@ -139,6 +139,37 @@ fn a_record_past_the_end_of_the_file_is_an_eof_error() {
     }
 }
 
+/// A checkpoint's file read in place ends inside its last expert's aligned read, at a page's
+/// end or mid-page: opened to read past its end, the rest is zeros and the checksum taken so
+/// holds, on either backend, with O_DIRECT where the filesystem has it.
+#[test]
+fn a_file_opened_to_read_past_its_end_reads_zeros_there() {
+    // On the disk (O_DIRECT: the kernel may zero what lies past the end itself) and in memory
+    // (tmpfs, read buffered: it does not), where there is one.
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let shm = tempfile::tempdir_in("/dev/shm").ok();
+    for (dir, tail) in [disk.path(), disk.path()].into_iter().chain(shm.as_ref().map(|d| d.path())).zip([0, 100, 100]) {
+        let path = content_file(dir, 10);
+        let mut data = std::fs::read(&path).unwrap();
+        data.extend((0..tail as u64).map(|i| byte_at(10 * PAGE as u64 + i)));
+        std::fs::write(&path, &data).unwrap();
+        let mut want = data[8 * PAGE..].to_vec();
+        want.resize(4 * PAGE, 0);
+        for backend in [BackendChoice::IoUring, BackendChoice::Pread] {
+            let mut r = reader(backend, 2, 2);
+            let f = r.open_past_end(&path).unwrap();
+            // The slot holds another read's bytes first: the zeros must be written, not found.
+            r.submit(demand(f, 0, 4, 0, 1)).unwrap();
+            r.next_completion().unwrap().result.unwrap();
+            let req = ReadRequest { xxh3: Some(xxh3(&want)), ..demand(f, 8, 4, 0, 0) };
+            r.submit(req).unwrap();
+            let c = r.next_completion().unwrap();
+            c.result.unwrap();
+            assert!(r.data(c.slot, c.len).unwrap() == want.as_slice(), "{backend:?} tail {tail}");
+        }
+    }
+}
+
 #[test]
 fn truncating_the_file_under_a_running_reader_never_hangs() {
     let dir = tempfile::tempdir().unwrap();

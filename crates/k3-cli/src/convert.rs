@@ -63,6 +63,10 @@ pub struct ConvertArgs {
     /// from the checkpoint (which can then be deleted or moved).
     #[arg(long)]
     pub copy_experts: bool,
+    /// Check everything and print the plan (what is written where, the free space there, what
+    /// is read and how long that takes at a rate measured now); write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Trunk encoding; `keep` stores what the checkpoint has (FP8 blocks as FP8, but an FP8
     /// embedding table widened to f32); int8 / int4 quantize the projection matrices and the
     /// embedding table (int4: groups of 32, the output matrix and the embedding table in int8
@@ -109,7 +113,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         Some((plan, scratch)) => (Some(std::sync::Arc::new(plan)), scratch),
         None => (None, None),
     };
-    let ConvertArgs { hf, out, experts, trunk, align, shards, shard_dirs, copy_experts, .. } = args;
+    let ConvertArgs { hf, out, experts, trunk, align, shards, shard_dirs, copy_experts, dry_run, .. } = args;
     let experts = match experts {
         Experts::Keep => ExpertFormat::Keep,
         Experts::Mxfp4 => ExpertFormat::Mxfp4,
@@ -138,6 +142,16 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         copy_experts,
         ..ConvertOptions::new(&hf, &out)
     };
+    // The plan first (everything checked, nothing written): said before any byte is written.
+    let planned = run_convert(&ConvertOptions { dry_run: true, ..opts.clone() }, &mut |_| {})
+        .with_context(|| format!("converting {} to {}", hf.display(), out.display()))?;
+    if let Some(needs) = &planned.needs {
+        print_needs(needs, &planned.in_place);
+    }
+    if dry_run {
+        println!("dry run: nothing written");
+        return Ok(());
+    }
     say_how_to_resume_when_interrupted();
     let mut bar = PhaseBar::default();
     let report = run_convert(&opts, &mut |p| bar.show(p))
@@ -180,6 +194,30 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The plan in words: what is written where against the space free there, what is read and how
+/// long that takes at the rate just measured.
+fn print_needs(n: &k3_convert::Needs, in_place: &Option<std::result::Result<usize, String>>) {
+    let experts = match in_place {
+        Some(Ok(files)) => format!("experts read in place from {files} checkpoint file(s), none written"),
+        _ => format!("experts {}", DecimalBytes(n.expert_bytes)),
+    };
+    println!("plan: trunk {}, {experts}", DecimalBytes(n.trunk_bytes));
+    for t in &n.targets {
+        let dirs: Vec<String> = t.dirs.iter().map(|d| d.display().to_string()).collect();
+        let fits = if t.bytes <= t.free { "fits" } else { "DOES NOT FIT" };
+        println!("  writes {} to {} ({} free: {fits})", DecimalBytes(t.bytes), dirs.join(", "), DecimalBytes(t.free));
+    }
+    match n.read_seconds() {
+        Some(s) => println!(
+            "  reads {} of the checkpoint: ~{} at the {}/s measured now (re-encoding adds its own time)",
+            DecimalBytes(n.read_bytes),
+            indicatif::HumanDuration(std::time::Duration::from_secs_f64(s)),
+            DecimalBytes(n.read_rate.unwrap_or(0.0) as u64)
+        ),
+        None => println!("  reads {} of the checkpoint", DecimalBytes(n.read_bytes)),
+    }
 }
 
 /// The calibration to run, if asked for: the source as a WASTE model (a checkpoint converted as

@@ -125,12 +125,13 @@ impl Progress {
                     s.finished = true;
                     s.done
                 };
+                let end = lines.end_line(done);
                 lines.wake.notify_all();
                 if let Some(h) = handle {
                     let _ = h.join();
                 }
                 if say {
-                    eprintln!("{}", lines.end_line(done));
+                    eprintln!("{end}");
                 }
             }
             Shown::Off => {}
@@ -167,7 +168,8 @@ impl Lines {
     fn tick(&self) {
         let (mut said_at, mut said_done) = (Instant::now(), 0);
         let mut s = self.state();
-        loop {
+        // Finished may come before this thread first waits: it is looked at before every wait.
+        while !s.finished {
             s = self.wake.wait_timeout(s, EVERY).map_or_else(|e| e.into_inner().0, |(g, _)| g);
             if s.finished {
                 return;

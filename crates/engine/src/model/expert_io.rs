@@ -28,7 +28,13 @@ impl ExpertIo {
             ..ReaderOptions::new(slot_bytes, slots)
         };
         let mut reader = Reader::new(ropts)?;
-        let mut open = |m: &Model| m.shard_paths().iter().map(|p| reader.open(p)).collect::<Result<Vec<_>, _>>();
+        // A checkpoint's file read in place may end inside its last expert's aligned read.
+        let mut open = |m: &Model| {
+            let shards = m.manifest().shards.iter().zip(m.shard_paths());
+            shards
+                .map(|(s, p)| if s.in_place() { reader.open_past_end(p) } else { reader.open(p) })
+                .collect::<Result<Vec<_>, _>>()
+        };
         let files = open(model)?;
         let low = match &opts.low_bit_copies {
             Some(c) => Some((c.model.clone(), open(&c.model)?)),
