@@ -2,8 +2,10 @@
 //! points into the checkpoint's own safetensors files instead of a copy (K3: 1.45 TB not
 //! written). Each expert must lie in one file as one run of bytes (its tensors back to back, as
 //! every release we know stores them; a little of something else between them is read along),
-//! each tensor where its element type can be viewed. The engine reads an expert as the aligned
-//! read around its run, so it still arrives as one unit.
+//! each tensor where its element type can be viewed; an expert that does not (its tensors cut
+//! across two shard files, say) is copied into the model's one shard, the rest stay in place.
+//! The engine reads an expert as the aligned read around its run, so it still arrives as one
+//! unit.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -27,9 +29,27 @@ pub(super) struct InPlace {
     pub files: Vec<ShardInfo>,
     /// Each of `files` as the source's file index.
     pub sources: Vec<usize>,
+    /// Numbered after the copied layouts (which the experts copied use).
     pub layouts: Vec<ExpertLayout>,
-    /// Per MoE layer (in order), per expert.
-    pub runs: Vec<Vec<Run>>,
+    /// Per MoE layer (in order), per expert; `None`: copied.
+    pub runs: Vec<Vec<Option<Run>>>,
+    /// How many experts are copied, and why the first of them is.
+    pub copied: usize,
+    pub why_copied: Option<String>,
+    /// The id of the first in-place layout: the number of copied layouts.
+    first_layout: u16,
+}
+
+impl InPlace {
+    /// The layout a record read in place names (after the copied layouts).
+    pub fn layout_id(&self, r: &Run) -> u16 {
+        self.first_layout + r.layout
+    }
+
+    /// The in-place layout of `r`.
+    pub fn layout(&self, r: &Run) -> &ExpertLayout {
+        &self.layouts[usize::from(r.layout)]
+    }
 }
 
 /// One expert's run of bytes in a checkpoint file.
@@ -63,7 +83,16 @@ pub(super) fn plan(
     if let Some(p) = layers.iter().find(|p| p.target.is_some() || matches!(p.kind, SourceExperts::Int4 { .. })) {
         return Ok(Err(format!("layer {}'s experts are re-encoded, not kept as stored", p.layer)));
     }
-    let mut ip = InPlace { files: Vec::new(), sources: Vec::new(), layouts: Vec::new(), runs: Vec::new() };
+    let first_layout = u16::try_from(copied.len()).map_err(|_| too_many("expert layouts"))?;
+    let mut ip = InPlace {
+        files: Vec::new(),
+        sources: Vec::new(),
+        layouts: Vec::new(),
+        runs: Vec::new(),
+        copied: 0,
+        why_copied: None,
+        first_layout,
+    };
     let mut file_ids: HashMap<usize, u16> = HashMap::new();
     let mut layout_ids: HashMap<(u16, Vec<u64>, u64), u16> = HashMap::new();
     for p in layers {
@@ -71,7 +100,12 @@ pub(super) fn plan(
         for expert in 0..experts {
             let (file, start, offsets, run) = match expert_run(src, p, expert)? {
                 Ok(r) => r,
-                Err(why) => return Ok(Err(format!("layer {} expert {expert}: {why}", p.layer))),
+                Err(why) => {
+                    ip.copied += 1;
+                    ip.why_copied.get_or_insert_with(|| format!("layer {} expert {expert}: {why}", p.layer));
+                    runs.push(None);
+                    continue;
+                }
             };
             let file = match file_ids.get(&file) {
                 Some(&f) => f,
@@ -87,15 +121,21 @@ pub(super) fn plan(
             let layout = match layout_ids.get(&key) {
                 Some(&l) => l,
                 None => {
-                    let l = u16::try_from(ip.layouts.len()).map_err(|_| too_many("expert layouts"))?;
+                    let l = u16::try_from(ip.layouts.len())
+                        .ok()
+                        .filter(|l| l.checked_add(first_layout).is_some())
+                        .ok_or_else(|| too_many("expert layouts"))?;
                     ip.layouts.push(layout(&copied[usize::from(p.layout)], &key.1, run));
                     layout_ids.insert(key, l);
                     l
                 }
             };
-            runs.push(Run { file, start, layout });
+            runs.push(Some(Run { file, start, layout }));
         }
         ip.runs.push(runs);
+    }
+    if ip.files.is_empty() {
+        return Ok(Err(ip.why_copied.unwrap_or_else(|| "there are no experts".into())));
     }
     Ok(Ok(ip))
 }

@@ -188,9 +188,11 @@ pub struct ConvertReport {
     pub resumed_items: usize,
     pub written_items: usize,
     pub written_bytes: u64,
-    /// Experts read in place from the checkpoint's files (none written); else why they were
-    /// copied, when they are kept as stored.
+    /// Experts read in place from the checkpoint's files: how many files; else why they were
+    /// all copied, when they are kept as stored.
     pub in_place: Option<Result<usize, String>>,
+    /// Experts copied beside those read in place (that could not be), and why the first was.
+    pub copied_experts: Option<(usize, String)>,
     /// What the conversion writes where, and the space free there (checked before writing).
     pub needs: Option<Needs>,
     /// Checkpoint tensors k3 does not run: a vision tower, DeepSeek-V3's multi-token-prediction layers.
@@ -230,6 +232,9 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
     let plan = Plan::build(opts, &src)?;
     let mut report = ConvertReport { ignored: plan.ignored.clone(), ..ConvertReport::default() };
     report.in_place = Some(plan.in_place.as_ref().map(|ip| ip.files.len()).map_err(Clone::clone));
+    if let Ok(ip) = &plan.in_place {
+        report.copied_experts = ip.why_copied.clone().map(|why| (ip.copied, why));
+    }
     let needs = needs::needs(&plan, &src, opts)?;
     let short = needs.short().map(|t| (t.dirs[0].clone(), t.bytes, t.free));
     report.needs = Some(needs);
@@ -253,8 +258,8 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
         Ok(ip) => write::experts_in_place(&mut w, &plan, ip, &src, &mut report, progress)?,
         Err(_) => write::experts(&mut w, &plan, &src, opts.calibration.as_deref(), &mut report, progress)?,
     }
-    let model = write::finish(*w, &src, opts, plan.in_place.is_err(), progress)?;
-    report.verified_bytes = model.verify_bytes_of(plan.in_place.is_err());
+    let model = write::finish(*w, &src, opts, progress)?;
+    report.verified_bytes = model.verify_bytes_of(false);
     report.re_encoded = reencoded::list(&model, &plan, &src, opts);
     Ok(report)
 }

@@ -77,30 +77,43 @@ pub(super) fn needs(plan: &Plan, src: &Source, opts: &ConvertOptions) -> Result<
         .sum();
     let header = 40 * records + HEADER_TENSOR * plan.trunk_names.len() as u64 + embedded + HEADER_SLACK;
     files.push((opts.out_dir.clone(), opts.out_dir.join(k3_format::HEADER_FILE), header));
-    let (expert_bytes, read_experts) = match &plan.in_place {
-        Ok(ip) => (0, ip.runs.iter().flatten().map(|r| ip.layouts[usize::from(r.layout)].payload_bytes).sum()),
-        Err(_) => {
-            let shards = u64::from(opts.shards.max(1));
-            let mut per_shard = vec![0u64; shards as usize];
-            let mut n = 0u64;
-            for p in &plan.layers {
-                let rb = plan.layouts[usize::from(p.layout)].record_bytes;
-                for _ in 0..experts {
+    // Per expert: Some(run bytes read in place) or None (its record copied).
+    let placed: Vec<Vec<Option<u64>>> = match &plan.in_place {
+        Ok(ip) => ip
+            .runs
+            .iter()
+            .map(|rs| rs.iter().map(|r| r.as_ref().map(|r| ip.layout(r).payload_bytes)).collect())
+            .collect(),
+        Err(_) => plan.layers.iter().map(|_| vec![None; experts as usize]).collect(),
+    };
+    // Copied records stripe over the shards as the writer puts them (the one shard beside
+    // experts read in place).
+    let shards = match &plan.in_place {
+        Ok(_) => 1,
+        Err(_) => u64::from(opts.shards.max(1)),
+    };
+    let (mut per_shard, mut n, mut read_experts) = (vec![0u64; shards as usize], 0u64, 0u64);
+    for (p, runs) in plan.layers.iter().zip(&placed) {
+        let rb = plan.layouts[usize::from(p.layout)].record_bytes;
+        for r in runs {
+            match r {
+                Some(run) => read_experts += run,
+                None => {
                     per_shard[(n % shards) as usize] += rb;
+                    read_experts += expert_source_bytes(src, p);
                     n += 1;
                 }
             }
-            for (i, bytes) in per_shard.iter().enumerate() {
-                let dir = match opts.shard_dirs.len() {
-                    0 => opts.out_dir.clone(),
-                    k => opts.shard_dirs[i % k].clone(),
-                };
-                files.push((dir.clone(), dir.join(shard_file_name(i)), *bytes));
-            }
-            let src_expert: u64 = plan.layers.iter().map(|p| expert_source_bytes(src, p) * experts).sum();
-            (per_shard.iter().sum(), src_expert)
         }
-    };
+    }
+    for (i, bytes) in per_shard.iter().enumerate().filter(|(_, b)| **b > 0) {
+        let dir = match opts.shard_dirs.len() {
+            0 => opts.out_dir.clone(),
+            k => opts.shard_dirs[i % k].clone(),
+        };
+        files.push((dir.clone(), dir.join(shard_file_name(i)), *bytes));
+    }
+    let expert_bytes = per_shard.iter().sum();
     Ok(Needs {
         trunk_bytes,
         expert_bytes,

@@ -133,7 +133,11 @@ impl Plan {
             options["calibration"] = c.provenance();
         }
         let (shards, shard_dirs, expert_layouts, checkpoint_files) = match &self.in_place {
-            Ok(ip) => (0, Vec::new(), ip.layouts.clone(), ip.files.clone()),
+            // The experts that cannot be read in place go to one shard of the model's own.
+            Ok(ip) => {
+                let layouts = self.layouts.iter().chain(&ip.layouts).cloned().collect();
+                (u16::from(ip.copied > 0), Vec::new(), layouts, ip.files.clone())
+            }
             Err(_) => (opts.shards, opts.shard_dirs.clone(), self.layouts.clone(), Vec::new()),
         };
         WriterSpec {

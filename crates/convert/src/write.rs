@@ -156,7 +156,8 @@ pub(super) fn experts(
 }
 
 /// Every expert the writer does not have yet, read in place: its aligned read in its checkpoint
-/// file checksummed (a few experts at a time on every core), FP8 scales checked as a copy would.
+/// file checksummed (a few experts at a time on every core), FP8 scales checked as a copy would;
+/// an expert that cannot be read in place copied as stored into the model's shard.
 pub(super) fn experts_in_place(
     w: &mut ModelWriter,
     plan: &Plan,
@@ -165,38 +166,62 @@ pub(super) fn experts_in_place(
     report: &mut ConvertReport,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<(), ConvertError> {
-    let run = |r: &in_place::Run| ip.layouts[usize::from(r.layout)].payload_bytes;
-    let total: u64 = ip.runs.iter().flatten().map(run).sum();
-    let mut resumed = 0;
+    // Progress counts the experts' bytes read: a run, or a copied record.
+    let bytes = |p: &LayerPlan, r: &Option<in_place::Run>| match r {
+        Some(r) => ip.layout(r).payload_bytes,
+        None => plan.layouts[usize::from(p.layout)].record_bytes,
+    };
+    let (mut total, mut resumed) = (0, 0);
     for (p, runs) in plan.layers.iter().zip(&ip.runs) {
-        resumed +=
-            runs.iter().enumerate().filter(|(e, _)| w.has_expert(p.layer, *e as u32)).map(|(_, r)| run(r)).sum::<u64>();
+        for (e, r) in runs.iter().enumerate() {
+            total += bytes(p, r);
+            resumed += if w.has_expert(p.layer, e as u32) { bytes(p, r) } else { 0 };
+        }
     }
     let mut done = resumed;
     for (p, runs) in plan.layers.iter().zip(&ip.runs) {
         let todo: Vec<u32> = (0..plan.arch.experts).filter(|e| !w.has_expert(p.layer, *e)).collect();
         for chunk in todo.chunks(rayon::current_num_threads().max(1) * 4) {
-            let reads: Vec<Result<in_place::Read, ConvertError>> = chunk
+            let got: Vec<Result<Placed, ConvertError>> = chunk
                 .par_iter()
-                .map(|&e| {
-                    let r = &runs[e as usize];
-                    if let SourceExperts::Fp8 { .. } = p.kind {
-                        check_fp8_expert(src, p, e)?;
+                .map(|&e| match &runs[e as usize] {
+                    Some(r) => {
+                        if let SourceExperts::Fp8 { .. } = p.kind {
+                            check_fp8_expert(src, p, e)?;
+                        }
+                        let file = src.file_at(ip.sources[usize::from(r.file)]).1;
+                        Ok(Placed::InPlace(in_place::read(file, r.start, ip.layout(r))))
                     }
-                    let bytes = src.file_at(ip.sources[usize::from(r.file)]).1;
-                    Ok(in_place::read(bytes, r.start, &ip.layouts[usize::from(r.layout)]))
+                    None => record(src, plan, p, e, None).map(Placed::Copied),
                 })
                 .collect();
-            for (&e, read) in chunk.iter().zip(reads) {
-                let (r, read) = (&runs[e as usize], read?);
-                w.expert_in_place((p.layer, e), r.layout, r.file, read.offset, read.length, read.phase, read.xxh3)?;
+            for (&e, got) in chunk.iter().zip(got) {
+                let r = &runs[e as usize];
+                match (got?, r) {
+                    (Placed::InPlace(read), Some(r)) => {
+                        let (layer, layout) = (p.layer, ip.layout_id(r));
+                        w.expert_in_place((layer, e), layout, r.file, read.offset, read.length, read.phase, read.xxh3)?
+                    }
+                    (Placed::Copied(parts), _) => {
+                        let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                        w.write_expert(p.layer, e, p.layout, &refs)?;
+                        report.written_bytes += bytes(p, r);
+                    }
+                    (Placed::InPlace(_), None) => unreachable!("an expert read in place has its run"),
+                }
                 report.written_items += 1;
-                done += run(r);
+                done += bytes(p, r);
                 progress(Progress { phase: "experts", done, total, resumed, unit: Unit::Bytes });
             }
         }
     }
     Ok(())
+}
+
+/// An expert as the conversion leaves it.
+enum Placed {
+    InPlace(in_place::Read),
+    Copied(Vec<Vec<u8>>),
 }
 
 /// An FP8 expert's blocks and scales checked as a copy checks them.
@@ -325,13 +350,12 @@ pub(super) fn open(opts: &ConvertOptions) -> Result<Model, ConvertError> {
 }
 
 /// Embeds the checkpoint's config and tokenizer files, seals the model, then reads every byte
-/// it wrote back against its checksum (the experts too when `experts` were written: experts read
-/// in place were checksummed from the checkpoint moments ago). Returns the model, verified.
+/// it wrote back against its checksum (experts read in place were checksummed in the checkpoint
+/// moments ago and are not read again). Returns the model, verified.
 pub(super) fn finish(
     w: ModelWriter,
     src: &Source,
     opts: &ConvertOptions,
-    experts: bool,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Model, ConvertError> {
     let mut blobs = Vec::new();
@@ -344,8 +368,8 @@ pub(super) fn finish(
     w.finish(&blob_refs)?;
 
     let model = open(opts)?;
-    let total = model.verify_bytes_of(experts);
-    let problems = model.verify_of(experts, &mut |done| {
+    let total = model.verify_bytes_of(false);
+    let problems = model.verify_of(false, &mut |done| {
         progress(Progress { phase: "verify", done, total, resumed: 0, unit: Unit::Bytes })
     });
     if let Some(first) = problems.first() {

@@ -176,14 +176,22 @@ fn an_interrupted_conversion_in_place_resumes_to_the_same_model() {
     assert!(std::fs::read(whole.join("header.waste")).unwrap() == std::fs::read(cut.join("header.waste")).unwrap());
 }
 
+/// An expert whose tensors are cut across two files is copied into the model's one shard, saying
+/// why; every other expert stays in place; all of them the copy's, bit for bit.
 #[test]
 fn experts_that_cannot_be_read_in_place_are_copied_saying_why() {
     let ckpt = release_like(Some((3, 17)));
     let out = tempfile::tempdir().unwrap();
-    let report = convert(&ConvertOptions::new(ckpt.path(), out.path().join("m")), &mut |_| {}).unwrap();
-    let why = report.in_place.unwrap().unwrap_err();
-    assert!(why.contains("layer 3 expert 17") && why.contains("more than one file"), "{why}");
-    assert!(out.path().join("m/experts-00000.waste").exists());
+    let (mixed, copied) = (out.path().join("m"), out.path().join("c"));
+    let report = convert(&ConvertOptions::new(ckpt.path(), &mixed), &mut |_| {}).unwrap();
+    assert_eq!(report.in_place, Some(Ok(2)), "the shards holding experts");
+    let (n, why) = report.copied_experts.unwrap();
+    assert!(n == 1 && why.contains("layer 3 expert 17") && why.contains("more than one file"), "{why}");
+    let shard = mixed.join("experts-00000.waste");
+    let mm = Model::open(&mixed).unwrap();
+    assert_eq!(std::fs::metadata(&shard).unwrap().len(), mm.expert(3, 17).unwrap().entry.length, "one record");
+    convert(&ConvertOptions { copy_experts: true, ..ConvertOptions::new(ckpt.path(), &copied) }, &mut |_| {}).unwrap();
+    assert!(experts(&mm) == experts(&Model::open(&copied).unwrap()));
     // Placing experts that are read in place is a contradiction, said as such.
     let whole = release_like(None);
     let o = ConvertOptions { shards: 2, ..ConvertOptions::new(whole.path(), out.path().join("n")) };
@@ -197,12 +205,20 @@ fn experts_that_cannot_be_read_in_place_are_copied_saying_why() {
 #[test]
 fn logits_in_place_are_the_copy_bit_for_bit() {
     use k3_engine::{Engine, EngineOptions};
-    let ckpt = release_like(None);
-    // On the disk, not /tmp: where O_DIRECT works when the filesystem has it.
-    let out = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (placed, copied) = (out.path().join("placed"), out.path().join("copied"));
-    convert(&ConvertOptions::new(ckpt.path(), &placed), &mut |_| {}).unwrap();
-    convert(&ConvertOptions { copy_experts: true, ..ConvertOptions::new(ckpt.path(), &copied) }, &mut |_| {}).unwrap();
+    // Every expert in place; one copied beside them.
+    for split in [None, Some((3, 17))] {
+        let ckpt = release_like(split);
+        // On the disk, not /tmp: where O_DIRECT works when the filesystem has it.
+        let out = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        logits_match(ckpt.path(), out.path());
+    }
+}
+
+fn logits_match(ckpt: &Path, out: &Path) {
+    use k3_engine::{Engine, EngineOptions};
+    let (placed, copied) = (out.join("placed"), out.join("copied"));
+    convert(&ConvertOptions::new(ckpt, &placed), &mut |_| {}).unwrap();
+    convert(&ConvertOptions { copy_experts: true, ..ConvertOptions::new(ckpt, &copied) }, &mut |_| {}).unwrap();
     let ids: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 500).collect();
     let logits = |dir: &Path, slots: Option<u64>| {
         let model = Model::open(dir).unwrap();

@@ -283,9 +283,10 @@ impl Model {
     }
 
     /// The bytes [`verify_of`](Self::verify_of) reads.
-    pub fn verify_bytes_of(&self, experts: bool) -> u64 {
+    pub fn verify_bytes_of(&self, in_place: bool) -> u64 {
         let trunk: u64 = self.manifest().trunk.tensors.iter().map(|t| t.len).sum();
-        trunk + if experts { self.header.index.iter().map(|e| e.length).sum::<u64>() } else { 0 }
+        let records = self.header.index.iter().filter(|e| in_place || e.phase.is_none());
+        trunk + records.map(|e| e.length).sum::<u64>()
     }
 
     /// Checks every checksum: embedded files, trunk tensors, expert records (and each record's
@@ -294,8 +295,9 @@ impl Model {
         self.verify_of(true, progress)
     }
 
-    /// [`verify`](Self::verify), the expert records only when `experts`.
-    pub fn verify_of(&self, experts: bool, progress: &mut dyn FnMut(u64)) -> Vec<Problem> {
+    /// [`verify`](Self::verify), records read in place from a checkpoint's files only when
+    /// `in_place` (a conversion has just checksummed them there).
+    pub fn verify_of(&self, in_place: bool, progress: &mut dyn FnMut(u64)) -> Vec<Problem> {
         let mut problems = Vec::new();
         let mut done = 0u64;
         let m = self.manifest();
@@ -322,7 +324,7 @@ impl Model {
             progress(done);
         }
         let mut buf = Vec::new();
-        for e in self.header.index.iter().filter(|_| experts) {
+        for e in self.header.index.iter().filter(|e| in_place || e.phase.is_none()) {
             let checked = self.expert(e.layer, e.expert).and_then(|loc| {
                 self.read_expert(&loc, &mut buf)?;
                 loc.parse(&buf, true).map(|_| ())

@@ -182,6 +182,9 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         }
         _ => {}
     }
+    if let Some((n, why)) = &report.copied_experts {
+        println!("experts: {n} copied into the model, not read in place (e.g. {why})");
+    }
     for r in &report.re_encoded {
         println!("re-encoded {} tensor(s) {} -> {} (e.g. {}): {}", r.count, r.from, r.to, r.example, r.why);
     }
@@ -200,7 +203,13 @@ pub fn run(args: ConvertArgs) -> Result<()> {
 /// long that takes at the rate just measured.
 fn print_needs(n: &k3_convert::Needs, in_place: &Option<std::result::Result<usize, String>>) {
     let experts = match in_place {
-        Some(Ok(files)) => format!("experts read in place from {files} checkpoint file(s), none written"),
+        Some(Ok(files)) if n.expert_bytes == 0 => {
+            format!("experts read in place from {files} checkpoint file(s), none written")
+        }
+        Some(Ok(files)) => format!(
+            "experts read in place from {files} checkpoint file(s), {} of those that cannot be copied",
+            DecimalBytes(n.expert_bytes)
+        ),
         _ => format!("experts {}", DecimalBytes(n.expert_bytes)),
     };
     println!("plan: trunk {}, {experts}", DecimalBytes(n.trunk_bytes));
