@@ -204,7 +204,6 @@ fn experts_that_cannot_be_read_in_place_are_copied_saying_why() {
 /// experts are read again and again, and with a roomy one.
 #[test]
 fn logits_in_place_are_the_copy_bit_for_bit() {
-    use k3_engine::{Engine, EngineOptions};
     // Every expert in place; one copied beside them.
     for split in [None, Some((3, 17))] {
         let ckpt = release_like(split);
