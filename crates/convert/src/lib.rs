@@ -207,18 +207,15 @@ pub struct ConvertReport {
 }
 
 /// The options with every path in one spelling (so a resumed conversion is recognised however
-/// its paths were typed), the shard directories created.
+/// its paths were typed). A shard directory yet to be made is spelled as its nearest existing
+/// ancestor's canonical path and the rest; nothing is created here.
 fn canonical(opts: &ConvertOptions) -> Result<ConvertOptions, ConvertError> {
     let canon = |p: &Path| std::fs::canonicalize(p).map_err(|e| ConvertError::io(p, e));
     let mut shard_dirs = Vec::with_capacity(opts.shard_dirs.len());
     for d in &opts.shard_dirs {
-        // A dry run creates nothing: a directory yet to be made is named as given.
-        if opts.dry_run && !d.exists() {
-            shard_dirs.push(d.clone());
-            continue;
-        }
-        std::fs::create_dir_all(d).map_err(|e| ConvertError::io(d, e))?;
-        shard_dirs.push(canon(d)?);
+        let base = d.ancestors().find(|a| !a.as_os_str().is_empty() && a.exists()).unwrap_or(Path::new("."));
+        let rest = d.strip_prefix(base).unwrap_or(d);
+        shard_dirs.push(canon(base)?.join(rest));
     }
     Ok(ConvertOptions { hf_dir: canon(&opts.hf_dir)?, shard_dirs, ..opts.clone() })
 }
@@ -243,6 +240,9 @@ pub fn convert(opts: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Res
     }
     if let Some((dir, need, free)) = short {
         return Err(ConvertError::NoSpace { dir, need, free });
+    }
+    for d in &opts.shard_dirs {
+        std::fs::create_dir_all(d).map_err(|e| ConvertError::io(d, e))?;
     }
     let mut w = match ModelWriter::open(&opts.out_dir, plan.writer_spec(opts, &src))? {
         Opened::Complete => {

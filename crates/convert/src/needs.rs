@@ -20,6 +20,8 @@ use crate::tensors::Storage;
 /// A header's bytes beyond its index entries and embedded files: a bound per trunk tensor's
 /// manifest entry, and for the rest of the manifest.
 const HEADER_TENSOR: u64 = 1024;
+/// A journal line's bytes, a bound (a trunk tensor's names its parts).
+const JOURNAL_LINE: u64 = 1024;
 const HEADER_SLACK: u64 = 1 << 20;
 
 /// One filesystem the conversion writes to.
@@ -75,7 +77,10 @@ pub(super) fn needs(plan: &Plan, src: &Source, opts: &ConvertOptions) -> Result<
         .filter_map(|f| std::fs::metadata(src.path_of(f)).ok())
         .map(|m| m.len())
         .sum();
+    // The journal lives beside the header while the conversion runs: a line an item.
+    let items = records + plan.trunk_names.len() as u64;
     let header = 40 * records + HEADER_TENSOR * plan.trunk_names.len() as u64 + embedded + HEADER_SLACK;
+    files.push((opts.out_dir.clone(), opts.out_dir.join(k3_format::JOURNAL_FILE), JOURNAL_LINE * items));
     files.push((opts.out_dir.clone(), opts.out_dir.join(k3_format::HEADER_FILE), header));
     // Per expert: Some(run bytes read in place) or None (its record copied).
     let placed: Vec<Vec<Option<u64>>> = match &plan.in_place {

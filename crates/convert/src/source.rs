@@ -176,13 +176,15 @@ impl Source {
             for mat in &layout.matrices {
                 let base = k3_engine::names::expert(entry.layer, entry.expert, &mat.name);
                 let file = 1 + usize::from(entry.shard);
+                // A record read in place starts its run `phase` bytes into its read.
+                let start = entry.offset + u64::from(entry.phase.unwrap_or(0));
                 let part = |name: &str| mat.parts.iter().find(|p| p.name == name);
                 match (&mat.encoding, part("data"), part("packed"), part("scale")) {
                     (Encoding::Bf16, Some(p), _, _) => {
-                        add(format!("{base}.weight"), StDtype::BF16, &mat.shape, file, entry.offset + p.offset, p.len)
+                        add(format!("{base}.weight"), StDtype::BF16, &mat.shape, file, start + p.offset, p.len)
                     }
                     (Encoding::F32, Some(p), _, _) => {
-                        add(format!("{base}.weight"), StDtype::F32, &mat.shape, file, entry.offset + p.offset, p.len)
+                        add(format!("{base}.weight"), StDtype::F32, &mat.shape, file, start + p.offset, p.len)
                     }
                     (Encoding::Mxfp4, _, Some(p), Some(s)) => {
                         let (rows, cols) = (mat.shape[0], mat.shape[1]);
@@ -191,7 +193,7 @@ impl Source {
                             StDtype::U8,
                             &[rows, cols / 2],
                             file,
-                            entry.offset + p.offset,
+                            start + p.offset,
                             p.len,
                         );
                         add(
@@ -199,13 +201,13 @@ impl Source {
                             StDtype::U8,
                             &[rows, cols / 32],
                             file,
-                            entry.offset + s.offset,
+                            start + s.offset,
                             s.len,
                         );
                     }
                     (Encoding::Fp8Block { .. }, _, _, Some(s)) => {
                         let q = part("q").ok_or_else(|| unreadable(&base, &mat.encoding))?;
-                        let at = entry.offset;
+                        let at = start;
                         add(format!("{base}.weight"), StDtype::F8_E4M3, &mat.shape, file, at + q.offset, q.len);
                         add(format!("{base}.weight_scale_inv"), StDtype::F32, &s.shape, file, at + s.offset, s.len);
                     }

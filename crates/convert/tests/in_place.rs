@@ -110,6 +110,11 @@ fn experts_read_in_place_are_the_copy_bit_for_bit() {
     assert_eq!(a.len(), b.len());
     assert!(a == b, "every part of every expert");
     assert!(mp.verify(&mut |_| {}).is_empty());
+    // A model read in place is a source like any other: converted (copied) and exported back,
+    // its experts are the checkpoint's.
+    let again = out.path().join("again");
+    convert(&ConvertOptions { copy_experts: true, ..ConvertOptions::new(&placed, &again) }, &mut |_| {}).unwrap();
+    assert!(experts(&Model::open(&again).unwrap()) == b, "every part of every expert, through a second conversion");
 }
 
 #[test]
@@ -137,6 +142,9 @@ fn a_checkpoint_file_changed_after_conversion_is_refused_by_name() {
     std::fs::write(&shard, &bytes).unwrap();
     let e = open_err();
     assert!(named(&e) && e.contains("modified"), "{e}");
+    // Converting again says how to go on (not "already converted", not the same error again).
+    let again = convert(&ConvertOptions::new(ckpt.path(), &m), &mut |_| {}).unwrap_err().to_string();
+    assert!(again.contains("changed since") && again.contains("remove the directory"), "{again}");
     // A flipped byte with the time put back: opening cannot tell; verify and reading can.
     let mut flipped = bytes.clone();
     let at = flipped.len() - 5000;

@@ -144,7 +144,7 @@ pub fn validate_index(path: &Path, m: &Manifest, index: &[IndexEntry]) -> Result
 /// A record read in place: an in-place layout in a checkpoint's file, its aligned read holding
 /// the run at its phase, the run inside the file, every part where its element type can be
 /// viewed. (Neighbouring experts' reads may share a block: no disjointness to check.)
-fn check_in_place(path: &Path, e: &IndexEntry, shard: &ShardInfo, layout: &ExpertLayout) -> Result<()> {
+pub(crate) fn check_in_place(path: &Path, e: &IndexEntry, shard: &ShardInfo, layout: &ExpertLayout) -> Result<()> {
     let bad = |reason: String| FormatError::Invalid { path: path.to_path_buf(), place: e.place(), reason };
     let (Some(phase), true, true) = (e.phase, layout.in_place, shard.in_place()) else {
         return Err(bad(format!(

@@ -257,8 +257,12 @@ impl Manifest {
             let p = Path::new(f);
             let plain =
                 p.components().all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)));
-            if !p.is_absolute() || !plain || !files.insert(f) {
-                return Err(bad(format!("checkpoint file `{f}` is not a unique absolute path without `..`")));
+            // Only a checkpoint's weights files: a header cannot point the reader anywhere else.
+            let weights = p.extension().is_some_and(|e| e == "safetensors");
+            if !p.is_absolute() || !plain || !weights || !files.insert(f) {
+                return Err(bad(format!(
+                    "checkpoint file `{f}` is not a unique absolute path to a .safetensors file without `..`"
+                )));
             }
         }
 
@@ -288,11 +292,14 @@ impl Manifest {
         for (i, l) in self.expert_layouts.iter().enumerate() {
             let place = Place::Tensor(format!("expert layout {i}"));
             let (align, start) = if l.in_place { (IN_PLACE_ALIGN, 0) } else { (self.alignment, RECORD_HEADER_LEN) };
-            let longest_read = (l.payload_bytes + IN_PLACE_ALIGN - 1).next_multiple_of(IN_PLACE_ALIGN);
+            let longest_read = l
+                .payload_bytes
+                .checked_add(IN_PLACE_ALIGN - 1)
+                .and_then(|b| b.checked_next_multiple_of(IN_PLACE_ALIGN));
             if l.record_bytes % align != 0
                 || l.payload_bytes > l.record_bytes
                 || l.matrices.is_empty()
-                || (l.in_place && l.record_bytes != longest_read)
+                || (l.in_place && Some(l.record_bytes) != longest_read)
             {
                 return Err(bad(format!(
                     "expert layout {i}: record of {} bytes (payload {}) is not a non-empty multiple of the alignment {align}{}",

@@ -246,10 +246,15 @@ impl Model {
         buf.clear();
         buf.resize(loc.entry.length as usize, 0);
         let file = &self.shard_files[usize::from(loc.entry.shard)];
+        // Only a read in place may run past its file's end (as the manifest says it is).
+        let end = match loc.entry.phase {
+            Some(_) => self.manifest().shards[usize::from(loc.entry.shard)].bytes,
+            None => u64::MAX,
+        };
         let mut done = 0;
         while done < buf.len() {
             match file.read_at(&mut buf[done..], loc.entry.offset + done as u64) {
-                Ok(0) if loc.entry.phase.is_some() => break,
+                Ok(0) if loc.entry.offset + done as u64 >= end => break,
                 Ok(0) => return Err(FormatError::io(loc.path, std::io::ErrorKind::UnexpectedEof.into())),
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -348,14 +353,16 @@ fn open_checkpoint_file(header: &Header, i: usize) -> Result<(PathBuf, File)> {
     let mut first = header.index.iter().filter(|e| usize::from(e.shard) == i).map(|e| (e.offset, e.place()));
     let place = first.next().map_or(Place::Header, |(_, p)| p);
     let changed = |reason: String| FormatError::CheckpointChanged { path: path.clone(), place: place.clone(), reason };
-    let meta = match std::fs::metadata(&path) {
-        Ok(m) => m,
+    // Not a FIFO or a device (opening one could block), and opened before it is looked at, so
+    // what is checked is what is read.
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Err(changed("is no longer a regular file".into())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(changed("is gone (moved or removed)".into())),
         Err(e) => return Err(FormatError::io(&path, e)),
-    };
-    if !meta.is_file() {
-        return Err(changed("is no longer a regular file".into()));
     }
+    let file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
+    let meta = file.metadata().map_err(|e| FormatError::io(&path, e))?;
     if meta.len() != s.bytes {
         return Err(changed(format!("is {} bytes, not {}", meta.len(), s.bytes)));
     }
@@ -363,7 +370,6 @@ fn open_checkpoint_file(header: &Header, i: usize) -> Result<(PathBuf, File)> {
     if Some(mtime) != s.checkpoint_mtime_ns {
         return Err(changed("was modified (its modification time changed)".into()));
     }
-    let file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
     Ok((path, file))
 }
 

@@ -225,17 +225,17 @@ impl Reader {
     /// it buffered ([`is_direct`](Self::is_direct) tells). A read past its end is an error (a
     /// truncated file).
     pub fn open(&mut self, path: &Path) -> Result<FileId, IoError> {
-        self.open_with(path, false)
+        self.open_with(path, None)
     }
 
-    /// [`open`](Self::open), where a read may run past the file's end (as it was when opened)
-    /// and what lies past it reads as zeros: a checkpoint's file whose last expert's aligned
-    /// read ends beyond it.
-    pub fn open_past_end(&mut self, path: &Path) -> Result<FileId, IoError> {
-        self.open_with(path, true)
+    /// [`open`](Self::open), where a read may run past the file's end and what lies past it
+    /// reads as zeros: a checkpoint's file whose last expert's aligned read ends beyond it. The
+    /// file must be `len` bytes (as the model says), or it is refused.
+    pub fn open_past_end(&mut self, path: &Path, len: u64) -> Result<FileId, IoError> {
+        self.open_with(path, Some(len))
     }
 
-    fn open_with(&mut self, path: &Path, past_end: bool) -> Result<FileId, IoError> {
+    fn open_with(&mut self, path: &Path, past_end: Option<u64>) -> Result<FileId, IoError> {
         let open = |flags| std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path);
         let (file, direct) = match open(libc::O_DIRECT) {
             Ok(f) => (f, true),
@@ -245,7 +245,11 @@ impl Reader {
             Err(e) => return Err(IoError::Open { path: path.to_path_buf(), source: e }),
         };
         let len = file.metadata().map_err(|e| IoError::Open { path: path.to_path_buf(), source: e })?.len();
-        let end = if past_end { len } else { u64::MAX };
+        if past_end.is_some_and(|want| want != len) {
+            let why = format!("is {len} bytes, not the {} the model was converted from", past_end.unwrap_or(0));
+            return Err(IoError::Open { path: path.to_path_buf(), source: std::io::Error::other(why) });
+        }
+        let end = if past_end.is_some() { len } else { u64::MAX };
         self.files.push((Arc::new(path.to_path_buf()), OwnedFd::from(file), direct, end));
         Ok(FileId(self.files.len() as u32 - 1))
     }

@@ -157,7 +157,10 @@ fn a_file_opened_to_read_past_its_end_reads_zeros_there() {
         want.resize(4 * PAGE, 0);
         for backend in [BackendChoice::IoUring, BackendChoice::Pread] {
             let mut r = reader(backend, 2, 2);
-            let f = r.open_past_end(&path).unwrap();
+            // A file of another size than the model says is refused.
+            let e = r.open_past_end(&path, data.len() as u64 + 1).unwrap_err().to_string();
+            assert!(e.contains(&format!("is {} bytes", data.len())), "{e}");
+            let f = r.open_past_end(&path, data.len() as u64).unwrap();
             // The slot holds another read's bytes first: the zeros must be written, not found.
             r.submit(demand(f, 0, 4, 0, 1)).unwrap();
             r.next_completion().unwrap().result.unwrap();

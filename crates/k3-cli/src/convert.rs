@@ -108,6 +108,11 @@ pub struct ConvertArgs {
 const CALIBRATION_WINDOW: usize = 256;
 
 pub fn run(args: ConvertArgs) -> Result<()> {
+    if args.dry_run && (args.calibrate.is_some() || args.calibrate_ids.is_some()) {
+        bail!(
+            "--dry-run cannot plan a calibrated conversion (the calibration converts the checkpoint first); plan it without --calibrate"
+        );
+    }
     // The scratch copy a checkpoint's calibration runs on lives until the conversion ends.
     let (calibration, _scratch) = match calibration_plan(&args)? {
         Some((plan, scratch)) => (Some(std::sync::Arc::new(plan)), scratch),
@@ -207,7 +212,7 @@ fn print_needs(n: &k3_convert::Needs, in_place: &Option<std::result::Result<usiz
             format!("experts read in place from {files} checkpoint file(s), none written")
         }
         Some(Ok(files)) => format!(
-            "experts read in place from {files} checkpoint file(s), {} of those that cannot be copied",
+            "experts read in place from {files} checkpoint file(s), {} copied (those that cannot be)",
             DecimalBytes(n.expert_bytes)
         ),
         _ => format!("experts {}", DecimalBytes(n.expert_bytes)),

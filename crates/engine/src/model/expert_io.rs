@@ -32,7 +32,7 @@ impl ExpertIo {
         let mut open = |m: &Model| {
             let shards = m.manifest().shards.iter().zip(m.shard_paths());
             shards
-                .map(|(s, p)| if s.in_place() { reader.open_past_end(p) } else { reader.open(p) })
+                .map(|(s, p)| if s.in_place() { reader.open_past_end(p, s.bytes) } else { reader.open(p) })
                 .collect::<Result<Vec<_>, _>>()
         };
         let files = open(model)?;

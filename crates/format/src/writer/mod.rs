@@ -148,7 +148,17 @@ impl ModelWriter {
             let header_path = dir.join(HEADER_FILE);
             let bytes = std::fs::read(&header_path).map_err(|e| FormatError::io(&header_path, e))?;
             let h = Header::parse(&header_path, &bytes)?;
+            let in_place: Vec<&ShardInfo> = h.manifest.shards.iter().filter(|s| s.in_place()).collect();
+            let same_files = in_place.len() == spec.checkpoint_files.len()
+                && in_place.iter().zip(&spec.checkpoint_files).all(|(a, b)| *a == b);
             if h.manifest.provenance == spec.provenance && h.manifest.architecture == spec.architecture {
+                if !same_files {
+                    return Err(writer_err(
+                        &dir,
+                        "holds this model, converted in place from checkpoint files that have changed since; \
+                         remove the directory and convert again",
+                    ));
+                }
                 return Ok(Opened::Complete);
             }
             return Err(writer_err(
@@ -368,7 +378,7 @@ impl ModelWriter {
         if !in_place || usize::from(file) >= self.spec.checkpoint_files.len() {
             return Err(writer_err(&self.dir, format!("no in-place layout {layout} or checkpoint file {file}")));
         }
-        let shard = self.spec.shards + file;
+        let shard = self.spec.shards.checked_add(file).ok_or_else(|| writer_err(&self.dir, "too many shards"))?;
         self.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3, phase: Some(phase) });
         let line =
             JournalLine::ExpertInPlace { layer, expert, shard, layout, offset, length, phase, xxh3: Hex64(xxh3) };

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::data_file::DataFile;
 use super::{JOURNAL_VERSION, JournalLine, ModelWriter, WriterSpec, writer_err};
 use crate::error::{FormatError, Result};
-use crate::index::IndexEntry;
+use crate::index::{IndexEntry, check_in_place};
 use crate::lock::DirLock;
 use crate::output::write_atomic;
 use crate::{JOURNAL_FILE, TRUNK_FILE};
@@ -56,54 +56,7 @@ impl ModelWriter {
         let mut shard_ends = vec![0u64; w.shards.len()];
         for line in lines {
             let Ok(item) = serde_json::from_slice::<JournalLine>(line) else { break };
-            let ok = match &item {
-                JournalLine::Tensor(t) => {
-                    t.offset.checked_add(t.len).is_some_and(|e| e <= w.trunk.len)
-                        && !w.tensor_names.contains(&t.tensor.name)
-                        && w.trunk.hash_range(t.offset, t.len)? == t.xxh3.0
-                }
-                &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3 } => {
-                    let s = usize::from(shard);
-                    s < w.shards.len()
-                        && w.expected_next_expert() == Some((layer, expert))
-                        && offset.checked_add(length).is_some_and(|e| e <= w.shards[s].len)
-                        && w.shards[s].hash_range(offset, length)? == xxh3.0
-                        && {
-                            w.index.push(IndexEntry {
-                                layer,
-                                expert,
-                                shard,
-                                layout,
-                                offset,
-                                length,
-                                xxh3: xxh3.0,
-                                phase: None,
-                            });
-                            true
-                        }
-                }
-                // The checkpoint's bytes are not ours to re-read: the spec holds its files' identity.
-                &JournalLine::ExpertInPlace { layer, expert, shard, layout, offset, length, phase, xxh3 } => {
-                    let file = usize::from(shard).checked_sub(w.shards.len());
-                    file.is_some_and(|f| f < w.spec.checkpoint_files.len())
-                        && w.expected_next_expert() == Some((layer, expert))
-                        && {
-                            let phase = Some(phase);
-                            w.index.push(IndexEntry {
-                                layer,
-                                expert,
-                                shard,
-                                layout,
-                                offset,
-                                length,
-                                xxh3: xxh3.0,
-                                phase,
-                            });
-                            true
-                        }
-                }
-                JournalLine::Spec { .. } => false,
-            };
+            let ok = w.keeps(&item)?;
             if !ok {
                 break;
             }
@@ -137,5 +90,44 @@ impl ModelWriter {
         write_atomic(&journal_path, &body)?;
         w.journal = FsOpen::new().append(true).open(&journal_path).map_err(|e| FormatError::io(&journal_path, e))?;
         Ok(w)
+    }
+
+    /// Whether a journaled item still checks out (its bytes hashed again, or a record read in
+    /// place checked against its layout and checkpoint file); a kept record joins the index.
+    fn keeps(&mut self, item: &JournalLine) -> Result<bool> {
+        let w = self;
+        Ok(match item {
+            JournalLine::Tensor(t) => {
+                t.offset.checked_add(t.len).is_some_and(|e| e <= w.trunk.len)
+                    && !w.tensor_names.contains(&t.tensor.name)
+                    && w.trunk.hash_range(t.offset, t.len)? == t.xxh3.0
+            }
+            &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3 } => {
+                let s = usize::from(shard);
+                let ok = s < w.shards.len()
+                    && w.expected_next_expert() == Some((layer, expert))
+                    && offset.checked_add(length).is_some_and(|e| e <= w.shards[s].len)
+                    && w.shards[s].hash_range(offset, length)? == xxh3.0;
+                if ok {
+                    let (phase, xxh3) = (None, xxh3.0);
+                    w.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3, phase });
+                }
+                ok
+            }
+            // The checkpoint's bytes are not ours to re-read: the spec holds its files' identity.
+            &JournalLine::ExpertInPlace { layer, expert, shard, layout, offset, length, phase, xxh3 } => {
+                let (phase, xxh3) = (Some(phase), xxh3.0);
+                let e = IndexEntry { layer, expert, shard, layout, offset, length, xxh3, phase };
+                let file = usize::from(shard).checked_sub(w.shards.len()).and_then(|f| w.spec.checkpoint_files.get(f));
+                let l = w.spec.expert_layouts.get(usize::from(layout));
+                let ok = w.expected_next_expert() == Some((layer, expert))
+                    && matches!((file, l), (Some(f), Some(l)) if check_in_place(&w.dir, &e, f, l).is_ok());
+                if ok {
+                    w.index.push(e);
+                }
+                ok
+            }
+            JournalLine::Spec { .. } => false,
+        })
     }
 }
