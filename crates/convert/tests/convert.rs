@@ -1,6 +1,8 @@
 //! Converting the golden checkpoints: byte-exact experts and trunk, resumable, refusing to
 //! overwrite, clear errors on broken checkpoints.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -230,24 +232,8 @@ fn sharded_prefixed_shuffled_checkpoint_converts_to_the_same_model() {
         names.swap(i, (s % (i as u64 + 1)) as usize);
     }
     let d = tempfile::tempdir().unwrap();
-    std::fs::copy(hf.join("config.json"), d.path().join("config.json")).unwrap();
-    let mut weight_map = serde_json::Map::new();
-    for (k, part) in names.chunks(names.len().div_ceil(3)).enumerate() {
-        let file = format!("model-{:05}-of-00003.safetensors", k + 1);
-        let views: Vec<_> = part
-            .iter()
-            .map(|n| {
-                let t = src.get(n).unwrap();
-                let shape: Vec<usize> = t.shape.iter().map(|&x| x as usize).collect();
-                let full = format!("language_model.{n}");
-                weight_map.insert(full.clone(), serde_json::Value::String(file.clone()));
-                (full, safetensors::tensor::TensorView::new(t.dtype, shape, src.bytes(t)).unwrap())
-            })
-            .collect();
-        safetensors::tensor::serialize_to_file(views, None, &d.path().join(&file)).unwrap();
-    }
-    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
-    std::fs::write(d.path().join("model.safetensors.index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    let shards: Vec<Vec<String>> = names.chunks(names.len().div_ceil(3)).map(<[String]>::to_vec).collect();
+    common::write_sharded(&src, &shards, &hf.join("config.json"), d.path());
 
     let out = tempfile::tempdir().unwrap();
     let (a, b) = (out.path().join("a"), out.path().join("b"));

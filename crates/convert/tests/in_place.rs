@@ -2,6 +2,8 @@
 //! a checkpoint file moved, cut, rewritten or damaged after conversion is refused by name;
 //! resumable; a checkpoint whose experts cannot be read in place is copied, saying why.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use k3_convert::{ConvertOptions, Source, convert};
@@ -48,24 +50,7 @@ fn release_like(split: Option<(u32, u32)>) -> tempfile::TempDir {
         }
     }
     let d = tempfile::tempdir().unwrap();
-    std::fs::copy(hf.join("config.json"), d.path().join("config.json")).unwrap();
-    let mut weight_map = serde_json::Map::new();
-    for (k, names) in shards.iter().enumerate() {
-        let file = format!("model-{:05}-of-00003.safetensors", k + 1);
-        let views: Vec<_> = names
-            .iter()
-            .map(|n| {
-                let t = src.get(n).unwrap();
-                let shape: Vec<usize> = t.shape.iter().map(|&x| x as usize).collect();
-                let full = format!("language_model.{n}");
-                weight_map.insert(full.clone(), serde_json::Value::String(file.clone()));
-                (full, safetensors::tensor::TensorView::new(t.dtype, shape, src.bytes(t)).unwrap())
-            })
-            .collect();
-        safetensors::tensor::serialize_to_file(views, None, &d.path().join(&file)).unwrap();
-    }
-    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
-    std::fs::write(d.path().join("model.safetensors.index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    common::write_sharded(&src, &shards, &hf.join("config.json"), d.path());
     d
 }
 
@@ -160,11 +145,18 @@ fn a_checkpoint_file_changed_after_conversion_is_refused_by_name() {
 
 #[test]
 fn an_interrupted_conversion_in_place_resumes_to_the_same_model() {
-    let ckpt = release_like(None);
-    let out = tempfile::tempdir().unwrap();
-    let (whole, cut) = (out.path().join("whole"), out.path().join("cut"));
-    convert(&ConvertOptions::new(ckpt.path(), &whole), &mut |_| {}).unwrap();
-    let o = ConvertOptions::new(ckpt.path(), &cut);
+    // All in place, and one expert copied beside them (a shard of the model's own to cut back).
+    for split in [None, Some((3, 17))] {
+        let ckpt = release_like(split);
+        let out = tempfile::tempdir().unwrap();
+        resumes_to_the_same_model(ckpt.path(), out.path());
+    }
+}
+
+fn resumes_to_the_same_model(ckpt: &Path, out: &Path) {
+    let (whole, cut) = (out.join("whole"), out.join("cut"));
+    convert(&ConvertOptions::new(ckpt, &whole), &mut |_| {}).unwrap();
+    let o = ConvertOptions::new(ckpt, &cut);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut slept = false;
         convert(&o, &mut |p| {

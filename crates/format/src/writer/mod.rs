@@ -65,6 +65,8 @@ enum JournalLine {
         spec: WriterSpec,
     },
     Tensor(TrunkTensor),
+    /// A record written, or (with a phase) read in place: then `shard` counts the checkpoint
+    /// files after the model's shards.
     Expert {
         layer: u32,
         expert: u32,
@@ -73,17 +75,8 @@ enum JournalLine {
         offset: u64,
         length: u64,
         xxh3: Hex64,
-    },
-    /// A record read in place: `shard` counts the checkpoint files after the model's shards.
-    ExpertInPlace {
-        layer: u32,
-        expert: u32,
-        shard: u16,
-        layout: u16,
-        offset: u64,
-        length: u64,
-        phase: u32,
-        xxh3: Hex64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        phase: Option<u32>,
     },
 }
 
@@ -354,7 +347,7 @@ impl ModelWriter {
         let length = self.record.len() as u64;
         self.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3, phase: None });
         self.journal_line(
-            &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3: Hex64(xxh3) },
+            &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3: Hex64(xxh3), phase: None },
             length,
         )
     }
@@ -380,8 +373,8 @@ impl ModelWriter {
         }
         let shard = self.spec.shards.checked_add(file).ok_or_else(|| writer_err(&self.dir, "too many shards"))?;
         self.index.push(IndexEntry { layer, expert, shard, layout, offset, length, xxh3, phase: Some(phase) });
-        let line =
-            JournalLine::ExpertInPlace { layer, expert, shard, layout, offset, length, phase, xxh3: Hex64(xxh3) };
+        let phase = Some(phase);
+        let line = JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3: Hex64(xxh3), phase };
         self.journal_line(&line, 0)
     }
 

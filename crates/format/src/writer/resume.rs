@@ -66,11 +66,12 @@ impl ModelWriter {
                     w.tensor_names.insert(t.tensor.name.clone());
                     w.tensors.push(t);
                 }
-                JournalLine::Expert { shard, offset, length, .. } => {
+                JournalLine::Expert { shard, offset, length, phase: None, .. } => {
                     let end = &mut shard_ends[usize::from(shard)];
                     *end = (*end).max(offset + length);
                 }
-                JournalLine::ExpertInPlace { .. } => {}
+                // Read in place: nothing of ours to cut back.
+                JournalLine::Expert { phase: Some(_), .. } => {}
                 JournalLine::Spec { .. } => unreachable!("rejected above"),
             }
             kept.push(line.to_vec());
@@ -102,7 +103,7 @@ impl ModelWriter {
                     && !w.tensor_names.contains(&t.tensor.name)
                     && w.trunk.hash_range(t.offset, t.len)? == t.xxh3.0
             }
-            &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3 } => {
+            &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3, phase: None } => {
                 let s = usize::from(shard);
                 let ok = s < w.shards.len()
                     && w.expected_next_expert() == Some((layer, expert))
@@ -115,7 +116,7 @@ impl ModelWriter {
                 ok
             }
             // The checkpoint's bytes are not ours to re-read: the spec holds its files' identity.
-            &JournalLine::ExpertInPlace { layer, expert, shard, layout, offset, length, phase, xxh3 } => {
+            &JournalLine::Expert { layer, expert, shard, layout, offset, length, xxh3, phase: Some(phase) } => {
                 let (phase, xxh3) = (Some(phase), xxh3.0);
                 let e = IndexEntry { layer, expert, shard, layout, offset, length, xxh3, phase };
                 let file = usize::from(shard).checked_sub(w.shards.len()).and_then(|f| w.spec.checkpoint_files.get(f));
