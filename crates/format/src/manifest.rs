@@ -290,38 +290,7 @@ impl Manifest {
         check_disjoint(trunk_path, &mut spans)?;
 
         for (i, l) in self.expert_layouts.iter().enumerate() {
-            let place = Place::Tensor(format!("expert layout {i}"));
-            let (align, start) = if l.in_place { (IN_PLACE_ALIGN, 0) } else { (self.alignment, RECORD_HEADER_LEN) };
-            let longest_read = l
-                .payload_bytes
-                .checked_add(IN_PLACE_ALIGN - 1)
-                .and_then(|b| b.checked_next_multiple_of(IN_PLACE_ALIGN));
-            if l.record_bytes % align != 0
-                || l.payload_bytes > l.record_bytes
-                || l.matrices.is_empty()
-                || (l.in_place && Some(l.record_bytes) != longest_read)
-            {
-                return Err(bad(format!(
-                    "expert layout {i}: record of {} bytes (payload {}) is not a non-empty multiple of the alignment {align}{}",
-                    l.record_bytes,
-                    l.payload_bytes,
-                    if l.in_place { " that holds the payload at any offset" } else { "" }
-                )));
-            }
-            let mut spans = Vec::new();
-            for m in &l.matrices {
-                let end = check_tensor_parts(path, &place, m, start, l.payload_bytes, !l.in_place)?;
-                spans.push((m.parts[0].offset, end, Place::Tensor(m.name.clone())));
-                if let Encoding::Vq { codebook: CodebookSource::Trunk { tensor }, .. } = &m.encoding
-                    && !names.contains(tensor.as_str())
-                {
-                    return Err(bad(format!(
-                        "expert matrix `{}` names codebook tensor `{tensor}`, absent from the trunk",
-                        m.name
-                    )));
-                }
-            }
-            check_disjoint(path, &mut spans)?;
+            self.validate_layout(path, i, l, &names)?;
         }
         let mut blob_names = HashSet::new();
         for b in &self.blobs {
@@ -329,6 +298,43 @@ impl Manifest {
                 return Err(bad(format!("embedded file `{}` is listed twice", b.name)));
             }
         }
+        Ok(())
+    }
+
+    /// One expert layout: sized for its alignment (an in-place layout for any phase), its parts
+    /// inside its payload and disjoint, its codebooks in the trunk.
+    fn validate_layout(&self, path: &Path, i: usize, l: &ExpertLayout, names: &HashSet<&str>) -> Result<()> {
+        let bad = |reason: String| FormatError::Manifest { path: path.to_path_buf(), reason };
+        let place = Place::Tensor(format!("expert layout {i}"));
+        let (align, start) = if l.in_place { (IN_PLACE_ALIGN, 0) } else { (self.alignment, RECORD_HEADER_LEN) };
+        let longest_read =
+            l.payload_bytes.checked_add(IN_PLACE_ALIGN - 1).and_then(|b| b.checked_next_multiple_of(IN_PLACE_ALIGN));
+        if !l.record_bytes.is_multiple_of(align)
+            || l.payload_bytes > l.record_bytes
+            || l.matrices.is_empty()
+            || (l.in_place && Some(l.record_bytes) != longest_read)
+        {
+            return Err(bad(format!(
+                "expert layout {i}: record of {} bytes (payload {}) is not a non-empty multiple of the alignment {align}{}",
+                l.record_bytes,
+                l.payload_bytes,
+                if l.in_place { " that holds the payload at any offset" } else { "" }
+            )));
+        }
+        let mut spans = Vec::new();
+        for m in &l.matrices {
+            let end = check_tensor_parts(path, &place, m, start, l.payload_bytes, !l.in_place)?;
+            spans.push((m.parts[0].offset, end, Place::Tensor(m.name.clone())));
+            if let Encoding::Vq { codebook: CodebookSource::Trunk { tensor }, .. } = &m.encoding
+                && !names.contains(tensor.as_str())
+            {
+                return Err(bad(format!(
+                    "expert matrix `{}` names codebook tensor `{tensor}`, absent from the trunk",
+                    m.name
+                )));
+            }
+        }
+        check_disjoint(path, &mut spans)?;
         Ok(())
     }
 
