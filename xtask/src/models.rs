@@ -90,7 +90,8 @@ fn tool_caller(out: &Path) -> Result<()> {
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     let hf = tempfile::tempdir_in(parent).with_context(|| format!("a scratch directory in {}", parent.display()))?;
     k3_convert::synth::scripted::tool_caller(&base, hf.path())?;
-    run_convert(&ConvertOptions::new(hf.path(), out), &mut |_| {})?;
+    // Copied: the scratch checkpoint goes away when this returns.
+    run_convert(&ConvertOptions { copy_experts: true, ..ConvertOptions::new(hf.path(), out) }, &mut |_| {})?;
     println!("wrote {TOOL_CALLER} to {}", out.display());
     Ok(())
 }
