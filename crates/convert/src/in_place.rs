@@ -125,7 +125,13 @@ pub(super) fn plan(
                         .ok()
                         .filter(|l| l.checked_add(first_layout).is_some())
                         .ok_or_else(|| too_many("expert layouts"))?;
-                    ip.layouts.push(layout(&copied[usize::from(p.layout)], &key.1, run));
+                    let Some(built) = layout(&copied[usize::from(p.layout)], &key.1, run) else {
+                        return Ok(Err(format!(
+                            "layer {}'s experts have another number of tensors than their layout",
+                            p.layer
+                        )));
+                    };
+                    ip.layouts.push(built);
                     layout_ids.insert(key, l);
                     l
                 }
@@ -172,22 +178,23 @@ fn expert_run(src: &Source, p: &LayerPlan, expert: u32) -> Result<Result<ExpertR
     Ok(Ok((file, start, parts.iter().map(|((_, s, _), ..)| s - start).collect(), end - start)))
 }
 
-/// The copied layout's matrices with each part at its offset in the run.
-fn layout(copied: &ExpertLayout, offsets: &[u64], run: u64) -> ExpertLayout {
-    let mut at = offsets.iter();
+/// The copied layout's matrices with each part at its offset in the run (`None` unless there is
+/// one offset a part).
+fn layout(copied: &ExpertLayout, offsets: &[u64], run: u64) -> Option<ExpertLayout> {
+    let parts: usize = copied.matrices.iter().map(|m| m.parts.len()).sum();
+    if parts != offsets.len() {
+        return None;
+    }
+    let mut at = offsets.iter().copied();
     let matrices = copied
         .matrices
         .iter()
         .map(|m| TensorEntry {
-            parts: m
-                .parts
-                .iter()
-                .map(|p| PartEntry { offset: *at.next().expect("one offset a part"), ..p.clone() })
-                .collect(),
+            parts: m.parts.iter().zip(at.by_ref()).map(|(p, offset)| PartEntry { offset, ..p.clone() }).collect(),
             ..m.clone()
         })
         .collect();
-    ExpertLayout::in_place(matrices, run)
+    Some(ExpertLayout::in_place(matrices, run))
 }
 
 /// A checkpoint file as it is now: its real path (links resolved), size and modification time.

@@ -190,24 +190,23 @@ pub(super) fn experts_in_place(
                             check_fp8_expert(src, p, e)?;
                         }
                         let file = src.file_at(ip.sources[usize::from(r.file)]).1;
-                        Ok(Placed::InPlace(in_place::read(file, r.start, ip.layout(r))))
+                        Ok(Placed::InPlace(*r, in_place::read(file, r.start, ip.layout(r))))
                     }
                     None => record(src, plan, p, e, None).map(Placed::Copied),
                 })
                 .collect();
             for (&e, got) in chunk.iter().zip(got) {
                 let r = &runs[e as usize];
-                match (got?, r) {
-                    (Placed::InPlace(read), Some(r)) => {
-                        let (layer, layout) = (p.layer, ip.layout_id(r));
+                match got? {
+                    Placed::InPlace(r, read) => {
+                        let (layer, layout) = (p.layer, ip.layout_id(&r));
                         w.expert_in_place((layer, e), layout, r.file, read.offset, read.length, read.phase, read.xxh3)?
                     }
-                    (Placed::Copied(parts), _) => {
+                    Placed::Copied(parts) => {
                         let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
                         w.write_expert(p.layer, e, p.layout, &refs)?;
                         report.written_bytes += bytes(p, r);
                     }
-                    (Placed::InPlace(_), None) => unreachable!("an expert read in place has its run"),
                 }
                 report.written_items += 1;
                 done += bytes(p, r);
@@ -220,7 +219,7 @@ pub(super) fn experts_in_place(
 
 /// An expert as the conversion leaves it.
 enum Placed {
-    InPlace(in_place::Read),
+    InPlace(in_place::Run, in_place::Read),
     Copied(Vec<Vec<u8>>),
 }
 
