@@ -51,8 +51,12 @@ pub struct ConvertArgs {
     #[arg(long, visible_alias = "from")]
     pub hf: PathBuf,
     /// The WASTE model directory to create (or to resume).
-    #[arg(long)]
-    pub out: PathBuf,
+    #[arg(long, required_unless_present = "name", conflicts_with = "name")]
+    pub out: Option<PathBuf>,
+    /// Keep the model in k3's model store under this name (`<data dir>/models/NAME`), for
+    /// `--model NAME`, `run NAME`, `list`, `rm` and `serve` [default: none: give --out].
+    #[arg(long, value_name = "NAME", value_parser = crate::store::parse_name)]
+    pub name: Option<String>,
     /// Routed expert encoding; `keep` uses what the checkpoint has, byte for byte (MXFP4 for K3,
     /// BF16 for Kimi-Linear, FP8 blocks for K2-Instruct and DeepSeek-V3, INT4 for K2-Thinking),
     /// read in place from the checkpoint's files where it can be (nothing copied: keep the
@@ -113,12 +117,17 @@ pub fn run(args: ConvertArgs) -> Result<()> {
             "--dry-run cannot plan a calibrated conversion (the calibration converts the checkpoint first); plan it without --calibrate"
         );
     }
+    let out = match (&args.out, &args.name) {
+        (Some(out), _) => out.clone(),
+        (None, Some(name)) => crate::store::target(name)?,
+        (None, None) => bail!("give --out DIR, or --name NAME to keep the model in k3's store"),
+    };
     // The scratch copy a checkpoint's calibration runs on lives until the conversion ends.
-    let (calibration, _scratch) = match calibration_plan(&args)? {
+    let (calibration, _scratch) = match calibration_plan(&args, &out)? {
         Some((plan, scratch)) => (Some(std::sync::Arc::new(plan)), scratch),
         None => (None, None),
     };
-    let ConvertArgs { hf, out, experts, trunk, align, shards, shard_dirs, copy_experts, dry_run, .. } = args;
+    let ConvertArgs { hf, experts, trunk, align, shards, shard_dirs, copy_experts, dry_run, .. } = args;
     let experts = match experts {
         Experts::Keep => ExpertFormat::Keep,
         Experts::Mxfp4 => ExpertFormat::Mxfp4,
@@ -239,6 +248,7 @@ fn print_needs(n: &k3_convert::Needs, in_place: &Option<std::result::Result<usiz
 /// token ids, spread over the text.
 fn calibration_plan(
     args: &ConvertArgs,
+    out: &Path,
 ) -> Result<Option<(k3_convert::calibrate::CalibrationPlan, Option<tempfile::TempDir>)>> {
     // From a text (the tokenizer reads it) or from ids.
     let (text, ids_file) = match (&args.calibrate, &args.calibrate_ids) {
@@ -258,7 +268,7 @@ fn calibration_plan(
     let source = if args.hf.join(k3_format::HEADER_FILE).exists() {
         args.hf.clone()
     } else {
-        let parent = args.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         let dir =
             tempfile::tempdir_in(parent).with_context(|| format!("a scratch directory in {}", parent.display()))?;

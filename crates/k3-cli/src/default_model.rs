@@ -17,19 +17,8 @@ macro_rules! model_file {
 pub const FILES: [(&str, &[u8]); 3] =
     [model_file!("header.waste"), model_file!("trunk.waste"), model_file!("experts-00000.waste")];
 
-/// Where the default model's files go.
-pub fn data_dir() -> Result<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    if let Some(d) = var("K3_DATA_DIR") {
-        return Ok(d);
-    }
-    if let Some(d) = var("XDG_DATA_HOME") {
-        return Ok(d.join("k3"));
-    }
-    var("HOME")
-        .map(|h| h.join(".local/share/k3"))
-        .context("no data directory for the default model: set K3_DATA_DIR (or HOME), or give --model")
-}
+/// Where the default model's files go (the store's data directory).
+pub use k3_cli::store::data_dir;
 
 /// The default model's directory, written on first use.
 pub fn path() -> Result<PathBuf> {
@@ -76,9 +65,10 @@ fn is_complete(dir: &Path) -> bool {
     })
 }
 
-/// `--model`, or the default model.
+/// `--model` (a directory, or a stored model's name: [`k3_cli::store::resolve`]), or the default
+/// model.
 pub fn or_default(model: Option<PathBuf>) -> Result<PathBuf> {
-    match model {
+    match model.map(|m| k3_cli::store::resolve(&m)).transpose()?.flatten() {
         Some(m) => Ok(m),
         None => path(),
     }

@@ -9,6 +9,7 @@ mod images;
 mod inspect;
 mod llama_switches;
 mod lookahead;
+mod models;
 mod perplexity;
 mod prompt;
 mod prompt_cache;
@@ -42,7 +43,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Describe a WASTE model: architecture, experts, encodings, sizes, shard layout.
+    /// Describe a WASTE model: architecture, experts, encodings, sizes, shard layout (`show
+    /// NAME` for a stored model, as Ollama's users type it).
+    #[command(visible_alias = "show")]
     Inspect {
         #[command(flatten)]
         model: ModelPath,
@@ -73,8 +76,39 @@ enum Command {
     /// Continue a prompt, streaming the new text (or ids, for a model without a tokenizer).
     Generate(generate::GenerateArgs),
     /// An interactive conversation in the model's chat format (line editing and history on a
-    /// terminal; Ctrl-C stops an answer; Ctrl-D ends).
+    /// terminal; Ctrl-C stops an answer; Ctrl-D ends). `run NAME [MESSAGE]` as in Ollama: a
+    /// stored model by name, and one message answered without a conversation.
+    #[command(visible_alias = "run")]
     Chat(chat::ChatArgs),
+    /// The models in k3's store (`convert --name NAME` keeps one there), and the built-in one.
+    #[command(visible_alias = "ls")]
+    List {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove stored models by name (their directories in the store only: a checkpoint whose
+    /// experts they read in place is left as it is).
+    Rm {
+        /// The stored models to remove.
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+    },
+    /// The model a running `k3-cli serve` has loaded (its `/api/ps`).
+    Ps {
+        /// The server's address.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// The server's port.
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// The API key, if the server asks for one [default: $K3_API_KEY, else none].
+        #[arg(long, value_name = "KEY")]
+        api_key: Option<String>,
+        /// Print the server's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Text on standard input to token ids, printed as a JSON array (of `{"id", "piece"}`
     /// objects with --pieces).
     Tokenize {
@@ -115,10 +149,10 @@ enum Command {
 /// model when neither is given).
 #[derive(clap::Args)]
 struct ModelPath {
-    /// The model directory (default: the default model compiled into k3-cli).
+    /// The model directory or a stored model's name (default: the default model compiled into k3-cli).
     #[arg(value_name = "MODEL")]
     path: Option<PathBuf>,
-    /// The model directory, as a switch (the same as the argument) [default: the default model].
+    /// The model directory or stored name, as a switch (the same as the argument) [default: the default model].
     #[arg(short = 'm', long = "model", value_name = "MODEL", conflicts_with = "path")]
     model: Option<PathBuf>,
 }
@@ -201,6 +235,12 @@ fn real_main() -> Result<ExitCode> {
         Command::Perplexity(a) => perplexity::run(a),
         Command::Lookahead(a) => lookahead::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::List { json } => models::list(json),
+        Command::Rm { names } => models::rm(&names),
+        Command::Ps { host, port, api_key, json } => {
+            let key = api_key.or_else(|| std::env::var("K3_API_KEY").ok().filter(|k| !k.is_empty()));
+            models::ps(&host, port, key.as_deref(), json)
+        },
         Command::Convert(a) => k3_cli::convert::run(a).map(|()| ExitCode::SUCCESS),
     }
 }

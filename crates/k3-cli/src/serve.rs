@@ -9,6 +9,7 @@ use k3_engine::budget::parse_size;
 use std::time::Duration;
 
 use k3_server::boundary::Boundary;
+use k3_server::catalog::Offer;
 use k3_server::image_budget::ImageLimits;
 use k3_server::reqlog::LogFormat;
 use k3_server::{Limits, ServerOptions};
@@ -23,12 +24,14 @@ use crate::run::{EngineKnobs, Needs, RUN_ACTIVATIONS};
      expert cache for every batched conversation; the ready line says how much]"
 )))]
 pub struct ServeArgs {
-    /// The model directory (default: the default model compiled into k3-cli).
+    /// Serve this one model (a directory, or a stored model's name), loaded at start [default:
+    /// none: every model in k3's store (`k3-cli list`) and the built-in one, `default`, each
+    /// loaded when a request names it, one in memory at a time].
     #[arg(short = 'm', long)]
     model: Option<PathBuf>,
-    /// The model's id in the API (`/v1/models`, the `model` of answers) [default: the model
-    /// directory's name, `default` for the default model].
-    #[arg(short = 'a', long, value_name = "NAME", value_parser = parse_alias)]
+    /// The --model's id in the API (`/v1/models`, the `model` of answers) [default: the model
+    /// directory's name].
+    #[arg(short = 'a', long, value_name = "NAME", value_parser = parse_alias, requires = "model")]
     alias: Option<String>,
     /// How the ready line and the line per request (id, prompt and cached tokens, time to first
     /// token, tok/s, finish reason) are written on standard error: `text` for a person, `json`
@@ -183,7 +186,20 @@ fn parse_alias(s: &str) -> Result<String, String> {
 }
 
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
-    let model_id = a.alias.clone().or_else(|| a.model.is_none().then(|| "default".to_string()));
+    // Without --model, the store's models and the built-in one, by name (the catalog).
+    let offers = match &a.model {
+        Some(_) => None,
+        None => {
+            let mut offers: Vec<Offer> =
+                k3_cli::store::list()?.into_iter().map(|m| Offer { id: m.name, path: m.dir }).collect();
+            offers.push(Offer { id: k3_cli::store::DEFAULT_NAME.into(), path: crate::default_model::path()? });
+            Some(offers)
+        }
+    };
+    let model_id = a.alias.clone().or_else(|| {
+        let named = a.model.as_ref().and_then(|m| m.to_str()).filter(|m| !std::path::Path::new(m).exists());
+        named.map(str::to_string)
+    });
     let model = crate::default_model::or_default(a.model.clone())?;
     let body_limit = usize::try_from(parse_size(&a.max_body).map_err(anyhow::Error::msg)?)?;
     let prompt_cache_ram = usize::try_from(parse_size(&a.prompt_cache_ram).map_err(anyhow::Error::msg)?)?;
@@ -254,12 +270,21 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
         if opts.boundary.bind.is_some_and(|ip| !ip.is_loopback()) && opts.boundary.api_keys.is_empty() {
             eprintln!("warning: listening beyond this machine with no --api-key: anyone who can reach {addr} can use the model");
         }
-        eprintln!(
-            "serving {} at http://{local}/v1 (OpenAI API; Ollama's at /api; /health answers 503 until the model is loaded){}",
-            opts.model.display(),
-            if opts.boundary.api_keys.is_empty() { "" } else { "; API key required" }
-        );
+        let key = if opts.boundary.api_keys.is_empty() { "" } else { "; API key required" };
         let limits = opts.limits;
+        if let Some(offers) = offers {
+            let names: Vec<&str> = offers.iter().map(|o| o.id.as_str()).collect();
+            eprintln!(
+                "serving {} at http://{local}/v1 (OpenAI API; Ollama's at /api): each loads when a request names it, one in memory at a time{key}",
+                names.join(", ")
+            );
+            let (router, status, board) = k3_server::catalog::app(opts, offers, None);
+            return k3_server::catalog::serve(listener, router, status, board, limits).await.map_err(anyhow::Error::new);
+        }
+        eprintln!(
+            "serving {} at http://{local}/v1 (OpenAI API; Ollama's at /api; /health answers 503 until the model is loaded){key}",
+            opts.model.display(),
+        );
         let (router, state) = k3_server::app(opts);
         // A model that cannot load ends the server with the reason, not a server answering 503.
         k3_server::serve(listener, router, state, limits).await.map_err(anyhow::Error::new)

@@ -11,6 +11,7 @@ pub mod answer;
 pub mod anthropic;
 pub mod api;
 pub mod boundary;
+pub mod catalog;
 pub mod error;
 pub mod histogram;
 pub mod image_budget;
@@ -111,6 +112,14 @@ impl ServerOptions {
 /// Starts loading the model on the scheduler thread and returns the routes at once (they answer
 /// 503 until it is loaded, or with the reason it failed).
 pub fn app(opts: ServerOptions) -> (Router, AppState) {
+    let (router, state) = model_app(opts);
+    let router = router.layer(axum::middleware::from_fn_with_state(state.boundary.clone(), boundary::check));
+    (router, state)
+}
+
+/// [`app`] without the boundary's checks: the routes of one model behind [`catalog`], which
+/// checks every request once before it picks the model.
+pub(crate) fn model_app(opts: ServerOptions) -> (Router, AppState) {
     let (jobs, rx) = mpsc::sync_channel(opts.queue.max(1));
     let body_limit = opts.body_limit;
     let status = Arc::new(Status::default());
@@ -170,7 +179,6 @@ pub fn app(opts: ServerOptions) -> (Router, AppState) {
         .route("/api/version", get(ollama::version))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(state.boundary.clone(), boundary::check))
         .layer(DefaultBodyLimit::disable())
         .with_state(state.clone());
     (router, state)
@@ -200,7 +208,8 @@ pub async fn serve(
     let signals = Arc::new(AtomicUsize::new(0));
     let counting = tokio::spawn(count_signals(signals.clone()).map_err(ServeError::Signals)?);
     // The router and the state hold the scheduler's channel: both go with `listen::serve`.
-    let served = listen::serve(listener, router, state, limits).await;
+    drop(state);
+    let served = listen::serve(listener, router, status.clone(), limits).await;
     if served.is_ok() && status.ready.load(Ordering::SeqCst) {
         let ended = async {
             while !status.ended.load(Ordering::SeqCst) && signals.load(Ordering::SeqCst) < 2 {

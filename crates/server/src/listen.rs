@@ -22,7 +22,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::state::AppState;
+use crate::status::Status;
 
 /// How long connections may take and how many there may be.
 #[derive(Debug, Clone, Copy)]
@@ -166,13 +166,13 @@ fn connection(
 
 /// Serves `router` on `listener` until a stop signal (then drains, see the module comment) or
 /// until the model fails to load (an error naming why).
-pub async fn serve(listener: TcpListener, router: Router, state: AppState, limits: Limits) -> Result<(), ServeError> {
+pub async fn serve(listener: TcpListener, router: Router, status: Arc<Status>, limits: Limits) -> Result<(), ServeError> {
     let mut stop = Stop::new().map_err(ServeError::Signals)?;
     let graceful = GracefulShutdown::new();
     let conns = Arc::new(Conns::default());
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_headers(128);
-    let failed = state.handle.status.clone();
+    let failed = status.clone();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -198,7 +198,6 @@ pub async fn serve(listener: TcpListener, router: Router, state: AppState, limit
         }
     }
     drop(listener);
-    let status = &state.handle.status;
     status.draining.store(true, Ordering::SeqCst);
     eprintln!("stopping: no new requests; answers under way may run {} s more", limits.drain.as_secs());
     let drained = async {
@@ -222,7 +221,7 @@ pub async fn serve(listener: TcpListener, router: Router, state: AppState, limit
 }
 
 /// Waits until the model's load has failed, with the reason.
-async fn model_failed(status: &crate::status::Status) -> String {
+async fn model_failed(status: &Status) -> String {
     loop {
         if let Some(why) = status.failed.lock().ok().and_then(|f| f.clone()) {
             return why;

@@ -37,20 +37,25 @@ pub struct Prepared {
 /// The body of `req`, read within the server's size and time limits: a declared length over the
 /// limit is a 413 before anything is read, a body that does not arrive in time a 408.
 pub(crate) async fn body(s: &AppState, req: Request) -> Result<Bytes, ApiError> {
+    read_body(req, s.body_limit, s.body_timeout).await
+}
+
+/// [`body`] within these limits.
+pub(crate) async fn read_body(req: Request, limit: usize, timeout: std::time::Duration) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is larger than this server accepts ({} bytes)", s.body_limit),
+            format!("the request body is larger than this server accepts ({limit} bytes)"),
         )
     };
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > s.body_limit as u64) {
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    match tokio::time::timeout(s.body_timeout, axum::body::to_bytes(req.into_body(), s.body_limit)).await {
+    match tokio::time::timeout(timeout, axum::body::to_bytes(req.into_body(), limit)).await {
         Err(_) => Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
-            format!("the request body did not arrive within {} s", s.body_timeout.as_secs()),
+            format!("the request body did not arrive within {} s", timeout.as_secs()),
         )),
         Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
         Ok(Err(e)) => Err(ApiError::new(StatusCode::BAD_REQUEST, format!("reading the request body: {e}"))),

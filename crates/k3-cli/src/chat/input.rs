@@ -11,6 +11,8 @@ pub enum Input {
     /// A terminal: rustyline, with the history file it loads and saves.
     Editor(Box<rustyline::DefaultEditor>, Option<PathBuf>),
     Piped(std::io::StdinLock<'static>),
+    /// One message from the command line, then the end.
+    Once(Option<String>),
 }
 
 impl Input {
@@ -35,13 +37,14 @@ impl Input {
     pub fn history(&self) -> Option<&std::path::Path> {
         match self {
             Input::Editor(_, h) => h.as_deref(),
-            Input::Piped(_) => None,
+            Input::Piped(_) | Input::Once(_) => None,
         }
     }
 
     /// The next line, `None` at the end of input.
     pub fn line(&mut self) -> Result<Option<String>> {
         match self {
+            Input::Once(m) => Ok(m.take()),
             Input::Piped(stdin) => {
                 eprint!("> ");
                 let mut line = String::new();

@@ -36,9 +36,17 @@ use turn::Turn;
 
 #[derive(clap::Args)]
 pub struct ChatArgs {
-    /// The model directory (default: the default model compiled into k3-cli).
-    #[arg(short = 'm', long)]
+    /// The model directory or a stored model's name, as a switch (the same as the argument).
+    #[arg(short = 'm', long, conflicts_with = "name")]
     model: Option<PathBuf>,
+    /// The model directory or a stored model's name (`k3-cli list`) [default: the default model
+    /// compiled into k3-cli].
+    #[arg(value_name = "MODEL")]
+    name: Option<PathBuf>,
+    /// One message: its answer is printed and the command ends (`ollama run NAME MESSAGE`)
+    /// [default: none: a conversation].
+    #[arg(value_name = "MESSAGE")]
+    message: Option<String>,
     /// A system prompt (/system TEXT changes it in the chat) [default: none, or the template's own].
     #[arg(long)]
     system: Option<String>,
@@ -169,7 +177,7 @@ impl Chat<'_> {
 }
 
 pub fn run(a: ChatArgs) -> Result<ExitCode> {
-    let path = crate::default_model::or_default(a.model.clone())?;
+    let path = crate::default_model::or_default(a.model.clone().or(a.name.clone()))?;
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok =
         k3_generate::model_tokenizer(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
@@ -190,7 +198,10 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
     let mut session = engine.session();
     let mut speculation = SpecStats::default();
     let style = Style::detect();
-    let mut input = Input::open()?;
+    let mut input = match &a.message {
+        Some(m) => Input::Once(Some(m.clone())),
+        None => Input::open()?,
+    };
     if let Input::Editor(..) = input {
         banner(&engine, &path, &chat, input.history(), style);
     }

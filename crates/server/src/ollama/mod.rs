@@ -16,12 +16,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use crate::about::About;
 use crate::answer::{self, Kind};
 use crate::api::{ChatRequest, CompletionRequest};
 use crate::error::ApiError;
 use crate::job::ModelInfo;
 use crate::request::{body, parse, prepared, prepared_bytes};
 use crate::state::AppState;
+use k3_engine::config::Family;
 use k3_generate::cache::Scope;
 use reply::Endpoint;
 use request::Generate;
@@ -124,28 +126,33 @@ fn check_model(asked: &str, info: &ModelInfo) -> Result<(), ApiError> {
 }
 
 /// The model's name as Ollama lists it (`NAME:latest`).
-fn name(info: &ModelInfo) -> String {
-    if info.id.contains(':') { info.id.clone() } else { format!("{}:latest", info.id) }
+fn name(id: &str) -> String {
+    if id.contains(':') { id.to_string() } else { format!("{id}:latest") }
 }
 
 /// `details` of `/api/tags` and `/api/show`.
-fn details(info: &ModelInfo) -> Value {
+fn details(family: Family, about: &About) -> Value {
     json!({
-        "parent_model": "", "format": "waste", "family": info.family.name(), "families": [info.family.name()],
-        "parameter_size": info.about.parameter_size(), "quantization_level": info.about.quantization,
+        "parent_model": "", "format": "waste", "family": family.name(), "families": [family.name()],
+        "parameter_size": about.parameter_size(), "quantization_level": about.quantization,
+    })
+}
+
+/// A model as `/api/tags` and `/api/ps` list it (loaded or not).
+pub(crate) fn listing_of(id: &str, family: Family, about: &About) -> Value {
+    use std::hash::{Hash, Hasher};
+    // An identifier of this model's files (not Ollama's sha256 of a blob).
+    let mut h = std::hash::DefaultHasher::new();
+    (id, about.bytes, about.modified, about.parameters).hash(&mut h);
+    json!({
+        "name": name(id), "model": name(id), "modified_at": rfc3339(about.modified, 0),
+        "size": about.bytes, "digest": format!("{:016x}", h.finish()), "details": details(family, about),
     })
 }
 
 /// The listing of the served model (`/api/tags` and `/api/ps`).
 fn listing(info: &ModelInfo) -> Value {
-    use std::hash::{Hash, Hasher};
-    // An identifier of this model's files (not Ollama's sha256 of a blob).
-    let mut h = std::hash::DefaultHasher::new();
-    (&info.id, info.about.bytes, info.about.modified, info.about.parameters).hash(&mut h);
-    json!({
-        "name": name(info), "model": name(info), "modified_at": rfc3339(info.about.modified, 0),
-        "size": info.about.bytes, "digest": format!("{:016x}", h.finish()), "details": details(info),
-    })
+    listing_of(&info.id, info.family, &info.about)
 }
 
 /// `GET /api/tags`: the one model served.
@@ -201,7 +208,7 @@ pub async fn show(State(s): State<AppState>, req: Request) -> Response {
             Ok(Json(json!({
                 "license": "", "modelfile": "", "parameters": parameters,
                 "template": info.about.template.clone().unwrap_or_default(),
-                "details": details(info),
+                "details": details(info.family, &info.about),
                 "model_info": {
                     "general.architecture": family, "general.parameter_count": info.about.parameters,
                     format!("{family}.context_length"): info.context, format!("{family}.embedding_length"): info.hidden,
@@ -223,7 +230,7 @@ pub(crate) fn now_rfc3339() -> String {
 }
 
 /// Unix seconds as `YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ` (Howard Hinnant's days-to-civil).
-fn rfc3339(secs: u64, nanos: u32) -> String {
+pub(crate) fn rfc3339(secs: u64, nanos: u32) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     let z = days + 719_468;

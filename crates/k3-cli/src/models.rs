@@ -1,0 +1,140 @@
+//! `list`, `rm` and `ps`: the model store and a running server's loaded model, as Ollama's users
+//! read them (a table for people, `--json` for programs).
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use indicatif::DecimalBytes;
+use k3_cli::store;
+
+/// `k3-cli list`.
+pub fn list(json: bool) -> Result<ExitCode> {
+    let stored = store::list()?;
+    if json {
+        let models: Vec<_> = stored
+            .iter()
+            .map(|m| serde_json::json!({"name": m.name, "path": m.dir, "bytes": m.bytes, "modified": m.modified}))
+            .collect();
+        println!("{}", serde_json::json!({"store": store::models_dir()?, "models": models}));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    println!("{:<32} {:>10}  {:<16} PATH", "NAME", "SIZE", "MODIFIED");
+    for m in &stored {
+        println!(
+            "{:<32} {:>10}  {:<16} {}",
+            m.name,
+            DecimalBytes(m.bytes).to_string(),
+            ago(now.saturating_sub(m.modified)),
+            m.dir.display()
+        );
+    }
+    println!("{:<32} {:>10}  {:<16} (built into k3-cli)", store::DEFAULT_NAME, "", "");
+    if stored.is_empty() {
+        eprintln!(
+            "no stored models in {}: `k3-cli convert --hf DIR --name NAME` keeps one there",
+            store::models_dir()?.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Seconds as Ollama's `MODIFIED` column says them.
+fn ago(secs: u64) -> String {
+    let (n, unit) = match secs {
+        0..60 => return "just now".into(),
+        60..3600 => (secs / 60, "minute"),
+        3600..86_400 => (secs / 3600, "hour"),
+        86_400..2_592_000 => (secs / 86_400, "day"),
+        _ => (secs / 2_592_000, "month"),
+    };
+    format!("{n} {unit}{} ago", if n == 1 { "" } else { "s" })
+}
+
+/// `k3-cli rm NAME...`: every name is checked before any is removed.
+pub fn rm(names: &[String]) -> Result<ExitCode> {
+    for n in names {
+        if store::find(n)?.is_none() {
+            store::remove(n)?; // says why: the built-in model, or no such name
+        }
+    }
+    for n in names {
+        let dir = store::remove(n)?;
+        println!("deleted '{n}' ({})", dir.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `k3-cli ps`: what a running server has loaded (its `/api/ps`).
+pub fn ps(host: &str, port: u16, key: Option<&str>, json: bool) -> Result<ExitCode> {
+    let body = get(host, port, "/api/ps", key)?;
+    let v: serde_json::Value =
+        serde_json::from_str(&body).with_context(|| format!("{host}:{port}/api/ps did not answer JSON"))?;
+    if json {
+        println!("{v}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    // A model stays loaded until a request names another (or the server stops).
+    println!("{:<32} {:>10}  {:<10} PROCESSOR", "NAME", "SIZE", "STATE");
+    for m in v["models"].as_array().into_iter().flatten() {
+        let size = m["size"].as_u64().map_or_else(String::new, |b| DecimalBytes(b).to_string());
+        println!("{:<32} {:>10}  {:<10} 100% CPU", m["name"].as_str().unwrap_or("?"), size, "loaded");
+    }
+    for name in v["loading"].as_array().into_iter().flatten().filter_map(|n| n.as_str()) {
+        println!("{name:<32} {:>10}  {:<10} 100% CPU", "", "loading");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A GET on a local server, over one HTTP/1.1 connection; the body of a 200.
+fn get(host: &str, port: u16, path: &str, key: Option<&str>) -> Result<String> {
+    let addr = format!("{host}:{port}");
+    let mut s = std::net::TcpStream::connect(&addr)
+        .with_context(|| format!("no k3 server at {addr} (start one with `k3-cli serve`)"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let auth = key.map_or_else(String::new, |k| format!("Authorization: Bearer {k}\r\n"));
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n")?;
+    let mut raw = Vec::new();
+    s.take(16 << 20).read_to_end(&mut raw).with_context(|| format!("reading {addr}{path}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").context("the server's answer has no body")?;
+    let status = head.split_whitespace().nth(1).unwrap_or("?");
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.into() };
+    if status != "200" {
+        bail!("{addr}{path} answered {status}: {}", body.trim());
+    }
+    Ok(body)
+}
+
+/// A chunked body's data.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let (Some(data), Some(next)) = (rest.get(..n), rest.get(n..)) else { break };
+        if n == 0 {
+            break;
+        }
+        out.push_str(data);
+        body = next.trim_start_matches("\r\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ages_read_as_ollama_says_them() {
+        assert_eq!(super::ago(5), "just now");
+        assert_eq!(super::ago(60), "1 minute ago");
+        assert_eq!(super::ago(7200), "2 hours ago");
+        assert_eq!(super::ago(86_400 * 3), "3 days ago");
+    }
+
+    #[test]
+    fn chunked_bodies_are_joined() {
+        assert_eq!(super::dechunk("4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n"), "Wikipedia");
+    }
+}

@@ -1,0 +1,220 @@
+//! Models by name: a server that offers several models (the CLI's model store) and keeps one
+//! resident at a time, as Ollama does with one model in memory. A request names its model (the
+//! `model` field, `name` for `/api/show`); one for the resident model goes straight to its
+//! routes ([`crate::app`]'s, without the boundary, which this router checks once); one for another
+//! model waits in a queue while the resident model's answers under way finish, its scheduler
+//! ends (its prompt cache written out), and the asked model loads, then goes on to that model's
+//! routes. Requests that name no model go to the resident one.
+//!
+//! `/v1/models` and `/api/tags` list every model offered, loaded or not; `/api/ps` the one that
+//! is loaded (and, as `loading`, one being loaded).
+
+mod switch;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::ServerOptions;
+use crate::error::{ApiError, Shape};
+use crate::status::Status;
+pub use switch::Board;
+
+/// One model offered by name.
+#[derive(Debug, Clone)]
+pub struct Offer {
+    /// The name clients send (`NAME:latest` finds `NAME`).
+    pub id: String,
+    pub path: PathBuf,
+}
+
+/// The catalog's state, shared by its handlers.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    board: Arc<Board>,
+    body_limit: usize,
+    body_timeout: std::time::Duration,
+    created: u64,
+}
+
+/// The router offering `offers`, with `first` loading at once if given (the rest load when asked
+/// for), the status the listener stops by, and the board [`serve`] needs.
+pub fn app(opts: ServerOptions, offers: Vec<Offer>, first: Option<usize>) -> (Router, Arc<Status>, Arc<Board>) {
+    let boundary = Arc::new(opts.boundary.clone());
+    let (body_limit, body_timeout) = (opts.body_limit, opts.limits.body_timeout);
+    let board = Board::new(opts, offers, first);
+    let status = board.status();
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let c = Catalog { board: board.clone(), body_limit, body_timeout, created };
+    let router = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/api/tags", get(tags))
+        .route("/api/ps", get(ps))
+        .route("/health", get(health))
+        .route("/", get(crate::page::chat))
+        .fallback(forward)
+        .layer(axum::middleware::from_fn_with_state(boundary, crate::boundary::check))
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(c);
+    (router, status, board)
+}
+
+/// The paths whose JSON body names the model that answers.
+fn names_a_model(method: &Method, path: &str) -> bool {
+    method == Method::POST
+        && matches!(
+            path,
+            "/v1/chat/completions"
+                | "/v1/completions"
+                | "/v1/responses"
+                | "/v1/messages"
+                | "/v1/messages/count_tokens"
+                | "/api/chat"
+                | "/api/generate"
+                | "/api/show"
+        )
+}
+
+/// The model a body names (`model`, or Ollama's older `name`); `None` for none, or for a body
+/// that is not JSON (the model's routes answer that with the usual 400).
+fn asked(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        #[serde(default)]
+        model: Option<Value>,
+        #[serde(default)]
+        name: Option<Value>,
+    }
+    let n: Named = serde_json::from_slice(body).ok()?;
+    let m = n.model.or(n.name)?;
+    m.as_str().filter(|s| !s.is_empty()).map(str::to_string)
+}
+
+/// Every other route: to the model the request names (loaded first if need be), or to the
+/// resident one.
+async fn forward(State(c): State<Catalog>, req: Request) -> Response {
+    let shape = Shape::of_path(req.uri().path());
+    let (parts, body) = req.into_parts();
+    let (name, body) = if names_a_model(&parts.method, parts.uri.path()) {
+        let bytes = match crate::request::read_body(Request::from_parts(parts.clone(), body), c.body_limit, c.body_timeout).await
+        {
+            Ok(b) => b,
+            Err(e) => return e.shaped(shape),
+        };
+        (asked(&bytes), Body::from(bytes))
+    } else {
+        (None, body)
+    };
+    let resident = match c.board.resident(name.as_deref()).await {
+        Ok(r) => r,
+        Err(e) => return e.shaped(shape),
+    };
+    match resident.router.clone().oneshot(Request::from_parts(parts, body)).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    }
+}
+
+/// `GET /health`: the server is up (a request for any model offered is queued while it loads);
+/// which model is loaded, if any.
+async fn health(State(c): State<Catalog>) -> Json<Value> {
+    let loaded = c.board.loaded();
+    let ready = loaded.as_ref().and_then(|r| r.ready_info()).map(|i| i.id);
+    let loading = loaded.filter(|_| ready.is_none()).map(|r| r.id.clone());
+    Json(json!({"status": "ok", "loaded": ready, "loading": loading}))
+}
+
+/// Serves the catalog's router as [`crate::listen::serve`] does; at a stop, waits (at most
+/// [`crate::STOP_FLUSH`] and a little more) for the resident model's scheduler to end, its
+/// prompt cache written out.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    status: Arc<Status>,
+    board: Arc<Board>,
+    limits: crate::Limits,
+) -> Result<(), crate::ServeError> {
+    let spreading = board.clone();
+    let spread = tokio::spawn(async move { spreading.propagate().await });
+    let served = crate::listen::serve(listener, router, status, limits).await;
+    if !board.stop(crate::STOP_FLUSH + std::time::Duration::from_secs(5)).await {
+        eprintln!("stopping: the prompt cache's states were not all written within {} s", crate::STOP_FLUSH.as_secs());
+    }
+    spread.abort();
+    served
+}
+
+/// `GET /v1/models`: every model offered.
+async fn models(State(c): State<Catalog>) -> Json<Value> {
+    let data: Vec<Value> = c.board.offers().iter().map(|o| model_object(&c, &o.id)).collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+fn model_object(c: &Catalog, id: &str) -> Value {
+    let mut v = json!({"id": id, "object": "model", "created": c.created, "owned_by": "k3"});
+    if let Some(info) = c.board.loaded().filter(|r| r.id == id).and_then(|r| r.state.info.get().cloned()) {
+        v["family"] = json!(info.family.name());
+        v["context_length"] = json!(info.context);
+        v["vocab_size"] = json!(info.vocab);
+        v["layers"] = json!(info.layers);
+        v["hidden_size"] = json!(info.hidden);
+    }
+    v
+}
+
+/// `GET /v1/models/{id}`.
+async fn model(State(c): State<Catalog>, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    match c.board.find(&id) {
+        Some(i) => Json(model_object(&c, &c.board.offers()[i].id)).into_response(),
+        None => c.board.unknown(&id).shaped(Shape::OpenAi),
+    }
+}
+
+/// `GET /api/tags`: every model offered, described from its files (read once, off the async
+/// workers: a model's header and tokenizer).
+async fn tags(State(c): State<Catalog>) -> Response {
+    let board = c.board.clone();
+    match tokio::task::spawn_blocking(move || board.listings()).await {
+        Ok(models) => Json(json!({"models": models})).into_response(),
+        Err(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "listing the models failed").shaped(Shape::Ollama),
+    }
+}
+
+/// `GET /api/ps`: the model loaded, if one is; one being loaded is named under `loading`.
+async fn ps(State(c): State<Catalog>) -> Response {
+    let board = c.board.clone();
+    let loaded = board.loaded();
+    let ready = loaded.as_ref().and_then(|r| r.ready_info());
+    let models: Vec<Value> = ready
+        .iter()
+        .map(|info| {
+            let mut m = crate::ollama::listing_of(&info.id, info.family, &info.about);
+            m["size_vram"] = json!(0);
+            m
+        })
+        .collect();
+    let loading: Vec<&str> = loaded.iter().filter(|_| ready.is_none()).map(|r| r.id.as_str()).collect();
+    Json(json!({"models": models, "loading": loading})).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_model_is_read_from_the_body() {
+        assert_eq!(super::asked(br#"{"model": "k3", "messages": []}"#).as_deref(), Some("k3"));
+        assert_eq!(super::asked(br#"{"name": "k2:latest"}"#).as_deref(), Some("k2:latest"));
+        assert_eq!(super::asked(br#"{"model": ""}"#), None);
+        assert_eq!(super::asked(br#"{"model": 3}"#), None);
+        assert_eq!(super::asked(b"not json"), None);
+    }
+}

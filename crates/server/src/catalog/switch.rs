@@ -1,0 +1,263 @@
+//! Which model is resident, and the switch from one to another: one switch at a time (a FIFO
+//! lock, so requests for other models queue in arrival order), the old model's scheduler ended
+//! before the new one loads (one model's memory at a time), and a switch runs as its own task,
+//! so a client that leaves while it waits cannot stop it half way.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use super::Offer;
+use crate::ServerOptions;
+use crate::error::ApiError;
+use crate::job::ModelInfo;
+use crate::state::AppState;
+use crate::status::Status;
+
+/// A model loaded (or loading): its routes and their state.
+#[derive(Debug)]
+pub struct Resident {
+    pub id: String,
+    pub(crate) router: Router,
+    pub(crate) state: AppState,
+}
+
+impl Resident {
+    /// Its shape, once it is ready.
+    pub(crate) fn ready_info(&self) -> Option<ModelInfo> {
+        self.state.ready().ok().map(|(i, _)| i.clone())
+    }
+
+    fn status(&self) -> &Arc<Status> {
+        &self.state.handle.status
+    }
+
+    /// Loaded, or failed to: nothing more to wait for.
+    fn settled(&self) -> bool {
+        self.status().ready.load(Ordering::SeqCst) || self.status().failure().is_some()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Now {
+    current: Option<Arc<Resident>>,
+    /// Schedulers of models let go whose threads have not yet ended.
+    retiring: Vec<Arc<Status>>,
+}
+
+/// The models offered and the one resident.
+#[derive(Debug)]
+pub struct Board {
+    opts: ServerOptions,
+    offers: Vec<Offer>,
+    /// `/api/tags`' entry for each offer, read from its files once.
+    listed: Vec<OnceLock<Option<Value>>>,
+    /// The server's own status: the listener's stop sets `draining` and `cut` here, and
+    /// [`Board::propagate`] passes them on to the resident model.
+    status: Arc<Status>,
+    now: Mutex<Now>,
+    switching: tokio::sync::Mutex<()>,
+}
+
+/// How often a waiter looks at a loading model or a retiring scheduler.
+const POLL: Duration = Duration::from_millis(20);
+
+impl Board {
+    /// The board, with `offers[first]` starting to load if given (else none until asked for).
+    pub(crate) fn new(opts: ServerOptions, offers: Vec<Offer>, first: Option<usize>) -> Arc<Board> {
+        let listed = offers.iter().map(|_| OnceLock::new()).collect();
+        let board = Board {
+            opts,
+            offers,
+            listed,
+            status: Arc::new(Status::default()),
+            now: Mutex::default(),
+            switching: tokio::sync::Mutex::new(()),
+        };
+        if let Some(first) = first.filter(|&f| f < board.offers.len()) {
+            let r = board.load(first);
+            board.now().current = Some(r);
+        }
+        // The listener's status is ready from the start: a model's load failing answers its
+        // requests with the reason, not the whole server.
+        board.status.ready.store(true, Ordering::SeqCst);
+        Arc::new(board)
+    }
+
+    pub(crate) fn status(&self) -> Arc<Status> {
+        self.status.clone()
+    }
+
+    pub fn offers(&self) -> &[Offer] {
+        &self.offers
+    }
+
+    fn now(&self) -> std::sync::MutexGuard<'_, Now> {
+        self.now.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The resident model, loaded or loading.
+    pub fn loaded(&self) -> Option<Arc<Resident>> {
+        self.now().current.clone()
+    }
+
+    /// The offer `name` means (`NAME:latest` is `NAME`).
+    pub fn find(&self, name: &str) -> Option<usize> {
+        let bare = name.strip_suffix(":latest").unwrap_or(name);
+        self.offers.iter().position(|o| o.id == name || o.id == bare)
+    }
+
+    /// A 404 naming what is offered.
+    pub(crate) fn unknown(&self, name: &str) -> ApiError {
+        let ids: Vec<&str> = self.offers.iter().map(|o| o.id.as_str()).collect();
+        ApiError::new(StatusCode::NOT_FOUND, format!("model '{name}' not found; this server offers: {}", ids.join(", ")))
+            .with_code("model_not_found")
+    }
+
+    fn load(&self, i: usize) -> Arc<Resident> {
+        let o = &self.offers[i];
+        let opts = ServerOptions { model: o.path.clone(), model_id: Some(o.id.clone()), ..self.opts.clone() };
+        let (router, state) = crate::model_app(opts);
+        if self.status.draining.load(Ordering::SeqCst) {
+            state.handle.status.draining.store(true, Ordering::SeqCst);
+        }
+        Arc::new(Resident { id: o.id.clone(), router, state })
+    }
+
+    /// The model to answer a request naming `name` (the resident one for none), once it has
+    /// loaded or failed to (its routes then say why); another model is switched to first.
+    pub(crate) async fn resident(self: &Arc<Self>, name: Option<&str>) -> Result<Arc<Resident>, ApiError> {
+        let want = match name {
+            Some(n) => Some(self.find(n).ok_or_else(|| self.unknown(n))?),
+            None => None,
+        };
+        let current = self.loaded();
+        // No model named: the resident one, else the first offered.
+        let want_or_current = want.or_else(|| current.as_ref().and_then(|r| self.find(&r.id)));
+        let hit = match (&current, want) {
+            (Some(r), None) => r.status().failure().is_none(),
+            (Some(r), Some(i)) => r.id == self.offers[i].id && r.status().failure().is_none(),
+            (None, _) => false,
+        };
+        // The old model is not held while waiting: its scheduler ends only once nothing holds it.
+        let r = match current.filter(|_| hit) {
+            Some(r) => r,
+            None => {
+                let board = self.clone();
+                let i = want_or_current.unwrap_or(0);
+                tokio::spawn(async move { board.switch_to(i).await })
+                    .await
+                    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "switching models failed"))??
+            }
+        };
+        while !r.settled() {
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(r)
+    }
+
+    /// Makes `offers[i]` the resident model: the old one's scheduler ends first.
+    async fn switch_to(self: Arc<Self>, i: usize) -> Result<Arc<Resident>, ApiError> {
+        let _one_at_a_time = self.switching.lock().await;
+        if let Some(r) = self.loaded().filter(|r| r.id == self.offers[i].id && r.status().failure().is_none()) {
+            return Ok(r);
+        }
+        if self.status.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"));
+        }
+        {
+            let mut now = self.now();
+            if let Some(old) = now.current.take() {
+                eprintln!("unloading {} to load {}", old.id, self.offers[i].id);
+                now.retiring.push(old.status().clone());
+            }
+        }
+        // Answers under way on the old model finish; its prompt cache goes to disk.
+        self.retired().await;
+        let r = self.load(i);
+        self.now().current = Some(r.clone());
+        Ok(r)
+    }
+
+    /// Waits until every scheduler let go has ended.
+    async fn retired(&self) {
+        loop {
+            let left = {
+                let mut now = self.now();
+                now.retiring.retain(|s| !s.ended.load(Ordering::SeqCst));
+                now.retiring.len()
+            };
+            if left == 0 {
+                return;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Passes the listener's stop on to the resident model until the server ends.
+    pub(crate) async fn propagate(&self) {
+        loop {
+            if let Some(r) = self.loaded() {
+                for (from, to) in
+                    [(&self.status.draining, &r.status().draining), (&self.status.cut, &r.status().cut)]
+                {
+                    if from.load(Ordering::SeqCst) {
+                        to.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// At a stop: lets the resident model go and waits (at most `within`) for its scheduler to
+    /// end; false if it did not.
+    pub(crate) async fn stop(&self, within: Duration) -> bool {
+        if let Some(old) = self.now().current.take() {
+            let loaded = old.status().ready.load(Ordering::SeqCst);
+            let status = old.status().clone();
+            drop(old);
+            if loaded {
+                self.now().retiring.push(status);
+            }
+        }
+        tokio::time::timeout(within, self.retired()).await.is_ok()
+    }
+
+    /// `/api/tags`' entries: the resident model's from what it loaded, the others' from their
+    /// files (read once; a model that cannot be read is left out, with a warning).
+    pub(crate) fn listings(&self) -> Vec<Value> {
+        let ready = self.loaded().and_then(|r| r.ready_info());
+        let mut out = Vec::new();
+        for (o, listed) in self.offers.iter().zip(&self.listed) {
+            if let Some(info) = ready.as_ref().filter(|i| i.id == o.id) {
+                out.push(crate::ollama::listing_of(&info.id, info.family, &info.about));
+                continue;
+            }
+            let v = listed.get_or_init(|| match describe(o, &self.opts.open) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    eprintln!("warning: {} ({}) is not listed: {e}", o.id, o.path.display());
+                    None
+                }
+            });
+            out.extend(v.clone());
+        }
+        out
+    }
+}
+
+/// A model's `/api/tags` entry from its files: header, config and tokenizer.
+fn describe(o: &Offer, open: &k3_engine::OpenOptions) -> Result<Value, String> {
+    let model = k3_engine::Model::open_with(&o.path, open).map_err(|e| e.to_string())?;
+    let raw = model.blob("config.json").ok_or("the model embeds no config.json")?;
+    let cfg = k3_engine::config::ModelConfig::parse(std::path::Path::new("config.json"), raw)
+        .map_err(|e| e.to_string())?;
+    let tok = k3_generate::model_tokenizer(&model).transpose().map_err(|e| e.to_string())?;
+    let about = crate::about::About::of(&model, tok.as_ref(), cfg.family);
+    Ok(crate::ollama::listing_of(&o.id, cfg.family, &about))
+}
