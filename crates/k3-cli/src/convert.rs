@@ -50,7 +50,7 @@ pub struct ConvertArgs {
     /// trunk, BF16 or MXFP4 experts; checked whole first).
     #[arg(long, visible_alias = "from")]
     pub hf: PathBuf,
-    /// The WASTE model directory to create (or to resume).
+    /// The WASTE model directory to create (or to resume) [default: none: give --out or --name].
     #[arg(long, required_unless_present = "name", conflicts_with = "name")]
     pub out: Option<PathBuf>,
     /// Keep the model in k3's model store under this name (`<data dir>/models/NAME`), for

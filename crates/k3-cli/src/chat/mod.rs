@@ -36,7 +36,8 @@ use turn::Turn;
 
 #[derive(clap::Args)]
 pub struct ChatArgs {
-    /// The model directory or a stored model's name, as a switch (the same as the argument).
+    /// The model directory or a stored model's name, as a switch (the same as the argument)
+    /// [default: the default model].
     #[arg(short = 'm', long, conflicts_with = "name")]
     model: Option<PathBuf>,
     /// The model directory or a stored model's name (`k3-cli list`) [default: the default model

@@ -20,6 +20,13 @@ impl Server {
         Self::spawn(super::bin(), args)
     }
 
+    /// As [`start`](Self::start), with its models' store in `data_dir`.
+    pub fn start_in(data_dir: &std::path::Path, args: &[&str]) -> Server {
+        let mut c = super::bin();
+        c.env("K3_DATA_DIR", data_dir);
+        Self::spawn(c, args)
+    }
+
     /// As [`start`](Self::start), run through `wrapper` (e.g. `prlimit --nofile=256:`).
     pub fn wrapped(wrapper: &[&str], args: &[&str]) -> Server {
         let mut c = std::process::Command::new(wrapper[0]);

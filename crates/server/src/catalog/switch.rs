@@ -217,7 +217,8 @@ impl Board {
     /// At a stop: lets the resident model go and waits (at most `within`) for its scheduler to
     /// end; false if it did not.
     pub(crate) async fn stop(&self, within: Duration) -> bool {
-        if let Some(old) = self.now().current.take() {
+        let current = self.now().current.take();
+        if let Some(old) = current {
             let loaded = old.status().ready.load(Ordering::SeqCst);
             let status = old.status().clone();
             drop(old);
