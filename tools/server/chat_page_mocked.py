@@ -124,19 +124,25 @@ def hostile(page, base):
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     canned = Canned(page, base)
     # The checks can see what they look for: the sentinel records a call, and the DOM check
-    # reports an element with an event attribute put into an answer.
+    # reports an element it forbids put into an answer.
     page.evaluate("pwn(-1)")
     page.wait_for_timeout(100)
     assert hits == [-1], hits
     hits.clear()
     ask(page, "canary")
-    page.evaluate("""() => {
-      const img = document.createElement("img");
-      img.setAttribute("onerror", "pwn(-2)");
-      document.querySelector("#log .assistant .answer").appendChild(img);
+    # Trusted Types (the page's policy) refuse even to set an event attribute from script.
+    refused = page.evaluate("""() => {
+      try { document.createElement("img").setAttribute("onerror", "pwn(-2)"); return false; } catch (e) { return e instanceof TypeError; }
     }""")
-    assert page.evaluate(BAD_DOM) == ["element IMG", "IMG attribute onerror"], page.evaluate(BAD_DOM)
-    assert not hits, "the page's policy let an inline event handler run"
+    assert refused, "an event attribute could be set"
+    page.evaluate("""() => {
+      const frame = document.createElement("iframe");
+      frame.className = "x";
+      document.querySelector("#log .assistant .answer").appendChild(frame);
+    }""")
+    assert page.evaluate(BAD_DOM) == ["element IFRAME", "in the log: IFRAME"], page.evaluate(BAD_DOM)
+    page.evaluate("document.querySelector('#log iframe').remove()")
+    assert not hits
     for name, reasoning, pieces in HOSTILE:
         canned.body = sse(pieces, reasoning)
         ask(page, f"hostile: {name}")

@@ -104,6 +104,10 @@ def settings_and_answer(p, shot):
     page = p.page
     expect(page.locator("#model")).to_have_text("default")
     expect(page.locator("#attach")).to_be_hidden()
+    # A pasted image is not taken by a model that cannot read it.
+    dt = page.evaluate_handle(FILE_JS, base64.b64encode(png()).decode())
+    page.evaluate(PASTE_JS, dt)
+    expect(page.locator("#thumbs .thumb")).to_have_count(0)
     setting(page, "#system", "You are terse.")
     setting(page, "#temperature", "0.3")
     setting(page, "#top_p", "0.9")
@@ -128,11 +132,11 @@ def settings_and_answer(p, shot):
     assert "reasoning_effort" not in body, "no thinking switch for a model without one"
     expect(page.locator(".user .text")).to_have_text("In the beginning")
     answer = page.locator(".assistant .answer").first
-    assert answer.inner_text().strip(), "an answer rendered"
+    stored = page.evaluate("JSON.parse(localStorage.getItem('k3-conversations'))[0].messages[1].text")
+    assert stored.strip() and page.evaluate("document.querySelector('.assistant .answer').childNodes.length"), f"an answer rendered: {stored!r}"
     expect(page.locator(".note")).to_contain_text("cut at its length limit")
     meta = page.locator(".assistant .meta").first
     expect(meta).to_contain_text("8 tokens")
-    expect(meta).to_contain_text("tok/s (timed in the browser)")
     expect(meta).to_contain_text("prompt ")
     seen = page.evaluate("window.__progress")
     assert any(s.startswith("Reading the prompt: ") for s in seen), f"no progress shown: {seen}"
@@ -146,6 +150,8 @@ def stop_regenerate_edit(p):
     expect(page.locator(".assistant .answer").nth(1)).not_to_be_empty(timeout=60_000)
     page.click("#stop")
     expect(page.locator(".note").last).to_have_text("(stopped)")
+    # A stopped answer streamed for a while: its rate, timed in the browser.
+    expect(page.locator(".assistant .meta").nth(1)).to_contain_text("tok/s (timed in the browser)")
     expect(page.locator("#send")).to_be_visible()
     # Regenerate drops the stopped answer and asks again for the same conversation.
     setting(page, "#max", "6")
@@ -213,37 +219,50 @@ def new_chat_while_streaming(p) -> None:
     print("chat page: new chat while streaming ok")
 
 
-def thinking(browser, cli, model, shot):
-    """A K3 thinking model: thinking shown apart and collapsed; the switch and effort sent."""
+def thinking(browser, cli, model):
+    """A model that thinks between <think> tags (no switch on its chat format): its thinking
+    shows apart, collapsed, and no thinking switch is offered or sent."""
     with serve(cli, model) as base:
         p = Page(browser, base)
         page = p.page
-        expect(page.locator("#thinking")).to_be_enabled()
-        setting(page, "#max", "50")
-        setting(page, "#allowance", "100")
-        expect(page.locator("#max-note")).to_contain_text("max_tokens = max answer tokens + thinking allowance (100) = 150")
-        panel(page, False)
+        expect(page.locator("#model")).to_have_text("tool-caller")
+        expect(page.locator("#thinking")).to_be_disabled()
         send(page, "Weather?")
-        assert (p.sent[-1]["reasoning_effort"], p.sent[-1]["max_tokens"]) == ("max", 150), p.sent[-1]
+        assert "reasoning_effort" not in p.sent[-1], p.sent[-1]
         details = page.locator(".assistant details")
         expect(details).to_have_count(1)
         assert details.get_attribute("open") is None, "thinking starts collapsed"
         assert "The user wants the weather." in details.locator(".thought").text_content()
         expect(page.locator(".assistant .answer")).to_contain_text("Let me check the weather.")
-        panel(page, True)
-        page.uncheck("#thinking")
-        setting(page, "#effort", "low")
-        expect(page.locator("#max-note")).to_have_text("max_tokens is the answer's limit (50).")
-        page.click("#new")
-        send(page, "Weather?")
-        assert (p.sent[-1]["reasoning_effort"], p.sent[-1]["max_tokens"]) == ("none", 50), p.sent[-1]
-        page.check("#thinking")
-        send(page, "Weather again?")
-        assert (p.sent[-1]["reasoning_effort"], p.sent[-1]["max_tokens"]) == ("low", 150), p.sent[-1]
-        page.click(".assistant details summary")
-        page.screenshot(path=shot.replace(".png", "-settings.png"), full_page=True)
         p.close()
-        print("chat page: thinking shown apart (collapsed), switch, effort and max_tokens sent ok")
+        print("chat page: thinking shown apart (collapsed), no switch for a model without one ok")
+
+
+def k3_thinking(p, shot):
+    """K3's thinking switch and effort are sent as reasoning_effort; max_tokens is the answer's
+    plus the thinking allowance while thinking is on, as the page says."""
+    page = p.page
+    expect(page.locator("#thinking")).to_be_enabled()
+    setting(page, "#max", "6")
+    setting(page, "#allowance", "20")
+    expect(page.locator("#max-note")).to_contain_text("max_tokens = max answer tokens + thinking allowance (20) = 26")
+    page.screenshot(path=shot.replace(".png", "-settings.png"))
+    send(page, "Think first")
+    assert (p.sent[-1]["reasoning_effort"], p.sent[-1]["max_tokens"]) == ("max", 26), p.sent[-1]
+    page.uncheck("#thinking")
+    expect(page.locator("#max-note")).to_have_text("max_tokens is the answer's limit (6).")
+    page.click("#new")
+    send(page, "No thinking")
+    assert (p.sent[-1]["reasoning_effort"], p.sent[-1]["max_tokens"]) == ("none", 6), p.sent[-1]
+    page.check("#thinking")
+    page.select_option("#effort", "low")
+    page.click("#new")
+    send(page, "Think a little")
+    assert (p.sent[-1]["reasoning_effort"], p.sent[-1]["max_tokens"]) == ("low", 26), p.sent[-1]
+    page.uncheck("#thinking")
+    panel(page, False)
+    page.click("#new")
+    print("chat page: K3's thinking switch, effort and max_tokens (answer + allowance) sent ok")
 
 
 def png(width=48, height=32):
@@ -264,6 +283,10 @@ FILE_JS = """(b64) => {
 }"""
 
 
+PASTE_JS = """(dt) => document.getElementById("prompt").dispatchEvent(
+  new ClipboardEvent("paste", { clipboardData: dt, bubbles: true, cancelable: true }))"""
+
+
 def images(browser, cli, model, shot):
     """A model that reads images: by button, paste and drop, thumbnails, sent as data URLs."""
     data = png()
@@ -272,10 +295,11 @@ def images(browser, cli, model, shot):
         p = Page(browser, base)
         page = p.page
         expect(page.locator("#vision")).to_be_visible()
+        k3_thinking(p, shot)
         page.set_input_files("#file", files=[{"name": "pic.png", "mimeType": "image/png", "buffer": data}])
         expect(page.locator("#thumbs .thumb")).to_have_count(1)
         dt = page.evaluate_handle(FILE_JS, b64)
-        page.evaluate("(dt) => document.getElementById('prompt').dispatchEvent(new ClipboardEvent('paste', { clipboardData: dt, bubbles: true, cancelable: true }))", dt)
+        page.evaluate(PASTE_JS, dt)
         expect(page.locator("#thumbs .thumb")).to_have_count(2)
         page.dispatch_event("#log", "dragover", {"dataTransfer": dt})
         page.dispatch_event("#log", "drop", {"dataTransfer": dt})
@@ -284,9 +308,6 @@ def images(browser, cli, model, shot):
         expect(page.locator("#thumbs .thumb")).to_have_count(2)
         page.dispatch_event("#log", "drop", {"dataTransfer": dt})
         expect(page.locator("#thumbs .thumb")).to_have_count(3)
-        setting(page, "#max", "6")
-        page.uncheck("#thinking")
-        panel(page, False)
         send(page, "What is in these pictures?")
         parts = p.sent[-1]["messages"][-1]["content"]
         assert parts[0] == {"type": "text", "text": "What is in these pictures?"}, parts
@@ -294,7 +315,7 @@ def images(browser, cli, model, shot):
         assert urls == ["data:image/png;base64," + b64] * 3, [u[:40] for u in urls]
         expect(page.locator(".user .images .thumb")).to_have_count(3)
         expect(page.locator(".error")).to_have_count(0)
-        expect(page.locator(".assistant .meta")).to_contain_text("tok/s")
+        expect(page.locator(".assistant .meta")).to_contain_text("6 tokens")
         page.screenshot(path=shot.replace(".png", "-images.png"), full_page=True)
         p.close()
         print("chat page: images by button, paste and drop, thumbnails, sent as data URLs, answered ok")
@@ -325,7 +346,7 @@ def main() -> None:
             p.close()
             mocked_pages(browser, base, shot)
         if len(sys.argv) > 4:
-            thinking(browser, cli, sys.argv[4], shot)
+            thinking(browser, cli, sys.argv[4])
         if len(sys.argv) > 5:
             images(browser, cli, sys.argv[5], shot)
         browser.close()

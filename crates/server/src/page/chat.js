@@ -231,8 +231,9 @@ function progressNode(p) {
 }
 
 // The answer's figures. The server sends token counts (usage) and the prompt's progress with
-// its own times; the generation rate is timed here, from when the prompt was read to the last
-// token, so it includes the network and says so.
+// its own times; the generation rate is timed here, from the network read that brought the
+// prompt's end (else the first token) to the one that brought the last token, so it includes
+// the network and says so. Tokens that all came in one read give no rate.
 function stats(t) {
   const parts = [];
   const n = t.usage ? t.usage.completion_tokens : t.deltas;
@@ -279,16 +280,15 @@ async function answer() {
     liveNodes.set(m, el("div", "meta", "Reading the prompt…"));
     later();
     await K3Stream.read(r, {
-      progress(p) {
+      progress(p, at) {
         t.progress = p;
-        if (p.processed >= p.total) t.promptDone = performance.now();
+        if (p.processed >= p.total) t.promptDone = at;
         liveNodes.set(m, progressNode(p));
         // Drawn at once: there are few (one per prefill step) and the first token may follow fast.
         if (timer) clearTimeout(timer);
         draw();
       },
-      delta(d) {
-        const now = performance.now();
+      delta(d, now) {
         if (!t.firstDelta) { t.firstDelta = now; liveNodes.set(m, el("div", "meta", t.progress ? `Prompt read (${t.progress.total} tokens); writing…` : "Writing…")); }
         t.lastDelta = now;
         t.deltas++;

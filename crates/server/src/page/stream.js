@@ -40,31 +40,33 @@ const K3Stream = (() => {
     return b;
   }
 
-  // Reads an SSE response, calling on.progress(prompt_progress), on.delta({content,
-  // reasoning}), on.finish(reason), on.usage(usage); an error chunk throws.
+  // Reads an SSE response, calling on.progress(prompt_progress, at), on.delta({content,
+  // reasoning}, at), on.finish(reason), on.usage(usage); an error chunk throws. `at` is when
+  // the network read that brought the chunk returned (chunks read together share it).
   async function read(response, on) {
     const reader = response.body.getReader(), decoder = new TextDecoder();
-    let buffer = "";
+    let buffer = "", at = 0;
     const handle = (data) => {
       if (data === "[DONE]") return;
       const chunk = JSON.parse(data);
       if (chunk.error) throw new Error(chunk.error.message || "the server failed");
-      if (chunk.prompt_progress) on.progress(chunk.prompt_progress);
+      if (chunk.prompt_progress) on.progress(chunk.prompt_progress, at);
       if (chunk.usage) on.usage(chunk.usage);
       const choice = chunk.choices && chunk.choices[0];
       if (!choice) return;
       const d = choice.delta || {};
-      if (d.reasoning_content || d.content) on.delta({ content: d.content || "", reasoning: d.reasoning_content || "" });
+      if (d.reasoning_content || d.content) on.delta({ content: d.content || "", reasoning: d.reasoning_content || "" }, at);
       if (choice.finish_reason) on.finish(choice.finish_reason);
     };
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
+      at = performance.now();
       buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
-      let at;
-      while ((at = buffer.indexOf("\n\n")) >= 0) {
-        const event = buffer.slice(0, at);
-        buffer = buffer.slice(at + 2);
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const event = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
         for (const line of event.split("\n")) if (line.startsWith("data:")) handle(line.slice(5).trim());
       }
     }
