@@ -58,6 +58,8 @@ HOSTILE = [
         "| <img src=x onerror=pwn(19)> | a |\n|---|---|\n| <script>pwn(19)</script> | [x](javascript:pwn(19)) |\n"]),
     ("split across deltas", "", ["<scr", "ipt>pwn(20)</scr", "ipt> <img sr", "c=x oner", "ror=pwn(20)>"]),
     ("hostile thinking", "<img src=x onerror=pwn(21)><script>pwn(21)</script>", ["[ok](https://example.com/ok)"]),
+    ("slow patterns", "", ["ok # a" + " " * 20000 + "b\n# c" + " " * 20000 + "#x\nhttps://a." + "." * 20000 + "x ",
+                           "*a " * 4000 + "`" * 3000 + "\n" + "[" * 3000 + "\n" + "<a" * 3000]),
     ("unicode and template tricks", "", ["\u003cimg src=x onerror=pwn(22)\u003e ＜script＞pwn(22)＜/script＞ ",
                                         "${alert(22)} {{constructor.constructor('pwn(22)')()}} <scr\u0000ipt>pwn(22)</script>"]),
 ]
@@ -191,7 +193,9 @@ CODE = 'def f(x):\n    return "<b>" + x'
 def markdown(page, base, shot=None):
     """Markdown renders into elements; a code block's Copy button copies its code."""
     canned = Canned(page, base)
-    canned.body = sse([MARKDOWN[:60], MARKDOWN[60:200], MARKDOWN[200:]])
+    usage = {"prompt_tokens": 24, "completion_tokens": 131, "total_tokens": 155, "prompt_tokens_details": {"cached_tokens": 0}}
+    steps = [{"total": 24, "cache": 0, "processed": 24, "time_ms": 50}]
+    canned.body = sse([MARKDOWN[:60], MARKDOWN[60:200], MARKDOWN[200:]], progress=steps, usage=usage)
     ask(page, "show markdown")
     a = page.locator(".assistant .answer")
     expect(a.locator("h2")).to_have_text("A heading")
@@ -260,3 +264,31 @@ def watch_progress(page):
             if (p.classList && p.classList.contains('progress')) window.__progress.push(p.textContent);
       }).observe(document.getElementById('log'), { childList: true, subtree: true });
     }""")
+
+
+# Fills the origin's storage (in ever smaller pieces, to the last kilobyte), then frees the
+# first piece: 256K characters of room.
+FILL_STORAGE = """() => {
+  let i = 0;
+  for (const size of [1 << 18, 1 << 14, 1 << 10]) {
+    const chunk = "x".repeat(size);
+    try { for (;; i++) localStorage.setItem("filler-" + i, chunk); } catch (e) { i++; }
+  }
+  localStorage.removeItem("filler-0");
+  return i;
+}"""
+
+
+def full_storage(page, base):
+    """A full store drops the oldest conversation, says so, and keeps the current one."""
+    canned = Canned(page, base)
+    filled = page.evaluate(FILL_STORAGE)
+    assert filled > 1, filled
+    for n in range(1, 4):
+        canned.body = sse([f"answer {n} " + "y" * 100_000])
+        ask(page, f"conversation {n}")
+    expect(page.locator("#storage")).to_contain_text("1 old conversation(s) dropped")
+    expect(page.locator(".conversation")).to_have_count(2)
+    titles = page.evaluate("JSON.parse(localStorage.getItem('k3-conversations')).map((c) => c.title)")
+    assert titles == ["conversation 3", "conversation 2"], titles
+    print("chat page: a full store drops the oldest conversation and says so ok")

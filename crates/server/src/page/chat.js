@@ -60,6 +60,7 @@ function persist() {
   const notes = [];
   if (dropped.conversations) notes.push(`${dropped.conversations} old conversation(s) dropped: the browser's storage is full`);
   if (dropped.images) notes.push(`${dropped.images} image(s) not kept: the browser's storage is full`);
+  if (dropped.failed) notes.push("this conversation could not be kept: the browser's storage is full");
   if (notes.length) { $("storage").textContent = notes.join("; "); $("storage").hidden = false; }
   renderSidebar();
 }
@@ -236,8 +237,9 @@ function progressNode(p) {
 // the network and says so. Tokens that all came in one read give no rate.
 function stats(t) {
   const parts = [];
+  // Without usage (the stream ended early) the deltas are counted: not quite tokens.
   const n = t.usage ? t.usage.completion_tokens : t.deltas;
-  if (n) parts.push(`${n} tokens`);
+  if (n) parts.push(t.usage ? `${n} tokens` : `${n} pieces`);
   const from = t.promptDone || t.firstDelta;
   const span = (t.lastDelta - from) / 1000;
   const counted = t.promptDone ? n : n - 1;

@@ -8,12 +8,16 @@
 const K3Markdown = (() => {
   const MAX_DEPTH = 12;
   const FENCE = /^ {0,3}(`{3,}|~{3,})(.*)$/;
-  const HEADING = /^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$/;
+  const HEADING = /^ {0,3}(#{1,6})(?:[ \t]+|$)/;
   const RULE = /^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$/;
   const QUOTE = /^ {0,3}> ?(.*)$/;
   const ITEM = /^( {0,12})([-*+]|\d{1,9}[.)])(?:[ \t]+(.*)|$)/;
   const TABLE_RULE = /^ {0,3}\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$/;
   const PUNCT = /[!-/:-@[-`{-~]/;
+  // Sticky patterns, matched where the inline scan is (no copies of the rest of the text).
+  const AUTOLINK = /<([a-zA-Z][a-zA-Z0-9+.-]{1,31}:[^\s<>]*)>/y;
+  const BARE_URL = /https?:\/\/[^\s<>"]+/iy;
+  const TRAILING = ".,;:!?)]'*_~";
 
   function el(tag, cls, text) {
     const e = document.createElement(tag);
@@ -43,15 +47,37 @@ const K3Markdown = (() => {
 
   // ---- inline ----
 
+  // The length of the run of `c` at `i`.
+  function run(s, i, c) {
+    let j = i;
+    while (s[j] === c) j++;
+    return j - i;
+  }
+
+  function sticky(re, s, i) {
+    re.lastIndex = i;
+    return re.exec(s);
+  }
+
+  // A heading's text: after its marks, without a closing run of #s.
+  function headingText(line, marks) {
+    let t = line.slice(marks).trim();
+    let end = t.length;
+    while (end > 0 && t[end - 1] === "#") end--;
+    if (end === 0) return "";
+    if (end < t.length && (t[end - 1] === " " || t[end - 1] === "\t")) t = t.slice(0, end).trimEnd();
+    return t;
+  }
+
   // The end of a `[...]` starting at `open`, brackets nested, or -1.
   function closeBracket(s, open) {
     let depth = 0;
     for (let i = open; i < s.length; i++) {
       if (s[i] === "\\") i++;
       else if (s[i] === "`") {
-        const run = s.slice(i).match(/^`+/)[0];
-        const end = s.indexOf(run, i + run.length);
-        if (end > 0) i = end + run.length - 1;
+        const ticks = "`".repeat(run(s, i, "`"));
+        const end = s.indexOf(ticks, i + ticks.length);
+        i = end > 0 ? end + ticks.length - 1 : i + ticks.length - 1;
       } else if (s[i] === "[") depth++;
       else if (s[i] === "]" && --depth === 0) return i;
     }
@@ -94,17 +120,17 @@ const K3Markdown = (() => {
       if (c === "\\" && PUNCT.test(s[i + 1] || "")) { text += s[i + 1]; i += 2; continue; }
       if (c === "\n") { flush(); out.appendChild(el("br")); i++; continue; }
       if (c === "`") {
-        const run = s.slice(i).match(/^`+/)[0];
-        const end = s.indexOf(run, i + run.length);
-        if (end > 0 && s[end + run.length] !== "`") {
-          let code = s.slice(i + run.length, end).replace(/\n/g, " ");
-          if (/^ .* $/.test(code) && code.trim()) code = code.slice(1, -1);
+        const ticks = "`".repeat(run(s, i, "`"));
+        const end = s.indexOf(ticks, i + ticks.length);
+        if (end > 0 && s[end + ticks.length] !== "`") {
+          let code = s.slice(i + ticks.length, end).replace(/\n/g, " ");
+          if (code.length > 2 && code[0] === " " && code[code.length - 1] === " " && code.trim()) code = code.slice(1, -1);
           flush();
           out.appendChild(el("code", "", code));
-          i = end + run.length;
+          i = end + ticks.length;
           continue;
         }
-        text += run; i += run.length; continue;
+        text += ticks; i += ticks.length; continue;
       }
       if (!inLink && (c === "[" || (c === "!" && s[i + 1] === "["))) {
         const open = c === "!" ? i + 1 : i;
@@ -122,13 +148,14 @@ const K3Markdown = (() => {
         }
       }
       if (c === "<") {
-        const m = s.slice(i).match(/^<([a-zA-Z][a-zA-Z0-9+.-]{1,31}:[^\s<>]*)>/);
+        const m = sticky(AUTOLINK, s, i);
         const href = m && !inLink ? safeUrl(m[1]) : null;
         if (href) { flush(); out.appendChild(link(href, [document.createTextNode(m[1])])); i += m[0].length; continue; }
       }
       if (!inLink && (c === "h" || c === "H") && (i === 0 || /[\s(]/.test(s[i - 1]))) {
-        const m = s.slice(i).match(/^https?:\/\/[^\s<>"]+/i);
-        const raw = m && m[0].replace(/[.,;:!?)\]'*_~]+$/, "");
+        const m = sticky(BARE_URL, s, i);
+        let raw = m && m[0];
+        while (raw && TRAILING.includes(raw[raw.length - 1])) raw = raw.slice(0, -1);
         const href = raw ? safeUrl(raw) : null;
         if (href) { flush(); out.appendChild(link(href, [document.createTextNode(raw)])); i += raw.length; continue; }
       }
@@ -246,7 +273,7 @@ const K3Markdown = (() => {
       if (!line.trim()) { i++; continue; }
       if (FENCE.test(line) && !(line.trim()[0] === "`" && line.match(FENCE)[2].includes("`"))) { i = codeBlock(lines, i, out); continue; }
       let m = line.match(HEADING);
-      if (m) { const h = el("h" + m[1].length); inline(m[2] || "", h, depth); out.appendChild(h); i++; continue; }
+      if (m) { const h = el("h" + m[1].length); inline(headingText(line, m[0].length), h, depth); out.appendChild(h); i++; continue; }
       if (RULE.test(line)) { out.appendChild(el("hr")); i++; continue; }
       if (QUOTE.test(line)) {
         const inner = [];

@@ -45,12 +45,12 @@ const K3Store = (() => {
   }
 
   // Saves `list` (newest first); on a full store drops the oldest conversations other than
-  // `keep`, then `keep`'s images (counted in each message's `dropped`). What was dropped is
-  // returned, to tell the user.
+  // `keep`, then `keep`'s images (counted in each message's `dropped`). What was dropped (and
+  // whether even that did not make room) is returned, to tell the user.
   function save(list, keep) {
     list.sort((a, b) => b.updated - a.updated);
     list.splice(MAX_CONVERSATIONS);
-    const dropped = { conversations: 0, images: 0 };
+    const dropped = { conversations: 0, images: 0, failed: false };
     for (;;) {
       try { write(list); return dropped; } catch (e) {
         if (!isQuota(e)) return dropped;
@@ -59,7 +59,7 @@ const K3Store = (() => {
       if (others.length) { list.splice(list.indexOf(others[others.length - 1]), 1); dropped.conversations++; continue; }
       const current = list.find((c) => c.id === keep);
       const withImages = current && current.messages.find((m) => m.images.length);
-      if (!withImages) return dropped;
+      if (!withImages) return { ...dropped, failed: true };
       withImages.dropped += withImages.images.length;
       dropped.images += withImages.images.length;
       withImages.images = [];

@@ -30,7 +30,8 @@ const K3Stream = (() => {
   function body(messages, settings, model) {
     const api = [];
     if (settings.system.trim()) api.push({ role: "system", content: settings.system });
-    for (const m of messages) api.push(apiMessage(m, model.vision));
+    // An answer that failed or was stopped before any text is no turn of the conversation.
+    for (const m of messages) if (m.role === "user" || m.text) api.push(apiMessage(m, model.vision));
     const b = {
       model: model.id || undefined, messages: api, stream: true,
       stream_options: { include_usage: true }, return_progress: true,
