@@ -165,6 +165,7 @@ def hostile(page, base):
 MARKDOWN = """## A heading
 
 Some **bold**, *italic*, ~~gone~~ and `inline <code>` text with a [link](https://example.com/docs "t").
+Also ***both*** and *it **nested** it* in snake_case_name.
 
 ```python
 def f(x):
@@ -202,6 +203,9 @@ def markdown(page, base, shot=None):
     expect(a.locator("p strong").first).to_have_text("bold")
     expect(a.locator("em").first).to_have_text("italic")
     expect(a.locator("del")).to_have_text("gone")
+    expect(a.locator("strong > em")).to_have_text("both")
+    expect(a.locator("em > strong")).to_have_text("nested")
+    expect(a.locator("p").first).to_contain_text("in snake_case_name.")
     expect(a.locator("p code").first).to_have_text("inline <code>")
     link = a.locator('a[href="https://example.com/docs"]')
     expect(link).to_have_text("link")

@@ -90,22 +90,26 @@ const K3Markdown = (() => {
     return m ? [m[1], at + m[0].length] : null;
   }
 
-  // Emphasis delimiters: the closing run must not follow a space; `_` must not be inside a word.
+  // Emphasis: a run of `*` or `_` (1 em, 2 strong, 3 both) or `~~` (del), closed by the next
+  // run of the same character and length; runs of other lengths are nested emphasis, skipped
+  // whole. A closing run must not follow a space; `_` must not be inside a word. The index
+  // after the closing run, or -1 (the caller then takes the opening run as text).
   function emphasis(s, i, out, depth) {
-    for (const [mark, tag] of [["**", "strong"], ["__", "strong"], ["~~", "del"], ["*", "em"], ["_", "em"]]) {
-      if (!s.startsWith(mark, i) || /\s/.test(s[i + mark.length] || " ")) continue;
-      if (mark[0] === "_" && i > 0 && /[\p{L}\p{N}]/u.test(s[i - 1])) continue;
-      let end = i + mark.length;
-      while ((end = s.indexOf(mark, end + 1)) > 0) {
-        const before = s[end - 1], after = s[end + mark.length] || " ";
-        if (before === "\\" || /\s/.test(before)) continue;
-        if (mark.length === 1 && s[end + 1] === mark) { end++; continue; }
-        if (mark[0] === "_" && /[\p{L}\p{N}]/u.test(after)) continue;
-        const node = el(tag);
-        inline(s.slice(i + mark.length, end), node, depth + 1);
-        out.appendChild(node);
-        return end + mark.length;
+    const c = s[i], len = run(s, i, c);
+    if ((c === "~" && len !== 2) || len > 3 || /\s/.test(s[i + len] || " ")) return -1;
+    if (c === "_" && i > 0 && /[\p{L}\p{N}]/u.test(s[i - 1])) return -1;
+    for (let end = s.indexOf(c, i + len); end > 0; end = s.indexOf(c, end)) {
+      const n = run(s, end, c);
+      const after = s[end + n] || " ";
+      if (n !== len || s[end - 1] === "\\" || /\s/.test(s[end - 1]) || (c === "_" && /[\p{L}\p{N}]/u.test(after))) {
+        end += n;
+        continue;
       }
+      const outer = el(c === "~" ? "del" : len === 1 ? "em" : "strong");
+      const inner = len === 3 ? outer.appendChild(el("em")) : outer;
+      inline(s.slice(i + len, end), inner, depth + 1);
+      out.appendChild(outer);
+      return end + n;
     }
     return -1;
   }
@@ -155,7 +159,8 @@ const K3Markdown = (() => {
       if (!inLink && (c === "h" || c === "H") && (i === 0 || /[\s(]/.test(s[i - 1]))) {
         const m = sticky(BARE_URL, s, i);
         let raw = m && m[0];
-        while (raw && TRAILING.includes(raw[raw.length - 1])) raw = raw.slice(0, -1);
+        const balanced = (u) => u.split("(").length >= u.split(")").length;
+        while (raw && TRAILING.includes(raw[raw.length - 1]) && !(raw.endsWith(")") && balanced(raw))) raw = raw.slice(0, -1);
         const href = raw ? safeUrl(raw) : null;
         if (href) { flush(); out.appendChild(link(href, [document.createTextNode(raw)])); i += raw.length; continue; }
       }
@@ -163,6 +168,8 @@ const K3Markdown = (() => {
         flush();
         const next = emphasis(s, i, out, depth);
         if (next > 0) { i = next; continue; }
+        const len = run(s, i, c);
+        text += c.repeat(len); i += len; continue;
       }
       text += c; i++;
     }
@@ -277,7 +284,12 @@ const K3Markdown = (() => {
       if (RULE.test(line)) { out.appendChild(el("hr")); i++; continue; }
       if (QUOTE.test(line)) {
         const inner = [];
-        while (i < lines.length && (m = lines[i].match(QUOTE))) { inner.push(m[1]); i++; }
+        // A quote goes on over lines without `>` until a blank line or another block.
+        for (; i < lines.length && lines[i].trim(); i++) {
+          if ((m = lines[i].match(QUOTE))) inner.push(m[1]);
+          else if (!isBlockStart(lines[i])) inner.push(lines[i]);
+          else break;
+        }
         const q = el("blockquote");
         blocks(inner, q, depth + 1);
         out.appendChild(q);
