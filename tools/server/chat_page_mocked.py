@@ -8,6 +8,7 @@ rendered DOM is checked against the renderer's allowlist of tags and attributes.
 chat_page_test.py."""
 
 import json
+import random
 
 from playwright.sync_api import expect
 
@@ -296,3 +297,43 @@ def full_storage(page, base):
     titles = page.evaluate("JSON.parse(localStorage.getItem('k3-conversations')).map((c) => c.title)")
     assert titles == ["conversation 3", "conversation 2"], titles
     print("chat page: a full store drops the oldest conversation and says so ok")
+
+
+FRAGMENTS = [
+    "<script>pwn(1)</script>", "<img src=x onerror=pwn(2)>", "<svg onload=pwn(3)>", "javascript:pwn(4)",
+    "data:text/html,<script>pwn(5)</script>", "[", "]", "(", ")", "![", "<", ">", "`", "```", "~~~", "*", "**",
+    "_", "__", "~~", "\\", "\n", "\n\n", "# ", "> ", "- ", "1. ", "| a | b |\n|---|---|\n", "&lt;", "&#x3c;",
+    "https://example.com/x", "http://a.b/<c>", "<https://e.com>", "<javascript:pwn(6)>", "\"", "'", " onmouseover=pwn(7) ",
+    "<a href=\"javascript:pwn(8)\">", "</a>", "<iframe srcdoc=x>", "<style>", "</code>", "</pre>", "text", " ",
+]
+
+FUZZ_CHECK = """(inputs) => {
+  const allowed = new Set(%s), attrs = new Set(%s), bad = [];
+  for (const text of inputs) {
+    const box = document.createElement("div");
+    box.appendChild(K3Markdown.render(text));
+    for (const e of box.querySelectorAll("*")) {
+      if (!allowed.has(e.tagName)) bad.push([text, "element " + e.tagName]);
+      for (const a of e.attributes) {
+        if (!attrs.has(a.name)) bad.push([text, "attribute " + a.name]);
+        if (a.name === "href" && !/^https?:\\/\\//i.test(a.value)) bad.push([text, "href " + a.value]);
+      }
+    }
+  }
+  return bad.slice(0, 5);
+}""" % (json.dumps(sorted(ALLOWED)), json.dumps(sorted(ALLOWED_ATTRS)))
+
+
+def fuzz(page, base, count=2000):
+    """Random mixes of markdown and HTML pieces through the renderer itself: every element and
+    attribute it makes is on its allowlist, every link http(s), and nothing runs."""
+    hits, dialogs = [], []
+    page.expose_function("pwn", lambda n: hits.append(n))
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    rng = random.Random(60)
+    inputs = ["".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 30))) for _ in range(count)]
+    bad = page.evaluate(FUZZ_CHECK, inputs)
+    page.wait_for_timeout(200)
+    assert not bad, bad
+    assert not hits and not dialogs, (hits, dialogs)
+    print(f"chat page: {count} random markdown/HTML mixes rendered only allowed elements and http(s) links ok")

@@ -12,7 +12,8 @@ from PyPI with `executable_path`, so no browser is downloaded), against `k3-cli 
   effort are sent (max_tokens is the answer's plus the thinking allowance, as the page says);
 - on a model that reads images, images come by button, paste and drop, show as thumbnails
   and go out as data URLs; a model that does not read them gets no image button;
-- canned answers (chat_page_mocked.py): markdown and Copy, progress, 23 hostile outputs;
+- canned answers (chat_page_mocked.py): markdown and Copy (and its fallback), progress, 23
+  hostile outputs, 2,000 random markdown/HTML mixes, a full browser store;
 - the page fetches nothing but this server. Saves two screenshots. Run by .ci/run when Chromium
   is installed (or installable):
 
@@ -323,7 +324,7 @@ def images(browser, cli, model, shot):
 
 def mocked_pages(browser, base, shot):
     checks = [lambda page, base: mocked.markdown(page, base, shot), mocked.progress, mocked.hostile, mocked.copy_fallback,
-              mocked.full_storage]
+              mocked.full_storage, mocked.fuzz]
     for check in checks:
         p = Page(browser, base)
         expect(p.page.locator("#model")).to_have_text("default")
