@@ -269,8 +269,10 @@ async function answer() {
     timer = null;
     if (!shown()) return;
     box = box && box.isConnected ? box : log.querySelector(`.msg[data-index="${conversation.messages.indexOf(m)}"]`);
+    // Follows the answer only while the reader is at the end (not reading further up).
+    const following = log.scrollHeight - log.scrollTop - log.clientHeight < 48;
     if (box) renderAnswer(box, m);
-    log.scrollTop = log.scrollHeight;
+    if (following) log.scrollTop = log.scrollHeight;
   };
   const later = () => { if (!timer) timer = setTimeout(draw, RENDER_EVERY_MS); };
   renderConversation();
