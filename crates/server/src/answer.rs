@@ -19,7 +19,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::error::ApiError;
-use crate::job::{Event, Job, Refused, Tally, TokenLogprob};
+use crate::job::{Event, Job, Progress, Refused, Tally, TokenLogprob};
 use crate::reqlog::{PrefillLog, RequestLog};
 use crate::request::Prepared;
 use crate::state::AppState;
@@ -94,6 +94,7 @@ pub(crate) fn submit(s: &AppState, mut p: Prepared, kind: Kind, scope: Scope) ->
         images: p.images,
         tally: tally.clone(),
         log: PrefillLog::new(s.log_format, &id),
+        progress: p.progress,
     }) {
         Ok(()) => s.metrics.requests.fetch_add(1, Ordering::Relaxed),
         Err(Refused::Busy) => {
@@ -323,6 +324,8 @@ async fn whole(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply:
                 reply.log.done("failed", 0, 0, 0);
                 return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg));
             }
+            // Only a streamed request asks for progress.
+            Event::Progress(_) => {}
             Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens, .. } => {
                 let pieces = reply.finish();
                 reply.collect(pieces, &mut text);
@@ -393,6 +396,7 @@ fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Re
         };
         while let Some(e) = rx.recv().await {
             let alive = match e {
+                Event::Progress(p) => send(progress_chunk(&shape, p)),
                 Event::Delta { text, reasoning, token, logprob } => {
                     reply.log.token();
                     let thought = reasoning.is_empty()
@@ -429,6 +433,13 @@ fn streamed(shape: Shape, mut rx: tmpsc::UnboundedReceiver<Event>, mut reply: Re
     });
     let stream = UnboundedReceiverStream::new(chunks).map(Ok::<_, Infallible>);
     axum::response::Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// llama-server's progress chunk: no choices, and how far the prompt has been read.
+fn progress_chunk(shape: &Shape, p: Progress) -> Value {
+    let mut c = shape.envelope(true, json!([]));
+    c["prompt_progress"] = json!({"total": p.total, "cache": p.cache, "processed": p.processed, "time_ms": p.time_ms});
+    c
 }
 
 fn next_id() -> u64 {

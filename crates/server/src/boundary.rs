@@ -188,8 +188,8 @@ pub async fn check(State(b): State<std::sync::Arc<Boundary>>, mut req: Request, 
     }
     let key = match b.key_of(headers) {
         Ok(k) => k,
-        // The health check, and the chat page (static; its API calls carry the key).
-        Err(_) if matches!(req.uri().path(), "/health" | "/") => None,
+        // The health check, and the chat page and its files (static; its API calls carry the key).
+        Err(_) if req.uri().path() == "/health" || crate::page::is_page(req.uri().path()) => None,
         Err(e) => {
             let mut r = e.shaped(shape);
             r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"k3\""));

@@ -30,6 +30,8 @@ pub struct Job {
     pub tally: Arc<Tally>,
     /// Lines while its prompt is read, when that takes a while.
     pub log: crate::reqlog::PrefillLog,
+    /// Send [`Event::Progress`] after each prefill step (`return_progress: true`).
+    pub progress: bool,
 }
 
 pub use k3_generate::sample::TokenLogprob;
@@ -44,7 +46,21 @@ pub struct Tally {
     pub completion: AtomicU64,
 }
 
-/// What a request hears back, in order: text deltas, then one `Done` or `Failed`.
+/// How far a prompt's prefill has got, as llama-server reports it (`prompt_progress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Prompt tokens in all.
+    pub total: usize,
+    /// Those a kept state already held.
+    pub cache: usize,
+    /// Those read so far, the cached ones included.
+    pub processed: usize,
+    /// Since the prefill started.
+    pub time_ms: u64,
+}
+
+/// What a request hears back, in order: prefill progress (only for a job that asked), text
+/// deltas, then one `Done` or `Failed`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// Text of the answer and (K3 thinking) of the reasoning; `token` is `u32::MAX` for text
@@ -64,6 +80,7 @@ pub enum Event {
         completion_tokens: u64,
     },
     Failed(String),
+    Progress(Progress),
 }
 
 /// The model's shape, for `/v1/models`, and what requests are checked against.

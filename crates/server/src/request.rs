@@ -32,6 +32,8 @@ pub struct Prepared {
     /// The images, in prompt order (one placeholder each in `prompt`); decoded by
     /// [`crate::images::admit`] before the request is queued.
     pub images: Vec<RequestImage>,
+    /// Stream the prefill's progress (`return_progress: true` on a streamed chat request).
+    pub progress: bool,
 }
 
 /// The body of `req`, read within the server's size and time limits: a declared length over the

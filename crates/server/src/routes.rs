@@ -28,6 +28,8 @@ fn model_object(s: &AppState, i: &ModelInfo) -> Value {
         "id": i.id, "object": "model", "created": s.created, "owned_by": "k3",
         "family": i.family.name(), "context_length": i.context, "vocab_size": i.vocab,
         "layers": i.layers, "hidden_size": i.hidden,
+        // Whether image parts are read (the chat page offers image upload only then).
+        "vision": i.sees,
     })
 }
 

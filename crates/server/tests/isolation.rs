@@ -39,6 +39,7 @@ fn job(prompt: u32) -> (Job, tmpsc::UnboundedReceiver<Event>) {
             images: Vec::new(),
             tally: Default::default(),
             log: Default::default(),
+            progress: false,
         },
         rx,
     )

@@ -126,6 +126,8 @@ async fn whole(
                 let pieces = reply.feed(token, &t);
                 reply.collect(pieces, &mut text);
             }
+            // Progress is asked for only on OpenAI's chat route.
+            Event::Progress(_) => {}
             Event::Failed(msg) => {
                 reply.log.done("failed", 0, 0, 0);
                 return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg));
@@ -317,6 +319,8 @@ fn streamed(
                     let pieces = reply.feed(token, &text);
                     b.thinking(&reasoning) && b.pieces(pieces, &mut reply)
                 }
+                // Progress is asked for only on OpenAI's chat route.
+                Event::Progress(_) => true,
                 Event::Failed(msg) => {
                     reply.log.done("failed", 0, 0, 0);
                     let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg);

@@ -66,6 +66,9 @@ pub struct ChatRequest {
     pub tool_choice: Option<serde_json::Value>,
     /// `false`: at most one call a turn (the turn ends at the first call read).
     pub parallel_tool_calls: Option<bool>,
+    /// llama-server's: stream `prompt_progress` chunks while the prompt is read (a boolean;
+    /// anything else is refused by name).
+    pub return_progress: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -305,7 +308,20 @@ impl ChatRequest {
             single_call: self.parallel_tool_calls == Some(false),
             resume_points,
             images,
+            // Only a stream has chunks to carry it; a whole answer is unchanged.
+            progress: self.return_progress()? && self.stream,
         })
+    }
+
+    /// `return_progress`: a boolean, false when absent.
+    fn return_progress(&self) -> Result<bool, ApiError> {
+        match &self.return_progress {
+            None | Some(serde_json::Value::Null) => Ok(false),
+            Some(serde_json::Value::Bool(b)) => Ok(*b),
+            Some(other) => {
+                Err(ApiError::bad("return_progress", format!("return_progress is {other}; give true or false")))
+            }
+        }
     }
 
     /// `logprobs` / `top_logprobs`: how many alternatives to report per token, if any.
@@ -466,6 +482,7 @@ impl CompletionRequest {
             single_call: false,
             resume_points: Vec::new(),
             images: Vec::new(),
+            progress: false,
         })
     }
 }

@@ -118,6 +118,8 @@ pub async fn answer(sub: Submitted, endpoint: Endpoint, stream: bool) -> Result<
                     text.push_str(&t);
                     calls.extend(c);
                 }
+                // Progress is asked for only on OpenAI's chat route.
+                Event::Progress(_) => {}
                 Event::Failed(msg) => {
                     reply.log.done("failed", 0, 0, 0);
                     return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg));
@@ -151,6 +153,8 @@ pub async fn answer(sub: Submitted, endpoint: Endpoint, stream: bool) -> Result<
                     (t.is_empty() && reasoning.is_empty() && calls.is_empty())
                         || send(shape.piece(&t, &reasoning, &calls))
                 }
+                // Progress is asked for only on OpenAI's chat route.
+                Event::Progress(_) => true,
                 Event::Failed(msg) => {
                     reply.log.done("failed", 0, 0, 0);
                     send(json!({"error": msg}));

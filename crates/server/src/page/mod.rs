@@ -1,30 +1,77 @@
-//! The chat page at `/`: one static file (no build step, no external fetches) that talks to
-//! this server's `/v1/chat/completions`, streaming, with thinking shown apart, stop, new chat and
-//! the API key kept in the browser's storage. Served without a key (it holds no data; every API
-//! call it makes needs one when the server does), under a content security policy that lets it
-//! reach nothing but this server.
+//! The chat page at `/`: static files compiled in (no build step, no external fetches) that talk
+//! to this server's `/v1/chat/completions`, streaming: markdown rendered into DOM nodes (never
+//! parsed as HTML), conversations and settings kept in the browser's storage, images for a model
+//! that reads them, and the prompt's progress and the answer's speed. Served without a key (the
+//! files hold no data; every API call the page makes needs one when the server does), under a
+//! content security policy that lets it run only its own files and reach nothing but this server.
 
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-const PAGE: &str = include_str!("chat.html");
+/// What the page may load and reach: its own scripts and style from this origin (nothing
+/// inline), images it was given as data URLs, and this origin's API. Trusted Types make every
+/// HTML-parsing sink (innerHTML and the like) throw, so no string can become markup.
+const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+                      img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'; \
+                      require-trusted-types-for 'script'; trusted-types 'none'";
 
-/// What the page may load and reach: its own inline script and style, and this origin.
-const POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-                      connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
-                      frame-ancestors 'none'";
+/// The page's paths: served without a key, as the page itself is.
+const PATHS: [&str; 7] = ["/", "/chat.css", "/markdown.js", "/store.js", "/stream.js", "/chat.js", "/inputs.js"];
 
-/// `GET /`.
-pub async fn chat() -> Response {
+/// Whether `path` is one of the page's files.
+pub fn is_page(path: &str) -> bool {
+    PATHS.contains(&path)
+}
+
+const HTML: &str = "text/html; charset=utf-8";
+const JS: &str = "text/javascript; charset=utf-8";
+const CSS: &str = "text/css; charset=utf-8";
+
+fn file(content_type: &'static str, body: &'static str) -> Response {
     (
         [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_TYPE, content_type),
             (header::CONTENT_SECURITY_POLICY, POLICY),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
             (header::REFERRER_POLICY, "no-referrer"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        PAGE,
+        body,
     )
         .into_response()
+}
+
+/// `GET /`.
+pub async fn chat() -> Response {
+    file(HTML, include_str!("chat.html"))
+}
+
+/// `GET /chat.css`.
+pub async fn style() -> Response {
+    file(CSS, include_str!("chat.css"))
+}
+
+/// `GET /markdown.js`: the renderer of model text.
+pub async fn markdown() -> Response {
+    file(JS, include_str!("markdown.js"))
+}
+
+/// `GET /store.js`: conversations and settings in the browser's storage.
+pub async fn store() -> Response {
+    file(JS, include_str!("store.js"))
+}
+
+/// `GET /stream.js`: the request and its SSE stream.
+pub async fn stream() -> Response {
+    file(JS, include_str!("stream.js"))
+}
+
+/// `GET /chat.js`: conversations and answers on the page.
+pub async fn script() -> Response {
+    file(JS, include_str!("chat.js"))
+}
+
+/// `GET /inputs.js`: settings, images and the composer.
+pub async fn inputs() -> Response {
+    file(JS, include_str!("inputs.js"))
 }

@@ -289,6 +289,8 @@ fn step(e: Event, out: &mut Output, reply: &mut Reply, meta: &Meta, model: &str,
             out.pieces(pieces, reply, meta);
             Step::Going
         }
+        // Progress is asked for only on OpenAI's chat route.
+        Event::Progress(_) => Step::Going,
         Event::Failed(msg) => {
             reply.log.done("failed", 0, 0, 0);
             Step::Failed(msg)

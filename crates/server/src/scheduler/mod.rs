@@ -12,14 +12,14 @@ mod prefill;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k3_engine::{Engine, Inserted, Logits, Seq, Session};
 use k3_generate::{Decoder, Emit, Finish};
 use k3_text::tokenizer::Tokenizer;
 use tokio::sync::mpsc as tmpsc;
 
-use crate::job::{Event, Job, Tally};
+use crate::job::{Event, Job, Progress, Tally};
 use crate::masks::{Landed, MaskPool, PendingMask};
 use crate::metrics::Metrics;
 use crate::preparing::Preparing;
@@ -55,6 +55,8 @@ struct Active<'t> {
     images: Vec<Inserted>,
     tally: Arc<Tally>,
     log: PrefillLog,
+    /// When its prefill started, if it asked for progress events.
+    progress: Option<Instant>,
 }
 
 impl Active<'_> {
@@ -86,6 +88,15 @@ impl Active<'_> {
     /// the decoder computes it when it samples).
     fn plan_mask(&mut self, pool: Option<&MaskPool>) {
         self.mask = pool.and_then(|p| self.decoder.mask_job().map(|j| p.submit(j)));
+    }
+
+    /// Tells a job that asked how far its prompt has been read.
+    fn report_progress(&self) {
+        if let Some(start) = self.progress {
+            let time_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let p = Progress { total: self.prompt.len(), cache: self.cached, processed: self.fed, time_ms };
+            self.send(Event::Progress(p));
+        }
     }
 
     fn send(&self, e: Event) {
@@ -235,7 +246,10 @@ fn admit<'t>(
                 images,
                 tally: job.tally,
                 log: job.log.started(cached),
+                progress: job.progress.then(Instant::now),
             };
+            // Where it starts: a prompt a kept state holds whole gets no prefill step to report.
+            a.report_progress();
             // The first token's mask is computed while the prompt is.
             a.plan_mask(pool);
             active.push(a);
@@ -367,6 +381,7 @@ fn advance(
         a.fed += fed;
         metrics.prompt_tokens.fetch_add(fed as u64, Ordering::Relaxed);
         a.log.advanced(a.fed, a.prompt.len());
+        a.report_progress();
         if a.resume_points.first() == Some(&a.fed) {
             a.resume_points.remove(0);
             cache.insert(engine, a.scope, &a.session, Kept::ResumePoint);

@@ -1,0 +1,131 @@
+"use strict";
+// The chat page's inputs: the settings panel (kept by K3Store), images by button, paste and
+// drop (only for a model that reads images), the composer and the page's buttons.
+
+const FIELDS = { system: "system", temperature: "temperature", top_p: "top_p", max: "max_answer", effort: "effort", allowance: "allowance" };
+
+function showSettings() {
+  for (const [id, k] of Object.entries(FIELDS)) if ($(id).value !== settings[k]) $(id).value = settings[k];
+  $("thinking").checked = settings.thinking;
+  const switchable = K3Stream.switchable(model);
+  $("thinking-set").disabled = !switchable;
+  $("thinking-note").textContent = switchable
+    ? "Off sends reasoning_effort none; on sends the effort chosen."
+    : "This model's chat format has no thinking switch: nothing is sent for it.";
+  const thinking = switchable && settings.thinking;
+  const allowance = parseInt(settings.allowance, 10) > 0 ? parseInt(settings.allowance, 10) : 0;
+  const sent = K3Stream.maxTokens(settings, model);
+  $("max-note").textContent = thinking
+    ? `The server counts thinking inside max_tokens, so with thinking on the page sends max_tokens = ` +
+      `max answer tokens + thinking allowance (${allowance}) ` + (sent ? `= ${sent}` : `(no limit while the answer has none)`) +
+      `. Thinking is not cut at the allowance: a long thought can still use the answer's share.`
+    : "max_tokens is the answer's limit" + (sent ? ` (${sent})` : " (none)") + ".";
+}
+
+function bindSettings() {
+  const save = () => {
+    for (const [id, k] of Object.entries(FIELDS)) settings[k] = $(id).value;
+    settings.thinking = $("thinking").checked;
+    K3Store.saveSettings(settings);
+    showSettings();
+  };
+  for (const id of [...Object.keys(FIELDS), "thinking"]) {
+    $(id).addEventListener("input", save);
+    $(id).addEventListener("change", save);
+  }
+  $("settings-button").addEventListener("click", () => {
+    const open = $("settings").hidden;
+    $("settings").hidden = !open;
+    $("settings-button").setAttribute("aria-expanded", String(open));
+  });
+  showSettings();
+}
+
+// ---- images ----
+
+function note(text) {
+  const n = el("div", "error", text);
+  $("thumbs").appendChild(n);
+  setTimeout(() => n.remove(), 6000);
+}
+
+function readImage(file) {
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(String(r.result));
+    r.onerror = () => reject(r.error);
+    r.readAsDataURL(file);
+  });
+}
+
+async function attach(files) {
+  if (!model.vision) return;
+  for (const file of files) {
+    if (attached.length >= MAX_IMAGES) { note(`At most ${MAX_IMAGES} images a message.`); break; }
+    if (!IMAGE_TYPES.includes(file.type)) { note(`${file.name || "that file"}: the server reads PNG, JPEG and WebP images.`); continue; }
+    if (file.size > MAX_IMAGE_BYTES) { note(`${file.name || "that image"} is over ${MAX_IMAGE_BYTES >> 20} MB.`); continue; }
+    const url = await readImage(file);
+    if (/^data:image\/(png|jpeg|webp);base64,/.test(url)) attached.push(url);
+  }
+  renderThumbs();
+}
+
+function renderThumbs() {
+  const box = $("thumbs");
+  box.replaceChildren();
+  attached.forEach((url, i) => {
+    const item = el("div", "attached");
+    const img = el("img", "thumb");
+    img.src = url;
+    img.alt = "image to send";
+    item.append(img, button("×", "unattach", () => { attached.splice(i, 1); renderThumbs(); }));
+    box.appendChild(item);
+  });
+}
+
+function bindImages() {
+  $("attach").addEventListener("click", () => $("file").click());
+  $("file").addEventListener("change", () => { attach([...$("file").files]); $("file").value = ""; });
+  promptBox.addEventListener("paste", (e) => {
+    const files = [...(e.clipboardData ? e.clipboardData.files : [])].filter((f) => f.type.startsWith("image/"));
+    if (files.length && model.vision) { e.preventDefault(); attach(files); }
+  });
+  const main = $("main");
+  const hasFiles = (e) => e.dataTransfer && [...e.dataTransfer.types].includes("Files");
+  main.addEventListener("dragover", (e) => {
+    if (!model.vision || !hasFiles(e)) return;
+    e.preventDefault();
+    $("drop-hint").hidden = false;
+  });
+  main.addEventListener("dragleave", () => { $("drop-hint").hidden = true; });
+  main.addEventListener("drop", (e) => {
+    $("drop-hint").hidden = true;
+    if (!model.vision || !hasFiles(e)) return;
+    e.preventDefault();
+    attach([...e.dataTransfer.files]);
+  });
+}
+
+// ---- the page ----
+
+key.value = localStorage.getItem("k3-key") || "";
+key.addEventListener("change", () => { localStorage.setItem("k3-key", key.value); loadModel(); });
+$("form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const text = promptBox.value.trim();
+  if ((!text && !attached.length) || run) return;
+  promptBox.value = "";
+  send(text);
+});
+promptBox.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("form").requestSubmit(); }
+});
+$("stop").addEventListener("click", stopRun);
+$("new").addEventListener("click", newChat);
+bindSettings();
+bindImages();
+current = conversations[0] || null;
+renderConversation();
+renderSidebar();
+loadModel();
+promptBox.focus();
