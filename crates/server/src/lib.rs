@@ -157,13 +157,7 @@ pub(crate) fn model_app(opts: ServerOptions) -> (Router, AppState) {
         fail(&status, format!("could not start the scheduler thread: {e}"));
     }
     let router = Router::new()
-        .route("/", get(page::chat))
-        .route("/chat.css", get(page::style))
-        .route("/markdown.js", get(page::markdown))
-        .route("/store.js", get(page::store))
-        .route("/stream.js", get(page::stream))
-        .route("/chat.js", get(page::script))
-        .route("/inputs.js", get(page::inputs))
+        .merge(page::routes())
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .route("/v1/models", get(routes::models))

@@ -61,7 +61,7 @@ pub fn app(opts: ServerOptions, offers: Vec<Offer>, first: Option<usize>) -> (Ro
         .route("/api/tags", get(tags))
         .route("/api/ps", get(ps))
         .route("/health", get(health))
-        .route("/", get(crate::page::chat))
+        .merge(crate::page::routes())
         .fallback(forward)
         .layer(axum::middleware::from_fn_with_state(boundary, crate::boundary::check))
         .layer(axum::extract::DefaultBodyLimit::disable())
@@ -154,29 +154,24 @@ pub async fn serve(
     served
 }
 
-/// `GET /v1/models`: every model offered.
-async fn models(State(c): State<Catalog>) -> Json<Value> {
-    let data: Vec<Value> = c.board.offers().iter().map(|o| model_object(&c, &o.id)).collect();
-    Json(json!({"object": "list", "data": data}))
-}
-
-fn model_object(c: &Catalog, id: &str) -> Value {
-    let mut v = json!({"id": id, "object": "model", "created": c.created, "owned_by": "k3"});
-    if let Some(info) = c.board.loaded().filter(|r| r.id == id).and_then(|r| r.state.info.get().cloned()) {
-        v["family"] = json!(info.family.name());
-        v["context_length"] = json!(info.context);
-        v["vocab_size"] = json!(info.vocab);
-        v["layers"] = json!(info.layers);
-        v["hidden_size"] = json!(info.hidden);
+/// `GET /v1/models`: every model offered (read from its files once, off the async workers);
+/// the shape the model loaded with is only known for the resident one.
+async fn models(State(c): State<Catalog>) -> Response {
+    let board = c.board.clone();
+    let created = c.created;
+    match tokio::task::spawn_blocking(move || (0..board.offers().len()).map(|i| board.model_object(i, created)).collect::<Vec<_>>()).await {
+        Ok(data) => Json(json!({"object": "list", "data": data})).into_response(),
+        Err(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "listing the models failed").shaped(Shape::OpenAi),
     }
-    v
 }
 
 /// `GET /v1/models/{id}`.
 async fn model(State(c): State<Catalog>, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
-    match c.board.find(&id) {
-        Some(i) => Json(model_object(&c, &c.board.offers()[i].id)).into_response(),
-        None => c.board.unknown(&id).shaped(Shape::OpenAi),
+    let Some(i) = c.board.find(&id) else { return c.board.unknown(&id).shaped(Shape::OpenAi) };
+    let (board, created) = (c.board.clone(), c.created);
+    match tokio::task::spawn_blocking(move || board.model_object(i, created)).await {
+        Ok(v) => Json(v).into_response(),
+        Err(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "describing the model failed").shaped(Shape::OpenAi),
     }
 }
 

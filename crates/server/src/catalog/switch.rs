@@ -54,8 +54,8 @@ struct Now {
 pub struct Board {
     opts: ServerOptions,
     offers: Vec<Offer>,
-    /// `/api/tags`' entry for each offer, read from its files once.
-    listed: Vec<OnceLock<Option<Value>>>,
+    /// What each offer's files say, read once.
+    listed: Vec<OnceLock<Option<Described>>>,
     /// The server's own status: the listener's stop sets `draining` and `cut` here, and
     /// [`Board::propagate`] passes them on to the resident model.
     status: Arc<Status>,
@@ -229,36 +229,70 @@ impl Board {
         tokio::time::timeout(within, self.retired()).await.is_ok()
     }
 
-    /// `/api/tags`' entries: the resident model's from what it loaded, the others' from their
-    /// files (read once; a model that cannot be read is left out, with a warning).
-    pub(crate) fn listings(&self) -> Vec<Value> {
-        let ready = self.loaded().and_then(|r| r.ready_info());
-        let mut out = Vec::new();
-        for (o, listed) in self.offers.iter().zip(&self.listed) {
-            if let Some(info) = ready.as_ref().filter(|i| i.id == o.id) {
-                out.push(crate::ollama::listing_of(&info.id, info.family, &info.about));
-                continue;
-            }
-            let v = listed.get_or_init(|| match describe(o, &self.opts.open) {
-                Ok(v) => Some(v),
+    /// What `offers[i]`'s files say (read once; a model that cannot be read says why, once, in
+    /// the log, and is left out of the listings).
+    fn described(&self, i: usize) -> Option<&Described> {
+        let o = &self.offers[i];
+        self.listed[i]
+            .get_or_init(|| match describe(o, &self.opts.open) {
+                Ok(d) => Some(d),
                 Err(e) => {
                     eprintln!("warning: {} ({}) is not listed: {e}", o.id, o.path.display());
                     None
                 }
-            });
-            out.extend(v.clone());
+            })
+            .as_ref()
+    }
+
+    /// `/api/tags`' entries: the resident model's from what it loaded, the others' from their
+    /// files.
+    pub(crate) fn listings(&self) -> Vec<Value> {
+        let ready = self.loaded().and_then(|r| r.ready_info());
+        let mut out = Vec::new();
+        for (i, o) in self.offers.iter().enumerate() {
+            match ready.as_ref().filter(|info| info.id == o.id) {
+                Some(info) => out.push(crate::ollama::listing_of(&info.id, info.family, &info.about)),
+                None => out.extend(self.described(i).map(|d| crate::ollama::listing_of(&o.id, d.family, &d.about))),
+            }
         }
         out
     }
+
+    /// `/v1/models`' entry for `offers[i]`: its family and whether it reads images from its
+    /// files; the shape it loaded with (context, sizes) when it is the resident model.
+    pub(crate) fn model_object(&self, i: usize, created: u64) -> Value {
+        let id = &self.offers[i].id;
+        let mut v = serde_json::json!({"id": id, "object": "model", "created": created, "owned_by": "k3"});
+        if let Some(d) = self.described(i) {
+            v["family"] = d.family.name().into();
+            v["vision"] = d.sees.into();
+        }
+        if let Some(info) = self.loaded().and_then(|r| r.ready_info()).filter(|info| &info.id == id) {
+            v["context_length"] = info.context.into();
+            v["vocab_size"] = info.vocab.into();
+            v["layers"] = info.layers.into();
+            v["hidden_size"] = info.hidden.into();
+        }
+        v
+    }
 }
 
-/// A model's `/api/tags` entry from its files: header, config and tokenizer.
-fn describe(o: &Offer, open: &k3_engine::OpenOptions) -> Result<Value, String> {
+/// What a model's files say about it, without loading it.
+#[derive(Debug)]
+struct Described {
+    family: k3_engine::config::Family,
+    /// Its config has a vision tower.
+    sees: bool,
+    about: crate::about::About,
+}
+
+/// Reads a model's header, config and tokenizer.
+fn describe(o: &Offer, open: &k3_engine::OpenOptions) -> Result<Described, String> {
     let model = k3_engine::Model::open_with(&o.path, open).map_err(|e| e.to_string())?;
     let raw = model.blob("config.json").ok_or("the model embeds no config.json")?;
     let cfg = k3_engine::config::ModelConfig::parse(std::path::Path::new("config.json"), raw)
         .map_err(|e| e.to_string())?;
     let tok = k3_generate::model_tokenizer(&model).transpose().map_err(|e| e.to_string())?;
     let about = crate::about::About::of(&model, tok.as_ref(), cfg.family);
-    Ok(crate::ollama::listing_of(&o.id, cfg.family, &about))
+    Ok(Described { family: cfg.family, sees: cfg.vision.is_some(), about })
 }

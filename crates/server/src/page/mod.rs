@@ -5,8 +5,10 @@
 //! files hold no data; every API call the page makes needs one when the server does), under a
 //! content security policy that lets it run only its own files and reach nothing but this server.
 
+use axum::Router;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 
 /// What the page may load and reach: its own scripts and style from this origin (nothing
 /// inline), images it was given as data URLs, and this origin's API. Trusted Types make every
@@ -74,4 +76,16 @@ pub async fn script() -> Response {
 /// `GET /inputs.js`: settings, images and the composer.
 pub async fn inputs() -> Response {
     file(JS, include_str!("inputs.js"))
+}
+
+/// The page's routes, for a one-model server's router and for the catalog's.
+pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    Router::new()
+        .route("/", get(chat))
+        .route("/chat.css", get(style))
+        .route("/markdown.js", get(markdown))
+        .route("/store.js", get(store))
+        .route("/stream.js", get(stream))
+        .route("/chat.js", get(script))
+        .route("/inputs.js", get(inputs))
 }
