@@ -14,7 +14,11 @@ pub enum Command {
     /// A new conversation under this system prompt (none when empty).
     System(String),
     /// `/set` alone: the settings in force.
+    Settings,
+    /// `/show`: the model, the settings, the system prompt, the context used.
     Show,
+    /// The last message again, its answer dropped.
+    Retry,
     Set(Setting),
     Save(PathBuf),
     Load(PathBuf),
@@ -33,14 +37,19 @@ pub enum Setting {
     MaxTokens(u64),
     MaxThinking(u64),
     Think(bool),
+    Seed(u64),
 }
 
 pub const HELP: &str = "\
 /help                      this list
 /clear                     start a new conversation (the system prompt stays)
 /system TEXT               start a new conversation under this system prompt (/system alone: none)
+/show                      the model, the settings, the system prompt, the context used
+/retry                     drop the last answer and send your last message again
 /set                       show the settings
 /set temperature|top_p|top_k|min_p VALUE
+/set seed N                the sampling seed (answers at a temperature above 0 repeat with it)
+/set system TEXT           the same as /system TEXT
 /set max_tokens N          the most tokens of an answer
 /set max_thinking N        the most tokens of thinking before the model must answer
 /set think on|off          K3 and thinking models: think before answering
@@ -67,8 +76,13 @@ pub fn parse(line: &str) -> Result<Command, String> {
         "help" | "?" => Command::Help,
         "clear" | "new" => Command::Clear,
         "system" => Command::System(rest.to_string()),
-        "set" if rest.is_empty() => Command::Show,
+        "set" if rest.is_empty() => Command::Settings,
+        "set" if rest.split_whitespace().next() == Some("system") => {
+            Command::System(rest.strip_prefix("system").unwrap_or_default().trim().to_string())
+        }
         "set" => Command::Set(setting(rest)?),
+        "show" => Command::Show,
+        "retry" | "regenerate" => Command::Retry,
         "save" => Command::Save(path("save")?),
         "load" => Command::Load(path("load")?),
         "image" | "img" => Command::Image(path("image")?),
@@ -95,6 +109,7 @@ fn setting(s: &str) -> Result<Setting, String> {
             n => Setting::MaxTokens(n),
         },
         "max_thinking" | "max-thinking" => Setting::MaxThinking(count(value)?),
+        "seed" => Setting::Seed(count(value)?),
         "think" => match value {
             "on" | "true" | "yes" => Setting::Think(true),
             "off" | "false" | "no" => Setting::Think(false),
@@ -102,7 +117,7 @@ fn setting(s: &str) -> Result<Setting, String> {
         },
         other => {
             return Err(format!(
-                "`{other}` is not a setting: temperature, top_p, top_k, min_p, max_tokens, max_thinking, think"
+                "`{other}` is not a setting: temperature, top_p, top_k, min_p, max_tokens, max_thinking, think, seed, system"
             ));
         }
     })
@@ -120,6 +135,12 @@ mod tests {
         assert_eq!(parse("/system  Be brief. "), Ok(Command::System("Be brief.".into())));
         assert_eq!(parse("/set temperature 0.2"), Ok(Command::Set(Setting::Temperature(0.2))));
         assert_eq!(parse("/set think off"), Ok(Command::Set(Setting::Think(false))));
+        assert_eq!(parse("/set seed 42"), Ok(Command::Set(Setting::Seed(42))));
+        assert_eq!(parse("/set system Be brief. "), Ok(Command::System("Be brief.".into())));
+        assert_eq!(parse("/set system"), Ok(Command::System(String::new())));
+        assert_eq!(parse("/set"), Ok(Command::Settings));
+        assert_eq!(parse("/show"), Ok(Command::Show));
+        assert_eq!(parse("/retry"), Ok(Command::Retry));
         assert_eq!(parse("/save my chat.json"), Ok(Command::Save("my chat.json".into())));
         assert_eq!(parse("/image my cat.png"), Ok(Command::Image("my cat.png".into())));
         for (bad, says) in [
@@ -130,6 +151,7 @@ mod tests {
             ("/set temperature hot", "not a number"),
             ("/set top_p 2", "top-p"),
             ("/set max_tokens 0", "at least 1"),
+            ("/set seed -1", "not a count"),
             ("/set color red", "not a setting"),
         ] {
             assert!(parse(bad).is_err_and(|e| e.contains(says)), "{bad}");

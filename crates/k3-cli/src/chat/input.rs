@@ -6,6 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+/// Opens and closes a message of several lines.
+const QUOTES: &str = "\"\"\"";
+
 /// Where the user's lines come from.
 pub enum Input {
     /// A terminal: rustyline, with the history file it loads and saves.
@@ -41,12 +44,41 @@ impl Input {
         }
     }
 
-    /// The next line, `None` at the end of input.
+    /// The next message: a line, or, from a line starting with `"""` to one ending with it,
+    /// several lines as one (as in Ollama); `None` at the end of input.
     pub fn line(&mut self) -> Result<Option<String>> {
+        let Some(first) = self.one_line("> ")? else { return Ok(None) };
+        let Some(open) = first.trim_start().strip_prefix(QUOTES) else { return Ok(Some(first)) };
+        if let Some(text) = open.trim_end().strip_suffix(QUOTES) {
+            return Ok(Some(text.to_string()));
+        }
+        let mut lines = vec![open.to_string()];
+        loop {
+            match self.one_line("... ")? {
+                Some(l) => match l.trim_end().strip_suffix(QUOTES) {
+                    Some(last) => {
+                        lines.push(last.to_string());
+                        break;
+                    }
+                    None => lines.push(l),
+                },
+                // The input ended inside the quotes: what was typed is the message.
+                None => break,
+            }
+        }
+        let text = lines.join("\n").trim_matches('\n').to_string();
+        if let Input::Editor(ed, _) = self {
+            let _ = ed.add_history_entry(format!("{QUOTES}{text}{QUOTES}"));
+        }
+        Ok(Some(text))
+    }
+
+    /// One line of input after `prompt`.
+    fn one_line(&mut self, prompt: &str) -> Result<Option<String>> {
         match self {
             Input::Once(m) => Ok(m.take()),
             Input::Piped(stdin) => {
-                eprint!("> ");
+                eprint!("{prompt}");
                 let mut line = String::new();
                 if stdin.read_line(&mut line).context("reading standard input")? == 0 {
                     eprintln!();
@@ -55,9 +87,9 @@ impl Input {
                 Ok(Some(line.trim_end_matches(['\n', '\r']).to_string()))
             }
             Input::Editor(ed, _) => loop {
-                match ed.readline("> ") {
+                match ed.readline(prompt) {
                     Ok(line) => {
-                        if !line.trim().is_empty() {
+                        if prompt == "> " && !line.trim().is_empty() && !line.trim_start().starts_with(QUOTES) {
                             let _ = ed.add_history_entry(line.as_str());
                         }
                         return Ok(Some(line));

@@ -1,12 +1,14 @@
 //! `k3-cli chat`: an interactive multi-turn session over `k3_generate::Generator`. Each
 //! turn appends only its new tokens to the running session. On a terminal: a banner, line editing
-//! (`input`), slash commands (`commands`: /help, /clear, /system, /set, /save, /load, /bye), a
+//! (`input`, with `"""` for a message of several lines), slash commands (`commands` reads them,
+//! `act` carries them out: /help, /clear, /system, /set, /show, /retry, /save, /load, /bye), a
 //! counting thinking line or the thinking shown dimmed and apart, tool calls as name and
 //! arguments (`show`), colour unless `NO_COLOR`. Ctrl-C stops the current answer and keeps the
 //! session; an answer cut short is closed and says so. An answer that fails (the engine's error,
 //! standard output gone) keeps the conversation: the user's turn and what was said stay, the
 //! error is said, and the next turn is computed afresh from the messages.
 
+mod act;
 mod commands;
 mod input;
 mod saved;
@@ -29,7 +31,7 @@ use crate::prompt_cache::PromptCacheArgs;
 use crate::run::{EngineArgs, Needs, RUN_ACTIVATIONS, open_model};
 use crate::sampling::SamplingArgs;
 use crate::signals;
-use commands::{Command, Setting};
+use commands::Command;
 use input::Input;
 use show::Style;
 use turn::Turn;
@@ -215,10 +217,15 @@ pub fn run(a: ChatArgs) -> Result<ExitCode> {
             Ok(Command::Say(text)) => text,
             Ok(Command::Exit) => break,
             Ok(cmd) => {
-                if command(cmd, &mut chat, (&engine, &tok), style)? {
-                    session = engine.session();
+                let here = act::Here { path: &path, used: session.tokens() };
+                match act::command(cmd, &mut chat, (&engine, &tok), &here, style)? {
+                    act::Then::Wait => continue,
+                    act::Then::Restart => {
+                        session = engine.session();
+                        continue;
+                    }
+                    act::Then::Send(text) => text,
                 }
-                continue;
             }
             Err(e) => {
                 style.note(&e);
@@ -320,129 +327,6 @@ fn banner(
     );
     let kept = history.map_or_else(|| "not kept".into(), |h| format!("kept in {}", h.display()));
     eprintln!("line history {kept} · /help for commands · Ctrl-C stops an answer · Ctrl-D or /bye quits");
-}
-
-/// Carries out a command; `true` when the session must start over.
-fn command(cmd: Command, chat: &mut Chat<'_>, (engine, tok): (&Engine<'_>, &Tokenizer), style: Style) -> Result<bool> {
-    match cmd {
-        Command::Help => eprintln!("{}", commands::HELP),
-        Command::Clear => {
-            chat.restart(Vec::new());
-            style.note("[a new conversation]");
-            return Ok(true);
-        }
-        Command::System(s) => {
-            chat.system = (!s.is_empty()).then_some(s);
-            chat.restart(Vec::new());
-            style.note(if chat.system.is_some() {
-                "[a new conversation under the new system prompt]"
-            } else {
-                "[a new conversation, no system prompt]"
-            });
-            return Ok(true);
-        }
-        Command::Show => {
-            let p = &chat.params;
-            eprintln!(
-                "{}; max_tokens {}; {}; context {} tokens",
-                k3_generate::generation_config::describe(&p.sampler),
-                p.max_tokens,
-                match (chat.thinks, chat.think) {
-                    (false, _) => "this model does not think".to_string(),
-                    (true, on) =>
-                        format!("think {}, max_thinking {}", if on { "on" } else { "off" }, p.max_thinking.unwrap_or(0)),
-                },
-                engine.plan().context
-            );
-        }
-        Command::Set(s) => set(s, chat, style),
-        Command::Save(path) => {
-            match saved::save(&path, &chat.messages, &chat.image_files[..chat.image_files.len() - chat.queued]) {
-                Ok(()) => style.note(&format!(
-                    "[saved {} messages{} to {}]",
-                    chat.messages.len(),
-                    and_images(chat.image_files.len() - chat.queued),
-                    path.display()
-                )),
-                Err(e) => style.note(&format!("[not saved: {}]", crate::tidy(&e))),
-            }
-        }
-        Command::Load(path) => match load(&path, engine, tok) {
-            Ok((loaded, images)) => {
-                style.note(&format!(
-                    "[loaded {} messages{} from {}: a new conversation]",
-                    loaded.messages.len(),
-                    and_images(images.len()),
-                    path.display()
-                ));
-                chat.system = loaded.messages.first().filter(|m| m.role == Role::System).map(|m| m.content.clone());
-                chat.restart(loaded.messages);
-                chat.images = images;
-                chat.image_files = loaded.images;
-                return Ok(true);
-            }
-            Err(e) => style.note(&format!("[not loaded: {}]", crate::tidy(&e))),
-        },
-        Command::Image(path) => match crate::images::read(engine, tok, &path) {
-            Ok(img) => {
-                let n = img.prompt.rows.len() / engine.hidden().max(1);
-                style.note(&format!(
-                    "[{} x {} image, {n} positions: it goes with your next message]",
-                    img.prompt.width, img.prompt.height
-                ));
-                chat.queue(img);
-            }
-            Err(e) => style.note(&format!("[no image: {}]", crate::tidy(&e))),
-        },
-        Command::Say(_) | Command::Exit => {}
-    }
-    Ok(false)
-}
-
-/// " and N images" after a count of messages (nothing without images).
-fn and_images(n: usize) -> String {
-    match n {
-        0 => String::new(),
-        n => format!(" and {n} image{}", if n == 1 { "" } else { "s" }),
-    }
-}
-
-/// A saved conversation read (within the context's text) and its images embedded.
-fn load(path: &std::path::Path, engine: &Engine<'_>, tok: &Tokenizer) -> Result<(saved::Saved, Vec<PromptImage>)> {
-    let loaded = saved::load(path, &crate::prompt::TextBound::of(tok, engine.plan().context))?;
-    if !loaded.images.is_empty() {
-        // Once, before any image is decoded: a model without eyes says so for the first.
-        engine.check_sees().with_context(|| format!("{}: image 1", path.display()))?;
-    }
-    let limits = k3_generate::media::DecodeLimits::default();
-    let mut images = Vec::with_capacity(loaded.images.len());
-    for (i, bytes) in loaded.images.iter().enumerate() {
-        let image = crate::images::embed(engine, bytes, &limits);
-        images.push(image.with_context(|| format!("{}: image {}", path.display(), i + 1))?);
-    }
-    if !images.is_empty() {
-        k3_generate::media::check_tokenizer(tok)?;
-    }
-    Ok((loaded, images))
-}
-
-fn set(s: Setting, chat: &mut Chat<'_>, style: Style) {
-    let p = &mut chat.params;
-    match s {
-        Setting::Temperature(t) => p.sampler.temperature = t,
-        Setting::TopP(v) => p.sampler.top_p = v,
-        Setting::TopK(k) => p.sampler.top_k = k,
-        Setting::MinP(v) => p.sampler.min_p = v,
-        Setting::MaxTokens(n) => p.max_tokens = n,
-        Setting::MaxThinking(n) if chat.thinks => p.max_thinking = Some(n),
-        Setting::Think(on) if chat.thinks => {
-            chat.think = on;
-            p.starts_in_think = on && p.think_tags.is_none();
-            style.note("[thinking changes from the next conversation: /clear starts one]");
-        }
-        Setting::MaxThinking(_) | Setting::Think(_) => return style.note("[this model does not think]"),
-    }
-    style.note("[set]");
 }
 
 /// What chat says of a turn that failed, `before` the number of messages it started with: nothing
