@@ -278,7 +278,9 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
                 "serving {} at http://{local}/v1 (OpenAI API; Ollama's at /api): each loads when a request names it, one in memory at a time{key}",
                 names.join(", ")
             );
-            let (router, status, board) = k3_server::catalog::app(opts, offers, None);
+            // One model offered (an empty store): loaded at once, as with --model.
+            let first = (offers.len() == 1).then_some(0);
+            let (router, status, board) = k3_server::catalog::app(opts, offers, first);
             return k3_server::catalog::serve(listener, router, status, board, limits).await.map_err(anyhow::Error::new);
         }
         eprintln!(

@@ -14,9 +14,18 @@ fn the_page_is_served_static_and_self_contained() {
     assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
     let csp = r.header("content-security-policy").unwrap();
     assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"), "{csp}");
-    assert!(r.body.contains("/v1/chat/completions") && r.body.contains("Authorization"));
-    for outside in ["http://", "https://", "//cdn", "src=\""] {
-        assert!(!r.body.contains(outside), "the page refers to {outside}");
+    // Everything it loads is a file of this server (a local path), served without the key too.
+    let mut all = r.body.clone();
+    for part in r.body.split(['"', '\'']).filter(|p| p.starts_with('/')) {
+        assert!(!part.starts_with("//"), "the page refers to {part}");
+        let f = s.request("GET", part, &[], "");
+        assert_eq!(f.status, 200, "{part}");
+        assert_eq!(f.header("x-content-type-options"), Some("nosniff"), "{part}");
+        all.push_str(&f.body);
+    }
+    assert!(all.contains("/v1/chat/completions") && all.contains("Authorization"));
+    for outside in ["http://", "https://", "//cdn", "fetch(\"http", "import("] {
+        assert!(!all.contains(outside), "the page refers to {outside}");
     }
     // The API behind it still wants the key.
     assert_eq!(s.request("GET", "/v1/models", &[], "").status, 401);
