@@ -240,7 +240,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Ps { host, port, api_key, json } => {
             let key = api_key.or_else(|| std::env::var("K3_API_KEY").ok().filter(|k| !k.is_empty()));
             models::ps(&host, port, key.as_deref(), json)
-        },
+        }
         Command::Convert(a) => k3_cli::convert::run(a).map(|()| ExitCode::SUCCESS),
     }
 }

@@ -101,7 +101,8 @@ fn get(host: &str, port: u16, path: &str, key: Option<&str>) -> Result<String> {
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").context("the server's answer has no body")?;
     let status = head.split_whitespace().nth(1).unwrap_or("?");
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.into() };
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.into() };
     if status != "200" {
         bail!("{addr}{path} answered {status}: {}", body.trim());
     }

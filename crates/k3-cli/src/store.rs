@@ -116,9 +116,8 @@ pub fn list() -> Result<Vec<Stored>> {
 
 /// Bytes of the regular files directly in `dir` (links not followed).
 fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir).map_or(0, |rd| {
-        rd.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
-    })
+    std::fs::read_dir(dir)
+        .map_or(0, |rd| rd.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
 }
 
 /// Where `convert --name NAME` writes.
@@ -137,7 +136,11 @@ pub fn remove(name: &str) -> Result<PathBuf> {
         bail!("no stored model is named `{name}` (`k3-cli list` shows them)");
     };
     // Renamed aside first, so a name is either whole or gone, never half removed.
-    let aside = dir.with_file_name(format!(".removing-{}-{}", dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()), std::process::id()));
+    let aside = dir.with_file_name(format!(
+        ".removing-{}-{}",
+        dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        std::process::id()
+    ));
     std::fs::rename(&dir, &aside).with_context(|| format!("removing {}", dir.display()))?;
     std::fs::remove_dir_all(&aside).with_context(|| format!("removing {}", aside.display()))?;
     Ok(dir)

@@ -20,10 +20,8 @@ fn saved(path: &std::path::Path) -> Vec<(String, String)> {
 fn a_message_of_several_lines_between_triple_quotes() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("c.json");
-    let input = format!(
-        "\"\"\"Who made\n\n  the light?\nSay it\"\"\"\n\"\"\"one line\"\"\"\n/save {}\n",
-        file.display()
-    );
+    let input =
+        format!("\"\"\"Who made\n\n  the light?\nSay it\"\"\"\n\"\"\"one line\"\"\"\n/save {}\n", file.display());
     let (ok, _, err) = k3_stdin(&["chat", "-n", "3", "--temp", "0"], &input);
     assert!(ok, "{err}");
     let users: Vec<String> = saved(&file).into_iter().filter(|(r, _)| r == "user").map(|(_, c)| c).collect();

@@ -166,7 +166,12 @@ fn connection(
 
 /// Serves `router` on `listener` until a stop signal (then drains, see the module comment) or
 /// until the model fails to load (an error naming why).
-pub async fn serve(listener: TcpListener, router: Router, status: Arc<Status>, limits: Limits) -> Result<(), ServeError> {
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    status: Arc<Status>,
+    limits: Limits,
+) -> Result<(), ServeError> {
     let mut stop = Stop::new().map_err(ServeError::Signals)?;
     let graceful = GracefulShutdown::new();
     let conns = Arc::new(Conns::default());

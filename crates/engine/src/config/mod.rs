@@ -4,6 +4,7 @@
 //! a missing field.
 
 mod check;
+mod k31;
 mod vision;
 
 pub use vision::Vision;
@@ -11,6 +12,7 @@ pub use vision::Vision;
 use std::path::{Path, PathBuf};
 
 use k3_attn::mla::{PositionEmbedding, Rope, Yarn};
+pub use k31::K31_MODEL_TYPE;
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -407,11 +409,17 @@ impl ModelConfig {
         let root: Root = serde_json::from_value(root_value.clone()).map_err(|e| err(e.to_string()))?;
         let family = match root.model_type.as_str() {
             "kimi_k3" => Family::KimiK3,
+            // Kimi K3.1 Pro: K3's architecture post-trained (its config is not yet public where
+            // we could read it); run as K3 only while every field is one K3's config has.
+            K31_MODEL_TYPE => {
+                k31::check(&root_value).map_err(err)?;
+                Family::KimiK3
+            }
             "kimi_linear" => Family::KimiLinear,
             "kimi_k2" | "deepseek_v3" => Family::DeepseekV3,
             other => {
                 return Err(err(format!(
-                    "model_type `{other}` is not a model k3 runs (kimi_k3, kimi_linear, kimi_k2, deepseek_v3)"
+                    "model_type `{other}` is not a model k3 runs (kimi_k3, kimi_k31, kimi_linear, kimi_k2, deepseek_v3)"
                 )));
             }
         };

@@ -57,7 +57,15 @@ pub(super) fn command(
         }
         Command::Settings => eprintln!("{}", settings(chat, engine)),
         Command::Show => show(chat, engine, here),
-        Command::Retry => return Ok(retry(chat).map_or_else(|why| { style.note(why); Then::Wait }, Then::Send)),
+        Command::Retry => {
+            return Ok(retry(chat).map_or_else(
+                |why| {
+                    style.note(why);
+                    Then::Wait
+                },
+                Then::Send,
+            ));
+        }
         Command::Set(s) => set(s, chat, style),
         Command::Save(path) => {
             match saved::save(&path, &chat.messages, &chat.image_files[..chat.image_files.len() - chat.queued]) {
@@ -113,7 +121,8 @@ fn settings(chat: &Chat<'_>, engine: &Engine<'_>) -> String {
         p.max_tokens,
         match (chat.thinks, chat.think) {
             (false, _) => "this model does not think".to_string(),
-            (true, on) => format!("think {}, max_thinking {}", if on { "on" } else { "off" }, p.max_thinking.unwrap_or(0)),
+            (true, on) =>
+                format!("think {}, max_thinking {}", if on { "on" } else { "off" }, p.max_thinking.unwrap_or(0)),
         },
         engine.plan().context
     )
@@ -123,7 +132,13 @@ fn settings(chat: &Chat<'_>, engine: &Engine<'_>) -> String {
 fn show(chat: &Chat<'_>, engine: &Engine<'_>, here: &Here<'_>) {
     let c = engine.config();
     let context = engine.plan().context.max(1);
-    eprintln!("model     {} ({}, {} layers, vocab {})", here.path.display(), c.family.name(), engine.layers(), engine.vocab());
+    eprintln!(
+        "model     {} ({}, {} layers, vocab {})",
+        here.path.display(),
+        c.family.name(),
+        engine.layers(),
+        engine.vocab()
+    );
     eprintln!("settings  {}", settings(chat, engine));
     eprintln!("system    {}", chat.system.as_deref().map_or_else(|| "none".into(), |s| format!("{s:?}")));
     eprintln!(
@@ -219,4 +234,3 @@ fn set(s: Setting, chat: &mut Chat<'_>, style: Style) {
     }
     style.note("[set]");
 }
-

@@ -106,11 +106,13 @@ async fn forward(State(c): State<Catalog>, req: Request) -> Response {
     let shape = Shape::of_path(req.uri().path());
     let (parts, body) = req.into_parts();
     let (name, body) = if names_a_model(&parts.method, parts.uri.path()) {
-        let bytes = match crate::request::read_body(Request::from_parts(parts.clone(), body), c.body_limit, c.body_timeout).await
-        {
-            Ok(b) => b,
-            Err(e) => return e.shaped(shape),
-        };
+        let bytes =
+            match crate::request::read_body(Request::from_parts(parts.clone(), body), c.body_limit, c.body_timeout)
+                .await
+            {
+                Ok(b) => b,
+                Err(e) => return e.shaped(shape),
+            };
         (asked(&bytes), Body::from(bytes))
     } else {
         (None, body)
@@ -159,7 +161,11 @@ pub async fn serve(
 async fn models(State(c): State<Catalog>) -> Response {
     let board = c.board.clone();
     let created = c.created;
-    match tokio::task::spawn_blocking(move || (0..board.offers().len()).map(|i| board.model_object(i, created)).collect::<Vec<_>>()).await {
+    match tokio::task::spawn_blocking(move || {
+        (0..board.offers().len()).map(|i| board.model_object(i, created)).collect::<Vec<_>>()
+    })
+    .await
+    {
         Ok(data) => Json(json!({"object": "list", "data": data})).into_response(),
         Err(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "listing the models failed").shaped(Shape::OpenAi),
     }

@@ -114,8 +114,11 @@ impl Board {
     /// A 404 naming what is offered.
     pub(crate) fn unknown(&self, name: &str) -> ApiError {
         let ids: Vec<&str> = self.offers.iter().map(|o| o.id.as_str()).collect();
-        ApiError::new(StatusCode::NOT_FOUND, format!("model '{name}' not found; this server offers: {}", ids.join(", ")))
-            .with_code("model_not_found")
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("model '{name}' not found; this server offers: {}", ids.join(", ")),
+        )
+        .with_code("model_not_found")
     }
 
     fn load(&self, i: usize) -> Arc<Resident> {
@@ -202,9 +205,7 @@ impl Board {
     pub(crate) async fn propagate(&self) {
         loop {
             if let Some(r) = self.loaded() {
-                for (from, to) in
-                    [(&self.status.draining, &r.status().draining), (&self.status.cut, &r.status().cut)]
-                {
+                for (from, to) in [(&self.status.draining, &r.status().draining), (&self.status.cut, &r.status().cut)] {
                     if from.load(Ordering::SeqCst) {
                         to.store(true, Ordering::SeqCst);
                     }
@@ -290,8 +291,8 @@ struct Described {
 fn describe(o: &Offer, open: &k3_engine::OpenOptions) -> Result<Described, String> {
     let model = k3_engine::Model::open_with(&o.path, open).map_err(|e| e.to_string())?;
     let raw = model.blob("config.json").ok_or("the model embeds no config.json")?;
-    let cfg = k3_engine::config::ModelConfig::parse(std::path::Path::new("config.json"), raw)
-        .map_err(|e| e.to_string())?;
+    let cfg =
+        k3_engine::config::ModelConfig::parse(std::path::Path::new("config.json"), raw).map_err(|e| e.to_string())?;
     let tok = k3_generate::model_tokenizer(&model).transpose().map_err(|e| e.to_string())?;
     let about = crate::about::About::of(&model, tok.as_ref(), cfg.family);
     Ok(Described { family: cfg.family, sees: cfg.vision.is_some(), about })
