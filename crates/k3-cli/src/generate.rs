@@ -134,7 +134,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
     }
     let t1 = std::time::Instant::now();
     let Streamed { per_token, logprobs, lost } = stream(&engine, &mut g, tok.is_some())?;
-    say_stop(g.finish(), g.produced(), engine.plan().context);
+    say_stop(g.finish(), g.produced(), engine.plan().context, a.engine.stats.then_some(a.max_tokens));
     let (prefill, produced, spec) = (g.prefill, g.produced() as usize, g.spec);
     drop(g);
     let decode = (produced, t1.elapsed().as_secs_f64());
@@ -158,9 +158,12 @@ fn no_room(e: GenerateError) -> anyhow::Error {
     }
 }
 
-/// Says on standard error why a run stopped before its end, when it did.
-fn say_stop(finish: Option<Finish>, produced: u64, context: u64) {
+/// Says on standard error why a run stopped before its end, when it did; with `--stats`
+/// (`max_tokens` given), why it stopped whatever the reason.
+fn say_stop(finish: Option<Finish>, produced: u64, context: u64, max_tokens: Option<u64>) {
     match finish {
+        Some(Finish::Length) if let Some(n) = max_tokens => eprintln!("[stopped: --max-tokens {n} reached]"),
+        Some(Finish::Stop) if max_tokens.is_some() => eprintln!("[stopped: the model ended its message]"),
         Some(Finish::ContextFull) => {
             eprintln!("[stopped: the context of {context} tokens is full; raise --context for longer generations]")
         }

@@ -250,8 +250,80 @@ fn real_main() -> Result<ExitCode> {
 mod help_check;
 
 #[cfg(test)]
+#[path = "../tests/common/docs.rs"]
+mod docs_check;
+
+#[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    /// The user documents against the parsers: every `k3-cli` command line shown parses, every
+    /// `--switch` named is one of k3-cli's (or one of llama.cpp's it refuses, or another
+    /// program's shown beside it), and every default stated is the parser's.
+    #[test]
+    fn the_documents_agree_with_the_parsers() {
+        use crate::docs_check::{Doc, normal, stated_defaults, switches, words};
+        use clap::Parser;
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../");
+        let mut known = std::collections::BTreeMap::new();
+        switches(&super::Cli::command(), "k3-cli", &mut known);
+        // Other programs' switches the documents show (curl, cargo, hf, pip, claude, npm, python).
+        let others = [
+            "--fail-with-body",
+            "--retry",
+            "--retry-connrefused",
+            "--retry-delay",
+            "--locked",
+            "--path",
+            "--local-dir",
+            "--bare",
+            "--workspace",
+            "--release",
+            "--no-deps",
+            "--check",
+            "--lib",
+            "--test",
+            "--help",
+            "--version",
+        ];
+        let mut wrong = Vec::new();
+        for name in ["README.md", "docs/SERVING.md"] {
+            let doc = Doc::read(name, &std::fs::read_to_string(format!("{root}{name}")).unwrap());
+            for line in doc.commands() {
+                let Err(e) = super::Cli::try_parse_from(words(&line)) else { continue };
+                // A command named in passing (its required arguments left out), or a placeholder
+                // such as N or DIR where a value goes, is not a wrong line.
+                let first = e.to_string().lines().next().unwrap_or("").to_string();
+                let placeholder = first.split('\'').nth(1).is_some_and(|v| v.chars().all(|c| c.is_ascii_uppercase()));
+                if e.kind() != clap::error::ErrorKind::MissingRequiredArgument && !placeholder {
+                    wrong.push(format!("{name}: `{line}` does not parse: {first}"));
+                }
+            }
+            for span in doc.spans() {
+                let first = span.split_whitespace().next().unwrap_or_default();
+                let Some(flag) = first.split('=').next().filter(|f| f.starts_with("--") && f.len() > 2) else {
+                    continue;
+                };
+                let refused = crate::llama_switches::refusal(&["k3-cli".into(), flag.into()]).is_some();
+                if !known.contains_key(flag) && !refused && !others.contains(&flag) {
+                    wrong.push(format!("{name}: `{flag}` is no switch of k3-cli"));
+                }
+            }
+            for (flag, value) in stated_defaults(&doc.prose) {
+                let Some(args) = known.get(&flag) else { continue };
+                let ok = args.iter().any(|(_, defaults, help)| {
+                    defaults.iter().any(|d| normal(d) == normal(&value))
+                        || help.contains(&format!("[default: {value}"))
+                        || help.contains(&format!("[default: {}", normal(&value)))
+                });
+                if !ok {
+                    let said: Vec<String> = args.iter().map(|(p, d, _)| format!("{p}: {d:?}")).collect();
+                    wrong.push(format!("{name}: says `{flag}` defaults to {value}; the parser's: {}", said.join("; ")));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "the documents disagree with the binary:\n{}", wrong.join("\n"));
+    }
 
     /// Every option and argument of every subcommand says what it is for.
     #[test]

@@ -439,3 +439,15 @@ fn serve_refuses_an_unusable_alias() {
     let (ok, _, err) = k3(&["serve", "--alias", "my model"]);
     assert!(!ok && err.contains("not a usable model id"), "{err}");
 }
+
+/// `generate` says why it stopped: at --max-tokens only with --stats (the README says so), a
+/// full context always.
+#[test]
+fn generate_says_why_it_stopped() {
+    let (ok, _, err) = k3(&["generate", "And God said", "-n", "3", "--stats"]);
+    assert!(ok && err.contains("[stopped: --max-tokens 3 reached]"), "{err}");
+    let (ok, _, err) = k3(&["generate", "And God said", "-n", "3"]);
+    assert!(ok && !err.contains("[stopped"), "{err}");
+    let (ok, _, err) = k3(&["generate", "And God said", "-n", "64", "--context", "8"]);
+    assert!(ok && err.contains("[stopped: the context of 8 tokens is full"), "{err}");
+}
