@@ -9,7 +9,7 @@ const K3Store = (() => {
   const SETTINGS = "k3-settings";
   const MAX_CONVERSATIONS = 100;
   const DEFAULTS = Object.freeze({
-    system: "", temperature: "", top_p: "", max_answer: "", thinking: true, effort: "max", allowance: "8192",
+    system: "", temperature: "", top_p: "", max_answer: "", thinking: true, effort: "max", allowance: "8192", // allowance: the thinking budget
   });
 
   const text = (v) => (typeof v === "string" ? v : "");
@@ -30,7 +30,7 @@ const K3Store = (() => {
     return list
       .filter((c) => c && typeof c.id === "string" && Array.isArray(c.messages))
       .map((c) => ({
-        id: c.id, title: text(c.title) || "New chat", updated: Number(c.updated) || 0,
+        id: c.id, title: text(c.title) || "New chat", updated: Number(c.updated) || 0, model: text(c.model),
         messages: c.messages.map(cleanMessage).filter(Boolean),
       }))
       .sort((a, b) => b.updated - a.updated);
