@@ -338,7 +338,10 @@ impl ChatRequest {
         let n = match &self.thinking_budget {
             None | Some(serde_json::Value::Null) => return Ok(None),
             Some(v) => v.as_u64().filter(|&n| n >= 1).ok_or_else(|| {
-                ApiError::bad("thinking_budget", format!("thinking_budget is {v}; give a whole number of tokens, at least 1"))
+                ApiError::bad(
+                    "thinking_budget",
+                    format!("thinking_budget is {v}; give a whole number of tokens, at least 1"),
+                )
             })?,
         };
         if !info.about.thinking {
