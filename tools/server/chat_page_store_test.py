@@ -7,7 +7,8 @@ scratch `K3_DATA_DIR` holding two models converted here: the tiny K3 with its vi
 - choosing tiny-k3 shows the image button and the thinking switch, choosing another hides them;
 - a message sent with each model is answered, its request naming that model (tiny-k3's with
   its thinking budget), the answer's status saying the model loads while it does;
-- the choice survives a reload; each conversation brings back its own model when switched to;
+- the choice survives a reload (the conversation shown is shown again, with its model); each
+  conversation brings back its own model when switched to;
 - the page fetches nothing but this server.
 
     python tools/server/chat_page_store_test.py target/debug/k3-cli TOOL_CALLER fixtures/golden/tiny-k3-vision [SHOT.png]
@@ -59,10 +60,9 @@ def follows(page, sees):
 
 
 def answered_by(p, model, text):
-    """Sends `text` in a new conversation; the request named `model`, and the answer came while
-    the status first said the model was loading."""
+    """Sends `text`; the request named `model`, and the answer came while the status first said
+    the model was loading."""
     page = p.page
-    page.click("#new")
     page.evaluate("window.__status = []")
     send(page, text)
     body = p.sent[-1]
@@ -85,18 +85,20 @@ def picker(p, shot):
     follows(page, False)
     page.evaluate(WATCH_STATUS)
 
+    page.click("#new")
     picker.select_option("tiny-k3")
     follows(page, True)
-    setting(page, "#max", "8")
+    setting(page, "#max", "30")
     setting(page, "#budget", "4")
     page.check("#thinking")
     panel(page, False)
     body = answered_by(p, "tiny-k3", "Think about a picture")
-    assert (body["thinking_budget"], body["max_tokens"], body["reasoning_effort"]) == (4, 12, "max"), body
+    assert (body["thinking_budget"], body["max_tokens"], body["reasoning_effort"]) == (4, 34, "max"), body
     expect(page.locator(".assistant details")).to_have_count(1)
     if shot:
         page.screenshot(path=shot)
 
+    page.click("#new")
     picker.select_option("caller")
     follows(page, False)
     body = answered_by(p, "caller", "Weather?")
@@ -105,7 +107,8 @@ def picker(p, shot):
     print("chat page (store): the picker lists the store and default; images and thinking follow the model; "
           "each answer from the model chosen, loaded on demand ok")
 
-    # The choice survives a reload; a conversation brings back its model.
+    # The choice survives a reload; a conversation brings back its model, and is shown again
+    # after a reload with it.
     page.reload()
     expect(picker).to_have_value("caller")
     follows(page, False)
@@ -113,15 +116,30 @@ def picker(p, shot):
     expect(picker).to_have_value("tiny-k3")
     follows(page, True)
     page.reload()
+    expect(page.locator(".conversation.current")).to_contain_text("Think about a picture")
     expect(picker).to_have_value("tiny-k3")
     page.click(".conversation .open >> text=Weather?")
     expect(picker).to_have_value("caller")
 
     page.evaluate(WATCH_STATUS)
+    page.click("#new")
     picker.select_option("default")
     follows(page, False)
     answered_by(p, "default", "In the beginning")
     expect(page.locator("#model-pick option[value=default]")).to_have_text("default (loaded)")
+    page.reload()
+    expect(picker).to_have_value("default")
+    # Picked in a conversation without sending: still its model after a reload.
+    picker.select_option("tiny-k3")
+    page.reload()
+    expect(picker).to_have_value("tiny-k3")
+    expect(page.locator(".conversation.current")).to_contain_text("In the beginning")
+    # A new chat keeps the model chosen last.
+    page.click("#new")
+    expect(picker).to_have_value("tiny-k3")
+    page.reload()
+    expect(page.locator(".msg")).to_have_count(0)
+    expect(picker).to_have_value("tiny-k3")
     print("chat page (store): the choice kept over a reload, each conversation's model restored, default answered ok")
 
 

@@ -44,6 +44,7 @@ async function errorText(r) {
 
 function persist() {
   const dropped = K3Store.save(conversations, current && current.id);
+  K3Store.saveShown(current && current.id);
   conversations = conversations.filter((c) => c.messages.length || c === current);
   const notes = [];
   if (dropped.conversations) notes.push(`${dropped.conversations} old conversation(s) dropped: the browser's storage is full`);
@@ -71,6 +72,7 @@ function stopRun() {
 function newChat() {
   stopRun();
   current = null;
+  K3Store.saveShown(null);
   renderConversation();
   renderSidebar();
   promptBox.focus();
@@ -80,6 +82,7 @@ function switchTo(c) {
   if (c === current) return;
   stopRun();
   current = c;
+  K3Store.saveShown(c.id);
   restoreModel(c);
   renderConversation();
   renderSidebar();
@@ -90,6 +93,7 @@ function remove(c) {
   conversations = conversations.filter((x) => x !== c);
   if (c === current) current = null;
   K3Store.save(conversations, current && current.id);
+  K3Store.saveShown(current && current.id);
   renderConversation();
   renderSidebar();
 }

@@ -132,7 +132,7 @@ $("stop").addEventListener("click", stopRun);
 $("new").addEventListener("click", newChat);
 bindSettings();
 bindImages();
-current = conversations[0] || null;
+current = K3Store.loadShown(conversations);
 renderConversation();
 renderSidebar();
 loadModel();

@@ -1,10 +1,10 @@
 "use strict";
 // The models this server offers (/v1/models) and the one requests go to. A server started
 // without --model offers every stored model and loads the one asked for: with more than one
-// the page shows a picker (the remembered choice, else the loaded model, else the first). The
-// choice is kept in the browser's storage and with each conversation (switching to one brings
-// its model back); the image input and the thinking switch follow the chosen model's `vision`
-// and `family`.
+// the page shows a picker (the shown conversation's model, else the choice remembered, else
+// the loaded model, else the first). The choice is kept in the browser's storage and with each
+// conversation (switching to one brings its model back); the image input and the thinking
+// switch follow the chosen model's `vision` and `family`.
 const CHOSEN = "k3-model";
 let offered = []; // [{ id, family, vision }]
 let loadedId = ""; // the model the server has loaded, as far as the page knows
@@ -28,7 +28,8 @@ async function loadModel() {
     fillPicker();
     let remembered = null;
     try { remembered = localStorage.getItem(CHOSEN); } catch { /* no storage: no choice kept */ }
-    chooseModel(findModel(remembered) || findModel(loadedId) || offered[0]);
+    // The shown conversation's model, else the one chosen last, else the loaded one, else the first.
+    chooseModel(findModel(current && current.model) || findModel(remembered) || findModel(loadedId) || offered[0]);
   } catch { modelText("server unreachable"); }
 }
 
@@ -90,4 +91,12 @@ function loadingNote(id) {
   return offered.length > 1 && id && id !== loadedId ? `Loading ${id}…` : "";
 }
 
-$("model-pick").addEventListener("change", () => chooseModel(findModel($("model-pick").value)));
+// A model picked in a conversation is its model from now on.
+$("model-pick").addEventListener("change", () => {
+  const m = findModel($("model-pick").value);
+  chooseModel(m);
+  if (m && current) {
+    current.model = m.id;
+    if (current.messages.length) persist();
+  }
+});
