@@ -22,7 +22,7 @@ function showSettings() {
     text = `thinking_budget = ${budget}: at most ${budget} tokens of thinking, then the model answers. ` +
       "The server counts thinking inside max_tokens, so the page sends max_tokens = max answer tokens + thinking budget " +
       (sent ? `= ${answer} + ${budget} = ${sent}` : "(no limit while the answer has none)") +
-      ": the answer gets at least its tokens, and what the thinking leaves unused.";
+      ": the answer gets its tokens (less the few that close the thinking), and what the thinking leaves unused.";
   } else if (switchable && settings.thinking) {
     text = "No thinking budget: the thinking is not cut short, and max_tokens" + (sent ? ` (${sent})` : " (none)") +
       " counts thinking and answer together.";
