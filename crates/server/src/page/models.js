@@ -22,7 +22,7 @@ async function loadModel() {
     const data = (await r.json()).data;
     if (!Array.isArray(data) || !data.length) { modelText("no model offered"); return; }
     offered = data.filter((m) => m && typeof m.id === "string").map(describeModel);
-    // Only the loaded model's shape (context_length) is known to the server.
+    // /v1/models gives the shape (context_length) of the loaded model only.
     const loaded = data.find((m) => m && m.context_length !== undefined);
     loadedId = loaded ? String(loaded.id) : "";
     fillPicker();
