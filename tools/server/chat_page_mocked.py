@@ -115,7 +115,7 @@ BAD_DOM = """() => {
     bad.push("in the log: " + e.tagName);
   for (const a of document.querySelectorAll("a[href]")) if (/^\\s*(javascript|data|vbscript):/i.test(a.href)) bad.push("link " + a.href);
   const scripts = [...document.scripts].map((s) => s.src);
-  if (scripts.length !== 5 || scripts.some((s) => !s.startsWith(location.origin + "/"))) bad.push("scripts " + scripts);
+  if (scripts.length !== 6 || scripts.some((s) => !s.startsWith(location.origin + "/"))) bad.push("scripts " + scripts);
   return bad;
 }""" % (json.dumps(sorted(ALLOWED)), json.dumps(sorted(ALLOWED_ATTRS)))
 

@@ -9,7 +9,8 @@ from PyPI with `executable_path`, so no browser is downloaded), against `k3-cli 
 - conversations are listed, survive a reload, switch and delete; New chat while an answer
   streams stops it and keeps it out of the new conversation;
 - on a thinking model its thinking shows apart, collapsed, and the thinking switch and
-  effort are sent (max_tokens is the answer's plus the thinking allowance, as the page says);
+  effort are sent, with thinking_budget and max_tokens = the answer's plus the budget, as the
+  page says;
 - on a model that reads images, images come by button, paste and drop, show as thumbnails
   and go out as data URLs; a model that does not read them gets no image button;
 - canned answers (chat_page_mocked.py): markdown and Copy (and its fallback), progress, 23
@@ -240,30 +241,38 @@ def thinking(browser, cli, model):
 
 
 def k3_thinking(p, shot):
-    """K3's thinking switch and effort are sent as reasoning_effort; max_tokens is the answer's
-    plus the thinking allowance while thinking is on, as the page says."""
+    """K3's thinking switch and effort are sent as reasoning_effort, the budget as
+    thinking_budget; max_tokens is the answer's plus the budget while thinking is on, as the
+    page says."""
     page = p.page
     expect(page.locator("#thinking")).to_be_enabled()
     setting(page, "#max", "6")
-    setting(page, "#allowance", "20")
-    expect(page.locator("#max-note")).to_contain_text("max_tokens = max answer tokens + thinking allowance (20) = 26")
+    setting(page, "#budget", "20")
+    expect(page.locator("#max-note")).to_contain_text("thinking_budget = 20: at most 20 tokens of thinking")
+    expect(page.locator("#max-note")).to_contain_text("max_tokens = max answer tokens + thinking budget = 6 + 20 = 26")
     page.screenshot(path=shot.replace(".png", "-settings.png"))
     send(page, "Think first")
-    assert (p.sent[-1]["reasoning_effort"], p.sent[-1]["max_tokens"]) == ("max", 26), p.sent[-1]
+    sent = p.sent[-1]
+    assert (sent["reasoning_effort"], sent["thinking_budget"], sent["max_tokens"]) == ("max", 20, 26), sent
     page.uncheck("#thinking")
     expect(page.locator("#max-note")).to_have_text("max_tokens is the answer's limit (6).")
     page.click("#new")
     send(page, "No thinking")
     assert (p.sent[-1]["reasoning_effort"], p.sent[-1]["max_tokens"]) == ("none", 6), p.sent[-1]
+    assert "thinking_budget" not in p.sent[-1], p.sent[-1]
     page.check("#thinking")
     page.select_option("#effort", "low")
+    setting(page, "#budget", "")
+    expect(page.locator("#max-note")).to_contain_text("No thinking budget")
     page.click("#new")
     send(page, "Think a little")
-    assert (p.sent[-1]["reasoning_effort"], p.sent[-1]["max_tokens"]) == ("low", 26), p.sent[-1]
+    assert (p.sent[-1]["reasoning_effort"], p.sent[-1]["max_tokens"]) == ("low", 6), p.sent[-1]
+    assert "thinking_budget" not in p.sent[-1], p.sent[-1]
+    setting(page, "#budget", "20")
     page.uncheck("#thinking")
     panel(page, False)
     page.click("#new")
-    print("chat page: K3's thinking switch, effort and max_tokens (answer + allowance) sent ok")
+    print("chat page: K3's thinking switch, effort, thinking_budget and max_tokens (answer + budget) sent ok")
 
 
 def png(width=48, height=32):

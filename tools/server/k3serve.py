@@ -1,6 +1,7 @@
 """`k3-cli serve` on a free loopback port for the client tests, stopped when the block ends."""
 
 import contextlib
+import os
 import socket
 import subprocess
 import time
@@ -14,14 +15,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(cli: str, model: str, key: str | None = "sesame", port: int | None = None, context: int | None = None):
-    """A server on `model` (on `port`, else a free one) requiring `key` (None: no key), with
-    `--context context` when given (else the model's own, fitted to memory), once ready: its
-    base URL."""
+def serve(cli: str, model: str | None, key: str | None = "sesame", port: int | None = None, context: int | None = None,
+          env: dict[str, str] | None = None):
+    """A server on `model` (None: no --model, so every model in the store and the built-in
+    `default`, each loaded when asked for) on `port` (else a free one) requiring `key` (None:
+    no key), with `--context context` when given (else the model's own, fitted to memory) and
+    `env` added to this process's environment, once ready: its base URL."""
     port = port or free_port()
-    args = [cli, "serve", "--model", model, "--port", str(port)]
+    args = [cli, "serve"] + (["--model", model] if model else []) + ["--port", str(port)]
     args += ["--context", str(context)] if context else []
-    server = subprocess.Popen(args + (["--api-key", key] if key else []))
+    server = subprocess.Popen(args + (["--api-key", key] if key else []), env={**os.environ, **(env or {})})
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(600):

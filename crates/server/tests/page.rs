@@ -30,6 +30,7 @@ async fn the_page_and_its_files_are_served_without_a_key_under_a_strict_policy()
         ("/store.js", "text/javascript; charset=utf-8"),
         ("/stream.js", "text/javascript; charset=utf-8"),
         ("/chat.js", "text/javascript; charset=utf-8"),
+        ("/models.js", "text/javascript; charset=utf-8"),
         ("/inputs.js", "text/javascript; charset=utf-8"),
     ];
     let mut html = String::new();
@@ -54,7 +55,7 @@ async fn the_page_and_its_files_are_served_without_a_key_under_a_strict_policy()
     }
     // Every file the page loads is served (and nothing inline: no bare <script> or <style>).
     let named: Vec<&str> = html.split(['"', '\'']).filter(|s| s.starts_with('/') && s.contains('.')).collect();
-    assert_eq!(named.len(), 6, "{named:?}");
+    assert_eq!(named.len(), 7, "{named:?}");
     for n in named {
         assert!(files.iter().any(|(p, _)| *p == n), "{n} is not served");
     }

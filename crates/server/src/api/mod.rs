@@ -69,6 +69,10 @@ pub struct ChatRequest {
     /// llama-server's: stream `prompt_progress` chunks while the prompt is read (a boolean;
     /// anything else is refused by name).
     pub return_progress: Option<serde_json::Value>,
+    /// The most tokens of thinking before the model is made to answer (a whole number >= 1),
+    /// for a model that thinks, with its thinking on; `max_tokens` still counts thinking and
+    /// answer together, as OpenAI's does.
+    pub thinking_budget: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -271,6 +275,7 @@ impl ChatRequest {
         let t = self.tools(&messages, tok, info)?;
         let (tools, tool_choice) = (t.declared.as_deref(), t.choice);
         let think = self.think(info)?;
+        let thinking_budget = self.thinking_budget(info, think)?;
         let format = ChatFormat::new(tok, k3_generate::dialect(info.family));
         let internal = |e: k3_text::tokenizer::TokenizerError| {
             ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
@@ -292,6 +297,9 @@ impl ChatRequest {
         let stop_ids: Vec<u32> = std::iter::once(end).chain(info.eos.iter().copied().filter(|&e| e != end)).collect();
         let mut params = self.sampling.params(info, prompt.len(), stop_ids, stop_bytes)?;
         params.starts_in_think = think;
+        // A budget within max_tokens (OpenAI's max_tokens bounds all a turn writes).
+        params.max_thinking = thinking_budget;
+        params.max_tokens_counts_thinking = thinking_budget.is_some();
         // K2-Thinking and its kind reason between `<think>` tokens: that text is the reasoning.
         params.think_tags = if info.family == Family::KimiK3 { None } else { tok.think_tags() };
         params.reasoning_apart = think || params.think_tags.is_some();
@@ -322,6 +330,33 @@ impl ChatRequest {
                 Err(ApiError::bad("return_progress", format!("return_progress is {other}; give true or false")))
             }
         }
+    }
+
+    /// `thinking_budget`: a whole number of tokens, at least 1; refused for a model with no
+    /// thinking channel and for K3 with its thinking switched off.
+    fn thinking_budget(&self, info: &ModelInfo, think: bool) -> Result<Option<u64>, ApiError> {
+        let n = match &self.thinking_budget {
+            None | Some(serde_json::Value::Null) => return Ok(None),
+            Some(v) => v.as_u64().filter(|&n| n >= 1).ok_or_else(|| {
+                ApiError::bad(
+                    "thinking_budget",
+                    format!("thinking_budget is {v}; give a whole number of tokens, at least 1"),
+                )
+            })?,
+        };
+        if !info.about.thinking {
+            return Err(ApiError::bad(
+                "thinking_budget",
+                format!("{} models have no thinking to budget", info.family.name()),
+            ));
+        }
+        if info.family == Family::KimiK3 && !think {
+            return Err(ApiError::bad(
+                "thinking_budget",
+                "thinking is switched off (reasoning_effort none, or chat_template_kwargs): there is no thinking to budget",
+            ));
+        }
+        Ok(Some(n))
     }
 
     /// `logprobs` / `top_logprobs`: how many alternatives to report per token, if any.

@@ -1,6 +1,7 @@
 "use strict";
 // The chat page: conversations (kept by K3Store), settings, images, and answers streamed from
-// this server's /v1/chat/completions (K3Stream), their markdown rendered by K3Markdown. Model
+// this server's /v1/chat/completions (K3Stream) by the model chosen (models.js), their markdown
+// rendered by K3Markdown. Model
 // text reaches the page only through K3Markdown and textContent: nothing here parses HTML.
 const $ = (id) => document.getElementById(id);
 const log = $("log"), promptBox = $("prompt"), key = $("key");
@@ -39,23 +40,11 @@ async function errorText(r) {
   try { const j = await r.json(); return (j.error && j.error.message) || r.statusText; } catch { return r.statusText; }
 }
 
-async function loadModel() {
-  try {
-    const r = await fetch("/v1/models", { headers: headers() });
-    if (!r.ok) { $("model").textContent = r.status === 401 ? "enter the API key" : await errorText(r); return; }
-    const m = (await r.json()).data[0];
-    Object.assign(model, { id: String(m.id), family: String(m.family || ""), vision: m.vision === true });
-    $("model").textContent = model.id;
-  } catch { $("model").textContent = "server unreachable"; }
-  $("vision").hidden = !model.vision;
-  $("attach").hidden = !model.vision;
-  showSettings();
-}
-
 // ---- conversations ----
 
 function persist() {
   const dropped = K3Store.save(conversations, current && current.id);
+  K3Store.saveShown(current && current.id);
   conversations = conversations.filter((c) => c.messages.length || c === current);
   const notes = [];
   if (dropped.conversations) notes.push(`${dropped.conversations} old conversation(s) dropped: the browser's storage is full`);
@@ -83,6 +72,7 @@ function stopRun() {
 function newChat() {
   stopRun();
   current = null;
+  K3Store.saveShown(null);
   renderConversation();
   renderSidebar();
   promptBox.focus();
@@ -92,6 +82,8 @@ function switchTo(c) {
   if (c === current) return;
   stopRun();
   current = c;
+  K3Store.saveShown(c.id);
+  restoreModel(c);
   renderConversation();
   renderSidebar();
 }
@@ -101,6 +93,7 @@ function remove(c) {
   conversations = conversations.filter((x) => x !== c);
   if (c === current) current = null;
   K3Store.save(conversations, current && current.id);
+  K3Store.saveShown(current && current.id);
   renderConversation();
   renderSidebar();
 }
@@ -172,6 +165,7 @@ function busy(on) {
   $("send").hidden = on;
   $("stop").hidden = !on;
   promptBox.disabled = on;
+  $("model-pick").disabled = on;
   for (const b of log.querySelectorAll(".actions button.edit, .actions button.regenerate")) b.disabled = on;
 }
 
@@ -256,8 +250,11 @@ function stats(t) {
 async function answer() {
   const conversation = current;
   const m = { role: "assistant", text: "", reasoning: "", note: "", stats: "", images: [], dropped: 0 };
-  liveNodes.set(m, el("div", "meta", "Waiting for the server…"));
+  // A model not loaded yet loads first: the request waits for it.
+  const loading = loadingNote(model.id);
+  liveNodes.set(m, el("div", "meta", loading || "Waiting for the server…"));
   const body = K3Stream.body(conversation.messages, settings, model);
+  conversation.model = model.id;
   conversation.messages.push(m);
   conversation.updated = Date.now();
   persist();
@@ -281,8 +278,8 @@ async function answer() {
   try {
     const r = await fetch("/v1/chat/completions", { method: "POST", headers: headers(), signal: controller.signal, body: JSON.stringify(body) });
     if (!r.ok) throw new Error(await errorText(r));
-    liveNodes.set(m, el("div", "meta", "Reading the prompt…"));
-    later();
+    modelLoaded(body.model);
+    if (!loading) { liveNodes.set(m, el("div", "meta", "Reading the prompt…")); later(); }
     await K3Stream.read(r, {
       progress(p, at) {
         t.progress = p;

@@ -2,24 +2,32 @@
 // The chat page's inputs: the settings panel (kept by K3Store), images by button, paste and
 // drop (only for a model that reads images), the composer and the page's buttons.
 
-const FIELDS = { system: "system", temperature: "temperature", top_p: "top_p", max: "max_answer", effort: "effort", allowance: "allowance" };
+// Input id: settings key (the thinking budget is kept under its old name, `allowance`).
+const FIELDS = { system: "system", temperature: "temperature", top_p: "top_p", max: "max_answer", effort: "effort", budget: "allowance" };
 
 function showSettings() {
   for (const [id, k] of Object.entries(FIELDS)) if ($(id).value !== settings[k]) $(id).value = settings[k];
   $("thinking").checked = settings.thinking;
   const switchable = K3Stream.switchable(model);
   $("thinking-set").disabled = !switchable;
+  for (const label of $("thinking-set").querySelectorAll("label")) label.hidden = !switchable;
   $("thinking-note").textContent = switchable
-    ? "Off sends reasoning_effort none; on sends the effort chosen."
+    ? "Off sends reasoning_effort none; on sends the effort chosen and the thinking budget."
     : "This model's chat format has no thinking switch: nothing is sent for it.";
-  const thinking = switchable && settings.thinking;
-  const allowance = parseInt(settings.allowance, 10) > 0 ? parseInt(settings.allowance, 10) : 0;
+  const budget = K3Stream.thinkingBudget(settings, model);
   const sent = K3Stream.maxTokens(settings, model);
-  $("max-note").textContent = thinking
-    ? `The server counts thinking inside max_tokens, so with thinking on the page sends max_tokens = ` +
-      `max answer tokens + thinking allowance (${allowance}) ` + (sent ? `= ${sent}` : `(no limit while the answer has none)`) +
-      `. Thinking is not cut at the allowance: a long thought can still use the answer's share.`
-    : "max_tokens is the answer's limit" + (sent ? ` (${sent})` : " (none)") + ".";
+  const answer = sent === undefined ? "" : String(sent - (budget || 0));
+  let text = "max_tokens is the answer's limit" + (sent ? ` (${sent})` : " (none)") + ".";
+  if (budget !== null) {
+    text = `thinking_budget = ${budget}: at most ${budget} tokens of thinking, then the model answers. ` +
+      "The server counts thinking inside max_tokens, so the page sends max_tokens = max answer tokens + thinking budget " +
+      (sent ? `= ${answer} + ${budget} = ${sent}` : "(no limit while the answer has none)") +
+      ": the answer gets its tokens (less the few that close the thinking), and what the thinking leaves unused.";
+  } else if (switchable && settings.thinking) {
+    text = "No thinking budget: the thinking is not cut short, and max_tokens" + (sent ? ` (${sent})` : " (none)") +
+      " counts thinking and answer together.";
+  }
+  $("max-note").textContent = text;
 }
 
 function bindSettings() {
@@ -124,7 +132,7 @@ $("stop").addEventListener("click", stopRun);
 $("new").addEventListener("click", newChat);
 bindSettings();
 bindImages();
-current = conversations[0] || null;
+current = K3Store.loadShown(conversations);
 renderConversation();
 renderSidebar();
 loadModel();

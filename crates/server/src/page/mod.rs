@@ -1,7 +1,7 @@
 //! The chat page at `/`: static files compiled in (no build step, no external fetches) that talk
 //! to this server's `/v1/chat/completions`, streaming: markdown rendered into DOM nodes (never
 //! parsed as HTML), conversations and settings kept in the browser's storage, images for a model
-//! that reads them, and the prompt's progress and the answer's speed. Served without a key (the
+//! that reads them, a model picker when the server offers several, and the prompt's progress and the answer's speed. Served without a key (the
 //! files hold no data; every API call the page makes needs one when the server does), under a
 //! content security policy that lets it run only its own files and reach nothing but this server.
 
@@ -18,7 +18,8 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; c
                       require-trusted-types-for 'script'; trusted-types 'none'";
 
 /// The page's paths: served without a key, as the page itself is.
-const PATHS: [&str; 7] = ["/", "/chat.css", "/markdown.js", "/store.js", "/stream.js", "/chat.js", "/inputs.js"];
+const PATHS: [&str; 8] =
+    ["/", "/chat.css", "/markdown.js", "/store.js", "/stream.js", "/chat.js", "/models.js", "/inputs.js"];
 
 /// Whether `path` is one of the page's files.
 pub fn is_page(path: &str) -> bool {
@@ -73,6 +74,11 @@ pub async fn script() -> Response {
     file(JS, include_str!("chat.js"))
 }
 
+/// `GET /models.js`: the models offered and the one chosen.
+pub async fn models() -> Response {
+    file(JS, include_str!("models.js"))
+}
+
 /// `GET /inputs.js`: settings, images and the composer.
 pub async fn inputs() -> Response {
     file(JS, include_str!("inputs.js"))
@@ -87,5 +93,6 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route("/store.js", get(store))
         .route("/stream.js", get(stream))
         .route("/chat.js", get(script))
+        .route("/models.js", get(models))
         .route("/inputs.js", get(inputs))
 }

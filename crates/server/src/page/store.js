@@ -1,15 +1,16 @@
 "use strict";
 // What the chat page keeps in the browser's localStorage: the conversations (newest first, at
-// most MAX_CONVERSATIONS) and the settings. Storage is small (a few MB per origin) and images
+// most MAX_CONVERSATIONS), the one shown, and the settings. Storage is small (a few MB per origin) and images
 // are large, so a save that hits the quota drops the oldest conversations, then the images of
 // the one being saved, rather than losing the conversation the user is in. Stored data is
 // read defensively (anything malformed is skipped) and only ever shown as text.
 const K3Store = (() => {
   const CONVERSATIONS = "k3-conversations";
   const SETTINGS = "k3-settings";
+  const SHOWN = "k3-shown";
   const MAX_CONVERSATIONS = 100;
   const DEFAULTS = Object.freeze({
-    system: "", temperature: "", top_p: "", max_answer: "", thinking: true, effort: "max", allowance: "8192",
+    system: "", temperature: "", top_p: "", max_answer: "", thinking: true, effort: "max", allowance: "8192", // allowance: the thinking budget
   });
 
   const text = (v) => (typeof v === "string" ? v : "");
@@ -30,7 +31,7 @@ const K3Store = (() => {
     return list
       .filter((c) => c && typeof c.id === "string" && Array.isArray(c.messages))
       .map((c) => ({
-        id: c.id, title: text(c.title) || "New chat", updated: Number(c.updated) || 0,
+        id: c.id, title: text(c.title) || "New chat", updated: Number(c.updated) || 0, model: text(c.model),
         messages: c.messages.map(cleanMessage).filter(Boolean),
       }))
       .sort((a, b) => b.updated - a.updated);
@@ -66,6 +67,18 @@ const K3Store = (() => {
     }
   }
 
+  // The conversation shown, kept so a reload shows it again (with its model).
+  function saveShown(id) {
+    try { localStorage.setItem(SHOWN, id || ""); } catch { /* full: the newest is shown next time */ }
+  }
+
+  function loadShown(list) {
+    let id = null;
+    try { id = localStorage.getItem(SHOWN); } catch { /* no storage */ }
+    if (id === "") return null;
+    return list.find((c) => c.id === id) || list[0] || null;
+  }
+
   function loadSettings() {
     let s;
     try { s = JSON.parse(localStorage.getItem(SETTINGS) || "{}"); } catch { s = {}; }
@@ -83,5 +96,5 @@ const K3Store = (() => {
     try { localStorage.setItem(SETTINGS, JSON.stringify(s)); } catch { /* full: settings stay for this visit */ }
   }
 
-  return { load, save, loadSettings, saveSettings, DEFAULTS };
+  return { load, save, saveShown, loadShown, loadSettings, saveSettings, DEFAULTS };
 })();

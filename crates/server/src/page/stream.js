@@ -9,14 +9,19 @@ const K3Stream = (() => {
   // max, or none to turn it off); other families refuse it.
   const switchable = (model) => model.family === "kimi_k3";
 
-  // The request's max_tokens. The server counts thinking inside max_tokens (this route has no
-  // separate thinking budget), so with thinking on the answer's budget is the field plus the
-  // thinking allowance.
+  // The thinking budget sent (`thinking_budget`: at most that many tokens of thinking, then the
+  // model answers), while K3 thinks; none when the setting is empty or 0.
+  function thinkingBudget(settings, model) {
+    return switchable(model) && settings.thinking ? posInt(settings.allowance) : null;
+  }
+
+  // The request's max_tokens. The server counts thinking inside max_tokens (OpenAI's meaning),
+  // so with a thinking budget it is the answer's tokens plus the budget: the answer always
+  // gets its share, whatever the thinking takes of its own.
   function maxTokens(settings, model) {
     const answer = posInt(settings.max_answer);
     if (answer === null) return undefined;
-    const thinking = switchable(model) && settings.thinking;
-    return thinking ? answer + (parseInt(settings.allowance, 10) > 0 ? parseInt(settings.allowance, 10) : 0) : answer;
+    return answer + (thinkingBudget(settings, model) || 0);
   }
 
   function apiMessage(m, vision) {
@@ -38,6 +43,8 @@ const K3Stream = (() => {
       temperature: num(settings.temperature), top_p: num(settings.top_p), max_tokens: maxTokens(settings, model),
     };
     if (switchable(model)) b.reasoning_effort = settings.thinking ? settings.effort : "none";
+    const budget = thinkingBudget(settings, model);
+    if (budget !== null) b.thinking_budget = budget;
     return b;
   }
 
@@ -73,5 +80,5 @@ const K3Stream = (() => {
     }
   }
 
-  return { body, read, switchable, maxTokens };
+  return { body, read, switchable, maxTokens, thinkingBudget };
 })();
