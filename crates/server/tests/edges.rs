@@ -292,3 +292,25 @@ async fn thinking_switches_on_a_raw_completion_are_refused_by_name() {
     let (s, v) = json_call(&router, post("/v1/completions", &json!({"prompt": "Once", "max_tokens": 2}))).await;
     assert_eq!(s, StatusCode::OK, "{v}");
 }
+
+/// `reasoning_effort` on a family with no effort to set: the efforts agent clients send are
+/// taken (and change nothing: the same answer), anything else is refused by name.
+#[tokio::test]
+async fn an_effort_on_a_model_without_one() {
+    let router = server(ServerOptions::new(default_model())).await;
+    let ask = |effort: Option<&str>| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0});
+        if let Some(e) = effort {
+            body["reasoning_effort"] = json!(e);
+        }
+        body
+    };
+    let (_, plain) = json_call(&router, post("/v1/chat/completions", &ask(None))).await;
+    for e in ["none", "low", "high", "max"] {
+        let (s, v) = json_call(&router, post("/v1/chat/completions", &ask(Some(e)))).await;
+        assert_eq!(s, StatusCode::OK, "{e}: {v}");
+        assert_eq!(v["choices"][0]["message"], plain["choices"][0]["message"], "{e}");
+    }
+    let (s, v) = json_call(&router, post("/v1/chat/completions", &ask(Some("extreme")))).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("reasoning_effort")), "{v}");
+}
