@@ -288,7 +288,7 @@ mod tests {
         ];
         let mut wrong = Vec::new();
         for name in ["README.md", "docs/SERVING.md"] {
-            let doc = Doc::read(name, &std::fs::read_to_string(format!("{root}{name}")).unwrap());
+            let doc = Doc::read(&std::fs::read_to_string(format!("{root}{name}")).unwrap());
             for line in doc.commands() {
                 let Err(e) = super::Cli::try_parse_from(words(&line)) else { continue };
                 // A command named in passing (its required arguments left out), or a placeholder

@@ -53,18 +53,13 @@ impl Input {
             return Ok(Some(text.to_string()));
         }
         let mut lines = vec![open.to_string()];
-        loop {
-            match self.one_line("... ")? {
-                Some(l) => match l.trim_end().strip_suffix(QUOTES) {
-                    Some(last) => {
-                        lines.push(last.to_string());
-                        break;
-                    }
-                    None => lines.push(l),
-                },
-                // The input ended inside the quotes: what was typed is the message.
-                None => break,
+        // The input may end inside the quotes: what was typed is the message.
+        while let Some(l) = self.one_line("... ")? {
+            if let Some(last) = l.trim_end().strip_suffix(QUOTES) {
+                lines.push(last.to_string());
+                break;
             }
+            lines.push(l);
         }
         let text = lines.join("\n").trim_matches('\n').to_string();
         if let Input::Editor(ed, _) = self {

@@ -4,8 +4,11 @@
 
 use std::collections::BTreeMap;
 
-/// Long switches of every subcommand: `--name` -> (command path, default values, help).
-pub fn switches(cmd: &clap::Command, path: &str, out: &mut BTreeMap<String, Vec<(String, Vec<String>, String)>>) {
+/// Where a switch is taken: its command's path, its default values, its help.
+pub type Taken = (String, Vec<String>, String);
+
+/// Long switches of every subcommand: `--name` -> where each is taken.
+pub fn switches(cmd: &clap::Command, path: &str, out: &mut BTreeMap<String, Vec<Taken>>) {
     for a in cmd.get_arguments() {
         let defaults: Vec<String> = a.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
         let help = a.get_long_help().or(a.get_help()).map(ToString::to_string).unwrap_or_default();
@@ -22,13 +25,12 @@ pub fn switches(cmd: &clap::Command, path: &str, out: &mut BTreeMap<String, Vec<
 
 /// A markdown file cut into its code blocks' lines and its prose.
 pub struct Doc {
-    pub name: String,
     pub code: Vec<String>,
     pub prose: String,
 }
 
 impl Doc {
-    pub fn read(name: &str, text: &str) -> Doc {
+    pub fn read(text: &str) -> Doc {
         let (mut code, mut prose, mut inside) = (Vec::new(), String::new(), false);
         let mut pending = String::new();
         for line in text.lines() {
@@ -50,7 +52,7 @@ impl Doc {
                 }
             }
         }
-        Doc { name: name.to_string(), code, prose }
+        Doc { code, prose }
     }
 
     /// The spans in backticks of its prose.

@@ -436,10 +436,9 @@ impl ChatRequest {
                 format!("{} models have no thinking to switch on", info.family.name()),
             )),
             // No effort to set: the values agent clients send with every request change nothing.
-            (_, Some(e), _) if !matches!(e, "none" | "low" | "high" | "max") => Err(ApiError::bad(
-                "reasoning_effort",
-                format!("reasoning_effort `{e}`: give low, high, max or none"),
-            )),
+            (_, Some(e), _) if !matches!(e, "none" | "low" | "high" | "max") => {
+                Err(ApiError::bad("reasoning_effort", format!("reasoning_effort `{e}`: give low, high, max or none")))
+            }
             _ => Ok(false),
         }
     }
