@@ -62,6 +62,9 @@ fn a_k31_field_k3_lacks_is_refused_by_name() {
             (|c: &mut serde_json::Value| c["text_config"]["attn_sink_size"] = 4.into()) as fn(&mut serde_json::Value),
         ),
         ("mtp_config", |c: &mut serde_json::Value| c["mtp_config"] = serde_json::json!({})),
+        ("text_config.linear_attn_config.chunk_size", |c: &mut serde_json::Value| {
+            c["text_config"]["linear_attn_config"]["chunk_size"] = 64.into()
+        }),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let ck = relabelled(dir.path(), edit);

@@ -289,17 +289,27 @@ mod tests {
         let mut wrong = Vec::new();
         for name in ["README.md", "docs/SERVING.md"] {
             let doc = Doc::read(&std::fs::read_to_string(format!("{root}{name}")).unwrap());
-            for line in doc.commands() {
+            // The documents were read: their fences close, and they show commands and switches.
+            assert!(!doc.open_fence, "{name} ends inside a code block");
+            let (commands, spans) = (doc.commands(), doc.spans());
+            assert!(
+                commands.len() >= 8 && spans.len() >= 100,
+                "{name}: {} commands, {} spans",
+                commands.len(),
+                spans.len()
+            );
+            for line in commands {
                 let Err(e) = super::Cli::try_parse_from(words(&line)) else { continue };
                 // A command named in passing (its required arguments left out), or a placeholder
                 // such as N or DIR where a value goes, is not a wrong line.
                 let first = e.to_string().lines().next().unwrap_or("").to_string();
-                let placeholder = first.split('\'').nth(1).is_some_and(|v| v.chars().all(|c| c.is_ascii_uppercase()));
+                let placeholder = e.kind() == clap::error::ErrorKind::ValueValidation
+                    && first.split('\'').nth(1).is_some_and(|v| v.chars().all(|c| c.is_ascii_uppercase()));
                 if e.kind() != clap::error::ErrorKind::MissingRequiredArgument && !placeholder {
                     wrong.push(format!("{name}: `{line}` does not parse: {first}"));
                 }
             }
-            for span in doc.spans() {
+            for span in spans {
                 let first = span.split_whitespace().next().unwrap_or_default();
                 let Some(flag) = first.split('=').next().filter(|f| f.starts_with("--") && f.len() > 2) else {
                     continue;
@@ -311,10 +321,15 @@ mod tests {
             }
             for (flag, value) in stated_defaults(&doc.prose) {
                 let Some(args) = known.get(&flag) else { continue };
+                // A default in the help's words ends there: `1` is not `10`.
+                let in_help = |help: &str, v: &str| {
+                    help.match_indices(&format!("[default: {v}"))
+                        .any(|(at, m)| help[at + m.len()..].starts_with([']', ',', ' ', ';', ')', ':']))
+                };
                 let ok = args.iter().any(|(_, defaults, help)| {
                     defaults.iter().any(|d| normal(d) == normal(&value))
-                        || help.contains(&format!("[default: {value}"))
-                        || help.contains(&format!("[default: {}", normal(&value)))
+                        || in_help(help, &value)
+                        || in_help(help, &normal(&value))
                 });
                 if !ok {
                     let said: Vec<String> = args.iter().map(|(p, d, _)| format!("{p}: {d:?}")).collect();

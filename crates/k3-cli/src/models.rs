@@ -55,12 +55,14 @@ fn ago(secs: u64) -> String {
 
 /// `k3-cli rm NAME...`: every name is checked before any is removed.
 pub fn rm(names: &[String]) -> Result<ExitCode> {
-    for n in names {
+    let mut names = names.to_vec();
+    names.dedup();
+    for n in &names {
         if store::find(n)?.is_none() {
             store::remove(n)?; // says why: the built-in model, or no such name
         }
     }
-    for n in names {
+    for n in &names {
         let dir = store::remove(n)?;
         println!("deleted '{n}' ({})", dir.display());
     }
@@ -90,7 +92,7 @@ pub fn ps(host: &str, port: u16, key: Option<&str>, json: bool) -> Result<ExitCo
 
 /// A GET on a local server, over one HTTP/1.1 connection; the body of a 200.
 fn get(host: &str, port: u16, path: &str, key: Option<&str>) -> Result<String> {
-    let addr = format!("{host}:{port}");
+    let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
     let mut s = std::net::TcpStream::connect(&addr)
         .with_context(|| format!("no k3 server at {addr} (start one with `k3-cli serve`)"))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;

@@ -185,17 +185,19 @@ fn parse_alias(s: &str) -> Result<String, String> {
     }
 }
 
+/// Without --model, the store's models and the built-in one, by name (the catalog).
+fn offers(a: &ServeArgs) -> Result<Option<Vec<Offer>>> {
+    if a.model.is_some() {
+        return Ok(None);
+    }
+    let mut offers: Vec<Offer> =
+        k3_cli::store::list()?.into_iter().map(|m| Offer { id: m.name, path: m.dir }).collect();
+    offers.push(Offer { id: k3_cli::store::DEFAULT_NAME.into(), path: crate::default_model::path()? });
+    Ok(Some(offers))
+}
+
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
-    // Without --model, the store's models and the built-in one, by name (the catalog).
-    let offers = match &a.model {
-        Some(_) => None,
-        None => {
-            let mut offers: Vec<Offer> =
-                k3_cli::store::list()?.into_iter().map(|m| Offer { id: m.name, path: m.dir }).collect();
-            offers.push(Offer { id: k3_cli::store::DEFAULT_NAME.into(), path: crate::default_model::path()? });
-            Some(offers)
-        }
-    };
+    let offers = offers(&a)?;
     let model_id = a.alias.clone().or_else(|| {
         let named = a.model.as_ref().and_then(|m| m.to_str()).filter(|m| !std::path::Path::new(m).exists());
         named.map(str::to_string)

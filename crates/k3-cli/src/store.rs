@@ -44,8 +44,11 @@ pub fn check_name(name: &str) -> Result<(), String> {
             "{name:?} is not a model name: 1-64 letters, digits, '.', '_', '-' or ':', starting with a letter or digit"
         ));
     }
-    if name == DEFAULT_NAME {
+    if untagged(name) == DEFAULT_NAME {
         return Err(format!("`{DEFAULT_NAME}` names the model built into k3-cli; choose another name"));
+    }
+    if name.ends_with(":latest") {
+        return Err(format!("{name:?}: `:latest` is what Ollama's clients add to a name; leave it out"));
     }
     Ok(())
 }
@@ -173,7 +176,20 @@ mod tests {
         for good in ["k3", "kimi-k3.1-pro", "k3:int4", "K2_thinking"] {
             assert!(check_name(good).is_ok(), "{good}");
         }
-        for bad in ["", ".", "..", ".hidden", "a/b", "../x", "-x", "default", "a b", &"x".repeat(65)] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "a/b",
+            "../x",
+            "-x",
+            "default",
+            "default:latest",
+            "k3:latest",
+            "a b",
+            &"x".repeat(65),
+        ] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
         assert_eq!(untagged("k3:latest"), "k3");

@@ -408,44 +408,5 @@ fn the_default_model_travels_with_the_binary() {
     assert!(written.len() == 1 && written[0].starts_with("default-"), "{written:?}");
 }
 
-// 9. Words: every subcommand and option the README shows exists.
-
-#[test]
-fn the_readme_uses_only_options_that_exist() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
-    // Commands in code blocks (run or not) and in inline code spans.
-    let mut commands = Vec::new();
-    let mut in_block = false;
-    for line in readme.lines() {
-        if line.trim_start().starts_with("```") {
-            in_block = !in_block;
-            continue;
-        }
-        if in_block {
-            let code = line.split(" #").next().unwrap();
-            commands.extend(code.split("k3-cli ").skip(1).map(str::to_string));
-        } else {
-            commands.extend(line.split("`k3-cli ").skip(1).map(|c| c.split('`').next().unwrap().to_string()));
-        }
-    }
-    let (ok, top, err) = k3(&["--help"]);
-    assert!(ok, "{err}");
-    let (mut checked, mut subs) = (0, 0);
-    for cmd in &commands {
-        let cmd = cmd.strip_prefix("-- ").unwrap_or(cmd);
-        let mut words = cmd.split_whitespace();
-        let Some(sub) = words.next().filter(|w| w.chars().all(|c| c.is_ascii_lowercase())) else { continue };
-        assert!(top.contains(&format!("  {sub} ")), "README: `k3-cli {sub}` is not a subcommand");
-        let (ok, help, err) = k3(&[sub, "--help"]);
-        assert!(ok, "README: `{sub} --help`: {err}");
-        subs += 1;
-        for opt in
-            words.take_while(|w| !["#", "|", "&", ";"].contains(w)).filter(|w| w.starts_with("--") && w.len() > 2)
-        {
-            let opt = opt.split('=').next().unwrap();
-            assert!(help.contains(opt), "README: `{sub} {opt}` is not an option");
-            checked += 1;
-        }
-    }
-    assert!(subs > 15 && checked > 30, "{subs} commands, {checked} options");
-}
+// 9. Words: the README's commands and switches are checked against the parsers by
+// `the_documents_agree_with_the_parsers` (src/main.rs), with SERVING.md's.

@@ -165,3 +165,36 @@ fn serve_offers_every_stored_model_and_loads_the_one_asked_for() {
     let lines: Vec<String> = s.stderr.try_iter().collect();
     assert!(lines.iter().any(|l| l == "unloading tiny-k3 to load small:q"), "{lines:?}");
 }
+
+#[test]
+fn a_model_that_cannot_load_fails_its_requests_not_the_server() {
+    let data = two_models();
+    // The tiny K3's trunk damaged after it was stored: its header still describes it.
+    let trunk = data.path().join("models/tiny-k3/trunk.waste");
+    let mut bytes = std::fs::read(&trunk).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&trunk, bytes).unwrap();
+    let s = Server::start_in(data.path(), &[]);
+    // Nothing loaded: a request naming no model loads none; Ollama's version answers.
+    let r = s.post("/v1/chat/completions", &[], &json!({"messages": [{"role": "user", "content": "Hi"}]}));
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("no model is loaded"), "{}", r.body);
+    assert_eq!(s.get("/api/version").0, 200);
+    assert!(ps_names(&s).is_empty());
+
+    let r = chat(&s, "tiny-k3");
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("did not load"), "{}", r.body);
+    let (_, health) = s.get("/health");
+    let h: serde_json::Value = serde_json::from_str(&health).unwrap();
+    assert_eq!((h["failed"]["model"].as_str(), h["loading"].as_str()), (Some("tiny-k3"), None), "{h}");
+    let (_, ps) = s.get("/api/ps");
+    assert!(ps.contains("\"failed\":{") && ps.contains("tiny-k3"), "{ps}");
+    // The server goes on: the other model loads and answers.
+    assert_eq!(chat(&s, "small:q").status, 200);
+    assert_eq!(ps_names(&s), ["small:q"]);
+    // On the OpenAI routes a name is the id as listed: `:latest` is Ollama's, and not found here.
+    let r = s.post("/v1/chat/completions", &[], &json!({"model": "small:q:latest", "messages": []}));
+    assert_eq!(r.status, 404, "{}", r.body);
+}

@@ -228,7 +228,7 @@ pub async fn serve(
 
 /// Counts SIGINT, SIGTERM and SIGHUP into `count` (`listen::serve` acts on them; this only
 /// tells a first from a second).
-fn count_signals(count: Arc<AtomicUsize>) -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+pub(crate) fn count_signals(count: Arc<AtomicUsize>) -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
     use tokio::signal::unix::{SignalKind, signal};
     let (mut term, mut int, mut hup) =
         (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?, signal(SignalKind::hangup())?);
@@ -259,6 +259,11 @@ struct Ended(Arc<Status>);
 
 impl Drop for Ended {
     fn drop(&mut self) {
+        // A load that ended without a word (a panic before the scheduler's own guard) says so:
+        // requests waiting for the model hear why instead of waiting on.
+        if !self.0.ready.load(Ordering::SeqCst) && self.0.failure().is_none() {
+            fail(&self.0, "the model's loading stopped on an internal error".into());
+        }
         self.0.ended.store(true, Ordering::SeqCst);
     }
 }

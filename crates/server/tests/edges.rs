@@ -306,7 +306,7 @@ async fn an_effort_on_a_model_without_one() {
         body
     };
     let (_, plain) = json_call(&router, post("/v1/chat/completions", &ask(None))).await;
-    for e in ["none", "low", "high", "max"] {
+    for e in ["none", "minimal", "low", "medium", "high", "xhigh", "max"] {
         let (s, v) = json_call(&router, post("/v1/chat/completions", &ask(Some(e)))).await;
         assert_eq!(s, StatusCode::OK, "{e}: {v}");
         assert_eq!(v["choices"][0]["message"], plain["choices"][0]["message"], "{e}");

@@ -80,13 +80,29 @@ const TEXT: &[&str] = &[
     "transformers_version",
 ];
 
-/// Refuses a K3.1 config with a field K3's config does not have, naming it.
+/// The fields of K3's `text_config.linear_attn_config` (KDA's shape and placement).
+const LINEAR: &[&str] = &[
+    "full_attn_layers",
+    "gate_lower_bound",
+    "head_dim",
+    "kda_layers",
+    "num_heads",
+    "short_conv_kernel_size",
+    "use_full_rank_gate",
+];
+
+/// Refuses a K3.1 config with a field K3's config does not have, naming it: at the top, in
+/// `text_config` and in its `linear_attn_config` (what sets the arithmetic; the quantization and
+/// vision configs are checked where they are read).
 pub(super) fn check(root: &serde_json::Value) -> Result<(), String> {
     let unknown = |obj: Option<&serde_json::Map<String, serde_json::Value>>, known: &[&str], at: &str| {
         obj.into_iter().flat_map(|o| o.keys()).find(|k| !known.contains(&k.as_str())).map(|k| format!("{at}{k}"))
     };
     let text = root.get("text_config").and_then(|t| t.as_object());
-    let found = unknown(root.as_object(), ROOT, "").or_else(|| unknown(text, TEXT, "text_config."));
+    let linear = text.and_then(|t| t.get("linear_attn_config")).and_then(|l| l.as_object());
+    let found = unknown(root.as_object(), ROOT, "")
+        .or_else(|| unknown(text, TEXT, "text_config."))
+        .or_else(|| unknown(linear, LINEAR, "text_config.linear_attn_config."));
     match found {
         None => Ok(()),
         Some(field) => Err(format!(

@@ -409,12 +409,8 @@ impl ModelConfig {
         let root: Root = serde_json::from_value(root_value.clone()).map_err(|e| err(e.to_string()))?;
         let family = match root.model_type.as_str() {
             "kimi_k3" => Family::KimiK3,
-            // Kimi K3.1 Pro: K3's architecture post-trained (its config is not yet public where
-            // we could read it); run as K3 only while every field is one K3's config has.
-            K31_MODEL_TYPE => {
-                k31::check(&root_value).map_err(err)?;
-                Family::KimiK3
-            }
+            // Kimi K3.1 Pro runs as K3 while every field is one K3's config has (`k31`).
+            K31_MODEL_TYPE => k31::check(&root_value).map(|()| Family::KimiK3).map_err(err)?,
             "kimi_linear" => Family::KimiLinear,
             "kimi_k2" | "deepseek_v3" => Family::DeepseekV3,
             other => {

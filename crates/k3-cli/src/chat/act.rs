@@ -160,9 +160,14 @@ fn retry(chat: &mut Chat<'_>) -> Result<String, &'static str> {
         return Err("[nothing to retry: no message has been sent]");
     };
     let images = chat.messages[at].images.len();
+    let later: usize = chat.messages[at + 1..].iter().map(|m| m.images.len()).sum();
     let text = chat.messages[at].content.clone();
     chat.messages.truncate(at);
-    // Its images are the last of the conversation's: queued again for the resent message.
+    // Its images come after every earlier message's, and before those of the messages after it
+    // (a loaded conversation may hold some): those go, its own are queued again.
+    let keep = chat.images.len().saturating_sub(later);
+    chat.images.truncate(keep);
+    chat.image_files.truncate(keep);
     chat.queued = images;
     chat.live = false;
     Ok(text)

@@ -62,8 +62,10 @@ impl Input {
             lines.push(l);
         }
         let text = lines.join("\n").trim_matches('\n').to_string();
+        // The history file keeps one entry a line: a message of several lines is recalled as
+        // one line, its lines joined by spaces.
         if let Input::Editor(ed, _) = self {
-            let _ = ed.add_history_entry(format!("{QUOTES}{text}{QUOTES}"));
+            let _ = ed.add_history_entry(format!("{QUOTES}{}{QUOTES}", text.replace('\n', " ")));
         }
         Ok(Some(text))
     }

@@ -27,6 +27,8 @@ pub fn switches(cmd: &clap::Command, path: &str, out: &mut BTreeMap<String, Vec<
 pub struct Doc {
     pub code: Vec<String>,
     pub prose: String,
+    /// A code fence was left open at the end (the prose and code would be swapped after it).
+    pub open_fence: bool,
 }
 
 impl Doc {
@@ -52,7 +54,7 @@ impl Doc {
                 }
             }
         }
-        Doc { code, prose }
+        Doc { code, prose, open_fence: inside }
     }
 
     /// The spans in backticks of its prose.
@@ -64,9 +66,16 @@ impl Doc {
     pub fn commands(&self) -> Vec<String> {
         let mut out = Vec::new();
         for line in &self.code {
-            // `k3-cli` as the program run (not `cargo run -p k3-cli -- ...`), not a synopsis.
-            let run = |at: usize| at == 0 || (line[..at].ends_with([' ', '|']) && !line[..at].ends_with("-p "));
-            if let Some(at) = line.find("k3-cli ").filter(|&at| run(at) && !line.contains(" [--")) {
+            // `k3-cli` as the program run, or `cargo run ... -p k3-cli -- ARGS`; not a synopsis.
+            if line.contains(" [--") {
+                continue;
+            }
+            if let Some((_, args)) = line.split_once("-p k3-cli -- ") {
+                out.push(cut(&format!("k3-cli {args}")));
+                continue;
+            }
+            let run = |at: usize| at == 0 || line[..at].ends_with([' ', '|']);
+            if let Some(at) = line.find("k3-cli ").filter(|&at| run(at)) {
                 out.push(cut(&line[at..]));
             }
         }

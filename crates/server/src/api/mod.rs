@@ -435,9 +435,13 @@ impl ChatRequest {
                 &format!("chat_template_kwargs.{key}"),
                 format!("{} models have no thinking to switch on", info.family.name()),
             )),
-            // No effort to set: the values agent clients send with every request change nothing.
-            (_, Some(e), _) if !matches!(e, "none" | "low" | "high" | "max") => {
-                Err(ApiError::bad("reasoning_effort", format!("reasoning_effort `{e}`: give low, high, max or none")))
+            // No effort to set: the values agent clients send with every request (OpenAI's and
+            // K3's names) change nothing.
+            (_, Some(e), _) if !matches!(e, "none" | "minimal" | "low" | "medium" | "high" | "xhigh" | "max") => {
+                Err(ApiError::bad(
+                    "reasoning_effort",
+                    format!("reasoning_effort `{e}`: give none, minimal, low, medium, high, xhigh or max"),
+                ))
             }
             _ => Ok(false),
         }

@@ -61,8 +61,10 @@ pub fn app(opts: ServerOptions, offers: Vec<Offer>, first: Option<usize>) -> (Ro
         .route("/api/tags", get(tags))
         .route("/api/ps", get(ps))
         .route("/health", get(health))
+        .route("/api/version", get(crate::ollama::version))
         .merge(crate::page::routes())
         .fallback(forward)
+        .method_not_allowed_fallback(crate::routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(boundary, crate::boundary::check))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(c);
@@ -117,7 +119,7 @@ async fn forward(State(c): State<Catalog>, req: Request) -> Response {
     } else {
         (None, body)
     };
-    let resident = match c.board.resident(name.as_deref()).await {
+    let resident = match c.board.resident(name.as_deref(), shape == Shape::Ollama).await {
         Ok(r) => r,
         Err(e) => return e.shaped(shape),
     };
@@ -127,13 +129,24 @@ async fn forward(State(c): State<Catalog>, req: Request) -> Response {
     }
 }
 
+/// The resident model's state: `(loaded, loading, failed)` ids, at most one of them set (a
+/// failed one with its reason).
+fn resident_state(c: &Catalog) -> (Option<String>, Option<String>, Option<Value>) {
+    let Some(r) = c.board.loaded() else { return (None, None, None) };
+    if let Some(why) = r.failure() {
+        return (None, None, Some(json!({"model": r.id, "reason": why})));
+    }
+    match r.ready_info() {
+        Some(i) => (Some(i.id), None, None),
+        None => (None, Some(r.id.clone()), None),
+    }
+}
+
 /// `GET /health`: the server is up (a request for any model offered is queued while it loads);
-/// which model is loaded, if any.
+/// which model is loaded, loading, or failed to load.
 async fn health(State(c): State<Catalog>) -> Json<Value> {
-    let loaded = c.board.loaded();
-    let ready = loaded.as_ref().and_then(|r| r.ready_info()).map(|i| i.id);
-    let loading = loaded.filter(|_| ready.is_none()).map(|r| r.id.clone());
-    Json(json!({"status": "ok", "loaded": ready, "loading": loading}))
+    let (loaded, loading, failed) = resident_state(&c);
+    Json(json!({"status": "ok", "loaded": loaded, "loading": loading, "failed": failed}))
 }
 
 /// Serves the catalog's router as [`crate::listen::serve`] does; at a stop, waits (at most
@@ -146,12 +159,25 @@ pub async fn serve(
     board: Arc<Board>,
     limits: crate::Limits,
 ) -> Result<(), crate::ServeError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let spreading = board.clone();
     let spread = tokio::spawn(async move { spreading.propagate().await });
+    let signals = Arc::new(AtomicUsize::new(0));
+    let counting = tokio::spawn(crate::count_signals(signals.clone()).map_err(crate::ServeError::Signals)?);
     let served = crate::listen::serve(listener, router, status, limits).await;
-    if !board.stop(crate::STOP_FLUSH + std::time::Duration::from_secs(5)).await {
-        eprintln!("stopping: the prompt cache's states were not all written within {} s", crate::STOP_FLUSH.as_secs());
+    // A second stop signal during the wait means now, as it does for the drain.
+    let again = async {
+        while signals.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! {
+        stopped = board.stop(crate::STOP_FLUSH + std::time::Duration::from_secs(5)) => if !stopped {
+            eprintln!("stopping: the prompt cache's states were not all written within {} s", crate::STOP_FLUSH.as_secs());
+        },
+        () = again => eprintln!("stopping now (another signal): the prompt cache's writes are cut short"),
     }
+    counting.abort();
     spread.abort();
     served
 }
@@ -173,7 +199,7 @@ async fn models(State(c): State<Catalog>) -> Response {
 
 /// `GET /v1/models/{id}`.
 async fn model(State(c): State<Catalog>, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
-    let Some(i) = c.board.find(&id) else { return c.board.unknown(&id).shaped(Shape::OpenAi) };
+    let Some(i) = c.board.find(&id, false) else { return c.board.unknown(&id).shaped(Shape::OpenAi) };
     let (board, created) = (c.board.clone(), c.created);
     match tokio::task::spawn_blocking(move || board.model_object(i, created)).await {
         Ok(v) => Json(v).into_response(),
@@ -191,11 +217,10 @@ async fn tags(State(c): State<Catalog>) -> Response {
     }
 }
 
-/// `GET /api/ps`: the model loaded, if one is; one being loaded is named under `loading`.
+/// `GET /api/ps`: the model loaded, if one is; one being loaded is named under `loading`, one
+/// that failed to load under `failed` with the reason.
 async fn ps(State(c): State<Catalog>) -> Response {
-    let board = c.board.clone();
-    let loaded = board.loaded();
-    let ready = loaded.as_ref().and_then(|r| r.ready_info());
+    let ready = c.board.loaded().and_then(|r| r.ready_info());
     let models: Vec<Value> = ready
         .iter()
         .map(|info| {
@@ -204,8 +229,9 @@ async fn ps(State(c): State<Catalog>) -> Response {
             m
         })
         .collect();
-    let loading: Vec<&str> = loaded.iter().filter(|_| ready.is_none()).map(|r| r.id.as_str()).collect();
-    Json(json!({"models": models, "loading": loading})).into_response()
+    let (_, loading, failed) = resident_state(&c);
+    Json(json!({"models": models, "loading": loading.into_iter().collect::<Vec<_>>(), "failed": failed}))
+        .into_response()
 }
 
 #[cfg(test)]

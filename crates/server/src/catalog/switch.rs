@@ -36,9 +36,26 @@ impl Resident {
         &self.state.handle.status
     }
 
-    /// Loaded, or failed to: nothing more to wait for.
+    /// Loaded, or failed to, or its thread has ended: nothing more to wait for.
     fn settled(&self) -> bool {
-        self.status().ready.load(Ordering::SeqCst) || self.status().failure().is_some()
+        let s = self.status();
+        s.ready.load(Ordering::SeqCst) || s.failure().is_some() || s.ended.load(Ordering::SeqCst)
+    }
+
+    async fn settle(&self) {
+        while !self.settled() {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Loaded or loading, neither failed nor ended: a request naming it need not load it again.
+    fn usable(&self) -> bool {
+        self.status().failure().is_none() && !self.status().ended.load(Ordering::SeqCst)
+    }
+
+    /// Why it cannot serve, once it cannot.
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.status().failure()
     }
 }
 
@@ -105,9 +122,10 @@ impl Board {
         self.now().current.clone()
     }
 
-    /// The offer `name` means (`NAME:latest` is `NAME`).
-    pub fn find(&self, name: &str) -> Option<usize> {
-        let bare = name.strip_suffix(":latest").unwrap_or(name);
+    /// The offer `name` means; with `tagged` (Ollama's routes, whose clients add the tag),
+    /// `NAME:latest` is `NAME`.
+    pub fn find(&self, name: &str, tagged: bool) -> Option<usize> {
+        let bare = name.strip_suffix(":latest").filter(|_| tagged).unwrap_or(name);
         self.offers.iter().position(|o| o.id == name || o.id == bare)
     }
 
@@ -123,7 +141,17 @@ impl Board {
 
     fn load(&self, i: usize) -> Arc<Resident> {
         let o = &self.offers[i];
-        let opts = ServerOptions { model: o.path.clone(), model_id: Some(o.id.clone()), ..self.opts.clone() };
+        // Several models keep their prompt states apart, each within its own disk budget.
+        let prompt_cache_dir = match &self.opts.prompt_cache_dir {
+            Some(d) if self.offers.len() > 1 => Some(d.join(&o.id)),
+            d => d.clone(),
+        };
+        let opts = ServerOptions {
+            model: o.path.clone(),
+            model_id: Some(o.id.clone()),
+            prompt_cache_dir,
+            ..self.opts.clone()
+        };
         let (router, state) = crate::model_app(opts);
         if self.status.draining.load(Ordering::SeqCst) {
             state.handle.status.draining.store(true, Ordering::SeqCst);
@@ -131,42 +159,52 @@ impl Board {
         Arc::new(Resident { id: o.id.clone(), router, state })
     }
 
-    /// The model to answer a request naming `name` (the resident one for none), once it has
-    /// loaded or failed to (its routes then say why); another model is switched to first.
-    pub(crate) async fn resident(self: &Arc<Self>, name: Option<&str>) -> Result<Arc<Resident>, ApiError> {
-        let want = match name {
-            Some(n) => Some(self.find(n).ok_or_else(|| self.unknown(n))?),
-            None => None,
-        };
-        let current = self.loaded();
-        // No model named: the resident one, else the first offered.
-        let want_or_current = want.or_else(|| current.as_ref().and_then(|r| self.find(&r.id)));
-        let hit = match (&current, want) {
-            (Some(r), None) => r.status().failure().is_none(),
-            (Some(r), Some(i)) => r.id == self.offers[i].id && r.status().failure().is_none(),
-            (None, _) => false,
-        };
+    /// The model to answer a request naming `name`, once it has loaded or failed to (its routes
+    /// then say why); another model is switched to first. A request that names none goes to the
+    /// resident model (after a switch under way), and never loads one.
+    pub(crate) async fn resident(
+        self: &Arc<Self>,
+        name: Option<&str>,
+        tagged: bool,
+    ) -> Result<Arc<Resident>, ApiError> {
+        let Some(n) = name else { return self.unnamed().await };
+        let i = self.find(n, tagged).ok_or_else(|| self.unknown(n))?;
         // The old model is not held while waiting: its scheduler ends only once nothing holds it.
-        let r = match current.filter(|_| hit) {
+        let r = match self.loaded().filter(|r| r.id == self.offers[i].id && r.usable()) {
             Some(r) => r,
             None => {
                 let board = self.clone();
-                let i = want_or_current.unwrap_or(0);
                 tokio::spawn(async move { board.switch_to(i).await })
                     .await
                     .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "switching models failed"))??
             }
         };
-        while !r.settled() {
-            tokio::time::sleep(POLL).await;
-        }
+        r.settle().await;
+        Ok(r)
+    }
+
+    /// The resident model for a request that names none: after any switch under way.
+    async fn unnamed(&self) -> Result<Arc<Resident>, ApiError> {
+        let r = match self.loaded() {
+            Some(r) => r,
+            None => {
+                drop(self.switching.lock().await);
+                self.loaded().ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "no model is loaded: name one in the request's `model` (GET /v1/models lists them)",
+                    )
+                })?
+            }
+        };
+        r.settle().await;
         Ok(r)
     }
 
     /// Makes `offers[i]` the resident model: the old one's scheduler ends first.
     async fn switch_to(self: Arc<Self>, i: usize) -> Result<Arc<Resident>, ApiError> {
         let _one_at_a_time = self.switching.lock().await;
-        if let Some(r) = self.loaded().filter(|r| r.id == self.offers[i].id && r.status().failure().is_none()) {
+        if let Some(r) = self.loaded().filter(|r| r.id == self.offers[i].id && r.usable()) {
             return Ok(r);
         }
         if self.status.draining.load(Ordering::SeqCst) {
