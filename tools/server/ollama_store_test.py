@@ -2,7 +2,7 @@
 (from PyPI) and k3-cli's own commands: two models kept in a store (`convert --name`), `list`
 showing both, `serve` without `--model` offering both and the built-in `default` in
 `/api/tags` (the client's `list()`), each loaded when a chat names it (`ps()` and `k3-cli ps`
-saying which), `run NAME MESSAGE` answering, and `rm` taking one out of the list. Run by .ci/run
+saying which, `keep_alive` 0 and `k3-cli stop` unloading), `run NAME MESSAGE` answering, and `rm` taking one out of the list. Run by .ci/run
 in its venv:
 
     python tools/server/ollama_store_test.py target/debug/k3-cli fixtures/golden/tiny-k3-vision fixtures/default.waste
@@ -50,6 +50,12 @@ def main() -> None:
                 assert loaded == [model if ":" in model else model + ":latest"], loaded
                 ps = k3(cli, env, "ps", "--port", port)
                 assert ps.splitlines()[1].startswith(loaded[0]) and "loaded" in ps, ps
+            # `ollama stop` sends keep_alive 0: the model leaves memory; `k3-cli stop` does the same.
+            o.generate(model="tiny-k3", keep_alive=0)
+            assert o.ps().models == [], "unloaded"
+            o.chat(model="small", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2})
+            k3(cli, env, "stop", "small", "--port", port)
+            assert o.ps().models == [], "stopped"
             try:
                 o.chat(model="nope", messages=[{"role": "user", "content": "Hi"}])
                 raise AssertionError("an unknown model answered")

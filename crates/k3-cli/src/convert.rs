@@ -111,17 +111,24 @@ pub struct ConvertArgs {
 /// Tokens per calibration window, each read from an empty state (as `k3-cli perplexity` scores).
 const CALIBRATION_WINDOW: usize = 256;
 
+impl ConvertArgs {
+    /// `--out`, or the store's directory for `--name`.
+    pub fn out_dir(&self) -> Result<PathBuf> {
+        match (&self.out, &self.name) {
+            (Some(out), _) => Ok(out.clone()),
+            (None, Some(name)) => crate::store::target(name),
+            (None, None) => bail!("give --out DIR, or --name NAME to keep the model in k3's store"),
+        }
+    }
+}
+
 pub fn run(args: ConvertArgs) -> Result<()> {
     if args.dry_run && (args.calibrate.is_some() || args.calibrate_ids.is_some()) {
         bail!(
             "--dry-run cannot plan a calibrated conversion (the calibration converts the checkpoint first); plan it without --calibrate"
         );
     }
-    let out = match (&args.out, &args.name) {
-        (Some(out), _) => out.clone(),
-        (None, Some(name)) => crate::store::target(name)?,
-        (None, None) => bail!("give --out DIR, or --name NAME to keep the model in k3's store"),
-    };
+    let out = args.out_dir()?;
     // The scratch copy a checkpoint's calibration runs on lives until the conversion ends.
     let (calibration, _scratch) = match calibration_plan(&args, &out)? {
         Some((plan, scratch)) => (Some(std::sync::Arc::new(plan)), scratch),

@@ -96,18 +96,20 @@ enum Command {
     },
     /// The model a running `k3-cli serve` has loaded (its `/api/ps`).
     Ps {
-        /// The server's address.
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// The server's port.
-        #[arg(long, default_value_t = 8000)]
-        port: u16,
-        /// The API key, if the server asks for one [default: $K3_API_KEY, else none].
-        #[arg(long, value_name = "KEY")]
-        api_key: Option<String>,
+        #[command(flatten)]
+        server: models::Server,
         /// Print the server's JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Have a running `k3-cli serve` (serving the store) let a model go from memory, once its
+    /// answers under way finish (`ollama stop`).
+    Stop {
+        /// The model to unload.
+        #[arg(value_name = "NAME")]
+        name: String,
+        #[command(flatten)]
+        server: models::Server,
     },
     /// Text on standard input to token ids, printed as a JSON array (of `{"id", "piece"}`
     /// objects with --pieces).
@@ -237,10 +239,8 @@ fn real_main() -> Result<ExitCode> {
         Command::Serve(a) => serve::run(a),
         Command::List { json } => models::list(json),
         Command::Rm { names } => models::rm(&names),
-        Command::Ps { host, port, api_key, json } => {
-            let key = api_key.or_else(|| std::env::var("K3_API_KEY").ok().filter(|k| !k.is_empty()));
-            models::ps(&host, port, key.as_deref(), json)
-        }
+        Command::Ps { server, json } => models::ps(&server, json),
+        Command::Stop { name, server } => models::stop(&name, &server),
         Command::Convert(a) => k3_cli::convert::run(a).map(|()| ExitCode::SUCCESS),
     }
 }

@@ -69,9 +69,39 @@ pub fn rm(names: &[String]) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Where a running `k3-cli serve` listens, and its key.
+#[derive(clap::Args)]
+pub struct Server {
+    /// The server's address.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// The server's port.
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The API key, if the server asks for one [default: $K3_API_KEY, else none].
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+}
+
+impl Server {
+    fn key(&self) -> Option<String> {
+        self.api_key.clone().or_else(|| std::env::var("K3_API_KEY").ok().filter(|k| !k.is_empty()))
+    }
+}
+
+/// `k3-cli stop NAME`: the server lets the model go (Ollama's `keep_alive: 0`), once the answers
+/// under way on it have finished.
+pub fn stop(name: &str, at: &Server) -> Result<ExitCode> {
+    let body = serde_json::json!({"model": name, "keep_alive": 0}).to_string();
+    let key = at.key();
+    call(&at.host, at.port, "POST", "/api/generate", key.as_deref(), Some(&body))?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `k3-cli ps`: what a running server has loaded (its `/api/ps`).
-pub fn ps(host: &str, port: u16, key: Option<&str>, json: bool) -> Result<ExitCode> {
-    let body = get(host, port, "/api/ps", key)?;
+pub fn ps(at: &Server, json: bool) -> Result<ExitCode> {
+    let (host, port, key) = (at.host.as_str(), at.port, at.key());
+    let body = call(host, port, "GET", "/api/ps", key.as_deref(), None)?;
     let v: serde_json::Value =
         serde_json::from_str(&body).with_context(|| format!("{host}:{port}/api/ps did not answer JSON"))?;
     if json {
@@ -90,14 +120,19 @@ pub fn ps(host: &str, port: u16, key: Option<&str>, json: bool) -> Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
-/// A GET on a local server, over one HTTP/1.1 connection; the body of a 200.
-fn get(host: &str, port: u16, path: &str, key: Option<&str>) -> Result<String> {
+/// A request to a local server, over one HTTP/1.1 connection; the body of a 200.
+fn call(host: &str, port: u16, method: &str, path: &str, key: Option<&str>, body: Option<&str>) -> Result<String> {
     let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
     let mut s = std::net::TcpStream::connect(&addr)
         .with_context(|| format!("no k3 server at {addr} (start one with `k3-cli serve`)"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    // An unload waits for the answers under way on the model: a while, on a large one.
+    s.set_read_timeout(Some(Duration::from_secs(if method == "GET" { 10 } else { 600 })))?;
     let auth = key.map_or_else(String::new, |k| format!("Authorization: Bearer {k}\r\n"));
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n")?;
+    let sent = body.map_or_else(String::new, |b| {
+        format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len())
+    });
+    let sent = if sent.is_empty() { "\r\n".to_string() } else { sent };
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n{sent}")?;
     let mut raw = Vec::new();
     s.take(16 << 20).read_to_end(&mut raw).with_context(|| format!("reading {addr}{path}"))?;
     let text = String::from_utf8_lossy(&raw);

@@ -159,11 +159,20 @@ fn serve_offers_every_stored_model_and_loads_the_one_asked_for() {
     let (ok, out, err) = k3_in(data.path(), &["ps", "--port", &port]);
     assert!(ok && out.lines().nth(1).is_some_and(|l| l.starts_with("small:q") && l.contains("loaded")), "{out}{err}");
 
+    // `k3-cli stop` (Ollama's keep_alive 0): the model goes, and ps says so.
+    let (ok, _, err) = k3_in(data.path(), &["stop", "small:q", "--port", &port]);
+    assert!(ok, "{err}");
+    assert!(ps_names(&s).is_empty());
+    let unload = json!({"model": "tiny-k3", "keep_alive": 0});
+    let r = s.post("/api/generate", &[], &unload);
+    assert_eq!((r.status, r.json()["done_reason"].as_str()), (200, Some("unload")), "{}", r.body);
+
     let r = chat(&s, "nope");
     assert_eq!(r.status, 404);
     assert!(r.body.contains("model 'nope' not found; this server offers: small:q, tiny-k3, default"), "{}", r.body);
     let lines: Vec<String> = s.stderr.try_iter().collect();
     assert!(lines.iter().any(|l| l == "unloading tiny-k3 to load small:q"), "{lines:?}");
+    assert!(lines.iter().any(|l| l == "unloading small:q: asked to"), "{lines:?}");
 }
 
 #[test]

@@ -102,6 +102,58 @@ fn asked(body: &[u8]) -> Option<String> {
     m.as_str().filter(|s| !s.is_empty()).map(str::to_string)
 }
 
+/// A request's body: read (to find the model it names) or not.
+enum Taken {
+    Bytes(axum::body::Bytes),
+    Stream(Body),
+}
+
+impl Taken {
+    fn into_body(self) -> Body {
+        match self {
+            Taken::Bytes(b) => Body::from(b),
+            Taken::Stream(b) => b,
+        }
+    }
+}
+
+/// Ollama's "unload" (`ollama stop`): `keep_alive` 0 with no prompt on `/api/generate`, or no
+/// messages on `/api/chat`.
+fn unload_asked(path: &str, body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else { return false };
+    let zero = match v.get("keep_alive") {
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        Some(Value::String(s)) => matches!(s.as_str(), "0" | "0s" | "0m" | "0h"),
+        _ => false,
+    };
+    let empty = |key: &str| match v.get(key) {
+        None | Some(Value::Null) => true,
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Array(a)) => a.is_empty(),
+        Some(_) => false,
+    };
+    zero && match path {
+        "/api/generate" => empty("prompt"),
+        "/api/chat" => empty("messages"),
+        _ => false,
+    }
+}
+
+/// Unloads the model `name` if it is the resident one, and answers as Ollama does.
+async fn unload(c: &Catalog, name: &str, path: &str) -> Response {
+    let Some(i) = c.board.find(name, true) else { return c.board.unknown(name).shaped(Shape::Ollama) };
+    let id = c.board.offers()[i].id.clone();
+    c.board.unload(&id).await;
+    let now = crate::ollama::now_rfc3339();
+    let mut v = json!({"model": name, "created_at": now, "done": true, "done_reason": "unload"});
+    if path == "/api/chat" {
+        v["message"] = json!({"role": "assistant", "content": ""});
+    } else {
+        v["response"] = json!("");
+    }
+    Json(v).into_response()
+}
+
 /// Every other route: to the model the request names (loaded first if need be), or to the
 /// resident one.
 async fn forward(State(c): State<Catalog>, req: Request) -> Response {
@@ -115,10 +167,16 @@ async fn forward(State(c): State<Catalog>, req: Request) -> Response {
                 Ok(b) => b,
                 Err(e) => return e.shaped(shape),
             };
-        (asked(&bytes), Body::from(bytes))
+        (asked(&bytes), Taken::Bytes(bytes))
     } else {
-        (None, body)
+        (None, Taken::Stream(body))
     };
+    if let (Some(n), Taken::Bytes(b)) = (&name, &body)
+        && unload_asked(parts.uri.path(), b)
+    {
+        return unload(&c, n, parts.uri.path()).await;
+    }
+    let body = body.into_body();
     let resident = match c.board.resident(name.as_deref(), shape == Shape::Ollama).await {
         Ok(r) => r,
         Err(e) => return e.shaped(shape),

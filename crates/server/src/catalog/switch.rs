@@ -224,6 +224,22 @@ impl Board {
         Ok(r)
     }
 
+    /// Lets the model `id` go if it is the resident one (after a switch under way), its
+    /// answers under way finishing first; waits until its scheduler has ended.
+    pub(crate) async fn unload(&self, id: &str) {
+        {
+            let _one_at_a_time = self.switching.lock().await;
+            let mut now = self.now();
+            if now.current.as_ref().is_some_and(|r| r.id == id)
+                && let Some(old) = now.current.take()
+            {
+                eprintln!("unloading {id}: asked to");
+                now.retiring.push(old.status().clone());
+            }
+        }
+        self.retired().await;
+    }
+
     /// Waits until every scheduler let go has ended.
     async fn retired(&self) {
         loop {
