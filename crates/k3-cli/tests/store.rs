@@ -141,6 +141,15 @@ fn serve_offers_every_stored_model_and_loads_the_one_asked_for() {
     let (_, body) = s.get("/v1/models");
     assert!(body.contains("\"small:q\"") && body.contains("\"tiny-k3\"") && body.contains("\"default\""), "{body}");
     assert!(ps_names(&s).is_empty(), "nothing loaded before a request names a model");
+    // Details come from the files: asking for them loads nothing.
+    let r = s.post("/api/show", &[], &json!({"model": "tiny-k3:latest"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let show = r.json();
+    assert_eq!(show["model_info"]["kimi_k3.block_count"], 6, "{show}");
+    let caps: Vec<&str> = show["capabilities"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert!(caps.contains(&"vision") && caps.contains(&"thinking"), "{caps:?}");
+    assert!(ps_names(&s).is_empty(), "/api/show loaded nothing");
+    assert_eq!(s.post("/api/show", &[], &json!({"model": "nope"})).status, 404);
 
     let r = chat(&s, "tiny-k3");
     assert_eq!(r.status, 200, "{}", r.body);

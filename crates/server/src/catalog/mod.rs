@@ -139,6 +139,23 @@ fn unload_asked(path: &str, body: &[u8]) -> bool {
     }
 }
 
+/// `/api/show` from the model's files (or the loaded model's shape), in Ollama's shape.
+async fn show(c: &Catalog, name: &str, body: &[u8]) -> Response {
+    let checked = serde_json::from_slice::<Value>(body)
+        .map_err(|e| ApiError::bad("body", format!("the request body is not a valid request: {e}")))
+        .and_then(|v| crate::ollama::request::show(&v));
+    if let Err(e) = checked {
+        return e.shaped(Shape::Ollama);
+    }
+    let Some(i) = c.board.find(name, true) else { return c.board.unknown(name).shaped(Shape::Ollama) };
+    let board = c.board.clone();
+    match tokio::task::spawn_blocking(move || board.info(i)).await {
+        Ok(Some(info)) => Json(crate::ollama::show_body(&info)).into_response(),
+        _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the model '{name}' cannot be read"))
+            .shaped(Shape::Ollama),
+    }
+}
+
 /// Unloads the model `name` if it is the resident one, and answers as Ollama does.
 async fn unload(c: &Catalog, name: &str, path: &str) -> Response {
     let Some(i) = c.board.find(name, true) else { return c.board.unknown(name).shaped(Shape::Ollama) };
@@ -171,10 +188,14 @@ async fn forward(State(c): State<Catalog>, req: Request) -> Response {
     } else {
         (None, Taken::Stream(body))
     };
-    if let (Some(n), Taken::Bytes(b)) = (&name, &body)
-        && unload_asked(parts.uri.path(), b)
-    {
-        return unload(&c, n, parts.uri.path()).await;
+    if let (Some(n), Taken::Bytes(b)) = (&name, &body) {
+        if unload_asked(parts.uri.path(), b) {
+            return unload(&c, n, parts.uri.path()).await;
+        }
+        // A model's details are read from its files: asking for them loads nothing.
+        if parts.uri.path() == "/api/show" {
+            return show(&c, n, b).await;
+        }
     }
     let body = body.into_body();
     let resident = match c.board.resident(name.as_deref(), shape == Shape::Ollama).await {

@@ -307,10 +307,19 @@ impl Board {
         for (i, o) in self.offers.iter().enumerate() {
             match ready.as_ref().filter(|info| info.id == o.id) {
                 Some(info) => out.push(crate::ollama::listing_of(&info.id, info.family, &info.about)),
-                None => out.extend(self.described(i).map(|d| crate::ollama::listing_of(&o.id, d.family, &d.about))),
+                None => out.extend(self.described(i).map(|d| crate::ollama::listing_of(&o.id, d.0.family, &d.0.about))),
             }
         }
         out
+    }
+
+    /// `offers[i]`'s shape: the loaded one's, else what its files say.
+    pub(crate) fn info(&self, i: usize) -> Option<ModelInfo> {
+        let id = &self.offers[i].id;
+        match self.loaded().and_then(|r| r.ready_info()).filter(|info| &info.id == id) {
+            Some(info) => Some(info),
+            None => self.described(i).map(|d| d.0.clone()),
+        }
     }
 
     /// `/v1/models`' entry for `offers[i]`: its family and whether it reads images from its
@@ -319,8 +328,8 @@ impl Board {
         let id = &self.offers[i].id;
         let mut v = serde_json::json!({"id": id, "object": "model", "created": created, "owned_by": "k3"});
         if let Some(d) = self.described(i) {
-            v["family"] = d.family.name().into();
-            v["vision"] = d.sees.into();
+            v["family"] = d.0.family.name().into();
+            v["vision"] = d.0.sees.into();
         }
         if let Some(info) = self.loaded().and_then(|r| r.ready_info()).filter(|info| &info.id == id) {
             v["context_length"] = info.context.into();
@@ -332,22 +341,33 @@ impl Board {
     }
 }
 
-/// What a model's files say about it, without loading it.
+/// What a model's files say about it, without loading it: its shape as `ModelInfo`, with the
+/// model's own longest context (a loaded model's is what the memory plan left).
 #[derive(Debug)]
-struct Described {
-    family: k3_engine::config::Family,
-    /// Its config has a vision tower.
-    sees: bool,
-    about: crate::about::About,
-}
+struct Described(ModelInfo);
 
-/// Reads a model's header, config and tokenizer.
+/// Reads a model's header, config, tokenizer and generation config.
 fn describe(o: &Offer, open: &k3_engine::OpenOptions) -> Result<Described, String> {
     let model = k3_engine::Model::open_with(&o.path, open).map_err(|e| e.to_string())?;
     let raw = model.blob("config.json").ok_or("the model embeds no config.json")?;
     let cfg =
         k3_engine::config::ModelConfig::parse(std::path::Path::new("config.json"), raw).map_err(|e| e.to_string())?;
     let tok = k3_generate::model_tokenizer(&model).transpose().map_err(|e| e.to_string())?;
-    let about = crate::about::About::of(&model, tok.as_ref(), cfg.family);
-    Ok(Described { family: cfg.family, sees: cfg.vision.is_some(), about })
+    let sampling = k3_generate::generation_config::defaults(&model, true).map_err(|e| e.to_string())?;
+    Ok(Described(ModelInfo {
+        id: o.id.clone(),
+        family: cfg.family,
+        context: cfg.max_positions.unwrap_or(0),
+        vocab: cfg.vocab as usize,
+        layers: cfg.layers as usize,
+        hidden: cfg.hidden as usize,
+        eos: cfg.eos.clone(),
+        sees: cfg.vision.is_some(),
+        max_token_bytes: tok
+            .as_ref()
+            .and_then(|t| t.token_texts().iter().flatten().map(String::len).max())
+            .unwrap_or(1),
+        sampling,
+        about: crate::about::About::of(&model, tok.as_ref(), cfg.family),
+    }))
 }

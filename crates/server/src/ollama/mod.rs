@@ -185,42 +185,47 @@ pub async fn show(State(s): State<AppState>, req: Request) -> Response {
             request::show(&v)?;
             let asked = v.get("model").or(v.get("name")).and_then(Value::as_str).unwrap_or_default();
             check_model(asked, info)?;
-            let d = &info.sampling;
-            let mut parameters = format!("temperature {}\ntop_p {}", d.temperature, d.top_p);
-            if d.top_k > 0 {
-                parameters.push_str(&format!("\ntop_k {}", d.top_k));
-            }
-            if d.min_p > 0.0 {
-                parameters.push_str(&format!("\nmin_p {}", d.min_p));
-            }
-            let family = info.family.name();
-            let mut capabilities = vec!["completion"];
-            if info.about.tools {
-                capabilities.push("tools");
-            }
-            if info.about.thinking {
-                capabilities.push("thinking");
-            }
-            // Ollama's word for a model that takes images (Open WebUI offers uploads then).
-            if info.sees {
-                capabilities.push("vision");
-            }
-            Ok(Json(json!({
-                "license": "", "modelfile": "", "parameters": parameters,
-                "template": info.about.template.clone().unwrap_or_default(),
-                "details": details(info.family, &info.about),
-                "model_info": {
-                    "general.architecture": family, "general.parameter_count": info.about.parameters,
-                    format!("{family}.context_length"): info.context, format!("{family}.embedding_length"): info.hidden,
-                    format!("{family}.block_count"): info.layers, format!("{family}.vocab_size"): info.vocab,
-                },
-                "capabilities": capabilities,
-                "modified_at": rfc3339(info.about.modified, 0),
-            }))
-            .into_response())
+            Ok(Json(show_body(info)).into_response())
         }
         .await,
     )
+}
+
+/// `/api/show`'s answer for a model: details, the sampling defaults as Ollama's `parameters`, the
+/// chat template, the shape as `model_info`, and what the model can do.
+pub(crate) fn show_body(info: &ModelInfo) -> Value {
+    let d = &info.sampling;
+    let mut parameters = format!("temperature {}\ntop_p {}", d.temperature, d.top_p);
+    if d.top_k > 0 {
+        parameters.push_str(&format!("\ntop_k {}", d.top_k));
+    }
+    if d.min_p > 0.0 {
+        parameters.push_str(&format!("\nmin_p {}", d.min_p));
+    }
+    let family = info.family.name();
+    let mut capabilities = vec!["completion"];
+    if info.about.tools {
+        capabilities.push("tools");
+    }
+    if info.about.thinking {
+        capabilities.push("thinking");
+    }
+    // Ollama's word for a model that takes images (Open WebUI offers uploads then).
+    if info.sees {
+        capabilities.push("vision");
+    }
+    json!({
+        "license": "", "modelfile": "", "parameters": parameters,
+        "template": info.about.template.clone().unwrap_or_default(),
+        "details": details(info.family, &info.about),
+        "model_info": {
+            "general.architecture": family, "general.parameter_count": info.about.parameters,
+            format!("{family}.context_length"): info.context, format!("{family}.embedding_length"): info.hidden,
+            format!("{family}.block_count"): info.layers, format!("{family}.vocab_size"): info.vocab,
+        },
+        "capabilities": capabilities,
+        "modified_at": rfc3339(info.about.modified, 0),
+    })
 }
 
 /// Now, as Ollama writes times: RFC 3339 in UTC with nanoseconds.
