@@ -94,7 +94,12 @@ impl Server {
 pub fn stop(name: &str, at: &Server) -> Result<ExitCode> {
     let body = serde_json::json!({"model": name, "keep_alive": 0}).to_string();
     let key = at.key();
-    call(&at.host, at.port, "POST", "/api/generate", key.as_deref(), Some(&body))?;
+    let answer = call(&at.host, at.port, "POST", "/api/generate", key.as_deref(), Some(&body))?;
+    let v: serde_json::Value = serde_json::from_str(&answer).unwrap_or_default();
+    if v["done_reason"] != "unload" {
+        bail!("the server at {}:{} runs one model (`serve --model`): it does not unload it", at.host, at.port);
+    }
+    println!("stopped '{name}'");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -117,12 +122,21 @@ pub fn ps(at: &Server, json: bool) -> Result<ExitCode> {
     for name in v["loading"].as_array().into_iter().flatten().filter_map(|n| n.as_str()) {
         println!("{name:<32} {:>10}  {:<10} 100% CPU", "", "loading");
     }
+    if let Some(f) = v["failed"].as_object() {
+        let name = f.get("model").and_then(|m| m.as_str()).unwrap_or("?");
+        let why = f.get("reason").and_then(|r| r.as_str()).unwrap_or("");
+        println!("{name:<32} {:>10}  {:<10} {why}", "", "failed");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
 /// A request to a local server, over one HTTP/1.1 connection; the body of a 200.
 fn call(host: &str, port: u16, method: &str, path: &str, key: Option<&str>, body: Option<&str>) -> Result<String> {
-    let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+    let addr = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
     let mut s = std::net::TcpStream::connect(&addr)
         .with_context(|| format!("no k3 server at {addr} (start one with `k3-cli serve`)"))?;
     // An unload waits for the answers under way on the model: a while, on a large one.

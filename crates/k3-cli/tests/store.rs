@@ -169,8 +169,8 @@ fn serve_offers_every_stored_model_and_loads_the_one_asked_for() {
     assert!(ok && out.lines().nth(1).is_some_and(|l| l.starts_with("small:q") && l.contains("loaded")), "{out}{err}");
 
     // `k3-cli stop` (Ollama's keep_alive 0): the model goes, and ps says so.
-    let (ok, _, err) = k3_in(data.path(), &["stop", "small:q", "--port", &port]);
-    assert!(ok, "{err}");
+    let (ok, out, err) = k3_in(data.path(), &["stop", "small:q", "--port", &port]);
+    assert!(ok && out.contains("stopped 'small:q'"), "{out}{err}");
     assert!(ps_names(&s).is_empty());
     let unload = json!({"model": "tiny-k3", "keep_alive": 0});
     let r = s.post("/api/generate", &[], &unload);
@@ -215,4 +215,14 @@ fn a_model_that_cannot_load_fails_its_requests_not_the_server() {
     // On the OpenAI routes a name is the id as listed: `:latest` is Ollama's, and not found here.
     let r = s.post("/v1/chat/completions", &[], &json!({"model": "small:q:latest", "messages": []}));
     assert_eq!(r.status, 404, "{}", r.body);
+}
+
+#[test]
+fn stop_on_a_one_model_server_says_it_unloads_nothing() {
+    let model = common::fixture("default.waste");
+    let s = Server::start(&["--model", model.to_str().unwrap()]);
+    let port = s.addr.port().to_string();
+    let (ok, _, err) = common::k3(&["stop", "default", "--port", &port]);
+    assert!(!ok && err.contains("runs one model"), "{err}");
+    assert_eq!(ps_names(&s), ["default:latest"]);
 }

@@ -155,6 +155,8 @@ pub(crate) fn model_app(opts: ServerOptions) -> (Router, AppState) {
     });
     if let Err(e) = spawned {
         fail(&status, format!("could not start the scheduler thread: {e}"));
+        // No thread to end: nothing waits for one.
+        status.ended.store(true, Ordering::SeqCst);
     }
     let router = Router::new()
         .merge(page::routes())

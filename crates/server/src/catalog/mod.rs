@@ -239,10 +239,10 @@ pub async fn serve(
     limits: crate::Limits,
 ) -> Result<(), crate::ServeError> {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let spreading = board.clone();
-    let spread = tokio::spawn(async move { spreading.propagate().await });
     let signals = Arc::new(AtomicUsize::new(0));
     let counting = tokio::spawn(crate::count_signals(signals.clone()).map_err(crate::ServeError::Signals)?);
+    let spreading = board.clone();
+    let spread = tokio::spawn(async move { spreading.propagate().await });
     let served = crate::listen::serve(listener, router, status, limits).await;
     // A second stop signal during the wait means now, as it does for the drain.
     let again = async {

@@ -255,11 +255,17 @@ impl Board {
         }
     }
 
-    /// Passes the listener's stop on to the resident model until the server ends.
+    /// Passes the listener's stop on to the resident model and to those being let go, until
+    /// the server ends.
     pub(crate) async fn propagate(&self) {
         loop {
-            if let Some(r) = self.loaded() {
-                for (from, to) in [(&self.status.draining, &r.status().draining), (&self.status.cut, &r.status().cut)] {
+            // Copied out under the lock, set after it: the resident model and those let go.
+            let targets: Vec<Arc<Status>> = {
+                let now = self.now();
+                now.current.iter().map(|r| r.status().clone()).chain(now.retiring.iter().cloned()).collect()
+            };
+            for t in targets {
+                for (from, to) in [(&self.status.draining, &t.draining), (&self.status.cut, &t.cut)] {
                     if from.load(Ordering::SeqCst) {
                         to.store(true, Ordering::SeqCst);
                     }
