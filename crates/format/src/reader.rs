@@ -243,7 +243,8 @@ impl Model {
     /// through `k3-io`). A record read in place ends with zeros past its file's end, as its
     /// checksum was taken.
     pub fn read_expert(&self, loc: &ExpertLocation<'_>, buf: &mut Vec<u8>) -> Result<()> {
-        buf.clear();
+        // Sized without zeroing what the read overwrites: only a tail past the file's end is
+        // filled below.
         buf.resize(loc.entry.length as usize, 0);
         let file = &self.shard_files[usize::from(loc.entry.shard)];
         // Only a read in place may run past its file's end (as the manifest says it is).
@@ -254,7 +255,10 @@ impl Model {
         let mut done = 0;
         while done < buf.len() {
             match file.read_at(&mut buf[done..], loc.entry.offset + done as u64) {
-                Ok(0) if loc.entry.offset + done as u64 >= end => break,
+                Ok(0) if loc.entry.offset + done as u64 >= end => {
+                    buf[done..].fill(0);
+                    break;
+                }
                 Ok(0) => return Err(FormatError::io(loc.path, std::io::ErrorKind::UnexpectedEof.into())),
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}

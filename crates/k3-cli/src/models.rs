@@ -55,8 +55,10 @@ fn ago(secs: u64) -> String {
 
 /// `k3-cli rm NAME...`: every name is checked before any is removed.
 pub fn rm(names: &[String]) -> Result<ExitCode> {
+    // Each model once, however it is spelled (`a`, `a:latest`).
     let mut names = names.to_vec();
-    names.dedup();
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(store::untagged(n).to_string()));
     for n in &names {
         if store::find(n)?.is_none() {
             store::remove(n)?; // says why: the built-in model, or no such name

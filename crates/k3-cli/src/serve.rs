@@ -202,7 +202,11 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
         let named = a.model.as_ref().and_then(|m| m.to_str()).filter(|m| !std::path::Path::new(m).exists());
         named.map(str::to_string)
     });
-    let model = crate::default_model::or_default(a.model.clone())?;
+    // The catalog's template model is its built-in one (the last offer), found once.
+    let model = match offers.as_ref().and_then(|o| o.last()) {
+        Some(default) => default.path.clone(),
+        None => crate::default_model::or_default(a.model.clone())?,
+    };
     let body_limit = usize::try_from(parse_size(&a.max_body).map_err(anyhow::Error::msg)?)?;
     let prompt_cache_ram = usize::try_from(parse_size(&a.prompt_cache_ram).map_err(anyhow::Error::msg)?)?;
     let needs = Needs {

@@ -59,7 +59,7 @@ pub fn parse_name(name: &str) -> Result<String, String> {
 }
 
 /// Ollama's clients name a model `NAME:latest` when no tag was given.
-fn untagged(name: &str) -> &str {
+pub fn untagged(name: &str) -> &str {
     name.strip_suffix(":latest").unwrap_or(name)
 }
 

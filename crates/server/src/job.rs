@@ -104,6 +104,13 @@ pub struct ModelInfo {
     pub about: crate::about::About,
 }
 
+impl ModelInfo {
+    /// The longest token's text in bytes (1 without a tokenizer): what bounds a text by tokens.
+    pub fn longest_token(tok: Option<&k3_text::tokenizer::Tokenizer>) -> usize {
+        tok.and_then(|t| t.token_texts().iter().flatten().map(String::len).max()).unwrap_or(1)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Handle {
     jobs: mpsc::SyncSender<Job>,

@@ -318,10 +318,7 @@ fn load_and_run(opts: &ServerOptions, state: &Loader, jobs: &mpsc::Receiver<Job>
         hidden: engine.hidden(),
         eos: engine.config().eos.clone(),
         sees: engine.sees(),
-        max_token_bytes: shared_tok
-            .as_ref()
-            .and_then(|t| t.token_texts().iter().flatten().map(String::len).max())
-            .unwrap_or(1),
+        max_token_bytes: ModelInfo::longest_token(shared_tok.as_ref()),
         sampling,
         about: about::About::of(owned.model(), shared_tok.as_ref(), engine.config().family),
     };

@@ -194,6 +194,14 @@ async fn k3s_reasoning_comes_back_as_a_reasoning_item_and_images_are_read() {
         "max_tokens": 24, "temperature": 0.8, "seed": 3, "reasoning_effort": "high"});
     let reference = chat_facts(&ask(&router, &chat).await);
     assert!(!reference.1.is_empty(), "K3 thinks: {reference:?}");
+    // OpenAI's names on the chat route too: medium renders as high (not the default, max): the
+    // same prompt, whole from the cache, and the same answer.
+    let mut medium = chat.clone();
+    medium["reasoning_effort"] = json!("medium");
+    let mut same = chat_facts(&ask(&router, &medium).await);
+    assert_eq!(same.3, same.2, "the whole prompt is the high one's, kept: {same:?}");
+    same.3 = reference.3;
+    assert_eq!(same, reference);
     let resp = json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
         {"type": "input_image", "image_url": picture(), "detail": "auto"}]}],
         "max_output_tokens": 24, "temperature": 0.8, "seed": 3,

@@ -12,7 +12,7 @@ pub use vision::Vision;
 use std::path::{Path, PathBuf};
 
 use k3_attn::mla::{PositionEmbedding, Rope, Yarn};
-pub use k31::K31_MODEL_TYPE;
+use k31::K31_MODEL_TYPE;
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]

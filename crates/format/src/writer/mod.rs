@@ -173,14 +173,14 @@ impl ModelWriter {
                 ),
             ));
         }
+        let mut line = serde_json::to_vec(&JournalLine::Spec { journal_version: JOURNAL_VERSION, spec: spec.clone() })
+            .map_err(|e| writer_err(&dir, format!("the conversion's settings cannot be recorded: {e}")))?;
+        line.push(b'\n');
         let mut journal = FsOpen::new()
             .append(true)
             .create_new(true)
             .open(&journal_path)
             .map_err(|e| FormatError::io(&journal_path, e))?;
-        let mut line = serde_json::to_vec(&JournalLine::Spec { journal_version: JOURNAL_VERSION, spec: spec.clone() })
-            .expect("a spec always serializes");
-        line.push(b'\n');
         journal.write_all(&line).and_then(|_| journal.sync_data()).map_err(|e| FormatError::io(&journal_path, e))?;
         let trunk = DataFile::open(dir.join(TRUNK_FILE), true)?;
         let mut shards = Vec::with_capacity(usize::from(spec.shards));
@@ -194,6 +194,10 @@ impl ModelWriter {
         check_alignment(spec.alignment).map_err(|e| writer_err(dir, e))?;
         if spec.shards == 0 && spec.checkpoint_files.is_empty() && !spec.architecture.moe_layers.is_empty() {
             return Err(writer_err(dir, "a model with MoE layers needs at least one expert shard"));
+        }
+        // The journal records the spec as JSON, whose strings are UTF-8.
+        if let Some(d) = spec.shard_dirs.iter().find(|d| d.to_str().is_none()) {
+            return Err(writer_err(dir, format!("the shard directory {} is not a UTF-8 path", d.display())));
         }
         if spec.checkpoint_files.iter().any(|f| !f.in_place()) {
             return Err(writer_err(dir, "a checkpoint file read in place needs its modification time"));

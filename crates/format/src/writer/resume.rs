@@ -26,9 +26,12 @@ impl ModelWriter {
         match serde_json::from_slice(first).map_err(|e| bad_journal(e.to_string()))? {
             JournalLine::Spec { journal_version: JOURNAL_VERSION, spec: started } => {
                 if started != spec {
-                    let a = serde_json::to_value(&started).expect("serializes");
-                    let b = serde_json::to_value(&spec).expect("serializes");
-                    let differ = crate::spec_diff::what_the_user_changed(&a, &b);
+                    // A spec that cannot be written as JSON (a directory named in bytes that are
+                    // not UTF-8) is told apart without the field-by-field list.
+                    let differ = match (serde_json::to_value(&started), serde_json::to_value(&spec)) {
+                        (Ok(a), Ok(b)) => crate::spec_diff::what_the_user_changed(&a, &b),
+                        _ => vec!["the settings differ".to_string()],
+                    };
                     return Err(writer_err(
                         &dir,
                         format!(
@@ -56,8 +59,7 @@ impl ModelWriter {
         let mut shard_ends = vec![0u64; w.shards.len()];
         for line in lines {
             let Ok(item) = serde_json::from_slice::<JournalLine>(line) else { break };
-            let ok = w.keeps(&item)?;
-            if !ok {
+            if !w.keeps(&item)? {
                 break;
             }
             match item {
@@ -71,8 +73,8 @@ impl ModelWriter {
                     *end = (*end).max(offset + length);
                 }
                 // Read in place: nothing of ours to cut back.
-                JournalLine::Expert { phase: Some(_), .. } => {}
-                JournalLine::Spec { .. } => unreachable!("rejected above"),
+                // A second spec is never kept (`keeps`): the prefix ends before it.
+                JournalLine::Expert { phase: Some(_), .. } | JournalLine::Spec { .. } => {}
             }
             kept.push(line.to_vec());
         }

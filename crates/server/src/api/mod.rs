@@ -140,6 +140,19 @@ pub enum Prompt {
     Texts(Vec<String>),
 }
 
+/// A reasoning effort as K3's template takes it (low, high, max; `none` turns thinking off):
+/// OpenAI's minimal is low, medium is high, xhigh is max, as every route maps them. `None` for a
+/// value no API defines.
+pub(crate) fn k3_effort(e: &str) -> Option<&'static str> {
+    match e {
+        "none" => Some("none"),
+        "minimal" | "low" => Some("low"),
+        "medium" | "high" => Some("high"),
+        "xhigh" | "max" => Some("max"),
+        _ => None,
+    }
+}
+
 fn check_model(asked: Option<&str>, info: &ModelInfo) -> Result<(), ApiError> {
     match asked {
         Some(m) if !m.is_empty() && m != info.id => Err(ApiError::new(
@@ -282,7 +295,9 @@ impl ChatRequest {
         };
         let options = PromptOptions {
             think,
-            effort: think.then(|| self.reasoning_effort.as_deref().unwrap_or(k3_text::chat_format::DEFAULT_EFFORT)),
+            effort: think.then(|| {
+                self.reasoning_effort.as_deref().and_then(k3_effort).unwrap_or(k3_text::chat_format::DEFAULT_EFFORT)
+            }),
             tools,
             tool_choice,
             json_object: answer.json_object,
@@ -426,10 +441,13 @@ impl ChatRequest {
                 "asks for thinking, which reasoning_effort `none` turns off",
             )),
             (Family::KimiK3, Some("none"), _) | (Family::KimiK3, _, Some((_, false))) => Ok(false),
-            (Family::KimiK3, None | Some("low" | "high" | "max"), _) => Ok(true),
+            (Family::KimiK3, None, _) => Ok(true),
+            (Family::KimiK3, Some(e), _) if k3_effort(e).is_some() => Ok(true),
             (Family::KimiK3, Some(other), _) => Err(ApiError::bad(
                 "reasoning_effort",
-                format!("reasoning_effort `{other}`: K3 takes low, high, max, or none (thinking off)"),
+                format!(
+                    "reasoning_effort `{other}`: give none (thinking off), minimal, low, medium, high, xhigh or max"
+                ),
             )),
             (_, _, Some((key, true))) => Err(ApiError::bad(
                 &format!("chat_template_kwargs.{key}"),
@@ -437,12 +455,10 @@ impl ChatRequest {
             )),
             // No effort to set: the values agent clients send with every request (OpenAI's and
             // K3's names) change nothing.
-            (_, Some(e), _) if !matches!(e, "none" | "minimal" | "low" | "medium" | "high" | "xhigh" | "max") => {
-                Err(ApiError::bad(
-                    "reasoning_effort",
-                    format!("reasoning_effort `{e}`: give none, minimal, low, medium, high, xhigh or max"),
-                ))
-            }
+            (_, Some(e), _) if k3_effort(e).is_none() => Err(ApiError::bad(
+                "reasoning_effort",
+                format!("reasoning_effort `{e}`: give none, minimal, low, medium, high, xhigh or max"),
+            )),
             _ => Ok(false),
         }
     }

@@ -87,19 +87,52 @@ fn names_a_model(method: &Method, path: &str) -> bool {
         )
 }
 
-/// The model a body names (`model`, or Ollama's older `name`); `None` for none, or for a body
-/// that is not JSON (the model's routes answer that with the usual 400).
-fn asked(body: &[u8]) -> Option<String> {
+/// What the catalog reads of a body, in one pass that keeps nothing else (the model's routes
+/// parse the body): the model it names (`model`, or Ollama's older `name`) and whether it is
+/// Ollama's unload (`ollama stop`: `keep_alive` 0 with no prompt on `/api/generate`, or no
+/// messages on `/api/chat`). A body that is not JSON asks for nothing: the model's routes answer
+/// it with the usual 400.
+#[derive(Debug, Default, PartialEq)]
+struct Asked {
+    model: Option<String>,
+    unload: bool,
+}
+
+fn asked(path: &str, body: &[u8]) -> Asked {
+    use serde::de::IgnoredAny;
     #[derive(serde::Deserialize)]
     struct Named {
         #[serde(default)]
         model: Option<Value>,
         #[serde(default)]
         name: Option<Value>,
+        #[serde(default)]
+        keep_alive: Option<Value>,
+        #[serde(default)]
+        prompt: Option<Value>,
     }
-    let n: Named = serde_json::from_slice(body).ok()?;
-    let m = n.model.or(n.name)?;
-    m.as_str().filter(|s| !s.is_empty()).map(str::to_string)
+    // Ollama's chat with `keep_alive` 0 only: are its messages an empty list (or absent)?
+    #[derive(serde::Deserialize)]
+    struct Messages {
+        #[serde(default)]
+        messages: Option<Vec<IgnoredAny>>,
+    }
+    let Ok(n) = serde_json::from_slice::<Named>(body) else { return Asked::default() };
+    let model = n.model.or(n.name).and_then(|m| m.as_str().filter(|s| !s.is_empty()).map(str::to_string));
+    let zero = match &n.keep_alive {
+        Some(Value::Number(k)) => k.as_f64() == Some(0.0),
+        Some(Value::String(s)) => matches!(s.as_str(), "0" | "0s" | "0m" | "0h"),
+        _ => false,
+    };
+    let unload = zero
+        && match path {
+            "/api/generate" => n.prompt.as_ref().is_none_or(|p| p.is_null() || p.as_str() == Some("")),
+            "/api/chat" => {
+                serde_json::from_slice::<Messages>(body).is_ok_and(|m| m.messages.is_none_or(|m| m.is_empty()))
+            }
+            _ => false,
+        };
+    Asked { model, unload }
 }
 
 /// A request's body: read (to find the model it names) or not.
@@ -114,28 +147,6 @@ impl Taken {
             Taken::Bytes(b) => Body::from(b),
             Taken::Stream(b) => b,
         }
-    }
-}
-
-/// Ollama's "unload" (`ollama stop`): `keep_alive` 0 with no prompt on `/api/generate`, or no
-/// messages on `/api/chat`.
-fn unload_asked(path: &str, body: &[u8]) -> bool {
-    let Ok(v) = serde_json::from_slice::<Value>(body) else { return false };
-    let zero = match v.get("keep_alive") {
-        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
-        Some(Value::String(s)) => matches!(s.as_str(), "0" | "0s" | "0m" | "0h"),
-        _ => false,
-    };
-    let empty = |key: &str| match v.get(key) {
-        None | Some(Value::Null) => true,
-        Some(Value::String(s)) => s.is_empty(),
-        Some(Value::Array(a)) => a.is_empty(),
-        Some(_) => false,
-    };
-    zero && match path {
-        "/api/generate" => empty("prompt"),
-        "/api/chat" => empty("messages"),
-        _ => false,
     }
 }
 
@@ -184,12 +195,13 @@ async fn forward(State(c): State<Catalog>, req: Request) -> Response {
                 Ok(b) => b,
                 Err(e) => return e.shaped(shape),
             };
-        (asked(&bytes), Taken::Bytes(bytes))
+        (asked(parts.uri.path(), &bytes), Taken::Bytes(bytes))
     } else {
-        (None, Taken::Stream(body))
+        (Asked::default(), Taken::Stream(body))
     };
+    let Asked { model: name, unload: unloading } = name;
     if let (Some(n), Taken::Bytes(b)) = (&name, &body) {
-        if unload_asked(parts.uri.path(), b) {
+        if unloading {
             return unload(&c, n, parts.uri.path()).await;
         }
         // A model's details are read from its files: asking for them loads nothing.
@@ -300,14 +312,7 @@ async fn tags(State(c): State<Catalog>) -> Response {
 /// that failed to load under `failed` with the reason.
 async fn ps(State(c): State<Catalog>) -> Response {
     let ready = c.board.loaded().and_then(|r| r.ready_info());
-    let models: Vec<Value> = ready
-        .iter()
-        .map(|info| {
-            let mut m = crate::ollama::listing_of(&info.id, info.family, &info.about);
-            m["size_vram"] = json!(0);
-            m
-        })
-        .collect();
+    let models: Vec<Value> = ready.iter().map(crate::ollama::ps_entry).collect();
     let (_, loading, failed) = resident_state(&c);
     Json(json!({"models": models, "loading": loading.into_iter().collect::<Vec<_>>(), "failed": failed}))
         .into_response()
@@ -317,10 +322,23 @@ async fn ps(State(c): State<Catalog>) -> Response {
 mod tests {
     #[test]
     fn the_model_is_read_from_the_body() {
-        assert_eq!(super::asked(br#"{"model": "k3", "messages": []}"#).as_deref(), Some("k3"));
-        assert_eq!(super::asked(br#"{"name": "k2:latest"}"#).as_deref(), Some("k2:latest"));
-        assert_eq!(super::asked(br#"{"model": ""}"#), None);
-        assert_eq!(super::asked(br#"{"model": 3}"#), None);
-        assert_eq!(super::asked(b"not json"), None);
+        let model = |b: &[u8]| super::asked("/v1/chat/completions", b).model;
+        assert_eq!(model(br#"{"model": "k3", "messages": []}"#).as_deref(), Some("k3"));
+        assert_eq!(model(br#"{"name": "k2:latest"}"#).as_deref(), Some("k2:latest"));
+        assert_eq!(model(br#"{"model": ""}"#), None);
+        assert_eq!(model(br#"{"model": 3}"#), None);
+        assert_eq!(model(b"not json"), None);
+    }
+
+    #[test]
+    fn an_unload_is_keep_alive_zero_with_nothing_to_answer() {
+        let unload = |path: &str, b: &[u8]| super::asked(path, b).unload;
+        assert!(unload("/api/generate", br#"{"model": "k3", "keep_alive": 0}"#));
+        assert!(unload("/api/generate", br#"{"model": "k3", "keep_alive": "0s", "prompt": ""}"#));
+        assert!(unload("/api/chat", br#"{"model": "k3", "keep_alive": 0, "messages": []}"#));
+        assert!(!unload("/api/generate", br#"{"model": "k3", "keep_alive": 0, "prompt": "Hi"}"#));
+        assert!(!unload("/api/chat", br#"{"model": "k3", "keep_alive": 0, "messages": [{"role": "user"}]}"#));
+        assert!(!unload("/api/generate", br#"{"model": "k3", "keep_alive": "5m"}"#));
+        assert!(!unload("/v1/chat/completions", br#"{"model": "k3", "keep_alive": 0}"#));
     }
 }

@@ -21,7 +21,7 @@ use crate::status::Status;
 /// A model loaded (or loading): its routes and their state.
 #[derive(Debug)]
 pub struct Resident {
-    pub id: String,
+    pub(crate) id: String,
     pub(crate) router: Router,
     pub(crate) state: AppState,
 }
@@ -109,7 +109,7 @@ impl Board {
         self.status.clone()
     }
 
-    pub fn offers(&self) -> &[Offer] {
+    pub(crate) fn offers(&self) -> &[Offer] {
         &self.offers
     }
 
@@ -118,13 +118,13 @@ impl Board {
     }
 
     /// The resident model, loaded or loading.
-    pub fn loaded(&self) -> Option<Arc<Resident>> {
+    pub(crate) fn loaded(&self) -> Option<Arc<Resident>> {
         self.now().current.clone()
     }
 
     /// The offer `name` means; with `tagged` (Ollama's routes, whose clients add the tag),
     /// `NAME:latest` is `NAME`.
-    pub fn find(&self, name: &str, tagged: bool) -> Option<usize> {
+    pub(crate) fn find(&self, name: &str, tagged: bool) -> Option<usize> {
         let bare = name.strip_suffix(":latest").filter(|_| tagged).unwrap_or(name);
         self.offers.iter().position(|o| o.id == name || o.id == bare)
     }
@@ -369,10 +369,7 @@ fn describe(o: &Offer, open: &k3_engine::OpenOptions) -> Result<Described, Strin
         hidden: cfg.hidden as usize,
         eos: cfg.eos.clone(),
         sees: cfg.vision.is_some(),
-        max_token_bytes: tok
-            .as_ref()
-            .and_then(|t| t.token_texts().iter().flatten().map(String::len).max())
-            .unwrap_or(1),
+        max_token_bytes: ModelInfo::longest_token(tok.as_ref()),
         sampling,
         about: crate::about::About::of(&model, tok.as_ref(), cfg.family),
     }))

@@ -160,13 +160,16 @@ pub async fn tags(State(s): State<AppState>) -> Response {
     either(s.ready().map(|(info, _)| Json(json!({"models": [listing(info)]})).into_response()))
 }
 
+/// A loaded model as `/api/ps` lists it: in memory, none of it on a GPU.
+pub(crate) fn ps_entry(info: &ModelInfo) -> Value {
+    let mut m = listing(info);
+    m["size_vram"] = json!(0);
+    m
+}
+
 /// `GET /api/ps`: the model is loaded for as long as the server runs.
 pub async fn ps(State(s): State<AppState>) -> Response {
-    either(s.ready().map(|(info, _)| {
-        let mut m = listing(info);
-        m["size_vram"] = json!(0);
-        Json(json!({"models": [m]})).into_response()
-    }))
+    either(s.ready().map(|(info, _)| Json(json!({"models": [ps_entry(info)]})).into_response()))
 }
 
 /// `GET /api/version`.
@@ -235,7 +238,7 @@ pub(crate) fn now_rfc3339() -> String {
 }
 
 /// Unix seconds as `YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ` (Howard Hinnant's days-to-civil).
-pub(crate) fn rfc3339(secs: u64, nanos: u32) -> String {
+fn rfc3339(secs: u64, nanos: u32) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     let z = days + 719_468;

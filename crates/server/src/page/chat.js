@@ -16,12 +16,7 @@ let run = null; // the answer streaming: { controller, conversation, message }
 let attached = []; // data URLs of images for the next message
 const liveNodes = new WeakMap(); // an answer under way: its progress/status line
 
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
+const el = K3Markdown.el;
 
 function button(label, cls, onClick) {
   const b = el("button", cls, label);
@@ -92,10 +87,8 @@ function remove(c) {
   if (run && run.conversation === c) stopRun();
   conversations = conversations.filter((x) => x !== c);
   if (c === current) current = null;
-  K3Store.save(conversations, current && current.id);
-  K3Store.saveShown(current && current.id);
+  persist();
   renderConversation();
-  renderSidebar();
 }
 
 // ---- messages ----

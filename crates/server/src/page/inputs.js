@@ -116,8 +116,8 @@ function bindImages() {
 
 // ---- the page ----
 
-key.value = localStorage.getItem("k3-key") || "";
-key.addEventListener("change", () => { localStorage.setItem("k3-key", key.value); loadModel(); });
+key.value = K3Store.get("k3-key") || "";
+key.addEventListener("change", () => { K3Store.put("k3-key", key.value); loadModel(); });
 $("form").addEventListener("submit", (e) => {
   e.preventDefault();
   const text = promptBox.value.trim();

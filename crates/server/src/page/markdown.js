@@ -311,6 +311,8 @@ const K3Markdown = (() => {
   }
 
   return {
+    // An element with a class and text (never markup): the page's one way to make one.
+    el,
     // A fragment of the rendered markdown of `text`.
     render(text) {
       const frag = document.createDocumentFragment();

@@ -17,18 +17,32 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; c
                       img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'; \
                       require-trusted-types-for 'script'; trusted-types 'none'";
 
-/// The page's paths: served without a key, as the page itself is.
-const PATHS: [&str; 8] =
-    ["/", "/chat.css", "/markdown.js", "/store.js", "/stream.js", "/chat.js", "/models.js", "/inputs.js"];
-
-/// Whether `path` is one of the page's files.
-pub fn is_page(path: &str) -> bool {
-    PATHS.contains(&path)
-}
-
 const HTML: &str = "text/html; charset=utf-8";
 const JS: &str = "text/javascript; charset=utf-8";
 const CSS: &str = "text/css; charset=utf-8";
+
+/// The page's files: path, content type, body. Served without a key, as the page itself is.
+const FILES: [(&str, &str, &str); 8] = [
+    ("/", HTML, include_str!("chat.html")),
+    ("/chat.css", CSS, include_str!("chat.css")),
+    // The renderer of model text.
+    ("/markdown.js", JS, include_str!("markdown.js")),
+    // Conversations and settings in the browser's storage.
+    ("/store.js", JS, include_str!("store.js")),
+    // The request and its SSE stream.
+    ("/stream.js", JS, include_str!("stream.js")),
+    // Conversations and answers on the page.
+    ("/chat.js", JS, include_str!("chat.js")),
+    // The model picker.
+    ("/models.js", JS, include_str!("models.js")),
+    // Settings, images and the composer.
+    ("/inputs.js", JS, include_str!("inputs.js")),
+];
+
+/// Whether `path` is one of the page's files.
+pub fn is_page(path: &str) -> bool {
+    FILES.iter().any(|(p, _, _)| *p == path)
+}
 
 fn file(content_type: &'static str, body: &'static str) -> Response {
     (
@@ -44,55 +58,9 @@ fn file(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-/// `GET /`.
-pub async fn chat() -> Response {
-    file(HTML, include_str!("chat.html"))
-}
-
-/// `GET /chat.css`.
-pub async fn style() -> Response {
-    file(CSS, include_str!("chat.css"))
-}
-
-/// `GET /markdown.js`: the renderer of model text.
-pub async fn markdown() -> Response {
-    file(JS, include_str!("markdown.js"))
-}
-
-/// `GET /store.js`: conversations and settings in the browser's storage.
-pub async fn store() -> Response {
-    file(JS, include_str!("store.js"))
-}
-
-/// `GET /stream.js`: the request and its SSE stream.
-pub async fn stream() -> Response {
-    file(JS, include_str!("stream.js"))
-}
-
-/// `GET /chat.js`: conversations and answers on the page.
-pub async fn script() -> Response {
-    file(JS, include_str!("chat.js"))
-}
-
-/// `GET /models.js`: the models offered and the one chosen.
-pub async fn models() -> Response {
-    file(JS, include_str!("models.js"))
-}
-
-/// `GET /inputs.js`: settings, images and the composer.
-pub async fn inputs() -> Response {
-    file(JS, include_str!("inputs.js"))
-}
-
 /// The page's routes, for a one-model server's router and for the catalog's.
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    Router::new()
-        .route("/", get(chat))
-        .route("/chat.css", get(style))
-        .route("/markdown.js", get(markdown))
-        .route("/store.js", get(store))
-        .route("/stream.js", get(stream))
-        .route("/chat.js", get(script))
-        .route("/models.js", get(models))
-        .route("/inputs.js", get(inputs))
+    FILES.iter().fold(Router::new(), |r, &(path, content_type, body)| {
+        r.route(path, get(move || async move { file(content_type, body) }))
+    })
 }

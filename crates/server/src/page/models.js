@@ -26,8 +26,7 @@ async function loadModel() {
     const loaded = data.find((m) => m && m.context_length !== undefined);
     loadedId = loaded ? String(loaded.id) : "";
     fillPicker();
-    let remembered = null;
-    try { remembered = localStorage.getItem(CHOSEN); } catch { /* no storage: no choice kept */ }
+    const remembered = K3Store.get(CHOSEN);
     // The shown conversation's model, else the one chosen last, else the loaded one, else the first.
     chooseModel(findModel(current && current.model) || findModel(remembered) || findModel(loadedId) || offered[0]);
   } catch { modelText("server unreachable"); }
@@ -59,7 +58,7 @@ function chooseModel(m) {
   Object.assign(model, m);
   $("model").textContent = m.id;
   $("model-pick").value = m.id;
-  try { localStorage.setItem(CHOSEN, m.id); } catch { /* full: chosen for this visit */ }
+  K3Store.put(CHOSEN, m.id);
   followModel();
 }
 

@@ -87,14 +87,23 @@ const K3Store = (() => {
       if (s && typeof s[k] === typeof DEFAULTS[k]) out[k] = s[k];
     }
     // The page before settings kept its max-tokens field alone.
-    const old = localStorage.getItem("k3-max");
-    if (old && !s.max_answer) out.max_answer = old;
+    const old = get("k3-max");
+    if (old && !(s && s.max_answer)) out.max_answer = old;
     return out;
+  }
+
+  // One value by key; a store the browser blocks (SecurityError) or that is full keeps nothing.
+  function get(key) {
+    try { return localStorage.getItem(key); } catch { return null; }
+  }
+
+  function put(key, value) {
+    try { localStorage.setItem(key, value); } catch { /* blocked or full: kept for this visit */ }
   }
 
   function saveSettings(s) {
     try { localStorage.setItem(SETTINGS, JSON.stringify(s)); } catch { /* full: settings stay for this visit */ }
   }
 
-  return { load, save, saveShown, loadShown, loadSettings, saveSettings, DEFAULTS };
+  return { load, save, saveShown, loadShown, loadSettings, saveSettings, get, put, DEFAULTS };
 })();

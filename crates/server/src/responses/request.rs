@@ -239,16 +239,9 @@ fn reasoning(
     let effort = text_of(r, "effort", "reasoning.effort")?;
     let k3 = match effort {
         None => None,
-        Some("none") => Some("none"),
-        Some("minimal" | "low") => Some("low"),
-        Some("medium" | "high") => Some("high"),
-        Some("xhigh" | "max") => Some("max"),
-        Some(e) => {
-            return Err(bad(
-                "reasoning.effort",
-                format!("`{e}`: give none, minimal, low, medium, high, xhigh (or K3's max)"),
-            ));
-        }
+        Some(e) => Some(crate::api::k3_effort(e).ok_or_else(|| {
+            bad("reasoning.effort", format!("`{e}`: give none, minimal, low, medium, high, xhigh (or K3's max)"))
+        })?),
     };
     if let Some(e) = k3 {
         chat.insert("reasoning_effort".into(), json!(e));
