@@ -47,7 +47,7 @@ pub struct Needs {
     pub read_bytes: u64,
     pub targets: Vec<Target>,
     /// A measured rate of reading the checkpoint (bytes a second, a sample of its largest file;
-    /// the page cache may flatter it), for the time a conversion takes.
+    /// the page cache may flatter it), for the time a conversion takes: a dry run's only.
     pub read_rate: Option<f64>,
 }
 
@@ -124,7 +124,9 @@ pub(super) fn needs(plan: &Plan, src: &Source, opts: &ConvertOptions) -> Result<
         expert_bytes,
         read_bytes: trunk_read + read_experts,
         targets: targets(&files)?,
-        read_rate: read_rate(src),
+        // Sampled for the plan a dry run shows; a conversion that writes (after its caller's dry
+        // run) does not read the sample again.
+        read_rate: if opts.dry_run { read_rate(src) } else { None },
     })
 }
 
