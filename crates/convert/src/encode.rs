@@ -62,6 +62,11 @@ pub fn keeps_fp8(fmt: TrunkFormat, storage: Storage) -> bool {
     )
 }
 
+/// The trunk encoding an FP8 tensor that is not kept as FP8 gets: widened, "as stored" is f32.
+pub fn widened_fp8(fmt: TrunkFormat) -> TrunkFormat {
+    if fmt == TrunkFormat::Keep { TrunkFormat::F32 } else { fmt }
+}
+
 /// FP8 with a checkpoint's square blocks.
 pub fn fp8_encoding(block: u32) -> Encoding {
     Encoding::Fp8Block { block_rows: block, block_cols: block }

@@ -100,12 +100,14 @@ pub(super) fn needs(plan: &Plan, src: &Source, opts: &ConvertOptions) -> Result<
     let (mut per_shard, mut n, mut read_experts) = (vec![0u64; shards as usize], 0u64, 0u64);
     for (p, runs) in plan.layers.iter().zip(&placed) {
         let rb = plan.layouts[usize::from(p.layout)].record_bytes;
+        // A copied expert reads what any expert of its layer reads in the checkpoint.
+        let source = expert_source_bytes(src, p);
         for r in runs {
             match r {
                 Some(run) => read_experts += run,
                 None => {
                     per_shard[(n % shards) as usize] += rb;
-                    read_experts += expert_source_bytes(src, p);
+                    read_experts += source;
                     n += 1;
                 }
             }
@@ -139,8 +141,7 @@ fn trunk_bytes(plan: &Plan, src: &Source, opts: &ConvertOptions) -> Result<u64, 
         let enc = match t.dtype {
             StDtype::F8_E4M3 if encode::keeps_fp8(opts.trunk, storage) => encode::fp8_encoding(plan.fp8_block),
             StDtype::F8_E4M3 => {
-                let fmt = if opts.trunk == super::TrunkFormat::Keep { super::TrunkFormat::F32 } else { opts.trunk };
-                encode::trunk_encoding(name, StDtype::F32, &t.shape, fmt, storage)?
+                encode::trunk_encoding(name, StDtype::F32, &t.shape, encode::widened_fp8(opts.trunk), storage)?
             }
             d => encode::trunk_encoding(name, d, &t.shape, opts.trunk, storage)?,
         };

@@ -82,8 +82,7 @@ fn fp8_trunk(
     let f = dequant::fp8_blocks(bytes, scale, *rows as usize, *cols as usize, block as usize);
     let f: Vec<u8> = f.iter().flat_map(|x| x.to_le_bytes()).collect();
     // Widening is exact: "as stored" becomes f32 for what k3 cannot multiply as FP8.
-    let fmt = if trunk == TrunkFormat::Keep { TrunkFormat::F32 } else { trunk };
-    encode::trunk(name, StDtype::F32, shape, &f, fmt, storage)
+    encode::trunk(name, StDtype::F32, shape, &f, encode::widened_fp8(trunk), storage)
 }
 
 /// Every expert record the writer does not have yet, in (layer, expert) order; with a

@@ -291,11 +291,15 @@ impl Model {
         self.verify_bytes_of(true)
     }
 
+    /// The records a verify reads: all of them, or (`in_place` false) only the model's own.
+    fn records_checked(&self, in_place: bool) -> impl Iterator<Item = &IndexEntry> {
+        self.header.index.iter().filter(move |e| in_place || e.phase.is_none())
+    }
+
     /// The bytes [`verify_of`](Self::verify_of) reads.
     pub fn verify_bytes_of(&self, in_place: bool) -> u64 {
         let trunk: u64 = self.manifest().trunk.tensors.iter().map(|t| t.len).sum();
-        let records = self.header.index.iter().filter(|e| in_place || e.phase.is_none());
-        trunk + records.map(|e| e.length).sum::<u64>()
+        trunk + self.records_checked(in_place).map(|e| e.length).sum::<u64>()
     }
 
     /// Checks every checksum: embedded files, trunk tensors, expert records (and each record's
@@ -333,7 +337,7 @@ impl Model {
             progress(done);
         }
         let mut buf = Vec::new();
-        for e in self.header.index.iter().filter(|e| in_place || e.phase.is_none()) {
+        for e in self.records_checked(in_place) {
             let checked = self.expert(e.layer, e.expert).and_then(|loc| {
                 self.read_expert(&loc, &mut buf)?;
                 loc.parse(&buf, true).map(|_| ())
@@ -354,8 +358,7 @@ impl Model {
 fn open_checkpoint_file(header: &Header, i: usize) -> Result<(PathBuf, File)> {
     let s = &header.manifest.shards[i];
     let path = PathBuf::from(&s.file);
-    let mut first = header.index.iter().filter(|e| usize::from(e.shard) == i).map(|e| (e.offset, e.place()));
-    let place = first.next().map_or(Place::Header, |(_, p)| p);
+    let place = header.index.iter().find(|e| usize::from(e.shard) == i).map_or(Place::Header, |e| e.place());
     let changed = |reason: String| FormatError::CheckpointChanged { path: path.clone(), place: place.clone(), reason };
     // Not a FIFO or a device (opening one could block), and opened before it is looked at, so
     // what is checked is what is read.
