@@ -16,15 +16,13 @@ scratch `K3_DATA_DIR` holding two models converted here: the tiny K3 with its vi
 Run by .ci/run next to chat_page_test.py when Chromium is installed (or installable).
 """
 
-import os
-import subprocess
 import sys
 import tempfile
 
 from playwright.sync_api import expect, sync_playwright
 
 from chat_page_test import Page, launch, panel, send, setting
-from k3serve import serve
+from k3serve import k3, serve
 
 # Records every status line an answer shows (each may be replaced within milliseconds).
 WATCH_STATUS = """() => {
@@ -39,9 +37,8 @@ WATCH_STATUS = """() => {
 
 def store(cli, caller, vision, data):
     """Converts the two models into the store at `data`."""
-    env = {**os.environ, "K3_DATA_DIR": data}
     for source, name in [(vision, "tiny-k3"), (caller, "caller")]:
-        subprocess.run([cli, "convert", "--hf", source, "--name", name], env=env, check=True, stdout=subprocess.DEVNULL)
+        k3(cli, data, "convert", "--hf", source, "--name", name)
 
 
 def options(page):

@@ -14,6 +14,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def k3(cli: str, data: str, *args: str) -> str:
+    """`k3-cli ARGS` with its model store in `data` (`K3_DATA_DIR`): its standard output; a
+    failure raises, with what it said on standard error."""
+    env = {**os.environ, "K3_DATA_DIR": data}
+    r = subprocess.run([cli, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"k3-cli {' '.join(args)}: {r.stderr}"
+    return r.stdout
+
+
 @contextlib.contextmanager
 def serve(cli: str, model: str | None, key: str | None = "sesame", port: int | None = None, context: int | None = None,
           env: dict[str, str] | None = None):

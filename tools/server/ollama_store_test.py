@@ -8,31 +8,23 @@ in its venv:
     python tools/server/ollama_store_test.py target/debug/k3-cli fixtures/golden/tiny-k3-vision fixtures/default.waste
 """
 
-import os
-import subprocess
 import sys
 import tempfile
 
 import ollama
 
-from k3serve import serve
-
-
-def k3(cli: str, env: dict[str, str], *args: str) -> str:
-    r = subprocess.run([cli, *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"k3-cli {' '.join(args)}: {r.stderr}"
-    return r.stdout
+from k3serve import k3, serve
 
 
 def main() -> None:
     cli, k3_checkpoint, small = sys.argv[1], sys.argv[2], sys.argv[3]
     with tempfile.TemporaryDirectory() as data:
-        env = {"K3_DATA_DIR": data}
-        k3(cli, env, "convert", "-q", "--hf", k3_checkpoint, "--name", "tiny-k3")
-        k3(cli, env, "convert", "-q", "--from", small, "--name", "small")
-        listed = [line.split()[0] for line in k3(cli, env, "list").splitlines()[1:]]
+        env = {"K3_DATA_DIR": data}  # for the server
+        k3(cli, data, "convert", "-q", "--hf", k3_checkpoint, "--name", "tiny-k3")
+        k3(cli, data, "convert", "-q", "--from", small, "--name", "small")
+        listed = [line.split()[0] for line in k3(cli, data, "list").splitlines()[1:]]
         assert listed == ["small", "tiny-k3", "default"], listed
-        answer = k3(cli, env, "run", "small", "Who made the light?", "-n", "6", "--temp", "0")
+        answer = k3(cli, data, "run", "small", "Who made the light?", "-n", "6", "--temp", "0")
         assert answer.strip(), "run NAME MESSAGE printed an answer"
 
         with serve(cli, None, key=None, env=env) as base:
@@ -48,13 +40,13 @@ def main() -> None:
                 assert r.done and r.model.split(":")[0] == model.split(":")[0], r
                 loaded = [m.model for m in o.ps().models]
                 assert loaded == [model if ":" in model else model + ":latest"], loaded
-                ps = k3(cli, env, "ps", "--port", port)
+                ps = k3(cli, data, "ps", "--port", port)
                 assert ps.splitlines()[1].startswith(loaded[0]) and "loaded" in ps, ps
             # `ollama stop` sends keep_alive 0: the model leaves memory; `k3-cli stop` does the same.
             o.generate(model="tiny-k3", keep_alive=0)
             assert o.ps().models == [], "unloaded"
             o.chat(model="small", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2})
-            k3(cli, env, "stop", "small", "--port", port)
+            k3(cli, data, "stop", "small", "--port", port)
             assert o.ps().models == [], "stopped"
             try:
                 o.chat(model="nope", messages=[{"role": "user", "content": "Hi"}])
@@ -62,8 +54,8 @@ def main() -> None:
             except ollama.ResponseError as e:
                 assert e.status_code == 404 and "not found" in e.error, e
 
-        print(k3(cli, env, "rm", "tiny-k3").strip())
-        listed = [line.split()[0] for line in k3(cli, env, "list").splitlines()[1:]]
+        print(k3(cli, data, "rm", "tiny-k3").strip())
+        listed = [line.split()[0] for line in k3(cli, data, "list").splitlines()[1:]]
         assert listed == ["small", "default"], listed
     print("ollama store test: list, run, ps, rm and /api/tags on two stored models: ok")
 

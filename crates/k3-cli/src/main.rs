@@ -149,8 +149,8 @@ enum Command {
 
 /// A model directory, as the argument or as `--model` like every other command (the default
 /// model when neither is given).
-#[derive(clap::Args)]
-struct ModelPath {
+#[derive(clap::Args, Clone)]
+pub(crate) struct ModelPath {
     /// The model directory or a stored model's name (default: the default model compiled into k3-cli).
     #[arg(value_name = "MODEL")]
     path: Option<PathBuf>,
@@ -160,7 +160,7 @@ struct ModelPath {
 }
 
 impl ModelPath {
-    fn resolve(self) -> Result<PathBuf> {
+    pub(crate) fn resolve(self) -> Result<PathBuf> {
         default_model::or_default(self.model.or(self.path))
     }
 }

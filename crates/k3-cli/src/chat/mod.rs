@@ -38,14 +38,8 @@ use turn::Turn;
 
 #[derive(clap::Args)]
 pub struct ChatArgs {
-    /// The model directory or a stored model's name, as a switch (the same as the argument)
-    /// [default: the default model].
-    #[arg(short = 'm', long, conflicts_with = "name")]
-    model: Option<PathBuf>,
-    /// The model directory or a stored model's name (`k3-cli list`) [default: the default model
-    /// compiled into k3-cli].
-    #[arg(value_name = "MODEL")]
-    name: Option<PathBuf>,
+    #[command(flatten)]
+    model: crate::ModelPath,
     /// One message: its answer is printed and the command ends (`ollama run NAME MESSAGE`)
     /// [default: none: a conversation].
     #[arg(value_name = "MESSAGE")]
@@ -180,7 +174,7 @@ impl Chat<'_> {
 }
 
 pub fn run(a: ChatArgs) -> Result<ExitCode> {
-    let path = crate::default_model::or_default(a.model.clone().or(a.name.clone()))?;
+    let path = a.model.clone().resolve()?;
     let model = open_model(&path, &a.engine.knobs.shard_dirs)?;
     let tok =
         k3_generate::model_tokenizer(&model).with_context(|| format!("{} embeds no tokenizer", path.display()))??;
